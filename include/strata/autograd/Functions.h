@@ -1,0 +1,102 @@
+// Differentiable ops: the functions models are written with. Each runs the raw op (strata/ops/Ops.h) and, when grad
+// mode is on and an input takes part in the graph, records its backward.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "strata/core/Generator.h"
+#include "strata/core/Tensor.h"
+
+namespace strata {
+
+// ---- creation (leaves; no graph) ----------------------------------------------------------------------------------
+Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+Tensor ones(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+Tensor full(const Shape& shape, double value, DType dtype = DType::F32, Device device = Device::cpu());
+Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::F32, Device device = Device::cpu());
+Tensor rand(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu(),
+            Generator& gen = defaultGenerator());
+Tensor randn(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu(),
+             Generator& gen = defaultGenerator());
+// Sets the calling thread's default generator.
+void manualSeed(uint64_t seed);
+
+// ---- elementwise (NumPy broadcasting) -----------------------------------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor pow(const Tensor& x, double exponent);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor silu(const Tensor& x);
+enum class GeluApprox { None, Tanh };
+Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::Tanh);
+// cond != 0 ? a : b (cond any dtype; broadcast).
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// x where mask == 0, value where mask != 0.
+Tensor maskedFill(const Tensor& x, const Tensor& mask, double value);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator-(const Tensor& x);
+
+// ---- reductions (empty dims: all) ---------------------------------------------------------------------------------
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Maximum over dims; the gradient is split evenly between tied maxima.
+Tensor max(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// p-norm (p = 2 by default) over dims.
+Tensor norm(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false, double p = 2.0);
+
+// ---- linear algebra -----------------------------------------------------------------------------------------------
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// ---- normalisation, softmax, layers -------------------------------------------------------------------------------
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor logSoftmax(const Tensor& x, int64_t dim = -1);
+Tensor layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+Tensor rmsNorm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// Mean cross-entropy of logits [N, V] against target [N], skipping ignoreIndex. fp32 scalar (f64 for f64 logits).
+// The backward keeps only the logits and one log-sum-exp per row.
+Tensor crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIndex = -100);
+// Identity when !training or p == 0. The mask comes from `gen` and is replayed, not stored, for the backward.
+Tensor dropout(const Tensor& x, double p, bool training = true, Generator& gen = defaultGenerator());
+
+// ---- joining and splitting ----------------------------------------------------------------------------------------
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
+// Views of consecutive pieces of `sizes` along dim.
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
+
+// ---- attention ----------------------------------------------------------------------------------------------------
+struct AttentionMask {
+  bool causal = false;
+  // [B, S_k]: non-zero marks a key position to ignore (padding). Undefined for none.
+  Tensor keyPadding;
+  // Added to the scores, broadcastable to [B, H, S_q, S_k] (relative position bias). Undefined for none.
+  Tensor bias;
+};
+// q [B, H, S_q, D], k and v [B, H, S_k, D] -> [B, H, S_q, D]. softmax(q k^T * scale + mask) v, composed of ops.
+// scale <= 0 means 1/sqrt(D).
+Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask = {},
+                                 double dropoutP = 0.0, bool training = true, double scale = 0.0,
+                                 Generator& gen = defaultGenerator());
+
+}  // namespace strata

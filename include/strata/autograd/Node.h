@@ -1,0 +1,107 @@
+// The autograd graph.
+//
+// Each differentiable op records a Node whose backward sits next to the op's forward (recordFunction with a
+// closure). A node's next edges point at the nodes that produced its inputs; leaves that require grad end in an
+// AccumulateGrad node, which adds the finished gradient into tensor.grad() and then fires the tensor's
+// gradient-complete hooks (ZeRO reduce-scatters from there).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/Tensor.h"
+
+namespace strata::autograd {
+
+class Node;
+using Grads = std::vector<Tensor>;
+
+struct Edge {
+  std::shared_ptr<Node> node;
+  int inputNr = 0;
+  bool valid() const { return node != nullptr; }
+};
+
+struct OutputMeta {
+  Shape shape;
+  DType dtype = DType::F32;
+  Device device;
+};
+
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  explicit Node(std::string name);
+  virtual ~Node() = default;
+
+  // Gradients of this node's outputs in, gradients of its inputs (one per next edge) out.
+  virtual Grads apply(Grads&& gradOutputs) = 0;
+  // Drops saved tensors after a backward pass that did not ask to retain the graph.
+  virtual void releaseSaved() {}
+
+  const std::string& name() const { return name_; }
+  // Creation order; the engine runs later nodes first.
+  uint64_t sequenceNr() const { return sequenceNr_; }
+  std::vector<Edge>& nextEdges() { return nextEdges_; }
+  const std::vector<Edge>& nextEdges() const { return nextEdges_; }
+  std::vector<OutputMeta>& outputs() { return outputs_; }
+  size_t numOutputs() const { return outputs_.empty() ? 1 : outputs_.size(); }
+
+  // Hooks that run before apply(), once the gradients of all outputs have arrived.
+  void addPreHook(std::function<void()> hook) { preHooks_.push_back(std::move(hook)); }
+  void runPreHooks() {
+    for (auto& h : preHooks_) h();
+  }
+
+ private:
+  std::string name_;
+  uint64_t sequenceNr_;
+  std::vector<Edge> nextEdges_;
+  std::vector<OutputMeta> outputs_;
+  std::vector<std::function<void()>> preHooks_;
+};
+
+using BackwardFn = std::function<Grads(const Grads& gradOutputs)>;
+
+// A node whose backward is a closure over the tensors it saved.
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(std::string name, BackwardFn fn) : Node(std::move(name)), fn_(std::move(fn)) {}
+  Grads apply(Grads&& gradOutputs) override;
+  void releaseSaved() override { fn_ = nullptr; }
+
+ private:
+  BackwardFn fn_;
+};
+
+// The sink of a leaf tensor's gradient.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
+  Grads apply(Grads&& gradOutputs) override;
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+// True when t takes part in the graph: a leaf that requires grad, or the output of a recorded op.
+inline bool participates(const Tensor& t) { return t.defined() && (t.requiresGrad() || t.gradFn() != nullptr); }
+// True when grad mode is on and any input participates.
+bool needsGrad(const std::vector<Tensor>& inputs);
+// Where the gradient of t goes: its producing node, or its leaf accumulator. Invalid when t does not participate.
+Edge gradientEdge(const Tensor& t);
+
+// Records `fn` as the backward of `outputs` with respect to `inputs`, when needsGrad(inputs). fn receives one
+// gradient per output and returns one per input (undefined for inputs that need none). Returns the node, or null
+// when nothing was recorded.
+std::shared_ptr<Node> recordFunction(const char* name, const std::vector<Tensor>& inputs,
+                                     const std::vector<Tensor>& outputs, BackwardFn fn);
+
+// Identity on `tensors` whose backward calls `hook` once the gradients of all of them have arrived (before they
+// flow on). Tensors that do not participate pass through untouched. Module backward hooks are built on this.
+std::vector<Tensor> withBackwardHook(const std::vector<Tensor>& tensors, std::function<void()> hook);
+
+}  // namespace strata::autograd

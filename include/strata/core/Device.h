@@ -1,0 +1,37 @@
+// Where a tensor's bytes live.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace strata {
+
+enum class DeviceType : uint8_t { CPU = 0, CUDA = 1 };
+constexpr int kNumDeviceTypes = 2;
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+
+  static Device cpu() { return Device{DeviceType::CPU, 0}; }
+  static Device cuda(int index = 0) { return Device{DeviceType::CUDA, index}; }
+  static Device parse(const std::string& text);  // "cpu", "cuda", "cuda:1"
+
+  bool isCpu() const { return type == DeviceType::CPU; }
+  bool isCuda() const { return type == DeviceType::CUDA; }
+  bool operator==(const Device& o) const { return type == o.type && (type == DeviceType::CPU || index == o.index); }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+};
+
+std::string toString(Device d);
+std::ostream& operator<<(std::ostream& os, Device d);
+const char* deviceTypeName(DeviceType t);
+
+// Number of usable CUDA devices: 0 in a CPU-only build or on a machine without a GPU.
+int cudaDeviceCount();
+inline bool cudaAvailable() { return cudaDeviceCount() > 0; }
+// True when this build was compiled with CUDA support.
+bool builtWithCuda();
+
+}  // namespace strata

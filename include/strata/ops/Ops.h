@@ -1,0 +1,118 @@
+// Raw tensor ops: no autograd. Each validates its arguments, allocates the result and calls the kernel registered
+// for (op, device). The differentiable versions users call are in strata/autograd/Functions.h (namespace strata).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "strata/core/Generator.h"
+#include "strata/core/Tensor.h"
+
+namespace strata::ops {
+
+// ---- creation and copies ------------------------------------------------------------------------------------------
+Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+Tensor ones(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+Tensor full(const Shape& shape, double value, DType dtype = DType::F32, Device device = Device::cpu());
+Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::F32, Device device = Device::cpu());
+// Uniform in [low, high) and normal(mean, std) from the Philox stream of `gen`; the same on every device.
+Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::F32, Device device = Device::cpu(),
+            double low = 0.0, double high = 1.0);
+Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::F32, Device device = Device::cpu(),
+             double mean = 0.0, double std = 1.0);
+Tensor emptyLike(const Tensor& t);
+Tensor zerosLike(const Tensor& t);
+void fill(const Tensor& t, double value);
+// dst <- src (same shape; any strides; dtype converted; devices may differ).
+void copy(const Tensor& dst, const Tensor& src);
+Tensor contiguous(const Tensor& t);
+Tensor to(const Tensor& t, Device device, DType dtype);
+
+// ---- elementwise (broadcasting, same floating dtype) ---------------------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);  // 1 where equal, 0 elsewhere, in the inputs' dtype
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // cond != 0 ? a : b
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor silu(const Tensor& x);
+Tensor geluTanh(const Tensor& x);
+Tensor geluErf(const Tensor& x);
+Tensor pow(const Tensor& x, double exponent);
+Tensor affine(const Tensor& x, double scale, double shift);  // x * scale + shift
+// Gradients of the activations: g * f'(x) (tanh and sigmoid take their output y).
+Tensor reluBackward(const Tensor& g, const Tensor& x);
+Tensor siluBackward(const Tensor& g, const Tensor& x);
+Tensor geluTanhBackward(const Tensor& g, const Tensor& x);
+Tensor geluErfBackward(const Tensor& g, const Tensor& x);
+Tensor tanhBackward(const Tensor& g, const Tensor& y);
+Tensor sigmoidBackward(const Tensor& g, const Tensor& y);
+Tensor powBackward(const Tensor& g, const Tensor& x, double exponent);
+// Applies a registered elementwise op by name to inputs broadcast to one shape.
+Tensor map(const char* op, const std::vector<Tensor>& inputs, double a = 0.0, double b = 0.0);
+
+// ---- reductions ---------------------------------------------------------------------------------------------------
+// Empty `dims` reduces over all dimensions. Accumulation is in fp32 (fp64 for f64).
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Sums a broadcast result back to `shape` (the backward of broadcasting).
+Tensor sumTo(const Tensor& x, const Shape& shape);
+
+// ---- linear algebra -----------------------------------------------------------------------------------------------
+// a [..., m, k] @ b [..., k, n] with broadcast batch dims; 1-D operands are promoted as in NumPy.
+// CUDA: cuBLASLt with fp32 accumulation for bf16/f16/f32.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// ---- normalisation and softmax (over the last dimension unless given) ---------------------------------------------
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor logSoftmax(const Tensor& x, int64_t dim = -1);
+// y is the forward output (softmax or log-softmax).
+Tensor softmaxBackward(const Tensor& y, const Tensor& gy, int64_t dim, bool log);
+
+struct NormResult {
+  Tensor y, mean, rstd;  // mean and rstd are fp32 [rows]; mean is undefined for RMSNorm
+};
+NormResult layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+NormResult rmsNorm(const Tensor& x, const Tensor& weight, double eps);
+struct NormGrads {
+  Tensor x, weight, bias;
+};
+NormGrads layerNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
+                            bool needWeight, bool needBias);
+NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
+                          bool needWeight);
+
+// ---- layers' kernels ----------------------------------------------------------------------------------------------
+// weight [V, C], indices (i32/i64) of any shape -> [..., C].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+Tensor embeddingBackward(const Tensor& gy, const Tensor& indices, int64_t numEmbeddings, DType dtype);
+
+struct CrossEntropyResult {
+  Tensor loss;   // fp32 scalar: mean over targets that are not ignore_index
+  Tensor lse;    // fp32 [N]: log-sum-exp per row, all the backward keeps besides the logits
+  Tensor count;  // fp32 [1]: number of targets counted
+};
+// logits [N, V], target i64/i32 [N].
+CrossEntropyResult crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIndex = -100);
+Tensor crossEntropyBackward(const Tensor& gradLoss, const Tensor& logits, const Tensor& target,
+                            const CrossEntropyResult& saved, int64_t ignoreIndex = -100);
+
+// Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is a function of (seed, offset +
+// element index), so it is the same on every device and can be replayed for the backward.
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
+
+// ---- joining ------------------------------------------------------------------------------------------------------
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
+
+}  // namespace strata::ops

@@ -1,0 +1,110 @@
+#include "strata/autograd/Node.h"
+
+#include "strata/autograd/GradMode.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::autograd {
+namespace {
+std::atomic<uint64_t> gNextSequenceNr{0};
+}
+
+Node::Node(std::string name) : name_(std::move(name)), sequenceNr_(gNextSequenceNr.fetch_add(1)) {}
+
+Grads FunctionNode::apply(Grads&& gradOutputs) {
+  STRATA_CHECK(fn_ != nullptr,
+               "{}: trying to run backward through the graph a second time, but its saved tensors were freed; "
+               "pass retainGraph=true to the first backward",
+               name());
+  return fn_(gradOutputs);
+}
+
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : Node("AccumulateGrad"), leaf_(std::move(leaf)) {}
+
+Grads AccumulateGrad::apply(Grads&& gradOutputs) {
+  Tensor leaf(leaf_);
+  Tensor g = std::move(gradOutputs[0]);
+  if (!g.defined()) return {};
+  for (auto& hook : leaf_->autograd.gradHooks) {
+    Tensor replaced = hook(g);
+    if (replaced.defined()) g = replaced;
+  }
+  STRATA_CHECK(g.shape() == leaf.shape(), "gradient of shape {} for leaf '{}' of shape {}", toString(g.shape()),
+               leaf.name(), toString(leaf.shape()));
+  if (g.dtype() != leaf.dtype() || g.device() != leaf.device()) g = ops::to(g, leaf.device(), leaf.dtype());
+  Tensor existing = leaf.grad();
+  // Accumulation is out of place: a gradient tensor may be shared with other leaves or saved elsewhere.
+  if (existing.defined()) {
+    leaf.setGrad(ops::add(existing, g));
+  } else {
+    // Keep the incoming buffer when nothing else holds it; otherwise copy, so in-place updates of one leaf's
+    // gradient (clipping, unscaling) never reach another tensor.
+    bool sole = g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous();
+    if (sole) {
+      leaf.setGrad(g.detach());
+    } else {
+      Tensor own = ops::emptyLike(g);
+      ops::copy(own, g);
+      leaf.setGrad(own);
+    }
+  }
+  for (auto& hook : leaf_->autograd.gradCompleteHooks) {
+    Tensor t = leaf;
+    hook(t);
+  }
+  return {};
+}
+
+bool needsGrad(const std::vector<Tensor>& inputs) {
+  if (!gradEnabled()) return false;
+  for (const auto& t : inputs)
+    if (participates(t)) return true;
+  return false;
+}
+
+Edge gradientEdge(const Tensor& t) {
+  if (!t.defined()) return {};
+  auto& meta = t.impl().autograd;
+  if (meta.gradFn) return Edge{meta.gradFn, meta.outputNr};
+  if (!meta.requiresGrad) return {};
+  std::shared_ptr<Node> acc = meta.gradAccumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.implPtr());
+    meta.gradAccumulator = acc;
+  }
+  return Edge{acc, 0};
+}
+
+std::shared_ptr<Node> recordFunction(const char* name, const std::vector<Tensor>& inputs,
+                                     const std::vector<Tensor>& outputs, BackwardFn fn) {
+  if (!needsGrad(inputs)) return nullptr;
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  for (const auto& t : inputs) node->nextEdges().push_back(participates(t) ? gradientEdge(t) : Edge{});
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    node->outputs().push_back(OutputMeta{out.shape(), out.dtype(), out.device()});
+    auto& meta = out.impl().autograd;
+    meta.gradFn = node;
+    meta.outputNr = int(i);
+    meta.requiresGrad = true;
+  }
+  return node;
+}
+
+std::vector<Tensor> withBackwardHook(const std::vector<Tensor>& tensors, std::function<void()> hook) {
+  std::vector<Tensor> inputs, outputs(tensors);
+  std::vector<size_t> where;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!participates(tensors[i])) continue;
+    inputs.push_back(tensors[i]);
+    outputs[i] = tensors[i].detach();
+    where.push_back(i);
+  }
+  if (inputs.empty() || !gradEnabled()) return tensors;
+  std::vector<Tensor> wrapped;
+  for (size_t i : where) wrapped.push_back(outputs[i]);
+  auto node = recordFunction("BackwardHook", inputs, wrapped, [](const Grads& g) { return g; });
+  node->addPreHook(std::move(hook));
+  return outputs;
+}
+
+}  // namespace strata::autograd

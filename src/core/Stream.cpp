@@ -1,0 +1,170 @@
+#include "strata/core/Stream.h"
+
+#include <unordered_map>
+
+#include "strata/core/Error.h"
+#include "cuda/CudaContext.h"
+
+namespace strata {
+
+Stream::Handle::~Handle() {
+#if STRATA_CUDA
+  if (stream) {
+    cuda::DeviceGuard guard(deviceIndex);
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+  }
+#endif
+}
+
+Stream Stream::create(Device device) {
+  Stream s;
+  s.device_ = device;
+  if (device.isCuda()) {
+#if STRATA_CUDA
+    cuda::DeviceGuard guard(device.index);
+    auto handle = std::make_shared<Handle>();
+    cudaStream_t raw = nullptr;
+    STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
+    handle->stream = raw;
+    handle->deviceIndex = device.index;
+    s.handle_ = std::move(handle);
+#else
+    STRATA_FAIL("a CUDA stream was requested, but this build of Strata has no CUDA support");
+#endif
+  }
+  return s;
+}
+
+void Stream::synchronize() const {
+#if STRATA_CUDA
+  if (device_.isCuda()) STRATA_CUDA_CHECK(cudaStreamSynchronize(cuda::nativeStream(*this)));
+#endif
+}
+
+Event::Event(Device device, bool timing) : device_(device) {
+#if STRATA_CUDA
+  if (device.isCuda()) {
+    cuda::DeviceGuard guard(device.index);
+    cudaEvent_t e = nullptr;
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    event_ = e;
+  }
+#else
+  (void)timing;
+#endif
+}
+
+Event::~Event() {
+#if STRATA_CUDA
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+#endif
+}
+
+Event::Event(Event&& o) noexcept : device_(o.device_), event_(o.event_), hostTime_(o.hostTime_) { o.event_ = nullptr; }
+
+Event& Event::operator=(Event&& o) noexcept {
+  std::swap(device_, o.device_);
+  std::swap(event_, o.event_);
+  std::swap(hostTime_, o.hostTime_);
+  return *this;
+}
+
+void Event::record(const Stream& stream) {
+  STRATA_CHECK(stream.device() == device_, "event on {} recorded on a stream of {}", toString(device_),
+               toString(stream.device()));
+  hostTime_ = std::chrono::steady_clock::now();
+#if STRATA_CUDA
+  if (event_) STRATA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), cuda::nativeStream(stream)));
+#endif
+}
+
+void Event::block(const Stream& stream) const {
+#if STRATA_CUDA
+  if (event_ && stream.device().isCuda())
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(cuda::nativeStream(stream), static_cast<cudaEvent_t>(event_), 0));
+#else
+  (void)stream;
+#endif
+}
+
+void Event::synchronize() const {
+#if STRATA_CUDA
+  if (event_) STRATA_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+#endif
+}
+
+bool Event::query() const {
+#if STRATA_CUDA
+  if (event_) {
+    cudaError_t st = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+    if (st == cudaErrorNotReady) return false;
+    STRATA_CUDA_CHECK(st);
+  }
+#endif
+  return true;
+}
+
+float Event::elapsedMs(const Event& end) const {
+#if STRATA_CUDA
+  if (event_ && end.event_) {
+    float ms = 0;
+    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(event_), static_cast<cudaEvent_t>(end.event_)));
+    return ms;
+  }
+#endif
+  return std::chrono::duration<float, std::milli>(end.hostTime_ - hostTime_).count();
+}
+
+DeviceStreams DeviceStreams::create(Device device) {
+  return DeviceStreams{Stream::create(device), Stream::create(device), Stream::create(device), Stream::create(device)};
+}
+
+namespace {
+std::unordered_map<int, Stream>& streamOverrides() {
+  thread_local std::unordered_map<int, Stream> overrides;
+  return overrides;
+}
+int overrideKey(Device d) { return d.isCpu() ? -1 : d.index; }
+}  // namespace
+
+Stream currentStream(Device device) {
+  auto& overrides = streamOverrides();
+  auto it = overrides.find(overrideKey(device));
+  if (it != overrides.end()) return it->second;
+  if (device.isCpu()) return Stream();
+#if STRATA_CUDA
+  return cuda::deviceContext(device.index).streams.compute;
+#else
+  STRATA_FAIL("device {} requested, but this build of Strata has no CUDA support", toString(device));
+#endif
+}
+
+StreamGuard::StreamGuard(const Stream& stream) : key_(overrideKey(stream.device())) {
+  auto& overrides = streamOverrides();
+  auto it = overrides.find(key_);
+  hadPrevious_ = it != overrides.end();
+  if (hadPrevious_) previous_ = it->second;
+  overrides[key_] = stream;
+}
+
+StreamGuard::~StreamGuard() {
+  auto& overrides = streamOverrides();
+  if (hadPrevious_) {
+    overrides[key_] = previous_;
+  } else {
+    overrides.erase(key_);
+  }
+}
+
+void synchronizeDevice(Device device) {
+#if STRATA_CUDA
+  if (device.isCuda()) {
+    cuda::DeviceGuard guard(device.index);
+    STRATA_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+#else
+  (void)device;
+#endif
+}
+
+}  // namespace strata

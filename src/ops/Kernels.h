@@ -1,0 +1,84 @@
+// Kernel signatures of each op family, shared by the front ends (src/ops/*.cpp) and the backends
+// (src/ops/cpu, src/ops/cuda). Front ends hand kernels tensors that are already validated, allocated and laid out
+// as the signature's comment says; kernels only compute.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "strata/core/Tensor.h"
+#include "strata/ops/Registry.h"
+
+namespace strata::ops {
+
+struct ScalarArgs {
+  double a = 0.0;
+  double b = 0.0;
+};
+
+// out: contiguous. value converted to out's dtype.
+using FillKernel = void(const Tensor& out, double value);
+// out: contiguous 1-D; out[i] = start + i * step.
+using ArangeKernel = void(const Tensor& out, double start, double step);
+// out: contiguous floating. uniform: a + (b - a) u; normal: a + b z. Element i uses Philox counter offset + i.
+using RandomKernel = void(const Tensor& out, uint64_t seed, uint64_t offset, bool normal, double a, double b);
+// dst, src: same device and shape, any strides and dtypes.
+using CopyKernel = void(const Tensor& dst, const Tensor& src);
+// out: contiguous; inputs: already expanded to out's shape (any strides), same dtype as out.
+using MapKernel = void(const Tensor& out, const std::vector<Tensor>& inputs, const ScalarArgs& args);
+// in: contiguous [A, R, B]; out: contiguous [A, B], dtype of in or f32. Reduces over R.
+using ReduceKernel = void(const Tensor& in, const Tensor& out, int64_t A, int64_t R, int64_t B);
+
+// Row-major GEMM: C[m, n] = alpha * op(A) @ op(B) + beta * C, batched with element strides.
+// A is stored [m, k] (lda >= k), or [k, m] when transA (lda >= m); likewise B.
+struct GemmArgs {
+  Device device;
+  DType dtype = DType::F32;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  bool transA = false, transB = false;
+  int64_t batch = 1;
+  int64_t strideA = 0, strideB = 0, strideC = 0;
+  float alpha = 1.0f, beta = 0.0f;
+};
+using GemmKernel = void(const GemmArgs& args);
+
+// Rows of the last dimension: x, y, gy, gx contiguous [N, C].
+using SoftmaxKernel = void(const Tensor& x, const Tensor& y, bool log);
+using SoftmaxBackwardKernel = void(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log);
+// LayerNorm (rms=false) or RMSNorm (rms=true) over rows. weight/bias [C] may be undefined. mean/rstd [N] in the
+// statistics dtype (fp32; f64 for f64 inputs)
+// (mean undefined for RMSNorm).
+using NormKernel = void(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y, const Tensor& mean,
+                        const Tensor& rstd, double eps, bool rms);
+// gw/gb: [C] in the statistics dtype, or undefined when not needed.
+using NormBackwardKernel = void(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                const Tensor& rstd, const Tensor& gx, const Tensor& gw, const Tensor& gb, bool rms);
+// weight [V, C] contiguous, indices contiguous [N] (i32/i64), out [N, C].
+using EmbeddingKernel = void(const Tensor& weight, const Tensor& indices, const Tensor& out);
+// gw: [V, C] in the statistics dtype, zeroed; gy [N, C].
+using EmbeddingBackwardKernel = void(const Tensor& gy, const Tensor& indices, const Tensor& gw);
+// logits [N, V] contiguous; target [N]; loss, lse, valid: [N] in the statistics dtype.
+using CrossEntropyKernel = void(const Tensor& logits, const Tensor& target, const Tensor& loss, const Tensor& lse,
+                                const Tensor& valid, int64_t ignoreIndex);
+// scale: [1] on the device, statistics dtype (dLoss / count). glogits like logits.
+using CrossEntropyBackwardKernel = void(const Tensor& logits, const Tensor& target, const Tensor& lse,
+                                        const Tensor& scale, const Tensor& glogits, int64_t ignoreIndex);
+// x, out contiguous, same dtype.
+using DropoutKernel = void(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t offset);
+
+// Backend registration, called once by Registry::instance().
+void registerCpuKernels(Registry& registry);
+#if STRATA_CUDA
+void registerCudaKernels(Registry& registry);
+#endif
+
+}  // namespace strata::ops
+
+namespace strata::ops {
+// Statistics (norm mean/rstd, losses, fp32 gradient accumulators) are fp32, or f64 for f64 inputs.
+inline DType statsDType(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+}  // namespace strata::ops

@@ -1,0 +1,140 @@
+// matmul front end: resolves each operand to a (possibly transposed) strided-batched matrix without copying when
+// its strides allow, and hands one batched GEMM to the backend.
+#include "Kernels.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::ops {
+namespace {
+
+struct MatrixOperand {
+  Tensor tensor;  // keeps the storage alive
+  const void* data = nullptr;
+  bool trans = false;
+  int64_t ld = 0;
+  int64_t batchStride = 0;
+};
+
+// t has shape batch + [rows, cols]. The batch dims must collapse to one stride (or be absent).
+MatrixOperand resolve(const Tensor& tIn, const Shape& batch, int64_t rows, int64_t cols) {
+  Shape full = batch;
+  full.push_back(rows);
+  full.push_back(cols);
+  Tensor t = tIn.shape() == full ? tIn : detail::expandRaw(tIn, full);
+  int64_t nb = int64_t(batch.size());
+  auto layoutOk = [&](const Tensor& x, MatrixOperand& op) {
+    int64_t sr = x.strides()[size_t(nb)], sc = x.strides()[size_t(nb + 1)];
+    if ((sc == 1 || cols == 1) && (sr >= cols || rows == 1)) {
+      op.trans = false;
+      op.ld = std::max<int64_t>(rows == 1 ? cols : sr, std::max<int64_t>(cols, 1));
+    } else if ((sr == 1 || rows == 1) && (sc >= rows || cols == 1)) {
+      op.trans = true;
+      op.ld = std::max<int64_t>(cols == 1 ? rows : sc, std::max<int64_t>(rows, 1));
+    } else {
+      return false;
+    }
+    // Batch dims must form one arithmetic progression: stride[i] == stride[i+1] * size[i+1] (size-1 dims skip).
+    int64_t bstride = 0;
+    bool first = true;
+    int64_t expect = 0;
+    for (int64_t d = nb - 1; d >= 0; --d) {
+      int64_t sz = x.shape()[size_t(d)], st = x.strides()[size_t(d)];
+      if (sz == 1) continue;
+      if (first) {
+        bstride = st;
+        expect = st * sz;
+        first = false;
+      } else {
+        if (st != expect) return false;
+        expect = st * sz;
+      }
+    }
+    op.batchStride = bstride;
+    return true;
+  };
+  MatrixOperand op;
+  if (!layoutOk(t, op)) {
+    t = contiguous(t);
+    bool ok = layoutOk(t, op);
+    STRATA_CHECK(ok, "matmul: internal layout error for shape {}", toString(full));
+  }
+  op.tensor = t;
+  op.data = t.data();
+  return op;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& aIn, const Tensor& bIn) {
+  STRATA_CHECK(aIn.device() == bIn.device(), "matmul: operands on different devices ({} and {})",
+               toString(aIn.device()), toString(bIn.device()));
+  STRATA_CHECK(aIn.dtype() == bIn.dtype(), "matmul: dtypes differ ({} and {})", aIn.dtype(), bIn.dtype());
+  STRATA_CHECK(aIn.dim() >= 1 && bIn.dim() >= 1, "matmul: operands must have at least one dimension");
+  bool squeezeRow = aIn.dim() == 1, squeezeCol = bIn.dim() == 1;
+  Tensor a = squeezeRow ? detail::unsqueezeRaw(aIn, 0) : aIn;
+  Tensor b = squeezeCol ? detail::unsqueezeRaw(bIn, 1) : bIn;
+  int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  STRATA_CHECK(b.size(-2) == k, "matmul: inner dimensions differ: {} @ {}", toString(aIn.shape()),
+               toString(bIn.shape()));
+  Shape batchA(a.shape().begin(), a.shape().end() - 2), batchB(b.shape().begin(), b.shape().end() - 2);
+  Shape batch = broadcastShapes(batchA, batchB);
+  int64_t nbatch = numelOf(batch);
+
+  Shape outShape = batch;
+  outShape.push_back(m);
+  outShape.push_back(n);
+  Tensor out = Tensor::empty(outShape, a.dtype(), a.device());
+  if (out.numel() == 0) return out;
+  if (k == 0) {
+    fill(out, 0.0);
+  } else {
+    GemmArgs g;
+    g.device = a.device();
+    g.dtype = a.dtype();
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.batch = nbatch;
+    // A weight shared by every batch entry: fold the batch into the rows of A when A's rows collapse.
+    if (batchB.empty() && nbatch > 1) {
+      Shape flat = {nbatch * m, k};
+      Shape st = detail::computeViewStrides(a.shape(), a.strides(), flat);
+      Tensor a2 = !st.empty() && (st[1] == 1) ? detail::asStrided(a, flat, st, a.offset()) : Tensor();
+      if (a2.defined()) {
+        g.m = nbatch * m;
+        g.batch = 1;
+        MatrixOperand A = resolve(a2, {}, g.m, k), B = resolve(b, {}, k, n);
+        g.a = A.data;
+        g.transA = A.trans;
+        g.lda = A.ld;
+        g.b = B.data;
+        g.transB = B.trans;
+        g.ldb = B.ld;
+        g.c = out.data();
+        g.ldc = n;
+        kernel<GemmKernel>("gemm", a.device())(g);
+        goto done;
+      }
+    }
+    {
+      MatrixOperand A = resolve(a, batch, m, k), B = resolve(b, batch, k, n);
+      g.a = A.data;
+      g.transA = A.trans;
+      g.lda = A.ld;
+      g.strideA = A.batchStride;
+      g.b = B.data;
+      g.transB = B.trans;
+      g.ldb = B.ld;
+      g.strideB = B.batchStride;
+      g.c = out.data();
+      g.ldc = n;
+      g.strideC = m * n;
+      kernel<GemmKernel>("gemm", a.device())(g);
+    }
+  }
+done:
+  if (squeezeRow) out = detail::squeezeRaw(out, -2);
+  if (squeezeCol) out = detail::squeezeRaw(out, -1);
+  return out;
+}
+
+}  // namespace strata::ops

@@ -1,0 +1,110 @@
+// Front ends of softmax and LayerNorm/RMSNorm.
+#include "Kernels.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::ops {
+namespace {
+
+// Moves `dim` last and makes the tensor contiguous; returns the permutation to undo it (empty when none).
+Tensor lastDimContiguous(const Tensor& x, int64_t dim, std::vector<int64_t>& perm) {
+  int64_t d = wrapDim(dim, x.dim(), "softmax");
+  perm.clear();
+  if (d == x.dim() - 1 || x.dim() == 0) return contiguous(x);
+  for (int64_t i = 0; i < x.dim(); ++i) perm.push_back(i);
+  std::swap(perm[size_t(d)], perm.back());
+  return contiguous(detail::permuteRaw(x, perm));
+}
+
+Tensor softmaxImpl(const Tensor& x, int64_t dim, bool log) {
+  STRATA_CHECK(isFloating(x.dtype()), "softmax: floating input required, got {}", x.dtype());
+  std::vector<int64_t> perm;
+  Tensor in = lastDimContiguous(x, dim, perm);
+  Tensor out = emptyLike(in);
+  if (out.numel() > 0) kernel<SoftmaxKernel>("softmax", x.device())(in, out, log);
+  return perm.empty() ? out : detail::permuteRaw(out, perm);
+}
+
+void checkNormArgs(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  STRATA_CHECK(x.dim() >= 1, "{}: input needs at least one dimension", op);
+  STRATA_CHECK(isFloating(x.dtype()), "{}: floating input required, got {}", op, x.dtype());
+  int64_t C = x.size(-1);
+  for (const Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    STRATA_CHECK(p->shape() == Shape{C}, "{}: parameter shape {} must be [{}] (the last dim of {})", op,
+                 toString(p->shape()), C, toString(x.shape()));
+    STRATA_CHECK(p->dtype() == x.dtype() && p->device() == x.device(),
+                 "{}: parameters must match the input's dtype and device", op);
+  }
+}
+
+NormResult normImpl(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool rms) {
+  checkNormArgs(op, x, weight, bias);
+  Tensor in = contiguous(x);
+  int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
+  DType sd = statsDType(x.dtype());
+  NormResult r;
+  r.y = emptyLike(in);
+  r.rstd = Tensor::empty({N}, sd, x.device());
+  if (!rms) r.mean = Tensor::empty({N}, sd, x.device());
+  Tensor w = weight.defined() ? contiguous(weight) : Tensor();
+  Tensor b = bias.defined() ? contiguous(bias) : Tensor();
+  if (in.numel() > 0) kernel<NormKernel>("norm", x.device())(in, w, b, r.y, r.mean, r.rstd, eps, rms);
+  return r;
+}
+
+NormGrads normBackwardImpl(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
+                           bool needWeight, bool needBias, bool rms) {
+  STRATA_CHECK(gy.shape() == x.shape(), "norm backward: gradient shape {} differs from input shape {}",
+               toString(gy.shape()), toString(x.shape()));
+  Tensor g = contiguous(gy), in = contiguous(x);
+  Tensor w = weight.defined() ? contiguous(weight) : Tensor();
+  int64_t C = x.size(-1);
+  DType sd = statsDType(x.dtype());
+  NormGrads grads;
+  grads.x = emptyLike(in);
+  Tensor gw = needWeight ? Tensor::empty({C}, sd, x.device()) : Tensor();
+  Tensor gb = needBias ? Tensor::empty({C}, sd, x.device()) : Tensor();
+  if (in.numel() > 0) {
+    kernel<NormBackwardKernel>("norm_backward", x.device())(g, in, w, saved.mean, saved.rstd, grads.x, gw, gb, rms);
+  } else {
+    if (gw.defined()) fill(gw, 0.0);
+    if (gb.defined()) fill(gb, 0.0);
+  }
+  if (gw.defined()) grads.weight = to(gw, x.device(), x.dtype());
+  if (gb.defined()) grads.bias = to(gb, x.device(), x.dtype());
+  return grads;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmaxImpl(x, dim, false); }
+Tensor logSoftmax(const Tensor& x, int64_t dim) { return softmaxImpl(x, dim, true); }
+
+Tensor softmaxBackward(const Tensor& y, const Tensor& gy, int64_t dim, bool log) {
+  std::vector<int64_t> perm;
+  Tensor yc = lastDimContiguous(y, dim, perm);
+  Tensor gc = lastDimContiguous(gy, dim, perm);
+  Tensor gx = emptyLike(yc);
+  if (gx.numel() > 0) kernel<SoftmaxBackwardKernel>("softmax_backward", y.device())(yc, gc, gx, log);
+  return perm.empty() ? gx : detail::permuteRaw(gx, perm);
+}
+
+NormResult layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  return normImpl("layer_norm", x, weight, bias, eps, false);
+}
+
+NormResult rmsNorm(const Tensor& x, const Tensor& weight, double eps) {
+  return normImpl("rms_norm", x, weight, Tensor(), eps, true);
+}
+
+NormGrads layerNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
+                            bool needWeight, bool needBias) {
+  return normBackwardImpl(gy, x, weight, saved, needWeight, needBias, false);
+}
+
+NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
+                          bool needWeight) {
+  return normBackwardImpl(gy, x, weight, saved, needWeight, false, true);
+}
+
+}  // namespace strata::ops

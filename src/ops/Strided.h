@@ -1,0 +1,73 @@
+// Strided iteration shared by the backends: operands of one shape with their own strides, dims coalesced where every
+// operand is contiguous across them, so most calls end up 1-D or 2-D.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "strata/core/Philox.h"  // STRATA_HOST_DEVICE
+#include "strata/core/Tensor.h"
+
+namespace strata::ops {
+
+constexpr int kMaxDims = 10;
+
+template <int N>
+struct StridedLayout {
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[N][kMaxDims] = {};  // in elements
+
+  // Element offsets of linear index `i` (row-major over sizes) for every operand.
+  STRATA_HOST_DEVICE void offsets(int64_t i, int64_t (&out)[N]) const {
+    for (int k = 0; k < N; ++k) out[k] = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      int64_t idx = i % sizes[d];
+      i /= sizes[d];
+      for (int k = 0; k < N; ++k) out[k] += idx * strides[k][d];
+    }
+  }
+};
+
+// Operands: tensors of the same shape. Throws when more than kMaxDims dims remain after coalescing.
+template <int N>
+StridedLayout<N> makeLayout(const std::array<const Tensor*, N>& operands) {
+  const Shape& shape = operands[0]->shape();
+  std::vector<int64_t> sizes;
+  std::vector<std::array<int64_t, N>> strides;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    std::array<int64_t, N> st{};
+    for (int k = 0; k < N; ++k) st[k] = operands[k]->strides()[d];
+    if (!sizes.empty()) {
+      bool merge = true;
+      for (int k = 0; k < N; ++k) merge = merge && strides.back()[k] == st[k] * shape[d];
+      if (merge) {
+        sizes.back() *= shape[d];
+        strides.back() = st;
+        continue;
+      }
+    }
+    sizes.push_back(shape[d]);
+    strides.push_back(st);
+  }
+  STRATA_CHECK(sizes.size() <= size_t(kMaxDims), "tensor iteration over {} non-mergeable dims (at most {})",
+               sizes.size(), kMaxDims);
+  StridedLayout<N> layout;
+  layout.ndim = int(sizes.size());
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    layout.sizes[d] = sizes[d];
+    for (int k = 0; k < N; ++k) layout.strides[k][d] = strides[d][k];
+  }
+  return layout;
+}
+
+inline bool allContiguousSameShape(const Tensor& out, const std::vector<Tensor>& inputs) {
+  if (!out.isContiguous()) return false;
+  for (const auto& t : inputs)
+    if (!t.isContiguous() || t.shape() != out.shape()) return false;
+  return true;
+}
+
+}  // namespace strata::ops

@@ -1,0 +1,95 @@
+// CPU GEMM through Eigen. f32/f64 map the operands in place; bf16/f16 are widened to f32, multiplied, and rounded
+// back. Batches run in parallel (Eigen then runs each product single-threaded); a single large product lets Eigen
+// use its own OpenMP threads.
+#include <Eigen/Core>
+#include <vector>
+
+#include "CpuKernels.h"
+
+namespace strata::ops::cpu {
+namespace {
+
+template <class S>
+using RowMat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class S>
+using ConstMap = Eigen::Map<const RowMat<S>, 0, Eigen::OuterStride<>>;
+template <class S>
+using MutMap = Eigen::Map<RowMat<S>, 0, Eigen::OuterStride<>>;
+
+template <class S>
+void gemmOne(const GemmArgs& g, const S* a, const S* b, S* c) {
+  int64_t aRows = g.transA ? g.k : g.m, aCols = g.transA ? g.m : g.k;
+  int64_t bRows = g.transB ? g.n : g.k, bCols = g.transB ? g.k : g.n;
+  ConstMap<S> A(a, aRows, aCols, Eigen::OuterStride<>(g.lda));
+  ConstMap<S> B(b, bRows, bCols, Eigen::OuterStride<>(g.ldb));
+  MutMap<S> C(c, g.m, g.n, Eigen::OuterStride<>(g.ldc));
+  S alpha = S(g.alpha);
+  if (g.beta == 0.0f) {
+    if (!g.transA && !g.transB) C.noalias() = alpha * (A * B);
+    else if (g.transA && !g.transB) C.noalias() = alpha * (A.transpose() * B);
+    else if (!g.transA && g.transB) C.noalias() = alpha * (A * B.transpose());
+    else C.noalias() = alpha * (A.transpose() * B.transpose());
+  } else {
+    C *= S(g.beta);
+    if (!g.transA && !g.transB) C.noalias() += alpha * (A * B);
+    else if (g.transA && !g.transB) C.noalias() += alpha * (A.transpose() * B);
+    else if (!g.transA && g.transB) C.noalias() += alpha * (A * B.transpose());
+    else C.noalias() += alpha * (A.transpose() * B.transpose());
+  }
+}
+
+template <class S>
+void gemmBatched(const GemmArgs& g, const S* a, const S* b, S* c) {
+  if (g.batch == 1) {
+    gemmOne(g, a, b, c);
+    return;
+  }
+#pragma omp parallel for
+  for (int64_t i = 0; i < g.batch; ++i) gemmOne(g, a + i * g.strideA, b + i * g.strideB, c + i * g.strideC);
+}
+
+// Extent in elements of one strided batch of a row-major matrix with `rows` rows.
+int64_t span(int64_t batch, int64_t stride, int64_t rows, int64_t ld) { return (batch - 1) * stride + rows * ld; }
+
+template <class H>
+void gemmWidened(const GemmArgs& g) {
+  int64_t aRows = g.transA ? g.k : g.m, bRows = g.transB ? g.n : g.k;
+  int64_t na = span(g.batch, g.strideA, aRows, g.lda), nb = span(g.batch, g.strideB, bRows, g.ldb);
+  int64_t nc = span(g.batch, g.strideC, g.m, g.ldc);
+  std::vector<float> a(static_cast<size_t>(na)), b(static_cast<size_t>(nb)), c(static_cast<size_t>(nc), 0.0f);
+  const H* ah = static_cast<const H*>(g.a);
+  const H* bh = static_cast<const H*>(g.b);
+  H* ch = static_cast<H*>(g.c);
+  for (int64_t i = 0; i < na; ++i) a[size_t(i)] = float(ah[i]);
+  for (int64_t i = 0; i < nb; ++i) b[size_t(i)] = float(bh[i]);
+  if (g.beta != 0.0f)
+    for (int64_t i = 0; i < nc; ++i) c[size_t(i)] = float(ch[i]);
+  gemmBatched<float>(g, a.data(), b.data(), c.data());
+  // Write back only the elements of C (rows may have padding between them when ldc > n).
+  for (int64_t bi = 0; bi < g.batch; ++bi)
+    for (int64_t r = 0; r < g.m; ++r)
+      for (int64_t col = 0; col < g.n; ++col) {
+        int64_t idx = bi * g.strideC + r * g.ldc + col;
+        ch[idx] = H(c[size_t(idx)]);
+      }
+}
+
+void gemm(const GemmArgs& g) {
+  switch (g.dtype) {
+    case DType::F32:
+      gemmBatched(g, static_cast<const float*>(g.a), static_cast<const float*>(g.b), static_cast<float*>(g.c));
+      return;
+    case DType::F64:
+      gemmBatched(g, static_cast<const double*>(g.a), static_cast<const double*>(g.b), static_cast<double*>(g.c));
+      return;
+    case DType::BF16: gemmWidened<BFloat16>(g); return;
+    case DType::F16: gemmWidened<Half>(g); return;
+    default: STRATA_FAIL("matmul: dtype {} is not supported on the cpu", g.dtype);
+  }
+}
+
+}  // namespace
+
+void registerGemm(Registry& r) { r.add<GemmKernel>("gemm", DeviceType::CPU, &gemm); }
+
+}  // namespace strata::ops::cpu

@@ -1,0 +1,40 @@
+// Private helpers of the CPU backend.
+#pragma once
+
+#include "../Kernels.h"
+#include "strata/core/DType.h"
+
+namespace strata::ops::cpu {
+
+// The arithmetic type for a storage type: float for f32/bf16/f16, double for f64.
+template <class T>
+struct ComputeOf {
+  using type = float;
+};
+template <>
+struct ComputeOf<double> {
+  using type = double;
+};
+
+template <class Fn>
+void visitFloating(DType t, const char* op, Fn&& fn) {
+  switch (t) {
+    case DType::F32: fn(TypeTag<float>{}); return;
+    case DType::F64: fn(TypeTag<double>{}); return;
+    case DType::BF16: fn(TypeTag<BFloat16>{}); return;
+    case DType::F16: fn(TypeTag<Half>{}); return;
+    default: STRATA_FAIL("{}: dtype {} is not supported on the cpu (floating dtypes only)", op, t);
+  }
+}
+
+// Minimum elements per thread before a loop goes parallel.
+constexpr int64_t kParallelGrain = 16384;
+
+void registerCreation(Registry& r);
+void registerElementwise(Registry& r);
+void registerReduce(Registry& r);
+void registerGemm(Registry& r);
+void registerNormalization(Registry& r);
+void registerNn(Registry& r);
+
+}  // namespace strata::ops::cpu

@@ -1,0 +1,166 @@
+// CPU softmax / log-softmax and LayerNorm / RMSNorm over rows, forward and backward.
+#include <cmath>
+#include <limits>
+
+#include "CpuKernels.h"
+
+namespace strata::ops::cpu {
+namespace {
+
+void softmax(const Tensor& x, const Tensor& y, bool log) {
+  int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
+  visitFloating(x.dtype(), "softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using F = typename ComputeOf<T>::type;
+    const T* in = static_cast<const T*>(x.data());
+    T* out = static_cast<T*>(y.data());
+#pragma omp parallel for if (N * C > kParallelGrain)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = in + n * C;
+      T* orow = out + n * C;
+      F mx = -std::numeric_limits<F>::infinity();
+      for (int64_t c = 0; c < C; ++c) mx = std::max(mx, F(row[c]));
+      F sum = 0;
+      for (int64_t c = 0; c < C; ++c) sum += std::exp(F(row[c]) - mx);
+      if (log) {
+        F lse = mx + std::log(sum);
+        for (int64_t c = 0; c < C; ++c) orow[c] = T(F(row[c]) - lse);
+      } else {
+        F inv = F(1) / sum;
+        for (int64_t c = 0; c < C; ++c) orow[c] = T(std::exp(F(row[c]) - mx) * inv);
+      }
+    }
+  });
+}
+
+void softmaxBackward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log) {
+  int64_t C = y.size(-1), N = y.numel() / std::max<int64_t>(C, 1);
+  visitFloating(y.dtype(), "softmax_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using F = typename ComputeOf<T>::type;
+    const T* yp = static_cast<const T*>(y.data());
+    const T* gp = static_cast<const T*>(gy.data());
+    T* op = static_cast<T*>(gx.data());
+#pragma omp parallel for if (N * C > kParallelGrain)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* yr = yp + n * C;
+      const T* gr = gp + n * C;
+      T* orow = op + n * C;
+      F dot = 0;
+      for (int64_t c = 0; c < C; ++c) dot += log ? F(gr[c]) : F(gr[c]) * F(yr[c]);
+      for (int64_t c = 0; c < C; ++c)
+        orow[c] = log ? T(F(gr[c]) - std::exp(F(yr[c])) * dot) : T(F(yr[c]) * (F(gr[c]) - dot));
+    }
+  });
+}
+
+void norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y, const Tensor& mean,
+          const Tensor& rstd, double eps, bool rms) {
+  int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
+  visitFloating(x.dtype(), "layer_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using F = typename ComputeOf<T>::type;
+    const T* in = static_cast<const T*>(x.data());
+    const T* w = weight.defined() ? static_cast<const T*>(weight.data()) : nullptr;
+    const T* b = bias.defined() ? static_cast<const T*>(bias.data()) : nullptr;
+    T* out = static_cast<T*>(y.data());
+    using S = F;  // fp32 statistics, f64 for f64 inputs
+    S* meanP = mean.defined() ? static_cast<S*>(mean.data()) : nullptr;
+    S* rstdP = static_cast<S*>(rstd.data());
+#pragma omp parallel for if (N * C > kParallelGrain)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = in + n * C;
+      F mu = 0;
+      if (!rms) {
+        for (int64_t c = 0; c < C; ++c) mu += F(row[c]);
+        mu /= F(C);
+      }
+      F var = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        F d = F(row[c]) - mu;
+        var += d * d;
+      }
+      var /= F(C);
+      F rs = F(1) / std::sqrt(var + F(eps));
+      if (meanP) meanP[n] = S(mu);
+      rstdP[n] = S(rs);
+      for (int64_t c = 0; c < C; ++c) {
+        F v = (F(row[c]) - mu) * rs;
+        if (w) v *= F(w[c]);
+        if (b) v += F(b[c]);
+        out[n * C + c] = T(v);
+      }
+    }
+  });
+}
+
+void normBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                  const Tensor& gx, const Tensor& gw, const Tensor& gb, bool rms) {
+  int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
+  visitFloating(x.dtype(), "layer_norm_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using F = typename ComputeOf<T>::type;
+    const T* g = static_cast<const T*>(gy.data());
+    const T* in = static_cast<const T*>(x.data());
+    const T* w = weight.defined() ? static_cast<const T*>(weight.data()) : nullptr;
+    // Statistics and weight/bias gradients are fp32, or f64 for f64 inputs (gradient checks).
+    using S = F;
+    const S* meanP = mean.defined() ? static_cast<const S*>(mean.data()) : nullptr;
+    const S* rstdP = static_cast<const S*>(rstd.data());
+    auto stats = [&](int64_t n, F& mu, F& rs) {
+      mu = meanP ? F(meanP[n]) : F(0);
+      rs = F(rstdP[n]);
+    };
+    if (gx.defined()) {
+      T* out = static_cast<T*>(gx.data());
+#pragma omp parallel for if (N * C > kParallelGrain)
+      for (int64_t n = 0; n < N; ++n) {
+        F mu, rs;
+        stats(n, mu, rs);
+        const T* row = in + n * C;
+        const T* grow = g + n * C;
+        F sumG = 0, sumGX = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          F gw_ = F(grow[c]) * (w ? F(w[c]) : F(1));
+          F xhat = (F(row[c]) - mu) * rs;
+          sumG += gw_;
+          sumGX += gw_ * xhat;
+        }
+        for (int64_t c = 0; c < C; ++c) {
+          F gw_ = F(grow[c]) * (w ? F(w[c]) : F(1));
+          F xhat = (F(row[c]) - mu) * rs;
+          F v = rms ? rs * (gw_ - xhat * sumGX / F(C)) : rs * (gw_ - (sumG + xhat * sumGX) / F(C));
+          out[n * C + c] = T(v);
+        }
+      }
+    }
+    if (gw.defined() || gb.defined()) {
+      S* gwP = gw.defined() ? static_cast<S*>(gw.data()) : nullptr;
+      S* gbP = gb.defined() ? static_cast<S*>(gb.data()) : nullptr;
+#pragma omp parallel for if (N * C > kParallelGrain)
+      for (int64_t c = 0; c < C; ++c) {
+        F accW = 0, accB = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          F mu, rs;
+          stats(n, mu, rs);
+          F gv = F(g[n * C + c]);
+          accW += gv * (F(in[n * C + c]) - mu) * rs;
+          accB += gv;
+        }
+        if (gwP) gwP[c] = S(accW);
+        if (gbP) gbP[c] = S(accB);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void registerNormalization(Registry& r) {
+  r.add<SoftmaxKernel>("softmax", DeviceType::CPU, &softmax);
+  r.add<SoftmaxBackwardKernel>("softmax_backward", DeviceType::CPU, &softmaxBackward);
+  r.add<NormKernel>("norm", DeviceType::CPU, &norm);
+  r.add<NormBackwardKernel>("norm_backward", DeviceType::CPU, &normBackward);
+}
+
+}  // namespace strata::ops::cpu

@@ -1,0 +1,14 @@
+#include "CpuKernels.h"
+
+namespace strata::ops {
+
+void registerCpuKernels(Registry& r) {
+  cpu::registerCreation(r);
+  cpu::registerElementwise(r);
+  cpu::registerReduce(r);
+  cpu::registerGemm(r);
+  cpu::registerNormalization(r);
+  cpu::registerNn(r);
+}
+
+}  // namespace strata::ops

@@ -1,0 +1,76 @@
+// Helpers shared by the tests: host comparisons and the finite-difference gradient check.
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "CatchShim.h"
+#include "strata/strata.h"
+
+namespace strata::test {
+
+// Largest |a - b| / (atol + rtol |b|) over elements; <= 1 means close.
+inline double closeness(const std::vector<double>& a, const std::vector<double>& b, double atol, double rtol) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    worst = std::max(worst, std::abs(a[i] - b[i]) / (atol + rtol * std::abs(b[i])));
+  }
+  return worst;
+}
+
+inline void requireClose(const Tensor& a, const Tensor& b, double atol = 1e-5, double rtol = 1e-4) {
+  REQUIRE(a.shape() == b.shape());
+  double c = closeness(a.toVector<double>(), b.toVector<double>(), atol, rtol);
+  INFO("worst scaled error " << c);
+  REQUIRE(c <= 1.0);
+}
+
+inline Tensor randomDouble(const Shape& shape, uint64_t seed, double low = -1.0, double high = 1.0) {
+  Generator gen(seed);
+  return ops::rand(shape, gen, DType::F64, Device::cpu(), low, high);
+}
+
+// Checks the analytic gradient of f against central differences, in f64 on the CPU. f's output is reduced to a
+// scalar through a fixed random projection so every output element contributes.
+inline void gradCheck(const std::function<Tensor(const std::vector<Tensor>&)>& f, std::vector<Tensor> inputs,
+                      double eps = 1e-6, double atol = 1e-6, double rtol = 1e-4) {
+  for (auto& t : inputs) {
+    REQUIRE(t.dtype() == DType::F64);
+    if (!t.requiresGrad()) t.setRequiresGrad(true);
+    t.setGrad(Tensor());
+  }
+  Tensor out = f(inputs);
+  Tensor projection = randomDouble(out.shape(), 4242, 0.5, 1.5);
+  Tensor loss = sum(mul(out, projection));
+  backward(loss);
+  auto scalarLoss = [&]() {
+    NoGradGuard noGrad;
+    return sum(mul(f(inputs), projection)).item();
+  };
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    Tensor& x = inputs[k];
+    REQUIRE(x.grad().defined());
+    std::vector<double> analytic = x.grad().toVector<double>();
+    std::vector<double> numeric(analytic.size());
+    REQUIRE(x.isContiguous());
+    double* p = x.data<double>();
+    for (size_t i = 0; i < numeric.size(); ++i) {
+      double orig = p[i];
+      p[i] = orig + eps;
+      double up = scalarLoss();
+      p[i] = orig - eps;
+      double down = scalarLoss();
+      p[i] = orig;
+      numeric[i] = (up - down) / (2 * eps);
+    }
+    double c = closeness(analytic, numeric, atol, rtol);
+    INFO("input " << k << ": worst scaled gradient error " << c);
+    REQUIRE(c <= 1.0);
+  }
+}
+
+}  // namespace strata::test

@@ -1,0 +1,116 @@
+// Finite-difference gradient checks in f64 for every differentiable op.
+#include "TestUtil.h"
+
+using namespace strata;
+using test::gradCheck;
+using test::randomDouble;
+using Ins = std::vector<Tensor>;
+
+TEST_CASE("gradcheck: add, sub, mul, div with broadcasting", "[autograd][gradcheck]") {
+  gradCheck([](const Ins& x) { return add(x[0], x[1]); }, {randomDouble({3, 4}, 1), randomDouble({4}, 2)});
+  gradCheck([](const Ins& x) { return sub(x[0], x[1]); }, {randomDouble({3, 1}, 3), randomDouble({2, 1, 4}, 4)});
+  gradCheck([](const Ins& x) { return mul(x[0], x[1]); }, {randomDouble({2, 3}, 5), randomDouble({2, 1}, 6)});
+  gradCheck([](const Ins& x) { return div(x[0], x[1]); }, {randomDouble({2, 3}, 7), randomDouble({3}, 8, 0.5, 2)});
+  gradCheck([](const Ins& x) { return x[0] * 3.0 + 1.0 - x[0] / 2.0; }, {randomDouble({5}, 9)});
+}
+
+TEST_CASE("gradcheck: exp, log, sqrt, rsqrt, pow, neg", "[autograd][gradcheck]") {
+  gradCheck([](const Ins& x) { return exp(x[0]); }, {randomDouble({6}, 10)});
+  gradCheck([](const Ins& x) { return log(x[0]); }, {randomDouble({6}, 11, 0.5, 2)});
+  gradCheck([](const Ins& x) { return sqrt(x[0]); }, {randomDouble({6}, 12, 0.5, 2)});
+  gradCheck([](const Ins& x) { return rsqrt(x[0]); }, {randomDouble({6}, 13, 0.5, 2)});
+  gradCheck([](const Ins& x) { return pow(x[0], 3.0); }, {randomDouble({6}, 14)});
+  gradCheck([](const Ins& x) { return pow(x[0], 0.7); }, {randomDouble({6}, 15, 0.5, 2)});
+  gradCheck([](const Ins& x) { return -x[0]; }, {randomDouble({6}, 16)});
+}
+
+TEST_CASE("gradcheck: tanh, sigmoid, relu, silu, gelu", "[autograd][gradcheck]") {
+  gradCheck([](const Ins& x) { return tanh(x[0]); }, {randomDouble({8}, 17, -2, 2)});
+  gradCheck([](const Ins& x) { return sigmoid(x[0]); }, {randomDouble({8}, 18, -3, 3)});
+  gradCheck([](const Ins& x) { return relu(x[0]); }, {randomDouble({8}, 19, -2, 2)});
+  gradCheck([](const Ins& x) { return silu(x[0]); }, {randomDouble({8}, 20, -3, 3)});
+  gradCheck([](const Ins& x) { return gelu(x[0], GeluApprox::Tanh); }, {randomDouble({8}, 21, -3, 3)});
+  gradCheck([](const Ins& x) { return gelu(x[0], GeluApprox::None); }, {randomDouble({8}, 22, -3, 3)});
+}
+
+TEST_CASE("gradcheck: where and masked fill", "[autograd][gradcheck]") {
+  Tensor mask = Tensor::fromVector<double>({1, 0, 1, 0, 0, 1}, {2, 3});
+  gradCheck([mask](const Ins& x) { return where(mask, x[0], x[1]); }, {randomDouble({2, 3}, 23), randomDouble({3}, 24)});
+  gradCheck([mask](const Ins& x) { return maskedFill(x[0], mask, -5.0); }, {randomDouble({2, 3}, 25)});
+}
+
+TEST_CASE("gradcheck: sum, mean, max, norm over dims", "[autograd][gradcheck]") {
+  gradCheck([](const Ins& x) { return sum(x[0], {1}); }, {randomDouble({3, 4, 2}, 26)});
+  gradCheck([](const Ins& x) { return sum(x[0]); }, {randomDouble({3, 4}, 27)});
+  gradCheck([](const Ins& x) { return mean(x[0], {0, 2}, true); }, {randomDouble({3, 4, 2}, 28)});
+  gradCheck([](const Ins& x) { return max(x[0], {1}); }, {randomDouble({3, 5}, 29)});
+  gradCheck([](const Ins& x) { return max(x[0]); }, {randomDouble({3, 5}, 30)});
+  gradCheck([](const Ins& x) { return norm(x[0], {1}); }, {randomDouble({3, 5}, 31)});
+}
+
+TEST_CASE("gradcheck: matmul, batched and broadcast", "[autograd][gradcheck]") {
+  gradCheck([](const Ins& x) { return matmul(x[0], x[1]); }, {randomDouble({3, 4}, 32), randomDouble({4, 5}, 33)});
+  gradCheck([](const Ins& x) { return matmul(x[0], x[1]); },
+            {randomDouble({2, 3, 4}, 34), randomDouble({4, 2}, 35)});
+  gradCheck([](const Ins& x) { return matmul(x[0], x[1]); },
+            {randomDouble({2, 1, 3, 4}, 36), randomDouble({3, 4, 2}, 37)});
+  gradCheck([](const Ins& x) { return matmul(x[0], x[1].transpose(0, 1)); },
+            {randomDouble({3, 4}, 38), randomDouble({5, 4}, 39)});
+  gradCheck([](const Ins& x) { return matmul(x[0], x[1]); }, {randomDouble({4}, 40), randomDouble({4, 3}, 41)});
+}
+
+TEST_CASE("gradcheck: softmax and log-softmax", "[autograd][gradcheck]") {
+  gradCheck([](const Ins& x) { return softmax(x[0]); }, {randomDouble({3, 5}, 42)});
+  gradCheck([](const Ins& x) { return softmax(x[0], 0); }, {randomDouble({3, 5}, 43)});
+  gradCheck([](const Ins& x) { return logSoftmax(x[0]); }, {randomDouble({3, 5}, 44)});
+}
+
+TEST_CASE("gradcheck: layer norm and rms norm", "[autograd][gradcheck]") {
+  gradCheck([](const Ins& x) { return layerNorm(x[0], x[1], x[2]); },
+            {randomDouble({3, 6}, 45, -2, 2), randomDouble({6}, 46, 0.5, 1.5), randomDouble({6}, 47)});
+  gradCheck([](const Ins& x) { return layerNorm(x[0], Tensor(), Tensor()); }, {randomDouble({2, 3, 5}, 48)});
+  gradCheck([](const Ins& x) { return rmsNorm(x[0], x[1]); },
+            {randomDouble({3, 6}, 49, -2, 2), randomDouble({6}, 50, 0.5, 1.5)});
+}
+
+TEST_CASE("gradcheck: embedding", "[autograd][gradcheck]") {
+  Tensor idx = Tensor::fromVector<int64_t>({3, 0, 3, 1, 2, 0}, {2, 3});
+  gradCheck([idx](const Ins& x) { return embedding(x[0], idx); }, {randomDouble({5, 4}, 51)});
+}
+
+TEST_CASE("gradcheck: cross entropy with ignore_index", "[autograd][gradcheck]") {
+  Tensor target = Tensor::fromVector<int64_t>({2, -100, 0, 4}, {4});
+  gradCheck([target](const Ins& x) { return crossEntropy(x[0], target); }, {randomDouble({4, 5}, 52, -2, 2)});
+}
+
+TEST_CASE("gradcheck: dropout replays its mask", "[autograd][gradcheck]") {
+  gradCheck(
+      [](const Ins& x) {
+        Generator gen(99);  // same mask on every evaluation
+        return dropout(x[0], 0.3, true, gen);
+      },
+      {randomDouble({20}, 53)});
+}
+
+TEST_CASE("gradcheck: views, cat and split", "[autograd][gradcheck]") {
+  gradCheck([](const Ins& x) { return x[0].transpose(0, 1).reshape({12}); }, {randomDouble({3, 4}, 54)});
+  gradCheck([](const Ins& x) { return x[0].permute({2, 0, 1}).narrow(0, 1, 2); }, {randomDouble({2, 3, 4}, 55)});
+  gradCheck([](const Ins& x) { return x[0].unsqueeze(1).expand({3, 4, 2}); }, {randomDouble({3, 2}, 56)});
+  gradCheck([](const Ins& x) { return x[0].select(1, 2) * x[0].select(1, 0); }, {randomDouble({3, 4}, 57)});
+  gradCheck([](const Ins& x) { return cat({x[0], x[1]}, 0); }, {randomDouble({2, 3}, 58), randomDouble({1, 3}, 59)});
+  gradCheck(
+      [](const Ins& x) {
+        auto parts = split(x[0], {1, 3}, 1);
+        return parts[0] * parts[1];
+      },
+      {randomDouble({2, 4}, 60)});
+  gradCheck([](const Ins& x) { return x[0].to(DType::F32).to(DType::F64); }, {randomDouble({4}, 61)}, 1e-3, 1e-4, 1e-3);
+}
+
+TEST_CASE("gradcheck: scaled dot product attention with masks", "[autograd][gradcheck]") {
+  AttentionMask mask;
+  mask.causal = true;
+  mask.keyPadding = Tensor::fromVector<double>({0, 0, 0, 1, 0, 0, 0, 0}, {2, 4});
+  gradCheck([mask](const Ins& x) { return scaledDotProductAttention(x[0], x[1], x[2], mask); },
+            {randomDouble({2, 2, 4, 3}, 62), randomDouble({2, 2, 4, 3}, 63), randomDouble({2, 2, 4, 3}, 64)});
+}

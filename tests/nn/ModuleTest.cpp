@@ -1,0 +1,86 @@
+#include "TestUtil.h"
+
+using namespace strata;
+
+namespace {
+class Affine : public nn::Module {
+ public:
+  Affine(int64_t in, int64_t out, uint64_t seed) {
+    Generator gen(seed);
+    weight_ = registerParameter("weight", ops::randn({in, out}, gen, DType::F64));
+    bias_ = registerParameter("bias", ops::zeros({out}, DType::F64));
+  }
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override { return {matmul(in[0], weight_) + bias_}; }
+  Tensor weight_, bias_;
+};
+
+class TwoLayer : public nn::Module {
+ public:
+  TwoLayer() {
+    first = registerModule("first", std::make_shared<Affine>(4, 8, 1));
+    second = registerModule("second", std::make_shared<Affine>(8, 2, 2));
+  }
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+    Tensor h = tanh((*first)(in[0]));
+    return {(*second)(h)};
+  }
+  std::shared_ptr<Affine> first, second;
+};
+}  // namespace
+
+TEST_CASE("modules name their parameters and switch train/eval", "[nn][module]") {
+  TwoLayer net;
+  auto named = net.namedParameters();
+  REQUIRE(named.size() == 4);
+  REQUIRE(named[0].first == "first.weight");
+  REQUIRE(named[3].first == "second.bias");
+  REQUIRE(net.numParameters() == 4 * 8 + 8 + 8 * 2 + 2);
+  REQUIRE(named[0].second.requiresGrad());
+  net.eval();
+  REQUIRE(!net.second->isTraining());
+  net.train();
+  REQUIRE(net.first->isTraining());
+  REQUIRE(net.namedModules().size() == 3);
+  REQUIRE_THROWS_AS(net.first->registerParameter("weight", ops::zeros({1})), Error);
+}
+
+TEST_CASE("module hooks fire in forward and backward order", "[nn][module][hooks]") {
+  TwoLayer net;
+  std::vector<std::string> events;
+  for (auto& [name, m] : net.namedModules()) {
+    if (name.empty()) continue;
+    std::string n = name;
+    m->addForwardPreHook([&events, n](nn::Module&, const std::vector<Tensor>&) { events.push_back("pre:" + n); });
+    m->addForwardHook([&events, n](nn::Module&, const std::vector<Tensor>&, const std::vector<Tensor>&) {
+      events.push_back("post:" + n);
+    });
+    m->addBackwardPreHook([&events, n](nn::Module&) { events.push_back("bwd-pre:" + n); });
+    m->addBackwardHook([&events, n](nn::Module&) { events.push_back("bwd-post:" + n); });
+  }
+  Tensor x = test::randomDouble({3, 4}, 3);
+  x.setRequiresGrad(true);
+  Tensor loss = sum(net(x));
+  REQUIRE(events == std::vector<std::string>{"pre:first", "post:first", "pre:second", "post:second"});
+  events.clear();
+  backward(loss);
+  REQUIRE(events ==
+          std::vector<std::string>{"bwd-pre:second", "bwd-post:second", "bwd-pre:first", "bwd-post:first"});
+  for (auto& [name, p] : net.namedParameters()) {
+    INFO(name);
+    REQUIRE(p.grad().defined());
+  }
+}
+
+TEST_CASE("hooked modules compute the same gradients as unhooked ones", "[nn][module][hooks]") {
+  TwoLayer plain, hooked;
+  hooked.first->addBackwardPreHook([](nn::Module&) {});
+  hooked.second->addBackwardHook([](nn::Module&) {});
+  Tensor x = test::randomDouble({3, 4}, 4);
+  x.setRequiresGrad(true);
+  backward(sum(plain(x)));
+  Tensor gx = x.grad();
+  x.setGrad(Tensor());
+  backward(sum(hooked(x)));
+  test::requireClose(x.grad(), gx, 1e-12, 1e-12);
+  test::requireClose(hooked.first->weight_.grad(), plain.first->weight_.grad(), 1e-12, 1e-12);
+}
