@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "strata/core/Error.h"
-#include "cuda/CudaContext.h"
+#include "core/cuda/CudaContext.h"
 
 namespace strata {
 namespace {

@@ -3,7 +3,7 @@
 #include <unordered_map>
 
 #include "strata/core/Error.h"
-#include "cuda/CudaContext.h"
+#include "core/cuda/CudaContext.h"
 
 namespace strata {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <iomanip>
 
-#include "cuda/CudaContext.h"
+#include "core/cuda/CudaContext.h"
 
 namespace strata {
 

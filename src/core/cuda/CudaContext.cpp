@@ -1,4 +1,4 @@
-#include "cuda/CudaContext.h"
+#include "core/cuda/CudaContext.h"
 
 #include <memory>
 #include <mutex>

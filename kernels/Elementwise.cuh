@@ -1,0 +1,133 @@
+// Elementwise kernels: map (any functor of ElementwiseFunctors.h over N inputs), copy with dtype conversion, fill,
+// arange, Philox random and dropout.
+//
+// Layout: map and copy have a contiguous path (16-byte packs when every pointer is aligned, one element per thread
+// otherwise) and a strided path that decomposes a linear index over the coalesced dims (ops/Strided.h).
+// Parallelisation: a grid-stride loop over packs or elements; the launchers size the grid to the work.
+#pragma once
+
+#include <utility>
+
+#include "kernels/Common.cuh"
+#include "src/ops/Strided.h"
+#include "strata/core/Philox.h"
+
+namespace strata::kernels {
+
+template <class T, int N>
+struct InputPtrs {
+  const T* p[N];
+};
+
+template <class F, class A, size_t... I>
+__device__ __forceinline__ A applyFunctor(const F& f, const A* vals, std::index_sequence<I...>) {
+  return f(vals[I]...);
+}
+
+// ---- map ----------------------------------------------------------------------------------------------------------
+
+template <class F, class T, int N, int V>
+__global__ void mapPackedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_t n, F f) {
+  using A = decltype(toAcc(T{}));
+  int64_t packs = n / V;
+  int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < packs; i += stride) {
+    Vec<T, V> loaded[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) loaded[k] = reinterpret_cast<const Vec<T, V>*>(in.p[k])[i];
+    Vec<T, V> result;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      A vals[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) vals[k] = toAcc(loaded[k].v[j]);
+      result.v[j] = fromAcc<T>(applyFunctor(f, vals, std::make_index_sequence<N>{}));
+    }
+    reinterpret_cast<Vec<T, V>*>(out)[i] = result;
+  }
+  // The tail that does not fill a pack.
+  int64_t t = packs * V + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t < n && blockIdx.x == 0) {
+    A vals[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) vals[k] = toAcc(in.p[k][t]);
+    out[t] = fromAcc<T>(applyFunctor(f, vals, std::make_index_sequence<N>{}));
+  }
+}
+
+template <class F, class T, int N>
+__global__ void mapStridedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_t n, ops::StridedLayout<N + 1> layout,
+                                 F f) {
+  using A = decltype(toAcc(T{}));
+  int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t off[N + 1];
+    layout.offsets(i, off);
+    A vals[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) vals[k] = toAcc(in.p[k][off[k + 1]]);
+    out[off[0]] = fromAcc<T>(applyFunctor(f, vals, std::make_index_sequence<N>{}));
+  }
+}
+
+// ---- copy, fill, arange, random, dropout --------------------------------------------------------------------------
+
+template <class D, class S>
+__global__ void copyStridedKernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n,
+                                  ops::StridedLayout<2> layout) {
+  int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t off[2];
+    layout.offsets(i, off);
+    if constexpr (std::is_same_v<D, S>) {
+      dst[off[0]] = src[off[1]];
+    } else {
+      dst[off[0]] = fromDouble<D>(toDouble(src[off[1]]));
+    }
+  }
+}
+
+template <class D, class S>
+__global__ void convertContiguousKernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n) {
+  int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    dst[i] = fromDouble<D>(toDouble(src[i]));
+  }
+}
+
+template <class T>
+__global__ void fillKernel(T* __restrict__ out, int64_t n, T value) {
+  int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = value;
+}
+
+template <class T>
+__global__ void arangeKernel(T* __restrict__ out, int64_t n, double start, double step) {
+  int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = fromDouble<T>(start + double(i) * step);
+}
+
+template <class T>
+__global__ void randomKernel(T* __restrict__ out, int64_t n, uint64_t seed, uint64_t offset, bool normal, float a,
+                             float b) {
+  int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    uint64_t idx = offset + uint64_t(i);
+    // Same expression as the CPU kernel, so uniform draws are bit-identical.
+    float v = normal ? a + b * philoxNormal(seed, idx) : a + (b - a) * philoxUniform(seed, idx);
+    out[i] = fromAcc<T>(AccT<T>(v));
+  }
+}
+
+template <class T>
+__global__ void dropoutKernel(T* __restrict__ out, const T* __restrict__ in, int64_t n, float p, AccT<T> scale,
+                              uint64_t seed, uint64_t offset) {
+  int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    bool keep = philoxUniform(seed, offset + uint64_t(i)) >= p;
+    out[i] = keep ? fromAcc<T>(toAcc(in[i]) * scale) : fromAcc<T>(AccT<T>(0));
+  }
+}
+
+}  // namespace strata::kernels

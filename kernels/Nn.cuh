@@ -1,0 +1,70 @@
+// Embedding gather / scatter-add and cross-entropy over rows of logits.
+//
+// - embeddingKernel: one block per output row copies one weight row.
+// - embeddingBackwardKernel: one block per input row adds into an fp32 gradient with atomics (rows repeat).
+// - crossEntropyKernel: one block per row, online max/sum (one read of the row), writes loss, log-sum-exp and a
+//   valid flag. The backward recomputes softmax from the logits and the saved log-sum-exp, so no probability
+//   tensor outlives the forward.
+#pragma once
+
+#include "kernels/Common.cuh"
+
+namespace strata::kernels {
+
+template <class T, class I>
+__global__ void embeddingKernel(const T* __restrict__ weight, const I* __restrict__ idx, T* __restrict__ out,
+                                int64_t C, int64_t V, int* __restrict__ bad) {
+  int64_t n = blockIdx.x;
+  int64_t row = int64_t(idx[n]);
+  if (row < 0 || row >= V) {
+    if (threadIdx.x == 0) atomicExch(bad, 1);
+    return;
+  }
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = weight[row * C + c];
+}
+
+template <class T, class I>
+__global__ void embeddingBackwardKernel(const T* __restrict__ gy, const I* __restrict__ idx, float* __restrict__ gw,
+                                        int64_t C, int64_t V) {
+  int64_t n = blockIdx.x;
+  int64_t row = int64_t(idx[n]);
+  if (row < 0 || row >= V) return;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(gw + row * C + c, float(toAcc(gy[n * C + c])));
+}
+
+template <class T, class I>
+__global__ void crossEntropyKernel(const T* __restrict__ logits, const I* __restrict__ target, float* __restrict__ loss,
+                                   float* __restrict__ lse, float* __restrict__ valid, int64_t V,
+                                   int64_t ignoreIndex) {
+  __shared__ float sm[32], ss[32];
+  const T* row = logits + int64_t(blockIdx.x) * V;
+  MaxSum st{-INFINITY, 0.0f};
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) st = combine(st, MaxSum{float(toAcc(row[v])), 1.0f});
+  st = blockMaxSum(st, sm, ss);
+  if (threadIdx.x == 0) {
+    float l = st.m + logf(st.s);
+    int64_t t = int64_t(target[blockIdx.x]);
+    bool ok = t != ignoreIndex;
+    lse[blockIdx.x] = l;
+    valid[blockIdx.x] = ok ? 1.0f : 0.0f;
+    loss[blockIdx.x] = ok && t >= 0 && t < V ? l - float(toAcc(row[t])) : 0.0f;
+  }
+}
+
+template <class T, class I>
+__global__ void crossEntropyBackwardKernel(const T* __restrict__ logits, const I* __restrict__ target,
+                                           const float* __restrict__ lse, const float* __restrict__ scale,
+                                           T* __restrict__ glogits, int64_t V, int64_t ignoreIndex) {
+  int64_t n = blockIdx.x;
+  const T* row = logits + n * V;
+  T* out = glogits + n * V;
+  int64_t t = int64_t(target[n]);
+  bool ok = t != ignoreIndex;
+  float l = lse[n], s = scale[0];
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    float p = expf(float(toAcc(row[v])) - l);
+    out[v] = fromAcc<T>(ok ? (p - (v == t ? 1.0f : 0.0f)) * s : 0.0f);
+  }
+}
+
+}  // namespace strata::kernels

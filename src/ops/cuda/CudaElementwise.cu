@@ -1,0 +1,132 @@
+// CUDA launchers and registration: map ops, copy, fill, arange, random, dropout.
+#include <cstring>
+
+#include "kernels/Elementwise.cuh"
+#include "src/ops/ElementwiseFunctors.h"
+#include "src/ops/Strided.h"
+#include "src/ops/cuda/CudaCommon.h"
+
+namespace strata::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <class F, class T, int N, size_t... I>
+void launchMap(const Tensor& out, const std::vector<Tensor>& inputs, const F& f, std::index_sequence<I...>) {
+  T* o = static_cast<T*>(out.data());
+  kernels::InputPtrs<T, N> in{{static_cast<const T*>(inputs[I].data())...}};
+  int64_t n = out.numel();
+  cudaStream_t stream = streamOf(out);
+  if (allContiguousSameShape(out, inputs)) {
+    constexpr int V = kernels::kVec<T>;
+    bool packed = aligned16(o) && (aligned16(in.p[I]) && ...);
+    if (packed) {
+      kernels::mapPackedKernel<F, T, N, V><<<gridFor(std::max<int64_t>(n / V, 1), kThreads), kThreads, 0, stream>>>(
+          o, in, n, f);
+    } else {
+      kernels::mapPackedKernel<F, T, N, 1><<<gridFor(n, kThreads), kThreads, 0, stream>>>(o, in, n, f);
+    }
+  } else {
+    auto layout = makeLayout<N + 1>({&out, &inputs[I]...});
+    kernels::mapStridedKernel<F, T, N><<<gridFor(n, kThreads), kThreads, 0, stream>>>(o, in, n, layout, f);
+  }
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+template <class F, int N>
+void mapKernel(const Tensor& out, const std::vector<Tensor>& inputs, const ScalarArgs& args) {
+  DeviceGuard guard(out.device().index);
+  F f(args);
+  visitFloatingCuda(out.dtype(), "elementwise", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launchMap<F, T, N>(out, inputs, f, std::make_index_sequence<N>{});
+  });
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  DeviceGuard guard(dst.device().index);
+  cudaStream_t stream = streamOf(dst);
+  int64_t n = dst.numel();
+  bool contiguous = dst.isContiguous() && src.isContiguous();
+  if (contiguous && dst.dtype() == src.dtype()) {
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  auto layout = makeLayout<2>({&dst, &src});
+  visitAllCuda(dst.dtype(), [&](auto dtag) {
+    using D = typename decltype(dtag)::type;
+    visitAllCuda(src.dtype(), [&](auto stag) {
+      using S = typename decltype(stag)::type;
+      D* d = static_cast<D*>(dst.data());
+      const S* s = static_cast<const S*>(src.data());
+      if (contiguous) {
+        kernels::convertContiguousKernel<D, S><<<gridFor(n), kThreads, 0, stream>>>(d, s, n);
+      } else {
+        kernels::copyStridedKernel<D, S><<<gridFor(n), kThreads, 0, stream>>>(d, s, n, layout);
+      }
+      STRATA_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void fill(const Tensor& out, double value) {
+  DeviceGuard guard(out.device().index);
+  visitDType(out.dtype(), [&](auto tag) {
+    using H = typename decltype(tag)::type;
+    using T = kernels::DevT<H>;
+    H hv = H(value);
+    T v;
+    std::memcpy(&v, &hv, sizeof(T));  // host and device types share the bit layout
+    kernels::fillKernel<T><<<gridFor(out.numel()), kThreads, 0, streamOf(out)>>>(static_cast<T*>(out.data()),
+                                                                                    out.numel(), v);
+    STRATA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void arange(const Tensor& out, double start, double step) {
+  DeviceGuard guard(out.device().index);
+  visitAllCuda(out.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    kernels::arangeKernel<T><<<gridFor(out.numel()), kThreads, 0, streamOf(out)>>>(static_cast<T*>(out.data()),
+                                                                                     out.numel(), start, step);
+    STRATA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void random(const Tensor& out, uint64_t seed, uint64_t offset, bool normal, double a, double b) {
+  DeviceGuard guard(out.device().index);
+  visitFloatingCuda(out.dtype(), "rand", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    kernels::randomKernel<T><<<gridFor(out.numel()), kThreads, 0, streamOf(out)>>>(
+        static_cast<T*>(out.data()), out.numel(), seed, offset, normal, float(a), float(b));
+    STRATA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void dropout(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t offset) {
+  DeviceGuard guard(x.device().index);
+  visitFloatingCuda(x.dtype(), "dropout", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    kernels::dropoutKernel<T><<<gridFor(x.numel()), kThreads, 0, streamOf(x)>>>(
+        static_cast<T*>(out.data()), static_cast<const T*>(x.data()), x.numel(), float(p),
+        kernels::AccT<T>(1.0 / (1.0 - p)), seed, offset);
+    STRATA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void registerCreation(Registry& r) {
+  r.add<FillKernel>("fill", DeviceType::CUDA, &fill);
+  r.add<ArangeKernel>("arange", DeviceType::CUDA, &arange);
+  r.add<RandomKernel>("random", DeviceType::CUDA, &random);
+  r.add<CopyKernel>("copy", DeviceType::CUDA, &copy);
+}
+
+void registerElementwise(Registry& r) {
+  fn::forEachMapOp(
+      [&]<class F, int N>(const char* name) { r.add<MapKernel>(name, DeviceType::CUDA, &mapKernel<F, N>); });
+  r.add<DropoutKernel>("dropout", DeviceType::CUDA, &dropout);
+}
+
+}  // namespace strata::ops::cuda

@@ -1,0 +1,93 @@
+// CUDA launchers and registration: embedding and cross-entropy.
+#include "kernels/Nn.cuh"
+#include "src/ops/cuda/CudaCommon.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::ops::cuda {
+namespace {
+
+template <class Fn>
+void visitIndexCuda(DType t, Fn&& fn) {
+  if (t == DType::I64) fn(TypeTag<int64_t>{});
+  else if (t == DType::I32) fn(TypeTag<int32_t>{});
+  else STRATA_FAIL("indices must be i32 or i64, got {}", t);
+}
+
+int threadsFor(int64_t C) { return int(std::clamp<int64_t>((C + 31) / 32 * 32, 32, 1024)); }
+
+void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
+  DeviceGuard guard(weight.device().index);
+  int64_t V = weight.size(0), C = weight.size(1), N = indices.numel();
+  Tensor bad = ops::zeros({1}, DType::I32, weight.device());
+  visitAllCuda(weight.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    visitIndexCuda(indices.dtype(), [&](auto itag) {
+      using I = typename decltype(itag)::type;
+      kernels::embeddingKernel<T, I><<<unsigned(N), threadsFor(C), 0, streamOf(weight)>>>(
+          static_cast<const T*>(weight.data()), static_cast<const I*>(indices.data()), static_cast<T*>(out.data()),
+          C, V, static_cast<int*>(bad.data()));
+      STRATA_CUDA_CHECK_LAUNCH();
+    });
+  });
+  // Out-of-range indices are a user error: report it like the CPU path does (this synchronises).
+  STRATA_CHECK(bad.item() == 0.0, "embedding: an index is out of range [0, {})", V);
+}
+
+void embeddingBackward(const Tensor& gy, const Tensor& indices, const Tensor& gw) {
+  DeviceGuard guard(gy.device().index);
+  int64_t V = gw.size(0), C = gw.size(1), N = indices.numel();
+  visitFloatingCuda(gy.dtype(), "embedding_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    visitIndexCuda(indices.dtype(), [&](auto itag) {
+      using I = typename decltype(itag)::type;
+      kernels::embeddingBackwardKernel<T, I><<<unsigned(N), threadsFor(C), 0, streamOf(gy)>>>(
+          static_cast<const T*>(gy.data()), static_cast<const I*>(indices.data()), static_cast<float*>(gw.data()), C,
+          V);
+      STRATA_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void crossEntropy(const Tensor& logits, const Tensor& target, const Tensor& loss, const Tensor& lse,
+                  const Tensor& valid, int64_t ignoreIndex) {
+  DeviceGuard guard(logits.device().index);
+  int64_t N = logits.size(0), V = logits.size(1);
+  visitFloatingCuda(logits.dtype(), "cross_entropy", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    visitIndexCuda(target.dtype(), [&](auto itag) {
+      using I = typename decltype(itag)::type;
+      kernels::crossEntropyKernel<T, I><<<unsigned(N), std::min(threadsFor(V), 512), 0, streamOf(logits)>>>(
+          static_cast<const T*>(logits.data()), static_cast<const I*>(target.data()), static_cast<float*>(loss.data()),
+          static_cast<float*>(lse.data()), static_cast<float*>(valid.data()), V, ignoreIndex);
+      STRATA_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void crossEntropyBackward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& scale,
+                          const Tensor& glogits, int64_t ignoreIndex) {
+  DeviceGuard guard(logits.device().index);
+  int64_t N = logits.size(0), V = logits.size(1);
+  visitFloatingCuda(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    visitIndexCuda(target.dtype(), [&](auto itag) {
+      using I = typename decltype(itag)::type;
+      kernels::crossEntropyBackwardKernel<T, I><<<unsigned(N), std::min(threadsFor(V), 512), 0, streamOf(logits)>>>(
+          static_cast<const T*>(logits.data()), static_cast<const I*>(target.data()),
+          static_cast<const float*>(lse.data()), static_cast<const float*>(scale.data()),
+          static_cast<T*>(glogits.data()), V, ignoreIndex);
+      STRATA_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+}  // namespace
+
+void registerNn(Registry& r) {
+  r.add<EmbeddingKernel>("embedding", DeviceType::CUDA, &embedding);
+  r.add<EmbeddingBackwardKernel>("embedding_backward", DeviceType::CUDA, &embeddingBackward);
+  r.add<CrossEntropyKernel>("cross_entropy", DeviceType::CUDA, &crossEntropy);
+  r.add<CrossEntropyBackwardKernel>("cross_entropy_backward", DeviceType::CUDA, &crossEntropyBackward);
+}
+
+}  // namespace strata::ops::cuda

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On the GPU machine: build Release for sm_90, run the [cuda] tests, then the benches. Logs go to $OUT (or out/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/configure.log" 2>&1 ||
+  { tail -30 "$out/configure.log"; exit 1; }
+cmake --build build -j 16 >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+echo "== build ok"
+./build/tests/strata_tests "[cuda]" >"$out/cuda_tests.log" 2>&1
+echo "== [cuda] tests exit $?"; tail -4 "$out/cuda_tests.log"
+grep -B5 -A15 "FAILED" "$out/cuda_tests.log" | head -80
+(cd build && ctest -j 16 >"$out/ctest.log" 2>&1); echo "== ctest exit $?"; tail -3 "$out/ctest.log"
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  python3 tools/bench_gemm.py --binary build/bench/bench_gemm | tee "$out/gemm.md"
+  ./build/bench/bench_memory | tee "$out/memory.txt"
+fi
