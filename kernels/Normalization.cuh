@@ -1,12 +1,15 @@
 // Row kernels over the last dim of contiguous [N, C] tensors: softmax / log-softmax and LayerNorm / RMSNorm,
 // forward and backward.
 //
-// Parallelisation: one block per row; each thread walks the row in V-element packs (16-byte loads when the row is
-// aligned, V = 1 otherwise). Statistics are reduced across the block (Common.cuh), then the row is read again to
-// write the result; the second read of a row of a few KiB hits L1/L2, so HBM sees one read and one write.
-// Softmax uses the online max/sum recurrence, so the first pass is a single read.
-// Weight/bias gradients of the norms are column sums over rows, accumulated per block in shared memory inside the
-// input-gradient kernel and reduced deterministically by the launcher.
+// Layout: rows are split into V-element packs (16-byte loads when the row is aligned, V = 1 otherwise).
+// Parallelisation: one block per row (the norm backward strides blocks over rows). Two variants:
+// - cached (P > 0): each thread holds its P packs of the row in registers, so HBM sees each input once and each
+//   output once; statistics are reduced across the block between the register passes. Used up to 1024 * P packs.
+// - streamed (P = 0): for rows too wide for registers; re-reads the row, which then mostly hits L2.
+// Softmax reduces the max first and then the sum of exponentials, one exp per element.
+// The norm backward also accumulates the weight/bias gradients of the columns a thread owns in registers across
+// the rows its block visits, and writes fp32 partials [gridDim.x, C]; the launcher sums them in a second pass, so
+// the result is deterministic.
 #pragma once
 
 #include "kernels/Common.cuh"
@@ -28,162 +31,254 @@ __device__ __forceinline__ void storePack(T* p, int64_t i, const float (&in)[V])
   reinterpret_cast<Vec<T, V>*>(p)[i] = pack;
 }
 
+// Index of this thread's p-th pack.
+__device__ __forceinline__ int64_t packIndex(int p) { return threadIdx.x + int64_t(p) * blockDim.x; }
+
 // ---- softmax ------------------------------------------------------------------------------------------------------
 
-template <class T, int V>
+template <class T, int V, int P>
 __global__ void softmaxKernel(const T* __restrict__ x, T* __restrict__ y, int64_t C, bool log) {
-  __shared__ float sm[32], ss[32];
+  __shared__ float scratch[32];
   const T* row = x + int64_t(blockIdx.x) * C;
   T* out = y + int64_t(blockIdx.x) * C;
   int64_t packs = C / V;
-  MaxSum st{-INFINITY, 0.0f};
-  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-    float v[V];
-    loadPack<T, V>(row, i, v);
+  if constexpr (P > 0) {
+    float v[P][V];
+    float mx = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < V; ++j) st = combine(st, MaxSum{v[j], 1.0f});
-  }
-  st = blockMaxSum(st, sm, ss);
-  float logSum = logf(st.s), inv = 1.0f / st.s;
-  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-    float v[V];
-    loadPack<T, V>(row, i, v);
+    for (int p = 0; p < P; ++p) {
+      if (packIndex(p) < packs) {
+        loadPack<T, V>(row, packIndex(p), v[p]);
 #pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = log ? v[j] - st.m - logSum : expf(v[j] - st.m) * inv;
-    storePack<T, V>(out, i, v);
+        for (int j = 0; j < V; ++j) mx = fmaxf(mx, v[p][j]);
+      }
+    }
+    mx = blockMax(mx, scratch);
+    float sum = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (packIndex(p) < packs) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          float e = expf(v[p][j] - mx);
+          sum += e;
+          if (!log) v[p][j] = e;
+        }
+      }
+    }
+    sum = blockSum(sum, scratch);
+    float inv = 1.0f / sum, shift = mx + logf(sum);
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (packIndex(p) < packs) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[p][j] = log ? v[p][j] - shift : v[p][j] * inv;
+        storePack<T, V>(out, packIndex(p), v[p]);
+      }
+    }
+  } else {
+    float mx = -INFINITY;
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      float v[V];
+      loadPack<T, V>(row, i, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) mx = fmaxf(mx, v[j]);
+    }
+    mx = blockMax(mx, scratch);
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      float v[V];
+      loadPack<T, V>(row, i, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) sum += expf(v[j] - mx);
+    }
+    sum = blockSum(sum, scratch);
+    float inv = 1.0f / sum, shift = mx + logf(sum);
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      float v[V];
+      loadPack<T, V>(row, i, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = log ? v[j] - shift : expf(v[j] - mx) * inv;
+      storePack<T, V>(out, i, v);
+    }
   }
 }
 
-template <class T, int V>
+template <class T, int V, int P>
 __global__ void softmaxBackwardKernel(const T* __restrict__ y, const T* __restrict__ gy, T* __restrict__ gx,
                                       int64_t C, bool log) {
   __shared__ float scratch[32];
   int64_t base = int64_t(blockIdx.x) * C;
   int64_t packs = C / V;
+  constexpr int R = P > 0 ? P : 1;
+  float yc[R][V], gc[R][V];
   float dot = 0.0f;
-  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-    float yv[V], gv[V];
-    loadPack<T, V>(y + base, i, yv);
-    loadPack<T, V>(gy + base, i, gv);
+  auto accumulate = [&](const float (&yv)[V], const float (&gv)[V]) {
 #pragma unroll
     for (int j = 0; j < V; ++j) dot += log ? gv[j] : gv[j] * yv[j];
-  }
-  dot = blockSum(dot, scratch);
-  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-    float yv[V], gv[V];
-    loadPack<T, V>(y + base, i, yv);
-    loadPack<T, V>(gy + base, i, gv);
+  };
+  auto finish = [&](const float (&yv)[V], float (&gv)[V]) {
 #pragma unroll
     for (int j = 0; j < V; ++j) gv[j] = log ? gv[j] - expf(yv[j]) * dot : yv[j] * (gv[j] - dot);
-    storePack<T, V>(gx + base, i, gv);
+  };
+  if constexpr (P > 0) {
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+      if (packIndex(p) < packs) {
+        loadPack<T, V>(y + base, packIndex(p), yc[p]);
+        loadPack<T, V>(gy + base, packIndex(p), gc[p]);
+        accumulate(yc[p], gc[p]);
+      }
+    dot = blockSum(dot, scratch);
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+      if (packIndex(p) < packs) {
+        finish(yc[p], gc[p]);
+        storePack<T, V>(gx + base, packIndex(p), gc[p]);
+      }
+  } else {
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      loadPack<T, V>(y + base, i, yc[0]);
+      loadPack<T, V>(gy + base, i, gc[0]);
+      accumulate(yc[0], gc[0]);
+    }
+    dot = blockSum(dot, scratch);
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      loadPack<T, V>(y + base, i, yc[0]);
+      loadPack<T, V>(gy + base, i, gc[0]);
+      finish(yc[0], gc[0]);
+      storePack<T, V>(gx + base, i, gc[0]);
+    }
   }
 }
 
-// ---- LayerNorm / RMSNorm ------------------------------------------------------------------------------------------
+// ---- LayerNorm / RMSNorm forward ----------------------------------------------------------------------------------
 
-template <class T, int V>
+template <class T, int V, int P>
 __global__ void normKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                            T* __restrict__ y, float* __restrict__ meanOut, float* __restrict__ rstdOut, int64_t C,
                            float eps, bool rms) {
   __shared__ float scratch[32];
   int64_t base = int64_t(blockIdx.x) * C;
   int64_t packs = C / V;
+  constexpr int R = P > 0 ? P : 1;
+  float v[R][V];
+  // Pass 1: mean (LayerNorm only).
   float mean = 0.0f;
+  auto forEachPack = [&](auto&& body) {
+    if constexpr (P > 0) {
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+        if (packIndex(p) < packs) body(packIndex(p), v[p]);
+    } else {
+      for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+        loadPack<T, V>(x + base, i, v[0]);
+        body(i, v[0]);
+      }
+    }
+  };
+  if constexpr (P > 0) {
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+      if (packIndex(p) < packs) loadPack<T, V>(x + base, packIndex(p), v[p]);
+  }
   if (!rms) {
     float s = 0.0f;
-    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-      float v[V];
-      loadPack<T, V>(x + base, i, v);
+    forEachPack([&](int64_t, float(&pv)[V]) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) s += v[j];
-    }
+      for (int j = 0; j < V; ++j) s += pv[j];
+    });
     mean = blockSum(s, scratch) / float(C);
   }
   float sq = 0.0f;
-  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-    float v[V];
-    loadPack<T, V>(x + base, i, v);
+  forEachPack([&](int64_t, float(&pv)[V]) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) sq += (v[j] - mean) * (v[j] - mean);
-  }
+    for (int j = 0; j < V; ++j) sq += (pv[j] - mean) * (pv[j] - mean);
+  });
   float rstd = rsqrtf(blockSum(sq, scratch) / float(C) + eps);
   if (threadIdx.x == 0) {
     if (meanOut) meanOut[blockIdx.x] = mean;
     rstdOut[blockIdx.x] = rstd;
   }
-  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-    float v[V], wv[V], bv[V];
-    loadPack<T, V>(x + base, i, v);
+  forEachPack([&](int64_t i, float(&pv)[V]) {
+    float wv[V], bv[V];
     if (w) loadPack<T, V>(w, i, wv);
     if (b) loadPack<T, V>(b, i, bv);
+    float o[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      float o = (v[j] - mean) * rstd;
-      if (w) o *= wv[j];
-      if (b) o += bv[j];
-      v[j] = o;
+      o[j] = (pv[j] - mean) * rstd;
+      if (w) o[j] *= wv[j];
+      if (b) o[j] += bv[j];
     }
-    storePack<T, V>(y + base, i, v);
-  }
+    storePack<T, V>(y + base, i, o);
+  });
 }
 
-// Input gradient, and (PARAMS) this block's partial weight/bias gradients. Blocks stride over rows; each thread
-// owns the same columns in every row, so it accumulates them in shared memory without atomics. Partials are
-// written as fp32 [gridDim.x, C] and summed by a second pass, so the gradients are deterministic.
-template <class T, int V, bool PARAMS>
+// ---- LayerNorm / RMSNorm backward ---------------------------------------------------------------------------------
+
+template <class T, int V, int P, bool PARAMS>
 __global__ void normBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
                                    const float* __restrict__ meanIn, const float* __restrict__ rstdIn,
                                    T* __restrict__ gx, float* __restrict__ gwPartial, float* __restrict__ gbPartial,
                                    int64_t N, int64_t C, bool rms) {
+  static_assert(P > 0, "the backward keeps its rows and parameter partials in registers");
   __shared__ float scratch[32];
-  extern __shared__ float params[];  // [2 * C] when PARAMS: weight then bias accumulators
   int64_t packs = C / V;
+  float accW[P][V], accB[P][V];
   if (PARAMS) {
-    for (int64_t c = threadIdx.x; c < 2 * C; c += blockDim.x) params[c] = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int j = 0; j < V; ++j) accW[p][j] = accB[p][j] = 0.0f;
   }
   float invC = 1.0f / float(C);
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     int64_t base = n * C;
     float mean = meanIn ? meanIn[n] : 0.0f, rstd = rstdIn[n];
+    float g[P][V], xh[P][V];
     float sumG = 0.0f, sumGX = 0.0f;
-    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-      float g[V], v[V], wv[V];
-      loadPack<T, V>(gy + base, i, g);
-      loadPack<T, V>(x + base, i, v);
-      if (w) loadPack<T, V>(w, i, wv);
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (packIndex(p) >= packs) continue;
+      float wv[V];
+      loadPack<T, V>(gy + base, packIndex(p), g[p]);
+      loadPack<T, V>(x + base, packIndex(p), xh[p]);
+      if (w) loadPack<T, V>(w, packIndex(p), wv);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        float gw = w ? g[j] * wv[j] : g[j];
-        float xhat = (v[j] - mean) * rstd;
-        sumG += gw;
-        sumGX += gw * xhat;
+        xh[p][j] = (xh[p][j] - mean) * rstd;
         if (PARAMS) {
-          params[i * V + j] += g[j] * xhat;
-          params[C + i * V + j] += g[j];
+          accW[p][j] += g[p][j] * xh[p][j];
+          accB[p][j] += g[p][j];
         }
+        if (w) g[p][j] *= wv[j];
+        sumG += g[p][j];
+        sumGX += g[p][j] * xh[p][j];
       }
     }
     sumGX = blockSum(sumGX, scratch);
     if (!rms) sumG = blockSum(sumG, scratch);
-    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-      float g[V], v[V], wv[V];
-      loadPack<T, V>(gy + base, i, g);
-      loadPack<T, V>(x + base, i, v);
-      if (w) loadPack<T, V>(w, i, wv);
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        float gw = w ? g[j] * wv[j] : g[j];
-        float xhat = (v[j] - mean) * rstd;
-        g[j] = rms ? rstd * (gw - xhat * sumGX * invC) : rstd * (gw - (sumG + xhat * sumGX) * invC);
-      }
-      storePack<T, V>(gx + base, i, g);
+    for (int p = 0; p < P; ++p) {
+      if (packIndex(p) >= packs) continue;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        g[p][j] = rms ? rstd * (g[p][j] - xh[p][j] * sumGX * invC)
+                      : rstd * (g[p][j] - (sumG + xh[p][j] * sumGX) * invC);
+      storePack<T, V>(gx + base, packIndex(p), g[p]);
     }
   }
   if (PARAMS) {
-    __syncthreads();
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      if (gwPartial) gwPartial[int64_t(blockIdx.x) * C + c] = params[c];
-      if (gbPartial) gbPartial[int64_t(blockIdx.x) * C + c] = params[C + c];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (packIndex(p) >= packs) continue;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        int64_t c = packIndex(p) * V + j;
+        if (gwPartial) gwPartial[int64_t(blockIdx.x) * C + c] = accW[p][j];
+        if (gbPartial) gbPartial[int64_t(blockIdx.x) * C + c] = accB[p][j];
+      }
     }
   }
 }

@@ -5,8 +5,6 @@
 namespace strata::ops::cuda {
 namespace {
 
-int rowThreads(int64_t packs) { return int(std::clamp<int64_t>((packs + 31) / 32 * 32, 32, 512)); }
-
 // Calls fn.template operator()<V>() with the widest pack that divides C and keeps every pointer 16-byte aligned.
 template <class T, class Fn>
 void withPack(int64_t C, std::initializer_list<const void*> ptrs, Fn&& fn) {
@@ -17,6 +15,20 @@ void withPack(int64_t C, std::initializer_list<const void*> ptrs, Fn&& fn) {
   else fn.template operator()<1>();
 }
 
+int roundThreads(int64_t n) { return int(std::clamp<int64_t>((n + 31) / 32 * 32, 32, 1024)); }
+
+// Picks how many packs each thread keeps in registers (P), aiming at <= `maxThreads` threads a row, and calls
+// fn.template operator()<P>(threads). Rows wider than 8192 packs stream (P = 0) when `allowStream`.
+template <class Fn>
+void withRowPlan(int64_t packs, bool allowStream, const char* op, Fn&& fn, int64_t maxThreads = 256) {
+  if (packs <= maxThreads) fn.template operator()<1>(roundThreads(packs));
+  else if (packs <= 2 * maxThreads) fn.template operator()<2>(roundThreads((packs + 1) / 2));
+  else if (packs <= 4 * maxThreads) fn.template operator()<4>(roundThreads((packs + 3) / 4));
+  else if (packs <= 8192) fn.template operator()<8>(roundThreads((packs + 7) / 8));
+  else if (allowStream) fn.template operator()<0>(512);
+  else STRATA_FAIL("{}: rows of {} packs are wider than the kernel supports (8192)", op, packs);
+}
+
 void softmax(const Tensor& x, const Tensor& y, bool log) {
   DeviceGuard guard(x.device().index);
   int64_t C = x.size(-1), N = x.numel() / C;
@@ -25,7 +37,9 @@ void softmax(const Tensor& x, const Tensor& y, bool log) {
     const T* xp = static_cast<const T*>(x.data());
     T* yp = static_cast<T*>(y.data());
     withPack<T>(C, {xp, yp}, [&]<int V>() {
-      kernels::softmaxKernel<T, V><<<unsigned(N), rowThreads(C / V), 0, streamOf(x)>>>(xp, yp, C, log);
+      withRowPlan(C / V, true, "softmax", [&]<int P>(int threads) {
+        kernels::softmaxKernel<T, V, P><<<unsigned(N), threads, 0, streamOf(x)>>>(xp, yp, C, log);
+      });
     });
     STRATA_CUDA_CHECK_LAUNCH();
   });
@@ -40,7 +54,9 @@ void softmaxBackward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool l
     const T* gp = static_cast<const T*>(gy.data());
     T* op = static_cast<T*>(gx.data());
     withPack<T>(C, {yp, gp, op}, [&]<int V>() {
-      kernels::softmaxBackwardKernel<T, V><<<unsigned(N), rowThreads(C / V), 0, streamOf(y)>>>(yp, gp, op, C, log);
+      withRowPlan(C / V, true, "softmax_backward", [&]<int P>(int threads) {
+        kernels::softmaxBackwardKernel<T, V, P><<<unsigned(N), threads, 0, streamOf(y)>>>(yp, gp, op, C, log);
+      });
     });
     STRATA_CUDA_CHECK_LAUNCH();
   });
@@ -64,8 +80,10 @@ void norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tenso
     float* mp = mean.defined() ? static_cast<float*>(mean.data()) : nullptr;
     float* rp = static_cast<float*>(rstd.data());
     withPack<T>(C, {xp, wp, bp, yp}, [&]<int V>() {
-      kernels::normKernel<T, V><<<unsigned(N), rowThreads(C / V), 0, streamOf(x)>>>(xp, wp, bp, yp, mp, rp, C,
-                                                                                       float(eps), rms);
+      withRowPlan(C / V, true, "layer_norm", [&]<int P>(int threads) {
+        kernels::normKernel<T, V, P><<<unsigned(N), threads, 0, streamOf(x)>>>(xp, wp, bp, yp, mp, rp, C, float(eps),
+                                                                                 rms);
+      });
     });
     STRATA_CUDA_CHECK_LAUNCH();
   });
@@ -86,30 +104,31 @@ void normBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const
     const float* rp = static_cast<const float*>(rstd.data());
     T* op = static_cast<T*>(gx.data());
     bool params = gw.defined() || gb.defined();
-    // Enough blocks to fill the GPU; each strides over rows. The fp32 partials of the parameter gradients live in
-    // shared memory (2 * C floats), so very wide rows fall back to fewer, row-per-block launches without them.
-    size_t smem = params ? size_t(2 * C) * sizeof(float) : 0;
-    STRATA_CHECK(smem <= 200 * 1024, "layer_norm backward: hidden size {} too large for the fused kernel", C);
-    int64_t blocks = params ? std::min<int64_t>(N, 2 * smCount(device)) : N;
-    Tensor partW = gw.defined() ? Tensor::empty({blocks, C}, DType::F32, x.device()) : Tensor();
-    Tensor partB = gb.defined() ? Tensor::empty({blocks, C}, DType::F32, x.device()) : Tensor();
-    float* pw = partW.defined() ? static_cast<float*>(partW.data()) : nullptr;
-    float* pb = partB.defined() ? static_cast<float*>(partB.data()) : nullptr;
     withPack<T>(C, {gp, xp, wp, op}, [&]<int V>() {
-      int threads = rowThreads(C / V);
-      if (params) {
-        auto kernel = kernels::normBackwardKernel<T, V, true>;
-        if (smem > 48 * 1024)
-          STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        kernel<<<unsigned(blocks), threads, smem, stream>>>(gp, xp, wp, mp, rp, op, pw, pb, N, C, rms);
-      } else {
-        kernels::normBackwardKernel<T, V, false>
-            <<<unsigned(blocks), threads, 0, stream>>>(gp, xp, wp, mp, rp, op, nullptr, nullptr, N, C, rms);
-      }
+      // Up to 512 threads a row: the parameter partials live in registers, so fewer packs per thread means more
+      // resident threads.
+      withRowPlan(
+          C / V, false, "layer_norm_backward",
+          [&]<int P>(int threads) {
+            if constexpr (P > 0) {
+              auto kernel = params ? kernels::normBackwardKernel<T, V, P, true> : kernels::normBackwardKernel<T, V, P, false>;
+              // With parameter gradients, exactly one wave of blocks strides over the rows; each block writes one row
+              // of fp32 partials.
+              int perSm = 0;
+              STRATA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, threads, 0));
+              int64_t blocks = params ? std::min<int64_t>(N, std::max(perSm, 1) * int64_t(smCount(device))) : N;
+              Tensor partW = gw.defined() ? Tensor::empty({blocks, C}, DType::F32, x.device()) : Tensor();
+              Tensor partB = gb.defined() ? Tensor::empty({blocks, C}, DType::F32, x.device()) : Tensor();
+              float* pw = partW.defined() ? static_cast<float*>(partW.data()) : nullptr;
+              float* pb = partB.defined() ? static_cast<float*>(partB.data()) : nullptr;
+              kernel<<<unsigned(blocks), threads, 0, stream>>>(gp, xp, wp, mp, rp, op, pw, pb, N, C, rms);
+              STRATA_CUDA_CHECK_LAUNCH();
+              if (pw) launchReduce(0, pw, DType::F32, gw.data(), DType::F32, 1, blocks, C, device, stream);
+              if (pb) launchReduce(0, pb, DType::F32, gb.data(), DType::F32, 1, blocks, C, device, stream);
+            }
+          },
+          512);
     });
-    STRATA_CUDA_CHECK_LAUNCH();
-    if (pw) launchReduce(0, pw, DType::F32, gw.data(), DType::F32, 1, blocks, C, device, stream);
-    if (pb) launchReduce(0, pb, DType::F32, gb.data(), DType::F32, 1, blocks, C, device, stream);
   });
 }
 

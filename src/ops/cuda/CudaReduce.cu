@@ -5,15 +5,26 @@
 namespace strata::ops::cuda {
 namespace {
 
+// Columns per thread: a 16-byte pack when every row start is aligned.
+template <class T>
+int packWidth(const T* in, int64_t B) {
+  constexpr int W = kernels::kVec<T>;
+  return B % W == 0 && aligned16(in) ? W : 1;
+}
+
 template <class Op, class T, class U>
 void launchOnePass(const T* in, U* out, int64_t A, int64_t R, int64_t B, int64_t splits, cudaStream_t stream) {
   int64_t chunk = (R + splits - 1) / splits;
   if (B == 1) {
     int threads = int(std::clamp<int64_t>((chunk + 31) / 32 * 32, 32, 512));
     kernels::reduceRowsKernel<Op, T, U><<<dim3(unsigned(A), unsigned(splits)), threads, 0, stream>>>(in, out, R, chunk);
+  } else if (int V = packWidth<T>(in, B); V > 1) {
+    constexpr int W = kernels::kVec<T>;
+    dim3 grid(unsigned((B + 32 * W - 1) / (32 * W)), unsigned(A), unsigned(splits));
+    kernels::reduceColumnsKernel<Op, T, U, W><<<grid, dim3(32, 8), 0, stream>>>(in, out, R, B, chunk);
   } else {
     dim3 grid(unsigned((B + 31) / 32), unsigned(A), unsigned(splits));
-    kernels::reduceColumnsKernel<Op, T, U><<<grid, dim3(32, 8), 0, stream>>>(in, out, R, B, chunk);
+    kernels::reduceColumnsKernel<Op, T, U, 1><<<grid, dim3(32, 8), 0, stream>>>(in, out, R, B, chunk);
   }
   STRATA_CUDA_CHECK_LAUNCH();
 }
@@ -23,8 +34,9 @@ void launchTyped(const T* in, U* out, int64_t A, int64_t R, int64_t B, int devic
   STRATA_CHECK(A < 65536 || B == 1, "reduce: {} outer rows exceed the grid limit", A);
   STRATA_CHECK(A < (int64_t(1) << 31), "reduce: too many rows ({})", A);
   // Enough blocks to fill the GPU: split R when the outer dims alone give too few.
-  int64_t blocks = B == 1 ? A : A * ((B + 31) / 32);
-  int64_t target = 4 * smCount(device);
+  int64_t columnsPerBlock = 32 * int64_t(packWidth<T>(in, B));
+  int64_t blocks = B == 1 ? A : A * ((B + columnsPerBlock - 1) / columnsPerBlock);
+  int64_t target = 8 * smCount(device);
   int64_t splits = 1;
   if (blocks < target) splits = std::min<int64_t>((target + blocks - 1) / blocks, (R + 1023) / 1024);
   splits = std::clamp<int64_t>(splits, 1, 65535);
