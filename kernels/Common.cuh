@@ -108,6 +108,22 @@ __device__ __forceinline__ A blockSum(A v, A* scratch) {
   return warpSum(v);
 }
 
+// Two sums reduced together: one pair of barriers instead of two. `scratch` holds 64 values.
+__device__ __forceinline__ float2 blockSum2(float2 v, float* scratch) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v.x = warpSum(v.x);
+  v.y = warpSum(v.y);
+  __syncthreads();
+  if (lane == 0) {
+    scratch[warp] = v.x;
+    scratch[32 + warp] = v.y;
+  }
+  __syncthreads();
+  v.x = lane < warps ? scratch[lane] : 0.0f;
+  v.y = lane < warps ? scratch[32 + lane] : 0.0f;
+  return make_float2(warpSum(v.x), warpSum(v.y));
+}
+
 __device__ __forceinline__ float blockMax(float v, float* scratch) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
   v = warpMax(v);

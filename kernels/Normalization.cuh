@@ -2,7 +2,7 @@
 // forward and backward.
 //
 // Layout: rows are split into V-element packs (16-byte loads when the row is aligned, V = 1 otherwise).
-// Parallelisation: one block per row (the norm backward strides blocks over rows). Two variants:
+// Parallelisation: one block per row (the norm backward strides blocks over rows), at most 512 threads. Variants:
 // - cached (P > 0): each thread holds its P packs of the row in registers, so HBM sees each input once and each
 //   output once; statistics are reduced across the block between the register passes. Used up to 1024 * P packs.
 // - streamed (P = 0): for rows too wide for registers; re-reads the row, which then mostly hits L2.
@@ -37,7 +37,7 @@ __device__ __forceinline__ int64_t packIndex(int p) { return threadIdx.x + int64
 // ---- softmax ------------------------------------------------------------------------------------------------------
 
 template <class T, int V, int P>
-__global__ void softmaxKernel(const T* __restrict__ x, T* __restrict__ y, int64_t C, bool log) {
+__global__ void __launch_bounds__(512) softmaxKernel(const T* __restrict__ x, T* __restrict__ y, int64_t C, bool log) {
   __shared__ float scratch[32];
   const T* row = x + int64_t(blockIdx.x) * C;
   T* out = y + int64_t(blockIdx.x) * C;
@@ -105,7 +105,7 @@ __global__ void softmaxKernel(const T* __restrict__ x, T* __restrict__ y, int64_
 }
 
 template <class T, int V, int P>
-__global__ void softmaxBackwardKernel(const T* __restrict__ y, const T* __restrict__ gy, T* __restrict__ gx,
+__global__ void __launch_bounds__(512) softmaxBackwardKernel(const T* __restrict__ y, const T* __restrict__ gy, T* __restrict__ gx,
                                       int64_t C, bool log) {
   __shared__ float scratch[32];
   int64_t base = int64_t(blockIdx.x) * C;
@@ -155,7 +155,7 @@ __global__ void softmaxBackwardKernel(const T* __restrict__ y, const T* __restri
 // ---- LayerNorm / RMSNorm forward ----------------------------------------------------------------------------------
 
 template <class T, int V, int P>
-__global__ void normKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+__global__ void __launch_bounds__(512) normKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                            T* __restrict__ y, float* __restrict__ meanOut, float* __restrict__ rstdOut, int64_t C,
                            float eps, bool rms) {
   __shared__ float scratch[32];
@@ -218,12 +218,12 @@ __global__ void normKernel(const T* __restrict__ x, const T* __restrict__ w, con
 // ---- LayerNorm / RMSNorm backward ---------------------------------------------------------------------------------
 
 template <class T, int V, int P, bool PARAMS>
-__global__ void normBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
+__global__ void __launch_bounds__(512) normBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
                                    const float* __restrict__ meanIn, const float* __restrict__ rstdIn,
                                    T* __restrict__ gx, float* __restrict__ gwPartial, float* __restrict__ gbPartial,
                                    int64_t N, int64_t C, bool rms) {
   static_assert(P > 0, "the backward keeps its rows and parameter partials in registers");
-  __shared__ float scratch[32];
+  __shared__ float scratch[64];
   int64_t packs = C / V;
   float accW[P][V], accB[P][V];
   if (PARAMS) {
@@ -257,8 +257,9 @@ __global__ void normBackwardKernel(const T* __restrict__ gy, const T* __restrict
         sumGX += g[p][j] * xh[p][j];
       }
     }
-    sumGX = blockSum(sumGX, scratch);
-    if (!rms) sumG = blockSum(sumG, scratch);
+    float2 sums = blockSum2(make_float2(sumG, sumGX), scratch);
+    sumG = sums.x;
+    sumGX = sums.y;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       if (packIndex(p) >= packs) continue;

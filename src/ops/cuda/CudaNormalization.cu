@@ -15,18 +15,19 @@ void withPack(int64_t C, std::initializer_list<const void*> ptrs, Fn&& fn) {
   else fn.template operator()<1>();
 }
 
-int roundThreads(int64_t n) { return int(std::clamp<int64_t>((n + 31) / 32 * 32, 32, 1024)); }
+int roundThreads(int64_t n) { return int(std::clamp<int64_t>((n + 31) / 32 * 32, 32, 512)); }
 
 // Picks how many packs each thread keeps in registers (P), aiming at <= `maxThreads` threads a row, and calls
-// fn.template operator()<P>(threads). Rows wider than 8192 packs stream (P = 0) when `allowStream`.
+// fn.template operator()<P>(threads). The kernels are bounded to 512 threads (128 registers each); rows wider than
+// 8 * 512 packs stream (P = 0) when `allowStream`.
 template <class Fn>
 void withRowPlan(int64_t packs, bool allowStream, const char* op, Fn&& fn, int64_t maxThreads = 256) {
   if (packs <= maxThreads) fn.template operator()<1>(roundThreads(packs));
   else if (packs <= 2 * maxThreads) fn.template operator()<2>(roundThreads((packs + 1) / 2));
   else if (packs <= 4 * maxThreads) fn.template operator()<4>(roundThreads((packs + 3) / 4));
-  else if (packs <= 8192) fn.template operator()<8>(roundThreads((packs + 7) / 8));
+  else if (packs <= 8 * 512) fn.template operator()<8>(roundThreads((packs + 7) / 8));
   else if (allowStream) fn.template operator()<0>(512);
-  else STRATA_FAIL("{}: rows of {} packs are wider than the kernel supports (8192)", op, packs);
+  else STRATA_FAIL("{}: rows of {} packs are wider than the kernel supports (4096)", op, packs);
 }
 
 void softmax(const Tensor& x, const Tensor& y, bool log) {
