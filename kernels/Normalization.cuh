@@ -233,35 +233,17 @@ __global__ void __launch_bounds__(512) normBackwardKernel(const T* __restrict__ 
       for (int j = 0; j < V; ++j) accW[p][j] = accB[p][j] = 0.0f;
   }
   float invC = 1.0f / float(C);
-  // Software pipelining: the next row's gy and x are loaded before this row's reductions, so each thread keeps two
-  // rows of loads in flight.
-  float gNext[P][V], xNext[P][V];
-  auto loadRow = [&](int64_t n) {
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      if (packIndex(p) >= packs) continue;
-      loadPack<T, V>(gy + n * C, packIndex(p), gNext[p]);
-      loadPack<T, V>(x + n * C, packIndex(p), xNext[p]);
-    }
-  };
-  if (blockIdx.x < N) loadRow(blockIdx.x);
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     int64_t base = n * C;
     float mean = meanIn ? meanIn[n] : 0.0f, rstd = rstdIn[n];
     float g[P][V], xh[P][V];
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        g[p][j] = gNext[p][j];
-        xh[p][j] = xNext[p][j];
-      }
-    if (n + gridDim.x < N) loadRow(n + gridDim.x);
     float sumG = 0.0f, sumGX = 0.0f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       if (packIndex(p) >= packs) continue;
       float wv[V];
+      loadPack<T, V>(gy + base, packIndex(p), g[p]);
+      loadPack<T, V>(x + base, packIndex(p), xh[p]);
       if (w) loadPack<T, V>(w, packIndex(p), wv);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
