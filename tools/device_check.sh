@@ -13,7 +13,6 @@ echo "== build ok"
 echo "== [cuda] tests exit $?"; tail -4 "$out/cuda_tests.log"
 grep -B5 -A15 "FAILED" "$out/cuda_tests.log" | head -80
 (cd build && ctest -j 16 >"$out/ctest.log" 2>&1); echo "== ctest exit $?"; tail -3 "$out/ctest.log"
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  python3 tools/bench_gemm.py --binary build/bench/bench_gemm | tee "$out/gemm.md"
-  ./build/bench/bench_memory | tee "$out/memory.txt"
-fi
+# BENCH=all (default), gemm, mem or none.
+case "${BENCH:-all}" in all | gemm) python3 tools/bench_gemm.py --binary build/bench/bench_gemm | tee "$out/gemm.md" ;; esac
+case "${BENCH:-all}" in all | mem) ./build/bench/bench_memory | tee "$out/memory.txt" ;; esac
