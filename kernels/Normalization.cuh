@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(512) normKernel(const T* __restrict__ x, const
 // ---- LayerNorm / RMSNorm backward ---------------------------------------------------------------------------------
 
 template <class T, int V, int P, bool PARAMS>
-__global__ void __launch_bounds__(512, 3) normBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
+__global__ void __launch_bounds__(512) normBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
                                    const float* __restrict__ meanIn, const float* __restrict__ rstdIn,
                                    T* __restrict__ gx, float* __restrict__ gwPartial, float* __restrict__ gbPartial,
                                    int64_t N, int64_t C, bool rms) {
