@@ -31,6 +31,16 @@ Device Device::parse(const std::string& text) {
 
 bool builtWithCuda() { return STRATA_CUDA != 0; }
 
+std::string deviceName(Device d) {
+  if (d.isCpu()) return "cpu";
+#if STRATA_CUDA
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, d.index) == cudaSuccess) return prop.name;
+  cudaGetLastError();
+#endif
+  return toString(d);
+}
+
 int cudaDeviceCount() {
 #if STRATA_CUDA
   static const int count = [] {

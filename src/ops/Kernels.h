@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "strata/core/Tensor.h"
+#include "strata/ops/Ops.h"
 #include "strata/ops/Registry.h"
 
 namespace strata::ops {
@@ -69,6 +70,9 @@ using CrossEntropyBackwardKernel = void(const Tensor& logits, const Tensor& targ
                                         const Tensor& scale, const Tensor& glogits, int64_t ignoreIndex);
 // x, out contiguous, same dtype.
 using DropoutKernel = void(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t offset);
+
+// gradScale: fp32 [1] on the device multiplying every gradient (clipping, loss-scale), or undefined for 1.
+using AdamWKernel = void(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const Tensor& gradScale);
 
 // Backend registration, called once by Registry::instance().
 void registerCpuKernels(Registry& registry);

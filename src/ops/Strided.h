@@ -2,6 +2,7 @@
 // operand is contiguous across them, so most calls end up 1-D or 2-D.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -61,6 +62,51 @@ StridedLayout<N> makeLayout(const std::array<const Tensor*, N>& operands) {
     for (int k = 0; k < N; ++k) layout.strides[k][d] = strides[d][k];
   }
   return layout;
+}
+
+// Host iteration over linear indices [begin, end): calls fn(offsets) with each element's offsets, walking the
+// innermost dim by adding strides (no division per element) and carrying into outer dims like an odometer.
+template <int N, class Fn>
+void forEachOffset(const StridedLayout<N>& layout, int64_t begin, int64_t end, Fn&& fn) {
+  if (begin >= end) return;
+  int64_t off[N];
+  if (layout.ndim == 0) {
+    for (int k = 0; k < N; ++k) off[k] = 0;
+    fn(off);
+    return;
+  }
+  int nd = layout.ndim;
+  int64_t idx[kMaxDims];
+  int64_t rest = begin;
+  for (int k = 0; k < N; ++k) off[k] = 0;
+  for (int d = nd - 1; d >= 0; --d) {
+    idx[d] = rest % layout.sizes[d];
+    rest /= layout.sizes[d];
+    for (int k = 0; k < N; ++k) off[k] += idx[d] * layout.strides[k][d];
+  }
+  int inner = nd - 1;
+  int64_t innerSize = layout.sizes[inner];
+  int64_t innerStride[N];
+  for (int k = 0; k < N; ++k) innerStride[k] = layout.strides[k][inner];
+  int64_t i = begin;
+  while (i < end) {
+    int64_t run = std::min(end - i, innerSize - idx[inner]);
+    for (int64_t j = 0; j < run; ++j) {
+      fn(off);
+      for (int k = 0; k < N; ++k) off[k] += innerStride[k];
+    }
+    i += run;
+    if (i >= end) break;
+    // Carry: the inner dim wrapped.
+    for (int k = 0; k < N; ++k) off[k] -= innerStride[k] * innerSize;
+    idx[inner] = 0;
+    for (int d = inner - 1; d >= 0; --d) {
+      for (int k = 0; k < N; ++k) off[k] += layout.strides[k][d];
+      if (++idx[d] < layout.sizes[d]) break;
+      for (int k = 0; k < N; ++k) off[k] -= layout.strides[k][d] * layout.sizes[d];
+      idx[d] = 0;
+    }
+  }
 }
 
 inline bool allContiguousSameShape(const Tensor& out, const std::vector<Tensor>& inputs) {

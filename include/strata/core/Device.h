@@ -31,6 +31,8 @@ const char* deviceTypeName(DeviceType t);
 // Number of usable CUDA devices: 0 in a CPU-only build or on a machine without a GPU.
 int cudaDeviceCount();
 inline bool cudaAvailable() { return cudaDeviceCount() > 0; }
+// The device's marketing name ("NVIDIA H200", or "cpu").
+std::string deviceName(Device d);
 // True when this build was compiled with CUDA support.
 bool builtWithCuda();
 

@@ -112,6 +112,20 @@ Tensor crossEntropyBackward(const Tensor& gradLoss, const Tensor& logits, const 
 // element index), so it is the same on every device and can be replayed for the backward.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 
+// ---- optimizer updates --------------------------------------------------------------------------------------------
+// AdamW (decoupled weight decay) over a list of tensors on one device, in place. param, m, v and grad: fp32,
+// contiguous. One fused launch on the GPU.
+struct AdamWTensors {
+  Tensor param, grad, m, v;
+  float weightDecay = 0.0f;
+};
+struct AdamWHyper {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float biasCorrection1 = 1, biasCorrection2 = 1;  // 1 - beta^t
+};
+// gradScale: fp32 [1] on the device that multiplies every gradient (clipping coefficient), or undefined for 1.
+void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const Tensor& gradScale = Tensor());
+
 // ---- joining ------------------------------------------------------------------------------------------------------
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 

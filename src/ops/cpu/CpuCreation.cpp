@@ -64,12 +64,9 @@ void copy(const Tensor& dst, const Tensor& src) {
       using S = typename decltype(stag)::type;
       D* d = static_cast<D*>(dst.data());
       const S* s = static_cast<const S*>(src.data());
-#pragma omp parallel for if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) {
-        int64_t off[2];
-        layout.offsets(i, off);
-        d[off[0]] = convert<D>(s[off[1]]);
-      }
+      parallelRanges(n, [&](int64_t begin, int64_t end) {
+        forEachOffset(layout, begin, end, [&](const int64_t* off) { d[off[0]] = convert<D>(s[off[1]]); });
+      });
     });
   });
 }

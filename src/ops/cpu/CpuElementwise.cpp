@@ -24,12 +24,9 @@ void mapImpl(const Tensor& out, const std::vector<Tensor>& inputs, const ScalarA
       return;
     }
     auto layout = makeLayout<N + 1>({&out, &inputs[I]...});
-#pragma omp parallel for if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t off[N + 1];
-      layout.offsets(i, off);
-      o[off[0]] = T(f(C(in[I][off[I + 1]])...));
-    }
+    parallelRanges(n, [&](int64_t begin, int64_t end) {
+      forEachOffset(layout, begin, end, [&](const int64_t* off) { o[off[0]] = T(f(C(in[I][off[I + 1]])...)); });
+    });
   });
 }
 

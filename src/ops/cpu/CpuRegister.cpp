@@ -9,6 +9,7 @@ void registerCpuKernels(Registry& r) {
   cpu::registerGemm(r);
   cpu::registerNormalization(r);
   cpu::registerNn(r);
+  cpu::registerOptim(r);
 }
 
 }  // namespace strata::ops

@@ -9,6 +9,7 @@ void registerCudaKernels(Registry& r) {
   cuda::registerGemm(r);
   cuda::registerNormalization(r);
   cuda::registerNn(r);
+  cuda::registerOptim(r);
 }
 
 }  // namespace strata::ops

@@ -1,0 +1,39 @@
+// Multi-head attention for the Transformer family.
+//
+// One class covers the three uses: causal self-attention (GPT), bidirectional self-attention with a key padding
+// mask (BERT), and cross-attention to an encoder's output (T5, `cross = true`). An additive bias broadcastable to
+// [B, H, S_q, S_k] (T5's relative positions) can be passed with each call.
+#pragma once
+
+#include "strata/autograd/Functions.h"
+#include "strata/nn/Linear.h"
+
+namespace strata::nn {
+
+struct AttentionConfig {
+  int64_t hiddenSize = 0;
+  int64_t numHeads = 0;
+  bool causal = true;
+  bool cross = false;  // queries from x, keys and values from a separate memory
+  bool bias = true;
+  double dropout = 0.0;     // on attention probabilities and on the output
+  double initStd = 0.02;
+  double outInitStd = 0.02;  // GPT-2 scales the residual projection by 1/sqrt(2 * layers)
+  Device device = Device::cpu();
+};
+
+class Attention : public Module {
+ public:
+  Attention(const AttentionConfig& config, Generator& gen);
+  // inputs: x [B, S, C], then optionally memory [B, S_k, C] (cross), key padding [B, S_k], bias.
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+  Tensor apply(const Tensor& x, const Tensor& memory = Tensor(), const AttentionMask& extra = {});
+
+  const AttentionConfig& config() const { return config_; }
+
+ private:
+  AttentionConfig config_;
+  std::shared_ptr<Linear> qkv_, q_, kv_, proj_;
+};
+
+}  // namespace strata::nn

@@ -1,0 +1,28 @@
+// An ordered list of submodules named "0", "1", ... (GPT's "h.3.attn..." comes from a ModuleList named "h").
+#pragma once
+
+#include "strata/nn/Module.h"
+
+namespace strata::nn {
+
+class ModuleList : public Module {
+ public:
+  template <class M>
+  std::shared_ptr<M> append(std::shared_ptr<M> module) {
+    items_.push_back(module);
+    return registerModule(std::to_string(items_.size() - 1), std::move(module));
+  }
+  size_t size() const { return items_.size(); }
+  Module& at(size_t i) { return *items_.at(i); }
+  // Applies the modules in order.
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override {
+    std::vector<Tensor> x = inputs;
+    for (auto& m : items_) x = (*m)(x);
+    return x;
+  }
+
+ private:
+  std::vector<std::shared_ptr<Module>> items_;
+};
+
+}  // namespace strata::nn

@@ -1,0 +1,117 @@
+// The training configuration: plain structs filled from YAML and validated in one place (Config.cpp).
+//
+// Keys use Megatron's names in snake_case, plus a DeepSpeed-style `zero_optimization` block. An unknown key, a wrong
+// type or an impossible value stops before any work with an error that names the key, the file and the line, and
+// suggests the nearest valid key. `--set a.b=v` overrides any key.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace strata::train {
+
+struct ModelConfig {
+  std::string arch = "gpt";
+  int64_t numLayers = 4;
+  int64_t hiddenSize = 128;
+  int64_t numAttentionHeads = 4;
+  int64_t ffnHiddenSize = 0;  // 0: 4 * hidden_size
+  int64_t seqLength = 128;
+  int64_t vocabSize = 256;
+  double dropout = 0.0;
+  double layerNormEps = 1e-5;
+  bool bias = true;
+  double initStd = 0.02;
+};
+
+struct DataConfig {
+  std::string path = "data/tinyshakespeare.txt";
+  std::string format = "text";  // text, nanogpt, megatron
+  std::string tokenizer = "byte";  // byte, gpt2
+  std::string vocabFile, mergesFile;  // GPT-2 BPE
+  double valFraction = 0.1;
+};
+
+struct TrainLoopConfig {
+  std::string device = "auto";  // auto, cpu, cuda, cuda:N
+  int64_t microBatchSize = 16;
+  int64_t globalBatchSize = 0;  // 0: micro_batch_size (no accumulation)
+  int64_t trainIters = 1000;
+  uint64_t seed = 1234;
+  std::string outDir = "out";
+  int64_t logInterval = 10;
+  int64_t evalInterval = 200;
+  int64_t evalIters = 20;
+  int64_t sampleLength = 200;  // characters/tokens sampled at the end of the run (0: none)
+  std::string samplePrompt = "\n";
+};
+
+struct OptimizerConfig {
+  std::string type = "adamw";
+  double lr = 1e-3;
+  double minLr = 1e-4;
+  double weightDecay = 0.1;
+  std::vector<double> betas = {0.9, 0.95};
+  double eps = 1e-8;
+  double clipGrad = 1.0;  // 0: no clipping
+};
+
+struct LrScheduleConfig {
+  std::string style = "cosine";  // constant, linear, cosine
+  int64_t warmupIters = 100;
+  int64_t decayIters = 0;  // 0: train_iters
+};
+
+struct PrecisionConfig {
+  std::string dtype = "bf16";  // bf16, fp16, fp32; the CPU always computes in fp32
+};
+
+struct ZeroConfig {
+  int64_t stage = 0;
+  double chunkSizeMb = 64;
+  int64_t prefetchDepth = 2;
+  std::string offloadParamDevice = "none";      // none, cpu, nvme
+  std::string offloadOptimizerDevice = "none";  // none, cpu, nvme
+  std::string nvmePath;
+  bool pinMemory = true;
+  int64_t bufferCount = 4;
+  int64_t aioBlockSize = 16 << 20;
+  int64_t aioQueueDepth = 8;
+};
+
+struct StoreConfig {
+  std::string gpuBudgetGb = "auto", hostBudgetGb = "auto", nvmeBudgetGb = "auto";
+};
+
+struct CheckpointConfig {
+  std::string save;  // directory to write checkpoints to ("" = out_dir/checkpoints when save_interval > 0)
+  std::string load;  // checkpoint directory (or its parent with a `latest` file) to resume from
+  int64_t saveInterval = 0;  // 0: only at the end when `save` is set
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainLoopConfig train;
+  OptimizerConfig optimizer;
+  LrScheduleConfig lrSchedule;
+  PrecisionConfig precision;
+  ZeroConfig zero;
+  StoreConfig store;
+  CheckpointConfig checkpoint;
+  std::string sourcePath;  // the YAML file it came from
+  // Every key as it was finally set, "a.b" -> YAML text (for the checkpoint manifest and `strata info`).
+  std::map<std::string, std::string> values;
+};
+
+// Loads and validates `path`, then applies `overrides` ("a.b=v"). A relative data path is resolved against the
+// config file's directory first, then against the current directory. Throws strata::Error on any problem.
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from YAML text (tests); `origin` names it in errors.
+Config parseConfig(const std::string& yaml, const std::string& origin, const std::vector<std::string>& overrides = {});
+// All valid keys, dotted.
+std::vector<std::string> configKeys();
+
+}  // namespace strata::train

@@ -1,0 +1,60 @@
+// Fused multi-tensor AdamW.
+//
+// The launcher cuts every tensor into chunks of kAdamChunk elements and passes one descriptor per chunk; block b
+// updates chunk b: param, m and v in place from the gradient times an optional device-side scale (clipping
+// coefficient), so one launch updates every parameter and no host sync is needed. float4 loads when all four
+// pointers of a chunk are 16-byte aligned.
+#pragma once
+
+#include "kernels/Common.cuh"
+
+namespace strata::kernels {
+
+constexpr int64_t kAdamChunk = 65536;
+
+struct AdamChunk {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  int64_t n;
+  float weightDecay;
+};
+
+struct AdamParams {
+  float lr, beta1, beta2, eps, c1, c2;  // c1, c2: inverse bias corrections
+};
+
+__device__ __forceinline__ void adamOne(float& p, float g, float& m, float& v, const AdamParams& h, float decay) {
+  m = h.beta1 * m + (1.0f - h.beta1) * g;
+  v = h.beta2 * v + (1.0f - h.beta2) * g * g;
+  p = p * decay - h.lr * (m * h.c1) / (sqrtf(v * h.c2) + h.eps);
+}
+
+__global__ void adamwKernel(const AdamChunk* __restrict__ chunks, AdamParams h, const float* __restrict__ gradScale) {
+  AdamChunk c = chunks[blockIdx.x];
+  float scale = gradScale ? gradScale[0] : 1.0f;
+  float decay = 1.0f - h.lr * c.weightDecay;
+  bool vec = ((reinterpret_cast<uintptr_t>(c.param) | reinterpret_cast<uintptr_t>(c.grad) |
+               reinterpret_cast<uintptr_t>(c.m) | reinterpret_cast<uintptr_t>(c.v)) & 15u) == 0;
+  int64_t start = 0;
+  if (vec) {
+    int64_t n4 = c.n / 4;
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+      float4 p = reinterpret_cast<float4*>(c.param)[i], g = reinterpret_cast<const float4*>(c.grad)[i];
+      float4 m = reinterpret_cast<float4*>(c.m)[i], v = reinterpret_cast<float4*>(c.v)[i];
+      adamOne(p.x, g.x * scale, m.x, v.x, h, decay);
+      adamOne(p.y, g.y * scale, m.y, v.y, h, decay);
+      adamOne(p.z, g.z * scale, m.z, v.z, h, decay);
+      adamOne(p.w, g.w * scale, m.w, v.w, h, decay);
+      reinterpret_cast<float4*>(c.param)[i] = p;
+      reinterpret_cast<float4*>(c.m)[i] = m;
+      reinterpret_cast<float4*>(c.v)[i] = v;
+    }
+    start = n4 * 4;
+  }
+  for (int64_t i = start + threadIdx.x; i < c.n; i += blockDim.x)
+    adamOne(c.param[i], c.grad[i] * scale, c.m[i], c.v[i], h, decay);
+}
+
+}  // namespace strata::kernels

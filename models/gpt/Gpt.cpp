@@ -1,0 +1,67 @@
+#include "models/gpt/Gpt.h"
+
+#include <cmath>
+
+#include "strata/autograd/Functions.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::models {
+
+int64_t GptConfig::numParameters() const {
+  int64_t C = hiddenSize, F = ffn(), L = numLayers;
+  int64_t b = bias ? 1 : 0;
+  int64_t block = 2 * (2 * C) + (C * 3 * C + b * 3 * C) + (C * C + b * C) + (C * F + b * F) + (F * C + b * C);
+  return vocabSize * C + seqLength * C + L * block + 2 * C;
+}
+
+double GptConfig::flopsPerToken() const {
+  return 6.0 * double(numParameters()) + 12.0 * double(numLayers) * double(hiddenSize) * double(seqLength);
+}
+
+Gpt::Gpt(const GptConfig& config) : config_(config) {
+  STRATA_CHECK(config.numLayers > 0, "model.num_layers must be positive, got {}", config.numLayers);
+  STRATA_CHECK(config.hiddenSize % config.numHeads == 0,
+               "model.hidden_size ({}) must be divisible by model.num_attention_heads ({})", config.hiddenSize,
+               config.numHeads);
+  Generator gen(config.seed);
+  wte_ = registerModule("wte", std::make_shared<nn::Embedding>(
+                                   nn::EmbeddingConfig{config.vocabSize, config.hiddenSize, config.initStd, config.device},
+                                   gen));
+  wpe_ = registerModule("wpe", std::make_shared<nn::Embedding>(
+                                   nn::EmbeddingConfig{config.seqLength, config.hiddenSize, config.initStd, config.device},
+                                   gen));
+  blocks_ = registerModule("h", std::make_shared<nn::ModuleList>());
+  // GPT-2: residual projections start smaller, by 1/sqrt(2 * layers), so the residual stream's variance stays put.
+  double outStd = config.initStd / std::sqrt(2.0 * double(config.numLayers));
+  for (int64_t i = 0; i < config.numLayers; ++i) {
+    nn::TransformerBlockConfig b;
+    b.attention = nn::AttentionConfig{config.hiddenSize, config.numHeads, true,  false, config.bias,
+                                      config.dropout,    config.initStd,  outStd, config.device};
+    b.mlp = nn::MlpConfig{config.hiddenSize, config.ffn(), config.bias, config.dropout, config.initStd, outStd,
+                          config.device};
+    b.layerNormEps = config.layerNormEps;
+    blocks_->append(std::make_shared<nn::TransformerBlock>(b, gen));
+  }
+  lnF_ = registerModule("ln_f", std::make_shared<nn::LayerNorm>(
+                                    nn::NormConfig{config.hiddenSize, config.layerNormEps, true, config.device}));
+}
+
+Tensor Gpt::hidden(const Tensor& ids, DType compute) {
+  STRATA_CHECK(ids.dim() == 2, "gpt: token ids must be [batch, seq], got {}", toString(ids.shape()));
+  int64_t T = ids.size(1);
+  STRATA_CHECK(T <= config_.seqLength, "gpt: sequence of {} tokens exceeds model.seq_length {}", T,
+               config_.seqLength);
+  Tensor pos = ops::arange(0, double(T), 1, DType::I64, ids.device());
+  Tensor x = wte_->apply(ids, compute) + wpe_->apply(pos, compute);
+  x = dropout(x, config_.dropout, isTraining());
+  for (size_t i = 0; i < blocks_->size(); ++i) x = blocks_->at(i)(x);
+  return (*lnF_)(x);
+}
+
+Tensor Gpt::logits(const Tensor& ids, DType compute) {
+  Tensor x = hidden(ids, compute);
+  // Tied head: x @ wte^T, a transposed view of the embedding table (no copy).
+  return matmul(x, nn::castParameter(wte_->weight, compute).transpose(0, 1));
+}
+
+}  // namespace strata::models

@@ -1,0 +1,56 @@
+// GPT-2 / GPT-3 family: learned positions, pre-LN blocks, a final LayerNorm, and an LM head tied to the token
+// embedding. Parameter names follow nanoGPT ("wte.weight", "h.3.attn.qkv.weight", "ln_f.bias"), which map one to
+// one onto HF's GPT2LMHeadModel names (see models/gpt/GptHf.h).
+#pragma once
+
+#include <memory>
+
+#include "strata/nn/CausalLM.h"
+#include "strata/nn/Embedding.h"
+#include "strata/nn/ModuleList.h"
+#include "strata/nn/TransformerBlock.h"
+
+namespace strata::models {
+
+struct GptConfig {
+  int64_t numLayers = 12;
+  int64_t hiddenSize = 768;
+  int64_t numHeads = 12;
+  int64_t ffnHiddenSize = 0;  // 0 means 4 * hiddenSize
+  int64_t seqLength = 1024;
+  int64_t vocabSize = 50257;
+  double dropout = 0.0;
+  double layerNormEps = 1e-5;
+  bool bias = true;
+  double initStd = 0.02;
+  uint64_t seed = 1234;
+  Device device = Device::cpu();
+
+  int64_t ffn() const { return ffnHiddenSize > 0 ? ffnHiddenSize : 4 * hiddenSize; }
+  // Parameters (tied head counted once) and training FLOPs per token: 6 N + 12 L d s (attention).
+  int64_t numParameters() const;
+  double flopsPerToken() const;
+};
+
+class Gpt : public nn::CausalLM {
+ public:
+  explicit Gpt(const GptConfig& config);
+
+  // ids [B, T] (i64) -> logits [B, T, vocab] in the compute dtype.
+  Tensor logits(const Tensor& ids, DType compute) override;
+  int64_t contextLength() const override { return config_.seqLength; }
+  int64_t vocabSize() const override { return config_.vocabSize; }
+  double flopsPerToken() const override { return config_.flopsPerToken(); }
+
+  const GptConfig& config() const { return config_; }
+
+ private:
+  Tensor hidden(const Tensor& ids, DType compute);
+
+  GptConfig config_;
+  std::shared_ptr<nn::Embedding> wte_, wpe_;
+  std::shared_ptr<nn::ModuleList> blocks_;
+  std::shared_ptr<nn::LayerNorm> lnF_;
+};
+
+}  // namespace strata::models

@@ -1,0 +1,66 @@
+// Linear, Embedding, LayerNorm, RMSNorm and Dropout.
+#include "strata/autograd/Functions.h"
+#include "strata/nn/Dropout.h"
+#include "strata/nn/Embedding.h"
+#include "strata/nn/Linear.h"
+#include "strata/nn/Norm.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::nn {
+
+Tensor castParameter(const Tensor& parameter, DType dtype) {
+  return parameter.dtype() == dtype ? parameter : parameter.to(dtype);
+}
+
+Linear::Linear(const LinearConfig& config, Generator& gen) {
+  STRATA_CHECK(config.inFeatures > 0 && config.outFeatures > 0, "Linear: sizes must be positive, got {} -> {}",
+               config.inFeatures, config.outFeatures);
+  weight = registerParameter(
+      "weight", ops::randn({config.inFeatures, config.outFeatures}, gen, DType::F32, config.device, 0, config.initStd));
+  if (config.bias) bias = registerParameter("bias", ops::zeros({config.outFeatures}, DType::F32, config.device));
+}
+
+Tensor Linear::apply(const Tensor& x) {
+  Tensor y = matmul(x, castParameter(weight, x.dtype()));
+  return bias.defined() ? y + castParameter(bias, x.dtype()) : y;
+}
+
+std::vector<Tensor> Linear::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+
+Embedding::Embedding(const EmbeddingConfig& config, Generator& gen) {
+  STRATA_CHECK(config.numEmbeddings > 0 && config.embeddingDim > 0, "Embedding: sizes must be positive");
+  weight = registerParameter("weight", ops::randn({config.numEmbeddings, config.embeddingDim}, gen, DType::F32,
+                                                  config.device, 0, config.initStd));
+}
+
+Tensor Embedding::apply(const Tensor& ids, DType dtype) { return embedding(castParameter(weight, dtype), ids); }
+
+std::vector<Tensor> Embedding::forward(const std::vector<Tensor>& inputs) {
+  return {apply(inputs.at(0), weight.dtype())};
+}
+
+LayerNorm::LayerNorm(const NormConfig& config) : eps_(config.eps) {
+  weight = registerParameter("weight", ops::ones({config.dim}, DType::F32, config.device));
+  if (config.bias) bias = registerParameter("bias", ops::zeros({config.dim}, DType::F32, config.device));
+}
+
+Tensor LayerNorm::apply(const Tensor& x) {
+  return layerNorm(x, castParameter(weight, x.dtype()), bias.defined() ? castParameter(bias, x.dtype()) : Tensor(),
+                   eps_);
+}
+
+std::vector<Tensor> LayerNorm::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+
+RMSNorm::RMSNorm(const NormConfig& config) : eps_(config.eps) {
+  weight = registerParameter("weight", ops::ones({config.dim}, DType::F32, config.device));
+}
+
+Tensor RMSNorm::apply(const Tensor& x) { return rmsNorm(x, castParameter(weight, x.dtype()), eps_); }
+
+std::vector<Tensor> RMSNorm::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+
+Tensor Dropout::apply(const Tensor& x) { return dropout(x, p_, isTraining()); }
+
+std::vector<Tensor> Dropout::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+
+}  // namespace strata::nn

@@ -1,0 +1,98 @@
+// Attention, MLP and the pre-LN Transformer block.
+#include "strata/autograd/Functions.h"
+#include "strata/nn/TransformerBlock.h"
+
+namespace strata::nn {
+
+Attention::Attention(const AttentionConfig& config, Generator& gen) : config_(config) {
+  STRATA_CHECK(config.numHeads > 0 && config.hiddenSize % config.numHeads == 0,
+               "attention: hidden size {} is not divisible by {} heads", config.hiddenSize, config.numHeads);
+  int64_t C = config.hiddenSize;
+  auto linear = [&](int64_t out, double std) {
+    return std::make_shared<Linear>(LinearConfig{C, out, config.bias, std, config.device}, gen);
+  };
+  if (config.cross) {
+    q_ = registerModule("q", linear(C, config.initStd));
+    kv_ = registerModule("kv", linear(2 * C, config.initStd));
+  } else {
+    qkv_ = registerModule("qkv", linear(3 * C, config.initStd));
+  }
+  proj_ = registerModule("proj", linear(C, config.outInitStd));
+}
+
+Tensor Attention::apply(const Tensor& x, const Tensor& memory, const AttentionMask& extra) {
+  STRATA_CHECK(x.dim() == 3 && x.size(2) == config_.hiddenSize, "attention: input must be [B, S, {}], got {}",
+               config_.hiddenSize, toString(x.shape()));
+  int64_t B = x.size(0), S = x.size(1), C = config_.hiddenSize, H = config_.numHeads, D = C / H;
+  auto heads = [&](const Tensor& t, int64_t len, int64_t parts) {
+    // [B, len, parts * C] -> parts tensors [B, H, len, D]
+    Tensor v = t.view({B, len, parts, H, D}).permute({2, 0, 3, 1, 4});
+    std::vector<Tensor> out;
+    for (int64_t i = 0; i < parts; ++i) out.push_back(v.select(0, i));
+    return out;
+  };
+  Tensor q, k, v;
+  if (config_.cross) {
+    STRATA_CHECK(memory.defined(), "cross-attention needs the encoder output");
+    q = heads(q_->apply(x), S, 1)[0];
+    auto kv = heads(kv_->apply(memory), memory.size(1), 2);
+    k = kv[0];
+    v = kv[1];
+  } else {
+    auto qkv = heads(qkv_->apply(x), S, 3);
+    q = qkv[0];
+    k = qkv[1];
+    v = qkv[2];
+  }
+  AttentionMask mask = extra;
+  mask.causal = config_.causal;
+  Tensor y = scaledDotProductAttention(q, k, v, mask, config_.dropout, isTraining());
+  y = y.permute({0, 2, 1, 3}).reshape({B, S, C});
+  return dropout(proj_->apply(y), config_.dropout, isTraining());
+}
+
+std::vector<Tensor> Attention::forward(const std::vector<Tensor>& inputs) {
+  AttentionMask mask;
+  if (inputs.size() > 2) mask.keyPadding = inputs[2];
+  if (inputs.size() > 3) mask.bias = inputs[3];
+  return {apply(inputs.at(0), inputs.size() > 1 ? inputs[1] : Tensor(), mask)};
+}
+
+Mlp::Mlp(const MlpConfig& config, Generator& gen) : config_(config) {
+  fc_ = registerModule("fc", std::make_shared<Linear>(LinearConfig{config.hiddenSize, config.ffnHiddenSize,
+                                                                   config.bias, config.initStd, config.device},
+                                                      gen));
+  proj_ = registerModule("proj", std::make_shared<Linear>(LinearConfig{config.ffnHiddenSize, config.hiddenSize,
+                                                                       config.bias, config.outInitStd, config.device},
+                                                          gen));
+}
+
+Tensor Mlp::apply(const Tensor& x) {
+  return dropout(proj_->apply(gelu(fc_->apply(x), GeluApprox::Tanh)), config_.dropout, isTraining());
+}
+
+std::vector<Tensor> Mlp::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+
+TransformerBlock::TransformerBlock(const TransformerBlockConfig& config, Generator& gen) {
+  NormConfig norm{config.attention.hiddenSize, config.layerNormEps, true, config.attention.device};
+  ln1_ = registerModule("ln_1", std::make_shared<LayerNorm>(norm));
+  attn_ = registerModule("attn", std::make_shared<Attention>(config.attention, gen));
+  ln2_ = registerModule("ln_2", std::make_shared<LayerNorm>(norm));
+  mlp_ = registerModule("mlp", std::make_shared<Mlp>(config.mlp, gen));
+}
+
+Tensor TransformerBlock::apply(const Tensor& x, const AttentionMask& mask) {
+  // Submodules are called through operator() so that their hooks fire (ZeRO gathers and releases there).
+  std::vector<Tensor> attnIn{(*ln1_)(x)};
+  if (mask.keyPadding.defined() || mask.bias.defined()) {
+    attnIn.push_back(Tensor());
+    attnIn.push_back(mask.keyPadding);
+    attnIn.push_back(mask.bias);
+  }
+  Tensor h = x + (*attn_)(attnIn)[0];
+  return h + (*mlp_)((*ln2_)(h));
+}
+
+std::vector<Tensor> TransformerBlock::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+
+}  // namespace strata::nn

@@ -1,0 +1,23 @@
+// Front end of the optimizer update kernels.
+#include "Kernels.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::ops {
+
+void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const Tensor& gradScale) {
+  if (sets.empty()) return;
+  Device dev = sets[0].param.device();
+  for (const auto& s : sets) {
+    for (const Tensor* t : {&s.param, &s.grad, &s.m, &s.v}) {
+      STRATA_CHECK(t->defined() && t->dtype() == DType::F32 && t->isContiguous() && t->device() == dev,
+                   "adamw: '{}' needs fp32 contiguous param, grad and state on {}", s.param.name(), toString(dev));
+      STRATA_CHECK(t->numel() == s.param.numel(), "adamw: state of '{}' has the wrong size", s.param.name());
+    }
+  }
+  if (gradScale.defined())
+    STRATA_CHECK(gradScale.dtype() == DType::F32 && gradScale.numel() == 1 && gradScale.device() == dev,
+                 "adamw: the gradient scale must be one fp32 value on {}", toString(dev));
+  kernel<AdamWKernel>("adamw", dev)(sets, hyper, gradScale);
+}
+
+}  // namespace strata::ops

@@ -1,0 +1,84 @@
+#include "strata/optim/AdamW.h"
+
+#include <cmath>
+
+#include "strata/autograd/GradMode.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::optim {
+
+AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const AdamWConfig& config)
+    : config_(config) {
+  for (auto& [name, p] : namedParameters) {
+    STRATA_CHECK(p.dtype() == DType::F32, "AdamW keeps fp32 master weights; parameter '{}' is {}", name, p.dtype());
+    STRATA_CHECK(p.isContiguous(), "AdamW: parameter '{}' must be contiguous", name);
+    float wd = p.dim() >= 2 ? float(config.weightDecay) : 0.0f;
+    slots_.push_back(Slot{name, p, ops::zerosLike(p), ops::zerosLike(p), wd});
+  }
+}
+
+void AdamW::step(double lr, const Tensor& gradScale) {
+  NoGradGuard noGrad;
+  ++step_;
+  ops::AdamWHyper h;
+  h.lr = float(lr);
+  h.beta1 = float(config_.beta1);
+  h.beta2 = float(config_.beta2);
+  h.eps = float(config_.eps);
+  h.biasCorrection1 = float(1.0 - std::pow(config_.beta1, double(step_)));
+  h.biasCorrection2 = float(1.0 - std::pow(config_.beta2, double(step_)));
+  // One fused call per device.
+  std::vector<std::vector<ops::AdamWTensors>> byDevice;
+  std::vector<Device> devices;
+  for (auto& s : slots_) {
+    Tensor g = s.param.grad();
+    if (!g.defined()) continue;
+    if (g.dtype() != DType::F32 || !g.isContiguous()) g = ops::to(ops::contiguous(g), g.device(), DType::F32);
+    size_t d = 0;
+    while (d < devices.size() && devices[d] != s.param.device()) ++d;
+    if (d == devices.size()) {
+      devices.push_back(s.param.device());
+      byDevice.emplace_back();
+    }
+    byDevice[d].push_back(ops::AdamWTensors{s.param, g, s.m, s.v, s.weightDecay});
+  }
+  for (size_t d = 0; d < devices.size(); ++d) {
+    Tensor scale = gradScale.defined() ? ops::to(gradScale, devices[d], DType::F32) : Tensor();
+    ops::adamw(byDevice[d], h, scale);
+  }
+}
+
+void AdamW::zeroGrad() {
+  for (auto& s : slots_) s.param.setGrad(Tensor());
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::namedState() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& s : slots_) {
+    out.emplace_back("m." + s.name, s.m);
+    out.emplace_back("v." + s.name, s.v);
+  }
+  return out;
+}
+
+Tensor gradNorm(const std::vector<Tensor>& parameters, Device device) {
+  NoGradGuard noGrad;
+  Tensor total = ops::zeros({}, DType::F32, device);
+  for (const auto& p : parameters) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor g32 = g.dtype() == DType::F32 ? g : ops::to(g, g.device(), DType::F32);
+    Tensor sq = ops::sum(ops::mul(g32, g32));
+    total = ops::add(total, ops::to(sq, device, DType::F32));
+  }
+  return ops::sqrt(total);
+}
+
+Tensor clipCoefficient(const Tensor& norm, double maxNorm) {
+  Tensor denom = ops::affine(norm, 1.0, 1e-6);
+  Tensor coef = ops::div(ops::full({}, maxNorm, DType::F32, norm.device()), denom);
+  // min(1, coef) = -max(-1, -coef)
+  return ops::neg(ops::maximum(ops::neg(coef), ops::full({}, -1.0, DType::F32, norm.device())));
+}
+
+}  // namespace strata::optim

@@ -1,0 +1,347 @@
+// YAML config loading: one schema table, one walk over the document, one validation pass.
+#include "strata/train/Config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <limits>
+
+#include "strata/core/Error.h"
+
+namespace strata::train {
+namespace {
+
+enum class Kind { Int, Float, String, Bool, FloatList };
+
+struct Field {
+  std::string key;
+  Kind kind;
+  std::function<void(Config&, const YAML::Node&)> assign;
+  std::vector<std::string> choices;  // for strings
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+};
+
+const char* kindName(Kind k) {
+  switch (k) {
+    case Kind::Int: return "an integer";
+    case Kind::Float: return "a number";
+    case Kind::String: return "a string";
+    case Kind::Bool: return "true or false";
+    case Kind::FloatList: return "a list of numbers";
+  }
+  return "?";
+}
+
+template <class Ref>
+Field intField(std::string key, Ref ref, double min = 0, double max = 1e18) {
+  return Field{std::move(key), Kind::Int, [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<int64_t>(); }, {},
+               min, max};
+}
+template <class Ref>
+Field floatField(std::string key, Ref ref, double min = 0, double max = 1e18) {
+  return Field{std::move(key), Kind::Float, [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<double>(); }, {},
+               min, max};
+}
+template <class Ref>
+Field stringField(std::string key, Ref ref, std::vector<std::string> choices = {}) {
+  return Field{std::move(key), Kind::String, [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<std::string>(); },
+               std::move(choices)};
+}
+template <class Ref>
+Field boolField(std::string key, Ref ref) {
+  return Field{std::move(key), Kind::Bool, [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<bool>(); }, {}};
+}
+
+const std::vector<Field>& schema() {
+  static const std::vector<Field> fields = [] {
+    std::vector<Field> f;
+    // model
+    f.push_back(stringField("model.arch", [](Config& c) -> auto& { return c.model.arch; }, {"gpt"}));
+    f.push_back(intField("model.num_layers", [](Config& c) -> auto& { return c.model.numLayers; }, 1));
+    f.push_back(intField("model.hidden_size", [](Config& c) -> auto& { return c.model.hiddenSize; }, 1));
+    f.push_back(intField("model.num_attention_heads", [](Config& c) -> auto& { return c.model.numAttentionHeads; }, 1));
+    f.push_back(intField("model.ffn_hidden_size", [](Config& c) -> auto& { return c.model.ffnHiddenSize; }, 0));
+    f.push_back(intField("model.seq_length", [](Config& c) -> auto& { return c.model.seqLength; }, 1));
+    f.push_back(intField("model.vocab_size", [](Config& c) -> auto& { return c.model.vocabSize; }, 1));
+    f.push_back(floatField("model.dropout", [](Config& c) -> auto& { return c.model.dropout; }, 0, 0.999));
+    f.push_back(floatField("model.layer_norm_eps", [](Config& c) -> auto& { return c.model.layerNormEps; }, 0, 1));
+    f.push_back(boolField("model.bias", [](Config& c) -> auto& { return c.model.bias; }));
+    f.push_back(floatField("model.init_std", [](Config& c) -> auto& { return c.model.initStd; }, 0, 10));
+    // data
+    f.push_back(stringField("data.path", [](Config& c) -> auto& { return c.data.path; }));
+    f.push_back(stringField("data.format", [](Config& c) -> auto& { return c.data.format; }, {"text", "nanogpt", "megatron"}));
+    f.push_back(stringField("data.tokenizer", [](Config& c) -> auto& { return c.data.tokenizer; }, {"byte", "gpt2"}));
+    f.push_back(stringField("data.vocab_file", [](Config& c) -> auto& { return c.data.vocabFile; }));
+    f.push_back(stringField("data.merges_file", [](Config& c) -> auto& { return c.data.mergesFile; }));
+    f.push_back(floatField("data.val_fraction", [](Config& c) -> auto& { return c.data.valFraction; }, 0, 0.9));
+    // train
+    f.push_back(stringField("train.device", [](Config& c) -> auto& { return c.train.device; }));
+    f.push_back(intField("train.micro_batch_size", [](Config& c) -> auto& { return c.train.microBatchSize; }, 1));
+    f.push_back(intField("train.global_batch_size", [](Config& c) -> auto& { return c.train.globalBatchSize; }, 0));
+    f.push_back(intField("train.train_iters", [](Config& c) -> auto& { return c.train.trainIters; }, 1));
+    f.push_back(Field{"train.seed", Kind::Int, [](Config& c, const YAML::Node& n) { c.train.seed = n.as<uint64_t>(); },
+                      {}, 0, 1.8e19});
+    f.push_back(stringField("train.out_dir", [](Config& c) -> auto& { return c.train.outDir; }));
+    f.push_back(intField("train.log_interval", [](Config& c) -> auto& { return c.train.logInterval; }, 1));
+    f.push_back(intField("train.eval_interval", [](Config& c) -> auto& { return c.train.evalInterval; }, 0));
+    f.push_back(intField("train.eval_iters", [](Config& c) -> auto& { return c.train.evalIters; }, 1));
+    f.push_back(intField("train.sample_length", [](Config& c) -> auto& { return c.train.sampleLength; }, 0));
+    f.push_back(stringField("train.sample_prompt", [](Config& c) -> auto& { return c.train.samplePrompt; }));
+    // optimizer
+    f.push_back(stringField("optimizer.type", [](Config& c) -> auto& { return c.optimizer.type; }, {"adamw"}));
+    f.push_back(floatField("optimizer.lr", [](Config& c) -> auto& { return c.optimizer.lr; }, 0, 10));
+    f.push_back(floatField("optimizer.min_lr", [](Config& c) -> auto& { return c.optimizer.minLr; }, 0, 10));
+    f.push_back(floatField("optimizer.weight_decay", [](Config& c) -> auto& { return c.optimizer.weightDecay; }, 0, 10));
+    f.push_back(Field{"optimizer.betas", Kind::FloatList,
+                      [](Config& c, const YAML::Node& n) { c.optimizer.betas = n.as<std::vector<double>>(); }, {}, 0,
+                      0.999999});
+    f.push_back(floatField("optimizer.eps", [](Config& c) -> auto& { return c.optimizer.eps; }, 0, 1));
+    f.push_back(floatField("optimizer.clip_grad", [](Config& c) -> auto& { return c.optimizer.clipGrad; }, 0));
+    // lr schedule
+    f.push_back(stringField("lr_schedule.style", [](Config& c) -> auto& { return c.lrSchedule.style; },
+                            {"constant", "linear", "cosine"}));
+    f.push_back(intField("lr_schedule.warmup_iters", [](Config& c) -> auto& { return c.lrSchedule.warmupIters; }, 0));
+    f.push_back(intField("lr_schedule.decay_iters", [](Config& c) -> auto& { return c.lrSchedule.decayIters; }, 0));
+    // precision
+    f.push_back(stringField("precision.dtype", [](Config& c) -> auto& { return c.precision.dtype; }, {"bf16", "fp16", "fp32"}));
+    // zero_optimization (DeepSpeed names)
+    f.push_back(intField("zero_optimization.stage", [](Config& c) -> auto& { return c.zero.stage; }, 0, 3));
+    f.push_back(floatField("zero_optimization.chunk_size_mb", [](Config& c) -> auto& { return c.zero.chunkSizeMb; }, 1, 65536));
+    f.push_back(intField("zero_optimization.prefetch_depth", [](Config& c) -> auto& { return c.zero.prefetchDepth; }, 0, 64));
+    f.push_back(stringField("zero_optimization.offload_param.device",
+                            [](Config& c) -> auto& { return c.zero.offloadParamDevice; }, {"none", "cpu", "nvme"}));
+    f.push_back(stringField("zero_optimization.offload_optimizer.device",
+                            [](Config& c) -> auto& { return c.zero.offloadOptimizerDevice; }, {"none", "cpu", "nvme"}));
+    f.push_back(stringField("zero_optimization.nvme_path", [](Config& c) -> auto& { return c.zero.nvmePath; }));
+    f.push_back(boolField("zero_optimization.pin_memory", [](Config& c) -> auto& { return c.zero.pinMemory; }));
+    f.push_back(intField("zero_optimization.buffer_count", [](Config& c) -> auto& { return c.zero.bufferCount; }, 1, 1024));
+    f.push_back(intField("zero_optimization.aio.block_size", [](Config& c) -> auto& { return c.zero.aioBlockSize; }, 4096));
+    f.push_back(intField("zero_optimization.aio.queue_depth", [](Config& c) -> auto& { return c.zero.aioQueueDepth; }, 1, 4096));
+    // store budgets: a number of GiB or "auto"
+    f.push_back(stringField("store.gpu_budget_gb", [](Config& c) -> auto& { return c.store.gpuBudgetGb; }));
+    f.push_back(stringField("store.host_budget_gb", [](Config& c) -> auto& { return c.store.hostBudgetGb; }));
+    f.push_back(stringField("store.nvme_budget_gb", [](Config& c) -> auto& { return c.store.nvmeBudgetGb; }));
+    // checkpoint
+    f.push_back(stringField("checkpoint.save", [](Config& c) -> auto& { return c.checkpoint.save; }));
+    f.push_back(stringField("checkpoint.load", [](Config& c) -> auto& { return c.checkpoint.load; }));
+    f.push_back(intField("checkpoint.save_interval", [](Config& c) -> auto& { return c.checkpoint.saveInterval; }, 0));
+    return f;
+  }();
+  return fields;
+}
+
+size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string nearestKey(const std::string& key) {
+  std::string best;
+  size_t bestDist = std::numeric_limits<size_t>::max();
+  for (const auto& f : schema()) {
+    size_t d = editDistance(key, f.key);
+    // Also compare the last component alone, so "model.hiden_size" and "hiden_size" both find hidden_size.
+    std::string leaf = f.key.substr(f.key.rfind('.') + 1);
+    d = std::min(d, editDistance(key.substr(key.rfind('.') + 1), leaf) + (key.find('.') == std::string::npos ? 0 : 2));
+    if (d < bestDist) {
+      bestDist = d;
+      best = f.key;
+    }
+  }
+  return best;
+}
+
+const Field* findField(const std::string& key) {
+  for (const auto& f : schema())
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+bool isPrefix(const std::string& key) {
+  for (const auto& f : schema())
+    if (f.key.rfind(key + ".", 0) == 0) return true;
+  return false;
+}
+
+struct Loader {
+  Config config;
+  std::string origin;
+  std::map<std::string, std::string> where;  // key -> "file:line"
+
+  std::string at(const YAML::Mark& m) const {
+    return m.line >= 0 ? origin + ":" + std::to_string(m.line + 1) : origin;
+  }
+
+  [[noreturn]] void unknown(const std::string& key, const std::string& place) {
+    STRATA_FAIL("{}: unknown config key '{}'; did you mean '{}'?", place, key, nearestKey(key));
+  }
+
+  void assign(const Field& f, const YAML::Node& node, const std::string& place) {
+    bool scalar = node.IsScalar();
+    bool ok = f.kind == Kind::FloatList ? node.IsSequence() : scalar;
+    if (ok) {
+      try {
+        f.assign(config, node);
+      } catch (const YAML::Exception&) {
+        ok = false;
+      }
+    }
+    std::string text = scalar ? node.Scalar() : YAML::Dump(node);
+    STRATA_CHECK(ok, "{}: '{}' must be {}, got '{}'", place, f.key, kindName(f.kind), text);
+    if (!f.choices.empty()) {
+      std::string v = node.as<std::string>();
+      bool valid = std::find(f.choices.begin(), f.choices.end(), v) != f.choices.end();
+      std::string list;
+      for (const auto& c : f.choices) list += (list.empty() ? "" : ", ") + c;
+      STRATA_CHECK(valid, "{}: '{}' must be one of {}, got '{}'", place, f.key, list, v);
+    }
+    if (f.kind == Kind::Int || f.kind == Kind::Float) {
+      double v = node.as<double>();
+      STRATA_CHECK(v >= f.min && v <= f.max, "{}: '{}' = {} is out of range [{}, {}]", place, f.key, text, f.min,
+                   f.max);
+    }
+    if (f.kind == Kind::FloatList) {
+      for (double v : node.as<std::vector<double>>())
+        STRATA_CHECK(v >= f.min && v <= f.max, "{}: '{}' has {} outside [{}, {}]", place, f.key, v, f.min, f.max);
+    }
+    where[f.key] = place;
+    YAML::Emitter emitter;
+    emitter.SetSeqFormat(YAML::Flow);
+    emitter << node;
+    config.values[f.key] = emitter.c_str();
+  }
+
+  void walk(const YAML::Node& node, const std::string& prefix) {
+    STRATA_CHECK(node.IsMap(), "{}: expected a mapping of keys{}", at(node.Mark()),
+                 prefix.empty() ? std::string() : " under '" + prefix + "'");
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      std::string key = prefix.empty() ? it->first.Scalar() : prefix + "." + it->first.Scalar();
+      std::string place = at(it->first.Mark());
+      if (const Field* f = findField(key)) {
+        assign(*f, it->second, place);
+      } else if (isPrefix(key) && it->second.IsMap()) {
+        walk(it->second, key);
+      } else if (isPrefix(key) && it->second.IsNull()) {
+        continue;  // an empty section
+      } else {
+        unknown(key, place);
+      }
+    }
+  }
+
+  void override(const std::string& spec) {
+    auto eq = spec.find('=');
+    STRATA_CHECK(eq != std::string::npos && eq > 0, "--set '{}': expected key=value", spec);
+    std::string key = spec.substr(0, eq), value = spec.substr(eq + 1);
+    const Field* f = findField(key);
+    if (!f) unknown(key, "--set " + spec);
+    YAML::Node node;
+    try {
+      node = YAML::Load(value);
+    } catch (const YAML::Exception& e) {
+      STRATA_FAIL("--set {}: cannot parse value: {}", spec, e.what());
+    }
+    if (value.empty()) node = YAML::Node(std::string());
+    assign(*f, node, "--set " + spec);
+  }
+
+  std::string place(const std::string& key) const {
+    auto it = where.find(key);
+    return it != where.end() ? it->second : origin + " (default)";
+  }
+
+  void validate() {
+    Config& c = config;
+    STRATA_CHECK(c.model.hiddenSize % c.model.numAttentionHeads == 0,
+                 "{}: 'model.hidden_size' ({}) must be divisible by 'model.num_attention_heads' ({})",
+                 place("model.hidden_size"), c.model.hiddenSize, c.model.numAttentionHeads);
+    if (c.train.globalBatchSize == 0) c.train.globalBatchSize = c.train.microBatchSize;
+    STRATA_CHECK(c.train.globalBatchSize % c.train.microBatchSize == 0,
+                 "{}: 'train.global_batch_size' ({}) must be a multiple of 'train.micro_batch_size' ({})",
+                 place("train.global_batch_size"), c.train.globalBatchSize, c.train.microBatchSize);
+    STRATA_CHECK(c.optimizer.betas.size() == 2, "{}: 'optimizer.betas' needs two values, got {}",
+                 place("optimizer.betas"), c.optimizer.betas.size());
+    STRATA_CHECK(c.optimizer.minLr <= c.optimizer.lr, "{}: 'optimizer.min_lr' ({}) exceeds 'optimizer.lr' ({})",
+                 place("optimizer.min_lr"), c.optimizer.minLr, c.optimizer.lr);
+    STRATA_CHECK(c.lrSchedule.warmupIters <= c.train.trainIters,
+                 "{}: 'lr_schedule.warmup_iters' ({}) exceeds 'train.train_iters' ({})",
+                 place("lr_schedule.warmup_iters"), c.lrSchedule.warmupIters, c.train.trainIters);
+    if (c.data.tokenizer == "byte")
+      STRATA_CHECK(c.model.vocabSize >= 256, "{}: 'model.vocab_size' ({}) is too small for the byte tokenizer (256)",
+                   place("model.vocab_size"), c.model.vocabSize);
+    if (c.data.tokenizer == "gpt2")
+      STRATA_CHECK(!c.data.vocabFile.empty() && !c.data.mergesFile.empty(),
+                   "{}: the gpt2 tokenizer needs 'data.vocab_file' and 'data.merges_file'", place("data.tokenizer"));
+    for (const char* key : {"store.gpu_budget_gb", "store.host_budget_gb", "store.nvme_budget_gb"}) {
+      auto it = c.values.find(key);
+      if (it == c.values.end() || it->second == "auto") continue;
+      char* end = nullptr;
+      double v = std::strtod(it->second.c_str(), &end);
+      STRATA_CHECK(end && *end == '\0' && v >= 0, "{}: '{}' must be a number of GiB or 'auto', got '{}'", place(key),
+                   key, it->second);
+    }
+    if (c.zero.offloadParamDevice == "nvme" || c.zero.offloadOptimizerDevice == "nvme")
+      STRATA_CHECK(!c.zero.nvmePath.empty(), "{}: offloading to nvme needs 'zero_optimization.nvme_path'",
+                   place("zero_optimization.offload_optimizer.device"));
+    // A relative data path is relative to the config file, else to the current directory.
+    namespace fs = std::filesystem;
+    if (!c.data.path.empty() && fs::path(c.data.path).is_relative() && !c.sourcePath.empty()) {
+      fs::path alt = fs::path(c.sourcePath).parent_path() / c.data.path;
+      if (fs::exists(alt)) c.data.path = alt.lexically_normal().string();
+    }
+    STRATA_CHECK(fs::exists(c.data.path), "{}: 'data.path' {} does not exist", place("data.path"), c.data.path);
+  }
+};
+
+Config parseWith(const YAML::Node& root, const std::string& origin, const std::string& sourcePath,
+                 const std::vector<std::string>& overrides) {
+  Loader loader;
+  loader.origin = origin;
+  loader.config.sourcePath = sourcePath;
+  if (root.IsDefined() && !root.IsNull()) loader.walk(root, "");
+  for (const auto& o : overrides) loader.override(o);
+  loader.validate();
+  return loader.config;
+}
+
+}  // namespace
+
+Config parseConfig(const std::string& yaml, const std::string& origin, const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    STRATA_FAIL("{}:{}: YAML syntax error: {}", origin, e.mark.line + 1, e.msg);
+  }
+  return parseWith(root, origin, "", overrides);
+}
+
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  STRATA_CHECK(std::filesystem::exists(path), "config file {} does not exist", path);
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::ParserException& e) {
+    STRATA_FAIL("{}:{}: YAML syntax error: {}", path, e.mark.line + 1, e.msg);
+  }
+  return parseWith(root, path, path, overrides);
+}
+
+std::vector<std::string> configKeys() {
+  std::vector<std::string> keys;
+  for (const auto& f : schema()) keys.push_back(f.key);
+  return keys;
+}
+
+}  // namespace strata::train

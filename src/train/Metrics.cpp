@@ -1,0 +1,146 @@
+#include "strata/train/Metrics.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "strata/core/Error.h"
+
+namespace strata::train {
+
+uint32_t crc32c(const void* data, size_t n) {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  uint32_t crc = 0xFFFFFFFFu;
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return crc ^ 0xFFFFFFFFu;
+}
+
+namespace {
+
+uint32_t maskedCrc(const void* data, size_t n) {
+  uint32_t c = crc32c(data, n);
+  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+void varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(char(v | 0x80));
+    v >>= 7;
+  }
+  out.push_back(char(v));
+}
+void tag(std::string& out, int field, int wire) { varint(out, uint64_t(field) << 3 | uint64_t(wire)); }
+void bytesField(std::string& out, int field, const std::string& b) {
+  tag(out, field, 2);
+  varint(out, b.size());
+  out += b;
+}
+template <class T>
+void fixedField(std::string& out, int field, T v) {
+  tag(out, field, sizeof(T) == 8 ? 1 : 5);
+  char buf[sizeof(T)];
+  std::memcpy(buf, &v, sizeof(T));
+  out.append(buf, sizeof(T));
+}
+
+double wallTime() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  char host[256] = "localhost";
+  gethostname(host, sizeof(host) - 1);
+  path_ = (std::filesystem::path(dir) /
+           ("events.out.tfevents." + std::to_string(int64_t(wallTime())) + "." + host + "." +
+            std::to_string(getpid())))
+              .string();
+  out_.open(path_, std::ios::binary);
+  STRATA_CHECK(out_.good(), "cannot create TensorBoard event file {}", path_);
+  // Event { wall_time = 1; file_version = 3 }
+  std::string event;
+  fixedField(event, 1, wallTime());
+  bytesField(event, 3, "brain.Event:2");
+  writeRecord(event);
+}
+
+void TensorBoardWriter::writeRecord(const std::string& payload) {
+  uint64_t len = payload.size();
+  uint32_t lenCrc = maskedCrc(&len, 8), dataCrc = maskedCrc(payload.data(), payload.size());
+  out_.write(reinterpret_cast<const char*>(&len), 8);
+  out_.write(reinterpret_cast<const char*>(&lenCrc), 4);
+  out_.write(payload.data(), std::streamsize(payload.size()));
+  out_.write(reinterpret_cast<const char*>(&dataCrc), 4);
+}
+
+void TensorBoardWriter::scalar(const std::string& name, double value, int64_t step) {
+  // Summary.Value { tag = 1; simple_value = 2 }, Summary { value = 1 }, Event { wall_time = 1; step = 2; summary = 5 }
+  std::string v;
+  bytesField(v, 1, name);
+  fixedField(v, 2, float(value));
+  std::string summary;
+  bytesField(summary, 1, v);
+  std::string event;
+  fixedField(event, 1, wallTime());
+  tag(event, 2, 0);
+  varint(event, uint64_t(step));
+  bytesField(event, 5, summary);
+  writeRecord(event);
+}
+
+MetricsLogger::MetricsLogger(const std::string& outDir)
+    : jsonl_((std::filesystem::create_directories(outDir), (std::filesystem::path(outDir) / "metrics.jsonl").string()),
+             std::ios::app),
+      tb_(outDir) {
+  STRATA_CHECK(jsonl_.good(), "cannot open {}/metrics.jsonl", outDir);
+}
+
+void MetricsLogger::train(const TrainRecord& r) {
+  std::string mem;
+  nlohmann::json j{{"step", r.step},          {"loss", r.loss},  {"lr", r.lr},     {"grad_norm", r.gradNorm},
+                   {"loss_scale", r.lossScale}, {"ms_per_iter", r.msPerIter}, {"tokens_per_s", r.tokensPerSec},
+                   {"tflops", r.tflops},      {"mfu", r.mfu}};
+  for (const auto& [tier, gb] : r.memoryGb) {
+    j["mem_" + tier + "_gb"] = gb;
+    mem += fmt::format(" | mem {} {:.2f} GiB", tier, gb);
+  }
+  jsonl_ << j.dump() << "\n";
+  jsonl_.flush();
+  spdlog::info(
+      "iteration {:>6}/{:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | loss scale {:.0f} | {:.1f} ms/iter | "
+      "{:.0f} tokens/s | {:.2f} TFLOP/s | MFU {:.1f}%{}",
+      r.step, r.totalSteps, r.loss, r.lr, r.gradNorm, r.lossScale, r.msPerIter, r.tokensPerSec, r.tflops,
+      100.0 * r.mfu, mem);
+  tb_.scalar("train/loss", r.loss, r.step);
+  tb_.scalar("train/lr", r.lr, r.step);
+  tb_.scalar("train/grad_norm", r.gradNorm, r.step);
+  tb_.scalar("perf/tokens_per_s", r.tokensPerSec, r.step);
+  tb_.scalar("perf/tflops", r.tflops, r.step);
+  tb_.flush();
+}
+
+void MetricsLogger::eval(int64_t step, double valLoss) {
+  jsonl_ << nlohmann::json{{"step", step}, {"val_loss", valLoss}}.dump() << "\n";
+  jsonl_.flush();
+  spdlog::info("evaluation at iteration {} | val loss {:.4f}", step, valLoss);
+  tb_.scalar("val/loss", valLoss, step);
+  tb_.flush();
+}
+
+}  // namespace strata::train

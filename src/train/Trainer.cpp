@@ -1,0 +1,264 @@
+#include "strata/train/Trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "models/Zoo.h"
+#include "strata/autograd/Engine.h"
+#include "strata/autograd/Functions.h"
+#include "strata/autograd/GradMode.h"
+#include "strata/core/Philox.h"
+#include "strata/ops/Ops.h"
+#include "strata/optim/LrSchedule.h"
+#include "strata/train/Checkpoint.h"
+#include "strata/train/Metrics.h"
+
+namespace strata::train {
+
+namespace fs = std::filesystem;
+
+Device resolveDevice(const std::string& name) {
+  if (name == "auto") return cudaAvailable() ? Device::cuda(0) : Device::cpu();
+  Device d = Device::parse(name);
+  if (d.isCuda()) {
+    STRATA_CHECK(builtWithCuda(), "train.device is '{}' but this build of Strata has no CUDA support", name);
+    STRATA_CHECK(d.index < cudaDeviceCount(), "train.device is '{}' but {} CUDA device(s) are visible", name,
+                 cudaDeviceCount());
+  }
+  return d;
+}
+
+namespace {
+
+models::ModelSpec specFrom(const Config& c, Device device) {
+  models::ModelSpec s;
+  s.arch = c.model.arch;
+  s.numLayers = c.model.numLayers;
+  s.hiddenSize = c.model.hiddenSize;
+  s.numHeads = c.model.numAttentionHeads;
+  s.ffnHiddenSize = c.model.ffnHiddenSize;
+  s.seqLength = c.model.seqLength;
+  s.vocabSize = c.model.vocabSize;
+  s.dropout = c.model.dropout;
+  s.layerNormEps = c.model.layerNormEps;
+  s.initStd = c.model.initStd;
+  s.bias = c.model.bias;
+  s.seed = c.train.seed;
+  s.device = device;
+  return s;
+}
+
+// Dense bf16 peak for MFU, by device name; 0 when unknown (MFU is then reported as 0).
+double peakFlops(Device d, DType compute) {
+  if (d.isCpu()) return 0;
+  std::string name = deviceName(d);
+  bool hopper = name.find("H100") != std::string::npos || name.find("H200") != std::string::npos;
+  if (!hopper) return 0;
+  return compute == DType::F32 ? 67e12 : 989e12;
+}
+
+double gib(size_t bytes) { return double(bytes) / double(1u << 30); }
+
+}  // namespace
+
+Trainer::Trainer(Config config) : config_(std::move(config)) {
+  device_ = resolveDevice(config_.train.device);
+  model_ = models::buildModel(specFrom(config_, device_));
+  setup();
+}
+
+Trainer::Trainer(Config config, std::shared_ptr<nn::CausalLM> model) : config_(std::move(config)), model_(std::move(model)) {
+  device_ = resolveDevice(config_.train.device);
+  STRATA_CHECK(model_ != nullptr, "Trainer: no model given");
+  setup();
+}
+
+void Trainer::setup() {
+  for (auto& [name, p] : model_->namedParameters())
+    STRATA_CHECK(p.device() == device_, "parameter '{}' is on {} but train.device is {}", name, toString(p.device()),
+                 toString(device_));
+  const std::string& dt = config_.precision.dtype;
+  if (device_.isCpu() || dt == "fp32") {
+    compute_ = DType::F32;
+  } else if (dt == "bf16") {
+    compute_ = DType::BF16;
+  } else {
+    STRATA_FAIL("precision.dtype 'fp16' needs dynamic loss scaling, which this build does not have yet; use bf16 or fp32");
+  }
+  STRATA_CHECK(config_.data.tokenizer == "byte",
+               "data.tokenizer '{}' is not available in this build yet; use 'byte' or pre-tokenized data",
+               config_.data.tokenizer);
+  STRATA_CHECK(config_.zero.stage == 0 && config_.zero.offloadParamDevice == "none" &&
+                   config_.zero.offloadOptimizerDevice == "none",
+               "{}: zero_optimization (stage {}, offload) is not available in this build yet; set stage 0 and no "
+               "offload",
+               config_.sourcePath, config_.zero.stage);
+  tokenizer_ = std::make_unique<ByteTokenizer>();
+  std::string cacheDir = (fs::path(config_.train.outDir) / "cache").string();
+  data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.path, config_.data.format, *tokenizer_,
+                                                            cacheDir, config_.data.valFraction));
+  int64_t maxToken = data_->maxToken();
+  STRATA_CHECK(maxToken < model_->vocabSize(), "{} holds token id {} but model.vocab_size is {}", config_.data.path,
+               maxToken, model_->vocabSize());
+}
+
+double Trainer::evaluate(int64_t iters) {
+  NoGradGuard noGrad;
+  model_->eval();
+  int64_t B = config_.train.microBatchSize, T = model_->contextLength();
+  Tensor total = ops::zeros({}, DType::F32, device_);
+  for (int64_t i = 0; i < iters; ++i) {
+    auto [x, y] = data_->batch(Split::Val, i, B, T, config_.train.seed, device_);
+    total = ops::add(total, ops::to(model_->loss(x, y, compute_), device_, DType::F32));
+  }
+  model_->train();
+  return total.item() / double(iters);
+}
+
+std::string Trainer::sample(const std::string& prompt, int64_t length, double temperature, int64_t topK,
+                            uint64_t seed) {
+  NoGradGuard noGrad;
+  model_->eval();
+  std::vector<int32_t> ids = tokenizer_->encode(prompt.empty() ? std::string("\n") : prompt);
+  size_t promptLen = ids.size();
+  int64_t V = model_->vocabSize(), ctx = model_->contextLength();
+  for (int64_t step = 0; step < length; ++step) {
+    size_t start = ids.size() > size_t(ctx) ? ids.size() - size_t(ctx) : 0;
+    std::vector<int64_t> window(ids.begin() + std::ptrdiff_t(start), ids.end());
+    Tensor x = Tensor::fromVector(window, {1, int64_t(window.size())}, device_);
+    Tensor logits = model_->logits(x, compute_);
+    std::vector<float> last = logits.select(1, logits.size(1) - 1).to(Device::cpu(), DType::F32).toVector<float>();
+    // Temperature, top-k, then a Philox draw.
+    std::vector<std::pair<float, int32_t>> scored;
+    for (int64_t v = 0; v < V; ++v) scored.emplace_back(last[size_t(v)] / float(std::max(temperature, 1e-6)), int32_t(v));
+    std::sort(scored.begin(), scored.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    if (topK > 0 && topK < V) scored.resize(size_t(topK));
+    double mx = scored[0].first, z = 0;
+    for (auto& s : scored) z += std::exp(double(s.first) - mx);
+    double u = double(philoxUniform(seed, uint64_t(step))) * z, acc = 0;
+    int32_t next = scored.back().second;
+    for (auto& s : scored) {
+      acc += std::exp(double(s.first) - mx);
+      if (acc >= u) {
+        next = s.second;
+        break;
+      }
+    }
+    ids.push_back(next);
+  }
+  model_->train();
+  return tokenizer_->decode(std::vector<int32_t>(ids.begin() + std::ptrdiff_t(promptLen), ids.end()));
+}
+
+TrainResult Trainer::run() {
+  const auto& c = config_;
+  int64_t B = c.train.microBatchSize, T = model_->contextLength();
+  int64_t accum = c.train.globalBatchSize / c.train.microBatchSize;
+  STRATA_CHECK(T <= c.model.seqLength || c.model.arch != "gpt", "sequence length mismatch");
+
+  optim::AdamW optimizer(model_->namedParameters(),
+                         optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
+                                            c.optimizer.weightDecay});
+  optim::LrSchedule schedule{optim::lrStyleFromName(c.lrSchedule.style), c.optimizer.lr, c.optimizer.minLr,
+                             c.lrSchedule.warmupIters,
+                             c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
+  std::vector<Tensor> params = model_->parameters();
+
+  int64_t startStep = 0, dataIndex = 0;
+  defaultGenerator().manualSeed(c.train.seed);
+  if (!c.checkpoint.load.empty()) {
+    CheckpointState st = loadCheckpoint(c.checkpoint.load, model_->namedParameters(), optimizer.namedState());
+    startStep = st.step;
+    dataIndex = st.dataIndex;
+    optimizer.setStepCount(st.optimizerSteps);
+    defaultGenerator().setState(st.rng);
+    spdlog::info("resumed from {} at iteration {}", resolveCheckpoint(c.checkpoint.load), startStep);
+  }
+  std::string saveDir = c.checkpoint.save;
+  if (saveDir.empty() && c.checkpoint.saveInterval > 0) saveDir = (fs::path(c.train.outDir) / "checkpoints").string();
+  auto save = [&](int64_t step) {
+    CheckpointState st;
+    st.step = step;
+    st.optimizerSteps = optimizer.stepCount();
+    st.rng = defaultGenerator().state();
+    st.dataIndex = dataIndex;
+    st.config = c.values;
+    std::string dir = saveCheckpoint(saveDir, model_->namedParameters(), optimizer.namedState(), st);
+    spdlog::info("saved checkpoint {}", dir);
+  };
+
+  MetricsLogger logger(c.train.outDir);
+  spdlog::info("training {} ({} parameters) on {} ({}) in {}: {} iterations of {} sequences x {} tokens", c.model.arch,
+               model_->numParameters(), toString(device_), deviceName(device_), dtypeName(compute_), c.train.trainIters,
+               c.train.globalBatchSize, T);
+
+  TrainResult result;
+  result.valLoss = NAN;
+  model_->train();
+  Tensor lossSum = ops::zeros({}, DType::F32, device_);
+  Tensor lastNorm;
+  int64_t intervalSteps = 0;
+  auto intervalStart = std::chrono::steady_clock::now();
+  double flopsPerToken = model_->flopsPerToken(), peak = peakFlops(device_, compute_);
+  for (int64_t iter = startStep; iter < c.train.trainIters; ++iter) {
+    double lr = schedule.at(iter);
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      auto [x, y] = data_->batch(Split::Train, dataIndex++, B, T, c.train.seed, device_);
+      Tensor loss = model_->loss(x, y, compute_);
+      Tensor scaled = accum > 1 ? loss * (1.0 / double(accum)) : loss;
+      backward(scaled);
+      NoGradGuard noGrad;
+      lossSum = ops::add(lossSum, ops::to(scaled.detach(), device_, DType::F32));
+    }
+    {
+      NoGradGuard noGrad;
+      lastNorm = optim::gradNorm(params, device_);
+      Tensor coef = c.optimizer.clipGrad > 0 ? optim::clipCoefficient(lastNorm, c.optimizer.clipGrad) : Tensor();
+      optimizer.step(lr, coef);
+      optimizer.zeroGrad();
+    }
+    ++intervalSteps;
+    int64_t done = iter + 1;
+    bool last = done == c.train.trainIters;
+    if (done % c.train.logInterval == 0 || last) {
+      TrainRecord r;
+      r.step = done;
+      r.totalSteps = c.train.trainIters;
+      r.loss = lossSum.item() / double(intervalSteps);  // syncs the device: the timing below covers all work
+      r.gradNorm = lastNorm.item();
+      r.lr = lr;
+      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - intervalStart).count();
+      r.msPerIter = 1000.0 * seconds / double(intervalSteps);
+      r.tokensPerSec = double(intervalSteps * c.train.globalBatchSize * T) / seconds;
+      r.tflops = r.tokensPerSec * flopsPerToken / 1e12;
+      r.mfu = peak > 0 ? r.tflops * 1e12 / peak : 0.0;
+      if (device_.isCuda()) r.memoryGb["gpu"] = gib(deviceAllocator(device_).stats().allocatedBytes);
+      r.memoryGb["host"] = gib(cpuAllocator().stats().allocatedBytes);
+      logger.train(r);
+      result.trainLoss = r.loss;
+      lossSum = ops::zeros({}, DType::F32, device_);
+      intervalSteps = 0;
+      intervalStart = std::chrono::steady_clock::now();
+    }
+    if (c.train.evalInterval > 0 && (done % c.train.evalInterval == 0 || last)) {
+      result.valLoss = evaluate(c.train.evalIters);
+      logger.eval(done, result.valLoss);
+      intervalStart = std::chrono::steady_clock::now();  // evaluation time is not training time
+    }
+    if (!saveDir.empty() && ((c.checkpoint.saveInterval > 0 && done % c.checkpoint.saveInterval == 0) || last)) {
+      save(done);
+      intervalStart = std::chrono::steady_clock::now();
+    }
+    result.steps = done;
+  }
+  if (c.train.sampleLength > 0) {
+    result.sample = sample(c.train.samplePrompt, c.train.sampleLength, 0.8, 40, c.train.seed);
+    spdlog::info("sample:\n{}{}", c.train.samplePrompt, result.sample);
+  }
+  return result;
+}
+
+}  // namespace strata::train

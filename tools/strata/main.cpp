@@ -1,0 +1,134 @@
+// The `strata` command: train, info, generate.
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "models/Zoo.h"
+#include "strata/strata.h"
+#include "strata/train/Checkpoint.h"
+#include "strata/train/Config.h"
+#include "strata/train/Trainer.h"
+
+using namespace strata;
+
+namespace {
+
+int runTrain(const std::string& configPath, const std::vector<std::string>& overrides) {
+  train::Config config = train::loadConfig(configPath, overrides);
+  train::Trainer trainer(config);
+  train::TrainResult r = trainer.run();
+  std::printf("\nfinished %ld iterations: train loss %.4f, val loss %.4f\n", long(r.steps), r.trainLoss, r.valLoss);
+  return 0;
+}
+
+std::string humanBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f %s", b, units[u]);
+  return buf;
+}
+
+int runInfo(const std::string& configPath, const std::vector<std::string>& overrides) {
+  train::Config c = train::loadConfig(configPath, overrides);
+  // Count on a meta-free build: the model is built on the CPU only to count its tensors when it is small; large
+  // models are counted from the formula.
+  models::ModelSpec spec;
+  spec.arch = c.model.arch;
+  spec.numLayers = c.model.numLayers;
+  spec.hiddenSize = c.model.hiddenSize;
+  spec.numHeads = c.model.numAttentionHeads;
+  spec.ffnHiddenSize = c.model.ffnHiddenSize;
+  spec.seqLength = c.model.seqLength;
+  spec.vocabSize = c.model.vocabSize;
+  spec.bias = c.model.bias;
+  int64_t L = c.model.numLayers, C = c.model.hiddenSize, F = c.model.ffnHiddenSize > 0 ? c.model.ffnHiddenSize : 4 * C;
+  int64_t b = c.model.bias ? 1 : 0;
+  int64_t block = 4 * C + 3 * C * C + 3 * C * b + C * C + C * b + C * F + F * b + F * C + C * b;
+  int64_t params = c.model.vocabSize * C + c.model.seqLength * C + L * block + 2 * C;
+  double flops = 6.0 * double(params) + 12.0 * double(L) * double(C) * double(c.model.seqLength);
+  bool lowPrecision = c.precision.dtype != "fp32";
+  std::printf("model          %s: %ld layers, hidden %ld, %ld heads, ffn %ld, seq %ld, vocab %ld\n",
+              c.model.arch.c_str(), long(L), long(C), long(c.model.numAttentionHeads), long(F),
+              long(c.model.seqLength), long(c.model.vocabSize));
+  std::printf("parameters     %ld (%.3f B)\n", long(params), double(params) / 1e9);
+  std::printf("FLOPs/token    %.4g (6N + 12 L d s, training)\n", flops);
+  std::printf("tokens/iter    %ld\n", long(c.train.globalBatchSize * c.model.seqLength));
+  std::printf("bytes by component:\n");
+  std::printf("  fp32 master weights     %s\n", humanBytes(4.0 * double(params)).c_str());
+  if (lowPrecision) std::printf("  %s compute weights     %s\n", c.precision.dtype.c_str(), humanBytes(2.0 * double(params)).c_str());
+  std::printf("  fp32 gradients          %s\n", humanBytes(4.0 * double(params)).c_str());
+  std::printf("  AdamW state (m, v)      %s\n", humanBytes(8.0 * double(params)).c_str());
+  double total = (16.0 + (lowPrecision ? 2.0 : 0.0)) * double(params);
+  std::printf("  model state total       %s\n", humanBytes(total).c_str());
+  return 0;
+}
+
+int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_t tokens, double temperature,
+                int64_t topK, uint64_t seed, const std::string& device) {
+  std::string dir = train::resolveCheckpoint(checkpoint);
+  std::ifstream in(std::filesystem::path(dir) / "manifest.json");
+  auto manifest = nlohmann::json::parse(in);
+  std::vector<std::string> overrides;
+  for (auto& [key, value] : manifest["config"].items()) overrides.push_back(key + "=" + value.get<std::string>());
+  overrides.push_back("train.device=" + device);
+  overrides.push_back("checkpoint.load=" + dir);
+  train::Config c = train::parseConfig("", dir + "/manifest.json", overrides);
+  train::Trainer trainer(c);
+  optim::AdamW unusedOptimizer(trainer.model().namedParameters(), {});
+  train::loadCheckpoint(dir, trainer.model().namedParameters(), unusedOptimizer.namedState());
+  std::string text = trainer.sample(prompt, tokens, temperature, topK, seed);
+  std::printf("%s%s\n", prompt.c_str(), text.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Strata: train large Transformer models on few GPUs"};
+  app.require_subcommand(1);
+  spdlog::set_pattern("[%H:%M:%S] %v");
+
+  std::string config;
+  std::vector<std::string> overrides;
+  auto* train = app.add_subcommand("train", "train a model from a YAML config");
+  train->add_option("config", config, "YAML config file")->required();
+  train->add_option("--set", overrides, "override a config key: --set train.train_iters=100");
+
+  auto* info = app.add_subcommand("info", "parameters, FLOPs per token and bytes per component of a config");
+  info->add_option("config", config, "YAML config file")->required();
+  info->add_option("--set", overrides, "override a config key");
+
+  std::string checkpoint, prompt = "\n", device = "auto";
+  int64_t tokens = 200, topK = 40;
+  double temperature = 0.8;
+  uint64_t seed = 1;
+  auto* generate = app.add_subcommand("generate", "sample text from a checkpoint");
+  generate->add_option("checkpoint", checkpoint, "checkpoint directory (or a save directory with `latest`)")
+      ->required();
+  generate->add_option("--prompt", prompt, "text to continue");
+  generate->add_option("--tokens", tokens, "tokens to sample");
+  generate->add_option("--temperature", temperature, "sampling temperature");
+  generate->add_option("--top-k", topK, "sample among the k most likely tokens (0: all)");
+  generate->add_option("--seed", seed, "sampling seed");
+  generate->add_option("--device", device, "auto, cpu or cuda[:N]");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*train) return runTrain(config, overrides);
+    if (*info) return runInfo(config, overrides);
+    if (*generate) return runGenerate(checkpoint, prompt, tokens, temperature, topK, seed, device);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
