@@ -83,6 +83,7 @@ const std::vector<Field>& schema() {
     f.push_back(intField("train.micro_batch_size", [](Config& c) -> auto& { return c.train.microBatchSize; }, 1));
     f.push_back(intField("train.global_batch_size", [](Config& c) -> auto& { return c.train.globalBatchSize; }, 0));
     f.push_back(intField("train.train_iters", [](Config& c) -> auto& { return c.train.trainIters; }, 1));
+    f.push_back(intField("train.exit_interval", [](Config& c) -> auto& { return c.train.exitInterval; }, 0));
     f.push_back(Field{"train.seed", Kind::Int, [](Config& c, const YAML::Node& n) { c.train.seed = n.as<uint64_t>(); },
                       {}, 0, 1.8e19});
     f.push_back(stringField("train.out_dir", [](Config& c) -> auto& { return c.train.outDir; }));
@@ -234,6 +235,8 @@ struct Loader {
         walk(it->second, key);
       } else if (isPrefix(key) && it->second.IsNull()) {
         continue;  // an empty section
+      } else if (isPrefix(key)) {
+        STRATA_FAIL("{}: '{}' must be a section: expected a mapping of keys under it", place, key);
       } else {
         unknown(key, place);
       }
@@ -260,6 +263,8 @@ struct Loader {
     auto it = where.find(key);
     return it != where.end() ? it->second : origin + " (default)";
   }
+
+  bool requireData = true;
 
   void validate() {
     Config& c = config;
@@ -300,13 +305,15 @@ struct Loader {
       fs::path alt = fs::path(c.sourcePath).parent_path() / c.data.path;
       if (fs::exists(alt)) c.data.path = alt.lexically_normal().string();
     }
-    STRATA_CHECK(fs::exists(c.data.path), "{}: 'data.path' {} does not exist", place("data.path"), c.data.path);
+    if (requireData)
+      STRATA_CHECK(fs::exists(c.data.path), "{}: 'data.path' {} does not exist", place("data.path"), c.data.path);
   }
 };
 
 Config parseWith(const YAML::Node& root, const std::string& origin, const std::string& sourcePath,
-                 const std::vector<std::string>& overrides) {
+                 const std::vector<std::string>& overrides, bool requireData) {
   Loader loader;
+  loader.requireData = requireData;
   loader.origin = origin;
   loader.config.sourcePath = sourcePath;
   if (root.IsDefined() && !root.IsNull()) loader.walk(root, "");
@@ -317,17 +324,18 @@ Config parseWith(const YAML::Node& root, const std::string& origin, const std::s
 
 }  // namespace
 
-Config parseConfig(const std::string& yaml, const std::string& origin, const std::vector<std::string>& overrides) {
+Config parseConfig(const std::string& yaml, const std::string& origin, const std::vector<std::string>& overrides,
+                   bool requireData) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
   } catch (const YAML::ParserException& e) {
     STRATA_FAIL("{}:{}: YAML syntax error: {}", origin, e.mark.line + 1, e.msg);
   }
-  return parseWith(root, origin, "", overrides);
+  return parseWith(root, origin, "", overrides, requireData);
 }
 
-Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides, bool requireData) {
   STRATA_CHECK(std::filesystem::exists(path), "config file {} does not exist", path);
   YAML::Node root;
   try {
@@ -335,7 +343,7 @@ Config loadConfig(const std::string& path, const std::vector<std::string>& overr
   } catch (const YAML::ParserException& e) {
     STRATA_FAIL("{}:{}: YAML syntax error: {}", path, e.mark.line + 1, e.msg);
   }
-  return parseWith(root, path, path, overrides);
+  return parseWith(root, path, path, overrides, requireData);
 }
 
 std::vector<std::string> configKeys() {

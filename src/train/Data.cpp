@@ -91,7 +91,7 @@ TokenDataset TokenDataset::fromTokens(std::vector<uint16_t> tokens, double valFr
 
 TokenDataset TokenDataset::open(const std::string& path, const std::string& format, const Tokenizer& tokenizer,
                                 const std::string& cacheDir, double valFraction) {
-  STRATA_CHECK(fs::exists(path), "data file {} does not exist", path);
+  STRATA_CHECK(format == "megatron" || fs::exists(path), "data file {} does not exist", path);
   std::string binPath = path;
   int width = 2;
   if (format == "text") {

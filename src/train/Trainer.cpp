@@ -222,7 +222,8 @@ TrainResult Trainer::run() {
     }
     ++intervalSteps;
     int64_t done = iter + 1;
-    bool last = done == c.train.trainIters;
+    bool exiting = c.train.exitInterval > 0 && done % c.train.exitInterval == 0 && done < c.train.trainIters;
+    bool last = done == c.train.trainIters || exiting;
     if (done % c.train.logInterval == 0 || last) {
       TrainRecord r;
       r.step = done;
@@ -253,6 +254,10 @@ TrainResult Trainer::run() {
       intervalStart = std::chrono::steady_clock::now();
     }
     result.steps = done;
+    if (exiting) {
+      spdlog::info("stopping at iteration {} (train.exit_interval {})", done, c.train.exitInterval);
+      break;
+    }
   }
   if (c.train.sampleLength > 0) {
     result.sample = sample(c.train.samplePrompt, c.train.sampleLength, 0.8, 40, c.train.seed);

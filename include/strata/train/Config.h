@@ -39,6 +39,7 @@ struct TrainLoopConfig {
   int64_t microBatchSize = 16;
   int64_t globalBatchSize = 0;  // 0: micro_batch_size (no accumulation)
   int64_t trainIters = 1000;
+  int64_t exitInterval = 0;  // stop (after saving) once the iteration count is a multiple of this (0: never)
   uint64_t seed = 1234;
   std::string outDir = "out";
   int64_t logInterval = 10;
@@ -108,9 +109,11 @@ struct Config {
 
 // Loads and validates `path`, then applies `overrides` ("a.b=v"). A relative data path is resolved against the
 // config file's directory first, then against the current directory. Throws strata::Error on any problem.
-Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+// With requireData (training), a missing data file is an error too.
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {}, bool requireData = true);
 // The same from YAML text (tests); `origin` names it in errors.
-Config parseConfig(const std::string& yaml, const std::string& origin, const std::vector<std::string>& overrides = {});
+Config parseConfig(const std::string& yaml, const std::string& origin, const std::vector<std::string>& overrides = {},
+                   bool requireData = true);
 // All valid keys, dotted.
 std::vector<std::string> configKeys();
 

@@ -1,0 +1,71 @@
+#include <cmath>
+
+#include "TestUtil.h"
+#include "strata/optim/AdamW.h"
+#include "strata/optim/LrSchedule.h"
+
+using namespace strata;
+
+TEST_CASE("AdamW matches a scalar reference over several steps", "[optim][adamw]") {
+  Tensor w = Tensor::fromVector<float>({0.5f, -1.0f, 2.0f, 0.25f}, {2, 2});
+  w.setRequiresGrad(true);
+  Tensor b = Tensor::fromVector<float>({0.1f, -0.2f}, {2});
+  b.setRequiresGrad(true);
+  optim::AdamWConfig cfg{0.01, 0.9, 0.95, 1e-8, 0.1};
+  optim::AdamW opt({{"w", w}, {"b", b}}, cfg);
+  std::vector<double> rw = {0.5, -1.0, 2.0, 0.25}, rb = {0.1, -0.2};
+  std::vector<double> mw(4, 0), vw(4, 0), mb(2, 0), vb(2, 0);
+  for (int step = 1; step <= 5; ++step) {
+    // loss = sum(w^2) + 3 sum(b): grads 2w and 3.
+    backward(sum(w * w) + sum(b) * 3.0);
+    opt.step(cfg.lr);
+    opt.zeroGrad();
+    double c1 = 1 - std::pow(0.9, step), c2 = 1 - std::pow(0.95, step);
+    for (int i = 0; i < 4; ++i) {
+      double g = 2 * rw[i];
+      mw[i] = 0.9 * mw[i] + 0.1 * g;
+      vw[i] = 0.95 * vw[i] + 0.05 * g * g;
+      rw[i] = rw[i] * (1 - 0.01 * 0.1) - 0.01 * (mw[i] / c1) / (std::sqrt(vw[i] / c2) + 1e-8);
+    }
+    for (int i = 0; i < 2; ++i) {  // biases get no weight decay
+      double g = 3;
+      mb[i] = 0.9 * mb[i] + 0.1 * g;
+      vb[i] = 0.95 * vb[i] + 0.05 * g * g;
+      rb[i] = rb[i] - 0.01 * (mb[i] / c1) / (std::sqrt(vb[i] / c2) + 1e-8);
+    }
+  }
+  REQUIRE(test::closeness(w.toVector<double>(), rw, 1e-6, 1e-5) <= 1.0);
+  REQUIRE(test::closeness(b.toVector<double>(), rb, 1e-6, 1e-5) <= 1.0);
+  REQUIRE(opt.stepCount() == 5);
+  REQUIRE(opt.namedState().size() == 4);
+  REQUIRE(opt.namedState()[0].first == "m.w");
+}
+
+TEST_CASE("gradient norm and clipping coefficient", "[optim][clip]") {
+  Tensor a = ops::zeros({2});
+  a.setRequiresGrad(true);
+  Tensor b = ops::zeros({1});
+  b.setRequiresGrad(true);
+  a.setGrad(Tensor::fromVector<float>({3, 0}, {2}));
+  b.setGrad(Tensor::fromVector<float>({4}, {1}));
+  Tensor norm = optim::gradNorm({a, b}, Device::cpu());
+  REQUIRE(norm.item() == Approx(5.0));
+  REQUIRE(optim::clipCoefficient(norm, 1.0).item() == Approx(0.2).epsilon(1e-5));
+  REQUIRE(optim::clipCoefficient(norm, 10.0).item() == 1.0);
+}
+
+TEST_CASE("learning-rate schedules warm up and decay to min_lr", "[optim][schedule]") {
+  optim::LrSchedule cosine{optim::LrStyle::Cosine, 1.0, 0.1, 10, 110};
+  REQUIRE(cosine.at(0) == Approx(0.1));
+  REQUIRE(cosine.at(9) == Approx(1.0));
+  REQUIRE(cosine.at(10) == Approx(1.0));
+  REQUIRE(cosine.at(60) == Approx(0.55));
+  REQUIRE(cosine.at(110) == Approx(0.1));
+  REQUIRE(cosine.at(500) == Approx(0.1));
+  optim::LrSchedule linear{optim::LrStyle::Linear, 1.0, 0.0, 0, 100};
+  REQUIRE(linear.at(50) == Approx(0.5));
+  optim::LrSchedule constant{optim::LrStyle::Constant, 0.3, 0.0, 5, 100};
+  REQUIRE(constant.at(2) == Approx(0.18));
+  REQUIRE(constant.at(99) == Approx(0.3));
+  REQUIRE_THROWS_AS(optim::lrStyleFromName("step"), Error);
+}

@@ -1,0 +1,123 @@
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "TestUtil.h"
+#include "strata/train/Checkpoint.h"
+#include "strata/train/Metrics.h"
+#include "strata/train/Trainer.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path corpus() {
+  fs::path p = fs::temp_directory_path() / "strata-trainer-corpus.txt";
+  if (!fs::exists(p)) {
+    std::ofstream out(p);
+    for (int i = 0; i < 400; ++i) out << "the quick brown fox jumps over the lazy dog " << i % 7 << "\n";
+  }
+  return p;
+}
+
+train::Config tinyConfig(const fs::path& outDir, std::vector<std::string> extra = {}) {
+  std::vector<std::string> o = {"data.path=" + corpus().string(),
+                                "train.out_dir=" + outDir.string(),
+                                "train.device=cpu",
+                                "model.num_layers=2",
+                                "model.hidden_size=32",
+                                "model.num_attention_heads=2",
+                                "model.seq_length=32",
+                                "model.dropout=0.1",
+                                "train.micro_batch_size=4",
+                                "train.global_batch_size=8",
+                                "train.train_iters=20",
+                                "train.log_interval=1",
+                                "train.eval_interval=10",
+                                "train.eval_iters=2",
+                                "train.sample_length=0",
+                                "lr_schedule.warmup_iters=2",
+                                "optimizer.lr=0.003"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return train::parseConfig("", "test", o);
+}
+
+std::vector<nlohmann::json> records(const fs::path& outDir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(outDir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("training lowers the loss and writes metrics and TensorBoard events", "[train][trainer]") {
+  fs::path out = fs::temp_directory_path() / "strata-trainer-basic";
+  fs::remove_all(out);
+  train::Trainer trainer(tinyConfig(out, {"train.train_iters=40", "train.eval_interval=40"}));
+  train::TrainResult r = trainer.run();
+  REQUIRE(r.steps == 40);
+  auto recs = records(out);
+  REQUIRE(recs.size() == 41);  // 40 train records and one eval
+  double first = recs.front()["loss"].get<double>();
+  REQUIRE(first == Approx(std::log(256.0)).margin(0.5));
+  REQUIRE(r.trainLoss < first - 1.0);
+  REQUIRE(recs.back().contains("val_loss"));
+  REQUIRE(recs[5].contains("tokens_per_s"));
+  REQUIRE(recs[5]["grad_norm"].get<double>() > 0);
+  bool events = false;
+  for (auto& e : fs::directory_iterator(out)) events = events || e.path().filename().string().rfind("events.out.tfevents", 0) == 0;
+  REQUIRE(events);
+  std::string text = trainer.sample("the ", 20, 0.8, 10, 3);
+  REQUIRE(text.size() == 20);
+}
+
+TEST_CASE("resume continues the loss curve exactly", "[train][trainer][checkpoint]") {
+  fs::path straight = fs::temp_directory_path() / "strata-resume-straight";
+  fs::path split = fs::temp_directory_path() / "strata-resume-split";
+  fs::remove_all(straight);
+  fs::remove_all(split);
+  train::Trainer(tinyConfig(straight)).run();
+  fs::path ckpt = split / "ckpt";
+  train::Trainer(tinyConfig(split, {"train.exit_interval=10", "checkpoint.save=" + ckpt.string()})).run();
+  REQUIRE(fs::exists(ckpt / "latest"));
+  REQUIRE(fs::exists(ckpt / "step-10" / "manifest.json"));
+  REQUIRE(fs::exists(ckpt / "step-10" / "model-rank0.safetensors"));
+  train::Trainer(tinyConfig(split, {"checkpoint.load=" + ckpt.string()})).run();
+  auto a = records(straight), b = records(split);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("record " << i);
+    REQUIRE(a[i]["step"] == b[i]["step"]);
+    if (a[i].contains("loss")) REQUIRE(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
+    if (a[i].contains("val_loss")) REQUIRE(a[i]["val_loss"].get<double>() == b[i]["val_loss"].get<double>());
+  }
+}
+
+TEST_CASE("safetensors round-trips tensors and metadata", "[train][checkpoint]") {
+  fs::path p = fs::temp_directory_path() / "strata-roundtrip.safetensors";
+  Tensor a = ops::arange(0, 6).view({2, 3});
+  Tensor b = Tensor::fromVector<float>({1.5f, -2.25f}, {2}).to(DType::BF16);
+  Tensor c = Tensor::fromVector<int64_t>({7, 8, 9}, {3});
+  train::writeSafetensors(p.string(), {{"a", a}, {"b", b}, {"c", c}}, {{"format", "pt"}});
+  std::map<std::string, std::string> meta;
+  auto loaded = train::readSafetensors(p.string(), Device::cpu(), &meta);
+  REQUIRE(meta.at("format") == "pt");
+  REQUIRE(loaded.at("a").shape() == Shape{2, 3});
+  REQUIRE(loaded.at("a").toVector<float>() == a.toVector<float>());
+  REQUIRE(loaded.at("b").dtype() == DType::BF16);
+  REQUIRE(loaded.at("b").toVector<float>() == std::vector<float>{1.5f, -2.25f});
+  REQUIRE(loaded.at("c").toVector<int64_t>() == std::vector<int64_t>{7, 8, 9});
+  // The header is 8-byte aligned JSON after a little-endian length, as the format requires.
+  std::ifstream in(p, std::ios::binary);
+  uint64_t len = 0;
+  in.read(reinterpret_cast<char*>(&len), 8);
+  REQUIRE((len + 8) % 8 == 0);
+  REQUIRE_THROWS_AS(train::resolveCheckpoint("/nonexistent/ckpt"), Error);
+}
+
+TEST_CASE("crc32c matches the standard check value", "[train][metrics]") {
+  REQUIRE(train::crc32c("123456789", 9) == 0xE3069283u);
+}
