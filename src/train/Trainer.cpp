@@ -88,15 +88,15 @@ void Trainer::setup() {
   } else {
     STRATA_FAIL("precision.dtype 'fp16' needs dynamic loss scaling, which this build does not have yet; use bf16 or fp32");
   }
-  STRATA_CHECK(config_.data.tokenizer == "byte",
-               "data.tokenizer '{}' is not available in this build yet; use 'byte' or pre-tokenized data",
-               config_.data.tokenizer);
   STRATA_CHECK(config_.zero.stage == 0 && config_.zero.offloadParamDevice == "none" &&
                    config_.zero.offloadOptimizerDevice == "none",
                "{}: zero_optimization (stage {}, offload) is not available in this build yet; set stage 0 and no "
                "offload",
                config_.sourcePath, config_.zero.stage);
-  tokenizer_ = std::make_unique<ByteTokenizer>();
+  if (config_.data.tokenizer == "gpt2")
+    tokenizer_ = std::make_unique<Gpt2Tokenizer>(config_.data.vocabFile, config_.data.mergesFile);
+  else
+    tokenizer_ = std::make_unique<ByteTokenizer>();
   std::string cacheDir = (fs::path(config_.train.outDir) / "cache").string();
   data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.path, config_.data.format, *tokenizer_,
                                                             cacheDir, config_.data.valFraction));
@@ -236,7 +236,11 @@ TrainResult Trainer::run() {
       r.tokensPerSec = double(intervalSteps * c.train.globalBatchSize * T) / seconds;
       r.tflops = r.tokensPerSec * flopsPerToken / 1e12;
       r.mfu = peak > 0 ? r.tflops * 1e12 / peak : 0.0;
-      if (device_.isCuda()) r.memoryGb["gpu"] = gib(deviceAllocator(device_).stats().allocatedBytes);
+      if (device_.isCuda()) {
+        AllocatorStats gpu = deviceAllocator(device_).stats();
+        r.memoryGb["gpu"] = gib(gpu.allocatedBytes);
+        r.memoryGb["gpu_peak"] = gib(gpu.peakAllocatedBytes);
+      }
       r.memoryGb["host"] = gib(cpuAllocator().stats().allocatedBytes);
       logger.train(r);
       result.trainLoss = r.loss;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -30,6 +31,25 @@ class ByteTokenizer final : public Tokenizer {
   std::vector<int32_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocabSize() const override { return 256; }
+};
+
+// GPT-2's byte-level BPE from its vocab.json and merges.txt. Pre-tokenization follows GPT-2's pattern
+// ('s 't 're 've 'm 'll 'd, letters, digits, other symbols, whitespace) with ASCII character classes; bytes >= 0x80
+// count as letters, so UTF-8 words stay whole.
+class Gpt2Tokenizer final : public Tokenizer {
+ public:
+  Gpt2Tokenizer(const std::string& vocabJsonPath, const std::string& mergesPath);
+  std::vector<int32_t> encode(const std::string& text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int64_t vocabSize() const override { return int64_t(idToToken_.size()); }
+
+ private:
+  std::vector<std::string> bpe(const std::string& word) const;
+  std::map<std::string, int32_t> tokenToId_;
+  std::vector<std::string> idToToken_;
+  std::map<std::pair<std::string, std::string>, int> mergeRank_;
+  std::string byteToSymbol_[256];
+  std::map<std::string, uint8_t> symbolToByte_;
 };
 
 enum class Split { Train, Val };

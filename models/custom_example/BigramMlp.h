@@ -1,0 +1,46 @@
+// A small next-token model written the way a Strata user writes one: a Module with parameters, implementing
+// nn::CausalLM so the stock trainer can train it. Each position sees its own token and the previous one (a
+// "bigram" context) through an embedding and a two-layer GELU MLP.
+#pragma once
+
+#include <strata/autograd/Functions.h>
+#include <strata/nn/CausalLM.h>
+#include <strata/nn/Embedding.h>
+#include <strata/nn/Linear.h>
+
+#include <memory>
+
+namespace example {
+
+class BigramMlp : public strata::nn::CausalLM {
+ public:
+  BigramMlp(int64_t vocab, int64_t dim, int64_t context, strata::Device device, uint64_t seed = 7)
+      : vocab_(vocab), context_(context) {
+    strata::Generator gen(seed);
+    embed_ = registerModule("embed", std::make_shared<strata::nn::Embedding>(
+                                         strata::nn::EmbeddingConfig{vocab, dim, 0.02, device}, gen));
+    hidden_ = registerModule("hidden", std::make_shared<strata::nn::Linear>(
+                                           strata::nn::LinearConfig{2 * dim, 4 * dim, true, 0.02, device}, gen));
+    out_ = registerModule("out", std::make_shared<strata::nn::Linear>(
+                                     strata::nn::LinearConfig{4 * dim, vocab, true, 0.02, device}, gen));
+  }
+
+  strata::Tensor logits(const strata::Tensor& ids, strata::DType compute) override {
+    using namespace strata;
+    Tensor e = embed_->apply(ids, compute);  // [B, T, D]
+    int64_t T = ids.size(1);
+    // The previous token's embedding (zeros before the first token).
+    Tensor prev = cat({zeros({e.size(0), 1, e.size(2)}, e.dtype(), e.device()), e.narrow(1, 0, T - 1)}, 1);
+    Tensor h = gelu(hidden_->apply(cat({prev, e}, 2)));
+    return out_->apply(h);
+  }
+  int64_t contextLength() const override { return context_; }
+  int64_t vocabSize() const override { return vocab_; }
+
+ private:
+  int64_t vocab_, context_;
+  std::shared_ptr<strata::nn::Embedding> embed_;
+  std::shared_ptr<strata::nn::Linear> hidden_, out_;
+};
+
+}  // namespace example

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""GPT training speed: Strata (`build/strata train`) and a nanoGPT-style PyTorch peer, eager and torch.compile,
+same shapes, one GPU, one run. Prints a Markdown table.
+
+Usage: python3 tools/bench_gpt.py [--sizes 124m,1.3b] [--iters 30] [--skip-compile]
+The token stream is random GPT-2-sized ids (speed does not depend on the text). PyTorch is the peer only.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SHAPES = {  # name: (layers, hidden, heads, micro batch, config)
+    "124m": (12, 768, 12, 32, "configs/gpt2-124m.yaml"),
+    "1.3b": (24, 2048, 16, 16, "configs/gpt3-1.3b.yaml"),
+    "2.7b": (32, 2560, 32, 16, "configs/gpt3-2.7b.yaml"),
+    "6.7b": (32, 4096, 32, 8, "configs/gpt3-6.7b.yaml"),
+}
+SEQ, VOCAB = 512, 50304
+
+
+class Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.fc_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.fc_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, d, h):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, d), nn.Embedding(SEQ, d)
+        self.h = nn.ModuleList(Block(d, h) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for b in self.h:
+            x = b(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.view(-1, VOCAB).float(), targets.view(-1))
+
+
+def flops_per_token(n_params, layers, d):
+    return 6 * n_params + 12 * layers * d * SEQ
+
+
+def peer(layers, d, h, batch, iters, compile_model):
+    torch.manual_seed(0)
+    model = GPT(layers, d, h).cuda()
+    n = sum(p.numel() for p in model.parameters())  # the head is tied to wte: counted once
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    step_model = torch.compile(model) if compile_model else model
+    x = torch.randint(0, VOCAB, (batch, SEQ), device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step_model(x, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.time()
+    for _ in range(iters):
+        step()
+    torch.cuda.synchronize()
+    dt = (time.time() - t0) / iters
+    tok = batch * SEQ / dt
+    return dict(ms=dt * 1e3, tok=tok, tflops=tok * flops_per_token(n, layers, d) / 1e12,
+                mem=torch.cuda.max_memory_allocated() / 2**30, params=n)
+
+
+def strata(binary, cfg, batch, iters, data):
+    out = tempfile.mkdtemp(prefix="strata-bench-")
+    cmd = [binary, "train", cfg, "--set", f"data.path={data}", "--set", "data.format=nanogpt",
+           "--set", f"model.seq_length={SEQ}", "--set", f"train.micro_batch_size={batch}",
+           "--set", f"train.global_batch_size={batch}", "--set", f"train.train_iters={iters + 10}",
+           "--set", "train.log_interval=10", "--set", "train.eval_interval=0", "--set", "lr_schedule.warmup_iters=0",
+           "--set", f"train.out_dir={out}", "--set", "train.device=cuda"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    recs = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if "loss" in l]
+    last = recs[-1]  # intervals after the first exclude warm-up
+    return dict(ms=last["ms_per_iter"], tok=last["tokens_per_s"], tflops=last["tflops"],
+                mem=last.get("mem_gpu_peak_gb", float("nan")))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--binary", default="build/strata")
+    ap.add_argument("--sizes", default="124m")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--skip-compile", action="store_true")
+    args = ap.parse_args()
+    data = os.path.join(tempfile.mkdtemp(), "random.bin")
+    np.random.default_rng(0).integers(0, VOCAB, size=20_000_000, dtype=np.uint16).tofile(data)
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  seq {SEQ}, bf16")
+    print("| model | batch | Strata TFLOP/s | eager TFLOP/s | compile TFLOP/s | Strata/eager | Strata/compile "
+          "| tokens/s Strata / eager / compile | peak GiB Strata / eager / compile |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.sizes.split(","):
+        layers, d, h, batch, cfg = SHAPES[name]
+        s = strata(args.binary, cfg, batch, args.iters, data)
+        e = peer(layers, d, h, batch, args.iters, False)
+        c = peer(layers, d, h, batch, args.iters, True) if not args.skip_compile else None
+        ct = f"{c['tflops']:.0f}" if c else "-"
+        cr = f"{s['tflops'] / c['tflops']:.2f}" if c else "-"
+        print(f"| {name} | {batch} | {s['tflops']:.0f} | {e['tflops']:.0f} | {ct} | {s['tflops'] / e['tflops']:.2f} | {cr} "
+              f"| {s['tok']:.0f} / {e['tok']:.0f} / {c['tok'] if c else 0:.0f} "
+              f"| {s['mem']:.1f} / {e['mem']:.1f} / {c['mem'] if c else 0:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
