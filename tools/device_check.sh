@@ -16,3 +16,8 @@ grep -B5 -A15 "FAILED" "$out/cuda_tests.log" | head -80
 # BENCH=all (default), gemm, mem or none.
 case "${BENCH:-all}" in all | gemm) python3 tools/bench_gemm.py --binary build/bench/bench_gemm | tee "$out/gemm.md" ;; esac
 case "${BENCH:-all}" in all | mem) ./build/bench/bench_memory | tee "$out/memory.txt" ;; esac
+if [ "${GPT:-0}" = 1 ]; then
+  ./build/strata train configs/gpt-nano.yaml --set train.out_dir=/tmp/nano >"$out/nano.log" 2>&1
+  echo "== gpt-nano on the GPU exit $?"; grep -E "iteration +(500|1000|1500)/|val loss|finished" "$out/nano.log"
+  python3 tools/bench_gpt.py --sizes "${GPT_SIZES:-124m}" ${GPT_FLAGS:-} | tee "$out/gpt.md"
+fi
