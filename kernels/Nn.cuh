@@ -17,7 +17,7 @@ __global__ void embeddingKernel(const T* __restrict__ weight, const I* __restric
   int64_t n = blockIdx.x;
   int64_t row = int64_t(idx[n]);
   if (row < 0 || row >= V) {
-    if (threadIdx.x == 0) atomicExch(bad, 1);
+    if (threadIdx.x == 0 && bad) atomicExch(bad, 1);
     return;
   }
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = weight[row * C + c];

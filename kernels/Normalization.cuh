@@ -36,12 +36,22 @@ __device__ __forceinline__ int64_t packIndex(int p) { return threadIdx.x + int64
 
 // ---- softmax ------------------------------------------------------------------------------------------------------
 
+// Scales a loaded pack and hides columns at or past `visible` (causal attention) behind -inf.
+template <int V>
+__device__ __forceinline__ void scaleAndMask(float (&v)[V], int64_t pack, float scale, int64_t visible) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) v[j] = pack * V + j < visible ? v[j] * scale : -INFINITY;
+}
+
+// softmax(scale * x) per row; with causalRows > 0, row r sees columns c <= r % causalRows + causalShift.
 template <class T, int V, int P>
-__global__ void __launch_bounds__(512) softmaxKernel(const T* __restrict__ x, T* __restrict__ y, int64_t C, bool log) {
+__global__ void __launch_bounds__(512) softmaxKernel(const T* __restrict__ x, T* __restrict__ y, int64_t C, bool log,
+                                                     float scale, int64_t causalRows, int64_t causalShift) {
   __shared__ float scratch[32];
   const T* row = x + int64_t(blockIdx.x) * C;
   T* out = y + int64_t(blockIdx.x) * C;
   int64_t packs = C / V;
+  int64_t visible = causalRows > 0 ? min(C, int64_t(blockIdx.x) % causalRows + causalShift + 1) : C;
   if constexpr (P > 0) {
     float v[P][V];
     float mx = -INFINITY;
@@ -49,6 +59,7 @@ __global__ void __launch_bounds__(512) softmaxKernel(const T* __restrict__ x, T*
     for (int p = 0; p < P; ++p) {
       if (packIndex(p) < packs) {
         loadPack<T, V>(row, packIndex(p), v[p]);
+        scaleAndMask<V>(v[p], packIndex(p), scale, visible);
 #pragma unroll
         for (int j = 0; j < V; ++j) mx = fmaxf(mx, v[p][j]);
       }
@@ -81,6 +92,7 @@ __global__ void __launch_bounds__(512) softmaxKernel(const T* __restrict__ x, T*
     for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
       float v[V];
       loadPack<T, V>(row, i, v);
+      scaleAndMask<V>(v, i, scale, visible);
 #pragma unroll
       for (int j = 0; j < V; ++j) mx = fmaxf(mx, v[j]);
     }
@@ -89,6 +101,7 @@ __global__ void __launch_bounds__(512) softmaxKernel(const T* __restrict__ x, T*
     for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
       float v[V];
       loadPack<T, V>(row, i, v);
+      scaleAndMask<V>(v, i, scale, visible);
 #pragma unroll
       for (int j = 0; j < V; ++j) sum += expf(v[j] - mx);
     }
@@ -97,6 +110,7 @@ __global__ void __launch_bounds__(512) softmaxKernel(const T* __restrict__ x, T*
     for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
       float v[V];
       loadPack<T, V>(row, i, v);
+      scaleAndMask<V>(v, i, scale, visible);
 #pragma unroll
       for (int j = 0; j < V; ++j) v[j] = log ? v[j] - shift : expf(v[j] - mx) * inv;
       storePack<T, V>(out, i, v);
@@ -106,7 +120,7 @@ __global__ void __launch_bounds__(512) softmaxKernel(const T* __restrict__ x, T*
 
 template <class T, int V, int P>
 __global__ void __launch_bounds__(512) softmaxBackwardKernel(const T* __restrict__ y, const T* __restrict__ gy, T* __restrict__ gx,
-                                      int64_t C, bool log) {
+                                      int64_t C, bool log, float scale) {
   __shared__ float scratch[32];
   int64_t base = int64_t(blockIdx.x) * C;
   int64_t packs = C / V;
@@ -119,7 +133,7 @@ __global__ void __launch_bounds__(512) softmaxBackwardKernel(const T* __restrict
   };
   auto finish = [&](const float (&yv)[V], float (&gv)[V]) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) gv[j] = log ? gv[j] - expf(yv[j]) * dot : yv[j] * (gv[j] - dot);
+    for (int j = 0; j < V; ++j) gv[j] = scale * (log ? gv[j] - expf(yv[j]) * dot : yv[j] * (gv[j] - dot));
   };
   if constexpr (P > 0) {
 #pragma unroll

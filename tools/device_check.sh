@@ -21,3 +21,6 @@ if [ "${GPT:-0}" = 1 ]; then
   echo "== gpt-nano on the GPU exit $?"; grep -E "iteration +(500|1000|1500)/|val loss|finished" "$out/nano.log"
   python3 tools/bench_gpt.py --sizes "${GPT_SIZES:-124m}" ${GPT_FLAGS:-} | tee "$out/gpt.md"
 fi
+if [ "${PARITY:-0}" = 1 ]; then
+  python3 tools/hf_parity.py | tee "$out/parity.txt"
+fi

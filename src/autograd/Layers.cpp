@@ -57,6 +57,14 @@ Tensor softmax(const Tensor& x, int64_t dim) {
   return out;
 }
 
+Tensor scaledSoftmax(const Tensor& x, double scale, bool causal) {
+  Tensor out = ops::scaledSoftmax(x, scale, causal);
+  Tensor y = saved(out);
+  recordFunction("ScaledSoftmaxBackward", {x}, {out},
+                 [y, scale](const Grads& g) { return Grads{ops::scaledSoftmaxBackward(y, g[0], scale)}; });
+  return out;
+}
+
 Tensor logSoftmax(const Tensor& x, int64_t dim) {
   Tensor out = ops::logSoftmax(x, dim);
   Tensor y = saved(out);
@@ -161,15 +169,13 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
                toString(v.shape()));
   int64_t B = q.size(0), Sq = q.size(2), Sk = k.size(2), D = q.size(3);
   double s = scale > 0 ? scale : 1.0 / std::sqrt(double(D));
-  Tensor scores = matmul(q, k.transpose(-1, -2)) * s;
-  if (mask.bias.defined()) scores = scores + mask.bias;
-  if (mask.causal) {
-    // Query i sees keys j <= i + (Sk - Sq), so a query block at the end of a longer key sequence works too.
-    Tensor qi = ops::arange(0, double(Sq), 1, scores.dtype(), scores.device());
-    Tensor kj = ops::arange(0, double(Sk), 1, scores.dtype(), scores.device());
-    Tensor future = ops::gt(detail::viewRaw(kj, {1, Sk}),
-                            detail::viewRaw(ops::affine(qi, 1.0, double(Sk - Sq)), {Sq, 1}));
-    scores = maskedFill(scores, future, -INFINITY);
+  Tensor scores = matmul(q, k.transpose(-1, -2));
+  // Scale and causal mask are applied inside the softmax kernel (one pass over the scores) unless an additive bias
+  // has to come first.
+  double softmaxScale = s;
+  if (mask.bias.defined()) {
+    scores = scores * s + mask.bias;
+    softmaxScale = 1.0;
   }
   if (mask.keyPadding.defined()) {
     STRATA_CHECK(mask.keyPadding.shape() == Shape({B, Sk}), "attention: key padding mask must be [{}, {}], got {}",
@@ -177,7 +183,8 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
     Tensor pad = detail::viewRaw(ops::contiguous(mask.keyPadding), {B, 1, 1, Sk});
     scores = maskedFill(scores, pad, -INFINITY);
   }
-  Tensor probs = softmax(scores, -1);
+  STRATA_CHECK(!mask.causal || Sk >= Sq, "attention: causal masking needs S_k >= S_q, got {} and {}", Sk, Sq);
+  Tensor probs = scaledSoftmax(scores, softmaxScale, mask.causal);
   probs = dropout(probs, dropoutP, training, gen);
   return matmul(probs, v);
 }

@@ -25,8 +25,9 @@ Tensor Attention::apply(const Tensor& x, const Tensor& memory, const AttentionMa
                config_.hiddenSize, toString(x.shape()));
   int64_t B = x.size(0), S = x.size(1), C = config_.hiddenSize, H = config_.numHeads, D = C / H;
   auto heads = [&](const Tensor& t, int64_t len, int64_t parts) {
-    // [B, len, parts * C] -> parts tensors [B, H, len, D]
-    Tensor v = t.view({B, len, parts, H, D}).permute({2, 0, 3, 1, 4});
+    // [B, len, parts * C] -> parts tensors [B, H, len, D], each contiguous: one copy here lets every attention GEMM
+    // (and k's transposed view) run as a single strided batch without further copies.
+    Tensor v = t.view({B, len, parts, H, D}).permute({2, 0, 3, 1, 4}).contiguous();
     std::vector<Tensor> out;
     for (int64_t i = 0; i < parts; ++i) out.push_back(v.select(0, i));
     return out;

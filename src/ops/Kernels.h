@@ -48,8 +48,15 @@ struct GemmArgs {
 using GemmKernel = void(const GemmArgs& args);
 
 // Rows of the last dimension: x, y, gy, gx contiguous [N, C].
-using SoftmaxKernel = void(const Tensor& x, const Tensor& y, bool log);
-using SoftmaxBackwardKernel = void(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log);
+// softmax(scale * x + mask) per row; with causalRows > 0, row r (query r % causalRows) masks columns
+// c > r % causalRows + causalShift. Backward: gx = scale * dsoftmax (masked positions have y = 0, so gx = 0).
+struct SoftmaxOptions {
+  double scale = 1.0;
+  int64_t causalRows = 0;
+  int64_t causalShift = 0;
+};
+using SoftmaxKernel = void(const Tensor& x, const Tensor& y, bool log, const SoftmaxOptions& options);
+using SoftmaxBackwardKernel = void(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log, double scale);
 // LayerNorm (rms=false) or RMSNorm (rms=true) over rows. weight/bias [C] may be undefined. mean/rstd [N] in the
 // statistics dtype (fp32; f64 for f64 inputs)
 // (mean undefined for RMSNorm).

@@ -20,7 +20,7 @@ Tensor softmaxImpl(const Tensor& x, int64_t dim, bool log) {
   std::vector<int64_t> perm;
   Tensor in = lastDimContiguous(x, dim, perm);
   Tensor out = emptyLike(in);
-  if (out.numel() > 0) kernel<SoftmaxKernel>("softmax", x.device())(in, out, log);
+  if (out.numel() > 0) kernel<SoftmaxKernel>("softmax", x.device())(in, out, log, SoftmaxOptions{});
   return perm.empty() ? out : detail::permuteRaw(out, perm);
 }
 
@@ -85,8 +85,27 @@ Tensor softmaxBackward(const Tensor& y, const Tensor& gy, int64_t dim, bool log)
   Tensor yc = lastDimContiguous(y, dim, perm);
   Tensor gc = lastDimContiguous(gy, dim, perm);
   Tensor gx = emptyLike(yc);
-  if (gx.numel() > 0) kernel<SoftmaxBackwardKernel>("softmax_backward", y.device())(yc, gc, gx, log);
+  if (gx.numel() > 0) kernel<SoftmaxBackwardKernel>("softmax_backward", y.device())(yc, gc, gx, log, 1.0);
   return perm.empty() ? gx : detail::permuteRaw(gx, perm);
+}
+
+Tensor scaledSoftmax(const Tensor& x, double scale, bool causal) {
+  STRATA_CHECK(x.dim() >= 2, "scaled softmax: input needs [..., S_q, S_k], got {}", toString(x.shape()));
+  STRATA_CHECK(isFloating(x.dtype()), "scaled softmax: floating input required, got {}", x.dtype());
+  int64_t Sq = x.size(-2), Sk = x.size(-1);
+  STRATA_CHECK(!causal || Sk >= Sq, "causal softmax needs at least as many keys ({}) as queries ({})", Sk, Sq);
+  Tensor in = contiguous(x);
+  Tensor out = emptyLike(in);
+  SoftmaxOptions o{scale, causal ? Sq : 0, Sk - Sq};
+  if (out.numel() > 0) kernel<SoftmaxKernel>("softmax", x.device())(in, out, false, o);
+  return out;
+}
+
+Tensor scaledSoftmaxBackward(const Tensor& y, const Tensor& gy, double scale) {
+  Tensor yc = contiguous(y), gc = contiguous(gy);
+  Tensor gx = emptyLike(yc);
+  if (gx.numel() > 0) kernel<SoftmaxBackwardKernel>("softmax_backward", y.device())(yc, gc, gx, false, scale);
+  return gx;
 }
 
 NormResult layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {

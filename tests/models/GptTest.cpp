@@ -1,5 +1,6 @@
 #include "TestUtil.h"
 #include "models/gpt/Gpt.h"
+#include "models/gpt/GptHf.h"
 
 using namespace strata;
 
@@ -51,4 +52,19 @@ TEST_CASE("GPT gradients flow to every parameter, tied head included", "[models]
     REQUIRE(p.grad().defined());
     REQUIRE(ops::sum(ops::mul(p.grad(), p.grad())).item() > 0.0);
   }
+}
+
+TEST_CASE("GPT names map to HF GPT-2 names and back", "[models][gpt][hf]") {
+  models::Gpt gpt(tiny());
+  for (auto& [name, p] : gpt.namedParameters()) {
+    std::string hf = models::gptNameToHf(name);
+    INFO(name << " -> " << hf);
+    REQUIRE(hf.rfind("transformer.", 0) == 0);
+    REQUIRE(models::gptNameFromHf(hf) == name);
+  }
+  REQUIRE(models::gptNameToHf("h.11.attn.qkv.weight") == "transformer.h.11.attn.c_attn.weight");
+  REQUIRE(models::gptNameToHf("h.0.mlp.proj.bias") == "transformer.h.0.mlp.c_proj.bias");
+  REQUIRE(models::gptNameFromHf("lm_head.weight").empty());
+  REQUIRE(models::gptNameFromHf("transformer.h.0.attn.bias").empty());
+  REQUIRE_THROWS_AS(models::gptNameToHf("encoder.weight"), Error);
 }

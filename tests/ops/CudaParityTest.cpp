@@ -224,6 +224,24 @@ TEST_CASE("[cuda] softmax and norms match the cpu, forward and backward", "[cuda
   }
 }
 
+TEST_CASE("[cuda] scaled causal softmax matches the cpu, forward and backward", "[cuda][parity]") {
+  STRATA_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    Tol t = tolFor(dt);
+    for (Shape shape : {Shape{2, 3, 16, 16}, Shape{1, 2, 8, 40}, Shape{2, 1, 64, 1024}}) {
+      Tensor x = randomOf(shape, dt, 90, -4, 4), g = randomOf(shape, dt, 91);
+      for (bool causal : {false, true}) {
+        parity(causal ? "causal softmax" : "scaled softmax",
+               [causal](const std::vector<Tensor>& in) {
+                 Tensor y = ops::scaledSoftmax(in[0], 0.125, causal);
+                 return std::vector<Tensor>{y, ops::scaledSoftmaxBackward(y, in[1], 0.125)};
+               },
+               {x, g}, {t.atol * 4, t.rtol * 4});
+      }
+    }
+  }
+}
+
 TEST_CASE("[cuda] embedding and cross entropy match the cpu", "[cuda][parity]") {
   STRATA_REQUIRE_CUDA();
   for (DType dt : kFloatTypes) {

@@ -98,3 +98,21 @@ TEST_CASE("attention masks: causal and key padding", "[ops][attention]") {
   for (int s = 0; s < 4; ++s)
     for (int d = 0; d < 8; ++d) REQUIRE(o2[size_t(s * 8 + d)] == Approx(vv[size_t(d)]));
 }
+
+TEST_CASE("scaled causal softmax equals masking then softmax", "[ops][softmax]") {
+  Tensor x = test::randomDouble({2, 3, 4, 6}, 80, -3, 3);  // 4 queries at the end of 6 keys
+  Tensor y = ops::scaledSoftmax(x, 0.5, true);
+  auto yv = y.toVector<double>(), xv = x.toVector<double>();
+  for (int r = 0; r < 2 * 3 * 4; ++r) {
+    int q = r % 4, visible = q + 2 + 1;
+    double mx = -1e300, z = 0;
+    for (int c = 0; c < visible; ++c) mx = std::max(mx, 0.5 * xv[size_t(r * 6 + c)]);
+    for (int c = 0; c < visible; ++c) z += std::exp(0.5 * xv[size_t(r * 6 + c)] - mx);
+    for (int c = 0; c < 6; ++c) {
+      double expect = c < visible ? std::exp(0.5 * xv[size_t(r * 6 + c)] - mx) / z : 0.0;
+      REQUIRE(yv[size_t(r * 6 + c)] == Approx(expect).margin(1e-12));
+    }
+  }
+  test::gradCheck([](const std::vector<Tensor>& in) { return scaledSoftmax(in[0], 0.5, true); },
+                  {test::randomDouble({2, 4, 6}, 81)});
+}

@@ -71,6 +71,8 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // ---- normalisation, softmax, layers -------------------------------------------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim = -1);
 Tensor logSoftmax(const Tensor& x, int64_t dim = -1);
+// softmax(scale * x) over the last dim of [..., S_q, S_k], causally masked when asked (see ops::scaledSoftmax).
+Tensor scaledSoftmax(const Tensor& x, double scale, bool causal);
 Tensor layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor rmsNorm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 Tensor embedding(const Tensor& weight, const Tensor& indices);

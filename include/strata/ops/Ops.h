@@ -79,6 +79,10 @@ Tensor softmax(const Tensor& x, int64_t dim = -1);
 Tensor logSoftmax(const Tensor& x, int64_t dim = -1);
 // y is the forward output (softmax or log-softmax).
 Tensor softmaxBackward(const Tensor& y, const Tensor& gy, int64_t dim, bool log);
+// Attention probabilities in one pass: softmax over the last dim of scale * x, where x is [..., S_q, S_k] and, when
+// causal, key j is hidden from query i if j > i + (S_k - S_q).
+Tensor scaledSoftmax(const Tensor& x, double scale, bool causal);
+Tensor scaledSoftmaxBackward(const Tensor& y, const Tensor& gy, double scale);
 
 struct NormResult {
   Tensor y, mean, rstd;  // mean and rstd are fp32 [rows]; mean is undefined for RMSNorm

@@ -7,7 +7,7 @@
 namespace strata::ops::cpu {
 namespace {
 
-void softmax(const Tensor& x, const Tensor& y, bool log) {
+void softmax(const Tensor& x, const Tensor& y, bool log, const SoftmaxOptions& o) {
   int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
   visitFloating(x.dtype(), "softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -18,22 +18,26 @@ void softmax(const Tensor& x, const Tensor& y, bool log) {
     for (int64_t n = 0; n < N; ++n) {
       const T* row = in + n * C;
       T* orow = out + n * C;
+      // Columns at or past `visible` are masked (causal); the rest are scaled.
+      int64_t visible = o.causalRows > 0 ? std::min<int64_t>(C, n % o.causalRows + o.causalShift + 1) : C;
+      const F scale = F(o.scale);
       F mx = -std::numeric_limits<F>::infinity();
-      for (int64_t c = 0; c < C; ++c) mx = std::max(mx, F(row[c]));
+      for (int64_t c = 0; c < visible; ++c) mx = std::max(mx, scale * F(row[c]));
       F sum = 0;
-      for (int64_t c = 0; c < C; ++c) sum += std::exp(F(row[c]) - mx);
+      for (int64_t c = 0; c < visible; ++c) sum += std::exp(scale * F(row[c]) - mx);
       if (log) {
         F lse = mx + std::log(sum);
-        for (int64_t c = 0; c < C; ++c) orow[c] = T(F(row[c]) - lse);
+        for (int64_t c = 0; c < C; ++c)
+          orow[c] = c < visible ? T(scale * F(row[c]) - lse) : T(-std::numeric_limits<F>::infinity());
       } else {
         F inv = F(1) / sum;
-        for (int64_t c = 0; c < C; ++c) orow[c] = T(std::exp(F(row[c]) - mx) * inv);
+        for (int64_t c = 0; c < C; ++c) orow[c] = c < visible ? T(std::exp(scale * F(row[c]) - mx) * inv) : T(F(0));
       }
     }
   });
 }
 
-void softmaxBackward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log) {
+void softmaxBackward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log, double scale) {
   int64_t C = y.size(-1), N = y.numel() / std::max<int64_t>(C, 1);
   visitFloating(y.dtype(), "softmax_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -48,8 +52,9 @@ void softmaxBackward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool l
       T* orow = op + n * C;
       F dot = 0;
       for (int64_t c = 0; c < C; ++c) dot += log ? F(gr[c]) : F(gr[c]) * F(yr[c]);
+      const F s = F(scale);
       for (int64_t c = 0; c < C; ++c)
-        orow[c] = log ? T(F(gr[c]) - std::exp(F(yr[c])) * dot) : T(F(yr[c]) * (F(gr[c]) - dot));
+        orow[c] = log ? T(s * (F(gr[c]) - std::exp(F(yr[c])) * dot)) : T(s * F(yr[c]) * (F(gr[c]) - dot));
     }
   });
 }

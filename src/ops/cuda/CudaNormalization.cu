@@ -30,7 +30,7 @@ void withRowPlan(int64_t packs, bool allowStream, const char* op, Fn&& fn, int64
   else STRATA_FAIL("{}: rows of {} packs are wider than the kernel supports (4096)", op, packs);
 }
 
-void softmax(const Tensor& x, const Tensor& y, bool log) {
+void softmax(const Tensor& x, const Tensor& y, bool log, const SoftmaxOptions& o) {
   DeviceGuard guard(x.device().index);
   int64_t C = x.size(-1), N = x.numel() / C;
   visitFloatingCuda(x.dtype(), "softmax", [&](auto tag) {
@@ -39,14 +39,15 @@ void softmax(const Tensor& x, const Tensor& y, bool log) {
     T* yp = static_cast<T*>(y.data());
     withPack<T>(C, {xp, yp}, [&]<int V>() {
       withRowPlan(C / V, true, "softmax", [&]<int P>(int threads) {
-        kernels::softmaxKernel<T, V, P><<<unsigned(N), threads, 0, streamOf(x)>>>(xp, yp, C, log);
+        kernels::softmaxKernel<T, V, P><<<unsigned(N), threads, 0, streamOf(x)>>>(xp, yp, C, log, float(o.scale),
+                                                                                    o.causalRows, o.causalShift);
       });
     });
     STRATA_CUDA_CHECK_LAUNCH();
   });
 }
 
-void softmaxBackward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log) {
+void softmaxBackward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log, double scale) {
   DeviceGuard guard(y.device().index);
   int64_t C = y.size(-1), N = y.numel() / C;
   visitFloatingCuda(y.dtype(), "softmax_backward", [&](auto tag) {
@@ -56,7 +57,8 @@ void softmaxBackward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool l
     T* op = static_cast<T*>(gx.data());
     withPack<T>(C, {yp, gp, op}, [&]<int V>() {
       withRowPlan(C / V, true, "softmax_backward", [&]<int P>(int threads) {
-        kernels::softmaxBackwardKernel<T, V, P><<<unsigned(N), threads, 0, streamOf(y)>>>(yp, gp, op, C, log);
+        kernels::softmaxBackwardKernel<T, V, P><<<unsigned(N), threads, 0, streamOf(y)>>>(yp, gp, op, C, log,
+                                                                                            float(scale));
       });
     });
     STRATA_CUDA_CHECK_LAUNCH();
