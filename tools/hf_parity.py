@@ -63,12 +63,87 @@ def compare(title, strata, logits, loss, grads):
     return ok
 
 
+MASK32 = 0xFFFFFFFF
+
+
+def philox4x32(counter, seed):
+    """Philox-4x32-10, as strata/core/Philox.h computes it (counter in words 0-1, key = seed)."""
+    c0, c1, c2, c3 = counter & MASK32, (counter >> 32) & MASK32, 0, 0
+    k0, k1 = seed & MASK32, (seed >> 32) & MASK32
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & MASK32, p1 & MASK32, ((p0 >> 32) ^ c3 ^ k1) & MASK32, p0 & MASK32
+        k0, k1 = (k0 + 0x9E3779B9) & MASK32, (k1 + 0xBB67AE85) & MASK32
+    return c0, c1, c2, c3
+
+
+def strata_batch(tokens, train_len, index, batch, seq, seed):
+    """The training batch Strata's TokenDataset::batch draws for batch number `index`."""
+    xs, ys = [], []
+    for b in range(batch):
+        r = philox4x32(index * batch + b, seed * 2)
+        start = ((r[0] << 32) | r[1]) % (train_len - seq - 1)
+        xs.append(tokens[start:start + seq])
+        ys.append(tokens[start + 1:start + seq + 1])
+    return torch.from_numpy(np.stack(xs).astype(np.int64)), torch.from_numpy(np.stack(ys).astype(np.int64))
+
+
+def training_curves(args, tmp, init_path, batch=4, seq=1024, lr=3e-4, seed=1234):
+    """Both train 200 steps in bf16 from the same initial weights on the same batches; losses agree within 2%."""
+    data = os.path.join(tmp, "curve.bin")
+    # A token stream with structure to learn: a repeated random 'vocabulary' of phrases.
+    rng = np.random.default_rng(1)
+    phrases = rng.integers(0, 2000, size=(500, 12))
+    tokens = phrases[rng.integers(0, 500, size=200_000)].reshape(-1).astype(np.uint16)
+    tokens.tofile(data)
+    out = os.path.join(tmp, "curve-strata")
+    steps = args.curve_steps
+    subprocess.run([args.strata, "train", args.config, "--set", f"data.path={data}", "--set", "data.format=nanogpt",
+                    "--set", "data.val_fraction=0.01", "--set", f"model.seq_length={seq}",
+                    "--set", f"train.micro_batch_size={batch}", "--set", f"train.global_batch_size={batch}",
+                    "--set", f"train.train_iters={steps}", "--set", "train.log_interval=1",
+                    "--set", "train.eval_interval=0", "--set", f"train.seed={seed}", "--set", "train.device=cuda",
+                    "--set", f"train.out_dir={out}", "--set", f"optimizer.lr={lr}", "--set", f"optimizer.min_lr={lr}",
+                    "--set", "lr_schedule.style=constant", "--set", "lr_schedule.warmup_iters=0",
+                    "--set", "precision.dtype=bf16"], check=True, stdout=subprocess.DEVNULL)
+    import json
+    strata_loss = [json.loads(l)["loss"] for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
+
+    model = hf_model()
+    model.load_state_dict(load_file(init_path), strict=False)
+    model.tie_weights()
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    train_len = len(tokens) - int(len(tokens) * 0.01)
+    hf_loss = []
+    for step in range(steps):
+        x, y = strata_batch(tokens, train_len, step, batch, seq, seed)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(input_ids=x.cuda()).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), y.cuda().reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        hf_loss.append(loss.item())
+    rel = [abs(a - b) / b for a, b in zip(strata_loss, hf_loss)]
+    print(f"training curves, {steps} bf16 steps: loss at 1/50/100/200 Strata "
+          f"{[round(strata_loss[i], 3) for i in (0, 49, 99, steps - 1)]} HF "
+          f"{[round(hf_loss[i], 3) for i in (0, 49, 99, steps - 1)]}; worst relative gap {max(rel):.2%} (<= 2%)")
+    return len(strata_loss) == steps and max(rel) <= 0.02
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", default="build/bench/gpt_parity")
     ap.add_argument("--config", default="configs/gpt2-124m.yaml")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--curve-steps", type=int, default=200)
+    ap.add_argument("--strata", default="build/strata")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -85,18 +160,20 @@ def main():
     model = hf_model()
     missing, unexpected = model.load_state_dict(load_file(exported), strict=False)
     assert not unexpected, unexpected
-    assert all(k == "lm_head.weight" or k.endswith("attn.bias") or k.endswith("masked_bias") for k in missing), missing
+    assert all(k == "lm_head.weight" or k.endswith(".attn.bias") or k.endswith(".attn.masked_bias") for k in missing), missing
     model.tie_weights()
     ok = compare("export (Strata init -> HF)", load_file(dump), *hf_run(model, tokens))
 
     # 2. HF's weights into Strata.
     fresh = hf_model()
     hf_weights = {k: v.detach().cpu().contiguous() for k, v in fresh.state_dict().items()
-                  if k.startswith("transformer.") and not k.endswith("attn.bias") and not k.endswith("masked_bias")}
+                  if k.startswith("transformer.") and not k.endswith(".attn.bias") and not k.endswith(".attn.masked_bias")}
     imported, dump2 = os.path.join(tmp, "hf_init.safetensors"), os.path.join(tmp, "strata_out2.safetensors")
     save_file(hf_weights, imported)
     subprocess.run(common + ["--import", imported, "--dump", dump2], check=True)
     ok &= compare("import (HF init -> Strata)", load_file(dump2), *hf_run(fresh, tokens))
+    if args.curve_steps > 0:
+        ok &= training_curves(args, tmp, exported)
     print("PARITY OK" if ok else "PARITY FAILED")
     sys.exit(0 if ok else 1)
 
