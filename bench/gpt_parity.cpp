@@ -1,8 +1,8 @@
 // One GPT forward and backward in fp32 for the PyTorch/HF parity check (tools/hf_parity.py).
 //   gpt_parity --config C --tokens F --batch B --seq T [--import HF.safetensors] [--export HF.safetensors]
 //              [--dump OUT.safetensors] [--device cuda]
-// tokens: raw int64 [B, T + 1]. The dump holds "logits" [B, T, V], "loss" [], and every parameter's gradient under
-// its HF name ("grad.<hf name>").
+// tokens: raw int64 [B, T + 1]. The dump holds "logits" [B, T, V], "loss" [], and every parameter's gradient
+// under its HF name ("grad.<hf name>").
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -21,14 +21,22 @@ int main(int argc, char** argv) {
   int64_t B = 2, T = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
-    if (a == "--config") config = v;
-    else if (a == "--tokens") tokens = v;
-    else if (a == "--import") importPath = v;
-    else if (a == "--export") exportPath = v;
-    else if (a == "--dump") dumpPath = v;
-    else if (a == "--device") device = v;
-    else if (a == "--batch") B = std::stoll(v);
-    else if (a == "--seq") T = std::stoll(v);
+    if (a == "--config")
+      config = v;
+    else if (a == "--tokens")
+      tokens = v;
+    else if (a == "--import")
+      importPath = v;
+    else if (a == "--export")
+      exportPath = v;
+    else if (a == "--dump")
+      dumpPath = v;
+    else if (a == "--device")
+      device = v;
+    else if (a == "--batch")
+      B = std::stoll(v);
+    else if (a == "--seq")
+      T = std::stoll(v);
   }
   try {
     train::Config c = train::loadConfig(config, {}, false);
@@ -68,7 +76,8 @@ int main(int argc, char** argv) {
     Tensor loss = crossEntropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
     backward(loss);
     train::NamedTensors dump{{"logits", logits.detach()}, {"loss", loss.detach()}};
-    for (auto& [name, p] : model->namedParameters()) dump.emplace_back("grad." + models::gptNameToHf(name), p.grad());
+    for (auto& [name, p] : model->namedParameters())
+      dump.emplace_back("grad." + models::gptNameToHf(name), p.grad());
     train::writeSafetensors(dumpPath, dump);
     std::printf("loss %.6f\n", loss.item());
   } catch (const Error& e) {

@@ -14,9 +14,12 @@ int main(int argc, char** argv) {
   DType dtype = DType::BF16;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--rows") rows = std::stoll(argv[i + 1]);
-    else if (a == "--cols") cols = std::stoll(argv[i + 1]);
-    else if (a == "--dtype") dtype = dtypeFromName(argv[i + 1]);
+    if (a == "--rows")
+      rows = std::stoll(argv[i + 1]);
+    else if (a == "--cols")
+      cols = std::stoll(argv[i + 1]);
+    else if (a == "--dtype")
+      dtype = dtypeFromName(argv[i + 1]);
   }
   if (!cudaAvailable()) {
     std::fprintf(stderr, "bench_memory needs a CUDA device\n");

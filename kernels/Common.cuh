@@ -1,8 +1,8 @@
 // Device-side building blocks shared by every kernel file.
 //
 // - Storage types map to device types (BFloat16 -> __nv_bfloat16, Half -> __half); arithmetic happens in the
-//   accumulate type (float, or double for f64) and results are rounded once on store, round-to-nearest-even, the
-//   same rounding as the host conversions in core/Half.h.
+//   accumulate type (float, or double for f64) and results are rounded once on store, round-to-nearest-even,
+//   the same rounding as the host conversions in core/Half.h.
 // - Vec<T, N>: an aligned N-element pack for 16-byte loads and stores.
 // - Warp and block reductions over float values (blockDim.x a multiple of 32, at most 1024).
 #pragma once
@@ -44,34 +44,56 @@ struct AccOf<double> {
 template <class T>
 using AccT = typename AccOf<T>::type;
 
-__device__ __forceinline__ float toAcc(float x) { return x; }
-__device__ __forceinline__ double toAcc(double x) { return x; }
-__device__ __forceinline__ float toAcc(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float toAcc(__half x) { return __half2float(x); }
+__device__ __forceinline__ float toAcc(float x) {
+  return x;
+}
+__device__ __forceinline__ double toAcc(double x) {
+  return x;
+}
+__device__ __forceinline__ float toAcc(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float toAcc(__half x) {
+  return __half2float(x);
+}
 
 template <class T>
 __device__ __forceinline__ T fromAcc(float x);
 template <>
-__device__ __forceinline__ float fromAcc<float>(float x) { return x; }
+__device__ __forceinline__ float fromAcc<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 fromAcc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 fromAcc<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 template <>
-__device__ __forceinline__ __half fromAcc<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half fromAcc<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <class T>
-__device__ __forceinline__ T fromAcc(double x) { return T(x); }
+__device__ __forceinline__ T fromAcc(double x) {
+  return T(x);
+}
 
 // Conversions between any two storage types, through double (floats) or directly (integers).
 template <class T>
 __device__ __forceinline__ double toDouble(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return double(__bfloat162float(x));
-  else if constexpr (std::is_same_v<T, __half>) return double(__half2float(x));
-  else return double(x);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return double(__bfloat162float(x));
+  else if constexpr (std::is_same_v<T, __half>)
+    return double(__half2float(x));
+  else
+    return double(x);
 }
 template <class T>
 __device__ __forceinline__ T fromDouble(double x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(float(x));
-  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(float(x));
-  else return T(x);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(float(x));
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(float(x));
+  else
+    return T(x);
 }
 
 template <class T, int N>

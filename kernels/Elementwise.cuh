@@ -1,9 +1,10 @@
-// Elementwise kernels: map (any functor of ElementwiseFunctors.h over N inputs), copy with dtype conversion, fill,
-// arange, Philox random and dropout.
+// Elementwise kernels: map (any functor of ElementwiseFunctors.h over N inputs), copy with dtype conversion,
+// fill, arange, Philox random and dropout.
 //
-// Layout: map and copy have a contiguous path (16-byte packs when every pointer is aligned, one element per thread
-// otherwise) and a strided path that decomposes a linear index over the coalesced dims (ops/Strided.h).
-// Parallelisation: a grid-stride loop over packs or elements; the launchers size the grid to the work.
+// Layout: map and copy have a contiguous path (16-byte packs when every pointer is aligned, one element per
+// thread otherwise) and a strided path that decomposes a linear index over the coalesced dims
+// (ops/Strided.h). Parallelisation: a grid-stride loop over packs or elements; the launchers size the grid to
+// the work.
 #pragma once
 
 #include <utility>
@@ -24,7 +25,8 @@ __device__ __forceinline__ A applyFunctor(const F& f, const A* vals, std::index_
   return f(vals[I]...);
 }
 
-// ---- map ----------------------------------------------------------------------------------------------------------
+// ---- map
+// ----------------------------------------------------------------------------------------------------------
 
 template <class F, class T, int N, int V>
 __global__ void mapPackedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_t n, F f) {
@@ -56,8 +58,8 @@ __global__ void mapPackedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_t
 }
 
 template <class F, class T, int N>
-__global__ void mapStridedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_t n, ops::StridedLayout<N + 1> layout,
-                                 F f) {
+__global__ void mapStridedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_t n,
+                                 ops::StridedLayout<N + 1> layout, F f) {
   using A = decltype(toAcc(T{}));
   int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -70,7 +72,8 @@ __global__ void mapStridedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_
   }
 }
 
-// ---- copy, fill, arange, random, dropout --------------------------------------------------------------------------
+// ---- copy, fill, arange, random, dropout
+// --------------------------------------------------------------------------
 
 template <class D, class S>
 __global__ void copyStridedKernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n,
@@ -109,8 +112,8 @@ __global__ void arangeKernel(T* __restrict__ out, int64_t n, double start, doubl
 }
 
 template <class T>
-__global__ void randomKernel(T* __restrict__ out, int64_t n, uint64_t seed, uint64_t offset, bool normal, float a,
-                             float b) {
+__global__ void randomKernel(T* __restrict__ out, int64_t n, uint64_t seed, uint64_t offset, bool normal,
+                             float a, float b) {
   int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     uint64_t idx = offset + uint64_t(i);
@@ -121,8 +124,8 @@ __global__ void randomKernel(T* __restrict__ out, int64_t n, uint64_t seed, uint
 }
 
 template <class T>
-__global__ void dropoutKernel(T* __restrict__ out, const T* __restrict__ in, int64_t n, float p, AccT<T> scale,
-                              uint64_t seed, uint64_t offset) {
+__global__ void dropoutKernel(T* __restrict__ out, const T* __restrict__ in, int64_t n, float p,
+                              AccT<T> scale, uint64_t seed, uint64_t offset) {
   int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     bool keep = philoxUniform(seed, offset + uint64_t(i)) >= p;

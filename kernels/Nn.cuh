@@ -2,7 +2,8 @@
 //
 // - embeddingKernel: one block per output row copies one weight row.
 // - embeddingBackwardKernel: one block per input row adds into an fp32 gradient with atomics (rows repeat).
-// - crossEntropyKernel: one block per row, online max/sum (one read of the row), writes loss, log-sum-exp and a
+// - crossEntropyKernel: one block per row, online max/sum (one read of the row), writes loss, log-sum-exp and
+// a
 //   valid flag. The backward recomputes softmax from the logits and the saved log-sum-exp, so no probability
 //   tensor outlives the forward.
 #pragma once
@@ -24,18 +25,19 @@ __global__ void embeddingKernel(const T* __restrict__ weight, const I* __restric
 }
 
 template <class T, class I>
-__global__ void embeddingBackwardKernel(const T* __restrict__ gy, const I* __restrict__ idx, float* __restrict__ gw,
-                                        int64_t C, int64_t V) {
+__global__ void embeddingBackwardKernel(const T* __restrict__ gy, const I* __restrict__ idx,
+                                        float* __restrict__ gw, int64_t C, int64_t V) {
   int64_t n = blockIdx.x;
   int64_t row = int64_t(idx[n]);
   if (row < 0 || row >= V) return;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(gw + row * C + c, float(toAcc(gy[n * C + c])));
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    atomicAdd(gw + row * C + c, float(toAcc(gy[n * C + c])));
 }
 
 template <class T, class I>
-__global__ void crossEntropyKernel(const T* __restrict__ logits, const I* __restrict__ target, float* __restrict__ loss,
-                                   float* __restrict__ lse, float* __restrict__ valid, int64_t V,
-                                   int64_t ignoreIndex) {
+__global__ void crossEntropyKernel(const T* __restrict__ logits, const I* __restrict__ target,
+                                   float* __restrict__ loss, float* __restrict__ lse,
+                                   float* __restrict__ valid, int64_t V, int64_t ignoreIndex) {
   __shared__ float sm[32], ss[32];
   const T* row = logits + int64_t(blockIdx.x) * V;
   MaxSum st{-INFINITY, 0.0f};

@@ -2,14 +2,17 @@
 // forward and backward.
 //
 // Layout: rows are split into V-element packs (16-byte loads when the row is aligned, V = 1 otherwise).
-// Parallelisation: one block per row (the norm backward strides blocks over rows), at most 512 threads. Variants:
-// - cached (P > 0): each thread holds its P packs of the row in registers, so HBM sees each input once and each
-//   output once; statistics are reduced across the block between the register passes. Used up to 1024 * P packs.
+// Parallelisation: one block per row (the norm backward strides blocks over rows), at most 512 threads.
+// Variants:
+// - cached (P > 0): each thread holds its P packs of the row in registers, so HBM sees each input once and
+// each
+//   output once; statistics are reduced across the block between the register passes. Used up to 1024 * P
+//   packs.
 // - streamed (P = 0): for rows too wide for registers; re-reads the row, which then mostly hits L2.
 // Softmax reduces the max first and then the sum of exponentials, one exp per element.
-// The norm backward also accumulates the weight/bias gradients of the columns a thread owns in registers across
-// the rows its block visits, and writes fp32 partials [gridDim.x, C]; the launcher sums them in a second pass, so
-// the result is deterministic.
+// The norm backward also accumulates the weight/bias gradients of the columns a thread owns in registers
+// across the rows its block visits, and writes fp32 partials [gridDim.x, C]; the launcher sums them in a
+// second pass, so the result is deterministic.
 #pragma once
 
 #include "kernels/Common.cuh"
@@ -32,9 +35,12 @@ __device__ __forceinline__ void storePack(T* p, int64_t i, const float (&in)[V])
 }
 
 // Index of this thread's p-th pack.
-__device__ __forceinline__ int64_t packIndex(int p) { return threadIdx.x + int64_t(p) * blockDim.x; }
+__device__ __forceinline__ int64_t packIndex(int p) {
+  return threadIdx.x + int64_t(p) * blockDim.x;
+}
 
-// ---- softmax ------------------------------------------------------------------------------------------------------
+// ---- softmax
+// ------------------------------------------------------------------------------------------------------
 
 // Scales a loaded pack and hides columns at or past `visible` (causal attention) behind -inf.
 template <int V>
@@ -45,8 +51,9 @@ __device__ __forceinline__ void scaleAndMask(float (&v)[V], int64_t pack, float 
 
 // softmax(scale * x) per row; with causalRows > 0, row r sees columns c <= r % causalRows + causalShift.
 template <class T, int V, int P>
-__global__ void __launch_bounds__(512) softmaxKernel(const T* __restrict__ x, T* __restrict__ y, int64_t C, bool log,
-                                                     float scale, int64_t causalRows, int64_t causalShift) {
+__global__ void __launch_bounds__(512)
+    softmaxKernel(const T* __restrict__ x, T* __restrict__ y, int64_t C, bool log, float scale,
+                  int64_t causalRows, int64_t causalShift) {
   __shared__ float scratch[32];
   const T* row = x + int64_t(blockIdx.x) * C;
   T* out = y + int64_t(blockIdx.x) * C;
@@ -119,19 +126,20 @@ __global__ void __launch_bounds__(512) softmaxKernel(const T* __restrict__ x, T*
 }
 
 template <class T, int V, int P>
-__global__ void __launch_bounds__(512) softmaxBackwardKernel(const T* __restrict__ y, const T* __restrict__ gy, T* __restrict__ gx,
-                                      int64_t C, bool log, float scale) {
+__global__ void __launch_bounds__(512)
+    softmaxBackwardKernel(const T* __restrict__ y, const T* __restrict__ gy, T* __restrict__ gx, int64_t C,
+                          bool log, float scale) {
   __shared__ float scratch[32];
   int64_t base = int64_t(blockIdx.x) * C;
   int64_t packs = C / V;
   constexpr int R = P > 0 ? P : 1;
   float yc[R][V], gc[R][V];
   float dot = 0.0f;
-  auto accumulate = [&](const float (&yv)[V], const float (&gv)[V]) {
+  auto accumulate = [&](const float(&yv)[V], const float(&gv)[V]) {
 #pragma unroll
     for (int j = 0; j < V; ++j) dot += log ? gv[j] : gv[j] * yv[j];
   };
-  auto finish = [&](const float (&yv)[V], float (&gv)[V]) {
+  auto finish = [&](const float(&yv)[V], float(&gv)[V]) {
 #pragma unroll
     for (int j = 0; j < V; ++j) gv[j] = scale * (log ? gv[j] - expf(yv[j]) * dot : yv[j] * (gv[j] - dot));
   };
@@ -166,12 +174,13 @@ __global__ void __launch_bounds__(512) softmaxBackwardKernel(const T* __restrict
   }
 }
 
-// ---- LayerNorm / RMSNorm forward ----------------------------------------------------------------------------------
+// ---- LayerNorm / RMSNorm forward
+// ----------------------------------------------------------------------------------
 
 template <class T, int V, int P>
-__global__ void __launch_bounds__(512) normKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                           T* __restrict__ y, float* __restrict__ meanOut, float* __restrict__ rstdOut, int64_t C,
-                           float eps, bool rms) {
+__global__ void __launch_bounds__(512)
+    normKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+               float* __restrict__ meanOut, float* __restrict__ rstdOut, int64_t C, float eps, bool rms) {
   __shared__ float scratch[32];
   int64_t base = int64_t(blockIdx.x) * C;
   int64_t packs = C / V;
@@ -229,13 +238,15 @@ __global__ void __launch_bounds__(512) normKernel(const T* __restrict__ x, const
   });
 }
 
-// ---- LayerNorm / RMSNorm backward ---------------------------------------------------------------------------------
+// ---- LayerNorm / RMSNorm backward
+// ---------------------------------------------------------------------------------
 
 template <class T, int V, int P, bool PARAMS>
-__global__ void __launch_bounds__(512) normBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
-                                   const float* __restrict__ meanIn, const float* __restrict__ rstdIn,
-                                   T* __restrict__ gx, float* __restrict__ gwPartial, float* __restrict__ gbPartial,
-                                   int64_t N, int64_t C, bool rms) {
+__global__ void __launch_bounds__(512)
+    normBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
+                       const float* __restrict__ meanIn, const float* __restrict__ rstdIn, T* __restrict__ gx,
+                       float* __restrict__ gwPartial, float* __restrict__ gbPartial, int64_t N, int64_t C,
+                       bool rms) {
   static_assert(P > 0, "the backward keeps its rows and parameter partials in registers");
   __shared__ float scratch[64];
   int64_t packs = C / V;

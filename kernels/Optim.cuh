@@ -1,9 +1,9 @@
 // Fused multi-tensor AdamW.
 //
-// The launcher cuts every tensor into chunks of kAdamChunk elements and passes one descriptor per chunk; block b
-// updates chunk b: param, m and v in place from the gradient times an optional device-side scale (clipping
-// coefficient), so one launch updates every parameter and no host sync is needed. float4 loads when all four
-// pointers of a chunk are 16-byte aligned.
+// The launcher cuts every tensor into chunks of kAdamChunk elements and passes one descriptor per chunk;
+// block b updates chunk b: param, m and v in place from the gradient times an optional device-side scale
+// (clipping coefficient), so one launch updates every parameter and no host sync is needed. float4 loads when
+// all four pointers of a chunk are 16-byte aligned.
 #pragma once
 
 #include "kernels/Common.cuh"
@@ -25,18 +25,21 @@ struct AdamParams {
   float lr, beta1, beta2, eps, c1, c2;  // c1, c2: inverse bias corrections
 };
 
-__device__ __forceinline__ void adamOne(float& p, float g, float& m, float& v, const AdamParams& h, float decay) {
+__device__ __forceinline__ void adamOne(float& p, float g, float& m, float& v, const AdamParams& h,
+                                        float decay) {
   m = h.beta1 * m + (1.0f - h.beta1) * g;
   v = h.beta2 * v + (1.0f - h.beta2) * g * g;
   p = p * decay - h.lr * (m * h.c1) / (sqrtf(v * h.c2) + h.eps);
 }
 
-__global__ void adamwKernel(const AdamChunk* __restrict__ chunks, AdamParams h, const float* __restrict__ gradScale) {
+__global__ void adamwKernel(const AdamChunk* __restrict__ chunks, AdamParams h,
+                            const float* __restrict__ gradScale) {
   AdamChunk c = chunks[blockIdx.x];
   float scale = gradScale ? gradScale[0] : 1.0f;
   float decay = 1.0f - h.lr * c.weightDecay;
   bool vec = ((reinterpret_cast<uintptr_t>(c.param) | reinterpret_cast<uintptr_t>(c.grad) |
-               reinterpret_cast<uintptr_t>(c.m) | reinterpret_cast<uintptr_t>(c.v)) & 15u) == 0;
+               reinterpret_cast<uintptr_t>(c.m) | reinterpret_cast<uintptr_t>(c.v)) &
+              15u) == 0;
   int64_t start = 0;
   if (vec) {
     int64_t n4 = c.n / 4;

@@ -2,10 +2,11 @@
 //
 // - B == 1 (rows): grid (A, splits), one block reduces a slice of one row: strided loads, warp shuffles, then
 //   shared memory across warps.
-// - B > 1 (columns): grid (ceil(B/(32 V)), A, splits), block (32, 8): each lane takes V consecutive columns (a
+// - B > 1 (columns): grid (ceil(B/(32 V)), A, splits), block (32, 8): each lane takes V consecutive columns
+// (a
 //   16-byte pack when aligned), the 8 rows of threads split R and combine in shared memory.
-// With splits > 1 each block writes a partial result to an fp32 [A, splits, B] buffer and the launcher reduces that
-// buffer in a second pass, so results are deterministic (no atomics).
+// With splits > 1 each block writes a partial result to an fp32 [A, splits, B] buffer and the launcher
+// reduces that buffer in a second pass, so results are deterministic (no atomics).
 #pragma once
 
 #include "kernels/Common.cuh"
@@ -28,7 +29,8 @@ __global__ void reduceRowsKernel(const T* __restrict__ in, U* __restrict__ out, 
   int64_t begin = split * chunk, end = min(R, begin + chunk);
   const T* row = in + a * R;
   float acc = Op::identity();
-  for (int64_t r = begin + threadIdx.x; r < end; r += blockDim.x) acc = Op::combine(acc, float(toAcc(row[r])));
+  for (int64_t r = begin + threadIdx.x; r < end; r += blockDim.x)
+    acc = Op::combine(acc, float(toAcc(row[r])));
   // Block reduction with the op.
   for (int o = 16; o > 0; o >>= 1) acc = Op::combine(acc, __shfl_xor_sync(0xffffffffu, acc, o));
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;

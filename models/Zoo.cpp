@@ -24,6 +24,8 @@ std::shared_ptr<nn::CausalLM> buildModel(const ModelSpec& s) {
   STRATA_FAIL("unknown model.arch '{}' (available: gpt)", s.arch);
 }
 
-std::vector<std::string> architectures() { return {"gpt"}; }
+std::vector<std::string> architectures() {
+  return {"gpt"};
+}
 
 }  // namespace strata::models

@@ -13,10 +13,10 @@ using Catch::Approx;
 
 // GPU tests carry the [cuda] tag and call this first: it skips (passes with a note) without a GPU.
 #include "strata/core/Device.h"
-#define STRATA_REQUIRE_CUDA()                               \
-  do {                                                      \
-    if (!::strata::cudaAvailable()) {                       \
-      WARN("no CUDA device: skipped");                      \
-      return;                                               \
-    }                                                       \
+#define STRATA_REQUIRE_CUDA()          \
+  do {                                 \
+    if (!::strata::cudaAvailable()) {  \
+      WARN("no CUDA device: skipped"); \
+      return;                          \
+    }                                  \
   } while (0)

@@ -12,7 +12,8 @@
 namespace strata::test {
 
 // Largest |a - b| / (atol + rtol |b|) over elements; <= 1 means close.
-inline double closeness(const std::vector<double>& a, const std::vector<double>& b, double atol, double rtol) {
+inline double closeness(const std::vector<double>& a, const std::vector<double>& b, double atol,
+                        double rtol) {
   REQUIRE(a.size() == b.size());
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -34,8 +35,8 @@ inline Tensor randomDouble(const Shape& shape, uint64_t seed, double low = -1.0,
   return ops::rand(shape, gen, DType::F64, Device::cpu(), low, high);
 }
 
-// Checks the analytic gradient of f against central differences, in f64 on the CPU. f's output is reduced to a
-// scalar through a fixed random projection so every output element contributes.
+// Checks the analytic gradient of f against central differences, in f64 on the CPU. f's output is reduced to
+// a scalar through a fixed random projection so every output element contributes.
 inline void gradCheck(const std::function<Tensor(const std::vector<Tensor>&)>& f, std::vector<Tensor> inputs,
                       double eps = 1e-6, double atol = 1e-6, double rtol = 1e-4) {
   for (auto& t : inputs) {

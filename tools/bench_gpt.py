@@ -86,8 +86,14 @@ def peer(layers, d, h, batch, iters, compile_model):
     torch.cuda.synchronize()
     dt = (time.time() - t0) / iters
     tok = batch * SEQ / dt
-    return dict(ms=dt * 1e3, tok=tok, tflops=tok * flops_per_token(n, layers, d) / 1e12,
-                mem=torch.cuda.max_memory_allocated() / 2**30, params=n)
+    result = dict(ms=dt * 1e3, tok=tok, tflops=tok * flops_per_token(n, layers, d) / 1e12,
+                  mem=torch.cuda.max_memory_allocated() / 2**30, params=n)
+    # Hand the memory back: the next Strata run is another process and needs the whole GPU.
+    del model, opt, step_model, x
+    import gc
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
 
 
 def strata(binary, cfg, batch, iters, data):

@@ -19,8 +19,9 @@ class BigramMlp : public strata::nn::CausalLM {
     strata::Generator gen(seed);
     embed_ = registerModule("embed", std::make_shared<strata::nn::Embedding>(
                                          strata::nn::EmbeddingConfig{vocab, dim, 0.02, device}, gen));
-    hidden_ = registerModule("hidden", std::make_shared<strata::nn::Linear>(
-                                           strata::nn::LinearConfig{2 * dim, 4 * dim, true, 0.02, device}, gen));
+    hidden_ =
+        registerModule("hidden", std::make_shared<strata::nn::Linear>(
+                                     strata::nn::LinearConfig{2 * dim, 4 * dim, true, 0.02, device}, gen));
     out_ = registerModule("out", std::make_shared<strata::nn::Linear>(
                                      strata::nn::LinearConfig{4 * dim, vocab, true, 0.02, device}, gen));
   }

@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "BigramMlp.h"
 #include <strata/train/Config.h>
 #include <strata/train/Trainer.h>
+#include "BigramMlp.h"
 
 int main(int argc, char** argv) {
   std::string config = argc > 1 && std::string(argv[1]).rfind("--", 0) != 0 ? argv[1] : STRATA_EXAMPLE_CONFIG;
@@ -16,10 +16,12 @@ int main(int argc, char** argv) {
   try {
     strata::train::Config c = strata::train::loadConfig(config, overrides);
     strata::Device device = strata::train::resolveDevice(c.train.device);
-    auto model = std::make_shared<example::BigramMlp>(c.model.vocabSize, c.model.hiddenSize, c.model.seqLength, device);
+    auto model = std::make_shared<example::BigramMlp>(c.model.vocabSize, c.model.hiddenSize,
+                                                      c.model.seqLength, device);
     strata::train::Trainer trainer(c, model);
     strata::train::TrainResult r = trainer.run();
-    std::printf("bigram MLP: %ld iterations, train loss %.3f, val loss %.3f\n", long(r.steps), r.trainLoss, r.valLoss);
+    std::printf("bigram MLP: %ld iterations, train loss %.3f, val loss %.3f\n", long(r.steps), r.trainLoss,
+                r.valLoss);
   } catch (const strata::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

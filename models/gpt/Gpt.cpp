@@ -21,29 +21,32 @@ double GptConfig::flopsPerToken() const {
 Gpt::Gpt(const GptConfig& config) : config_(config) {
   STRATA_CHECK(config.numLayers > 0, "model.num_layers must be positive, got {}", config.numLayers);
   STRATA_CHECK(config.hiddenSize % config.numHeads == 0,
-               "model.hidden_size ({}) must be divisible by model.num_attention_heads ({})", config.hiddenSize,
-               config.numHeads);
+               "model.hidden_size ({}) must be divisible by model.num_attention_heads ({})",
+               config.hiddenSize, config.numHeads);
   Generator gen(config.seed);
-  wte_ = registerModule("wte", std::make_shared<nn::Embedding>(
-                                   nn::EmbeddingConfig{config.vocabSize, config.hiddenSize, config.initStd, config.device},
-                                   gen));
-  wpe_ = registerModule("wpe", std::make_shared<nn::Embedding>(
-                                   nn::EmbeddingConfig{config.seqLength, config.hiddenSize, config.initStd, config.device},
-                                   gen));
+  wte_ = registerModule(
+      "wte",
+      std::make_shared<nn::Embedding>(
+          nn::EmbeddingConfig{config.vocabSize, config.hiddenSize, config.initStd, config.device}, gen));
+  wpe_ = registerModule(
+      "wpe",
+      std::make_shared<nn::Embedding>(
+          nn::EmbeddingConfig{config.seqLength, config.hiddenSize, config.initStd, config.device}, gen));
   blocks_ = registerModule("h", std::make_shared<nn::ModuleList>());
-  // GPT-2: residual projections start smaller, by 1/sqrt(2 * layers), so the residual stream's variance stays put.
+  // GPT-2: residual projections start smaller, by 1/sqrt(2 * layers), so the residual stream's variance stays
+  // put.
   double outStd = config.initStd / std::sqrt(2.0 * double(config.numLayers));
   for (int64_t i = 0; i < config.numLayers; ++i) {
     nn::TransformerBlockConfig b;
-    b.attention = nn::AttentionConfig{config.hiddenSize, config.numHeads, true,  false, config.bias,
+    b.attention = nn::AttentionConfig{config.hiddenSize, config.numHeads, true,   false,        config.bias,
                                       config.dropout,    config.initStd,  outStd, config.device};
-    b.mlp = nn::MlpConfig{config.hiddenSize, config.ffn(), config.bias, config.dropout, config.initStd, outStd,
-                          config.device};
+    b.mlp = nn::MlpConfig{config.hiddenSize, config.ffn(), config.bias,  config.dropout,
+                          config.initStd,    outStd,       config.device};
     b.layerNormEps = config.layerNormEps;
     blocks_->append(std::make_shared<nn::TransformerBlock>(b, gen));
   }
-  lnF_ = registerModule("ln_f", std::make_shared<nn::LayerNorm>(
-                                    nn::NormConfig{config.hiddenSize, config.layerNormEps, true, config.device}));
+  lnF_ = registerModule("ln_f", std::make_shared<nn::LayerNorm>(nn::NormConfig{
+                                    config.hiddenSize, config.layerNormEps, true, config.device}));
 }
 
 Tensor Gpt::hidden(const Tensor& ids, DType compute) {

@@ -1,6 +1,6 @@
 // GPT-2 / GPT-3 family: learned positions, pre-LN blocks, a final LayerNorm, and an LM head tied to the token
-// embedding. Parameter names follow nanoGPT ("wte.weight", "h.3.attn.qkv.weight", "ln_f.bias"), which map one to
-// one onto HF's GPT2LMHeadModel names (see models/gpt/GptHf.h).
+// embedding. Parameter names follow nanoGPT ("wte.weight", "h.3.attn.qkv.weight", "ln_f.bias"), which map one
+// to one onto HF's GPT2LMHeadModel names (see models/gpt/GptHf.h).
 #pragma once
 
 #include <memory>

@@ -16,7 +16,9 @@ const std::array<std::pair<const char*, const char*>, 6> kBlockNames = {{{"attn.
                                                                          {"ln_1.", "ln_1."},
                                                                          {"ln_2.", "ln_2."}}};
 
-bool startsWith(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool startsWith(const std::string& s, const std::string& p) {
+  return s.rfind(p, 0) == 0;
+}
 
 }  // namespace
 
@@ -26,7 +28,8 @@ std::string gptNameToHf(const std::string& name) {
     size_t dot = name.find('.', 2);
     std::string head = name.substr(0, dot + 1), rest = name.substr(dot + 1);
     for (const auto& [ours, theirs] : kBlockNames)
-      if (startsWith(rest, ours)) return "transformer." + head + theirs + rest.substr(std::string(ours).size());
+      if (startsWith(rest, ours))
+        return "transformer." + head + theirs + rest.substr(std::string(ours).size());
   }
   STRATA_FAIL("GPT parameter '{}' has no HF GPT-2 counterpart", name);
 }

@@ -1,5 +1,5 @@
-// Name mapping between Strata's GPT and HF transformers' GPT2LMHeadModel. Both store linear weights as [in, out]
-// (HF's Conv1D), so tensors map one to one without transposes; HF's lm_head.weight is tied to wte.
+// Name mapping between Strata's GPT and HF transformers' GPT2LMHeadModel. Both store linear weights as [in,
+// out] (HF's Conv1D), so tensors map one to one without transposes; HF's lm_head.weight is tied to wte.
 #pragma once
 
 #include <string>

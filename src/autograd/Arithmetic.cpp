@@ -9,8 +9,12 @@ using autograd::Grads;
 using autograd::participates;
 using autograd::recordFunction;
 
-Tensor zeros(const Shape& shape, DType dtype, Device device) { return ops::zeros(shape, dtype, device); }
-Tensor ones(const Shape& shape, DType dtype, Device device) { return ops::ones(shape, dtype, device); }
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  return ops::zeros(shape, dtype, device);
+}
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  return ops::ones(shape, dtype, device);
+}
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   return ops::full(shape, value, dtype, device);
 }
@@ -23,13 +27,19 @@ Tensor rand(const Shape& shape, DType dtype, Device device, Generator& gen) {
 Tensor randn(const Shape& shape, DType dtype, Device device, Generator& gen) {
   return ops::randn(shape, gen, dtype, device);
 }
-void manualSeed(uint64_t seed) { defaultGenerator().manualSeed(seed); }
+void manualSeed(uint64_t seed) {
+  defaultGenerator().manualSeed(seed);
+}
 
 namespace {
-// Saved tensors are detached: a saved tensor never keeps its own graph alive, and never forms a cycle with the node
-// that saves it.
-Tensor saved(const Tensor& t) { return t.defined() ? t.detach() : t; }
-bool need(const Tensor& t) { return participates(t); }
+// Saved tensors are detached: a saved tensor never keeps its own graph alive, and never forms a cycle with
+// the node that saves it.
+Tensor saved(const Tensor& t) {
+  return t.defined() ? t.detach() : t;
+}
+bool need(const Tensor& t) {
+  return participates(t);
+}
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
@@ -71,7 +81,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
   Shape shA = a.shape(), shB = b.shape();
   recordFunction("DivBackward", {a, b}, {out}, [=](const Grads& g) {
     Tensor ga = ops::div(g[0], sb);
-    return Grads{na ? ops::sumTo(ga, shA) : Tensor(), nb ? ops::sumTo(ops::neg(ops::mul(ga, so)), shB) : Tensor()};
+    return Grads{na ? ops::sumTo(ga, shA) : Tensor(),
+                 nb ? ops::sumTo(ops::neg(ops::mul(ga, so)), shB) : Tensor()};
   });
   return out;
 }
@@ -84,7 +95,8 @@ Tensor add(const Tensor& a, double b) {
 
 Tensor mul(const Tensor& a, double b) {
   Tensor out = ops::affine(a, b, 0.0);
-  recordFunction("MulScalarBackward", {a}, {out}, [b](const Grads& g) { return Grads{ops::affine(g[0], b, 0.0)}; });
+  recordFunction("MulScalarBackward", {a}, {out},
+                 [b](const Grads& g) { return Grads{ops::affine(g[0], b, 0.0)}; });
   return out;
 }
 
@@ -120,8 +132,9 @@ Tensor rsqrt(const Tensor& x) {
   Tensor out = ops::rsqrt(x);
   Tensor y = saved(out);
   // d/dx x^{-1/2} = -1/2 y^3
-  recordFunction("RsqrtBackward", {x}, {out},
-                 [y](const Grads& g) { return Grads{ops::mul(ops::affine(g[0], -0.5, 0.0), ops::pow(y, 3.0))}; });
+  recordFunction("RsqrtBackward", {x}, {out}, [y](const Grads& g) {
+    return Grads{ops::mul(ops::affine(g[0], -0.5, 0.0), ops::pow(y, 3.0))};
+  });
   return out;
 }
 
@@ -136,28 +149,32 @@ Tensor pow(const Tensor& x, double exponent) {
 Tensor tanh(const Tensor& x) {
   Tensor out = ops::tanh(x);
   Tensor y = saved(out);
-  recordFunction("TanhBackward", {x}, {out}, [y](const Grads& g) { return Grads{ops::tanhBackward(g[0], y)}; });
+  recordFunction("TanhBackward", {x}, {out},
+                 [y](const Grads& g) { return Grads{ops::tanhBackward(g[0], y)}; });
   return out;
 }
 
 Tensor sigmoid(const Tensor& x) {
   Tensor out = ops::sigmoid(x);
   Tensor y = saved(out);
-  recordFunction("SigmoidBackward", {x}, {out}, [y](const Grads& g) { return Grads{ops::sigmoidBackward(g[0], y)}; });
+  recordFunction("SigmoidBackward", {x}, {out},
+                 [y](const Grads& g) { return Grads{ops::sigmoidBackward(g[0], y)}; });
   return out;
 }
 
 Tensor relu(const Tensor& x) {
   Tensor out = ops::relu(x);
   Tensor sx = saved(x);
-  recordFunction("ReluBackward", {x}, {out}, [sx](const Grads& g) { return Grads{ops::reluBackward(g[0], sx)}; });
+  recordFunction("ReluBackward", {x}, {out},
+                 [sx](const Grads& g) { return Grads{ops::reluBackward(g[0], sx)}; });
   return out;
 }
 
 Tensor silu(const Tensor& x) {
   Tensor out = ops::silu(x);
   Tensor sx = saved(x);
-  recordFunction("SiluBackward", {x}, {out}, [sx](const Grads& g) { return Grads{ops::siluBackward(g[0], sx)}; });
+  recordFunction("SiluBackward", {x}, {out},
+                 [sx](const Grads& g) { return Grads{ops::siluBackward(g[0], sx)}; });
   return out;
 }
 
@@ -188,15 +205,35 @@ Tensor maskedFill(const Tensor& x, const Tensor& mask, double value) {
   return where(mask, full({}, value, x.dtype(), x.device()), x);
 }
 
-Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-Tensor operator+(const Tensor& a, double b) { return add(a, b); }
-Tensor operator-(const Tensor& a, double b) { return add(a, -b); }
-Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
-Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
-Tensor operator/(const Tensor& a, double b) { return mul(a, 1.0 / b); }
-Tensor operator-(const Tensor& x) { return neg(x); }
+Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+Tensor operator+(const Tensor& a, double b) {
+  return add(a, b);
+}
+Tensor operator-(const Tensor& a, double b) {
+  return add(a, -b);
+}
+Tensor operator*(const Tensor& a, double b) {
+  return mul(a, b);
+}
+Tensor operator*(double a, const Tensor& b) {
+  return mul(b, a);
+}
+Tensor operator/(const Tensor& a, double b) {
+  return mul(a, 1.0 / b);
+}
+Tensor operator-(const Tensor& x) {
+  return neg(x);
+}
 
 }  // namespace strata

@@ -54,7 +54,8 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   for (const auto& t : inputs) node->nextEdges().push_back(autograd::gradientEdge(t));
   for (size_t i = 0; i < outputs.size(); ++i) {
     outputs[i] = outputs[i].detach();
-    node->outputs().push_back(autograd::OutputMeta{outputs[i].shape(), outputs[i].dtype(), outputs[i].device()});
+    node->outputs().push_back(
+        autograd::OutputMeta{outputs[i].shape(), outputs[i].dtype(), outputs[i].device()});
     if (!isFloating(outputs[i].dtype())) continue;
     auto& meta = outputs[i].impl().autograd;
     meta.gradFn = node;

@@ -28,8 +28,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     Tensor g;
     if (!grads.empty() && grads[i].defined()) {
       g = grads[i];
-      STRATA_CHECK(g.shape() == r.shape(), "backward: gradient {} has shape {}, root has {}", i, toString(g.shape()),
-                   toString(r.shape()));
+      STRATA_CHECK(g.shape() == r.shape(), "backward: gradient {} has shape {}, root has {}", i,
+                   toString(g.shape()), toString(r.shape()));
     } else {
       STRATA_CHECK(r.numel() == 1, "backward: root {} of shape {} needs an explicit gradient", i,
                    toString(r.shape()));
@@ -66,7 +66,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   auto later = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
     return a->sequenceNr() < b->sequenceNr();
   };
-  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later)> ready(later);
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later)> ready(
+      later);
   std::unordered_set<Node*> queued;
   for (size_t i = 0; i < rootEdges.size(); ++i) accumulate(rootEdges[i], rootGrads[i]);
   for (const auto& e : rootEdges)

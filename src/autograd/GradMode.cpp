@@ -5,7 +5,11 @@ namespace {
 thread_local bool tGradEnabled = true;
 }
 
-bool gradEnabled() { return tGradEnabled; }
-void setGradEnabled(bool enabled) { tGradEnabled = enabled; }
+bool gradEnabled() {
+  return tGradEnabled;
+}
+void setGradEnabled(bool enabled) {
+  tGradEnabled = enabled;
+}
 
 }  // namespace strata

@@ -12,7 +12,9 @@ using autograd::participates;
 using autograd::recordFunction;
 
 namespace {
-Tensor saved(const Tensor& t) { return t.defined() ? t.detach() : t; }
+Tensor saved(const Tensor& t) {
+  return t.defined() ? t.detach() : t;
+}
 Tensor transposeLast(const Tensor& t) {
   std::vector<int64_t> perm(static_cast<size_t>(t.dim()));
   for (size_t i = 0; i < perm.size(); ++i) perm[i] = int64_t(i);
@@ -152,7 +154,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   int64_t d = wrapDim(dim, x.dim(), "split");
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
-  STRATA_CHECK(total == x.size(d), "split: sizes add up to {} but dimension {} has size {}", total, d, x.size(d));
+  STRATA_CHECK(total == x.size(d), "split: sizes add up to {} but dimension {} has size {}", total, d,
+               x.size(d));
   std::vector<Tensor> parts;
   int64_t offset = 0;
   for (int64_t s : sizes) {
@@ -165,21 +168,22 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                                  double dropoutP, bool training, double scale, Generator& gen) {
   STRATA_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-               "attention: q, k, v must be [B, H, S, D]; got {}, {}, {}", toString(q.shape()), toString(k.shape()),
-               toString(v.shape()));
+               "attention: q, k, v must be [B, H, S, D]; got {}, {}, {}", toString(q.shape()),
+               toString(k.shape()), toString(v.shape()));
   int64_t B = q.size(0), Sq = q.size(2), Sk = k.size(2), D = q.size(3);
   double s = scale > 0 ? scale : 1.0 / std::sqrt(double(D));
   Tensor scores = matmul(q, k.transpose(-1, -2));
-  // Scale and causal mask are applied inside the softmax kernel (one pass over the scores) unless an additive bias
-  // has to come first.
+  // Scale and causal mask are applied inside the softmax kernel (one pass over the scores) unless an additive
+  // bias has to come first.
   double softmaxScale = s;
   if (mask.bias.defined()) {
     scores = scores * s + mask.bias;
     softmaxScale = 1.0;
   }
   if (mask.keyPadding.defined()) {
-    STRATA_CHECK(mask.keyPadding.shape() == Shape({B, Sk}), "attention: key padding mask must be [{}, {}], got {}",
-                 B, Sk, toString(mask.keyPadding.shape()));
+    STRATA_CHECK(mask.keyPadding.shape() == Shape({B, Sk}),
+                 "attention: key padding mask must be [{}, {}], got {}", B, Sk,
+                 toString(mask.keyPadding.shape()));
     Tensor pad = detail::viewRaw(ops::contiguous(mask.keyPadding), {B, 1, 1, Sk});
     scores = maskedFill(scores, pad, -INFINITY);
   }

@@ -11,14 +11,16 @@ std::atomic<uint64_t> gNextSequenceNr{0};
 Node::Node(std::string name) : name_(std::move(name)), sequenceNr_(gNextSequenceNr.fetch_add(1)) {}
 
 Grads FunctionNode::apply(Grads&& gradOutputs) {
-  STRATA_CHECK(fn_ != nullptr,
-               "{}: trying to run backward through the graph a second time, but its saved tensors were freed; "
-               "pass retainGraph=true to the first backward",
-               name());
+  STRATA_CHECK(
+      fn_ != nullptr,
+      "{}: trying to run backward through the graph a second time, but its saved tensors were freed; "
+      "pass retainGraph=true to the first backward",
+      name());
   return fn_(gradOutputs);
 }
 
-AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : Node("AccumulateGrad"), leaf_(std::move(leaf)) {}
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
+    : Node("AccumulateGrad"), leaf_(std::move(leaf)) {}
 
 Grads AccumulateGrad::apply(Grads&& gradOutputs) {
   Tensor leaf(leaf_);
@@ -28,8 +30,8 @@ Grads AccumulateGrad::apply(Grads&& gradOutputs) {
     Tensor replaced = hook(g);
     if (replaced.defined()) g = replaced;
   }
-  STRATA_CHECK(g.shape() == leaf.shape(), "gradient of shape {} for leaf '{}' of shape {}", toString(g.shape()),
-               leaf.name(), toString(leaf.shape()));
+  STRATA_CHECK(g.shape() == leaf.shape(), "gradient of shape {} for leaf '{}' of shape {}",
+               toString(g.shape()), leaf.name(), toString(leaf.shape()));
   if (g.dtype() != leaf.dtype() || g.device() != leaf.device()) g = ops::to(g, leaf.device(), leaf.dtype());
   Tensor existing = leaf.grad();
   // Accumulation is out of place: a gradient tensor may be shared with other leaves or saved elsewhere.

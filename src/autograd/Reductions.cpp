@@ -21,7 +21,9 @@ Shape keptShape(const Tensor& x, const std::vector<int64_t>& dims) {
 }
 
 // g (shaped as the reduction's output) viewed with the reduced dims kept as size 1.
-Tensor unsqueezeReduced(const Tensor& g, const Shape& kept) { return detail::viewRaw(ops::contiguous(g), kept); }
+Tensor unsqueezeReduced(const Tensor& g, const Shape& kept) {
+  return detail::viewRaw(ops::contiguous(g), kept);
+}
 
 }  // namespace
 

@@ -25,7 +25,9 @@ Tensor recordView(const char* name, const Tensor& in, Tensor out) {
 
 }  // namespace
 
-Tensor Tensor::view(const Shape& shape) const { return recordView("ViewBackward", *this, detail::viewRaw(*this, shape)); }
+Tensor Tensor::view(const Shape& shape) const {
+  return recordView("ViewBackward", *this, detail::viewRaw(*this, shape));
+}
 
 Tensor Tensor::reshape(const Shape& shape) const {
   Shape target = detail::inferShape(shape, numel());
@@ -65,16 +67,21 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   return out;
 }
 
-Tensor Tensor::select(int64_t d, int64_t index) const { return narrow(d, index, 1).squeeze(d); }
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  return narrow(d, index, 1).squeeze(d);
+}
 
 Tensor Tensor::expand(const Shape& shape) const {
   Tensor out = detail::expandRaw(*this, shape);
   Shape inShape = this->shape();
-  recordFunction("ExpandBackward", {*this}, {out}, [inShape](const Grads& g) { return Grads{ops::sumTo(g[0], inShape)}; });
+  recordFunction("ExpandBackward", {*this}, {out},
+                 [inShape](const Grads& g) { return Grads{ops::sumTo(g[0], inShape)}; });
   return out;
 }
 
-Tensor Tensor::squeeze(int64_t d) const { return recordView("SqueezeBackward", *this, detail::squeezeRaw(*this, d)); }
+Tensor Tensor::squeeze(int64_t d) const {
+  return recordView("SqueezeBackward", *this, detail::squeezeRaw(*this, d));
+}
 
 Tensor Tensor::unsqueeze(int64_t d) const {
   return recordView("UnsqueezeBackward", *this, detail::unsqueezeRaw(*this, d));
@@ -109,8 +116,12 @@ Tensor Tensor::to(Device device, DType dtype) const {
   return out;
 }
 
-Tensor Tensor::to(Device device) const { return to(device, dtype()); }
-Tensor Tensor::to(DType dtype) const { return to(device(), dtype); }
+Tensor Tensor::to(Device device) const {
+  return to(device, dtype());
+}
+Tensor Tensor::to(DType dtype) const {
+  return to(device(), dtype);
+}
 
 Tensor Tensor::clone() const {
   Tensor out = ops::emptyLike(*this);

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "strata/core/Error.h"
 #include "core/cuda/CudaContext.h"
+#include "strata/core/Error.h"
 
 namespace strata {
 namespace {
@@ -74,7 +74,8 @@ Allocator& deviceAllocator(Device device) {
 #endif
 }
 
-// ---- CachingAllocator ---------------------------------------------------------------------------------------------
+// ---- CachingAllocator
+// ---------------------------------------------------------------------------------------------
 
 CachingAllocator::CachingAllocator(Device device, RawMemory raw, std::string name)
     : device_(device), raw_(std::move(raw)), name_(std::move(name)) {}
@@ -95,7 +96,8 @@ void* CachingAllocator::allocate(size_t bytes) {
   size_t size = roundSize(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.numAllocations++;
-  // Best fit among cached blocks, but never hand out a block more than twice the request: that would strand memory.
+  // Best fit among cached blocks, but never hand out a block more than twice the request: that would strand
+  // memory.
   auto it = freeBlocks_.lower_bound(size);
   if (it != freeBlocks_.end() && it->first <= 2 * size) {
     void* p = it->second;
@@ -165,7 +167,8 @@ void CachingAllocator::releaseCachedLocked() {
   freeBlocks_.clear();
 }
 
-// ---- PinnedHostPool -----------------------------------------------------------------------------------------------
+// ---- PinnedHostPool
+// -----------------------------------------------------------------------------------------------
 
 namespace {
 RawMemory pinnedOrAligned(bool& pageLocked) {
@@ -199,30 +202,41 @@ PinnedHostPool::~PinnedHostPool() = default;
 void* PinnedHostPool::allocate(size_t bytes) {
   size_t size = CachingAllocator::roundSize(bytes);
   AllocatorStats s = cache_.stats();
-  STRATA_CHECK(s.allocatedBytes + size <= capacity_,
-               "pinned host pool exhausted: {} bytes requested, {} of {} bytes in use; raise the pool capacity "
-               "(zero_optimization.buffer_count or store.host_budget_gb) or free staging buffers",
-               bytes, s.allocatedBytes, capacity_);
+  STRATA_CHECK(
+      s.allocatedBytes + size <= capacity_,
+      "pinned host pool exhausted: {} bytes requested, {} of {} bytes in use; raise the pool capacity "
+      "(zero_optimization.buffer_count or store.host_budget_gb) or free staging buffers",
+      bytes, s.allocatedBytes, capacity_);
   // Growing past the capacity: trade the cached blocks for the new size.
   if (!cache_.hasCachedFit(bytes) && s.reservedBytes + size > capacity_) cache_.emptyCache();
   return cache_.allocate(bytes);
 }
 
-void PinnedHostPool::deallocate(void* ptr) { cache_.deallocate(ptr); }
+void PinnedHostPool::deallocate(void* ptr) {
+  cache_.deallocate(ptr);
+}
 
-AllocatorStats PinnedHostPool::stats() const { return cache_.stats(); }
+AllocatorStats PinnedHostPool::stats() const {
+  return cache_.stats();
+}
 
-// ---- SlotArena ----------------------------------------------------------------------------------------------------
+// ---- SlotArena
+// ----------------------------------------------------------------------------------------------------
 
 SlotArena::SlotArena(Allocator& backing, size_t slotBytes, size_t numSlots)
-    : backing_(backing), slotBytes_((slotBytes + 255) / 256 * 256), numSlots_(numSlots), inUse_(numSlots, false) {
+    : backing_(backing),
+      slotBytes_((slotBytes + 255) / 256 * 256),
+      numSlots_(numSlots),
+      inUse_(numSlots, false) {
   STRATA_CHECK(slotBytes > 0 && numSlots > 0, "slot arena needs a positive slot size and count");
   base_ = static_cast<char*>(backing_.allocate(slotBytes_ * numSlots_));
   free_.reserve(numSlots_);
   for (size_t i = numSlots_; i-- > 0;) free_.push_back(int(i));  // acquire() hands out slot 0 first
 }
 
-SlotArena::~SlotArena() { backing_.deallocate(base_); }
+SlotArena::~SlotArena() {
+  backing_.deallocate(base_);
+}
 
 int SlotArena::acquire() {
   if (free_.empty()) return -1;

@@ -8,14 +8,18 @@
 
 namespace strata {
 
-const char* deviceTypeName(DeviceType t) { return t == DeviceType::CPU ? "cpu" : "cuda"; }
+const char* deviceTypeName(DeviceType t) {
+  return t == DeviceType::CPU ? "cpu" : "cuda";
+}
 
 std::string toString(Device d) {
   if (d.isCpu()) return "cpu";
   return "cuda:" + std::to_string(d.index);
 }
 
-std::ostream& operator<<(std::ostream& os, Device d) { return os << toString(d); }
+std::ostream& operator<<(std::ostream& os, Device d) {
+  return os << toString(d);
+}
 
 Device Device::parse(const std::string& text) {
   if (text == "cpu") return cpu();
@@ -29,7 +33,9 @@ Device Device::parse(const std::string& text) {
   STRATA_FAIL("unknown device '{}' (expected cpu, cuda or cuda:N)", text);
 }
 
-bool builtWithCuda() { return STRATA_CUDA != 0; }
+bool builtWithCuda() {
+  return STRATA_CUDA != 0;
+}
 
 std::string deviceName(Device d) {
   if (d.isCpu()) return "cpu";

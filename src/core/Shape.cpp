@@ -22,7 +22,8 @@ Shape contiguousStrides(const Shape& shape) {
 
 int64_t wrapDim(int64_t dim, int64_t ndim, const char* op) {
   int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
-  STRATA_CHECK(dim >= lo && dim <= hi, "{}: dimension {} out of range for a tensor of {} dims", op, dim, ndim);
+  STRATA_CHECK(dim >= lo && dim <= hi, "{}: dimension {} out of range for a tensor of {} dims", op, dim,
+               ndim);
   return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
 }
 
@@ -32,7 +33,8 @@ Shape broadcastShapes(const Shape& a, const Shape& b) {
   for (size_t i = 0; i < n; ++i) {
     int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    STRATA_CHECK(da == db || da == 1 || db == 1, "shapes {} and {} do not broadcast", toString(a), toString(b));
+    STRATA_CHECK(da == db || da == 1 || db == 1, "shapes {} and {} do not broadcast", toString(a),
+                 toString(b));
     out[i] = da == 1 ? db : da;
   }
   return out;

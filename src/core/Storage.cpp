@@ -9,12 +9,16 @@ StorageImpl::StorageImpl(size_t bytes, Allocator& allocator)
   data_ = bytes > 0 ? allocator.allocate(bytes) : nullptr;
 }
 
-StorageImpl::StorageImpl(void* data, size_t bytes, Device device) : data_(data), bytes_(bytes), device_(device) {}
+StorageImpl::StorageImpl(void* data, size_t bytes, Device device)
+    : data_(data), bytes_(bytes), device_(device) {}
 
-StorageImpl::~StorageImpl() { releaseOwned(); }
+StorageImpl::~StorageImpl() {
+  releaseOwned();
+}
 
 void* StorageImpl::data() const {
-  STRATA_CHECK(data_ != nullptr || bytes_ == 0, "storage '{}' ({} bytes) is not resident: gather its chunk first",
+  STRATA_CHECK(data_ != nullptr || bytes_ == 0,
+               "storage '{}' ({} bytes) is not resident: gather its chunk first",
                label_.empty() ? std::string("<unnamed>") : label_, bytes_);
   return data_;
 }

@@ -2,8 +2,8 @@
 
 #include <unordered_map>
 
-#include "strata/core/Error.h"
 #include "core/cuda/CudaContext.h"
+#include "strata/core/Error.h"
 
 namespace strata {
 
@@ -60,7 +60,9 @@ Event::~Event() {
 #endif
 }
 
-Event::Event(Event&& o) noexcept : device_(o.device_), event_(o.event_), hostTime_(o.hostTime_) { o.event_ = nullptr; }
+Event::Event(Event&& o) noexcept : device_(o.device_), event_(o.event_), hostTime_(o.hostTime_) {
+  o.event_ = nullptr;
+}
 
 Event& Event::operator=(Event&& o) noexcept {
   std::swap(device_, o.device_);
@@ -74,7 +76,8 @@ void Event::record(const Stream& stream) {
                toString(stream.device()));
   hostTime_ = std::chrono::steady_clock::now();
 #if STRATA_CUDA
-  if (event_) STRATA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), cuda::nativeStream(stream)));
+  if (event_)
+    STRATA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), cuda::nativeStream(stream)));
 #endif
 }
 
@@ -108,7 +111,8 @@ float Event::elapsedMs(const Event& end) const {
 #if STRATA_CUDA
   if (event_ && end.event_) {
     float ms = 0;
-    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(event_), static_cast<cudaEvent_t>(end.event_)));
+    STRATA_CUDA_CHECK(
+        cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(event_), static_cast<cudaEvent_t>(end.event_)));
     return ms;
   }
 #endif
@@ -116,7 +120,8 @@ float Event::elapsedMs(const Event& end) const {
 }
 
 DeviceStreams DeviceStreams::create(Device device) {
-  return DeviceStreams{Stream::create(device), Stream::create(device), Stream::create(device), Stream::create(device)};
+  return DeviceStreams{Stream::create(device), Stream::create(device), Stream::create(device),
+                       Stream::create(device)};
 }
 
 namespace {
@@ -124,7 +129,9 @@ std::unordered_map<int, Stream>& streamOverrides() {
   thread_local std::unordered_map<int, Stream> overrides;
   return overrides;
 }
-int overrideKey(Device d) { return d.isCpu() ? -1 : d.index; }
+int overrideKey(Device d) {
+  return d.isCpu() ? -1 : d.index;
+}
 }  // namespace
 
 Stream currentStream(Device device) {

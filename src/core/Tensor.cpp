@@ -1,5 +1,5 @@
-// Core Tensor: construction, properties, host import/export, raw views. The differentiable view methods live in
-// src/autograd/Views.cpp.
+// Core Tensor: construction, properties, host import/export, raw views. The differentiable view methods live
+// in src/autograd/Views.cpp.
 #include "strata/core/Tensor.h"
 
 #include <algorithm>
@@ -20,7 +20,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(std::move(impl));
 }
 
-Tensor Tensor::fromStorage(Storage storage, const Shape& shape, const Shape& strides, int64_t offset, DType dtype) {
+Tensor Tensor::fromStorage(Storage storage, const Shape& shape, const Shape& strides, int64_t offset,
+                           DType dtype) {
   STRATA_CHECK(shape.size() == strides.size(), "shape {} and strides {} differ in rank", toString(shape),
                toString(strides));
   auto impl = std::make_shared<TensorImpl>();
@@ -74,15 +75,19 @@ void copyBytes(void* dst, Device dstDevice, const void* src, Device srcDevice, s
 }
 
 Tensor Tensor::fromHost(const void* data, DType dtype, size_t count, const Shape& shape, Device device) {
-  STRATA_CHECK(int64_t(count) == numelOf(shape), "{} values given for shape {} ({} elements)", count, toString(shape),
-               numelOf(shape));
+  STRATA_CHECK(int64_t(count) == numelOf(shape), "{} values given for shape {} ({} elements)", count,
+               toString(shape), numelOf(shape));
   Tensor t = empty(shape, dtype, device);
   copyBytes(t.data(), device, data, Device::cpu(), count * dtypeSize(dtype));
   return t;
 }
 
-int64_t Tensor::size(int64_t d) const { return impl().shape[size_t(wrapDim(d, dim(), "size"))]; }
-int64_t Tensor::stride(int64_t d) const { return impl().strides[size_t(wrapDim(d, dim(), "stride"))]; }
+int64_t Tensor::size(int64_t d) const {
+  return impl().shape[size_t(wrapDim(d, dim(), "size"))];
+}
+int64_t Tensor::stride(int64_t d) const {
+  return impl().strides[size_t(wrapDim(d, dim(), "stride"))];
+}
 
 bool Tensor::isContiguous() const {
   const auto& sh = shape();
@@ -107,8 +112,10 @@ void Tensor::copyToHost(void* dst, DType dstType) const {
   int64_t lo = 0, hi = 0;
   for (size_t d = 0; d < shape().size(); ++d) {
     int64_t ext = (shape()[d] - 1) * strides()[d];
-    if (ext < 0) lo += ext;
-    else hi += ext;
+    if (ext < 0)
+      lo += ext;
+    else
+      hi += ext;
   }
   size_t esz = dtypeSize(dtype());
   std::vector<char> span(size_t(hi - lo + 1) * esz);
@@ -155,8 +162,8 @@ void Tensor::setGrad(const Tensor& grad) const {
     impl().autograd.grad.reset();
     return;
   }
-  STRATA_CHECK(grad.shape() == shape(), "gradient shape {} does not match tensor shape {}", toString(grad.shape()),
-               toString(shape()));
+  STRATA_CHECK(grad.shape() == shape(), "gradient shape {} does not match tensor shape {}",
+               toString(grad.shape()), toString(shape()));
   impl().autograd.grad = std::make_shared<Tensor>(grad);
 }
 
@@ -165,7 +172,8 @@ Tensor Tensor::detach() const {
 }
 
 void Tensor::registerGradHook(std::function<Tensor(const Tensor&)> hook) const {
-  STRATA_CHECK(requiresGrad() || !isLeaf(), "registering a gradient hook on a tensor that does not require grad");
+  STRATA_CHECK(requiresGrad() || !isLeaf(),
+               "registering a gradient hook on a tensor that does not require grad");
   impl().autograd.gradHooks.push_back(std::move(hook));
 }
 
@@ -209,8 +217,8 @@ Shape inferShape(const Shape& shape, int64_t numel) {
     }
   }
   if (inferAt >= 0) {
-    STRATA_CHECK(known > 0 && numel % known == 0, "view: cannot infer -1 in {} for {} elements", toString(shape),
-                 numel);
+    STRATA_CHECK(known > 0 && numel % known == 0, "view: cannot infer -1 in {} for {} elements",
+                 toString(shape), numel);
     out[size_t(inferAt)] = numel / known;
   }
   STRATA_CHECK(numelOf(out) == numel, "view: shape {} does not hold {} elements", toString(out), numel);
@@ -226,7 +234,8 @@ Shape computeViewStrides(const Shape& oldShape, const Shape& oldStrides, const S
   int64_t tensorNumel = 1, viewNumel = 1;
   for (int64_t d = int64_t(oldShape.size()) - 1; d >= 0; --d) {
     tensorNumel *= oldShape[size_t(d)];
-    if (d == 0 || (oldShape[size_t(d - 1)] != 1 && oldStrides[size_t(d - 1)] != tensorNumel * chunkBaseStride)) {
+    if (d == 0 ||
+        (oldShape[size_t(d - 1)] != 1 && oldStrides[size_t(d - 1)] != tensorNumel * chunkBaseStride)) {
       while (viewD >= 0 && (viewNumel < tensorNumel || newShape[size_t(viewD)] == 1)) {
         newStrides[size_t(viewD)] = viewNumel * chunkBaseStride;
         viewNumel *= newShape[size_t(viewD)];
@@ -248,7 +257,8 @@ Tensor viewRaw(const Tensor& t, const Shape& shape) {
   Shape target = inferShape(shape, t.numel());
   if (target.empty()) return asStrided(t, target, {}, t.offset());
   Shape strides = computeViewStrides(t.shape(), t.strides(), target);
-  STRATA_CHECK(!strides.empty(), "view: shape {} is not compatible with the strides {} of a {} tensor; use reshape()",
+  STRATA_CHECK(!strides.empty(),
+               "view: shape {} is not compatible with the strides {} of a {} tensor; use reshape()",
                toString(target), toString(t.strides()), toString(t.shape()));
   return asStrided(t, target, strides, t.offset());
 }
@@ -273,28 +283,30 @@ Tensor narrowRaw(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
   int64_t size = t.shape()[size_t(d)];
   if (start < 0) start += size;
   STRATA_CHECK(start >= 0 && length >= 0 && start + length <= size,
-               "narrow: range [{}, {}) out of bounds for dimension {} of size {}", start, start + length, d, size);
+               "narrow: range [{}, {}) out of bounds for dimension {} of size {}", start, start + length, d,
+               size);
   Shape shape = t.shape();
   shape[size_t(d)] = length;
   return asStrided(t, shape, t.strides(), t.offset() + start * t.strides()[size_t(d)]);
 }
 
 Tensor expandRaw(const Tensor& t, const Shape& shape) {
-  STRATA_CHECK(shape.size() >= t.shape().size(), "expand: cannot expand {} to fewer dims {}", toString(t.shape()),
-               toString(shape));
+  STRATA_CHECK(shape.size() >= t.shape().size(), "expand: cannot expand {} to fewer dims {}",
+               toString(t.shape()), toString(shape));
   size_t lead = shape.size() - t.shape().size();
   Shape outShape(shape.size()), strides(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i < lead) {
-      STRATA_CHECK(shape[i] >= 0, "expand: new leading dims must be given explicitly, got {}", toString(shape));
+      STRATA_CHECK(shape[i] >= 0, "expand: new leading dims must be given explicitly, got {}",
+                   toString(shape));
       outShape[i] = shape[i];
       strides[i] = 0;
       continue;
     }
     int64_t have = t.shape()[i - lead];
     int64_t want = shape[i] == -1 ? have : shape[i];
-    STRATA_CHECK(have == want || have == 1, "expand: dimension {} of size {} cannot expand to {} ({} -> {})", i, have,
-                 want, toString(t.shape()), toString(shape));
+    STRATA_CHECK(have == want || have == 1, "expand: dimension {} of size {} cannot expand to {} ({} -> {})",
+                 i, have, want, toString(t.shape()), toString(shape));
     outShape[i] = want;
     strides[i] = have == want ? t.strides()[i - lead] : 0;
   }

@@ -9,7 +9,9 @@ Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, DType compute) {
   return crossEntropy(lg.reshape({-1, lg.size(-1)}), targets.reshape({-1}));
 }
 
-double CausalLM::flopsPerToken() const { return 6.0 * double(numParameters()); }
+double CausalLM::flopsPerToken() const {
+  return 6.0 * double(numParameters());
+}
 
 std::vector<Tensor> CausalLM::forward(const std::vector<Tensor>& inputs) {
   DType compute = parameters().empty() ? DType::F32 : parameters()[0].dtype();

@@ -13,11 +13,12 @@ Tensor castParameter(const Tensor& parameter, DType dtype) {
 }
 
 Linear::Linear(const LinearConfig& config, Generator& gen) {
-  STRATA_CHECK(config.inFeatures > 0 && config.outFeatures > 0, "Linear: sizes must be positive, got {} -> {}",
-               config.inFeatures, config.outFeatures);
-  weight = registerParameter(
-      "weight", ops::randn({config.inFeatures, config.outFeatures}, gen, DType::F32, config.device, 0, config.initStd));
-  if (config.bias) bias = registerParameter("bias", ops::zeros({config.outFeatures}, DType::F32, config.device));
+  STRATA_CHECK(config.inFeatures > 0 && config.outFeatures > 0,
+               "Linear: sizes must be positive, got {} -> {}", config.inFeatures, config.outFeatures);
+  weight = registerParameter("weight", ops::randn({config.inFeatures, config.outFeatures}, gen, DType::F32,
+                                                  config.device, 0, config.initStd));
+  if (config.bias)
+    bias = registerParameter("bias", ops::zeros({config.outFeatures}, DType::F32, config.device));
 }
 
 Tensor Linear::apply(const Tensor& x) {
@@ -25,15 +26,19 @@ Tensor Linear::apply(const Tensor& x) {
   return bias.defined() ? y + castParameter(bias, x.dtype()) : y;
 }
 
-std::vector<Tensor> Linear::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+std::vector<Tensor> Linear::forward(const std::vector<Tensor>& inputs) {
+  return {apply(inputs.at(0))};
+}
 
 Embedding::Embedding(const EmbeddingConfig& config, Generator& gen) {
   STRATA_CHECK(config.numEmbeddings > 0 && config.embeddingDim > 0, "Embedding: sizes must be positive");
-  weight = registerParameter("weight", ops::randn({config.numEmbeddings, config.embeddingDim}, gen, DType::F32,
-                                                  config.device, 0, config.initStd));
+  weight = registerParameter("weight", ops::randn({config.numEmbeddings, config.embeddingDim}, gen,
+                                                  DType::F32, config.device, 0, config.initStd));
 }
 
-Tensor Embedding::apply(const Tensor& ids, DType dtype) { return embedding(castParameter(weight, dtype), ids); }
+Tensor Embedding::apply(const Tensor& ids, DType dtype) {
+  return embedding(castParameter(weight, dtype), ids);
+}
 
 std::vector<Tensor> Embedding::forward(const std::vector<Tensor>& inputs) {
   return {apply(inputs.at(0), weight.dtype())};
@@ -45,22 +50,32 @@ LayerNorm::LayerNorm(const NormConfig& config) : eps_(config.eps) {
 }
 
 Tensor LayerNorm::apply(const Tensor& x) {
-  return layerNorm(x, castParameter(weight, x.dtype()), bias.defined() ? castParameter(bias, x.dtype()) : Tensor(),
-                   eps_);
+  return layerNorm(x, castParameter(weight, x.dtype()),
+                   bias.defined() ? castParameter(bias, x.dtype()) : Tensor(), eps_);
 }
 
-std::vector<Tensor> LayerNorm::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+std::vector<Tensor> LayerNorm::forward(const std::vector<Tensor>& inputs) {
+  return {apply(inputs.at(0))};
+}
 
 RMSNorm::RMSNorm(const NormConfig& config) : eps_(config.eps) {
   weight = registerParameter("weight", ops::ones({config.dim}, DType::F32, config.device));
 }
 
-Tensor RMSNorm::apply(const Tensor& x) { return rmsNorm(x, castParameter(weight, x.dtype()), eps_); }
+Tensor RMSNorm::apply(const Tensor& x) {
+  return rmsNorm(x, castParameter(weight, x.dtype()), eps_);
+}
 
-std::vector<Tensor> RMSNorm::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+std::vector<Tensor> RMSNorm::forward(const std::vector<Tensor>& inputs) {
+  return {apply(inputs.at(0))};
+}
 
-Tensor Dropout::apply(const Tensor& x) { return dropout(x, p_, isTraining()); }
+Tensor Dropout::apply(const Tensor& x) {
+  return dropout(x, p_, isTraining());
+}
 
-std::vector<Tensor> Dropout::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+std::vector<Tensor> Dropout::forward(const std::vector<Tensor>& inputs) {
+  return {apply(inputs.at(0))};
+}
 
 }  // namespace strata::nn

@@ -25,8 +25,8 @@ Tensor Attention::apply(const Tensor& x, const Tensor& memory, const AttentionMa
                config_.hiddenSize, toString(x.shape()));
   int64_t B = x.size(0), S = x.size(1), C = config_.hiddenSize, H = config_.numHeads, D = C / H;
   auto heads = [&](const Tensor& t, int64_t len, int64_t parts) {
-    // [B, len, parts * C] -> parts tensors [B, H, len, D], each contiguous: one copy here lets every attention GEMM
-    // (and k's transposed view) run as a single strided batch without further copies.
+    // [B, len, parts * C] -> parts tensors [B, H, len, D], each contiguous: one copy here lets every
+    // attention GEMM (and k's transposed view) run as a single strided batch without further copies.
     Tensor v = t.view({B, len, parts, H, D}).permute({2, 0, 3, 1, 4}).contiguous();
     std::vector<Tensor> out;
     for (int64_t i = 0; i < parts; ++i) out.push_back(v.select(0, i));
@@ -60,19 +60,23 @@ std::vector<Tensor> Attention::forward(const std::vector<Tensor>& inputs) {
 }
 
 Mlp::Mlp(const MlpConfig& config, Generator& gen) : config_(config) {
-  fc_ = registerModule("fc", std::make_shared<Linear>(LinearConfig{config.hiddenSize, config.ffnHiddenSize,
-                                                                   config.bias, config.initStd, config.device},
-                                                      gen));
-  proj_ = registerModule("proj", std::make_shared<Linear>(LinearConfig{config.ffnHiddenSize, config.hiddenSize,
-                                                                       config.bias, config.outInitStd, config.device},
-                                                          gen));
+  fc_ =
+      registerModule("fc", std::make_shared<Linear>(LinearConfig{config.hiddenSize, config.ffnHiddenSize,
+                                                                 config.bias, config.initStd, config.device},
+                                                    gen));
+  proj_ = registerModule(
+      "proj", std::make_shared<Linear>(LinearConfig{config.ffnHiddenSize, config.hiddenSize, config.bias,
+                                                    config.outInitStd, config.device},
+                                       gen));
 }
 
 Tensor Mlp::apply(const Tensor& x) {
   return dropout(proj_->apply(gelu(fc_->apply(x), GeluApprox::Tanh)), config_.dropout, isTraining());
 }
 
-std::vector<Tensor> Mlp::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+std::vector<Tensor> Mlp::forward(const std::vector<Tensor>& inputs) {
+  return {apply(inputs.at(0))};
+}
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& config, Generator& gen) {
   NormConfig norm{config.attention.hiddenSize, config.layerNormEps, true, config.attention.device};
@@ -94,6 +98,8 @@ Tensor TransformerBlock::apply(const Tensor& x, const AttentionMask& mask) {
   return h + (*mlp_)((*ln2_)(h));
 }
 
-std::vector<Tensor> TransformerBlock::forward(const std::vector<Tensor>& inputs) { return {apply(inputs.at(0))}; }
+std::vector<Tensor> TransformerBlock::forward(const std::vector<Tensor>& inputs) {
+  return {apply(inputs.at(0))};
+}
 
 }  // namespace strata::nn

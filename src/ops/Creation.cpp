@@ -11,10 +11,18 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   fill(t, value);
   return t;
 }
-Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
-Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
-Tensor emptyLike(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
-Tensor zerosLike(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 0.0, dtype, device);
+}
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
+Tensor emptyLike(const Tensor& t) {
+  return Tensor::empty(t.shape(), t.dtype(), t.device());
+}
+Tensor zerosLike(const Tensor& t) {
+  return zeros(t.shape(), t.dtype(), t.device());
+}
 
 void fill(const Tensor& t, double value) {
   if (t.numel() == 0) return;

@@ -32,37 +32,91 @@ Tensor map(const char* op, const std::vector<Tensor>& inputs, double a, double b
   return out;
 }
 
-Tensor add(const Tensor& a, const Tensor& b) { return map("add", {a, b}); }
-Tensor sub(const Tensor& a, const Tensor& b) { return map("sub", {a, b}); }
-Tensor mul(const Tensor& a, const Tensor& b) { return map("mul", {a, b}); }
-Tensor div(const Tensor& a, const Tensor& b) { return map("div", {a, b}); }
-Tensor maximum(const Tensor& a, const Tensor& b) { return map("maximum", {a, b}); }
-Tensor eq(const Tensor& a, const Tensor& b) { return map("eq", {a, b}); }
-Tensor gt(const Tensor& a, const Tensor& b) { return map("gt", {a, b}); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  return map("add", {a, b});
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return map("sub", {a, b});
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return map("mul", {a, b});
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return map("div", {a, b});
+}
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return map("maximum", {a, b});
+}
+Tensor eq(const Tensor& a, const Tensor& b) {
+  return map("eq", {a, b});
+}
+Tensor gt(const Tensor& a, const Tensor& b) {
+  return map("gt", {a, b});
+}
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   STRATA_CHECK(a.dtype() == b.dtype(), "where: dtypes differ ({} and {})", a.dtype(), b.dtype());
   return map("where", {cond, a, b});
 }
-Tensor neg(const Tensor& x) { return map("neg", {x}); }
-Tensor exp(const Tensor& x) { return map("exp", {x}); }
-Tensor log(const Tensor& x) { return map("log", {x}); }
-Tensor sqrt(const Tensor& x) { return map("sqrt", {x}); }
-Tensor rsqrt(const Tensor& x) { return map("rsqrt", {x}); }
-Tensor tanh(const Tensor& x) { return map("tanh", {x}); }
-Tensor sigmoid(const Tensor& x) { return map("sigmoid", {x}); }
-Tensor relu(const Tensor& x) { return map("relu", {x}); }
-Tensor silu(const Tensor& x) { return map("silu", {x}); }
-Tensor geluTanh(const Tensor& x) { return map("gelu_tanh", {x}); }
-Tensor geluErf(const Tensor& x) { return map("gelu_erf", {x}); }
-Tensor pow(const Tensor& x, double exponent) { return map("pow", {x}, exponent); }
-Tensor affine(const Tensor& x, double scale, double shift) { return map("affine", {x}, scale, shift); }
-Tensor reluBackward(const Tensor& g, const Tensor& x) { return map("relu_backward", {g, x}); }
-Tensor siluBackward(const Tensor& g, const Tensor& x) { return map("silu_backward", {g, x}); }
-Tensor geluTanhBackward(const Tensor& g, const Tensor& x) { return map("gelu_tanh_backward", {g, x}); }
-Tensor geluErfBackward(const Tensor& g, const Tensor& x) { return map("gelu_erf_backward", {g, x}); }
-Tensor tanhBackward(const Tensor& g, const Tensor& y) { return map("tanh_backward", {g, y}); }
-Tensor sigmoidBackward(const Tensor& g, const Tensor& y) { return map("sigmoid_backward", {g, y}); }
-Tensor powBackward(const Tensor& g, const Tensor& x, double exponent) { return map("pow_backward", {g, x}, exponent); }
+Tensor neg(const Tensor& x) {
+  return map("neg", {x});
+}
+Tensor exp(const Tensor& x) {
+  return map("exp", {x});
+}
+Tensor log(const Tensor& x) {
+  return map("log", {x});
+}
+Tensor sqrt(const Tensor& x) {
+  return map("sqrt", {x});
+}
+Tensor rsqrt(const Tensor& x) {
+  return map("rsqrt", {x});
+}
+Tensor tanh(const Tensor& x) {
+  return map("tanh", {x});
+}
+Tensor sigmoid(const Tensor& x) {
+  return map("sigmoid", {x});
+}
+Tensor relu(const Tensor& x) {
+  return map("relu", {x});
+}
+Tensor silu(const Tensor& x) {
+  return map("silu", {x});
+}
+Tensor geluTanh(const Tensor& x) {
+  return map("gelu_tanh", {x});
+}
+Tensor geluErf(const Tensor& x) {
+  return map("gelu_erf", {x});
+}
+Tensor pow(const Tensor& x, double exponent) {
+  return map("pow", {x}, exponent);
+}
+Tensor affine(const Tensor& x, double scale, double shift) {
+  return map("affine", {x}, scale, shift);
+}
+Tensor reluBackward(const Tensor& g, const Tensor& x) {
+  return map("relu_backward", {g, x});
+}
+Tensor siluBackward(const Tensor& g, const Tensor& x) {
+  return map("silu_backward", {g, x});
+}
+Tensor geluTanhBackward(const Tensor& g, const Tensor& x) {
+  return map("gelu_tanh_backward", {g, x});
+}
+Tensor geluErfBackward(const Tensor& g, const Tensor& x) {
+  return map("gelu_erf_backward", {g, x});
+}
+Tensor tanhBackward(const Tensor& g, const Tensor& y) {
+  return map("tanh_backward", {g, y});
+}
+Tensor sigmoidBackward(const Tensor& g, const Tensor& y) {
+  return map("sigmoid_backward", {g, y});
+}
+Tensor powBackward(const Tensor& g, const Tensor& x, double exponent) {
+  return map("pow_backward", {g, x}, exponent);
+}
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
   STRATA_CHECK(p >= 0.0 && p < 1.0, "dropout: probability must be in [0, 1), got {}", p);

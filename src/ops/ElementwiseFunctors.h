@@ -1,8 +1,9 @@
-// Elementwise functors shared by the CPU and CUDA backends, so both compute the same function. Each functor is built
-// from the op's ScalarArgs and applied to compute-type values (float for f32/bf16/f16, double for f64).
+// Elementwise functors shared by the CPU and CUDA backends, so both compute the same function. Each functor
+// is built from the op's ScalarArgs and applied to compute-type values (float for f32/bf16/f16, double for
+// f64).
 //
-// forEachMapOp() is the one list of elementwise ops: each backend walks it to register its kernels, so adding an op
-// here adds it everywhere.
+// forEachMapOp() is the one list of elementwise ops: each backend walks it to register its kernels, so adding
+// an op here adds it everywhere.
 #pragma once
 
 #include <math.h>
@@ -12,21 +13,45 @@
 
 namespace strata::ops::fn {
 
-STRATA_HOST_DEVICE float mExp(float x) { return ::expf(x); }
-STRATA_HOST_DEVICE double mExp(double x) { return ::exp(x); }
-STRATA_HOST_DEVICE float mLog(float x) { return ::logf(x); }
-STRATA_HOST_DEVICE double mLog(double x) { return ::log(x); }
-STRATA_HOST_DEVICE float mSqrt(float x) { return ::sqrtf(x); }
-STRATA_HOST_DEVICE double mSqrt(double x) { return ::sqrt(x); }
-STRATA_HOST_DEVICE float mTanh(float x) { return ::tanhf(x); }
-STRATA_HOST_DEVICE double mTanh(double x) { return ::tanh(x); }
-STRATA_HOST_DEVICE float mErf(float x) { return ::erff(x); }
-STRATA_HOST_DEVICE double mErf(double x) { return ::erf(x); }
-STRATA_HOST_DEVICE float mPow(float x, float p) { return ::powf(x, p); }
-STRATA_HOST_DEVICE double mPow(double x, double p) { return ::pow(x, p); }
+STRATA_HOST_DEVICE float mExp(float x) {
+  return ::expf(x);
+}
+STRATA_HOST_DEVICE double mExp(double x) {
+  return ::exp(x);
+}
+STRATA_HOST_DEVICE float mLog(float x) {
+  return ::logf(x);
+}
+STRATA_HOST_DEVICE double mLog(double x) {
+  return ::log(x);
+}
+STRATA_HOST_DEVICE float mSqrt(float x) {
+  return ::sqrtf(x);
+}
+STRATA_HOST_DEVICE double mSqrt(double x) {
+  return ::sqrt(x);
+}
+STRATA_HOST_DEVICE float mTanh(float x) {
+  return ::tanhf(x);
+}
+STRATA_HOST_DEVICE double mTanh(double x) {
+  return ::tanh(x);
+}
+STRATA_HOST_DEVICE float mErf(float x) {
+  return ::erff(x);
+}
+STRATA_HOST_DEVICE double mErf(double x) {
+  return ::erf(x);
+}
+STRATA_HOST_DEVICE float mPow(float x, float p) {
+  return ::powf(x, p);
+}
+STRATA_HOST_DEVICE double mPow(double x, double p) {
+  return ::pow(x, p);
+}
 
-// tanh through one exp: 1 - 2 / (e^{2x} + 1). Cheaper than tanhf (which goes through expm1f); its absolute error
-// stays at a few ulps of 1, which is what the GELU approximation needs.
+// tanh through one exp: 1 - 2 / (e^{2x} + 1). Cheaper than tanhf (which goes through expm1f); its absolute
+// error stays at a few ulps of 1, which is what the GELU approximation needs.
 template <class C>
 STRATA_HOST_DEVICE C fastTanh(C x) {
   return C(1) - C(2) / (mExp(C(2) * x) + C(1));
@@ -35,87 +60,121 @@ STRATA_HOST_DEVICE C fastTanh(C x) {
 struct Add {
   explicit Add(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C a, C b) const { return a + b; }
+  STRATA_HOST_DEVICE C operator()(C a, C b) const {
+    return a + b;
+  }
 };
 struct Sub {
   explicit Sub(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C a, C b) const { return a - b; }
+  STRATA_HOST_DEVICE C operator()(C a, C b) const {
+    return a - b;
+  }
 };
 struct Mul {
   explicit Mul(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C a, C b) const { return a * b; }
+  STRATA_HOST_DEVICE C operator()(C a, C b) const {
+    return a * b;
+  }
 };
 struct Div {
   explicit Div(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C a, C b) const { return a / b; }
+  STRATA_HOST_DEVICE C operator()(C a, C b) const {
+    return a / b;
+  }
 };
 struct Maximum {
   explicit Maximum(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C a, C b) const { return a > b ? a : b; }
+  STRATA_HOST_DEVICE C operator()(C a, C b) const {
+    return a > b ? a : b;
+  }
 };
 struct Eq {
   explicit Eq(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C a, C b) const { return a == b ? C(1) : C(0); }
+  STRATA_HOST_DEVICE C operator()(C a, C b) const {
+    return a == b ? C(1) : C(0);
+  }
 };
 struct Gt {
   explicit Gt(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C a, C b) const { return a > b ? C(1) : C(0); }
+  STRATA_HOST_DEVICE C operator()(C a, C b) const {
+    return a > b ? C(1) : C(0);
+  }
 };
 struct Where {
   explicit Where(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C cond, C a, C b) const { return cond != C(0) ? a : b; }
+  STRATA_HOST_DEVICE C operator()(C cond, C a, C b) const {
+    return cond != C(0) ? a : b;
+  }
 };
 struct Neg {
   explicit Neg(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return -x; }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return -x;
+  }
 };
 struct Exp {
   explicit Exp(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return mExp(x); }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return mExp(x);
+  }
 };
 struct Log {
   explicit Log(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return mLog(x); }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return mLog(x);
+  }
 };
 struct Sqrt {
   explicit Sqrt(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return mSqrt(x); }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return mSqrt(x);
+  }
 };
 struct Rsqrt {
   explicit Rsqrt(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return C(1) / mSqrt(x); }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return C(1) / mSqrt(x);
+  }
 };
 struct Tanh {
   explicit Tanh(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return mTanh(x); }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return mTanh(x);
+  }
 };
 struct Sigmoid {
   explicit Sigmoid(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return C(1) / (C(1) + mExp(-x)); }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return C(1) / (C(1) + mExp(-x));
+  }
 };
 struct Relu {
   explicit Relu(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return x > C(0) ? x : C(0); }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return x > C(0) ? x : C(0);
+  }
 };
 struct Silu {
   explicit Silu(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return x / (C(1) + mExp(-x)); }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return x / (C(1) + mExp(-x));
+  }
 };
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 struct GeluTanh {
@@ -129,24 +188,32 @@ struct GeluTanh {
 struct GeluErf {
   explicit GeluErf(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return C(0.5) * x * (C(1) + mErf(x * C(0.7071067811865476))); }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return C(0.5) * x * (C(1) + mErf(x * C(0.7071067811865476)));
+  }
 };
 struct Pow {
   double p;
   explicit Pow(const ScalarArgs& s) : p(s.a) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return mPow(x, C(p)); }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return mPow(x, C(p));
+  }
 };
 struct Affine {
   double scale, shift;
   explicit Affine(const ScalarArgs& s) : scale(s.a), shift(s.b) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C x) const { return x * C(scale) + C(shift); }
+  STRATA_HOST_DEVICE C operator()(C x) const {
+    return x * C(scale) + C(shift);
+  }
 };
 struct ReluBackward {
   explicit ReluBackward(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C g, C x) const { return x > C(0) ? g : C(0); }
+  STRATA_HOST_DEVICE C operator()(C g, C x) const {
+    return x > C(0) ? g : C(0);
+  }
 };
 struct SiluBackward {
   explicit SiluBackward(const ScalarArgs&) {}
@@ -179,18 +246,24 @@ struct GeluErfBackward {
 struct TanhBackward {
   explicit TanhBackward(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C g, C y) const { return g * (C(1) - y * y); }
+  STRATA_HOST_DEVICE C operator()(C g, C y) const {
+    return g * (C(1) - y * y);
+  }
 };
 struct SigmoidBackward {
   explicit SigmoidBackward(const ScalarArgs&) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C g, C y) const { return g * y * (C(1) - y); }
+  STRATA_HOST_DEVICE C operator()(C g, C y) const {
+    return g * y * (C(1) - y);
+  }
 };
 struct PowBackward {
   double p;
   explicit PowBackward(const ScalarArgs& s) : p(s.a) {}
   template <class C>
-  STRATA_HOST_DEVICE C operator()(C g, C x) const { return g * C(p) * mPow(x, C(p - 1)); }
+  STRATA_HOST_DEVICE C operator()(C g, C x) const {
+    return g * C(p) * mPow(x, C(p - 1));
+  }
 };
 
 // Calls visit.template operator()<Functor, Arity>(name) for every elementwise op.

@@ -1,6 +1,6 @@
 // Kernel signatures of each op family, shared by the front ends (src/ops/*.cpp) and the backends
-// (src/ops/cpu, src/ops/cuda). Front ends hand kernels tensors that are already validated, allocated and laid out
-// as the signature's comment says; kernels only compute.
+// (src/ops/cpu, src/ops/cuda). Front ends hand kernels tensors that are already validated, allocated and laid
+// out as the signature's comment says; kernels only compute.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,8 @@ struct ScalarArgs {
 using FillKernel = void(const Tensor& out, double value);
 // out: contiguous 1-D; out[i] = start + i * step.
 using ArangeKernel = void(const Tensor& out, double start, double step);
-// out: contiguous floating. uniform: a + (b - a) u; normal: a + b z. Element i uses Philox counter offset + i.
+// out: contiguous floating. uniform: a + (b - a) u; normal: a + b z. Element i uses Philox counter offset +
+// i.
 using RandomKernel = void(const Tensor& out, uint64_t seed, uint64_t offset, bool normal, double a, double b);
 // dst, src: same device and shape, any strides and dtypes.
 using CopyKernel = void(const Tensor& dst, const Tensor& src);
@@ -56,22 +57,23 @@ struct SoftmaxOptions {
   int64_t causalShift = 0;
 };
 using SoftmaxKernel = void(const Tensor& x, const Tensor& y, bool log, const SoftmaxOptions& options);
-using SoftmaxBackwardKernel = void(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log, double scale);
-// LayerNorm (rms=false) or RMSNorm (rms=true) over rows. weight/bias [C] may be undefined. mean/rstd [N] in the
-// statistics dtype (fp32; f64 for f64 inputs)
-// (mean undefined for RMSNorm).
-using NormKernel = void(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y, const Tensor& mean,
-                        const Tensor& rstd, double eps, bool rms);
+using SoftmaxBackwardKernel = void(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log,
+                                   double scale);
+// LayerNorm (rms=false) or RMSNorm (rms=true) over rows. weight/bias [C] may be undefined. mean/rstd [N] in
+// the statistics dtype (fp32; f64 for f64 inputs) (mean undefined for RMSNorm).
+using NormKernel = void(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
+                        const Tensor& mean, const Tensor& rstd, double eps, bool rms);
 // gw/gb: [C] in the statistics dtype, or undefined when not needed.
 using NormBackwardKernel = void(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                const Tensor& rstd, const Tensor& gx, const Tensor& gw, const Tensor& gb, bool rms);
+                                const Tensor& rstd, const Tensor& gx, const Tensor& gw, const Tensor& gb,
+                                bool rms);
 // weight [V, C] contiguous, indices contiguous [N] (i32/i64), out [N, C].
 using EmbeddingKernel = void(const Tensor& weight, const Tensor& indices, const Tensor& out);
 // gw: [V, C] in the statistics dtype, zeroed; gy [N, C].
 using EmbeddingBackwardKernel = void(const Tensor& gy, const Tensor& indices, const Tensor& gw);
 // logits [N, V] contiguous; target [N]; loss, lse, valid: [N] in the statistics dtype.
-using CrossEntropyKernel = void(const Tensor& logits, const Tensor& target, const Tensor& loss, const Tensor& lse,
-                                const Tensor& valid, int64_t ignoreIndex);
+using CrossEntropyKernel = void(const Tensor& logits, const Tensor& target, const Tensor& loss,
+                                const Tensor& lse, const Tensor& valid, int64_t ignoreIndex);
 // scale: [1] on the device, statistics dtype (dLoss / count). glogits like logits.
 using CrossEntropyBackwardKernel = void(const Tensor& logits, const Tensor& target, const Tensor& lse,
                                         const Tensor& scale, const Tensor& glogits, int64_t ignoreIndex);
@@ -79,7 +81,8 @@ using CrossEntropyBackwardKernel = void(const Tensor& logits, const Tensor& targ
 using DropoutKernel = void(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t offset);
 
 // gradScale: fp32 [1] on the device multiplying every gradient (clipping, loss-scale), or undefined for 1.
-using AdamWKernel = void(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const Tensor& gradScale);
+using AdamWKernel = void(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper,
+                         const Tensor& gradScale);
 
 // Backend registration, called once by Registry::instance().
 void registerCpuKernels(Registry& registry);
@@ -91,5 +94,7 @@ void registerCudaKernels(Registry& registry);
 
 namespace strata::ops {
 // Statistics (norm mean/rstd, losses, fp32 gradient accumulators) are fp32, or f64 for f64 inputs.
-inline DType statsDType(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+inline DType statsDType(DType t) {
+  return t == DType::F64 ? DType::F64 : DType::F32;
+}
 }  // namespace strata::ops

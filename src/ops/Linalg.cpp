@@ -1,5 +1,5 @@
-// matmul front end: resolves each operand to a (possibly transposed) strided-batched matrix without copying when
-// its strides allow, and hands one batched GEMM to the backend.
+// matmul front end: resolves each operand to a (possibly transposed) strided-batched matrix without copying
+// when its strides allow, and hands one batched GEMM to the backend.
 #include "Kernels.h"
 #include "strata/ops/Ops.h"
 
@@ -32,7 +32,8 @@ MatrixOperand resolve(const Tensor& tIn, const Shape& batch, int64_t rows, int64
     } else {
       return false;
     }
-    // Batch dims must form one arithmetic progression: stride[i] == stride[i+1] * size[i+1] (size-1 dims skip).
+    // Batch dims must form one arithmetic progression: stride[i] == stride[i+1] * size[i+1] (size-1 dims
+    // skip).
     int64_t bstride = 0;
     bool first = true;
     int64_t expect = 0;

@@ -5,7 +5,8 @@
 namespace strata::ops {
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  STRATA_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got {}", toString(weight.shape()));
+  STRATA_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got {}",
+               toString(weight.shape()));
   STRATA_CHECK(indices.dtype() == DType::I64 || indices.dtype() == DType::I32,
                "embedding: indices must be i32 or i64, got {}", indices.dtype());
   STRATA_CHECK(indices.device() == weight.device(), "embedding: indices on {} but weight on {}",
@@ -22,7 +23,8 @@ Tensor embeddingBackward(const Tensor& gy, const Tensor& indices, int64_t numEmb
   int64_t C = gy.size(-1);
   Tensor gw = zeros({numEmbeddings, C}, statsDType(gy.dtype()), gy.device());
   if (indices.numel() > 0)
-    kernel<EmbeddingBackwardKernel>("embedding_backward", gy.device())(contiguous(gy), contiguous(indices), gw);
+    kernel<EmbeddingBackwardKernel>("embedding_backward", gy.device())(contiguous(gy), contiguous(indices),
+                                                                       gw);
   return to(gw, gy.device(), dtype);
 }
 
@@ -40,8 +42,8 @@ CrossEntropyResult crossEntropy(const Tensor& logits, const Tensor& target, int6
   CrossEntropyResult r;
   r.lse = Tensor::empty({N}, sd, logits.device());
   if (N > 0)
-    kernel<CrossEntropyKernel>("cross_entropy", logits.device())(contiguous(logits), contiguous(target), rowLoss,
-                                                                  r.lse, valid, ignoreIndex);
+    kernel<CrossEntropyKernel>("cross_entropy", logits.device())(contiguous(logits), contiguous(target),
+                                                                 rowLoss, r.lse, valid, ignoreIndex);
   // The mean stays on the device: no host round trip for the count of counted targets.
   r.count = maximum(sum(valid), ones({}, sd, logits.device()));
   r.loss = div(sum(rowLoss), r.count);
@@ -55,8 +57,8 @@ Tensor crossEntropyBackward(const Tensor& gradLoss, const Tensor& logits, const 
   Tensor in = contiguous(logits);
   Tensor g = emptyLike(in);
   if (g.numel() > 0)
-    kernel<CrossEntropyBackwardKernel>("cross_entropy_backward", logits.device())(in, contiguous(target), saved.lse,
-                                                                                 scale, g, ignoreIndex);
+    kernel<CrossEntropyBackwardKernel>("cross_entropy_backward", logits.device())(
+        in, contiguous(target), saved.lse, scale, g, ignoreIndex);
   return g;
 }
 
@@ -68,7 +70,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   int64_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    STRATA_CHECK(t.dim() == first.dim(), "cat: tensor {} has {} dims, tensor 0 has {}", i, t.dim(), first.dim());
+    STRATA_CHECK(t.dim() == first.dim(), "cat: tensor {} has {} dims, tensor 0 has {}", i, t.dim(),
+                 first.dim());
     STRATA_CHECK(t.dtype() == first.dtype() && t.device() == first.device(),
                  "cat: tensor {} differs in dtype or device from tensor 0", i);
     for (int64_t j = 0; j < t.dim(); ++j)

@@ -37,7 +37,8 @@ void checkNormArgs(const char* op, const Tensor& x, const Tensor& weight, const 
   }
 }
 
-NormResult normImpl(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool rms) {
+NormResult normImpl(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                    bool rms) {
   checkNormArgs(op, x, weight, bias);
   Tensor in = contiguous(x);
   int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
@@ -65,7 +66,8 @@ NormGrads normBackwardImpl(const Tensor& gy, const Tensor& x, const Tensor& weig
   Tensor gw = needWeight ? Tensor::empty({C}, sd, x.device()) : Tensor();
   Tensor gb = needBias ? Tensor::empty({C}, sd, x.device()) : Tensor();
   if (in.numel() > 0) {
-    kernel<NormBackwardKernel>("norm_backward", x.device())(g, in, w, saved.mean, saved.rstd, grads.x, gw, gb, rms);
+    kernel<NormBackwardKernel>("norm_backward", x.device())(g, in, w, saved.mean, saved.rstd, grads.x, gw, gb,
+                                                            rms);
   } else {
     if (gw.defined()) fill(gw, 0.0);
     if (gb.defined()) fill(gb, 0.0);
@@ -77,8 +79,12 @@ NormGrads normBackwardImpl(const Tensor& gy, const Tensor& x, const Tensor& weig
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmaxImpl(x, dim, false); }
-Tensor logSoftmax(const Tensor& x, int64_t dim) { return softmaxImpl(x, dim, true); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmaxImpl(x, dim, false);
+}
+Tensor logSoftmax(const Tensor& x, int64_t dim) {
+  return softmaxImpl(x, dim, true);
+}
 
 Tensor softmaxBackward(const Tensor& y, const Tensor& gy, int64_t dim, bool log) {
   std::vector<int64_t> perm;
@@ -93,7 +99,8 @@ Tensor scaledSoftmax(const Tensor& x, double scale, bool causal) {
   STRATA_CHECK(x.dim() >= 2, "scaled softmax: input needs [..., S_q, S_k], got {}", toString(x.shape()));
   STRATA_CHECK(isFloating(x.dtype()), "scaled softmax: floating input required, got {}", x.dtype());
   int64_t Sq = x.size(-2), Sk = x.size(-1);
-  STRATA_CHECK(!causal || Sk >= Sq, "causal softmax needs at least as many keys ({}) as queries ({})", Sk, Sq);
+  STRATA_CHECK(!causal || Sk >= Sq, "causal softmax needs at least as many keys ({}) as queries ({})", Sk,
+               Sq);
   Tensor in = contiguous(x);
   Tensor out = emptyLike(in);
   SoftmaxOptions o{scale, causal ? Sq : 0, Sk - Sq};

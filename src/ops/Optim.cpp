@@ -10,7 +10,8 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const
   for (const auto& s : sets) {
     for (const Tensor* t : {&s.param, &s.grad, &s.m, &s.v}) {
       STRATA_CHECK(t->defined() && t->dtype() == DType::F32 && t->isContiguous() && t->device() == dev,
-                   "adamw: '{}' needs fp32 contiguous param, grad and state on {}", s.param.name(), toString(dev));
+                   "adamw: '{}' needs fp32 contiguous param, grad and state on {}", s.param.name(),
+                   toString(dev));
       STRATA_CHECK(t->numel() == s.param.numel(), "adamw: state of '{}' has the wrong size", s.param.name());
     }
   }

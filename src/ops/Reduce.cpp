@@ -1,5 +1,5 @@
-// Front ends of the reductions. Each reduction is laid out as a contiguous [A, R, B] problem: without a copy when
-// the reduced dims are adjacent in a contiguous tensor, else after moving them last.
+// Front ends of the reductions. Each reduction is laid out as a contiguous [A, R, B] problem: without a copy
+// when the reduced dims are adjacent in a contiguous tensor, else after moving them last.
 #include <algorithm>
 #include <cmath>
 
@@ -66,7 +66,9 @@ Tensor reduce(const char* op, const Tensor& x, const std::vector<int64_t>& dimsI
 
 }  // namespace
 
-Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) { return reduce("sum", x, dims, keepdim); }
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return reduce("sum", x, dims, keepdim);
+}
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor s = reduce("sum", x, dims, keepdim);
@@ -84,8 +86,10 @@ Tensor sumTo(const Tensor& x, const Shape& shape) {
   STRATA_CHECK(lead >= 0, "sumTo: cannot reduce {} to {}", toString(x.shape()), toString(shape));
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < x.dim(); ++d) {
-    if (d < lead) dims.push_back(d);
-    else if (shape[size_t(d - lead)] == 1 && x.shape()[size_t(d)] != 1) dims.push_back(d);
+    if (d < lead)
+      dims.push_back(d);
+    else if (shape[size_t(d - lead)] == 1 && x.shape()[size_t(d)] != 1)
+      dims.push_back(d);
   }
   Tensor s = dims.empty() ? x : sum(x, dims, true);
   // Drop the leading dims that were kept as size 1.

@@ -5,8 +5,8 @@
 namespace strata::ops {
 
 Registry& Registry::instance() {
-  // Built once, then only read: backends register explicitly here rather than through static initialisers, which a
-  // static library's linker would drop.
+  // Built once, then only read: backends register explicitly here rather than through static initialisers,
+  // which a static library's linker would drop.
   static Registry registry = [] {
     Registry r;
     registerCpuKernels(r);

@@ -1,5 +1,5 @@
-// Strided iteration shared by the backends: operands of one shape with their own strides, dims coalesced where every
-// operand is contiguous across them, so most calls end up 1-D or 2-D.
+// Strided iteration shared by the backends: operands of one shape with their own strides, dims coalesced
+// where every operand is contiguous across them, so most calls end up 1-D or 2-D.
 #pragma once
 
 #include <algorithm>

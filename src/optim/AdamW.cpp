@@ -10,7 +10,8 @@ namespace strata::optim {
 AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const AdamWConfig& config)
     : config_(config) {
   for (auto& [name, p] : namedParameters) {
-    STRATA_CHECK(p.dtype() == DType::F32, "AdamW keeps fp32 master weights; parameter '{}' is {}", name, p.dtype());
+    STRATA_CHECK(p.dtype() == DType::F32, "AdamW keeps fp32 master weights; parameter '{}' is {}", name,
+                 p.dtype());
     STRATA_CHECK(p.isContiguous(), "AdamW: parameter '{}' must be contiguous", name);
     float wd = p.dim() >= 2 ? float(config.weightDecay) : 0.0f;
     slots_.push_back(Slot{name, p, ops::zerosLike(p), ops::zerosLike(p), wd});

@@ -20,13 +20,20 @@ namespace {
 
 const char* safetensorsType(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::F64: return "F64";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-    case DType::U8: return "U8";
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::F64:
+      return "F64";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::U8:
+      return "U8";
   }
   return "?";
 }
@@ -37,7 +44,8 @@ DType fromSafetensorsType(const std::string& s, const std::string& path) {
   STRATA_FAIL("{}: unsupported safetensors dtype {}", path, s);
 }
 
-void writeFileSynced(const std::string& path, const std::string& header, const std::vector<std::vector<char>>& blobs) {
+void writeFileSynced(const std::string& path, const std::string& header,
+                     const std::vector<std::vector<char>>& blobs) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   STRATA_CHECK(fd >= 0, "cannot create {}: {}", path, std::strerror(errno));
   auto writeAll = [&](const char* p, size_t n) {
@@ -62,7 +70,9 @@ void fsyncDir(const std::string& dir) {
   }
 }
 
-void writeTextSynced(const std::string& path, const std::string& text) { writeFileSynced(path, text, {}); }
+void writeTextSynced(const std::string& path, const std::string& text) {
+  writeFileSynced(path, text, {});
+}
 
 }  // namespace
 
@@ -110,7 +120,8 @@ std::map<std::string, Tensor> readSafetensors(const std::string& path, Device de
     Shape shape = info["shape"].get<Shape>();
     auto offsets = info["data_offsets"].get<std::vector<uint64_t>>();
     size_t bytes = offsets[1] - offsets[0];
-    STRATA_CHECK(bytes == size_t(numelOf(shape)) * dtypeSize(dt), "{}: tensor '{}' has inconsistent size", path, name);
+    STRATA_CHECK(bytes == size_t(numelOf(shape)) * dtypeSize(dt), "{}: tensor '{}' has inconsistent size",
+                 path, name);
     std::vector<char> buf(bytes);
     in.seekg(std::streamoff(8 + len + offsets[0]));
     in.read(buf.data(), std::streamsize(bytes));
@@ -124,8 +135,8 @@ std::string resolveCheckpoint(const std::string& path) {
   STRATA_CHECK(fs::exists(path), "checkpoint {} does not exist", path);
   if (fs::exists(fs::path(path) / "manifest.json")) return path;
   fs::path latest = fs::path(path) / "latest";
-  STRATA_CHECK(fs::exists(latest), "{} is neither a checkpoint (no manifest.json) nor a save directory (no latest)",
-               path);
+  STRATA_CHECK(fs::exists(latest),
+               "{} is neither a checkpoint (no manifest.json) nor a save directory (no latest)", path);
   std::ifstream in(latest);
   std::string name;
   std::getline(in, name);
@@ -135,8 +146,8 @@ std::string resolveCheckpoint(const std::string& path) {
   return dir.string();
 }
 
-std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model, const NamedTensors& optimizer,
-                           const CheckpointState& state) {
+std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model,
+                           const NamedTensors& optimizer, const CheckpointState& state) {
   fs::create_directories(saveDir);
   std::string name = "step-" + std::to_string(state.step);
   fs::path finalDir = fs::path(saveDir) / name;
@@ -167,7 +178,8 @@ std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model
   return finalDir.string();
 }
 
-CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& model, const NamedTensors& optimizer) {
+CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& model,
+                               const NamedTensors& optimizer) {
   std::string dir = resolveCheckpoint(path);
   std::ifstream in(fs::path(dir) / "manifest.json");
   json manifest = json::parse(in);
@@ -184,8 +196,8 @@ CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& mode
     for (const auto& [name, t] : into) {
       auto it = loaded.find(name);
       STRATA_CHECK(it != loaded.end(), "checkpoint {} has no tensor '{}'", dir, name);
-      STRATA_CHECK(it->second.shape() == t.shape(), "checkpoint {}: '{}' has shape {}, the model has {}", dir, name,
-                   toString(it->second.shape()), toString(t.shape()));
+      STRATA_CHECK(it->second.shape() == t.shape(), "checkpoint {}: '{}' has shape {}, the model has {}", dir,
+                   name, toString(it->second.shape()), toString(t.shape()));
       ops::copy(t, it->second);
     }
   };

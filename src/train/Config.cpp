@@ -27,109 +27,183 @@ struct Field {
 
 const char* kindName(Kind k) {
   switch (k) {
-    case Kind::Int: return "an integer";
-    case Kind::Float: return "a number";
-    case Kind::String: return "a string";
-    case Kind::Bool: return "true or false";
-    case Kind::FloatList: return "a list of numbers";
+    case Kind::Int:
+      return "an integer";
+    case Kind::Float:
+      return "a number";
+    case Kind::String:
+      return "a string";
+    case Kind::Bool:
+      return "true or false";
+    case Kind::FloatList:
+      return "a list of numbers";
   }
   return "?";
 }
 
 template <class Ref>
 Field intField(std::string key, Ref ref, double min = 0, double max = 1e18) {
-  return Field{std::move(key), Kind::Int, [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<int64_t>(); }, {},
-               min, max};
+  return Field{std::move(key),
+               Kind::Int,
+               [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<int64_t>(); },
+               {},
+               min,
+               max};
 }
 template <class Ref>
 Field floatField(std::string key, Ref ref, double min = 0, double max = 1e18) {
-  return Field{std::move(key), Kind::Float, [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<double>(); }, {},
-               min, max};
+  return Field{std::move(key),
+               Kind::Float,
+               [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<double>(); },
+               {},
+               min,
+               max};
 }
 template <class Ref>
 Field stringField(std::string key, Ref ref, std::vector<std::string> choices = {}) {
-  return Field{std::move(key), Kind::String, [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<std::string>(); },
-               std::move(choices)};
+  return Field{std::move(key), Kind::String,
+               [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<std::string>(); }, std::move(choices)};
 }
 template <class Ref>
 Field boolField(std::string key, Ref ref) {
-  return Field{std::move(key), Kind::Bool, [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<bool>(); }, {}};
+  return Field{
+      std::move(key), Kind::Bool, [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<bool>(); }, {}};
 }
 
 const std::vector<Field>& schema() {
   static const std::vector<Field> fields = [] {
     std::vector<Field> f;
     // model
-    f.push_back(stringField("model.arch", [](Config& c) -> auto& { return c.model.arch; }, {"gpt"}));
-    f.push_back(intField("model.num_layers", [](Config& c) -> auto& { return c.model.numLayers; }, 1));
-    f.push_back(intField("model.hidden_size", [](Config& c) -> auto& { return c.model.hiddenSize; }, 1));
-    f.push_back(intField("model.num_attention_heads", [](Config& c) -> auto& { return c.model.numAttentionHeads; }, 1));
-    f.push_back(intField("model.ffn_hidden_size", [](Config& c) -> auto& { return c.model.ffnHiddenSize; }, 0));
-    f.push_back(intField("model.seq_length", [](Config& c) -> auto& { return c.model.seqLength; }, 1));
-    f.push_back(intField("model.vocab_size", [](Config& c) -> auto& { return c.model.vocabSize; }, 1));
-    f.push_back(floatField("model.dropout", [](Config& c) -> auto& { return c.model.dropout; }, 0, 0.999));
-    f.push_back(floatField("model.layer_norm_eps", [](Config& c) -> auto& { return c.model.layerNormEps; }, 0, 1));
-    f.push_back(boolField("model.bias", [](Config& c) -> auto& { return c.model.bias; }));
-    f.push_back(floatField("model.init_std", [](Config& c) -> auto& { return c.model.initStd; }, 0, 10));
+    f.push_back(stringField("model.arch", [](Config & c) -> auto& { return c.model.arch; }, {"gpt"}));
+    f.push_back(intField(
+        "model.num_layers", [](Config & c) -> auto& { return c.model.numLayers; }, 1));
+    f.push_back(intField(
+        "model.hidden_size", [](Config & c) -> auto& { return c.model.hiddenSize; }, 1));
+    f.push_back(intField(
+        "model.num_attention_heads", [](Config & c) -> auto& { return c.model.numAttentionHeads; }, 1));
+    f.push_back(intField(
+        "model.ffn_hidden_size", [](Config & c) -> auto& { return c.model.ffnHiddenSize; }, 0));
+    f.push_back(intField(
+        "model.seq_length", [](Config & c) -> auto& { return c.model.seqLength; }, 1));
+    f.push_back(intField(
+        "model.vocab_size", [](Config & c) -> auto& { return c.model.vocabSize; }, 1));
+    f.push_back(floatField(
+        "model.dropout", [](Config & c) -> auto& { return c.model.dropout; }, 0, 0.999));
+    f.push_back(floatField(
+        "model.layer_norm_eps", [](Config & c) -> auto& { return c.model.layerNormEps; }, 0, 1));
+    f.push_back(boolField(
+        "model.bias", [](Config & c) -> auto& { return c.model.bias; }));
+    f.push_back(floatField(
+        "model.init_std", [](Config & c) -> auto& { return c.model.initStd; }, 0, 10));
     // data
-    f.push_back(stringField("data.path", [](Config& c) -> auto& { return c.data.path; }));
-    f.push_back(stringField("data.format", [](Config& c) -> auto& { return c.data.format; }, {"text", "nanogpt", "megatron"}));
-    f.push_back(stringField("data.tokenizer", [](Config& c) -> auto& { return c.data.tokenizer; }, {"byte", "gpt2"}));
-    f.push_back(stringField("data.vocab_file", [](Config& c) -> auto& { return c.data.vocabFile; }));
-    f.push_back(stringField("data.merges_file", [](Config& c) -> auto& { return c.data.mergesFile; }));
-    f.push_back(floatField("data.val_fraction", [](Config& c) -> auto& { return c.data.valFraction; }, 0, 0.9));
+    f.push_back(stringField(
+        "data.path", [](Config & c) -> auto& { return c.data.path; }));
+    f.push_back(stringField("data.format", [](Config & c) -> auto& { return c.data.format; },
+                            {"text", "nanogpt", "megatron"}));
+    f.push_back(stringField("data.tokenizer", [](Config & c) -> auto& { return c.data.tokenizer; },
+                            {"byte", "gpt2"}));
+    f.push_back(stringField(
+        "data.vocab_file", [](Config & c) -> auto& { return c.data.vocabFile; }));
+    f.push_back(stringField(
+        "data.merges_file", [](Config & c) -> auto& { return c.data.mergesFile; }));
+    f.push_back(floatField(
+        "data.val_fraction", [](Config & c) -> auto& { return c.data.valFraction; }, 0, 0.9));
     // train
-    f.push_back(stringField("train.device", [](Config& c) -> auto& { return c.train.device; }));
-    f.push_back(intField("train.micro_batch_size", [](Config& c) -> auto& { return c.train.microBatchSize; }, 1));
-    f.push_back(intField("train.global_batch_size", [](Config& c) -> auto& { return c.train.globalBatchSize; }, 0));
-    f.push_back(intField("train.train_iters", [](Config& c) -> auto& { return c.train.trainIters; }, 1));
-    f.push_back(intField("train.exit_interval", [](Config& c) -> auto& { return c.train.exitInterval; }, 0));
-    f.push_back(Field{"train.seed", Kind::Int, [](Config& c, const YAML::Node& n) { c.train.seed = n.as<uint64_t>(); },
-                      {}, 0, 1.8e19});
-    f.push_back(stringField("train.out_dir", [](Config& c) -> auto& { return c.train.outDir; }));
-    f.push_back(intField("train.log_interval", [](Config& c) -> auto& { return c.train.logInterval; }, 1));
-    f.push_back(intField("train.eval_interval", [](Config& c) -> auto& { return c.train.evalInterval; }, 0));
-    f.push_back(intField("train.eval_iters", [](Config& c) -> auto& { return c.train.evalIters; }, 1));
-    f.push_back(intField("train.sample_length", [](Config& c) -> auto& { return c.train.sampleLength; }, 0));
-    f.push_back(stringField("train.sample_prompt", [](Config& c) -> auto& { return c.train.samplePrompt; }));
+    f.push_back(stringField(
+        "train.device", [](Config & c) -> auto& { return c.train.device; }));
+    f.push_back(intField(
+        "train.micro_batch_size", [](Config & c) -> auto& { return c.train.microBatchSize; }, 1));
+    f.push_back(intField(
+        "train.global_batch_size", [](Config & c) -> auto& { return c.train.globalBatchSize; }, 0));
+    f.push_back(intField(
+        "train.train_iters", [](Config & c) -> auto& { return c.train.trainIters; }, 1));
+    f.push_back(intField(
+        "train.exit_interval", [](Config & c) -> auto& { return c.train.exitInterval; }, 0));
+    f.push_back(Field{"train.seed",
+                      Kind::Int,
+                      [](Config& c, const YAML::Node& n) { c.train.seed = n.as<uint64_t>(); },
+                      {},
+                      0,
+                      1.8e19});
+    f.push_back(stringField(
+        "train.out_dir", [](Config & c) -> auto& { return c.train.outDir; }));
+    f.push_back(intField(
+        "train.log_interval", [](Config & c) -> auto& { return c.train.logInterval; }, 1));
+    f.push_back(intField(
+        "train.eval_interval", [](Config & c) -> auto& { return c.train.evalInterval; }, 0));
+    f.push_back(intField(
+        "train.eval_iters", [](Config & c) -> auto& { return c.train.evalIters; }, 1));
+    f.push_back(intField(
+        "train.sample_length", [](Config & c) -> auto& { return c.train.sampleLength; }, 0));
+    f.push_back(stringField(
+        "train.sample_prompt", [](Config & c) -> auto& { return c.train.samplePrompt; }));
     // optimizer
-    f.push_back(stringField("optimizer.type", [](Config& c) -> auto& { return c.optimizer.type; }, {"adamw"}));
-    f.push_back(floatField("optimizer.lr", [](Config& c) -> auto& { return c.optimizer.lr; }, 0, 10));
-    f.push_back(floatField("optimizer.min_lr", [](Config& c) -> auto& { return c.optimizer.minLr; }, 0, 10));
-    f.push_back(floatField("optimizer.weight_decay", [](Config& c) -> auto& { return c.optimizer.weightDecay; }, 0, 10));
-    f.push_back(Field{"optimizer.betas", Kind::FloatList,
-                      [](Config& c, const YAML::Node& n) { c.optimizer.betas = n.as<std::vector<double>>(); }, {}, 0,
+    f.push_back(
+        stringField("optimizer.type", [](Config & c) -> auto& { return c.optimizer.type; }, {"adamw"}));
+    f.push_back(floatField(
+        "optimizer.lr", [](Config & c) -> auto& { return c.optimizer.lr; }, 0, 10));
+    f.push_back(floatField(
+        "optimizer.min_lr", [](Config & c) -> auto& { return c.optimizer.minLr; }, 0, 10));
+    f.push_back(floatField(
+        "optimizer.weight_decay", [](Config & c) -> auto& { return c.optimizer.weightDecay; }, 0, 10));
+    f.push_back(Field{"optimizer.betas",
+                      Kind::FloatList,
+                      [](Config& c, const YAML::Node& n) { c.optimizer.betas = n.as<std::vector<double>>(); },
+                      {},
+                      0,
                       0.999999});
-    f.push_back(floatField("optimizer.eps", [](Config& c) -> auto& { return c.optimizer.eps; }, 0, 1));
-    f.push_back(floatField("optimizer.clip_grad", [](Config& c) -> auto& { return c.optimizer.clipGrad; }, 0));
+    f.push_back(floatField(
+        "optimizer.eps", [](Config & c) -> auto& { return c.optimizer.eps; }, 0, 1));
+    f.push_back(floatField(
+        "optimizer.clip_grad", [](Config & c) -> auto& { return c.optimizer.clipGrad; }, 0));
     // lr schedule
-    f.push_back(stringField("lr_schedule.style", [](Config& c) -> auto& { return c.lrSchedule.style; },
+    f.push_back(stringField("lr_schedule.style", [](Config & c) -> auto& { return c.lrSchedule.style; },
                             {"constant", "linear", "cosine"}));
-    f.push_back(intField("lr_schedule.warmup_iters", [](Config& c) -> auto& { return c.lrSchedule.warmupIters; }, 0));
-    f.push_back(intField("lr_schedule.decay_iters", [](Config& c) -> auto& { return c.lrSchedule.decayIters; }, 0));
+    f.push_back(intField(
+        "lr_schedule.warmup_iters", [](Config & c) -> auto& { return c.lrSchedule.warmupIters; }, 0));
+    f.push_back(intField(
+        "lr_schedule.decay_iters", [](Config & c) -> auto& { return c.lrSchedule.decayIters; }, 0));
     // precision
-    f.push_back(stringField("precision.dtype", [](Config& c) -> auto& { return c.precision.dtype; }, {"bf16", "fp16", "fp32"}));
+    f.push_back(stringField("precision.dtype", [](Config & c) -> auto& { return c.precision.dtype; },
+                            {"bf16", "fp16", "fp32"}));
     // zero_optimization (DeepSpeed names)
-    f.push_back(intField("zero_optimization.stage", [](Config& c) -> auto& { return c.zero.stage; }, 0, 3));
-    f.push_back(floatField("zero_optimization.chunk_size_mb", [](Config& c) -> auto& { return c.zero.chunkSizeMb; }, 1, 65536));
-    f.push_back(intField("zero_optimization.prefetch_depth", [](Config& c) -> auto& { return c.zero.prefetchDepth; }, 0, 64));
+    f.push_back(intField(
+        "zero_optimization.stage", [](Config & c) -> auto& { return c.zero.stage; }, 0, 3));
+    f.push_back(floatField(
+        "zero_optimization.chunk_size_mb", [](Config & c) -> auto& { return c.zero.chunkSizeMb; }, 1, 65536));
+    f.push_back(intField(
+        "zero_optimization.prefetch_depth", [](Config & c) -> auto& { return c.zero.prefetchDepth; }, 0, 64));
     f.push_back(stringField("zero_optimization.offload_param.device",
-                            [](Config& c) -> auto& { return c.zero.offloadParamDevice; }, {"none", "cpu", "nvme"}));
+                            [](Config & c) -> auto& { return c.zero.offloadParamDevice; },
+                            {"none", "cpu", "nvme"}));
     f.push_back(stringField("zero_optimization.offload_optimizer.device",
-                            [](Config& c) -> auto& { return c.zero.offloadOptimizerDevice; }, {"none", "cpu", "nvme"}));
-    f.push_back(stringField("zero_optimization.nvme_path", [](Config& c) -> auto& { return c.zero.nvmePath; }));
-    f.push_back(boolField("zero_optimization.pin_memory", [](Config& c) -> auto& { return c.zero.pinMemory; }));
-    f.push_back(intField("zero_optimization.buffer_count", [](Config& c) -> auto& { return c.zero.bufferCount; }, 1, 1024));
-    f.push_back(intField("zero_optimization.aio.block_size", [](Config& c) -> auto& { return c.zero.aioBlockSize; }, 4096));
-    f.push_back(intField("zero_optimization.aio.queue_depth", [](Config& c) -> auto& { return c.zero.aioQueueDepth; }, 1, 4096));
+                            [](Config & c) -> auto& { return c.zero.offloadOptimizerDevice; },
+                            {"none", "cpu", "nvme"}));
+    f.push_back(stringField(
+        "zero_optimization.nvme_path", [](Config & c) -> auto& { return c.zero.nvmePath; }));
+    f.push_back(boolField(
+        "zero_optimization.pin_memory", [](Config & c) -> auto& { return c.zero.pinMemory; }));
+    f.push_back(intField(
+        "zero_optimization.buffer_count", [](Config & c) -> auto& { return c.zero.bufferCount; }, 1, 1024));
+    f.push_back(intField(
+        "zero_optimization.aio.block_size", [](Config & c) -> auto& { return c.zero.aioBlockSize; }, 4096));
+    f.push_back(intField(
+        "zero_optimization.aio.queue_depth", [](Config & c) -> auto& { return c.zero.aioQueueDepth; }, 1,
+        4096));
     // store budgets: a number of GiB or "auto"
-    f.push_back(stringField("store.gpu_budget_gb", [](Config& c) -> auto& { return c.store.gpuBudgetGb; }));
-    f.push_back(stringField("store.host_budget_gb", [](Config& c) -> auto& { return c.store.hostBudgetGb; }));
-    f.push_back(stringField("store.nvme_budget_gb", [](Config& c) -> auto& { return c.store.nvmeBudgetGb; }));
+    f.push_back(stringField(
+        "store.gpu_budget_gb", [](Config & c) -> auto& { return c.store.gpuBudgetGb; }));
+    f.push_back(stringField(
+        "store.host_budget_gb", [](Config & c) -> auto& { return c.store.hostBudgetGb; }));
+    f.push_back(stringField(
+        "store.nvme_budget_gb", [](Config & c) -> auto& { return c.store.nvmeBudgetGb; }));
     // checkpoint
-    f.push_back(stringField("checkpoint.save", [](Config& c) -> auto& { return c.checkpoint.save; }));
-    f.push_back(stringField("checkpoint.load", [](Config& c) -> auto& { return c.checkpoint.load; }));
-    f.push_back(intField("checkpoint.save_interval", [](Config& c) -> auto& { return c.checkpoint.saveInterval; }, 0));
+    f.push_back(stringField(
+        "checkpoint.save", [](Config & c) -> auto& { return c.checkpoint.save; }));
+    f.push_back(stringField(
+        "checkpoint.load", [](Config & c) -> auto& { return c.checkpoint.load; }));
+    f.push_back(intField(
+        "checkpoint.save_interval", [](Config & c) -> auto& { return c.checkpoint.saveInterval; }, 0));
     return f;
   }();
   return fields;
@@ -154,7 +228,8 @@ std::string nearestKey(const std::string& key) {
     size_t d = editDistance(key, f.key);
     // Also compare the last component alone, so "model.hiden_size" and "hiden_size" both find hidden_size.
     std::string leaf = f.key.substr(f.key.rfind('.') + 1);
-    d = std::min(d, editDistance(key.substr(key.rfind('.') + 1), leaf) + (key.find('.') == std::string::npos ? 0 : 2));
+    d = std::min(
+        d, editDistance(key.substr(key.rfind('.') + 1), leaf) + (key.find('.') == std::string::npos ? 0 : 2));
     if (d < bestDist) {
       bestDist = d;
       best = f.key;
@@ -209,12 +284,13 @@ struct Loader {
     }
     if (f.kind == Kind::Int || f.kind == Kind::Float) {
       double v = node.as<double>();
-      STRATA_CHECK(v >= f.min && v <= f.max, "{}: '{}' = {} is out of range [{}, {}]", place, f.key, text, f.min,
-                   f.max);
+      STRATA_CHECK(v >= f.min && v <= f.max, "{}: '{}' = {} is out of range [{}, {}]", place, f.key, text,
+                   f.min, f.max);
     }
     if (f.kind == Kind::FloatList) {
       for (double v : node.as<std::vector<double>>())
-        STRATA_CHECK(v >= f.min && v <= f.max, "{}: '{}' has {} outside [{}, {}]", place, f.key, v, f.min, f.max);
+        STRATA_CHECK(v >= f.min && v <= f.max, "{}: '{}' has {} outside [{}, {}]", place, f.key, v, f.min,
+                     f.max);
     }
     where[f.key] = place;
     YAML::Emitter emitter;
@@ -277,24 +353,27 @@ struct Loader {
                  place("train.global_batch_size"), c.train.globalBatchSize, c.train.microBatchSize);
     STRATA_CHECK(c.optimizer.betas.size() == 2, "{}: 'optimizer.betas' needs two values, got {}",
                  place("optimizer.betas"), c.optimizer.betas.size());
-    STRATA_CHECK(c.optimizer.minLr <= c.optimizer.lr, "{}: 'optimizer.min_lr' ({}) exceeds 'optimizer.lr' ({})",
-                 place("optimizer.min_lr"), c.optimizer.minLr, c.optimizer.lr);
+    STRATA_CHECK(c.optimizer.minLr <= c.optimizer.lr,
+                 "{}: 'optimizer.min_lr' ({}) exceeds 'optimizer.lr' ({})", place("optimizer.min_lr"),
+                 c.optimizer.minLr, c.optimizer.lr);
     STRATA_CHECK(c.lrSchedule.warmupIters <= c.train.trainIters,
                  "{}: 'lr_schedule.warmup_iters' ({}) exceeds 'train.train_iters' ({})",
                  place("lr_schedule.warmup_iters"), c.lrSchedule.warmupIters, c.train.trainIters);
     if (c.data.tokenizer == "byte")
-      STRATA_CHECK(c.model.vocabSize >= 256, "{}: 'model.vocab_size' ({}) is too small for the byte tokenizer (256)",
+      STRATA_CHECK(c.model.vocabSize >= 256,
+                   "{}: 'model.vocab_size' ({}) is too small for the byte tokenizer (256)",
                    place("model.vocab_size"), c.model.vocabSize);
     if (c.data.tokenizer == "gpt2")
       STRATA_CHECK(!c.data.vocabFile.empty() && !c.data.mergesFile.empty(),
-                   "{}: the gpt2 tokenizer needs 'data.vocab_file' and 'data.merges_file'", place("data.tokenizer"));
+                   "{}: the gpt2 tokenizer needs 'data.vocab_file' and 'data.merges_file'",
+                   place("data.tokenizer"));
     for (const char* key : {"store.gpu_budget_gb", "store.host_budget_gb", "store.nvme_budget_gb"}) {
       auto it = c.values.find(key);
       if (it == c.values.end() || it->second == "auto") continue;
       char* end = nullptr;
       double v = std::strtod(it->second.c_str(), &end);
-      STRATA_CHECK(end && *end == '\0' && v >= 0, "{}: '{}' must be a number of GiB or 'auto', got '{}'", place(key),
-                   key, it->second);
+      STRATA_CHECK(end && *end == '\0' && v >= 0, "{}: '{}' must be a number of GiB or 'auto', got '{}'",
+                   place(key), key, it->second);
     }
     if (c.zero.offloadParamDevice == "nvme" || c.zero.offloadOptimizerDevice == "nvme")
       STRATA_CHECK(!c.zero.nvmePath.empty(), "{}: offloading to nvme needs 'zero_optimization.nvme_path'",
@@ -306,7 +385,8 @@ struct Loader {
       if (fs::exists(alt)) c.data.path = alt.lexically_normal().string();
     }
     if (requireData)
-      STRATA_CHECK(fs::exists(c.data.path), "{}: 'data.path' {} does not exist", place("data.path"), c.data.path);
+      STRATA_CHECK(fs::exists(c.data.path), "{}: 'data.path' {} does not exist", place("data.path"),
+                   c.data.path);
   }
 };
 
@@ -324,8 +404,8 @@ Config parseWith(const YAML::Node& root, const std::string& origin, const std::s
 
 }  // namespace
 
-Config parseConfig(const std::string& yaml, const std::string& origin, const std::vector<std::string>& overrides,
-                   bool requireData) {
+Config parseConfig(const std::string& yaml, const std::string& origin,
+                   const std::vector<std::string>& overrides, bool requireData) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml);

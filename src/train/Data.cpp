@@ -41,7 +41,6 @@ struct TokenDataset::Mapping {
 
 namespace {
 
-
 // Maps a file read-only; returns the mapping.
 void mapFile(const std::string& path, void*& addr, size_t& bytes) {
   int fd = ::open(path.c_str(), O_RDONLY);
@@ -69,10 +68,14 @@ int megatronElementBytes(const std::string& idxPath) {
   in.read(reinterpret_cast<char*>(&code), 1);
   // Megatron dtype codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16.
   switch (code) {
-    case 8: return 2;
-    case 4: return 4;
-    case 3: return 2;
-    default: STRATA_FAIL("{}: token dtype code {} is not supported (uint16 or int32 expected)", idxPath, int(code));
+    case 8:
+      return 2;
+    case 4:
+      return 4;
+    case 3:
+      return 2;
+    default:
+      STRATA_FAIL("{}: token dtype code {} is not supported (uint16 or int32 expected)", idxPath, int(code));
   }
 }
 
@@ -89,8 +92,8 @@ TokenDataset TokenDataset::fromTokens(std::vector<uint16_t> tokens, double valFr
   return d;
 }
 
-TokenDataset TokenDataset::open(const std::string& path, const std::string& format, const Tokenizer& tokenizer,
-                                const std::string& cacheDir, double valFraction) {
+TokenDataset TokenDataset::open(const std::string& path, const std::string& format,
+                                const Tokenizer& tokenizer, const std::string& cacheDir, double valFraction) {
   STRATA_CHECK(format == "megatron" || fs::exists(path), "data file {} does not exist", path);
   std::string binPath = path;
   int width = 2;
@@ -114,7 +117,8 @@ TokenDataset TokenDataset::open(const std::string& path, const std::string& form
       fs::rename(tmp, binPath);
     }
   } else if (format == "megatron") {
-    std::string base = path.size() > 4 && path.substr(path.size() - 4) == ".bin" ? path.substr(0, path.size() - 4) : path;
+    std::string base =
+        path.size() > 4 && path.substr(path.size() - 4) == ".bin" ? path.substr(0, path.size() - 4) : path;
     binPath = base + ".bin";
     width = megatronElementBytes(base + ".idx");
   } else {
@@ -132,7 +136,9 @@ TokenDataset TokenDataset::open(const std::string& path, const std::string& form
   return d;
 }
 
-int64_t TokenDataset::splitSize(Split s) const { return s == Split::Train ? trainTokens_ : numTokens_ - trainTokens_; }
+int64_t TokenDataset::splitSize(Split s) const {
+  return s == Split::Train ? trainTokens_ : numTokens_ - trainTokens_;
+}
 
 int64_t TokenDataset::token(int64_t i) const {
   if (elementBytes_ == 2) return static_cast<const uint16_t*>(data_)[i];

@@ -38,9 +38,15 @@ std::vector<std::string> utf8Chars(const std::string& s) {
   return out;
 }
 
-bool isLetter(unsigned char c) { return std::isalpha(c) || c >= 0x80; }
-bool isDigit(unsigned char c) { return std::isdigit(c); }
-bool isSpace(unsigned char c) { return std::isspace(c); }
+bool isLetter(unsigned char c) {
+  return std::isalpha(c) || c >= 0x80;
+}
+bool isDigit(unsigned char c) {
+  return std::isdigit(c);
+}
+bool isSpace(unsigned char c) {
+  return std::isspace(c);
+}
 
 // GPT-2's pre-tokenization pattern with ASCII classes.
 std::vector<std::string> preTokenize(const std::string& text) {

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <array>
-#include <cstring>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -43,7 +43,9 @@ void varint(std::string& out, uint64_t v) {
   }
   out.push_back(char(v));
 }
-void tag(std::string& out, int field, int wire) { varint(out, uint64_t(field) << 3 | uint64_t(wire)); }
+void tag(std::string& out, int field, int wire) {
+  varint(out, uint64_t(field) << 3 | uint64_t(wire));
+}
 void bytesField(std::string& out, int field, const std::string& b) {
   tag(out, field, 2);
   varint(out, b.size());
@@ -67,9 +69,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   std::filesystem::create_directories(dir);
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
-  path_ = (std::filesystem::path(dir) /
-           ("events.out.tfevents." + std::to_string(int64_t(wallTime())) + "." + host + "." +
-            std::to_string(getpid())))
+  path_ = (std::filesystem::path(dir) / ("events.out.tfevents." + std::to_string(int64_t(wallTime())) + "." +
+                                         host + "." + std::to_string(getpid())))
               .string();
   out_.open(path_, std::ios::binary);
   STRATA_CHECK(out_.good(), "cannot create TensorBoard event file {}", path_);
@@ -90,7 +91,8 @@ void TensorBoardWriter::writeRecord(const std::string& payload) {
 }
 
 void TensorBoardWriter::scalar(const std::string& name, double value, int64_t step) {
-  // Summary.Value { tag = 1; simple_value = 2 }, Summary { value = 1 }, Event { wall_time = 1; step = 2; summary = 5 }
+  // Summary.Value { tag = 1; simple_value = 2 }, Summary { value = 1 }, Event { wall_time = 1; step = 2;
+  // summary = 5 }
   std::string v;
   bytesField(v, 1, name);
   fixedField(v, 2, float(value));
@@ -105,7 +107,8 @@ void TensorBoardWriter::scalar(const std::string& name, double value, int64_t st
 }
 
 MetricsLogger::MetricsLogger(const std::string& outDir)
-    : jsonl_((std::filesystem::create_directories(outDir), (std::filesystem::path(outDir) / "metrics.jsonl").string()),
+    : jsonl_((std::filesystem::create_directories(outDir),
+              (std::filesystem::path(outDir) / "metrics.jsonl").string()),
              std::ios::app),
       tb_(outDir) {
   STRATA_CHECK(jsonl_.good(), "cannot open {}/metrics.jsonl", outDir);
@@ -113,9 +116,15 @@ MetricsLogger::MetricsLogger(const std::string& outDir)
 
 void MetricsLogger::train(const TrainRecord& r) {
   std::string mem;
-  nlohmann::json j{{"step", r.step},          {"loss", r.loss},  {"lr", r.lr},     {"grad_norm", r.gradNorm},
-                   {"loss_scale", r.lossScale}, {"ms_per_iter", r.msPerIter}, {"tokens_per_s", r.tokensPerSec},
-                   {"tflops", r.tflops},      {"mfu", r.mfu}};
+  nlohmann::json j{{"step", r.step},
+                   {"loss", r.loss},
+                   {"lr", r.lr},
+                   {"grad_norm", r.gradNorm},
+                   {"loss_scale", r.lossScale},
+                   {"ms_per_iter", r.msPerIter},
+                   {"tokens_per_s", r.tokensPerSec},
+                   {"tflops", r.tflops},
+                   {"mfu", r.mfu}};
   for (const auto& [tier, gb] : r.memoryGb) {
     j["mem_" + tier + "_gb"] = gb;
     mem += fmt::format(" | mem {} {:.2f} GiB", tier, gb);
@@ -123,7 +132,8 @@ void MetricsLogger::train(const TrainRecord& r) {
   jsonl_ << j.dump() << "\n";
   jsonl_.flush();
   spdlog::info(
-      "iteration {:>6}/{:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | loss scale {:.0f} | {:.1f} ms/iter | "
+      "iteration {:>6}/{:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | loss scale {:.0f} | {:.1f} "
+      "ms/iter | "
       "{:.0f} tokens/s | {:.2f} TFLOP/s | MFU {:.1f}%{}",
       r.step, r.totalSteps, r.loss, r.lr, r.gradNorm, r.lossScale, r.msPerIter, r.tokensPerSec, r.tflops,
       100.0 * r.mfu, mem);

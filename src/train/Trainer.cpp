@@ -60,7 +60,9 @@ double peakFlops(Device d, DType compute) {
   return compute == DType::F32 ? 67e12 : 989e12;
 }
 
-double gib(size_t bytes) { return double(bytes) / double(1u << 30); }
+double gib(size_t bytes) {
+  return double(bytes) / double(1u << 30);
+}
 
 }  // namespace
 
@@ -70,7 +72,8 @@ Trainer::Trainer(Config config) : config_(std::move(config)) {
   setup();
 }
 
-Trainer::Trainer(Config config, std::shared_ptr<nn::CausalLM> model) : config_(std::move(config)), model_(std::move(model)) {
+Trainer::Trainer(Config config, std::shared_ptr<nn::CausalLM> model)
+    : config_(std::move(config)), model_(std::move(model)) {
   device_ = resolveDevice(config_.train.device);
   STRATA_CHECK(model_ != nullptr, "Trainer: no model given");
   setup();
@@ -78,31 +81,34 @@ Trainer::Trainer(Config config, std::shared_ptr<nn::CausalLM> model) : config_(s
 
 void Trainer::setup() {
   for (auto& [name, p] : model_->namedParameters())
-    STRATA_CHECK(p.device() == device_, "parameter '{}' is on {} but train.device is {}", name, toString(p.device()),
-                 toString(device_));
+    STRATA_CHECK(p.device() == device_, "parameter '{}' is on {} but train.device is {}", name,
+                 toString(p.device()), toString(device_));
   const std::string& dt = config_.precision.dtype;
   if (device_.isCpu() || dt == "fp32") {
     compute_ = DType::F32;
   } else if (dt == "bf16") {
     compute_ = DType::BF16;
   } else {
-    STRATA_FAIL("precision.dtype 'fp16' needs dynamic loss scaling, which this build does not have yet; use bf16 or fp32");
+    STRATA_FAIL(
+        "precision.dtype 'fp16' needs dynamic loss scaling, which this build does not have yet; use bf16 or "
+        "fp32");
   }
-  STRATA_CHECK(config_.zero.stage == 0 && config_.zero.offloadParamDevice == "none" &&
-                   config_.zero.offloadOptimizerDevice == "none",
-               "{}: zero_optimization (stage {}, offload) is not available in this build yet; set stage 0 and no "
-               "offload",
-               config_.sourcePath, config_.zero.stage);
+  STRATA_CHECK(
+      config_.zero.stage == 0 && config_.zero.offloadParamDevice == "none" &&
+          config_.zero.offloadOptimizerDevice == "none",
+      "{}: zero_optimization (stage {}, offload) is not available in this build yet; set stage 0 and no "
+      "offload",
+      config_.sourcePath, config_.zero.stage);
   if (config_.data.tokenizer == "gpt2")
     tokenizer_ = std::make_unique<Gpt2Tokenizer>(config_.data.vocabFile, config_.data.mergesFile);
   else
     tokenizer_ = std::make_unique<ByteTokenizer>();
   std::string cacheDir = (fs::path(config_.train.outDir) / "cache").string();
-  data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.path, config_.data.format, *tokenizer_,
-                                                            cacheDir, config_.data.valFraction));
+  data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.path, config_.data.format,
+                                                            *tokenizer_, cacheDir, config_.data.valFraction));
   int64_t maxToken = data_->maxToken();
-  STRATA_CHECK(maxToken < model_->vocabSize(), "{} holds token id {} but model.vocab_size is {}", config_.data.path,
-               maxToken, model_->vocabSize());
+  STRATA_CHECK(maxToken < model_->vocabSize(), "{} holds token id {} but model.vocab_size is {}",
+               config_.data.path, maxToken, model_->vocabSize());
 }
 
 double Trainer::evaluate(int64_t iters) {
@@ -130,10 +136,12 @@ std::string Trainer::sample(const std::string& prompt, int64_t length, double te
     std::vector<int64_t> window(ids.begin() + std::ptrdiff_t(start), ids.end());
     Tensor x = Tensor::fromVector(window, {1, int64_t(window.size())}, device_);
     Tensor logits = model_->logits(x, compute_);
-    std::vector<float> last = logits.select(1, logits.size(1) - 1).to(Device::cpu(), DType::F32).toVector<float>();
+    std::vector<float> last =
+        logits.select(1, logits.size(1) - 1).to(Device::cpu(), DType::F32).toVector<float>();
     // Temperature, top-k, then a Philox draw.
     std::vector<std::pair<float, int32_t>> scored;
-    for (int64_t v = 0; v < V; ++v) scored.emplace_back(last[size_t(v)] / float(std::max(temperature, 1e-6)), int32_t(v));
+    for (int64_t v = 0; v < V; ++v)
+      scored.emplace_back(last[size_t(v)] / float(std::max(temperature, 1e-6)), int32_t(v));
     std::sort(scored.begin(), scored.end(), [](auto& a, auto& b) { return a.first > b.first; });
     if (topK > 0 && topK < V) scored.resize(size_t(topK));
     double mx = scored[0].first, z = 0;
@@ -160,8 +168,8 @@ TrainResult Trainer::run() {
   STRATA_CHECK(T <= c.model.seqLength || c.model.arch != "gpt", "sequence length mismatch");
 
   optim::AdamW optimizer(model_->namedParameters(),
-                         optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
-                                            c.optimizer.weightDecay});
+                         optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1],
+                                            c.optimizer.eps, c.optimizer.weightDecay});
   optim::LrSchedule schedule{optim::lrStyleFromName(c.lrSchedule.style), c.optimizer.lr, c.optimizer.minLr,
                              c.lrSchedule.warmupIters,
                              c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
@@ -178,7 +186,8 @@ TrainResult Trainer::run() {
     spdlog::info("resumed from {} at iteration {}", resolveCheckpoint(c.checkpoint.load), startStep);
   }
   std::string saveDir = c.checkpoint.save;
-  if (saveDir.empty() && c.checkpoint.saveInterval > 0) saveDir = (fs::path(c.train.outDir) / "checkpoints").string();
+  if (saveDir.empty() && c.checkpoint.saveInterval > 0)
+    saveDir = (fs::path(c.train.outDir) / "checkpoints").string();
   auto save = [&](int64_t step) {
     CheckpointState st;
     st.step = step;
@@ -191,9 +200,9 @@ TrainResult Trainer::run() {
   };
 
   MetricsLogger logger(c.train.outDir);
-  spdlog::info("training {} ({} parameters) on {} ({}) in {}: {} iterations of {} sequences x {} tokens", c.model.arch,
-               model_->numParameters(), toString(device_), deviceName(device_), dtypeName(compute_), c.train.trainIters,
-               c.train.globalBatchSize, T);
+  spdlog::info("training {} ({} parameters) on {} ({}) in {}: {} iterations of {} sequences x {} tokens",
+               c.model.arch, model_->numParameters(), toString(device_), deviceName(device_),
+               dtypeName(compute_), c.train.trainIters, c.train.globalBatchSize, T);
 
   TrainResult result;
   result.valLoss = NAN;
@@ -216,7 +225,8 @@ TrainResult Trainer::run() {
     {
       NoGradGuard noGrad;
       lastNorm = optim::gradNorm(params, device_);
-      Tensor coef = c.optimizer.clipGrad > 0 ? optim::clipCoefficient(lastNorm, c.optimizer.clipGrad) : Tensor();
+      Tensor coef =
+          c.optimizer.clipGrad > 0 ? optim::clipCoefficient(lastNorm, c.optimizer.clipGrad) : Tensor();
       optimizer.step(lr, coef);
       optimizer.zeroGrad();
     }
@@ -231,7 +241,8 @@ TrainResult Trainer::run() {
       r.loss = lossSum.item() / double(intervalSteps);  // syncs the device: the timing below covers all work
       r.gradNorm = lastNorm.item();
       r.lr = lr;
-      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - intervalStart).count();
+      double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - intervalStart).count();
       r.msPerIter = 1000.0 * seconds / double(intervalSteps);
       r.tokensPerSec = double(intervalSteps * c.train.globalBatchSize * T) / seconds;
       r.tflops = r.tokensPerSec * flopsPerToken / 1e12;
@@ -253,7 +264,8 @@ TrainResult Trainer::run() {
       logger.eval(done, result.valLoss);
       intervalStart = std::chrono::steady_clock::now();  // evaluation time is not training time
     }
-    if (!saveDir.empty() && ((c.checkpoint.saveInterval > 0 && done % c.checkpoint.saveInterval == 0) || last)) {
+    if (!saveDir.empty() &&
+        ((c.checkpoint.saveInterval > 0 && done % c.checkpoint.saveInterval == 0) || last)) {
       save(done);
       intervalStart = std::chrono::steady_clock::now();
     }

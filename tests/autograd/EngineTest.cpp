@@ -90,7 +90,8 @@ TEST_CASE("backward runs nodes in reverse creation order", "[autograd][engine]")
   REQUIRE(x.grad().item() == 8.0);
 }
 
-TEST_CASE("checkpoint recomputes and matches the plain backward, dropout included", "[autograd][checkpoint]") {
+TEST_CASE("checkpoint recomputes and matches the plain backward, dropout included",
+          "[autograd][checkpoint]") {
   Tensor w = test::randomDouble({6, 6}, 70);
   w.setRequiresGrad(true);
   Tensor x = test::randomDouble({4, 6}, 71);

@@ -8,9 +8,11 @@ using Ins = std::vector<Tensor>;
 
 TEST_CASE("gradcheck: add, sub, mul, div with broadcasting", "[autograd][gradcheck]") {
   gradCheck([](const Ins& x) { return add(x[0], x[1]); }, {randomDouble({3, 4}, 1), randomDouble({4}, 2)});
-  gradCheck([](const Ins& x) { return sub(x[0], x[1]); }, {randomDouble({3, 1}, 3), randomDouble({2, 1, 4}, 4)});
+  gradCheck([](const Ins& x) { return sub(x[0], x[1]); },
+            {randomDouble({3, 1}, 3), randomDouble({2, 1, 4}, 4)});
   gradCheck([](const Ins& x) { return mul(x[0], x[1]); }, {randomDouble({2, 3}, 5), randomDouble({2, 1}, 6)});
-  gradCheck([](const Ins& x) { return div(x[0], x[1]); }, {randomDouble({2, 3}, 7), randomDouble({3}, 8, 0.5, 2)});
+  gradCheck([](const Ins& x) { return div(x[0], x[1]); },
+            {randomDouble({2, 3}, 7), randomDouble({3}, 8, 0.5, 2)});
   gradCheck([](const Ins& x) { return x[0] * 3.0 + 1.0 - x[0] / 2.0; }, {randomDouble({5}, 9)});
 }
 
@@ -35,7 +37,8 @@ TEST_CASE("gradcheck: tanh, sigmoid, relu, silu, gelu", "[autograd][gradcheck]")
 
 TEST_CASE("gradcheck: where and masked fill", "[autograd][gradcheck]") {
   Tensor mask = Tensor::fromVector<double>({1, 0, 1, 0, 0, 1}, {2, 3});
-  gradCheck([mask](const Ins& x) { return where(mask, x[0], x[1]); }, {randomDouble({2, 3}, 23), randomDouble({3}, 24)});
+  gradCheck([mask](const Ins& x) { return where(mask, x[0], x[1]); },
+            {randomDouble({2, 3}, 23), randomDouble({3}, 24)});
   gradCheck([mask](const Ins& x) { return maskedFill(x[0], mask, -5.0); }, {randomDouble({2, 3}, 25)});
 }
 
@@ -49,14 +52,16 @@ TEST_CASE("gradcheck: sum, mean, max, norm over dims", "[autograd][gradcheck]") 
 }
 
 TEST_CASE("gradcheck: matmul, batched and broadcast", "[autograd][gradcheck]") {
-  gradCheck([](const Ins& x) { return matmul(x[0], x[1]); }, {randomDouble({3, 4}, 32), randomDouble({4, 5}, 33)});
+  gradCheck([](const Ins& x) { return matmul(x[0], x[1]); },
+            {randomDouble({3, 4}, 32), randomDouble({4, 5}, 33)});
   gradCheck([](const Ins& x) { return matmul(x[0], x[1]); },
             {randomDouble({2, 3, 4}, 34), randomDouble({4, 2}, 35)});
   gradCheck([](const Ins& x) { return matmul(x[0], x[1]); },
             {randomDouble({2, 1, 3, 4}, 36), randomDouble({3, 4, 2}, 37)});
   gradCheck([](const Ins& x) { return matmul(x[0], x[1].transpose(0, 1)); },
             {randomDouble({3, 4}, 38), randomDouble({5, 4}, 39)});
-  gradCheck([](const Ins& x) { return matmul(x[0], x[1]); }, {randomDouble({4}, 40), randomDouble({4, 3}, 41)});
+  gradCheck([](const Ins& x) { return matmul(x[0], x[1]); },
+            {randomDouble({4}, 40), randomDouble({4, 3}, 41)});
 }
 
 TEST_CASE("gradcheck: softmax and log-softmax", "[autograd][gradcheck]") {
@@ -94,17 +99,26 @@ TEST_CASE("gradcheck: dropout replays its mask", "[autograd][gradcheck]") {
 
 TEST_CASE("gradcheck: views, cat and split", "[autograd][gradcheck]") {
   gradCheck([](const Ins& x) { return x[0].transpose(0, 1).reshape({12}); }, {randomDouble({3, 4}, 54)});
-  gradCheck([](const Ins& x) { return x[0].permute({2, 0, 1}).narrow(0, 1, 2); }, {randomDouble({2, 3, 4}, 55)});
+  gradCheck(
+      [](const Ins& x) {
+        return x[0].permute({2, 0, 1}).narrow(0, 1, 2);
+      },
+      {randomDouble({2, 3, 4}, 55)});
   gradCheck([](const Ins& x) { return x[0].unsqueeze(1).expand({3, 4, 2}); }, {randomDouble({3, 2}, 56)});
   gradCheck([](const Ins& x) { return x[0].select(1, 2) * x[0].select(1, 0); }, {randomDouble({3, 4}, 57)});
-  gradCheck([](const Ins& x) { return cat({x[0], x[1]}, 0); }, {randomDouble({2, 3}, 58), randomDouble({1, 3}, 59)});
+  gradCheck(
+      [](const Ins& x) {
+        return cat({x[0], x[1]}, 0);
+      },
+      {randomDouble({2, 3}, 58), randomDouble({1, 3}, 59)});
   gradCheck(
       [](const Ins& x) {
         auto parts = split(x[0], {1, 3}, 1);
         return parts[0] * parts[1];
       },
       {randomDouble({2, 4}, 60)});
-  gradCheck([](const Ins& x) { return x[0].to(DType::F32).to(DType::F64); }, {randomDouble({4}, 61)}, 1e-3, 1e-4, 1e-3);
+  gradCheck([](const Ins& x) { return x[0].to(DType::F32).to(DType::F64); }, {randomDouble({4}, 61)}, 1e-3,
+            1e-4, 1e-3);
 }
 
 TEST_CASE("gradcheck: scaled dot product attention with masks", "[autograd][gradcheck]") {

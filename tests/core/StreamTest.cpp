@@ -41,5 +41,6 @@ TEST_CASE("[cuda] streams order work across the four device streams", "[cuda][st
   copied.block(streams.compute);
   StreamGuard guard(streams.compute);
   Tensor doubled = ops::affine(dev, 2.0, 0.0);
-  REQUIRE(ops::sum(doubled).to(Device::cpu()).item() == Approx(double(1 << 20) * ((1 << 20) - 1)).epsilon(1e-5));
+  REQUIRE(ops::sum(doubled).to(Device::cpu()).item() ==
+          Approx(double(1 << 20) * ((1 << 20) - 1)).epsilon(1e-5));
 }

@@ -4,7 +4,9 @@ using namespace strata;
 using strata::test::requireClose;
 
 namespace {
-Tensor iota(const Shape& shape) { return ops::arange(0, double(numelOf(shape))).view(shape); }
+Tensor iota(const Shape& shape) {
+  return ops::arange(0, double(numelOf(shape))).view(shape);
+}
 }  // namespace
 
 TEST_CASE("tensor construction and host round trip", "[core][tensor]") {
@@ -37,7 +39,7 @@ TEST_CASE("views share storage and follow strides", "[core][tensor][views]") {
   Tensor tr = t.transpose(0, 2);
   REQUIRE(tr.shape() == Shape{4, 3, 2});
   REQUIRE_THROWS_AS(tr.view({24}), Error);  // not expressible without a copy
-  Tensor r = tr.reshape({24});                // reshape copies instead
+  Tensor r = tr.reshape({24});              // reshape copies instead
   REQUIRE(r.isContiguous());
   REQUIRE(r.toVector<float>()[1] == 12.0f);
 
@@ -103,8 +105,8 @@ TEST_CASE("broadcast shapes", "[core][shape]") {
   REQUIRE(s.shape() == Shape{2, 4, 3});
   auto v = s.toVector<float>();
   REQUIRE(v[0] == 0.0f);
-  REQUIRE(v[3 * 3 + 2] == 2.0f + 3.0f);           // a[0,0,2] + b[3,0]
-  REQUIRE(v[12 + 1 * 3 + 1] == 4.0f + 1.0f);      // a[1,0,1] + b[1,0]
+  REQUIRE(v[3 * 3 + 2] == 2.0f + 3.0f);       // a[0,0,2] + b[3,0]
+  REQUIRE(v[12 + 1 * 3 + 1] == 4.0f + 1.0f);  // a[1,0,1] + b[1,0]
 }
 
 TEST_CASE("printing names dtype, shape and values", "[core][tensor]") {

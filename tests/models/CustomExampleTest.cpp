@@ -17,12 +17,12 @@ TEST_CASE("a user-written model trains with the stock trainer", "[models][custom
   }
   fs::path out = fs::temp_directory_path() / "strata-custom-out";
   fs::remove_all(out);
-  train::Config c = train::parseConfig("", "test",
-                                       {"data.path=" + corpus.string(), "train.out_dir=" + out.string(),
-                                        "train.device=cpu", "model.hidden_size=16", "model.seq_length=16",
-                                        "train.micro_batch_size=8", "train.train_iters=60", "train.log_interval=10",
-                                        "train.eval_interval=60", "train.eval_iters=2", "train.sample_length=0",
-                                        "lr_schedule.warmup_iters=5", "optimizer.lr=0.01"});
+  train::Config c = train::parseConfig(
+      "", "test",
+      {"data.path=" + corpus.string(), "train.out_dir=" + out.string(), "train.device=cpu",
+       "model.hidden_size=16", "model.seq_length=16", "train.micro_batch_size=8", "train.train_iters=60",
+       "train.log_interval=10", "train.eval_interval=60", "train.eval_iters=2", "train.sample_length=0",
+       "lr_schedule.warmup_iters=5", "optimizer.lr=0.01"});
   auto model = std::make_shared<example::BigramMlp>(256, 16, 16, Device::cpu());
   REQUIRE(model->namedParameters().size() == 5);
   train::Trainer trainer(c, model);

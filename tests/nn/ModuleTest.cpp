@@ -10,7 +10,9 @@ class Affine : public nn::Module {
     weight_ = registerParameter("weight", ops::randn({in, out}, gen, DType::F64));
     bias_ = registerParameter("bias", ops::zeros({out}, DType::F64));
   }
-  std::vector<Tensor> forward(const std::vector<Tensor>& in) override { return {matmul(in[0], weight_) + bias_}; }
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+    return {matmul(in[0], weight_) + bias_};
+  }
   Tensor weight_, bias_;
 };
 
@@ -50,7 +52,8 @@ TEST_CASE("module hooks fire in forward and backward order", "[nn][module][hooks
   for (auto& [name, m] : net.namedModules()) {
     if (name.empty()) continue;
     std::string n = name;
-    m->addForwardPreHook([&events, n](nn::Module&, const std::vector<Tensor>&) { events.push_back("pre:" + n); });
+    m->addForwardPreHook(
+        [&events, n](nn::Module&, const std::vector<Tensor>&) { events.push_back("pre:" + n); });
     m->addForwardHook([&events, n](nn::Module&, const std::vector<Tensor>&, const std::vector<Tensor>&) {
       events.push_back("post:" + n);
     });

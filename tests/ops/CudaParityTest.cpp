@@ -15,9 +15,12 @@ struct Tol {
 };
 Tol tolFor(DType t) {
   switch (t) {
-    case DType::BF16: return {2e-2, 2e-2};
-    case DType::F16: return {2e-3, 4e-3};
-    default: return {1e-5, 1e-4};
+    case DType::BF16:
+      return {2e-2, 2e-2};
+    case DType::F16:
+      return {2e-3, 4e-3};
+    default:
+      return {1e-5, 1e-4};
   }
 }
 
@@ -56,54 +59,77 @@ TEST_CASE("[cuda] random numbers and dropout masks match the cpu", "[cuda][parit
   auto cpu = ops::rand({4097}, a).toVector<float>();
   auto gpu = ops::rand({4097}, b, DType::F32, kGpu).toVector<float>();
   REQUIRE(cpu == gpu);  // bit-identical
-  parity("randn", [](const std::vector<Tensor>& in) {
-    Generator g(9);
-    return std::vector<Tensor>{ops::randn({1000}, g, DType::F32, in[0].device())};
-  }, {ops::zeros({1})}, {1e-5, 1e-4});
+  parity("randn",
+         [](const std::vector<Tensor>& in) {
+           Generator g(9);
+           return std::vector<Tensor>{ops::randn({1000}, g, DType::F32, in[0].device())};
+         },
+         {ops::zeros({1})}, {1e-5, 1e-4});
   Tensor x = randomOf({3001}, DType::F32, 1);
-  REQUIRE(ops::dropout(x, 0.3, 5, 17).toVector<float>() == ops::dropout(x.to(kGpu), 0.3, 5, 17).toVector<float>());
+  REQUIRE(ops::dropout(x, 0.3, 5, 17).toVector<float>() ==
+          ops::dropout(x.to(kGpu), 0.3, 5, 17).toVector<float>());
 }
 
 TEST_CASE("[cuda] elementwise ops match the cpu for every dtype", "[cuda][parity]") {
   STRATA_REQUIRE_CUDA();
   const char* unary[] = {"neg", "exp", "tanh", "sigmoid", "relu", "silu", "gelu_tanh", "gelu_erf"};
   const char* positive[] = {"log", "sqrt", "rsqrt"};
-  const char* binary[] = {"add", "sub", "mul", "div", "maximum", "relu_backward", "silu_backward",
-                          "gelu_tanh_backward", "gelu_erf_backward", "tanh_backward", "sigmoid_backward"};
+  const char* binary[] = {"add",
+                          "sub",
+                          "mul",
+                          "div",
+                          "maximum",
+                          "relu_backward",
+                          "silu_backward",
+                          "gelu_tanh_backward",
+                          "gelu_erf_backward",
+                          "tanh_backward",
+                          "sigmoid_backward"};
   for (DType dt : kFloatTypes) {
     for (Shape shape : {Shape{1}, Shape{7, 13}, Shape{4, 1000}, Shape{3, 5, 64}}) {
-      Tensor x = randomOf(shape, dt, 10), p = randomOf(shape, dt, 11, 0.2, 3.0), y = randomOf(shape, dt, 12, 0.5, 2);
+      Tensor x = randomOf(shape, dt, 10), p = randomOf(shape, dt, 11, 0.2, 3.0),
+             y = randomOf(shape, dt, 12, 0.5, 2);
       for (const char* op : unary)
-        parity(op, [op](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::map(op, in)}; }, {x},
-               tolFor(dt));
+        parity(
+            op, [op](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::map(op, in)}; }, {x},
+            tolFor(dt));
       for (const char* op : positive)
-        parity(op, [op](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::map(op, in)}; }, {p},
-               tolFor(dt));
+        parity(
+            op, [op](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::map(op, in)}; }, {p},
+            tolFor(dt));
       for (const char* op : binary)
-        parity(op, [op](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::map(op, in)}; }, {x, y},
-               tolFor(dt));
-      parity("pow", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::pow(in[0], 1.5)}; }, {p},
-             tolFor(dt));
-      parity("affine", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::affine(in[0], 2, 1)}; },
-             {x}, tolFor(dt));
+        parity(
+            op, [op](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::map(op, in)}; }, {x, y},
+            tolFor(dt));
+      parity(
+          "pow", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::pow(in[0], 1.5)}; }, {p},
+          tolFor(dt));
+      parity(
+          "affine",
+          [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::affine(in[0], 2, 1)}; }, {x},
+          tolFor(dt));
     }
     // Broadcasting, strided operands and where.
     Tensor a = randomOf({6, 1, 33}, dt, 13), b = randomOf({5, 1}, dt, 14);
-    parity("add broadcast", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::add(in[0], in[1])}; },
-           {a, b}, tolFor(dt));
+    parity(
+        "add broadcast",
+        [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::add(in[0], in[1])}; }, {a, b},
+        tolFor(dt));
     Tensor m = randomOf({40, 24}, dt, 15);
-    parity("mul strided",
-           [](const std::vector<Tensor>& in) {
-             return std::vector<Tensor>{ops::mul(detail::permuteRaw(in[0], {1, 0}), in[1])};
-           },
-           {m, randomOf({24, 40}, dt, 16)}, tolFor(dt));
+    parity(
+        "mul strided",
+        [](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{ops::mul(detail::permuteRaw(in[0], {1, 0}), in[1])};
+        },
+        {m, randomOf({24, 40}, dt, 16)}, tolFor(dt));
     Tensor cond = randomOf({40, 24}, DType::F32, 17, -1, 1).to(DType::F32);
-    parity("where",
-           [](const std::vector<Tensor>& in) {
-             return std::vector<Tensor>{ops::where(ops::gt(in[0], ops::zeros({}, DType::F32, in[0].device())), in[1],
-                                                   in[2])};
-           },
-           {cond, m, randomOf({24}, dt, 18)}, tolFor(dt));
+    parity(
+        "where",
+        [](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{
+              ops::where(ops::gt(in[0], ops::zeros({}, DType::F32, in[0].device())), in[1], in[2])};
+        },
+        {cond, m, randomOf({24}, dt, 18)}, tolFor(dt));
   }
 }
 
@@ -112,19 +138,28 @@ TEST_CASE("[cuda] copies and conversions match the cpu", "[cuda][parity]") {
   Tensor x = randomOf({37, 19}, DType::F32, 20, -100, 100);
   for (DType to : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U8}) {
     Tensor src = to == DType::U8 ? ops::affine(x, 0.5, 100).to(DType::F32) : x;
-    parity("to", [to](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::to(in[0], in[0].device(), to)}; },
+    parity("to",
+           [to](const std::vector<Tensor>& in) {
+             return std::vector<Tensor>{ops::to(in[0], in[0].device(), to)};
+           },
            {src}, {1e-6, 1e-6});
     parity("strided copy",
            [to](const std::vector<Tensor>& in) {
-             return std::vector<Tensor>{ops::to(ops::contiguous(detail::permuteRaw(in[0], {1, 0})), in[0].device(), to)};
+             return std::vector<Tensor>{
+                 ops::to(ops::contiguous(detail::permuteRaw(in[0], {1, 0})), in[0].device(), to)};
            },
            {src}, {1e-6, 1e-6});
   }
-  parity("cat", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::cat({in[0], in[1]}, 1)}; },
+  parity("cat",
+         [](const std::vector<Tensor>& in) {
+           return std::vector<Tensor>{ops::cat({in[0], in[1]}, 1)};
+         },
          {x, randomOf({37, 5}, DType::F32, 21)}, {0, 0});
-  parity("arange", [](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{ops::arange(0, 1000, 1, DType::BF16, in[0].device())};
-  }, {x}, {0, 0});
+  parity("arange",
+         [](const std::vector<Tensor>& in) {
+           return std::vector<Tensor>{ops::arange(0, 1000, 1, DType::BF16, in[0].device())};
+         },
+         {x}, {0, 0});
   Tensor host = ops::arange(0, 12).view({3, 4});
   REQUIRE(host.to(kGpu).to(Device::cpu()).toVector<float>() == host.toVector<float>());
 }
@@ -136,16 +171,21 @@ TEST_CASE("[cuda] reductions match the cpu", "[cuda][parity]") {
       Tensor x = randomOf(shape, dt, 30);
       Tol t = tolFor(dt);
       Tol sumTol{t.atol * 50, t.rtol * 2};  // long sums in a different order
-      parity("sum all", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::sum(in[0])}; }, {x},
-             sumTol);
-      parity("sum dim0", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::sum(in[0], {0})}; },
-             {x}, sumTol);
-      parity("sum last", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::sum(in[0], {-1}, true)}; },
-             {x}, sumTol);
-      parity("amax", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::amax(in[0], {0})}; }, {x},
-             {0, 0});
-      parity("mean", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::mean(in[0], {-1})}; }, {x},
-             sumTol);
+      parity(
+          "sum all", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::sum(in[0])}; }, {x},
+          sumTol);
+      parity(
+          "sum dim0", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::sum(in[0], {0})}; },
+          {x}, sumTol);
+      parity(
+          "sum last",
+          [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::sum(in[0], {-1}, true)}; }, {x},
+          sumTol);
+      parity("amax", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::amax(in[0], {0})}; },
+             {x}, {0, 0});
+      parity(
+          "mean", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::mean(in[0], {-1})}; },
+          {x}, sumTol);
     }
   }
 }
@@ -155,30 +195,38 @@ TEST_CASE("[cuda] matmul matches the cpu: plain, transposed, batched, broadcast"
   for (DType dt : kFloatTypes) {
     Tol t = tolFor(dt);
     Tol mmTol{t.atol * 4, t.rtol * 2};
-    for (auto [m, k, n] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 1, 1}, {17, 33, 9}, {128, 64, 256},
-                                                                               {300, 257, 31}}) {
+    for (auto [m, k, n] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {1, 1, 1}, {17, 33, 9}, {128, 64, 256}, {300, 257, 31}}) {
       Tensor a = randomOf({m, k}, dt, 40, -1, 1), b = randomOf({k, n}, dt, 41, -1, 1);
-      parity("mm", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::matmul(in[0], in[1])}; },
-             {a, b}, mmTol);
-      parity("mm transposed",
-             [](const std::vector<Tensor>& in) {
-               return std::vector<Tensor>{ops::matmul(detail::permuteRaw(in[1], {1, 0}), detail::permuteRaw(in[0], {1, 0}))};
-             },
-             {a, b}, mmTol);
+      parity(
+          "mm", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::matmul(in[0], in[1])}; },
+          {a, b}, mmTol);
+      parity(
+          "mm transposed",
+          [](const std::vector<Tensor>& in) {
+            return std::vector<Tensor>{
+                ops::matmul(detail::permuteRaw(in[1], {1, 0}), detail::permuteRaw(in[0], {1, 0}))};
+          },
+          {a, b}, mmTol);
     }
     Tensor x = randomOf({2, 3, 40, 24}, dt, 42, -1, 1), w = randomOf({24, 16}, dt, 43, -1, 1);
-    parity("bmm weight", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::matmul(in[0], in[1])}; },
-           {x, w}, mmTol);
+    parity(
+        "bmm weight",
+        [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::matmul(in[0], in[1])}; }, {x, w},
+        mmTol);
     Tensor y = randomOf({3, 24, 8}, dt, 44, -1, 1);
-    parity("bmm broadcast", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::matmul(in[0], in[1])}; },
-           {x, y}, mmTol);
+    parity(
+        "bmm broadcast",
+        [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::matmul(in[0], in[1])}; }, {x, y},
+        mmTol);
     Tensor q = randomOf({2, 5, 4, 16}, dt, 45, -1, 1), k = randomOf({2, 4, 5, 16}, dt, 46, -1, 1);
-    parity("attention scores",
-           [](const std::vector<Tensor>& in) {
-             Tensor qh = detail::permuteRaw(in[0], {0, 2, 1, 3}), kh = detail::permuteRaw(in[1], {0, 1, 3, 2});
-             return std::vector<Tensor>{ops::matmul(qh, kh)};
-           },
-           {q, k}, mmTol);
+    parity(
+        "attention scores",
+        [](const std::vector<Tensor>& in) {
+          Tensor qh = detail::permuteRaw(in[0], {0, 2, 1, 3}), kh = detail::permuteRaw(in[1], {0, 1, 3, 2});
+          return std::vector<Tensor>{ops::matmul(qh, kh)};
+        },
+        {q, k}, mmTol);
   }
 }
 
@@ -191,18 +239,20 @@ TEST_CASE("[cuda] softmax and norms match the cpu, forward and backward", "[cuda
       int64_t C = shape.back();
       Tensor x = randomOf(shape, dt, 50, -3, 3), g = randomOf(shape, dt, 51);
       for (bool log : {false, true}) {
-        parity(log ? "log_softmax" : "softmax",
-               [log](const std::vector<Tensor>& in) {
-                 Tensor y = log ? ops::logSoftmax(in[0]) : ops::softmax(in[0]);
-                 return std::vector<Tensor>{y, ops::softmaxBackward(y, in[1], -1, log)};
-               },
-               {x, g}, bwd);
+        parity(
+            log ? "log_softmax" : "softmax",
+            [log](const std::vector<Tensor>& in) {
+              Tensor y = log ? ops::logSoftmax(in[0]) : ops::softmax(in[0]);
+              return std::vector<Tensor>{y, ops::softmaxBackward(y, in[1], -1, log)};
+            },
+            {x, g}, bwd);
       }
       if (C / int64_t(16 / dtypeSize(dt)) > 4096) {
         // The norm backward supports rows up to 4096 packs (32768 bf16 values) and says so for wider ones.
-        REQUIRE_THROWS_AS(ops::layerNormBackward(g.to(kGpu), x.to(kGpu), Tensor(),
-                                                 ops::layerNorm(x.to(kGpu), Tensor(), Tensor(), 1e-5), false, false),
-                          Error);
+        REQUIRE_THROWS_AS(
+            ops::layerNormBackward(g.to(kGpu), x.to(kGpu), Tensor(),
+                                   ops::layerNorm(x.to(kGpu), Tensor(), Tensor(), 1e-5), false, false),
+            Error);
         continue;
       }
       Tensor w = randomOf({C}, dt, 52, 0.5, 1.5), b = randomOf({C}, dt, 53);
@@ -259,12 +309,14 @@ TEST_CASE("[cuda] embedding and cross entropy match the cpu", "[cuda][parity]") 
            {w, idx, g}, {t.atol * 4, t.rtol * 4});
     for (int64_t V : {11, 1000, 50257}) {
       Tensor logits = randomOf({33, V}, dt, 63, -4, 4);
-      Tensor target = ops::affine(ops::rand({33}, gen, DType::F32, Device::cpu(), 0, double(V)), 1, 0).to(DType::I64);
+      Tensor target =
+          ops::affine(ops::rand({33}, gen, DType::F32, Device::cpu(), 0, double(V)), 1, 0).to(DType::I64);
       ops::fill(detail::narrowRaw(target, 0, 3, 2), -100.0);
       parity("cross_entropy",
              [](const std::vector<Tensor>& in) {
                ops::CrossEntropyResult r = ops::crossEntropy(in[0], in[1]);
-               Tensor g = ops::crossEntropyBackward(ops::full({}, 2.0, DType::F32, in[0].device()), in[0], in[1], r);
+               Tensor g =
+                   ops::crossEntropyBackward(ops::full({}, 2.0, DType::F32, in[0].device()), in[0], in[1], r);
                return std::vector<Tensor>{r.loss, r.lse, g};
              },
              {logits, target}, {t.atol * 4, t.rtol * 4});
@@ -284,7 +336,8 @@ TEST_CASE("[cuda] autograd through a small network matches the cpu", "[cuda][par
     Tensor h = layerNorm(gelu(matmul(x, w1)), ln, Tensor());
     AttentionMask mask;
     mask.causal = true;
-    Tensor a = scaledDotProductAttention(h.view({8, 1, 4, 32}), h.view({8, 1, 4, 32}), h.view({8, 1, 4, 32}), mask);
+    Tensor a =
+        scaledDotProductAttention(h.view({8, 1, 4, 32}), h.view({8, 1, 4, 32}), h.view({8, 1, 4, 32}), mask);
     Tensor logits = matmul(a.view({32, 32}), w2);
     Tensor loss = crossEntropy(logits, target);
     backward(loss);

@@ -42,7 +42,8 @@ TEST_CASE("activations match their definitions", "[ops][elementwise]") {
     return 0.5 * v * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
   });
   // The two GELUs agree to about 1e-3.
-  REQUIRE(test::closeness(ops::geluTanh(x).toVector<double>(), ops::geluErf(x).toVector<double>(), 2e-3, 0) <= 1.0);
+  REQUIRE(test::closeness(ops::geluTanh(x).toVector<double>(), ops::geluErf(x).toVector<double>(), 2e-3, 0) <=
+          1.0);
 }
 
 TEST_CASE("binary ops broadcast and compare", "[ops][elementwise]") {

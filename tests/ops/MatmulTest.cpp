@@ -12,7 +12,8 @@ std::vector<double> reference(const Tensor& a, const Tensor& b) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
         double acc = 0;
-        for (int64_t p = 0; p < k; ++p) acc += av[size_t((bi * m + i) * k + p)] * bv[size_t((bi * k + p) * n + j)];
+        for (int64_t p = 0; p < k; ++p)
+          acc += av[size_t((bi * m + i) * k + p)] * bv[size_t((bi * k + p) * n + j)];
         out[size_t((bi * m + i) * n + j)] = acc;
       }
   return out;

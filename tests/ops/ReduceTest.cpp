@@ -3,7 +3,9 @@
 using namespace strata;
 
 namespace {
-Tensor iota(const Shape& shape) { return ops::arange(0, double(numelOf(shape))).view(shape); }
+Tensor iota(const Shape& shape) {
+  return ops::arange(0, double(numelOf(shape))).view(shape);
+}
 }  // namespace
 
 TEST_CASE("sum and mean over dims with keepdim", "[ops][reduce]") {

@@ -5,7 +5,9 @@ using namespace strata;
 
 namespace {
 using ProbeKernel = int(int);
-int probeCpu(int x) { return x + 1; }
+int probeCpu(int x) {
+  return x + 1;
+}
 }  // namespace
 
 TEST_CASE("registry dispatches by op and device and names what is missing", "[ops][registry]") {
@@ -27,8 +29,8 @@ TEST_CASE("registry dispatches by op and device and names what is missing", "[op
 
 TEST_CASE("built-in cpu kernels are registered", "[ops][registry]") {
   auto& r = ops::Registry::instance();
-  for (const char* op : {"add", "mul", "gelu_tanh", "where", "sum", "amax", "gemm", "softmax", "norm", "embedding",
-                         "cross_entropy", "dropout", "copy", "random"})
+  for (const char* op : {"add", "mul", "gelu_tanh", "where", "sum", "amax", "gemm", "softmax", "norm",
+                         "embedding", "cross_entropy", "dropout", "copy", "random"})
     REQUIRE(r.has(op, DeviceType::CPU));
   REQUIRE(r.has("gemm", DeviceType::CUDA) == builtWithCuda());
 }

@@ -16,8 +16,8 @@ std::string errorOf(const std::string& yaml, const std::vector<std::string>& ove
 }  // namespace
 
 TEST_CASE("config fills structs and applies overrides", "[train][config]") {
-  auto c = parseConfig("model:\n  num_layers: 6\n  hidden_size: 256\noptimizer:\n  betas: [0.8, 0.9]\n", "t.yaml",
-                       {"train.train_iters=177", "model.dropout=0.1"}, false);
+  auto c = parseConfig("model:\n  num_layers: 6\n  hidden_size: 256\noptimizer:\n  betas: [0.8, 0.9]\n",
+                       "t.yaml", {"train.train_iters=177", "model.dropout=0.1"}, false);
   REQUIRE(c.model.numLayers == 6);
   REQUIRE(c.model.hiddenSize == 256);
   REQUIRE(c.train.trainIters == 177);
@@ -38,11 +38,15 @@ TEST_CASE("unknown keys name the file, the line and the nearest key", "[train][c
 }
 
 TEST_CASE("wrong types, choices and ranges stop with the key", "[train][config]") {
-  REQUIRE(errorOf("model:\n  num_layers: many\n").find("'model.num_layers' must be an integer") != std::string::npos);
+  REQUIRE(errorOf("model:\n  num_layers: many\n").find("'model.num_layers' must be an integer") !=
+          std::string::npos);
   REQUIRE(errorOf("model:\n  num_layers: 0\n").find("out of range") != std::string::npos);
-  REQUIRE(errorOf("data:\n  format: csv\n").find("must be one of text, nanogpt, megatron") != std::string::npos);
-  REQUIRE(errorOf("model:\n  hidden_size: 100\n  num_attention_heads: 3\n").find("divisible") != std::string::npos);
-  REQUIRE(errorOf("train:\n  micro_batch_size: 4\n  global_batch_size: 6\n").find("multiple") != std::string::npos);
+  REQUIRE(errorOf("data:\n  format: csv\n").find("must be one of text, nanogpt, megatron") !=
+          std::string::npos);
+  REQUIRE(errorOf("model:\n  hidden_size: 100\n  num_attention_heads: 3\n").find("divisible") !=
+          std::string::npos);
+  REQUIRE(errorOf("train:\n  micro_batch_size: 4\n  global_batch_size: 6\n").find("multiple") !=
+          std::string::npos);
   REQUIRE(errorOf("store:\n  gpu_budget_gb: lots\n").find("store.gpu_budget_gb") != std::string::npos);
   REQUIRE(errorOf("model: [1, 2]\n").find("expected a mapping") != std::string::npos);
   REQUIRE(errorOf("model:\n  num_layers: [1\n").find("test.yaml") != std::string::npos);

@@ -68,7 +68,8 @@ TEST_CASE("training lowers the loss and writes metrics and TensorBoard events", 
   REQUIRE(recs[5].contains("tokens_per_s"));
   REQUIRE(recs[5]["grad_norm"].get<double>() > 0);
   bool events = false;
-  for (auto& e : fs::directory_iterator(out)) events = events || e.path().filename().string().rfind("events.out.tfevents", 0) == 0;
+  for (auto& e : fs::directory_iterator(out))
+    events = events || e.path().filename().string().rfind("events.out.tfevents", 0) == 0;
   REQUIRE(events);
   std::string text = trainer.sample("the ", 20, 0.8, 10, 3);
   REQUIRE(text.size() == 20);

@@ -21,7 +21,8 @@ int runTrain(const std::string& configPath, const std::vector<std::string>& over
   train::Config config = train::loadConfig(configPath, overrides);
   train::Trainer trainer(config);
   train::TrainResult r = trainer.run();
-  std::printf("\nfinished %ld iterations: train loss %.4f, val loss %.4f\n", long(r.steps), r.trainLoss, r.valLoss);
+  std::printf("\nfinished %ld iterations: train loss %.4f, val loss %.4f\n", long(r.steps), r.trainLoss,
+              r.valLoss);
   return 0;
 }
 
@@ -39,8 +40,10 @@ std::string humanBytes(double b) {
 
 int runInfo(const std::string& configPath, const std::vector<std::string>& overrides) {
   train::Config c = train::loadConfig(configPath, overrides, /*requireData=*/false);
-  // Counted from the architecture's formula, so `info` answers instantly even for models that would not fit here.
-  int64_t L = c.model.numLayers, C = c.model.hiddenSize, F = c.model.ffnHiddenSize > 0 ? c.model.ffnHiddenSize : 4 * C;
+  // Counted from the architecture's formula, so `info` answers instantly even for models that would not fit
+  // here.
+  int64_t L = c.model.numLayers, C = c.model.hiddenSize,
+          F = c.model.ffnHiddenSize > 0 ? c.model.ffnHiddenSize : 4 * C;
   int64_t b = c.model.bias ? 1 : 0;
   int64_t block = 4 * C + 3 * C * C + 3 * C * b + C * C + C * b + C * F + F * b + F * C + C * b;
   int64_t params = c.model.vocabSize * C + c.model.seqLength * C + L * block + 2 * C;
@@ -54,7 +57,9 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   std::printf("tokens/iter    %ld\n", long(c.train.globalBatchSize * c.model.seqLength));
   std::printf("bytes by component:\n");
   std::printf("  fp32 master weights     %s\n", humanBytes(4.0 * double(params)).c_str());
-  if (lowPrecision) std::printf("  %s compute weights     %s\n", c.precision.dtype.c_str(), humanBytes(2.0 * double(params)).c_str());
+  if (lowPrecision)
+    std::printf("  %s compute weights     %s\n", c.precision.dtype.c_str(),
+                humanBytes(2.0 * double(params)).c_str());
   std::printf("  fp32 gradients          %s\n", humanBytes(4.0 * double(params)).c_str());
   std::printf("  AdamW state (m, v)      %s\n", humanBytes(8.0 * double(params)).c_str());
   double total = (16.0 + (lowPrecision ? 2.0 : 0.0)) * double(params);
@@ -68,7 +73,8 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
   std::ifstream in(std::filesystem::path(dir) / "manifest.json");
   auto manifest = nlohmann::json::parse(in);
   std::vector<std::string> overrides;
-  for (auto& [key, value] : manifest["config"].items()) overrides.push_back(key + "=" + value.get<std::string>());
+  for (auto& [key, value] : manifest["config"].items())
+    overrides.push_back(key + "=" + value.get<std::string>());
   overrides.push_back("train.device=" + device);
   overrides.push_back("checkpoint.load=" + dir);
   train::Config c = train::parseConfig("", dir + "/manifest.json", overrides);

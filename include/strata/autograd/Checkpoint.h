@@ -1,5 +1,6 @@
-// Activation checkpointing: run `fn` without recording its graph, keep only its inputs, and recompute it during
-// backward. The default generator's state is replayed, so dropout masks come out the same the second time.
+// Activation checkpointing: run `fn` without recording its graph, keep only its inputs, and recompute it
+// during backward. The default generator's state is replayed, so dropout masks come out the same the second
+// time.
 #pragma once
 
 #include <functional>

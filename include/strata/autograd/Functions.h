@@ -1,5 +1,5 @@
-// Differentiable ops: the functions models are written with. Each runs the raw op (strata/ops/Ops.h) and, when grad
-// mode is on and an input takes part in the graph, records its backward.
+// Differentiable ops: the functions models are written with. Each runs the raw op (strata/ops/Ops.h) and,
+// when grad mode is on and an input takes part in the graph, records its backward.
 #pragma once
 
 #include <cstdint>
@@ -10,11 +10,13 @@
 
 namespace strata {
 
-// ---- creation (leaves; no graph) ----------------------------------------------------------------------------------
+// ---- creation (leaves; no graph)
+// ----------------------------------------------------------------------------------
 Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
 Tensor ones(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
 Tensor full(const Shape& shape, double value, DType dtype = DType::F32, Device device = Device::cpu());
-Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::F32, Device device = Device::cpu());
+Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::F32,
+              Device device = Device::cpu());
 Tensor rand(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu(),
             Generator& gen = defaultGenerator());
 Tensor randn(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu(),
@@ -22,7 +24,8 @@ Tensor randn(const Shape& shape, DType dtype = DType::F32, Device device = Devic
 // Sets the calling thread's default generator.
 void manualSeed(uint64_t seed);
 
-// ---- elementwise (NumPy broadcasting) -----------------------------------------------------------------------------
+// ---- elementwise (NumPy broadcasting)
+// -----------------------------------------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -57,7 +60,8 @@ Tensor operator*(double a, const Tensor& b);
 Tensor operator/(const Tensor& a, double b);
 Tensor operator-(const Tensor& x);
 
-// ---- reductions (empty dims: all) ---------------------------------------------------------------------------------
+// ---- reductions (empty dims: all)
+// ---------------------------------------------------------------------------------
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 // Maximum over dims; the gradient is split evenly between tied maxima.
@@ -65,29 +69,34 @@ Tensor max(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim 
 // p-norm (p = 2 by default) over dims.
 Tensor norm(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false, double p = 2.0);
 
-// ---- linear algebra -----------------------------------------------------------------------------------------------
+// ---- linear algebra
+// -----------------------------------------------------------------------------------------------
 Tensor matmul(const Tensor& a, const Tensor& b);
 
-// ---- normalisation, softmax, layers -------------------------------------------------------------------------------
+// ---- normalisation, softmax, layers
+// -------------------------------------------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim = -1);
 Tensor logSoftmax(const Tensor& x, int64_t dim = -1);
-// softmax(scale * x) over the last dim of [..., S_q, S_k], causally masked when asked (see ops::scaledSoftmax).
+// softmax(scale * x) over the last dim of [..., S_q, S_k], causally masked when asked (see
+// ops::scaledSoftmax).
 Tensor scaledSoftmax(const Tensor& x, double scale, bool causal);
 Tensor layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor rmsNorm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 Tensor embedding(const Tensor& weight, const Tensor& indices);
-// Mean cross-entropy of logits [N, V] against target [N], skipping ignoreIndex. fp32 scalar (f64 for f64 logits).
-// The backward keeps only the logits and one log-sum-exp per row.
+// Mean cross-entropy of logits [N, V] against target [N], skipping ignoreIndex. fp32 scalar (f64 for f64
+// logits). The backward keeps only the logits and one log-sum-exp per row.
 Tensor crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIndex = -100);
 // Identity when !training or p == 0. The mask comes from `gen` and is replayed, not stored, for the backward.
 Tensor dropout(const Tensor& x, double p, bool training = true, Generator& gen = defaultGenerator());
 
-// ---- joining and splitting ----------------------------------------------------------------------------------------
+// ---- joining and splitting
+// ----------------------------------------------------------------------------------------
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 // Views of consecutive pieces of `sizes` along dim.
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
 
-// ---- attention ----------------------------------------------------------------------------------------------------
+// ---- attention
+// ----------------------------------------------------------------------------------------------------
 struct AttentionMask {
   bool causal = false;
   // [B, S_k]: non-zero marks a key position to ignore (padding). Undefined for none.
@@ -95,10 +104,10 @@ struct AttentionMask {
   // Added to the scores, broadcastable to [B, H, S_q, S_k] (relative position bias). Undefined for none.
   Tensor bias;
 };
-// q [B, H, S_q, D], k and v [B, H, S_k, D] -> [B, H, S_q, D]. softmax(q k^T * scale + mask) v, composed of ops.
-// scale <= 0 means 1/sqrt(D).
-Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask = {},
-                                 double dropoutP = 0.0, bool training = true, double scale = 0.0,
-                                 Generator& gen = defaultGenerator());
+// q [B, H, S_q, D], k and v [B, H, S_k, D] -> [B, H, S_q, D]. softmax(q k^T * scale + mask) v, composed of
+// ops. scale <= 0 means 1/sqrt(D).
+Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const AttentionMask& mask = {}, double dropoutP = 0.0, bool training = true,
+                                 double scale = 0.0, Generator& gen = defaultGenerator());
 
 }  // namespace strata

@@ -1,8 +1,8 @@
 // The autograd graph.
 //
 // Each differentiable op records a Node whose backward sits next to the op's forward (recordFunction with a
-// closure). A node's next edges point at the nodes that produced its inputs; leaves that require grad end in an
-// AccumulateGrad node, which adds the finished gradient into tensor.grad() and then fires the tensor's
+// closure). A node's next edges point at the nodes that produced its inputs; leaves that require grad end in
+// an AccumulateGrad node, which adds the finished gradient into tensor.grad() and then fires the tensor's
 // gradient-complete hooks (ZeRO reduce-scatters from there).
 #pragma once
 
@@ -88,20 +88,24 @@ class AccumulateGrad final : public Node {
 };
 
 // True when t takes part in the graph: a leaf that requires grad, or the output of a recorded op.
-inline bool participates(const Tensor& t) { return t.defined() && (t.requiresGrad() || t.gradFn() != nullptr); }
+inline bool participates(const Tensor& t) {
+  return t.defined() && (t.requiresGrad() || t.gradFn() != nullptr);
+}
 // True when grad mode is on and any input participates.
 bool needsGrad(const std::vector<Tensor>& inputs);
-// Where the gradient of t goes: its producing node, or its leaf accumulator. Invalid when t does not participate.
+// Where the gradient of t goes: its producing node, or its leaf accumulator. Invalid when t does not
+// participate.
 Edge gradientEdge(const Tensor& t);
 
 // Records `fn` as the backward of `outputs` with respect to `inputs`, when needsGrad(inputs). fn receives one
-// gradient per output and returns one per input (undefined for inputs that need none). Returns the node, or null
-// when nothing was recorded.
+// gradient per output and returns one per input (undefined for inputs that need none). Returns the node, or
+// null when nothing was recorded.
 std::shared_ptr<Node> recordFunction(const char* name, const std::vector<Tensor>& inputs,
                                      const std::vector<Tensor>& outputs, BackwardFn fn);
 
-// Identity on `tensors` whose backward calls `hook` once the gradients of all of them have arrived (before they
-// flow on). Tensors that do not participate pass through untouched. Module backward hooks are built on this.
+// Identity on `tensors` whose backward calls `hook` once the gradients of all of them have arrived (before
+// they flow on). Tensors that do not participate pass through untouched. Module backward hooks are built on
+// this.
 std::vector<Tensor> withBackwardHook(const std::vector<Tensor>& tensors, std::function<void()> hook);
 
 }  // namespace strata::autograd

@@ -1,11 +1,14 @@
 // Allocators.
 //
 // - `cpuAllocator()`: 64-byte aligned host memory.
-// - `CachingAllocator`: keeps freed blocks for reuse so steady-state training makes no raw allocations. It is written
+// - `CachingAllocator`: keeps freed blocks for reuse so steady-state training makes no raw allocations. It is
+// written
 //   over a pair of raw functions, so the same bookkeeping serves CUDA (cudaMalloc) and is tested on the CPU.
-// - `PinnedHostPool`: a bounded pool of page-locked host memory for staging transfers. It never grows past its
+// - `PinnedHostPool`: a bounded pool of page-locked host memory for staging transfers. It never grows past
+// its
 //   capacity: an allocation that does not fit throws, naming the request and the pool's state.
-// - `SlotArena`: one contiguous allocation cut into fixed-size slots. Model-state chunks live in slots, so swapping
+// - `SlotArena`: one contiguous allocation cut into fixed-size slots. Model-state chunks live in slots, so
+// swapping
 //   chunks in and out never fragments device memory.
 #pragma once
 
@@ -23,12 +26,12 @@
 namespace strata {
 
 struct AllocatorStats {
-  size_t allocatedBytes = 0;      // bytes handed out and not yet returned
-  size_t reservedBytes = 0;       // bytes obtained from the raw allocator (allocated + cached)
+  size_t allocatedBytes = 0;  // bytes handed out and not yet returned
+  size_t reservedBytes = 0;   // bytes obtained from the raw allocator (allocated + cached)
   size_t peakAllocatedBytes = 0;
   size_t peakReservedBytes = 0;
-  size_t numAllocations = 0;      // allocate() calls
-  size_t numRawAllocations = 0;   // raw allocator calls
+  size_t numAllocations = 0;     // allocate() calls
+  size_t numRawAllocations = 0;  // raw allocator calls
   size_t numCacheHits = 0;
   // Share of reserved memory that is not in use (cached, or lost to rounding inside handed-out blocks).
   double fragmentation() const {
@@ -82,8 +85,8 @@ class CachingAllocator final : public Allocator {
   RawMemory raw_;
   std::string name_;
   mutable std::mutex mutex_;
-  std::multimap<size_t, void*> freeBlocks_;        // size -> block
-  std::unordered_map<void*, size_t> liveBlocks_;   // block -> rounded size
+  std::multimap<size_t, void*> freeBlocks_;       // size -> block
+  std::unordered_map<void*, size_t> liveBlocks_;  // block -> rounded size
   AllocatorStats stats_;
 };
 

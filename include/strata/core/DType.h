@@ -54,18 +54,26 @@ struct TypeTag {
   using type = T;
 };
 
-// Calls fn(TypeTag<T>{}) with the host type of `t`. Host types: float, double, BFloat16, Half, int32_t, int64_t,
-// uint8_t. Backends map these to their own types where they differ (CUDA uses __nv_bfloat16 and __half).
+// Calls fn(TypeTag<T>{}) with the host type of `t`. Host types: float, double, BFloat16, Half, int32_t,
+// int64_t, uint8_t. Backends map these to their own types where they differ (CUDA uses __nv_bfloat16 and
+// __half).
 template <class Fn>
 decltype(auto) visitDType(DType t, Fn&& fn) {
   switch (t) {
-    case DType::F32: return fn(TypeTag<float>{});
-    case DType::F64: return fn(TypeTag<double>{});
-    case DType::BF16: return fn(TypeTag<BFloat16>{});
-    case DType::F16: return fn(TypeTag<Half>{});
-    case DType::I32: return fn(TypeTag<int32_t>{});
-    case DType::I64: return fn(TypeTag<int64_t>{});
-    case DType::U8: return fn(TypeTag<uint8_t>{});
+    case DType::F32:
+      return fn(TypeTag<float>{});
+    case DType::F64:
+      return fn(TypeTag<double>{});
+    case DType::BF16:
+      return fn(TypeTag<BFloat16>{});
+    case DType::F16:
+      return fn(TypeTag<Half>{});
+    case DType::I32:
+      return fn(TypeTag<int32_t>{});
+    case DType::I64:
+      return fn(TypeTag<int64_t>{});
+    case DType::U8:
+      return fn(TypeTag<uint8_t>{});
   }
   return fn(TypeTag<float>{});
 }

@@ -20,7 +20,9 @@ struct Device {
 
   bool isCpu() const { return type == DeviceType::CPU; }
   bool isCuda() const { return type == DeviceType::CUDA; }
-  bool operator==(const Device& o) const { return type == o.type && (type == DeviceType::CPU || index == o.index); }
+  bool operator==(const Device& o) const {
+    return type == o.type && (type == DeviceType::CPU || index == o.index);
+  }
   bool operator!=(const Device& o) const { return !(*this == o); }
 };
 
@@ -30,7 +32,9 @@ const char* deviceTypeName(DeviceType t);
 
 // Number of usable CUDA devices: 0 in a CPU-only build or on a machine without a GPU.
 int cudaDeviceCount();
-inline bool cudaAvailable() { return cudaDeviceCount() > 0; }
+inline bool cudaAvailable() {
+  return cudaDeviceCount() > 0;
+}
 // The device's marketing name ("NVIDIA H200", or "cpu").
 std::string deviceName(Device d);
 // True when this build was compiled with CUDA support.

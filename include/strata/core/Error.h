@@ -18,7 +18,9 @@ class Error : public std::runtime_error {
 
 namespace detail {
 
-inline void formatInto(std::ostringstream& os, std::string_view fmt) { os << fmt; }
+inline void formatInto(std::ostringstream& os, std::string_view fmt) {
+  os << fmt;
+}
 
 template <class First, class... Rest>
 void formatInto(std::ostringstream& os, std::string_view fmt, const First& first, const Rest&... rest) {
@@ -43,11 +45,12 @@ std::string format(std::string_view fmt, const Args&... args) {
 }  // namespace detail
 }  // namespace strata
 
-#define STRATA_CHECK(cond, ...)                                                            \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
+#define STRATA_CHECK(cond, ...)                                                                       \
+  do {                                                                                                \
+    if (!(cond)) {                                                                                    \
       ::strata::detail::throwError(__FILE__, __LINE__, #cond, ::strata::detail::format(__VA_ARGS__)); \
-    }                                                                                      \
+    }                                                                                                 \
   } while (0)
 
-#define STRATA_FAIL(...) ::strata::detail::throwError(__FILE__, __LINE__, nullptr, ::strata::detail::format(__VA_ARGS__))
+#define STRATA_FAIL(...) \
+  ::strata::detail::throwError(__FILE__, __LINE__, nullptr, ::strata::detail::format(__VA_ARGS__))

@@ -1,6 +1,6 @@
-// A random stream: a seed and an offset into the Philox counter space. Each draw reserves a range of counters, so
-// draws never overlap and replaying the same (seed, offset) replays the same numbers (activation recomputation
-// relies on this).
+// A random stream: a seed and an offset into the Philox counter space. Each draw reserves a range of
+// counters, so draws never overlap and replaying the same (seed, offset) replays the same numbers (activation
+// recomputation relies on this).
 #pragma once
 
 #include <cstdint>

@@ -1,12 +1,12 @@
-// Philox-4x32-10 counter-based generator (Salmon et al., SC'11). The same function runs on the host and the device,
-// so a (seed, offset) pair gives the same random numbers on the CPU and on CUDA.
+// Philox-4x32-10 counter-based generator (Salmon et al., SC'11). The same function runs on the host and the
+// device, so a (seed, offset) pair gives the same random numbers on the CPU and on CUDA.
 //
-// Element i of a draw that starts at `offset` uses counter (offset + i) and key `seed`. uniform() takes the top 24
-// bits of the first output word, which makes it exact in float on both sides.
+// Element i of a draw that starts at `offset` uses counter (offset + i) and key `seed`. uniform() takes the
+// top 24 bits of the first output word, which makes it exact in float on both sides.
 #pragma once
 
-#include <cstdint>
 #include <math.h>
+#include <cstdint>
 
 #if defined(__CUDACC__)
 #define STRATA_HOST_DEVICE __host__ __device__ __forceinline__

@@ -1,10 +1,10 @@
 // Storage: the bytes behind one or more tensors.
 //
 // NOTE [Re-pointable storage]
-// A parameter is a view into a chunk, and a chunk's bytes move between an arena slot on the GPU, a host buffer and
-// "not resident". The chunk manager moves them by calling `repoint()` / `evict()` on the StorageImpl that every
-// view shares, so modules never notice. Nothing may cache `data()` across calls: re-read it each time. Touching a
-// storage that is not resident throws, naming the storage's label.
+// A parameter is a view into a chunk, and a chunk's bytes move between an arena slot on the GPU, a host
+// buffer and "not resident". The chunk manager moves them by calling `repoint()` / `evict()` on the
+// StorageImpl that every view shares, so modules never notice. Nothing may cache `data()` across calls:
+// re-read it each time. Touching a storage that is not resident throws, naming the storage's label.
 #pragma once
 
 #include <cstddef>
@@ -54,8 +54,8 @@ using Storage = std::shared_ptr<StorageImpl>;
 
 Storage makeStorage(size_t bytes, Device device);
 
-// Copies raw bytes between any two devices, ordered on the current stream of the GPU involved; returns once the
-// bytes have landed.
+// Copies raw bytes between any two devices, ordered on the current stream of the GPU involved; returns once
+// the bytes have landed.
 void copyBytes(void* dst, Device dstDevice, const void* src, Device srcDevice, size_t bytes);
 
 }  // namespace strata

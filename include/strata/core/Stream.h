@@ -1,6 +1,6 @@
-// Streams and events. Each device has four streams (compute, H2D, D2H, comm) ordered with events. On the CPU the
-// same API runs synchronously: work is done when the call returns, events are always complete. This lets the
-// overlap logic of the store and the optimizer run, unchanged, in CPU tests.
+// Streams and events. Each device has four streams (compute, H2D, D2H, comm) ordered with events. On the CPU
+// the same API runs synchronously: work is done when the call returns, events are always complete. This lets
+// the overlap logic of the store and the optimizer run, unchanged, in CPU tests.
 #pragma once
 
 #include <chrono>
@@ -59,8 +59,8 @@ struct DeviceStreams {
   static DeviceStreams create(Device device);
 };
 
-// The stream kernels launch on for `device`. Defaults to the device's compute stream; StreamGuard changes it for the
-// calling thread.
+// The stream kernels launch on for `device`. Defaults to the device's compute stream; StreamGuard changes it
+// for the calling thread.
 Stream currentStream(Device device);
 
 class StreamGuard {

@@ -1,8 +1,8 @@
 // Tensor: a cheap handle to a shared TensorImpl (storage, shape, strides, offset, dtype, autograd metadata).
 //
-// Copying a Tensor copies the handle; views (view/reshape, permute/transpose, narrow, expand, squeeze/unsqueeze)
-// share storage. The view methods are differentiable: they are defined in the autograd layer, which records a
-// backward node when grad mode is on and the tensor requires grad.
+// Copying a Tensor copies the handle; views (view/reshape, permute/transpose, narrow, expand,
+// squeeze/unsqueeze) share storage. The view methods are differentiable: they are defined in the autograd
+// layer, which records a backward node when grad mode is on and the tensor requires grad.
 #pragma once
 
 #include <cstdint>
@@ -27,14 +27,16 @@ class Node;
 
 class Tensor;
 
-// Autograd metadata of one tensor. Lives in core so that Tensor can carry it; the autograd layer gives it meaning.
+// Autograd metadata of one tensor. Lives in core so that Tensor can carry it; the autograd layer gives it
+// meaning.
 struct AutogradMeta {
   bool requiresGrad = false;
-  std::shared_ptr<Tensor> grad;                             // the accumulated gradient of a leaf
-  std::shared_ptr<autograd::Node> gradFn;                   // the node that produced this tensor (non-leaf)
-  int outputNr = 0;                                         // which output of gradFn this is
-  std::weak_ptr<autograd::Node> gradAccumulator;            // the AccumulateGrad node of a leaf, made on demand
-  // Hooks on the gradient flowing into this tensor; each may return a replacement (or an undefined tensor to keep).
+  std::shared_ptr<Tensor> grad;                   // the accumulated gradient of a leaf
+  std::shared_ptr<autograd::Node> gradFn;         // the node that produced this tensor (non-leaf)
+  int outputNr = 0;                               // which output of gradFn this is
+  std::weak_ptr<autograd::Node> gradAccumulator;  // the AccumulateGrad node of a leaf, made on demand
+  // Hooks on the gradient flowing into this tensor; each may return a replacement (or an undefined tensor to
+  // keep).
   std::vector<std::function<Tensor(const Tensor&)>> gradHooks;
   // Hooks that fire on a leaf once its gradient for this backward pass is complete and accumulated.
   std::vector<std::function<void(Tensor&)>> gradCompleteHooks;
@@ -55,11 +57,13 @@ class Tensor {
   Tensor() = default;
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
-  // ---- construction -------------------------------------------------------------------------------------------
-  // Uninitialised contiguous tensor.
+  // ---- construction
+  // ------------------------------------------------------------------------------------------- Uninitialised
+  // contiguous tensor.
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
   // A tensor over existing storage.
-  static Tensor fromStorage(Storage storage, const Shape& shape, const Shape& strides, int64_t offset, DType dtype);
+  static Tensor fromStorage(Storage storage, const Shape& shape, const Shape& strides, int64_t offset,
+                            DType dtype);
   // Copies host values into a new tensor on `device`.
   template <class T>
   static Tensor fromVector(const std::vector<T>& values, const Shape& shape, Device device = Device::cpu()) {
@@ -67,7 +71,8 @@ class Tensor {
   }
   static Tensor fromHost(const void* data, DType dtype, size_t count, const Shape& shape, Device device);
 
-  // ---- properties ---------------------------------------------------------------------------------------------
+  // ---- properties
+  // ---------------------------------------------------------------------------------------------
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const { return impl().shape; }
   const Shape& strides() const { return impl().strides; }
@@ -86,12 +91,13 @@ class Tensor {
   void* data() const;
   template <class T>
   T* data() const {
-    STRATA_CHECK(DTypeOf<std::remove_const_t<T>>::value == dtype(), "tensor has dtype {}, asked for {}", dtype(),
-                 DTypeOf<std::remove_const_t<T>>::value);
+    STRATA_CHECK(DTypeOf<std::remove_const_t<T>>::value == dtype(), "tensor has dtype {}, asked for {}",
+                 dtype(), DTypeOf<std::remove_const_t<T>>::value);
     return static_cast<T*>(data());
   }
 
-  // ---- views (differentiable; defined in the autograd layer) --------------------------------------------------
+  // ---- views (differentiable; defined in the autograd layer)
+  // --------------------------------------------------
   Tensor view(const Shape& shape) const;     // requires compatible strides; -1 infers one dimension
   Tensor reshape(const Shape& shape) const;  // a view when possible, otherwise a copy
   Tensor permute(const std::vector<int64_t>& dims) const;
@@ -108,8 +114,9 @@ class Tensor {
   Tensor to(Device device, DType dtype) const;
   Tensor clone() const;
 
-  // ---- host export --------------------------------------------------------------------------------------------
-  // Values in logical (row-major) order, converted to T.
+  // ---- host export
+  // -------------------------------------------------------------------------------------------- Values in
+  // logical (row-major) order, converted to T.
   template <class T>
   std::vector<T> toVector() const {
     std::vector<T> out(static_cast<size_t>(numel()));
@@ -119,7 +126,8 @@ class Tensor {
   void copyToHost(void* dst, DType dstType) const;
   double item() const;  // the single element as double
 
-  // ---- autograd -----------------------------------------------------------------------------------------------
+  // ---- autograd
+  // -----------------------------------------------------------------------------------------------
   bool requiresGrad() const { return impl().autograd.requiresGrad; }
   // Marks a leaf as requiring grad. Throws for non-floating dtypes and for non-leaf tensors.
   Tensor& setRequiresGrad(bool on = true);

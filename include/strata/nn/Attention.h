@@ -1,8 +1,8 @@
 // Multi-head attention for the Transformer family.
 //
-// One class covers the three uses: causal self-attention (GPT), bidirectional self-attention with a key padding
-// mask (BERT), and cross-attention to an encoder's output (T5, `cross = true`). An additive bias broadcastable to
-// [B, H, S_q, S_k] (T5's relative positions) can be passed with each call.
+// One class covers the three uses: causal self-attention (GPT), bidirectional self-attention with a key
+// padding mask (BERT), and cross-attention to an encoder's output (T5, `cross = true`). An additive bias
+// broadcastable to [B, H, S_q, S_k] (T5's relative positions) can be passed with each call.
 #pragma once
 
 #include "strata/autograd/Functions.h"
@@ -16,7 +16,7 @@ struct AttentionConfig {
   bool causal = true;
   bool cross = false;  // queries from x, keys and values from a separate memory
   bool bias = true;
-  double dropout = 0.0;     // on attention probabilities and on the output
+  double dropout = 0.0;  // on attention probabilities and on the output
   double initStd = 0.02;
   double outInitStd = 0.02;  // GPT-2 scales the residual projection by 1/sqrt(2 * layers)
   Device device = Device::cpu();

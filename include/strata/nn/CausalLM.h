@@ -1,5 +1,5 @@
-// The interface the trainer trains: a next-token model over integer ids. GPT implements it; so can a user's own
-// model (see models/custom_example).
+// The interface the trainer trains: a next-token model over integer ids. GPT implements it; so can a user's
+// own model (see models/custom_example).
 #pragma once
 
 #include "strata/nn/Module.h"

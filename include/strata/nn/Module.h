@@ -3,9 +3,11 @@
 // Hooks (ZeRO hangs gather and release on these):
 // - forward pre-hook: before forward(), with the inputs;
 // - forward hook: after forward(), with inputs and outputs;
-// - backward pre-hook: in backward, once the gradients of all the module's outputs have arrived, before the module's
+// - backward pre-hook: in backward, once the gradients of all the module's outputs have arrived, before the
+// module's
 //   own backward runs (the outputs pass through an identity node that fires it);
-// - backward hook: in backward, once the gradients of the module's inputs are computed, i.e. its backward is done.
+// - backward hook: in backward, once the gradients of the module's inputs are computed, i.e. its backward is
+// done.
 //   It fires only when some input takes part in the graph; parameter gradient-complete hooks cover the rest.
 #pragma once
 

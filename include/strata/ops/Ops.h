@@ -1,5 +1,6 @@
-// Raw tensor ops: no autograd. Each validates its arguments, allocates the result and calls the kernel registered
-// for (op, device). The differentiable versions users call are in strata/autograd/Functions.h (namespace strata).
+// Raw tensor ops: no autograd. Each validates its arguments, allocates the result and calls the kernel
+// registered for (op, device). The differentiable versions users call are in strata/autograd/Functions.h
+// (namespace strata).
 #pragma once
 
 #include <cstdint>
@@ -10,11 +11,13 @@
 
 namespace strata::ops {
 
-// ---- creation and copies ------------------------------------------------------------------------------------------
+// ---- creation and copies
+// ------------------------------------------------------------------------------------------
 Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
 Tensor ones(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
 Tensor full(const Shape& shape, double value, DType dtype = DType::F32, Device device = Device::cpu());
-Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::F32, Device device = Device::cpu());
+Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::F32,
+              Device device = Device::cpu());
 // Uniform in [low, high) and normal(mean, std) from the Philox stream of `gen`; the same on every device.
 Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::F32, Device device = Device::cpu(),
             double low = 0.0, double high = 1.0);
@@ -28,7 +31,8 @@ void copy(const Tensor& dst, const Tensor& src);
 Tensor contiguous(const Tensor& t);
 Tensor to(const Tensor& t, Device device, DType dtype);
 
-// ---- elementwise (broadcasting, same floating dtype) ---------------------------------------------------------------
+// ---- elementwise (broadcasting, same floating dtype)
+// ---------------------------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -61,26 +65,29 @@ Tensor powBackward(const Tensor& g, const Tensor& x, double exponent);
 // Applies a registered elementwise op by name to inputs broadcast to one shape.
 Tensor map(const char* op, const std::vector<Tensor>& inputs, double a = 0.0, double b = 0.0);
 
-// ---- reductions ---------------------------------------------------------------------------------------------------
-// Empty `dims` reduces over all dimensions. Accumulation is in fp32 (fp64 for f64).
+// ---- reductions
+// --------------------------------------------------------------------------------------------------- Empty
+// `dims` reduces over all dimensions. Accumulation is in fp32 (fp64 for f64).
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 // Sums a broadcast result back to `shape` (the backward of broadcasting).
 Tensor sumTo(const Tensor& x, const Shape& shape);
 
-// ---- linear algebra -----------------------------------------------------------------------------------------------
-// a [..., m, k] @ b [..., k, n] with broadcast batch dims; 1-D operands are promoted as in NumPy.
-// CUDA: cuBLASLt with fp32 accumulation for bf16/f16/f32.
+// ---- linear algebra
+// ----------------------------------------------------------------------------------------------- a [..., m,
+// k] @ b [..., k, n] with broadcast batch dims; 1-D operands are promoted as in NumPy. CUDA: cuBLASLt with
+// fp32 accumulation for bf16/f16/f32.
 Tensor matmul(const Tensor& a, const Tensor& b);
 
-// ---- normalisation and softmax (over the last dimension unless given) ---------------------------------------------
+// ---- normalisation and softmax (over the last dimension unless given)
+// ---------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim = -1);
 Tensor logSoftmax(const Tensor& x, int64_t dim = -1);
 // y is the forward output (softmax or log-softmax).
 Tensor softmaxBackward(const Tensor& y, const Tensor& gy, int64_t dim, bool log);
-// Attention probabilities in one pass: softmax over the last dim of scale * x, where x is [..., S_q, S_k] and, when
-// causal, key j is hidden from query i if j > i + (S_k - S_q).
+// Attention probabilities in one pass: softmax over the last dim of scale * x, where x is [..., S_q, S_k]
+// and, when causal, key j is hidden from query i if j > i + (S_k - S_q).
 Tensor scaledSoftmax(const Tensor& x, double scale, bool causal);
 Tensor scaledSoftmaxBackward(const Tensor& y, const Tensor& gy, double scale);
 
@@ -97,8 +104,9 @@ NormGrads layerNormBackward(const Tensor& gy, const Tensor& x, const Tensor& wei
 NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
                           bool needWeight);
 
-// ---- layers' kernels ----------------------------------------------------------------------------------------------
-// weight [V, C], indices (i32/i64) of any shape -> [..., C].
+// ---- layers' kernels
+// ---------------------------------------------------------------------------------------------- weight [V,
+// C], indices (i32/i64) of any shape -> [..., C].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor embeddingBackward(const Tensor& gy, const Tensor& indices, int64_t numEmbeddings, DType dtype);
 
@@ -112,12 +120,13 @@ CrossEntropyResult crossEntropy(const Tensor& logits, const Tensor& target, int6
 Tensor crossEntropyBackward(const Tensor& gradLoss, const Tensor& logits, const Tensor& target,
                             const CrossEntropyResult& saved, int64_t ignoreIndex = -100);
 
-// Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is a function of (seed, offset +
-// element index), so it is the same on every device and can be replayed for the backward.
+// Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is a function of (seed,
+// offset + element index), so it is the same on every device and can be replayed for the backward.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 
-// ---- optimizer updates --------------------------------------------------------------------------------------------
-// AdamW (decoupled weight decay) over a list of tensors on one device, in place. param, m, v and grad: fp32,
+// ---- optimizer updates
+// -------------------------------------------------------------------------------------------- AdamW
+// (decoupled weight decay) over a list of tensors on one device, in place. param, m, v and grad: fp32,
 // contiguous. One fused launch on the GPU.
 struct AdamWTensors {
   Tensor param, grad, m, v;
@@ -127,10 +136,13 @@ struct AdamWHyper {
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float biasCorrection1 = 1, biasCorrection2 = 1;  // 1 - beta^t
 };
-// gradScale: fp32 [1] on the device that multiplies every gradient (clipping coefficient), or undefined for 1.
-void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const Tensor& gradScale = Tensor());
+// gradScale: fp32 [1] on the device that multiplies every gradient (clipping coefficient), or undefined
+// for 1.
+void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper,
+           const Tensor& gradScale = Tensor());
 
-// ---- joining ------------------------------------------------------------------------------------------------------
+// ---- joining
+// ------------------------------------------------------------------------------------------------------
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 
 }  // namespace strata::ops

@@ -1,9 +1,9 @@
 // The op registry: kernels keyed by (op name, device type).
 //
-// Each op family declares a kernel signature (a plain function type). Backends register one function per op from
-// their family files (src/ops/cpu/*, src/ops/cuda/*). Front ends look the kernel up and call it. Looking up a kernel
-// that no backend registered throws an error naming the op and the device; looking one up with the wrong signature
-// throws too, so a mismatch can never call through a wrongly typed pointer.
+// Each op family declares a kernel signature (a plain function type). Backends register one function per op
+// from their family files (src/ops/cpu/*, src/ops/cuda/*). Front ends look the kernel up and call it. Looking
+// up a kernel that no backend registered throws an error naming the op and the device; looking one up with
+// the wrong signature throws too, so a mismatch can never call through a wrongly typed pointer.
 #pragma once
 
 #include <array>
@@ -32,9 +32,10 @@ class Registry {
   template <class Fn>
   Fn* find(std::string_view op, DeviceType device) const {
     const Entry* e = lookup(op, device);
-    STRATA_CHECK(e != nullptr, "no kernel registered for op '{}' on device type '{}'", op, deviceTypeName(device));
-    STRATA_CHECK(*e->signature == typeid(Fn), "op '{}' on '{}' was looked up with the wrong kernel signature", op,
+    STRATA_CHECK(e != nullptr, "no kernel registered for op '{}' on device type '{}'", op,
                  deviceTypeName(device));
+    STRATA_CHECK(*e->signature == typeid(Fn), "op '{}' on '{}' was looked up with the wrong kernel signature",
+                 op, deviceTypeName(device));
     return reinterpret_cast<Fn*>(e->fn);
   }
 

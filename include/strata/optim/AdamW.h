@@ -1,5 +1,5 @@
-// AdamW with fp32 state (m, v) beside each fp32 master parameter, decoupled weight decay, and bias correction.
-// Parameters of rank < 2 (biases, norm gains) get no weight decay, as in GPT-2/nanoGPT.
+// AdamW with fp32 state (m, v) beside each fp32 master parameter, decoupled weight decay, and bias
+// correction. Parameters of rank < 2 (biases, norm gains) get no weight decay, as in GPT-2/nanoGPT.
 #pragma once
 
 #include <string>
@@ -22,8 +22,8 @@ class AdamW {
  public:
   AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const AdamWConfig& config);
 
-  // One update with learning rate `lr` from each parameter's .grad() times `gradScale` (a device fp32 scalar, e.g.
-  // the clipping coefficient; undefined for 1). Parameters without a gradient are skipped.
+  // One update with learning rate `lr` from each parameter's .grad() times `gradScale` (a device fp32 scalar,
+  // e.g. the clipping coefficient; undefined for 1). Parameters without a gradient are skipped.
   void step(double lr, const Tensor& gradScale = Tensor());
   void zeroGrad();
 

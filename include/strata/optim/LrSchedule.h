@@ -1,4 +1,5 @@
-// Learning-rate schedules: linear warmup from 0, then constant, linear or cosine decay to min_lr at decay_iters.
+// Learning-rate schedules: linear warmup from 0, then constant, linear or cosine decay to min_lr at
+// decay_iters.
 #pragma once
 
 #include <cstdint>

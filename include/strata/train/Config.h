@@ -1,8 +1,8 @@
 // The training configuration: plain structs filled from YAML and validated in one place (Config.cpp).
 //
-// Keys use Megatron's names in snake_case, plus a DeepSpeed-style `zero_optimization` block. An unknown key, a wrong
-// type or an impossible value stops before any work with an error that names the key, the file and the line, and
-// suggests the nearest valid key. `--set a.b=v` overrides any key.
+// Keys use Megatron's names in snake_case, plus a DeepSpeed-style `zero_optimization` block. An unknown key,
+// a wrong type or an impossible value stops before any work with an error that names the key, the file and
+// the line, and suggests the nearest valid key. `--set a.b=v` overrides any key.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +28,8 @@ struct ModelConfig {
 
 struct DataConfig {
   std::string path = "data/tinyshakespeare.txt";
-  std::string format = "text";  // text, nanogpt, megatron
-  std::string tokenizer = "byte";  // byte, gpt2
+  std::string format = "text";        // text, nanogpt, megatron
+  std::string tokenizer = "byte";     // byte, gpt2
   std::string vocabFile, mergesFile;  // GPT-2 BPE
   double valFraction = 0.1;
 };
@@ -107,13 +107,14 @@ struct Config {
   std::map<std::string, std::string> values;
 };
 
-// Loads and validates `path`, then applies `overrides` ("a.b=v"). A relative data path is resolved against the
-// config file's directory first, then against the current directory. Throws strata::Error on any problem.
+// Loads and validates `path`, then applies `overrides` ("a.b=v"). A relative data path is resolved against
+// the config file's directory first, then against the current directory. Throws strata::Error on any problem.
 // With requireData (training), a missing data file is an error too.
-Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {}, bool requireData = true);
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {},
+                  bool requireData = true);
 // The same from YAML text (tests); `origin` names it in errors.
-Config parseConfig(const std::string& yaml, const std::string& origin, const std::vector<std::string>& overrides = {},
-                   bool requireData = true);
+Config parseConfig(const std::string& yaml, const std::string& origin,
+                   const std::vector<std::string>& overrides = {}, bool requireData = true);
 // All valid keys, dotted.
 std::vector<std::string> configKeys();
 

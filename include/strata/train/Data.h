@@ -2,8 +2,10 @@
 //
 // - ByteTokenizer: one token per byte (vocab 256); any text round-trips.
 // - Raw text is tokenized once and cached as a nanoGPT-style headerless uint16 .bin next to the run's output.
-// - nanoGPT .bin (headerless uint16) and Megatron .bin/.idx (the .idx says the token dtype) are memory-mapped.
-// - Batches are windows at offsets drawn from Philox(seed, batch index): the same config and seed give the same
+// - nanoGPT .bin (headerless uint16) and Megatron .bin/.idx (the .idx says the token dtype) are
+// memory-mapped.
+// - Batches are windows at offsets drawn from Philox(seed, batch index): the same config and seed give the
+// same
 //   batches on every machine, and a run resumed at batch k continues exactly.
 #pragma once
 
@@ -34,8 +36,8 @@ class ByteTokenizer final : public Tokenizer {
 };
 
 // GPT-2's byte-level BPE from its vocab.json and merges.txt. Pre-tokenization follows GPT-2's pattern
-// ('s 't 're 've 'm 'll 'd, letters, digits, other symbols, whitespace) with ASCII character classes; bytes >= 0x80
-// count as letters, so UTF-8 words stay whole.
+// ('s 't 're 've 'm 'll 'd, letters, digits, other symbols, whitespace) with ASCII character classes; bytes
+// >= 0x80 count as letters, so UTF-8 words stay whole.
 class Gpt2Tokenizer final : public Tokenizer {
  public:
   Gpt2Tokenizer(const std::string& vocabJsonPath, const std::string& mergesPath);
@@ -56,8 +58,8 @@ enum class Split { Train, Val };
 
 class TokenDataset {
  public:
-  // Opens `path` in `format` ("text", "nanogpt", "megatron"). Text is tokenized with `tokenizer` and cached in
-  // `cacheDir`. valFraction of the tokens (the tail) form the validation split.
+  // Opens `path` in `format` ("text", "nanogpt", "megatron"). Text is tokenized with `tokenizer` and cached
+  // in `cacheDir`. valFraction of the tokens (the tail) form the validation split.
   static TokenDataset open(const std::string& path, const std::string& format, const Tokenizer& tokenizer,
                            const std::string& cacheDir, double valFraction);
   // Wraps tokens already in memory (tests, custom pipelines).

@@ -1,6 +1,6 @@
 // The training loop: data, model, AdamW with a schedule and clipping, gradient accumulation, evaluation,
-// metrics, checkpoints and a text sample at the end. Works with any nn::CausalLM, so a user's own model trains
-// through the same loop (see models/custom_example).
+// metrics, checkpoints and a text sample at the end. Works with any nn::CausalLM, so a user's own model
+// trains through the same loop (see models/custom_example).
 #pragma once
 
 #include <memory>

@@ -13,14 +13,17 @@ DeviceGuard::DeviceGuard(int index) {
   if (previous_ != index) STRATA_CUDA_CHECK(cudaSetDevice(index));
 }
 
-DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
+DeviceGuard::~DeviceGuard() {
+  cudaSetDevice(previous_);
+}
 
 DeviceContext& deviceContext(int index) {
   static std::mutex mutex;
   static std::vector<std::unique_ptr<DeviceContext>> contexts;
   std::lock_guard<std::mutex> lock(mutex);
   int count = cudaDeviceCount();
-  STRATA_CHECK(index >= 0 && index < count, "cuda:{} requested but {} CUDA device(s) are visible", index, count);
+  STRATA_CHECK(index >= 0 && index < count, "cuda:{} requested but {} CUDA device(s) are visible", index,
+               count);
   if (contexts.empty()) contexts.resize(size_t(count));
   auto& slot = contexts[size_t(index)];
   if (!slot) {
@@ -41,7 +44,8 @@ DeviceContext& deviceContext(int index) {
                     cudaFree(p);
                   }};
     // Leaked on purpose: tensors may be destroyed during static destruction, after this map would be.
-    slot->allocator = new CachingAllocator(Device::cuda(index), std::move(raw), "cuda-caching:" + std::to_string(index));
+    slot->allocator =
+        new CachingAllocator(Device::cuda(index), std::move(raw), "cuda-caching:" + std::to_string(index));
     slot->streams = DeviceStreams::create(Device::cuda(index));
   }
   return *slot;

@@ -10,15 +10,15 @@
 #if STRATA_CUDA
 #include <cuda_runtime.h>
 
-#define STRATA_CUDA_CHECK(expr)                                                                        \
-  do {                                                                                                 \
-    cudaError_t strata_status_ = (expr);                                                               \
-    if (strata_status_ != cudaSuccess) {                                                               \
-      ::strata::detail::throwError(__FILE__, __LINE__, #expr,                                          \
-                                   ::strata::detail::format("CUDA error {}: {}",                       \
-                                                            cudaGetErrorName(strata_status_),          \
-                                                            cudaGetErrorString(strata_status_)));      \
-    }                                                                                                  \
+#define STRATA_CUDA_CHECK(expr)                                                           \
+  do {                                                                                    \
+    cudaError_t strata_status_ = (expr);                                                  \
+    if (strata_status_ != cudaSuccess) {                                                  \
+      ::strata::detail::throwError(                                                       \
+          __FILE__, __LINE__, #expr,                                                      \
+          ::strata::detail::format("CUDA error {}: {}", cudaGetErrorName(strata_status_), \
+                                   cudaGetErrorString(strata_status_)));                  \
+    }                                                                                     \
   } while (0)
 
 // After every kernel launch.
@@ -45,7 +45,9 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
-inline cudaStream_t nativeStream(const Stream& s) { return static_cast<cudaStream_t>(s.native()); }
+inline cudaStream_t nativeStream(const Stream& s) {
+  return static_cast<cudaStream_t>(s.native());
+}
 
 }  // namespace strata::cuda
 #endif

@@ -25,7 +25,8 @@ void mapImpl(const Tensor& out, const std::vector<Tensor>& inputs, const ScalarA
     }
     auto layout = makeLayout<N + 1>({&out, &inputs[I]...});
     parallelRanges(n, [&](int64_t begin, int64_t end) {
-      forEachOffset(layout, begin, end, [&](const int64_t* off) { o[off[0]] = T(f(C(in[I][off[I + 1]])...)); });
+      forEachOffset(layout, begin, end,
+                    [&](const int64_t* off) { o[off[0]] = T(f(C(in[I][off[I + 1]])...)); });
     });
   });
 }
@@ -55,7 +56,8 @@ void dropout(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64
 }  // namespace
 
 void registerElementwise(Registry& r) {
-  fn::forEachMapOp([&]<class F, int N>(const char* name) { r.add<MapKernel>(name, DeviceType::CPU, &mapKernel<F, N>); });
+  fn::forEachMapOp(
+      [&]<class F, int N>(const char* name) { r.add<MapKernel>(name, DeviceType::CPU, &mapKernel<F, N>); });
   r.add<DropoutKernel>("dropout", DeviceType::CPU, &dropout);
 }
 

@@ -1,6 +1,6 @@
-// CPU GEMM through Eigen. f32/f64 map the operands in place; bf16/f16 are widened to f32, multiplied, and rounded
-// back. Batches run in parallel (Eigen then runs each product single-threaded); a single large product lets Eigen
-// use its own OpenMP threads.
+// CPU GEMM through Eigen. f32/f64 map the operands in place; bf16/f16 are widened to f32, multiplied, and
+// rounded back. Batches run in parallel (Eigen then runs each product single-threaded); a single large
+// product lets Eigen use its own OpenMP threads.
 #include <Eigen/Core>
 #include <vector>
 
@@ -25,16 +25,24 @@ void gemmOne(const GemmArgs& g, const S* a, const S* b, S* c) {
   MutMap<S> C(c, g.m, g.n, Eigen::OuterStride<>(g.ldc));
   S alpha = S(g.alpha);
   if (g.beta == 0.0f) {
-    if (!g.transA && !g.transB) C.noalias() = alpha * (A * B);
-    else if (g.transA && !g.transB) C.noalias() = alpha * (A.transpose() * B);
-    else if (!g.transA && g.transB) C.noalias() = alpha * (A * B.transpose());
-    else C.noalias() = alpha * (A.transpose() * B.transpose());
+    if (!g.transA && !g.transB)
+      C.noalias() = alpha * (A * B);
+    else if (g.transA && !g.transB)
+      C.noalias() = alpha * (A.transpose() * B);
+    else if (!g.transA && g.transB)
+      C.noalias() = alpha * (A * B.transpose());
+    else
+      C.noalias() = alpha * (A.transpose() * B.transpose());
   } else {
     C *= S(g.beta);
-    if (!g.transA && !g.transB) C.noalias() += alpha * (A * B);
-    else if (g.transA && !g.transB) C.noalias() += alpha * (A.transpose() * B);
-    else if (!g.transA && g.transB) C.noalias() += alpha * (A * B.transpose());
-    else C.noalias() += alpha * (A.transpose() * B.transpose());
+    if (!g.transA && !g.transB)
+      C.noalias() += alpha * (A * B);
+    else if (g.transA && !g.transB)
+      C.noalias() += alpha * (A.transpose() * B);
+    else if (!g.transA && g.transB)
+      C.noalias() += alpha * (A * B.transpose());
+    else
+      C.noalias() += alpha * (A.transpose() * B.transpose());
   }
 }
 
@@ -49,7 +57,9 @@ void gemmBatched(const GemmArgs& g, const S* a, const S* b, S* c) {
 }
 
 // Extent in elements of one strided batch of a row-major matrix with `rows` rows.
-int64_t span(int64_t batch, int64_t stride, int64_t rows, int64_t ld) { return (batch - 1) * stride + rows * ld; }
+int64_t span(int64_t batch, int64_t stride, int64_t rows, int64_t ld) {
+  return (batch - 1) * stride + rows * ld;
+}
 
 template <class H>
 void gemmWidened(const GemmArgs& g) {
@@ -77,19 +87,28 @@ void gemmWidened(const GemmArgs& g) {
 void gemm(const GemmArgs& g) {
   switch (g.dtype) {
     case DType::F32:
-      gemmBatched(g, static_cast<const float*>(g.a), static_cast<const float*>(g.b), static_cast<float*>(g.c));
+      gemmBatched(g, static_cast<const float*>(g.a), static_cast<const float*>(g.b),
+                  static_cast<float*>(g.c));
       return;
     case DType::F64:
-      gemmBatched(g, static_cast<const double*>(g.a), static_cast<const double*>(g.b), static_cast<double*>(g.c));
+      gemmBatched(g, static_cast<const double*>(g.a), static_cast<const double*>(g.b),
+                  static_cast<double*>(g.c));
       return;
-    case DType::BF16: gemmWidened<BFloat16>(g); return;
-    case DType::F16: gemmWidened<Half>(g); return;
-    default: STRATA_FAIL("matmul: dtype {} is not supported on the cpu", g.dtype);
+    case DType::BF16:
+      gemmWidened<BFloat16>(g);
+      return;
+    case DType::F16:
+      gemmWidened<Half>(g);
+      return;
+    default:
+      STRATA_FAIL("matmul: dtype {} is not supported on the cpu", g.dtype);
   }
 }
 
 }  // namespace
 
-void registerGemm(Registry& r) { r.add<GemmKernel>("gemm", DeviceType::CPU, &gemm); }
+void registerGemm(Registry& r) {
+  r.add<GemmKernel>("gemm", DeviceType::CPU, &gemm);
+}
 
 }  // namespace strata::ops::cpu

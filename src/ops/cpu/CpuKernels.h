@@ -23,11 +23,20 @@ struct ComputeOf<double> {
 template <class Fn>
 void visitFloating(DType t, const char* op, Fn&& fn) {
   switch (t) {
-    case DType::F32: fn(TypeTag<float>{}); return;
-    case DType::F64: fn(TypeTag<double>{}); return;
-    case DType::BF16: fn(TypeTag<BFloat16>{}); return;
-    case DType::F16: fn(TypeTag<Half>{}); return;
-    default: STRATA_FAIL("{}: dtype {} is not supported on the cpu (floating dtypes only)", op, t);
+    case DType::F32:
+      fn(TypeTag<float>{});
+      return;
+    case DType::F64:
+      fn(TypeTag<double>{});
+      return;
+    case DType::BF16:
+      fn(TypeTag<BFloat16>{});
+      return;
+    case DType::F16:
+      fn(TypeTag<Half>{});
+      return;
+    default:
+      STRATA_FAIL("{}: dtype {} is not supported on the cpu (floating dtypes only)", op, t);
   }
 }
 

@@ -10,9 +10,12 @@ namespace {
 
 template <class Fn>
 void visitIndex(DType t, Fn&& fn) {
-  if (t == DType::I64) fn(TypeTag<int64_t>{});
-  else if (t == DType::I32) fn(TypeTag<int32_t>{});
-  else STRATA_FAIL("indices must be i32 or i64, got {}", t);
+  if (t == DType::I64)
+    fn(TypeTag<int64_t>{});
+  else if (t == DType::I32)
+    fn(TypeTag<int32_t>{});
+  else
+    STRATA_FAIL("indices must be i32 or i64, got {}", t);
 }
 
 void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {

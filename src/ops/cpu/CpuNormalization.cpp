@@ -31,7 +31,8 @@ void softmax(const Tensor& x, const Tensor& y, bool log, const SoftmaxOptions& o
           orow[c] = c < visible ? T(scale * F(row[c]) - lse) : T(-std::numeric_limits<F>::infinity());
       } else {
         F inv = F(1) / sum;
-        for (int64_t c = 0; c < C; ++c) orow[c] = c < visible ? T(std::exp(scale * F(row[c]) - mx) * inv) : T(F(0));
+        for (int64_t c = 0; c < C; ++c)
+          orow[c] = c < visible ? T(std::exp(scale * F(row[c]) - mx) * inv) : T(F(0));
       }
     }
   });
@@ -99,8 +100,8 @@ void norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tenso
   });
 }
 
-void normBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                  const Tensor& gx, const Tensor& gw, const Tensor& gb, bool rms) {
+void normBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                  const Tensor& rstd, const Tensor& gx, const Tensor& gw, const Tensor& gb, bool rms) {
   int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
   visitFloating(x.dtype(), "layer_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -30,6 +30,8 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
 
 }  // namespace
 
-void registerOptim(Registry& r) { r.add<AdamWKernel>("adamw", DeviceType::CPU, &adamw); }
+void registerOptim(Registry& r) {
+  r.add<AdamWKernel>("adamw", DeviceType::CPU, &adamw);
+}
 
 }  // namespace strata::ops::cpu

@@ -8,15 +8,23 @@ namespace {
 
 struct SumOp {
   template <class C>
-  static C identity() { return C(0); }
+  static C identity() {
+    return C(0);
+  }
   template <class C>
-  static C combine(C a, C b) { return a + b; }
+  static C combine(C a, C b) {
+    return a + b;
+  }
 };
 struct MaxOp {
   template <class C>
-  static C identity() { return -std::numeric_limits<C>::infinity(); }
+  static C identity() {
+    return -std::numeric_limits<C>::infinity();
+  }
   template <class C>
-  static C combine(C a, C b) { return a > b ? a : b; }
+  static C combine(C a, C b) {
+    return a > b ? a : b;
+  }
 };
 
 template <class Op>
@@ -50,7 +58,8 @@ void reduce(const Tensor& in, const Tensor& out, int64_t A, int64_t R, int64_t B
     if (out.dtype() == in.dtype()) {
       run(static_cast<T*>(out.data()));
     } else {
-      STRATA_CHECK(out.dtype() == DType::F32, "reduce: output dtype {} must be {} or f32", out.dtype(), in.dtype());
+      STRATA_CHECK(out.dtype() == DType::F32, "reduce: output dtype {} must be {} or f32", out.dtype(),
+                   in.dtype());
       run(static_cast<float*>(out.data()));
     }
   });

@@ -13,7 +13,9 @@ namespace strata::ops::cuda {
 
 using strata::cuda::DeviceGuard;
 
-inline cudaStream_t streamOf(const Tensor& t) { return strata::cuda::nativeStream(currentStream(t.device())); }
+inline cudaStream_t streamOf(const Tensor& t) {
+  return strata::cuda::nativeStream(currentStream(t.device()));
+}
 
 // Grid for a grid-stride loop over `work` items with `threads` per block.
 inline unsigned gridFor(int64_t work, int threads = 256) {
@@ -35,10 +37,17 @@ inline int smCount(int device) {
 template <class Fn>
 void visitFloatingCuda(DType t, const char* op, Fn&& fn) {
   switch (t) {
-    case DType::F32: fn(TypeTag<float>{}); return;
-    case DType::BF16: fn(TypeTag<__nv_bfloat16>{}); return;
-    case DType::F16: fn(TypeTag<__half>{}); return;
-    default: STRATA_FAIL("{}: dtype {} is not supported on cuda (f32, bf16, f16)", op, t);
+    case DType::F32:
+      fn(TypeTag<float>{});
+      return;
+    case DType::BF16:
+      fn(TypeTag<__nv_bfloat16>{});
+      return;
+    case DType::F16:
+      fn(TypeTag<__half>{});
+      return;
+    default:
+      STRATA_FAIL("{}: dtype {} is not supported on cuda (f32, bf16, f16)", op, t);
   }
 }
 
@@ -51,7 +60,9 @@ void visitAllCuda(DType t, Fn&& fn) {
   });
 }
 
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
 
 void registerCreation(Registry& r);
 void registerElementwise(Registry& r);
@@ -61,9 +72,9 @@ void registerNormalization(Registry& r);
 void registerNn(Registry& r);
 void registerOptim(Registry& r);
 
-// Reduces a contiguous fp32 or T [A, R, B] problem; used by the reduce ops and by other kernels' second passes.
-// op: 0 sum, 1 max. out dtype is in's or f32.
-void launchReduce(int op, const void* in, DType inType, void* out, DType outType, int64_t A, int64_t R, int64_t B,
-                  int device, cudaStream_t stream);
+// Reduces a contiguous fp32 or T [A, R, B] problem; used by the reduce ops and by other kernels' second
+// passes. op: 0 sum, 1 max. out dtype is in's or f32.
+void launchReduce(int op, const void* in, DType inType, void* out, DType outType, int64_t A, int64_t R,
+                  int64_t B, int device, cudaStream_t stream);
 
 }  // namespace strata::ops::cuda

@@ -21,8 +21,8 @@ void launchMap(const Tensor& out, const std::vector<Tensor>& inputs, const F& f,
     constexpr int V = kernels::kVec<T>;
     bool packed = aligned16(o) && (aligned16(in.p[I]) && ...);
     if (packed) {
-      kernels::mapPackedKernel<F, T, N, V><<<gridFor(std::max<int64_t>(n / V, 1), kThreads), kThreads, 0, stream>>>(
-          o, in, n, f);
+      kernels::mapPackedKernel<F, T, N, V>
+          <<<gridFor(std::max<int64_t>(n / V, 1), kThreads), kThreads, 0, stream>>>(o, in, n, f);
     } else {
       kernels::mapPackedKernel<F, T, N, 1><<<gridFor(n, kThreads), kThreads, 0, stream>>>(o, in, n, f);
     }
@@ -49,7 +49,8 @@ void copy(const Tensor& dst, const Tensor& src) {
   int64_t n = dst.numel();
   bool contiguous = dst.isContiguous() && src.isContiguous();
   if (contiguous && dst.dtype() == src.dtype()) {
-    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
+    STRATA_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data(), src.data(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
     return;
   }
   auto layout = makeLayout<2>({&dst, &src});
@@ -77,8 +78,8 @@ void fill(const Tensor& out, double value) {
     H hv = H(value);
     T v;
     std::memcpy(&v, &hv, sizeof(T));  // host and device types share the bit layout
-    kernels::fillKernel<T><<<gridFor(out.numel()), kThreads, 0, streamOf(out)>>>(static_cast<T*>(out.data()),
-                                                                                    out.numel(), v);
+    kernels::fillKernel<T>
+        <<<gridFor(out.numel()), kThreads, 0, streamOf(out)>>>(static_cast<T*>(out.data()), out.numel(), v);
     STRATA_CUDA_CHECK_LAUNCH();
   });
 }
@@ -87,8 +88,8 @@ void arange(const Tensor& out, double start, double step) {
   DeviceGuard guard(out.device().index);
   visitAllCuda(out.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    kernels::arangeKernel<T><<<gridFor(out.numel()), kThreads, 0, streamOf(out)>>>(static_cast<T*>(out.data()),
-                                                                                     out.numel(), start, step);
+    kernels::arangeKernel<T><<<gridFor(out.numel()), kThreads, 0, streamOf(out)>>>(
+        static_cast<T*>(out.data()), out.numel(), start, step);
     STRATA_CUDA_CHECK_LAUNCH();
   });
 }

@@ -1,8 +1,9 @@
 // GEMM through cuBLASLt. bf16/f16 operands accumulate in fp32; f32 runs in full fp32 (no TF32).
 //
-// Row-major C = op(A) op(B) is computed as the column-major product C^T = op(B)^T op(A)^T, so the operands are
-// passed swapped and no data moves. Plans (descriptors, layouts and the heuristic's algorithm) are cached per
-// (shape, strides, transposes, dtype, alignment), so steady-state training pays for the heuristic once per shape.
+// Row-major C = op(A) op(B) is computed as the column-major product C^T = op(B)^T op(A)^T, so the operands
+// are passed swapped and no data moves. Plans (descriptors, layouts and the heuristic's algorithm) are cached
+// per (shape, strides, transposes, dtype, alignment), so steady-state training pays for the heuristic once
+// per shape.
 #include <cublasLt.h>
 
 #include <map>
@@ -13,14 +14,14 @@
 
 #include "src/ops/cuda/CudaCommon.h"
 
-#define STRATA_CUBLAS_CHECK(expr)                                                                      \
-  do {                                                                                                 \
-    cublasStatus_t strata_status_ = (expr);                                                            \
-    if (strata_status_ != CUBLAS_STATUS_SUCCESS) {                                                     \
-      ::strata::detail::throwError(__FILE__, __LINE__, #expr,                                          \
+#define STRATA_CUBLAS_CHECK(expr)                                                                       \
+  do {                                                                                                  \
+    cublasStatus_t strata_status_ = (expr);                                                             \
+    if (strata_status_ != CUBLAS_STATUS_SUCCESS) {                                                      \
+      ::strata::detail::throwError(__FILE__, __LINE__, #expr,                                           \
                                    ::strata::detail::format("cuBLAS error {}: {}", int(strata_status_), \
-                                                            cublasLtGetStatusString(strata_status_)));   \
-    }                                                                                                  \
+                                                            cublasLtGetStatusString(strata_status_)));  \
+    }                                                                                                   \
   } while (0)
 
 namespace strata::ops::cuda {
@@ -28,8 +29,8 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
 
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t,
-                           int64_t, int64_t, bool, int, int, int>;
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t,
+                           int64_t, int64_t, int64_t, bool, int, int, int>;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -73,10 +74,14 @@ int alignmentOf(const void* p) {
 
 cudaDataType_t cudaType(DType t) {
   switch (t) {
-    case DType::F32: return CUDA_R_32F;
-    case DType::BF16: return CUDA_R_16BF;
-    case DType::F16: return CUDA_R_16F;
-    default: STRATA_FAIL("matmul: dtype {} is not supported on cuda (f32, bf16, f16)", t);
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    case DType::F16:
+      return CUDA_R_16F;
+    default:
+      STRATA_FAIL("matmul: dtype {} is not supported on cuda (f32, bf16, f16)", t);
   }
 }
 
@@ -85,8 +90,8 @@ void setBatch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
   int32_t count = int32_t(batch);
   STRATA_CUBLAS_CHECK(
       cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-  STRATA_CUBLAS_CHECK(
-      cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                       &stride, sizeof(stride)));
 }
 
 std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int alignY, int alignC) {
@@ -96,8 +101,10 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
   // Column-major view: C^T [n, m] = X [n, k] * Y [k, m] with X = op(B)^T and Y = op(A)^T.
   cublasOperation_t opX = g.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t opY = g.transA ? CUBLAS_OP_T : CUBLAS_OP_N;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opX, sizeof(opX)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opY, sizeof(opY)));
+  STRATA_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opX, sizeof(opX)));
+  STRATA_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opY, sizeof(opY)));
   uint64_t xRows = g.transB ? g.k : g.n, xCols = g.transB ? g.n : g.k;
   uint64_t yRows = g.transA ? g.m : g.k, yCols = g.transA ? g.k : g.m;
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layoutX, dt, xRows, xCols, g.ldb));
@@ -118,12 +125,13 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(st.handle, plan->desc, plan->layoutX, plan->layoutY,
-                                                         plan->layoutC, plan->layoutC, pref, 1, &result, &found);
+  cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(st.handle, plan->desc, plan->layoutX, plan->layoutY, plan->layoutC,
+                                     plan->layoutC, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   STRATA_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0,
-               "matmul: cuBLASLt found no algorithm for [{} x {}] @ [{} x {}] ({}, batch {}, status {})", g.m, g.k,
-               g.k, g.n, dtypeName(g.dtype), g.batch, int(status));
+               "matmul: cuBLASLt found no algorithm for [{} x {}] @ [{} x {}] ({}, batch {}, status {})", g.m,
+               g.k, g.k, g.n, dtypeName(g.dtype), g.batch, int(status));
   plan->algo = result.algo;
   return plan;
 }
@@ -133,8 +141,9 @@ void gemm(const GemmArgs& g) {
   DeviceGuard guard(device);
   LtState& st = ltState(device);
   int alignX = alignmentOf(g.b), alignY = alignmentOf(g.a), alignC = alignmentOf(g.c);
-  PlanKey key{int(g.dtype), g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.transA, g.transB, g.batch, g.strideA, g.strideB,
-              g.strideC, g.beta != 0.0f, alignX, alignY, alignC};
+  PlanKey key{int(g.dtype), g.m,      g.n,     g.k,       g.lda,     g.ldb,     g.ldc,
+              g.transA,     g.transB, g.batch, g.strideA, g.strideB, g.strideC, g.beta != 0.0f,
+              alignX,       alignY,   alignC};
   Plan* plan;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
@@ -144,13 +153,15 @@ void gemm(const GemmArgs& g) {
   }
   cudaStream_t stream = strata::cuda::nativeStream(currentStream(g.device));
   float alpha = g.alpha, beta = g.beta;
-  STRATA_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, g.b, plan->layoutX, g.a, plan->layoutY, &beta,
-                                     g.c, plan->layoutC, g.c, plan->layoutC, &plan->algo, st.workspace,
+  STRATA_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, g.b, plan->layoutX, g.a, plan->layoutY,
+                                     &beta, g.c, plan->layoutC, g.c, plan->layoutC, &plan->algo, st.workspace,
                                      kWorkspaceBytes, stream));
 }
 
 }  // namespace
 
-void registerGemm(Registry& r) { r.add<GemmKernel>("gemm", DeviceType::CUDA, &gemm); }
+void registerGemm(Registry& r) {
+  r.add<GemmKernel>("gemm", DeviceType::CUDA, &gemm);
+}
 
 }  // namespace strata::ops::cuda

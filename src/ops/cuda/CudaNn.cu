@@ -11,12 +11,17 @@ namespace {
 
 template <class Fn>
 void visitIndexCuda(DType t, Fn&& fn) {
-  if (t == DType::I64) fn(TypeTag<int64_t>{});
-  else if (t == DType::I32) fn(TypeTag<int32_t>{});
-  else STRATA_FAIL("indices must be i32 or i64, got {}", t);
+  if (t == DType::I64)
+    fn(TypeTag<int64_t>{});
+  else if (t == DType::I32)
+    fn(TypeTag<int32_t>{});
+  else
+    STRATA_FAIL("indices must be i32 or i64, got {}", t);
 }
 
-int threadsFor(int64_t C) { return int(std::clamp<int64_t>((C + 31) / 32 * 32, 32, 1024)); }
+int threadsFor(int64_t C) {
+  return int(std::clamp<int64_t>((C + 31) / 32 * 32, 32, 1024));
+}
 
 void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
   DeviceGuard guard(weight.device().index);
@@ -31,14 +36,14 @@ void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
     visitIndexCuda(indices.dtype(), [&](auto itag) {
       using I = typename decltype(itag)::type;
       kernels::embeddingKernel<T, I><<<unsigned(N), threadsFor(C), 0, streamOf(weight)>>>(
-          static_cast<const T*>(weight.data()), static_cast<const I*>(indices.data()), static_cast<T*>(out.data()),
-          C, V, checkIndices ? static_cast<int*>(bad.data()) : nullptr);
+          static_cast<const T*>(weight.data()), static_cast<const I*>(indices.data()),
+          static_cast<T*>(out.data()), C, V, checkIndices ? static_cast<int*>(bad.data()) : nullptr);
       STRATA_CUDA_CHECK_LAUNCH();
     });
   });
-  // Out-of-range ids leave their rows unwritten and raise `bad`. Reading the flag would synchronise the device on
-  // every forward, so the check happens only under STRATA_CHECK_INDICES=1; the trainer validates its data's token
-  // range before training instead.
+  // Out-of-range ids leave their rows unwritten and raise `bad`. Reading the flag would synchronise the
+  // device on every forward, so the check happens only under STRATA_CHECK_INDICES=1; the trainer validates
+  // its data's token range before training instead.
   if (checkIndices) STRATA_CHECK(bad.item() == 0.0, "embedding: an index is out of range [0, {})", V);
 }
 
@@ -50,8 +55,8 @@ void embeddingBackward(const Tensor& gy, const Tensor& indices, const Tensor& gw
     visitIndexCuda(indices.dtype(), [&](auto itag) {
       using I = typename decltype(itag)::type;
       kernels::embeddingBackwardKernel<T, I><<<unsigned(N), threadsFor(C), 0, streamOf(gy)>>>(
-          static_cast<const T*>(gy.data()), static_cast<const I*>(indices.data()), static_cast<float*>(gw.data()), C,
-          V);
+          static_cast<const T*>(gy.data()), static_cast<const I*>(indices.data()),
+          static_cast<float*>(gw.data()), C, V);
       STRATA_CUDA_CHECK_LAUNCH();
     });
   });
@@ -66,8 +71,9 @@ void crossEntropy(const Tensor& logits, const Tensor& target, const Tensor& loss
     visitIndexCuda(target.dtype(), [&](auto itag) {
       using I = typename decltype(itag)::type;
       kernels::crossEntropyKernel<T, I><<<unsigned(N), std::min(threadsFor(V), 512), 0, streamOf(logits)>>>(
-          static_cast<const T*>(logits.data()), static_cast<const I*>(target.data()), static_cast<float*>(loss.data()),
-          static_cast<float*>(lse.data()), static_cast<float*>(valid.data()), V, ignoreIndex);
+          static_cast<const T*>(logits.data()), static_cast<const I*>(target.data()),
+          static_cast<float*>(loss.data()), static_cast<float*>(lse.data()),
+          static_cast<float*>(valid.data()), V, ignoreIndex);
       STRATA_CUDA_CHECK_LAUNCH();
     });
   });
@@ -81,10 +87,11 @@ void crossEntropyBackward(const Tensor& logits, const Tensor& target, const Tens
     using T = typename decltype(tag)::type;
     visitIndexCuda(target.dtype(), [&](auto itag) {
       using I = typename decltype(itag)::type;
-      kernels::crossEntropyBackwardKernel<T, I><<<unsigned(N), std::min(threadsFor(V), 512), 0, streamOf(logits)>>>(
-          static_cast<const T*>(logits.data()), static_cast<const I*>(target.data()),
-          static_cast<const float*>(lse.data()), static_cast<const float*>(scale.data()),
-          static_cast<T*>(glogits.data()), V, ignoreIndex);
+      kernels::crossEntropyBackwardKernel<T, I>
+          <<<unsigned(N), std::min(threadsFor(V), 512), 0, streamOf(logits)>>>(
+              static_cast<const T*>(logits.data()), static_cast<const I*>(target.data()),
+              static_cast<const float*>(lse.data()), static_cast<const float*>(scale.data()),
+              static_cast<T*>(glogits.data()), V, ignoreIndex);
       STRATA_CUDA_CHECK_LAUNCH();
     });
   });

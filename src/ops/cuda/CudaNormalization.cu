@@ -5,29 +5,40 @@
 namespace strata::ops::cuda {
 namespace {
 
-// Calls fn.template operator()<V>() with the widest pack that divides C and keeps every pointer 16-byte aligned.
+// Calls fn.template operator()<V>() with the widest pack that divides C and keeps every pointer 16-byte
+// aligned.
 template <class T, class Fn>
 void withPack(int64_t C, std::initializer_list<const void*> ptrs, Fn&& fn) {
   constexpr int V = kernels::kVec<T>;
   bool ok = C % V == 0;
   for (const void* p : ptrs) ok = ok && (p == nullptr || aligned16(p));
-  if (ok) fn.template operator()<V>();
-  else fn.template operator()<1>();
+  if (ok)
+    fn.template operator()<V>();
+  else
+    fn.template operator()<1>();
 }
 
-int roundThreads(int64_t n) { return int(std::clamp<int64_t>((n + 31) / 32 * 32, 32, 512)); }
+int roundThreads(int64_t n) {
+  return int(std::clamp<int64_t>((n + 31) / 32 * 32, 32, 512));
+}
 
 // Picks how many packs each thread keeps in registers (P), aiming at <= `maxThreads` threads a row, and calls
-// fn.template operator()<P>(threads). The kernels are bounded to 512 threads (128 registers each); rows wider than
-// 8 * 512 packs stream (P = 0) when `allowStream`.
+// fn.template operator()<P>(threads). The kernels are bounded to 512 threads (128 registers each); rows wider
+// than 8 * 512 packs stream (P = 0) when `allowStream`.
 template <class Fn>
 void withRowPlan(int64_t packs, bool allowStream, const char* op, Fn&& fn, int64_t maxThreads = 256) {
-  if (packs <= maxThreads) fn.template operator()<1>(roundThreads(packs));
-  else if (packs <= 2 * maxThreads) fn.template operator()<2>(roundThreads((packs + 1) / 2));
-  else if (packs <= 4 * maxThreads) fn.template operator()<4>(roundThreads((packs + 3) / 4));
-  else if (packs <= 8 * 512) fn.template operator()<8>(roundThreads((packs + 7) / 8));
-  else if (allowStream) fn.template operator()<0>(512);
-  else STRATA_FAIL("{}: rows of {} packs are wider than the kernel supports (4096)", op, packs);
+  if (packs <= maxThreads)
+    fn.template operator()<1>(roundThreads(packs));
+  else if (packs <= 2 * maxThreads)
+    fn.template operator()<2>(roundThreads((packs + 1) / 2));
+  else if (packs <= 4 * maxThreads)
+    fn.template operator()<4>(roundThreads((packs + 3) / 4));
+  else if (packs <= 8 * 512)
+    fn.template operator()<8>(roundThreads((packs + 7) / 8));
+  else if (allowStream)
+    fn.template operator()<0>(512);
+  else
+    STRATA_FAIL("{}: rows of {} packs are wider than the kernel supports (4096)", op, packs);
 }
 
 void softmax(const Tensor& x, const Tensor& y, bool log, const SoftmaxOptions& o) {
@@ -39,8 +50,8 @@ void softmax(const Tensor& x, const Tensor& y, bool log, const SoftmaxOptions& o
     T* yp = static_cast<T*>(y.data());
     withPack<T>(C, {xp, yp}, [&]<int V>() {
       withRowPlan(C / V, true, "softmax", [&]<int P>(int threads) {
-        kernels::softmaxKernel<T, V, P><<<unsigned(N), threads, 0, streamOf(x)>>>(xp, yp, C, log, float(o.scale),
-                                                                                    o.causalRows, o.causalShift);
+        kernels::softmaxKernel<T, V, P><<<unsigned(N), threads, 0, streamOf(x)>>>(
+            xp, yp, C, log, float(o.scale), o.causalRows, o.causalShift);
       });
     });
     STRATA_CUDA_CHECK_LAUNCH();
@@ -57,8 +68,8 @@ void softmaxBackward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool l
     T* op = static_cast<T*>(gx.data());
     withPack<T>(C, {yp, gp, op}, [&]<int V>() {
       withRowPlan(C / V, true, "softmax_backward", [&]<int P>(int threads) {
-        kernels::softmaxBackwardKernel<T, V, P><<<unsigned(N), threads, 0, streamOf(y)>>>(yp, gp, op, C, log,
-                                                                                            float(scale));
+        kernels::softmaxBackwardKernel<T, V, P>
+            <<<unsigned(N), threads, 0, streamOf(y)>>>(yp, gp, op, C, log, float(scale));
       });
     });
     STRATA_CUDA_CHECK_LAUNCH();
@@ -84,16 +95,16 @@ void norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tenso
     float* rp = static_cast<float*>(rstd.data());
     withPack<T>(C, {xp, wp, bp, yp}, [&]<int V>() {
       withRowPlan(C / V, true, "layer_norm", [&]<int P>(int threads) {
-        kernels::normKernel<T, V, P><<<unsigned(N), threads, 0, streamOf(x)>>>(xp, wp, bp, yp, mp, rp, C, float(eps),
-                                                                                 rms);
+        kernels::normKernel<T, V, P>
+            <<<unsigned(N), threads, 0, streamOf(x)>>>(xp, wp, bp, yp, mp, rp, C, float(eps), rms);
       });
     });
     STRATA_CUDA_CHECK_LAUNCH();
   });
 }
 
-void normBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                  const Tensor& gx, const Tensor& gw, const Tensor& gb, bool rms) {
+void normBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                  const Tensor& rstd, const Tensor& gx, const Tensor& gw, const Tensor& gb, bool rms) {
   int device = x.device().index;
   DeviceGuard guard(device);
   int64_t C = x.size(-1), N = x.numel() / C;
@@ -108,18 +119,20 @@ void normBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const
     T* op = static_cast<T*>(gx.data());
     bool params = gw.defined() || gb.defined();
     withPack<T>(C, {gp, xp, wp, op}, [&]<int V>() {
-      // Up to 512 threads a row: the parameter partials live in registers, so fewer packs per thread means more
-      // resident threads.
+      // Up to 512 threads a row: the parameter partials live in registers, so fewer packs per thread means
+      // more resident threads.
       withRowPlan(
           C / V, false, "layer_norm_backward",
           [&]<int P>(int threads) {
             if constexpr (P > 0) {
-              auto kernel = params ? kernels::normBackwardKernel<T, V, P, true> : kernels::normBackwardKernel<T, V, P, false>;
-              // With parameter gradients, exactly one wave of blocks strides over the rows; each block writes one row
-              // of fp32 partials.
+              auto kernel = params ? kernels::normBackwardKernel<T, V, P, true>
+                                   : kernels::normBackwardKernel<T, V, P, false>;
+              // With parameter gradients, exactly one wave of blocks strides over the rows; each block writes
+              // one row of fp32 partials.
               int perSm = 0;
               STRATA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, threads, 0));
-              int64_t blocks = params ? std::min<int64_t>(N, std::max(perSm, 1) * int64_t(smCount(device))) : N;
+              int64_t blocks =
+                  params ? std::min<int64_t>(N, std::max(perSm, 1) * int64_t(smCount(device))) : N;
               Tensor partW = gw.defined() ? Tensor::empty({blocks, C}, DType::F32, x.device()) : Tensor();
               Tensor partB = gb.defined() ? Tensor::empty({blocks, C}, DType::F32, x.device()) : Tensor();
               float* pw = partW.defined() ? static_cast<float*>(partW.data()) : nullptr;

@@ -13,11 +13,13 @@ int packWidth(const T* in, int64_t B) {
 }
 
 template <class Op, class T, class U>
-void launchOnePass(const T* in, U* out, int64_t A, int64_t R, int64_t B, int64_t splits, cudaStream_t stream) {
+void launchOnePass(const T* in, U* out, int64_t A, int64_t R, int64_t B, int64_t splits,
+                   cudaStream_t stream) {
   int64_t chunk = (R + splits - 1) / splits;
   if (B == 1) {
     int threads = int(std::clamp<int64_t>((chunk + 31) / 32 * 32, 32, 512));
-    kernels::reduceRowsKernel<Op, T, U><<<dim3(unsigned(A), unsigned(splits)), threads, 0, stream>>>(in, out, R, chunk);
+    kernels::reduceRowsKernel<Op, T, U>
+        <<<dim3(unsigned(A), unsigned(splits)), threads, 0, stream>>>(in, out, R, chunk);
   } else if (int V = packWidth<T>(in, B); V > 1) {
     constexpr int W = kernels::kVec<T>;
     dim3 grid(unsigned((B + 32 * W - 1) / (32 * W)), unsigned(A), unsigned(splits));
@@ -66,15 +68,18 @@ void launchReduceOp(const void* in, DType inType, void* out, DType outType, int6
 template <int OpId>
 void reduce(const Tensor& in, const Tensor& out, int64_t A, int64_t R, int64_t B) {
   DeviceGuard guard(in.device().index);
-  launchReduce(OpId, in.data(), in.dtype(), out.data(), out.dtype(), A, R, B, in.device().index, streamOf(in));
+  launchReduce(OpId, in.data(), in.dtype(), out.data(), out.dtype(), A, R, B, in.device().index,
+               streamOf(in));
 }
 
 }  // namespace
 
-void launchReduce(int op, const void* in, DType inType, void* out, DType outType, int64_t A, int64_t R, int64_t B,
-                  int device, cudaStream_t stream) {
-  if (op == 0) launchReduceOp<kernels::SumReduce>(in, inType, out, outType, A, R, B, device, stream);
-  else launchReduceOp<kernels::MaxReduce>(in, inType, out, outType, A, R, B, device, stream);
+void launchReduce(int op, const void* in, DType inType, void* out, DType outType, int64_t A, int64_t R,
+                  int64_t B, int device, cudaStream_t stream) {
+  if (op == 0)
+    launchReduceOp<kernels::SumReduce>(in, inType, out, outType, A, R, B, device, stream);
+  else
+    launchReduceOp<kernels::MaxReduce>(in, inType, out, outType, A, R, B, device, stream);
 }
 
 void registerReduce(Registry& r) {
