@@ -41,15 +41,7 @@ int main(int argc, char** argv) {
   try {
     train::Config c = train::loadConfig(config, {}, false);
     Device dev = train::resolveDevice(device);
-    models::ModelSpec spec;
-    spec.numLayers = c.model.numLayers;
-    spec.hiddenSize = c.model.hiddenSize;
-    spec.numHeads = c.model.numAttentionHeads;
-    spec.ffnHiddenSize = c.model.ffnHiddenSize;
-    spec.seqLength = c.model.seqLength;
-    spec.vocabSize = c.model.vocabSize;
-    spec.seed = c.train.seed;
-    spec.device = dev;
+    models::ModelSpec spec = train::modelSpecFrom(c, dev);
     auto model = models::buildModel(spec);
     model->eval();
     if (!importPath.empty()) {

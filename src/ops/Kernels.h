@@ -84,6 +84,17 @@ using DropoutKernel = void(const Tensor& x, const Tensor& out, double p, uint64_
 using AdamWKernel = void(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper,
                          const Tensor& gradScale);
 
+// Calls fn(TypeTag<int64_t>{}) or fn(TypeTag<int32_t>{}) for an index tensor's dtype.
+template <class Fn>
+void visitIndexType(DType t, Fn&& fn) {
+  if (t == DType::I64)
+    fn(TypeTag<int64_t>{});
+  else if (t == DType::I32)
+    fn(TypeTag<int32_t>{});
+  else
+    STRATA_FAIL("indices must be i32 or i64, got {}", t);
+}
+
 // Backend registration, called once by Registry::instance().
 void registerCpuKernels(Registry& registry);
 #if STRATA_CUDA

@@ -178,6 +178,20 @@ std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model
   return finalDir.string();
 }
 
+std::map<std::string, Tensor> loadModelShards(const std::string& path) {
+  std::string dir = resolveCheckpoint(path);
+  std::ifstream in(fs::path(dir) / "manifest.json");
+  json manifest = json::parse(in);
+  std::map<std::string, Tensor> merged;
+  for (const auto& shard : manifest["shards"]) {
+    for (auto& [name, t] : readSafetensors((fs::path(dir) / shard["model"].get<std::string>()).string())) {
+      STRATA_CHECK(!merged.count(name), "checkpoint {}: tensor '{}' appears in two shards", dir, name);
+      merged[name] = t;
+    }
+  }
+  return merged;
+}
+
 CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& model,
                                const NamedTensors& optimizer) {
   std::string dir = resolveCheckpoint(path);

@@ -31,9 +31,7 @@ Device resolveDevice(const std::string& name) {
   return d;
 }
 
-namespace {
-
-models::ModelSpec specFrom(const Config& c, Device device) {
+models::ModelSpec modelSpecFrom(const Config& c, Device device) {
   models::ModelSpec s;
   s.arch = c.model.arch;
   s.numLayers = c.model.numLayers;
@@ -50,6 +48,8 @@ models::ModelSpec specFrom(const Config& c, Device device) {
   s.device = device;
   return s;
 }
+
+namespace {
 
 // Dense bf16 peak for MFU, by device name; 0 when unknown (MFU is then reported as 0).
 double peakFlops(Device d, DType compute) {
@@ -68,7 +68,7 @@ double gib(size_t bytes) {
 
 Trainer::Trainer(Config config) : config_(std::move(config)) {
   device_ = resolveDevice(config_.train.device);
-  model_ = models::buildModel(specFrom(config_, device_));
+  model_ = models::buildModel(modelSpecFrom(config_, device_));
   setup();
 }
 
@@ -99,10 +99,7 @@ void Trainer::setup() {
       "{}: zero_optimization (stage {}, offload) is not available in this build yet; set stage 0 and no "
       "offload",
       config_.sourcePath, config_.zero.stage);
-  if (config_.data.tokenizer == "gpt2")
-    tokenizer_ = std::make_unique<Gpt2Tokenizer>(config_.data.vocabFile, config_.data.mergesFile);
-  else
-    tokenizer_ = std::make_unique<ByteTokenizer>();
+  tokenizer_ = makeTokenizer(config_);
   std::string cacheDir = (fs::path(config_.train.outDir) / "cache").string();
   data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.path, config_.data.format,
                                                             *tokenizer_, cacheDir, config_.data.valFraction));
@@ -124,18 +121,20 @@ double Trainer::evaluate(int64_t iters) {
   return total.item() / double(iters);
 }
 
-std::string Trainer::sample(const std::string& prompt, int64_t length, double temperature, int64_t topK,
-                            uint64_t seed) {
+std::string sampleText(nn::CausalLM& model, const Tokenizer& tokenizer, Device device, DType compute,
+                       const std::string& prompt, int64_t length, double temperature, int64_t topK,
+                       uint64_t seed) {
   NoGradGuard noGrad;
-  model_->eval();
-  std::vector<int32_t> ids = tokenizer_->encode(prompt.empty() ? std::string("\n") : prompt);
+  bool wasTraining = model.isTraining();
+  model.eval();
+  std::vector<int32_t> ids = tokenizer.encode(prompt.empty() ? std::string("\n") : prompt);
   size_t promptLen = ids.size();
-  int64_t V = model_->vocabSize(), ctx = model_->contextLength();
+  int64_t V = model.vocabSize(), ctx = model.contextLength();
   for (int64_t step = 0; step < length; ++step) {
     size_t start = ids.size() > size_t(ctx) ? ids.size() - size_t(ctx) : 0;
     std::vector<int64_t> window(ids.begin() + std::ptrdiff_t(start), ids.end());
-    Tensor x = Tensor::fromVector(window, {1, int64_t(window.size())}, device_);
-    Tensor logits = model_->logits(x, compute_);
+    Tensor x = Tensor::fromVector(window, {1, int64_t(window.size())}, device);
+    Tensor logits = model.logits(x, compute);
     std::vector<float> last =
         logits.select(1, logits.size(1) - 1).to(Device::cpu(), DType::F32).toVector<float>();
     // Temperature, top-k, then a Philox draw.
@@ -157,8 +156,19 @@ std::string Trainer::sample(const std::string& prompt, int64_t length, double te
     }
     ids.push_back(next);
   }
-  model_->train();
-  return tokenizer_->decode(std::vector<int32_t>(ids.begin() + std::ptrdiff_t(promptLen), ids.end()));
+  model.train(wasTraining);
+  return tokenizer.decode(std::vector<int32_t>(ids.begin() + std::ptrdiff_t(promptLen), ids.end()));
+}
+
+std::unique_ptr<Tokenizer> makeTokenizer(const Config& config) {
+  if (config.data.tokenizer == "gpt2")
+    return std::make_unique<Gpt2Tokenizer>(config.data.vocabFile, config.data.mergesFile);
+  return std::make_unique<ByteTokenizer>();
+}
+
+std::string Trainer::sample(const std::string& prompt, int64_t length, double temperature, int64_t topK,
+                            uint64_t seed) {
+  return sampleText(*model_, *tokenizer_, device_, compute_, prompt, length, temperature, topK, seed);
 }
 
 TrainResult Trainer::run() {

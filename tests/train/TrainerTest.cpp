@@ -86,6 +86,9 @@ TEST_CASE("resume continues the loss curve exactly", "[train][trainer][checkpoin
   REQUIRE(fs::exists(ckpt / "latest"));
   REQUIRE(fs::exists(ckpt / "step-10" / "manifest.json"));
   REQUIRE(fs::exists(ckpt / "step-10" / "model-rank0.safetensors"));
+  auto shards = train::loadModelShards(ckpt.string());
+  REQUIRE(shards.count("wte.weight") == 1);
+  REQUIRE(shards.count("h.1.mlp.proj.bias") == 1);
   train::Trainer(tinyConfig(split, {"checkpoint.load=" + ckpt.string()})).run();
   auto a = records(straight), b = records(split);
   REQUIRE(a.size() == b.size());

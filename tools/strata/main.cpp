@@ -1,13 +1,15 @@
-// The `strata` command: train, info, generate.
+// The `strata` command: train, info, generate, convert.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "models/Zoo.h"
+#include "models/gpt/GptHf.h"
 #include "strata/strata.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
@@ -21,8 +23,11 @@ int runTrain(const std::string& configPath, const std::vector<std::string>& over
   train::Config config = train::loadConfig(configPath, overrides);
   train::Trainer trainer(config);
   train::TrainResult r = trainer.run();
-  std::printf("\nfinished %ld iterations: train loss %.4f, val loss %.4f\n", long(r.steps), r.trainLoss,
-              r.valLoss);
+  if (std::isnan(r.valLoss))
+    std::printf("\nfinished %ld iterations: train loss %.4f\n", long(r.steps), r.trainLoss);
+  else
+    std::printf("\nfinished %ld iterations: train loss %.4f, val loss %.4f\n", long(r.steps), r.trainLoss,
+                r.valLoss);
   return 0;
 }
 
@@ -68,21 +73,47 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
 }
 
 int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_t tokens, double temperature,
-                int64_t topK, uint64_t seed, const std::string& device) {
+                int64_t topK, uint64_t seed, const std::string& deviceName) {
   std::string dir = train::resolveCheckpoint(checkpoint);
   std::ifstream in(std::filesystem::path(dir) / "manifest.json");
   auto manifest = nlohmann::json::parse(in);
   std::vector<std::string> overrides;
   for (auto& [key, value] : manifest["config"].items())
     overrides.push_back(key + "=" + value.get<std::string>());
-  overrides.push_back("train.device=" + device);
-  overrides.push_back("checkpoint.load=" + dir);
-  train::Config c = train::parseConfig("", dir + "/manifest.json", overrides);
-  train::Trainer trainer(c);
-  optim::AdamW unusedOptimizer(trainer.model().namedParameters(), {});
-  train::loadCheckpoint(dir, trainer.model().namedParameters(), unusedOptimizer.namedState());
-  std::string text = trainer.sample(prompt, tokens, temperature, topK, seed);
+  train::Config c = train::parseConfig("", dir + "/manifest.json", overrides, /*requireData=*/false);
+  Device device = train::resolveDevice(deviceName);
+  auto model = models::buildModel(train::modelSpecFrom(c, device));
+  auto weights = train::loadModelShards(dir);
+  for (auto& [name, p] : model->namedParameters()) {
+    auto it = weights.find(name);
+    STRATA_CHECK(it != weights.end(), "checkpoint {} has no tensor '{}'", dir, name);
+    ops::copy(p, it->second);
+  }
+  DType compute = device.isCpu() || c.precision.dtype == "fp32" ? DType::F32 : DType::BF16;
+  auto tokenizer = train::makeTokenizer(c);
+  std::string text =
+      train::sampleText(*model, *tokenizer, device, compute, prompt, tokens, temperature, topK, seed);
   std::printf("%s%s\n", prompt.c_str(), text.c_str());
+  return 0;
+}
+
+int runConvert(const std::string& checkpoint, const std::string& output, bool hf) {
+  std::string dir = train::resolveCheckpoint(checkpoint);
+  std::ifstream in(std::filesystem::path(dir) / "manifest.json");
+  auto manifest = nlohmann::json::parse(in);
+  std::string arch = manifest["config"].value("model.arch", std::string("gpt"));
+  train::NamedTensors out;
+  for (auto& [name, t] : train::loadModelShards(dir)) {
+    if (!hf) {
+      out.emplace_back(name, t);
+      continue;
+    }
+    STRATA_CHECK(arch == "gpt", "--hf export knows the gpt architecture, not '{}'", arch);
+    out.emplace_back(models::gptNameToHf(name), t);
+  }
+  train::writeSafetensors(output, out, {{"format", "pt"}, {"source", dir}});
+  std::printf("wrote %zu tensors from %s to %s%s\n", out.size(), dir.c_str(), output.c_str(),
+              hf ? " (HF GPT-2 names; lm_head is tied to transformer.wte)" : "");
   return 0;
 }
 
@@ -117,11 +148,21 @@ int main(int argc, char** argv) {
   generate->add_option("--seed", seed, "sampling seed");
   generate->add_option("--device", device, "auto, cpu or cuda[:N]");
 
+  std::string output;
+  bool hf = false;
+  auto* convert =
+      app.add_subcommand("convert", "merge a checkpoint's model shards into one safetensors file");
+  convert->add_option("checkpoint", checkpoint, "checkpoint directory (or a save directory with `latest`)")
+      ->required();
+  convert->add_option("output", output, "the .safetensors file to write")->required();
+  convert->add_flag("--hf", hf, "use HF transformers names (GPT2LMHeadModel layout)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) return runTrain(config, overrides);
     if (*info) return runInfo(config, overrides);
     if (*generate) return runGenerate(checkpoint, prompt, tokens, temperature, topK, seed, device);
+    if (*convert) return runConvert(checkpoint, output, hf);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -43,6 +43,8 @@ std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model
 // tensors in place (names must match). Returns the saved state.
 CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& model,
                                const NamedTensors& optimizer);
+// Every model tensor of a checkpoint, merged across the shards its manifest lists (on the CPU).
+std::map<std::string, Tensor> loadModelShards(const std::string& path);
 // The step directory `path` refers to.
 std::string resolveCheckpoint(const std::string& path);
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "models/Zoo.h"
 #include "strata/nn/CausalLM.h"
 #include "strata/optim/AdamW.h"
 #include "strata/train/Config.h"
@@ -22,6 +23,15 @@ struct TrainResult {
 
 // "auto" -> cuda:0 when a GPU is present, else cpu.
 Device resolveDevice(const std::string& name);
+// The zoo's model spec for a config's model section, built on `device` with the config's seed.
+models::ModelSpec modelSpecFrom(const Config& config, Device device);
+
+// Samples `length` tokens after `prompt` from `model` with temperature and top-k (0 = all), decoded to text.
+std::string sampleText(nn::CausalLM& model, const Tokenizer& tokenizer, Device device, DType compute,
+                       const std::string& prompt, int64_t length, double temperature = 0.8, int64_t topK = 40,
+                       uint64_t seed = 1);
+// The tokenizer a config names (byte, or gpt2 from data.vocab_file and data.merges_file).
+std::unique_ptr<Tokenizer> makeTokenizer(const Config& config);
 
 class Trainer {
  public:

@@ -8,22 +8,12 @@
 namespace strata::ops::cpu {
 namespace {
 
-template <class Fn>
-void visitIndex(DType t, Fn&& fn) {
-  if (t == DType::I64)
-    fn(TypeTag<int64_t>{});
-  else if (t == DType::I32)
-    fn(TypeTag<int32_t>{});
-  else
-    STRATA_FAIL("indices must be i32 or i64, got {}", t);
-}
-
 void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
   int64_t V = weight.size(0), C = weight.size(1), N = indices.numel();
   size_t rowBytes = size_t(C) * dtypeSize(weight.dtype());
   const char* w = static_cast<const char*>(weight.data());
   char* o = static_cast<char*>(out.data());
-  visitIndex(indices.dtype(), [&](auto tag) {
+  visitIndexType(indices.dtype(), [&](auto tag) {
     using I = typename decltype(tag)::type;
     const I* idx = static_cast<const I*>(indices.data());
     for (int64_t n = 0; n < N; ++n) {
@@ -41,7 +31,7 @@ void embeddingBackward(const Tensor& gy, const Tensor& indices, const Tensor& gw
     using F = typename ComputeOf<T>::type;
     const T* g = static_cast<const T*>(gy.data());
     F* out = static_cast<F*>(gw.data());
-    visitIndex(indices.dtype(), [&](auto itag) {
+    visitIndexType(indices.dtype(), [&](auto itag) {
       using I = typename decltype(itag)::type;
       const I* idx = static_cast<const I*>(indices.data());
       for (int64_t n = 0; n < N; ++n) {
@@ -63,7 +53,7 @@ void crossEntropy(const Tensor& logits, const Tensor& target, const Tensor& loss
     F* lossP = static_cast<F*>(loss.data());
     F* lseP = static_cast<F*>(lse.data());
     F* validP = static_cast<F*>(valid.data());
-    visitIndex(target.dtype(), [&](auto itag) {
+    visitIndexType(target.dtype(), [&](auto itag) {
       using I = typename decltype(itag)::type;
       const I* t = static_cast<const I*>(target.data());
 #pragma omp parallel for if (N * V > kParallelGrain)
@@ -94,7 +84,7 @@ void crossEntropyBackward(const Tensor& logits, const Tensor& target, const Tens
     const F* lseP = static_cast<const F*>(lse.data());
     F s = static_cast<const F*>(scale.data())[0];
     T* g = static_cast<T*>(glogits.data());
-    visitIndex(target.dtype(), [&](auto itag) {
+    visitIndexType(target.dtype(), [&](auto itag) {
       using I = typename decltype(itag)::type;
       const I* t = static_cast<const I*>(target.data());
 #pragma omp parallel for if (N * V > kParallelGrain)

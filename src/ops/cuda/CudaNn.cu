@@ -9,16 +9,6 @@
 namespace strata::ops::cuda {
 namespace {
 
-template <class Fn>
-void visitIndexCuda(DType t, Fn&& fn) {
-  if (t == DType::I64)
-    fn(TypeTag<int64_t>{});
-  else if (t == DType::I32)
-    fn(TypeTag<int32_t>{});
-  else
-    STRATA_FAIL("indices must be i32 or i64, got {}", t);
-}
-
 int threadsFor(int64_t C) {
   return int(std::clamp<int64_t>((C + 31) / 32 * 32, 32, 1024));
 }
@@ -33,7 +23,7 @@ void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
   Tensor bad = checkIndices ? ops::zeros({1}, DType::I32, weight.device()) : Tensor();
   visitAllCuda(weight.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    visitIndexCuda(indices.dtype(), [&](auto itag) {
+    visitIndexType(indices.dtype(), [&](auto itag) {
       using I = typename decltype(itag)::type;
       kernels::embeddingKernel<T, I><<<unsigned(N), threadsFor(C), 0, streamOf(weight)>>>(
           static_cast<const T*>(weight.data()), static_cast<const I*>(indices.data()),
@@ -52,7 +42,7 @@ void embeddingBackward(const Tensor& gy, const Tensor& indices, const Tensor& gw
   int64_t V = gw.size(0), C = gw.size(1), N = indices.numel();
   visitFloatingCuda(gy.dtype(), "embedding_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    visitIndexCuda(indices.dtype(), [&](auto itag) {
+    visitIndexType(indices.dtype(), [&](auto itag) {
       using I = typename decltype(itag)::type;
       kernels::embeddingBackwardKernel<T, I><<<unsigned(N), threadsFor(C), 0, streamOf(gy)>>>(
           static_cast<const T*>(gy.data()), static_cast<const I*>(indices.data()),
@@ -68,7 +58,7 @@ void crossEntropy(const Tensor& logits, const Tensor& target, const Tensor& loss
   int64_t N = logits.size(0), V = logits.size(1);
   visitFloatingCuda(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    visitIndexCuda(target.dtype(), [&](auto itag) {
+    visitIndexType(target.dtype(), [&](auto itag) {
       using I = typename decltype(itag)::type;
       kernels::crossEntropyKernel<T, I><<<unsigned(N), std::min(threadsFor(V), 512), 0, streamOf(logits)>>>(
           static_cast<const T*>(logits.data()), static_cast<const I*>(target.data()),
@@ -85,7 +75,7 @@ void crossEntropyBackward(const Tensor& logits, const Tensor& target, const Tens
   int64_t N = logits.size(0), V = logits.size(1);
   visitFloatingCuda(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    visitIndexCuda(target.dtype(), [&](auto itag) {
+    visitIndexType(target.dtype(), [&](auto itag) {
       using I = typename decltype(itag)::type;
       kernels::crossEntropyBackwardKernel<T, I>
           <<<unsigned(N), std::min(threadsFor(V), 512), 0, streamOf(logits)>>>(
