@@ -166,6 +166,14 @@ const std::vector<Field>& schema() {
     // precision
     f.push_back(stringField("precision.dtype", [](Config & c) -> auto& { return c.precision.dtype; },
                             {"bf16", "fp16", "fp32"}));
+    f.push_back(floatField(
+        "precision.initial_loss_scale", [](Config & c) -> auto& { return c.precision.initialLossScale; }, 1,
+        1e30));
+    f.push_back(intField(
+        "precision.loss_scale_window", [](Config & c) -> auto& { return c.precision.lossScaleWindow; }, 1));
+    f.push_back(floatField(
+        "precision.min_loss_scale", [](Config & c) -> auto& { return c.precision.minLossScale; }, 1e-30,
+        1e30));
     // zero_optimization (DeepSpeed names)
     f.push_back(intField(
         "zero_optimization.stage", [](Config & c) -> auto& { return c.zero.stage; }, 0, 3));

@@ -12,6 +12,7 @@
 #include "strata/autograd/GradMode.h"
 #include "strata/core/Philox.h"
 #include "strata/ops/Ops.h"
+#include "strata/optim/LossScaler.h"
 #include "strata/optim/LrSchedule.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Metrics.h"
@@ -84,15 +85,12 @@ void Trainer::setup() {
     STRATA_CHECK(p.device() == device_, "parameter '{}' is on {} but train.device is {}", name,
                  toString(p.device()), toString(device_));
   const std::string& dt = config_.precision.dtype;
-  if (device_.isCpu() || dt == "fp32") {
-    compute_ = DType::F32;
-  } else if (dt == "bf16") {
+  if (dt == "fp16")
+    compute_ = DType::F16;
+  else if (dt == "bf16" && device_.isCuda())
     compute_ = DType::BF16;
-  } else {
-    STRATA_FAIL(
-        "precision.dtype 'fp16' needs dynamic loss scaling, which this build does not have yet; use bf16 or "
-        "fp32");
-  }
+  else
+    compute_ = DType::F32;
   STRATA_CHECK(
       config_.zero.stage == 0 && config_.zero.offloadParamDevice == "none" &&
           config_.zero.offloadOptimizerDevice == "none",
@@ -214,6 +212,11 @@ TrainResult Trainer::run() {
                c.model.arch, model_->numParameters(), toString(device_), deviceName(device_),
                dtypeName(compute_), c.train.trainIters, c.train.globalBatchSize, T);
 
+  std::unique_ptr<optim::LossScaler> scaler;
+  if (compute_ == DType::F16)
+    scaler = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
+        c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
+
   TrainResult result;
   result.valLoss = NAN;
   model_->train();
@@ -228,16 +231,36 @@ TrainResult Trainer::run() {
       auto [x, y] = data_->batch(Split::Train, dataIndex++, B, T, c.train.seed, device_);
       Tensor loss = model_->loss(x, y, compute_);
       Tensor scaled = accum > 1 ? loss * (1.0 / double(accum)) : loss;
-      backward(scaled);
+      // fp16: scale the loss so small gradients stay representable; the update unscales them.
+      backward(scaler ? scaled * scaler->scale() : scaled);
       NoGradGuard noGrad;
       lossSum = ops::add(lossSum, ops::to(scaled.detach(), device_, DType::F32));
     }
     {
       NoGradGuard noGrad;
       lastNorm = optim::gradNorm(params, device_);
-      Tensor coef =
-          c.optimizer.clipGrad > 0 ? optim::clipCoefficient(lastNorm, c.optimizer.clipGrad) : Tensor();
-      optimizer.step(lr, coef);
+      if (scaler) {
+        // The overflow decision needs the norm on the host: one sync per step, fp16 only.
+        double scale = scaler->scale();
+        double scaledNorm = lastNorm.item();
+        lastNorm = ops::affine(lastNorm, 1.0 / scale, 0.0);
+        if (scaler->update(scaledNorm)) {
+          // Unscale and clip in one factor handed to the fused update.
+          double coef = 1.0 / scale;
+          double norm = scaledNorm / scale;
+          if (c.optimizer.clipGrad > 0 && norm > c.optimizer.clipGrad)
+            coef *= c.optimizer.clipGrad / (norm + 1e-6);
+          optimizer.step(lr, ops::full({}, coef, DType::F32, device_));
+        } else {
+          spdlog::warn(
+              "iteration {}: gradient overflow at loss scale {:.0f}; step skipped, loss scale now {:.0f}",
+              iter + 1, scale, scaler->scale());
+        }
+      } else {
+        Tensor coef =
+            c.optimizer.clipGrad > 0 ? optim::clipCoefficient(lastNorm, c.optimizer.clipGrad) : Tensor();
+        optimizer.step(lr, coef);
+      }
       optimizer.zeroGrad();
     }
     ++intervalSteps;
@@ -251,6 +274,7 @@ TrainResult Trainer::run() {
       r.loss = lossSum.item() / double(intervalSteps);  // syncs the device: the timing below covers all work
       r.gradNorm = lastNorm.item();
       r.lr = lr;
+      r.lossScale = scaler ? scaler->scale() : 1.0;
       double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - intervalStart).count();
       r.msPerIter = 1000.0 * seconds / double(intervalSteps);

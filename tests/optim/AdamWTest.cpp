@@ -2,6 +2,7 @@
 
 #include "TestUtil.h"
 #include "strata/optim/AdamW.h"
+#include "strata/optim/LossScaler.h"
 #include "strata/optim/LrSchedule.h"
 
 using namespace strata;
@@ -68,4 +69,20 @@ TEST_CASE("learning-rate schedules warm up and decay to min_lr", "[optim][schedu
   REQUIRE(constant.at(2) == Approx(0.18));
   REQUIRE(constant.at(99) == Approx(0.3));
   REQUIRE_THROWS_AS(optim::lrStyleFromName("step"), Error);
+}
+
+TEST_CASE("dynamic loss scaling halves on overflow and grows after a window", "[optim][lossscale]") {
+  optim::LossScaler scaler(optim::LossScalerConfig{1024.0, 3, 256.0});
+  REQUIRE(scaler.scale() == 1024.0);
+  REQUIRE_FALSE(scaler.update(INFINITY));
+  REQUIRE(scaler.scale() == 512.0);
+  REQUIRE_FALSE(scaler.update(NAN));
+  REQUIRE_FALSE(scaler.update(INFINITY));
+  REQUIRE(scaler.scale() == 256.0);  // never below the minimum
+  REQUIRE(scaler.skippedSteps() == 3);
+  REQUIRE(scaler.update(10.0));
+  REQUIRE(scaler.update(10.0));
+  REQUIRE(scaler.scale() == 256.0);
+  REQUIRE(scaler.update(10.0));  // third good step in a row
+  REQUIRE(scaler.scale() == 512.0);
 }

@@ -100,6 +100,24 @@ TEST_CASE("resume continues the loss curve exactly", "[train][trainer][checkpoin
   }
 }
 
+TEST_CASE("fp16 training skips overflowing steps and lowers the loss scale", "[train][trainer][fp16]") {
+  fs::path out = fs::temp_directory_path() / "strata-trainer-fp16";
+  fs::remove_all(out);
+  // 1e8 overflows fp16 gradients at first: steps are skipped until the scale comes down into range.
+  train::Trainer trainer(
+      tinyConfig(out, {"precision.dtype=fp16", "precision.initial_loss_scale=1e8", "train.train_iters=40",
+                       "train.eval_interval=40", "model.dropout=0"}));
+  REQUIRE(trainer.computeDType() == DType::F16);
+  train::TrainResult r = trainer.run();
+  auto recs = records(out);
+  double firstScale = recs.front()["loss_scale"].get<double>();
+  double lastScale = recs[39]["loss_scale"].get<double>();
+  REQUIRE(firstScale < 1e8);                         // halved on the first, overflowing step
+  REQUIRE(lastScale < firstScale / 64);              // kept halving until fp16 gradients fit
+  REQUIRE(recs[39]["grad_norm"].get<double>() > 0);  // finite again: steps are being applied
+  REQUIRE(r.trainLoss < recs.front()["loss"].get<double>() - 0.5);
+}
+
 TEST_CASE("safetensors round-trips tensors and metadata", "[train][checkpoint]") {
   fs::path p = fs::temp_directory_path() / "strata-roundtrip.safetensors";
   Tensor a = ops::arange(0, 6).view({2, 3});

@@ -66,7 +66,12 @@ struct LrScheduleConfig {
 };
 
 struct PrecisionConfig {
-  std::string dtype = "bf16";  // bf16, fp16, fp32; the CPU always computes in fp32
+  // bf16, fp16, fp32. The CPU computes bf16 configs in fp32; fp16 runs as asked there too (slowly), so
+  // dynamic loss scaling can be exercised anywhere.
+  std::string dtype = "bf16";
+  double initialLossScale = 65536.0;  // fp16 only
+  int64_t lossScaleWindow = 1000;     // good steps before the scale doubles
+  double minLossScale = 1.0;
 };
 
 struct ZeroConfig {
