@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/Zoo.h"
+#include "models/gpt/Gpt.h"
 #include "models/gpt/GptHf.h"
 #include "strata/strata.h"
 #include "strata/train/Checkpoint.h"
@@ -47,12 +48,17 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   train::Config c = train::loadConfig(configPath, overrides, /*requireData=*/false);
   // Counted from the architecture's formula, so `info` answers instantly even for models that would not fit
   // here.
-  int64_t L = c.model.numLayers, C = c.model.hiddenSize,
-          F = c.model.ffnHiddenSize > 0 ? c.model.ffnHiddenSize : 4 * C;
-  int64_t b = c.model.bias ? 1 : 0;
-  int64_t block = 4 * C + 3 * C * C + 3 * C * b + C * C + C * b + C * F + F * b + F * C + C * b;
-  int64_t params = c.model.vocabSize * C + c.model.seqLength * C + L * block + 2 * C;
-  double flops = 6.0 * double(params) + 12.0 * double(L) * double(C) * double(c.model.seqLength);
+  models::GptConfig g;
+  g.numLayers = c.model.numLayers;
+  g.hiddenSize = c.model.hiddenSize;
+  g.numHeads = c.model.numAttentionHeads;
+  g.ffnHiddenSize = c.model.ffnHiddenSize;
+  g.seqLength = c.model.seqLength;
+  g.vocabSize = c.model.vocabSize;
+  g.bias = c.model.bias;
+  int64_t L = g.numLayers, C = g.hiddenSize, F = g.ffn();
+  int64_t params = g.numParameters();
+  double flops = g.flopsPerToken();
   bool lowPrecision = c.precision.dtype != "fp32";
   std::printf("model          %s: %ld layers, hidden %ld, %ld heads, ffn %ld, seq %ld, vocab %ld\n",
               c.model.arch.c_str(), long(L), long(C), long(c.model.numAttentionHeads), long(F),
