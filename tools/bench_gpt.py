@@ -2,7 +2,8 @@
 """GPT training speed: Strata (`build/strata train`) and a nanoGPT-style PyTorch peer, eager and torch.compile,
 same shapes, one GPU, one run. Prints a Markdown table.
 
-Usage: python3 tools/bench_gpt.py [--sizes 124m,1.3b] [--iters 30] [--skip-compile]
+Usage: python3 tools/bench_gpt.py [--sizes 124m,1.3b] [--iters 30] [--skip-compile] [--profile]
+--profile also prints Strata's op profile (STRATA_PROFILE=1) and the eager peer's top CUDA kernels.
 The token stream is random GPT-2-sized ids (speed does not depend on the text). PyTorch is the peer only.
 """
 import argparse
@@ -63,7 +64,7 @@ def flops_per_token(n_params, layers, d):
     return 6 * n_params + 12 * layers * d * SEQ
 
 
-def peer(layers, d, h, batch, iters, compile_model):
+def peer(layers, d, h, batch, iters, compile_model, profile=False):
     torch.manual_seed(0)
     model = GPT(layers, d, h).cuda()
     n = sum(p.numel() for p in model.parameters())  # the head is tied to wte: counted once
@@ -86,6 +87,14 @@ def peer(layers, d, h, batch, iters, compile_model):
     torch.cuda.synchronize()
     dt = (time.time() - t0) / iters
     tok = batch * SEQ / dt
+    if profile:
+        from torch.profiler import profile as tprofile, ProfilerActivity
+        with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        print(f"eager peer, 3 steps, top CUDA kernels:\n"
+              + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
     result = dict(ms=dt * 1e3, tok=tok, tflops=tok * flops_per_token(n, layers, d) / 1e12,
                   mem=torch.cuda.max_memory_allocated() / 2**30, params=n)
     # Hand the memory back: the next Strata run is another process and needs the whole GPU.
@@ -96,14 +105,21 @@ def peer(layers, d, h, batch, iters, compile_model):
     return result
 
 
-def strata(binary, cfg, batch, iters, data):
+def strata(binary, cfg, batch, iters, data, profile=False):
     out = tempfile.mkdtemp(prefix="strata-bench-")
     cmd = [binary, "train", cfg, "--set", f"data.path={data}", "--set", "data.format=nanogpt",
            "--set", f"model.seq_length={SEQ}", "--set", f"train.micro_batch_size={batch}",
            "--set", f"train.global_batch_size={batch}", "--set", f"train.train_iters={iters + 10}",
            "--set", "train.log_interval=10", "--set", "train.eval_interval=0", "--set", "lr_schedule.warmup_iters=0",
            "--set", f"train.out_dir={out}", "--set", "train.device=cuda"]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    env = dict(os.environ, STRATA_PROFILE="1" if profile else "0")
+    run = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, env=env, text=True)
+    if profile:
+        lines = run.stdout.splitlines()
+        start = next((i for i, l in enumerate(lines) if "profile of" in l), None)
+        if start is not None:
+            end = next(i for i in range(start, len(lines)) if lines[i].startswith("total"))
+            print("\n".join(lines[start:end + 1]))
     recs = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if "loss" in l]
     last = recs[-1]  # intervals after the first exclude warm-up
     return dict(ms=last["ms_per_iter"], tok=last["tokens_per_s"], tflops=last["tflops"],
@@ -116,6 +132,7 @@ def main():
     ap.add_argument("--sizes", default="124m")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--skip-compile", action="store_true")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     data = os.path.join(tempfile.mkdtemp(), "random.bin")
     np.random.default_rng(0).integers(0, VOCAB, size=20_000_000, dtype=np.uint16).tofile(data)
@@ -125,8 +142,8 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.sizes.split(","):
         layers, d, h, batch, cfg = SHAPES[name]
-        s = strata(args.binary, cfg, batch, args.iters, data)
-        e = peer(layers, d, h, batch, args.iters, False)
+        s = strata(args.binary, cfg, batch, args.iters, data, args.profile)
+        e = peer(layers, d, h, batch, args.iters, False, args.profile)
         c = peer(layers, d, h, batch, args.iters, True) if not args.skip_compile else None
         ct = f"{c['tflops']:.0f}" if c else "-"
         cr = f"{s['tflops'] / c['tflops']:.2f}" if c else "-"

@@ -6,6 +6,7 @@
 
 #include "strata/autograd/GradMode.h"
 #include "strata/autograd/Node.h"
+#include "strata/core/Profiler.h"
 #include "strata/ops/Ops.h"
 
 namespace strata {
@@ -92,6 +93,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
         in[i] = ops::zeros(meta.shape, meta.dtype, meta.device);
       }
       out = node->apply(std::move(in));
+      if (profiler::active()) profiler::mark(node->name());
       if (!retainGraph) node->releaseSaved();
     }
     out.resize(node->nextEdges().size());

@@ -1,6 +1,7 @@
 #include "strata/autograd/Node.h"
 
 #include "strata/autograd/GradMode.h"
+#include "strata/core/Profiler.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::autograd {
@@ -78,6 +79,12 @@ Edge gradientEdge(const Tensor& t) {
 
 std::shared_ptr<Node> recordFunction(const char* name, const std::vector<Tensor>& inputs,
                                      const std::vector<Tensor>& outputs, BackwardFn fn) {
+  if (profiler::active()) {
+    // The forward of this function ran since the previous mark. Strip "Backward" from the node's name.
+    std::string_view n(name);
+    if (n.size() > 8 && n.substr(n.size() - 8) == "Backward") n.remove_suffix(8);
+    profiler::mark(std::string(n) + " fwd");
+  }
   if (!needsGrad(inputs)) return nullptr;
   auto node = std::make_shared<FunctionNode>(name, std::move(fn));
   for (const auto& t : inputs) node->nextEdges().push_back(participates(t) ? gradientEdge(t) : Edge{});

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 #include "models/Zoo.h"
@@ -11,6 +12,7 @@
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
 #include "strata/core/Philox.h"
+#include "strata/core/Profiler.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/LossScaler.h"
 #include "strata/optim/LrSchedule.h"
@@ -225,20 +227,28 @@ TrainResult Trainer::run() {
   int64_t intervalSteps = 0;
   auto intervalStart = std::chrono::steady_clock::now();
   double flopsPerToken = model_->flopsPerToken(), peak = peakFlops(device_, compute_);
+  // STRATA_PROFILE=1: profile a few steps after warm-up and print where the time went (core/Profiler.h).
+  const char* profileEnv = std::getenv("STRATA_PROFILE");
+  int64_t profileFrom = profileEnv && std::string(profileEnv) != "0" ? startStep + 3 : -1;
+  int64_t profileSteps = std::max<int64_t>(1, std::min<int64_t>(5, c.train.trainIters - profileFrom));
   for (int64_t iter = startStep; iter < c.train.trainIters; ++iter) {
+    if (iter == profileFrom) profiler::start(device_);
     double lr = schedule.at(iter);
     for (int64_t micro = 0; micro < accum; ++micro) {
       auto [x, y] = data_->batch(Split::Train, dataIndex++, B, T, c.train.seed, device_);
+      profiler::mark("data");
       Tensor loss = model_->loss(x, y, compute_);
       Tensor scaled = accum > 1 ? loss * (1.0 / double(accum)) : loss;
       // fp16: scale the loss so small gradients stay representable; the update unscales them.
       backward(scaler ? scaled * scaler->scale() : scaled);
       NoGradGuard noGrad;
       lossSum = ops::add(lossSum, ops::to(scaled.detach(), device_, DType::F32));
+      profiler::mark("loss bookkeeping");
     }
     {
       NoGradGuard noGrad;
       lastNorm = optim::gradNorm(params, device_);
+      profiler::mark("grad norm");
       if (scaler) {
         // The overflow decision needs the norm on the host: one sync per step, fp16 only.
         double scale = scaler->scale();
@@ -261,7 +271,14 @@ TrainResult Trainer::run() {
             c.optimizer.clipGrad > 0 ? optim::clipCoefficient(lastNorm, c.optimizer.clipGrad) : Tensor();
         optimizer.step(lr, coef);
       }
+      profiler::mark("optimizer step");
       optimizer.zeroGrad();
+      profiler::mark("zero grad");
+    }
+    if (profileFrom >= 0 && iter + 1 == profileFrom + profileSteps) {
+      spdlog::info(
+          "profile of {} steps (STRATA_PROFILE; each op synchronised, so the total exceeds a step):\n{}",
+          profileSteps, profiler::stop());
     }
     ++intervalSteps;
     int64_t done = iter + 1;

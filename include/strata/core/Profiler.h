@@ -1,0 +1,28 @@
+// A coarse op profiler for finding where a training step's time goes.
+//
+// While a profile is running, every mark() waits for the device and charges the wall time since the previous
+// mark to the named bucket. Autograd marks each differentiable function's forward (when it records its node)
+// and each node's backward; the trainer marks the optimizer. Synchronising after every op adds launch latency
+// to each bucket, so the sum is a little above an unprofiled step, but the shares are what one needs to pick
+// the next kernel to write. Enable it from the command line with STRATA_PROFILE=1 (strata train profiles a
+// window of steps after warm-up and prints the table).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "strata/core/Device.h"
+
+namespace strata::profiler {
+
+// Starts (or restarts) a profile that synchronises `device` at each mark.
+void start(Device device);
+// Stops the profile and returns the table: one line per bucket, largest first.
+std::string stop();
+bool active();
+// Charges the time since the previous mark to bucket `name`. Free when no profile runs.
+void mark(std::string_view name);
+// Resets the clock without charging anything (time spent outside what should be measured).
+void skip();
+
+}  // namespace strata::profiler

@@ -1,0 +1,89 @@
+#include "strata/core/Profiler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/core/Stream.h"
+
+namespace strata::profiler {
+namespace {
+
+struct Bucket {
+  double seconds = 0;
+  int64_t calls = 0;
+};
+
+struct State {
+  bool active = false;
+  Device device;
+  std::chrono::steady_clock::time_point last;
+  std::unordered_map<std::string, Bucket> buckets;
+};
+
+State& state() {
+  static State s;  // the profiler is for the training thread; marks from elsewhere are not expected
+  return s;
+}
+
+}  // namespace
+
+void start(Device device) {
+  State& s = state();
+  s.buckets.clear();
+  s.device = device;
+  s.active = true;
+  synchronizeDevice(device);
+  s.last = std::chrono::steady_clock::now();
+}
+
+bool active() {
+  return state().active;
+}
+
+void mark(std::string_view name) {
+  State& s = state();
+  if (!s.active) return;
+  synchronizeDevice(s.device);
+  auto now = std::chrono::steady_clock::now();
+  Bucket& b = s.buckets[std::string(name)];
+  b.seconds += std::chrono::duration<double>(now - s.last).count();
+  b.calls += 1;
+  s.last = now;
+}
+
+void skip() {
+  State& s = state();
+  if (!s.active) return;
+  synchronizeDevice(s.device);
+  s.last = std::chrono::steady_clock::now();
+}
+
+std::string stop() {
+  State& s = state();
+  s.active = false;
+  std::vector<std::pair<std::string, Bucket>> rows(s.buckets.begin(), s.buckets.end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  double total = 0;
+  for (const auto& r : rows) total += r.second.seconds;
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-34s %10s %8s %10s %7s\n", "bucket", "total ms", "calls", "us/call",
+                "share");
+  out += line;
+  for (const auto& [name, b] : rows) {
+    std::snprintf(line, sizeof line, "%-34s %10.2f %8lld %10.1f %6.1f%%\n", name.c_str(), b.seconds * 1e3,
+                  static_cast<long long>(b.calls), b.seconds * 1e6 / double(std::max<int64_t>(b.calls, 1)),
+                  total > 0 ? 100.0 * b.seconds / total : 0.0);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%-34s %10.2f\n", "total", total * 1e3);
+  out += line;
+  s.buckets.clear();
+  return out;
+}
+
+}  // namespace strata::profiler
