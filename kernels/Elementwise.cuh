@@ -57,30 +57,54 @@ __global__ void mapPackedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_t
   }
 }
 
-template <class F, class T, int N>
-__global__ void mapStridedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_t n,
+// Strided operands (broadcasts, transposes). V > 1: the layout is in packs of V elements along a contiguous
+// innermost dim (StridedLayout::packInner), so a bias broadcast or a head permute still moves 16 bytes per
+// access. I: index type (uint32_t when the layout fits).
+template <class F, class T, int N, int V, class I>
+__global__ void mapStridedKernel(T* __restrict__ out, InputPtrs<T, N> in, I n,
                                  ops::StridedLayout<N + 1> layout, F f) {
   using A = decltype(toAcc(T{}));
-  int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    int64_t off[N + 1];
+  I stride = I(gridDim.x) * blockDim.x;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    I off[N + 1];
     layout.offsets(i, off);
-    A vals[N];
+    Vec<T, V> loaded[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) vals[k] = toAcc(in.p[k][off[k + 1]]);
-    out[off[0]] = fromAcc<T>(applyFunctor(f, vals, std::make_index_sequence<N>{}));
+    for (int k = 0; k < N; ++k) loaded[k] = reinterpret_cast<const Vec<T, V>*>(in.p[k])[off[k + 1]];
+    Vec<T, V> result;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      A vals[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) vals[k] = toAcc(loaded[k].v[j]);
+      result.v[j] = fromAcc<T>(applyFunctor(f, vals, std::make_index_sequence<N>{}));
+    }
+    reinterpret_cast<Vec<T, V>*>(out)[off[0]] = result;
   }
 }
 
 // ---- copy, fill, arange, random, dropout
 // --------------------------------------------------------------------------
 
-template <class D, class S>
-__global__ void copyStridedKernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n,
+// Same-dtype strided copies with a contiguous innermost dim go through copyPackedStridedKernel (16-byte
+// packs); the rest one element at a time. I: index type.
+template <class T, int V, class I>
+__global__ void copyPackedStridedKernel(T* __restrict__ dst, const T* __restrict__ src, I n,
+                                        ops::StridedLayout<2> layout) {
+  I stride = I(gridDim.x) * blockDim.x;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    I off[2];
+    layout.offsets(i, off);
+    reinterpret_cast<Vec<T, V>*>(dst)[off[0]] = reinterpret_cast<const Vec<T, V>*>(src)[off[1]];
+  }
+}
+
+template <class D, class S, class I>
+__global__ void copyStridedKernel(D* __restrict__ dst, const S* __restrict__ src, I n,
                                   ops::StridedLayout<2> layout) {
-  int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    int64_t off[2];
+  I stride = I(gridDim.x) * blockDim.x;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    I off[2];
     layout.offsets(i, off);
     if constexpr (std::is_same_v<D, S>) {
       dst[off[0]] = src[off[1]];

@@ -21,13 +21,47 @@ struct StridedLayout {
   int64_t strides[N][kMaxDims] = {};  // in elements
 
   // Element offsets of linear index `i` (row-major over sizes) for every operand.
-  STRATA_HOST_DEVICE void offsets(int64_t i, int64_t (&out)[N]) const {
+  // I: the index type; 32-bit division is several times cheaper on the GPU, so launchers pick uint32_t when
+  // every index and offset fits (fitsIn32()).
+  template <class I = int64_t>
+  STRATA_HOST_DEVICE void offsets(I i, I (&out)[N]) const {
     for (int k = 0; k < N; ++k) out[k] = 0;
     for (int d = ndim - 1; d >= 0; --d) {
-      int64_t idx = i % sizes[d];
-      i /= sizes[d];
-      for (int k = 0; k < N; ++k) out[k] += idx * strides[k][d];
+      I size = I(sizes[d]);
+      I idx = i % size;
+      i /= size;
+      for (int k = 0; k < N; ++k) out[k] += idx * I(strides[k][d]);
     }
+  }
+
+  // True when linear indices below n and every operand's offsets fit in 31 bits (strides are non-negative).
+  bool fitsIn32(int64_t n) const {
+    if (n >= (int64_t(1) << 31)) return false;
+    for (int k = 0; k < N; ++k) {
+      int64_t maxOffset = 0;
+      for (int d = 0; d < ndim; ++d) {
+        if (strides[k][d] < 0) return false;
+        maxOffset += (sizes[d] - 1) * strides[k][d];
+      }
+      if (maxOffset >= (int64_t(1) << 31)) return false;
+    }
+    return true;
+  }
+
+  // Rewrites the layout in units of packs of `v` elements along the innermost dim, when every operand is
+  // contiguous there, the dim splits into whole packs and every other stride is a multiple of v. Broadcast
+  // operands (stride 0 in outer dims) are fine. Returns false (layout unchanged) otherwise.
+  bool packInner(int v) {
+    if (ndim == 0 || sizes[ndim - 1] % v != 0) return false;
+    for (int k = 0; k < N; ++k) {
+      if (strides[k][ndim - 1] != 1) return false;
+      for (int d = 0; d < ndim - 1; ++d)
+        if (strides[k][d] % v != 0) return false;
+    }
+    sizes[ndim - 1] /= v;
+    for (int k = 0; k < N; ++k)
+      for (int d = 0; d < ndim - 1; ++d) strides[k][d] /= v;
+    return true;
   }
 };
 

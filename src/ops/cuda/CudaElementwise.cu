@@ -11,6 +11,16 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Calls launch(index, grid) with a uint32_t index when the layout's indices and offsets fit, int64_t
+// otherwise.
+template <int N, class Launch>
+void launchStrided(int64_t work, const StridedLayout<N>& layout, Launch&& launch) {
+  if (layout.fitsIn32(work))
+    launch(uint32_t{}, gridFor(work, kThreads));
+  else
+    launch(int64_t{}, gridFor(work, kThreads));
+}
+
 template <class F, class T, int N, size_t... I>
 void launchMap(const Tensor& out, const std::vector<Tensor>& inputs, const F& f, std::index_sequence<I...>) {
   T* o = static_cast<T*>(out.data());
@@ -28,7 +38,20 @@ void launchMap(const Tensor& out, const std::vector<Tensor>& inputs, const F& f,
     }
   } else {
     auto layout = makeLayout<N + 1>({&out, &inputs[I]...});
-    kernels::mapStridedKernel<F, T, N><<<gridFor(n, kThreads), kThreads, 0, stream>>>(o, in, n, layout, f);
+    constexpr int V = kernels::kVec<T>;
+    bool aligned = aligned16(o) && (aligned16(in.p[I]) && ...);
+    if (aligned && layout.packInner(V)) {
+      launchStrided(n / V, layout, [&](auto idx, unsigned grid) {
+        using Idx = decltype(idx);
+        kernels::mapStridedKernel<F, T, N, V, Idx>
+            <<<grid, kThreads, 0, stream>>>(o, in, Idx(n / V), layout, f);
+      });
+    } else {
+      launchStrided(n, layout, [&](auto idx, unsigned grid) {
+        using Idx = decltype(idx);
+        kernels::mapStridedKernel<F, T, N, 1, Idx><<<grid, kThreads, 0, stream>>>(o, in, Idx(n), layout, f);
+      });
+    }
   }
   STRATA_CUDA_CHECK_LAUNCH();
 }
@@ -54,6 +77,20 @@ void copy(const Tensor& dst, const Tensor& src) {
     return;
   }
   auto layout = makeLayout<2>({&dst, &src});
+  if (!contiguous && dst.dtype() == src.dtype() && aligned16(dst.data()) && aligned16(src.data())) {
+    int64_t elementSize = int64_t(dtypeSize(dst.dtype()));
+    int v = int(16 / elementSize);
+    if (16 % elementSize == 0 && layout.packInner(v)) {
+      // Move 16-byte packs; the element type only sets the pack width.
+      launchStrided(n / v, layout, [&](auto idx, unsigned grid) {
+        using Idx = decltype(idx);
+        kernels::copyPackedStridedKernel<uint4, 1, Idx><<<grid, kThreads, 0, stream>>>(
+            static_cast<uint4*>(dst.data()), static_cast<const uint4*>(src.data()), Idx(n / v), layout);
+      });
+      STRATA_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   visitAllCuda(dst.dtype(), [&](auto dtag) {
     using D = typename decltype(dtag)::type;
     visitAllCuda(src.dtype(), [&](auto stag) {
@@ -63,7 +100,10 @@ void copy(const Tensor& dst, const Tensor& src) {
       if (contiguous) {
         kernels::convertContiguousKernel<D, S><<<gridFor(n), kThreads, 0, stream>>>(d, s, n);
       } else {
-        kernels::copyStridedKernel<D, S><<<gridFor(n), kThreads, 0, stream>>>(d, s, n, layout);
+        launchStrided(n, layout, [&](auto idx, unsigned grid) {
+          using Idx = decltype(idx);
+          kernels::copyStridedKernel<D, S, Idx><<<grid, kThreads, 0, stream>>>(d, s, Idx(n), layout);
+        });
       }
       STRATA_CUDA_CHECK_LAUNCH();
     });
