@@ -15,9 +15,10 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   grep -B5 -A15 "FAILED" "$out/cuda_tests.log" | head -80
   (cd build && ctest -j 16 >"$out/ctest.log" 2>&1); echo "== ctest exit $?"; tail -3 "$out/ctest.log"
 fi
-# BENCH=all (default), gemm, mem or none.
+# BENCH=all (default), gemm, mem, attn or none.
 case "${BENCH:-all}" in all | gemm) python3 tools/bench_gemm.py --binary build/bench/bench_gemm | tee "$out/gemm.md" ;; esac
 case "${BENCH:-all}" in all | mem) ./build/bench/bench_memory | tee "$out/memory.txt" ;; esac
+case "${BENCH:-all}" in all | attn) python3 tools/bench_attention.py | tee "$out/attention.md" ;; esac
 if [ "${GPT:-0}" = 1 ]; then
   ./build/strata train configs/gpt-nano.yaml --set train.out_dir=/tmp/nano >"$out/nano.log" 2>&1
   echo "== gpt-nano on the GPU exit $?"; grep -E "iteration +(500|1000|1500)/|val loss|finished" "$out/nano.log"

@@ -1,5 +1,8 @@
 // Differentiable matmul, softmax, norms, embedding, cross-entropy, dropout, cat/split and attention.
+#include <array>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/Node.h"
@@ -191,6 +194,58 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
   Tensor probs = scaledSoftmax(scores, softmaxScale, mask.causal);
   probs = dropout(probs, dropoutP, training, gen);
   return matmul(probs, v);
+}
+
+bool flashAttentionUsable(const Tensor& q, const Tensor& k, const Tensor& v, double dropoutP, bool training) {
+  static const bool disabled = [] {
+    const char* e = std::getenv("STRATA_ATTENTION");
+    return e != nullptr && std::strcmp(e, "composed") == 0;
+  }();
+  if (disabled || (training && dropoutP > 0.0) || !q.device().isCuda()) return false;
+  return ops::flashAttentionSupported(q, k, v);
+}
+
+Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  ops::AttentionOptions o{scale, causal};
+  ops::FlashAttentionResult r = ops::flashAttention(q, k, v, o);
+  Tensor sq = saved(q), sk = saved(k), sv = saved(v);
+  ops::FlashAttentionResult keep{r.out.detach(), r.lse2};
+  recordFunction("FlashAttentionBackward", {q, k, v}, {r.out}, [=](const Grads& g) {
+    Tensor dq = ops::emptyLike(sq), dk = ops::emptyLike(sk), dv = ops::emptyLike(sv);
+    if (!dq.isContiguous()) dq = Tensor::empty(sq.shape(), sq.dtype(), sq.device());
+    if (!dk.isContiguous()) dk = Tensor::empty(sk.shape(), sk.dtype(), sk.device());
+    if (!dv.isContiguous()) dv = Tensor::empty(sv.shape(), sv.dtype(), sv.device());
+    ops::flashAttentionBackward(sq, sk, sv, keep, g[0], dq, dk, dv, o);
+    return Grads{dq, dk, dv};
+  });
+  return r.out;
+}
+
+Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, double scale) {
+  STRATA_CHECK(qkv.dim() == 3 && heads > 0 && qkv.size(2) % (3 * heads) == 0,
+               "flash attention: qkv must be [B, S, 3 * heads * D] for {} heads, got {}", heads,
+               toString(qkv.shape()));
+  int64_t B = qkv.size(0), S = qkv.size(1), D = qkv.size(2) / (3 * heads);
+  Tensor packed = qkv.isContiguous() ? qkv.detach() : ops::contiguous(qkv.detach());
+  auto parts = [B, S, heads, D](const Tensor& t) {
+    Tensor five = detail::viewRaw(t, {B, S, 3, heads, D});
+    auto part = [&five](int64_t i) { return detail::squeezeRaw(detail::narrowRaw(five, 2, i, 1), 2); };
+    return std::array<Tensor, 3>{part(0), part(1), part(2)};
+  };
+  auto [q, k, v] = parts(packed);
+  ops::AttentionOptions o{scale, causal};
+  ops::FlashAttentionResult r = ops::flashAttention(q, k, v, o);
+  ops::FlashAttentionResult keep{r.out.detach(), r.lse2};
+  Tensor out = detail::viewRaw(r.out, {B, S, heads * D});
+  recordFunction("FlashAttentionBackward", {qkv}, {out}, [=](const Grads& g) {
+    Tensor grad = Tensor::empty({B, S, 3 * heads * D}, packed.dtype(), packed.device());
+    auto [dq, dk, dv] = parts(grad);
+    auto [sq, sk, sv] = parts(packed);
+    Tensor dout = detail::viewRaw(ops::contiguous(g[0]), {B, S, heads, D});
+    ops::flashAttentionBackward(sq, sk, sv, keep, dout, dq, dk, dv, o);
+    return Grads{grad};
+  });
+  return out;
 }
 
 }  // namespace strata

@@ -24,6 +24,7 @@ Tensor Attention::apply(const Tensor& x, const Tensor& memory, const AttentionMa
   STRATA_CHECK(x.dim() == 3 && x.size(2) == config_.hiddenSize, "attention: input must be [B, S, {}], got {}",
                config_.hiddenSize, toString(x.shape()));
   int64_t B = x.size(0), S = x.size(1), C = config_.hiddenSize, H = config_.numHeads, D = C / H;
+  bool plainMask = !extra.keyPadding.defined() && !extra.bias.defined();
   auto heads = [&](const Tensor& t, int64_t len, int64_t parts) {
     // [B, len, parts * C] -> parts tensors [B, H, len, D], each contiguous: one copy here lets every
     // attention GEMM (and k's transposed view) run as a single strided batch without further copies.
@@ -32,23 +33,38 @@ Tensor Attention::apply(const Tensor& x, const Tensor& memory, const AttentionMa
     for (int64_t i = 0; i < parts; ++i) out.push_back(v.select(0, i));
     return out;
   };
-  Tensor q, k, v;
+  auto composed = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+    AttentionMask mask = extra;
+    mask.causal = config_.causal;
+    Tensor y = scaledDotProductAttention(q, k, v, mask, config_.dropout, isTraining());
+    return y.permute({0, 2, 1, 3}).reshape({B, S, C});
+  };
+  // The fused kernel reads q, k and v as strided views of the projections and writes [B, S, H, D], already
+  // the [B, S, C] layout the output projection takes: no head permutes and no S x S scores.
+  Tensor y;
   if (config_.cross) {
     STRATA_CHECK(memory.defined(), "cross-attention needs the encoder output");
-    q = heads(q_->apply(x), S, 1)[0];
-    auto kv = heads(kv_->apply(memory), memory.size(1), 2);
-    k = kv[0];
-    v = kv[1];
+    int64_t Sk = memory.size(1);
+    Tensor qp = q_->apply(x), kvp = kv_->apply(memory);
+    Tensor q = qp.view({B, S, H, D});
+    Tensor kv = kvp.view({B, Sk, 2, H, D});
+    Tensor k = kv.select(2, 0), v = kv.select(2, 1);
+    if (plainMask && flashAttentionUsable(q, k, v, config_.dropout, isTraining())) {
+      y = flashAttention(q, k, v, config_.causal).reshape({B, S, C});
+    } else {
+      auto kvHeads = heads(kvp, Sk, 2);
+      y = composed(heads(qp, S, 1)[0], kvHeads[0], kvHeads[1]);
+    }
   } else {
-    auto qkv = heads(qkv_->apply(x), S, 3);
-    q = qkv[0];
-    k = qkv[1];
-    v = qkv[2];
+    Tensor qkv = qkv_->apply(x);
+    Tensor probe = detail::viewRaw(qkv, {B, S, 3 * H, D}).narrow(2, 0, H);
+    if (plainMask && flashAttentionUsable(probe, probe, probe, config_.dropout, isTraining())) {
+      y = flashAttentionPacked(qkv, H, config_.causal);
+    } else {
+      auto parts = heads(qkv, S, 3);
+      y = composed(parts[0], parts[1], parts[2]);
+    }
   }
-  AttentionMask mask = extra;
-  mask.causal = config_.causal;
-  Tensor y = scaledDotProductAttention(q, k, v, mask, config_.dropout, isTraining());
-  y = y.permute({0, 2, 1, 3}).reshape({B, S, C});
   return dropout(proj_->apply(y), config_.dropout, isTraining());
 }
 

@@ -80,6 +80,17 @@ using CrossEntropyBackwardKernel = void(const Tensor& logits, const Tensor& targ
 // x, out contiguous, same dtype.
 using DropoutKernel = void(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t offset);
 
+// Fused attention. q [B, Sq, H, D], k/v [B, Sk, H, D], out/dout/dq like q, dk/dv like k: views with a
+// contiguous last dim and strides that are multiples of 16 bytes. lse2: [B, H, Sq] contiguous in the
+// statistics dtype, the
+// log2-domain log-sum-exp of each query's scaled scores (written by the forward, read by the backward).
+using FlashAttentionKernel = void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse2, const AttentionOptions& options);
+using FlashAttentionBackwardKernel = void(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& out, const Tensor& dout, const Tensor& lse2,
+                                          const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                          const AttentionOptions& options);
+
 // gradScale: fp32 [1] on the device multiplying every gradient (clipping, loss-scale), or undefined for 1.
 using AdamWKernel = void(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper,
                          const Tensor& gradScale);

@@ -128,3 +128,38 @@ TEST_CASE("gradcheck: scaled dot product attention with masks", "[autograd][grad
   gradCheck([mask](const Ins& x) { return scaledDotProductAttention(x[0], x[1], x[2], mask); },
             {randomDouble({2, 2, 4, 3}, 62), randomDouble({2, 2, 4, 3}, 63), randomDouble({2, 2, 4, 3}, 64)});
 }
+
+TEST_CASE("gradcheck: fused attention, strided and packed, causal with S_k > S_q", "[autograd][gradcheck]") {
+  for (bool causal : {false, true}) {
+    // q [B, Sq, H, D] from a transposed [B, H, Sq, D] tensor: strided operands are read in place.
+    gradCheck(
+        [causal](const Ins& x) { return flashAttention(x[0].transpose(1, 2), x[1], x[2], causal); },
+        {randomDouble({2, 2, 3, 4}, 65), randomDouble({2, 5, 2, 4}, 66), randomDouble({2, 5, 2, 4}, 67)});
+    gradCheck([causal](const Ins& x) { return flashAttentionPacked(x[0], 2, causal, 0.7); },
+              {randomDouble({2, 5, 3 * 2 * 3}, 68)});
+  }
+}
+
+TEST_CASE("fused attention equals the composed attention, values and gradients", "[autograd][attention]") {
+  // The composed path ([B, H, S, D], matmul + scaled softmax + matmul) is the reference.
+  for (bool causal : {false, true}) {
+    Tensor q = randomDouble({2, 3, 6, 8}, 70), k = randomDouble({2, 3, 9, 8}, 71),
+           v = randomDouble({2, 3, 9, 8}, 72), g = randomDouble({2, 3, 6, 8}, 73);
+    std::vector<Tensor> grads[2];
+    Tensor outs[2];
+    for (int path = 0; path < 2; ++path) {
+      Tensor a = q.detach().clone(), b = k.detach().clone(), c = v.detach().clone();
+      for (Tensor* t : {&a, &b, &c}) t->setRequiresGrad(true);
+      AttentionMask mask;
+      mask.causal = causal;
+      Tensor y = path == 0 ? scaledDotProductAttention(a, b, c, mask)
+                           : flashAttention(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2), causal)
+                                 .transpose(1, 2);
+      backward(sum(mul(y, g)));
+      outs[path] = y.detach();
+      grads[path] = {a.grad(), b.grad(), c.grad()};
+    }
+    test::requireClose(outs[1], outs[0], 1e-12, 1e-10);
+    for (int i = 0; i < 3; ++i) test::requireClose(grads[1][size_t(i)], grads[0][size_t(i)], 1e-12, 1e-10);
+  }
+}

@@ -110,4 +110,14 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
                                  const AttentionMask& mask = {}, double dropoutP = 0.0, bool training = true,
                                  double scale = 0.0, Generator& gen = defaultGenerator());
 
+// Fused attention (ops::flashAttention): q [B, S_q, H, D], k and v [B, S_k, H, D] views -> [B, S_q, H, D],
+// never materialising the scores. No dropout or additive masks; causal masking as above.
+Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale = 0.0);
+// Self-attention straight from a packed projection: qkv [B, S, 3 * H * D] (q, k, v blocks, heads inside each)
+// -> [B, S, H * D]. The backward writes dq, dk and dv into one packed gradient, with no copies in between.
+Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, double scale = 0.0);
+// Whether the fused path serves these operands ([B, S, H, D] views) and options on their device: CUDA,
+// bf16/f16, head dim 64 or 128, and no dropout while training. STRATA_ATTENTION=composed turns it off.
+bool flashAttentionUsable(const Tensor& q, const Tensor& k, const Tensor& v, double dropoutP, bool training);
+
 }  // namespace strata

@@ -104,6 +104,30 @@ NormGrads layerNormBackward(const Tensor& gy, const Tensor& x, const Tensor& wei
 NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
                           bool needWeight);
 
+// ---- fused attention
+// ------------------------------------------------------------------------------------------------
+// softmax(scale * q k^T [+ causal mask]) v without materialising the scores. q [B, Sq, H, D], k and v
+// [B, Sk, H, D]: views with a contiguous last dim (heads may be interleaved with other data, e.g. slices of a
+// packed qkv projection). Causal masking hides key j from query i when j > i + (Sk - Sq). scale 0 means
+// 1/sqrt(D). On CUDA: bf16/f16, D of 64 or 128 (flashAttentionSupported says); the CPU kernel is a reference
+// for every floating dtype.
+struct AttentionOptions {
+  double scale = 0.0;
+  bool causal = false;
+};
+struct FlashAttentionResult {
+  Tensor out;   // [B, Sq, H, D] contiguous
+  Tensor lse2;  // fp32 (f64 for f64) [B, H, Sq]: log2-domain log-sum-exp of each row, kept for the backward
+};
+bool flashAttentionSupported(const Tensor& q, const Tensor& k, const Tensor& v);
+FlashAttentionResult flashAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& options);
+// Writes the gradients into dq, dk, dv (preallocated, shaped like q, k, v, contiguous last dim), which may be
+// views into one packed buffer.
+void flashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const FlashAttentionResult& saved, const Tensor& dout, const Tensor& dq,
+                            const Tensor& dk, const Tensor& dv, const AttentionOptions& options);
+
 // ---- layers' kernels
 // ---------------------------------------------------------------------------------------------- weight [V,
 // C], indices (i32/i64) of any shape -> [..., C].

@@ -66,5 +66,6 @@ void registerGemm(Registry& r);
 void registerNormalization(Registry& r);
 void registerNn(Registry& r);
 void registerOptim(Registry& r);
+void registerAttention(Registry& r);
 
 }  // namespace strata::ops::cpu

@@ -10,6 +10,7 @@ void registerCpuKernels(Registry& r) {
   cpu::registerNormalization(r);
   cpu::registerNn(r);
   cpu::registerOptim(r);
+  cpu::registerAttention(r);
 }
 
 }  // namespace strata::ops

@@ -10,6 +10,7 @@ void registerCudaKernels(Registry& r) {
   cuda::registerNormalization(r);
   cuda::registerNn(r);
   cuda::registerOptim(r);
+  cuda::registerAttention(r);
 }
 
 }  // namespace strata::ops

@@ -1,0 +1,52 @@
+// Fused attention speed: forward and forward+backward of ops::flashAttention, bf16, causal, [B, S, H, D]
+// operands. Prints one line per shape: "attn B S H D fwd_ms fwd_tflops bwd_ms bwd_tflops".
+// FLOPs count the causal half only: forward 2 matmuls of 2*S*S*D/2 each per head, backward 2.5x the forward.
+// Usage: bench_attention [--iters N] B,S,H,D ...
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "BenchUtil.h"
+
+using namespace strata;
+
+int main(int argc, char** argv) {
+  if (!cudaAvailable()) {
+    std::printf("bench_attention: no CUDA device\n");
+    return 0;
+  }
+  int iters = 20;
+  std::vector<std::array<int64_t, 4>> shapes;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+      iters = std::stoi(argv[++i]);
+      continue;
+    }
+    std::array<int64_t, 4> s{};
+    if (std::sscanf(argv[i], "%ld,%ld,%ld,%ld", &s[0], &s[1], &s[2], &s[3]) != 4) {
+      std::fprintf(stderr, "bad shape '%s' (want B,S,H,D)\n", argv[i]);
+      return 2;
+    }
+    shapes.push_back(s);
+  }
+  if (shapes.empty()) shapes = {{16, 512, 16, 128}, {4, 2048, 16, 128}, {16, 512, 12, 64}};
+  Device gpu = Device::cuda(0);
+  Generator gen(1);
+  for (auto [B, S, H, D] : shapes) {
+    Tensor q = ops::randn({B, S, H, D}, gen, DType::BF16, gpu),
+           k = ops::randn({B, S, H, D}, gen, DType::BF16, gpu),
+           v = ops::randn({B, S, H, D}, gen, DType::BF16, gpu),
+           g = ops::randn({B, S, H, D}, gen, DType::BF16, gpu);
+    Tensor dq = ops::emptyLike(q), dk = ops::emptyLike(k), dv = ops::emptyLike(v);
+    ops::AttentionOptions o{0.0, true};
+    ops::FlashAttentionResult r;
+    double fwd = bench::medianMs(
+        gpu, [&] { r = ops::flashAttention(q, k, v, o); }, 5, iters);
+    double bwd = bench::medianMs(
+        gpu, [&] { ops::flashAttentionBackward(q, k, v, r, g, dq, dk, dv, o); }, 5, iters);
+    double flops = 4.0 * double(B * H) * double(S) * double(S) * double(D) / 2.0;
+    std::printf("attn %ld %ld %ld %ld %.4f %.1f %.4f %.1f\n", B, S, H, D, fwd, flops / (fwd * 1e-3) / 1e12,
+                bwd, 2.5 * flops / (bwd * 1e-3) / 1e12);
+  }
+  return 0;
+}

@@ -1,0 +1,506 @@
+// Fused attention (FlashAttention-2 style) for sm_80+: softmax(scale * Q K^T + causal mask) V without writing
+// the S x S scores to memory, and its backward.
+//
+// Operands are [B, S, H, D] views with a contiguous last dim and any batch/seq/head strides, so Q, K and V
+// can be read straight out of a packed qkv projection and the output lands in [B, S, H*D] for the next GEMM.
+// Tensor cores through mma.sync m16n8k16 (bf16 or f16 in, fp32 accumulate); tiles move global -> shared with
+// cp.async (double-buffered) and shared -> registers with ldmatrix, on a 16-byte-chunk XOR swizzle that keeps
+// ldmatrix free of bank conflicts.
+//
+// Forward: one CTA per (64 queries, batch*head); each warp owns 16 query rows and streams 64-key tiles,
+// keeping the running max/sum of its rows (online softmax) in registers. It stores the output and, per row,
+// lse2 = log2(sum_j exp2(scale*log2(e)*s_ij)), the log2-domain log-sum-exp that the backward replays P from.
+// Backward: delta = rowsum(dO * O) first; then one kernel per key tile accumulates dK and dV over query
+// tiles, and one per query tile accumulates dQ over key tiles. Recomputing P in both kernels costs two extra
+// tile GEMMs but needs no atomics and keeps every accumulator in registers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/Common.cuh"
+
+namespace strata::kernels::flash {
+
+struct Operand {
+  const void* data = nullptr;
+  int64_t b = 0, s = 0, h = 0;  // element strides of batch, sequence and head
+};
+
+struct Params {
+  Operand q, k, v, o, dout;
+  void* out = nullptr;  // forward output, strides of `o`
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  Operand dqS, dkS, dvS;   // strides of dq/dk/dv (data unused)
+  float* lse2 = nullptr;   // [B * H, Sq]
+  float* delta = nullptr;  // [B * H, Sq]
+  int B = 0, H = 0, Sq = 0, Sk = 0;
+  float scaleLog2 = 0;  // softmax scale * log2(e)
+  float scale = 0;
+  bool causal = false;
+  int shift = 0;  // causal: key j is hidden from query i when j > i + shift (shift = Sk - Sq)
+};
+
+constexpr int kBlockN = 64;  // keys per tile (forward, dQ); queries per tile (dK/dV)
+
+// ---- PTX wrappers
+// ---------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cpAsync16(uint32_t dst, const void* src, bool valid) {
+  int bytes = valid ? 16 : 0;  // 0: zero-fill, nothing is read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c += a (16x16, row) * b (16x8, col).
+template <class T>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// ---- shared-memory tiles: [rows][D] elements of 2 bytes, 16-byte chunks XOR-swizzled by row
+// ----------------------------------------------------------
+
+template <int D>
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+  return uint32_t(row * D * 2 + ((chunk ^ (row & 7)) << 4));
+}
+
+// Loads rows [0, ROWS) of a tile whose row r starts at g + r * ld; rows >= valid are zero-filled.
+template <int ROWS, int D, int THREADS, class T>
+__device__ __forceinline__ void loadTile(uint32_t dst, const T* g, int64_t ld, int valid) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < ROWS * kChunks; i += THREADS) {
+    int r = i / kChunks, c = i % kChunks;
+    bool ok = r < valid;
+    cpAsync16(dst + swz<D>(r, c), ok ? g + r * ld + c * 8 : g, ok);
+  }
+}
+
+// ldmatrix lane addresses. A operand (16x16 at rows r0, k chunk pair kc) and the transposed B operand (16 k
+// rows at r0, two n-tiles at chunk pair nc) share one pattern; the plain B operand (two n-tiles of 8 rows at
+// r0, k chunk pair kc) has another.
+template <int D>
+__device__ __forceinline__ uint32_t addrA(uint32_t base, int r0, int kc, int lane) {
+  return base + swz<D>(r0 + (lane & 7) + ((lane >> 3) & 1) * 8, kc * 2 + (lane >> 4));
+}
+template <int D>
+__device__ __forceinline__ uint32_t addrB(uint32_t base, int r0, int kc, int lane) {
+  return base + swz<D>(r0 + (lane & 7) + (lane >> 4) * 8, kc * 2 + ((lane >> 3) & 1));
+}
+
+// acc[16 x 8*NT] += A (16 x D, rows r0 of tile a) * B^T, B = rows [0, 8*NT) of tile b ([n][D]).
+template <class T, int D, int NT>
+__device__ __forceinline__ void gemmABt(float (&acc)[NT][4], uint32_t a, int r0, uint32_t b, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t af[4];
+    ldsm4(af, addrA<D>(a, r0, kk, lane));
+#pragma unroll
+    for (int nn = 0; nn < NT / 2; ++nn) {
+      uint32_t bf[4];
+      ldsm4(bf, addrB<D>(b, nn * 16, kk, lane));
+      mma<T>(acc[2 * nn], af, bf[0], bf[1]);
+      mma<T>(acc[2 * nn + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// acc[16 x D] += P (16 x 16*KT, accumulator layout, converted to A fragments) * B, B = rows [0, 16*KT) of
+// tile b ([k][D]).
+template <class T, int D, int KT>
+__device__ __forceinline__ void gemmPB(float (&acc)[D / 8][4], const float (&p)[2 * KT][4], uint32_t b,
+                                       int lane) {
+#pragma unroll
+  for (int kk = 0; kk < KT; ++kk) {
+    uint32_t af[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),
+                      pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                      pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int dn = 0; dn < D / 16; ++dn) {
+      uint32_t bf[4];
+      ldsm4t(bf, addrA<D>(b, kk * 16, dn, lane));
+      mma<T>(acc[2 * dn], af, bf[0], bf[1]);
+      mma<T>(acc[2 * dn + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// Writes a warp's 16 x D accumulator rows (scaled by rowScale[0] for row g, rowScale[1] for row g + 8) to
+// global rows [row0, row0 + 16) below `valid`, staging through the warp's own 16 rows of smem tile `stage`.
+template <class T, int D>
+__device__ __forceinline__ void storeRows(const float (&acc)[D / 8][4], const float (&rowScale)[2],
+                                          uint32_t stage, char* stageGeneric, int wr0, T* g, int64_t ld,
+                                          int row0, int valid, int lane) {
+  int gRow = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int r = wr0 + gRow + half * 8;
+      uint32_t off = swz<D>(r, dt) + t * 4;
+      *reinterpret_cast<uint32_t*>(stageGeneric + off) =
+          pack2<T>(acc[dt][2 * half] * rowScale[half], acc[dt][2 * half + 1] * rowScale[half]);
+    }
+  }
+  (void)stage;
+  __syncwarp();
+  constexpr int kChunks = D / 8;
+  for (int i = lane; i < 16 * kChunks; i += 32) {
+    int r = i / kChunks, c = i % kChunks;
+    if (row0 + r < valid)
+      *reinterpret_cast<uint4*>(g + int64_t(r) * ld + c * 8) =
+          *reinterpret_cast<const uint4*>(stageGeneric + swz<D>(wr0 + r, c));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ const T* at(const Operand& op, int b, int h, int s) {
+  return static_cast<const T*>(op.data) + b * op.b + h * op.h + int64_t(s) * op.s;
+}
+
+// Applies the causal / key-bound mask to a 16 x 64 score tile (rows: queries row0 + g, + 8; cols: keys col0 +
+// 8 nt + 2t, +1).
+__device__ __forceinline__ void maskTile(float (&s)[kBlockN / 8][4], int row0, int col0, int Sk, bool causal,
+                                         int shift, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int row = row0 + (lane >> 2) + (e >> 1) * 8;
+      int col = col0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+      if (col >= Sk || (causal && col > row + shift)) s[nt][e] = -INFINITY;
+    }
+  }
+}
+
+// ---- forward
+// ---------------------------------------------------------------------------------------------------------
+
+template <class T, int D, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
+  constexpr int BM = 16 * WARPS, BN = kBlockN, THREADS = WARPS * 32;
+  extern __shared__ __align__(128) char smem[];
+  uint32_t sQ = smemAddr(smem), sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int mBlock = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest causal rows first
+  int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  int m0 = mBlock * BM;
+  int nEnd = p.causal ? min(p.Sk, m0 + BM + p.shift) : p.Sk;
+  int nBlocks = (nEnd + BN - 1) / BN;
+
+  const T* q = at<T>(p.q, b, h, m0);
+  const T* k = at<T>(p.k, b, h, 0);
+  const T* v = at<T>(p.v, b, h, 0);
+  loadTile<BM, D, THREADS>(sQ, q, p.q.s, p.Sq - m0);
+  if (nBlocks > 0) loadTile<BN, D, THREADS>(sK, k, p.k.s, p.Sk);
+  cpAsyncCommit();
+  if (nBlocks > 0) loadTile<BN, D, THREADS>(sV, v, p.v.s, p.Sk);
+  cpAsyncCommit();
+
+  float o[D / 8][4] = {};
+  float mRow[2] = {-INFINITY, -INFINITY}, lRow[2] = {0.0f, 0.0f};
+  uint32_t qf[D / 16][4];
+  const int wr0 = warp * 16;
+
+  for (int j = 0; j < nBlocks; ++j) {
+    int buf = j & 1;
+    uint32_t kT = sK + buf * BN * D * 2, vT = sV + buf * BN * D * 2;
+    cpAsyncWait<1>();  // K_j (and Q) landed
+    __syncthreads();
+    if (j + 1 < nBlocks)
+      loadTile<BN, D, THREADS>(sK + (buf ^ 1) * BN * D * 2, k + int64_t(j + 1) * BN * p.k.s, p.k.s,
+                               p.Sk - (j + 1) * BN);
+    cpAsyncCommit();
+    if (j == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) ldsm4(qf[kk], addrA<D>(sQ, wr0, kk, lane));
+    }
+    float s[BN / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int nn = 0; nn < BN / 16; ++nn) {
+        uint32_t bf[4];
+        ldsm4(bf, addrB<D>(kT, nn * 16, kk, lane));
+        mma<T>(s[2 * nn], qf[kk], bf[0], bf[1]);
+        mma<T>(s[2 * nn + 1], qf[kk], bf[2], bf[3]);
+      }
+    }
+    int col0 = j * BN;
+    if (col0 + BN > p.Sk || (p.causal && col0 + BN - 1 > m0 + p.shift))
+      maskTile(s, m0 + wr0, col0, p.Sk, p.causal, p.shift, lane);
+      // Online softmax over this tile, rows g (half 0) and g + 8 (half 1).
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * half], s[nt][2 * half + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      float mNew = fmaxf(mRow[half], mx * p.scaleLog2);
+      float mUse = mNew == -INFINITY ? 0.0f : mNew;
+      float alpha = exp2f(mRow[half] - mUse);
+      mRow[half] = mNew;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float pv = exp2f(s[nt][2 * half + e] * p.scaleLog2 - mUse);
+          s[nt][2 * half + e] = pv;
+          sum += pv;
+        }
+      }
+      lRow[half] = lRow[half] * alpha + sum;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][2 * half] *= alpha;
+        o[dt][2 * half + 1] *= alpha;
+      }
+    }
+    cpAsyncWait<1>();  // V_j landed
+    __syncthreads();
+    if (j + 1 < nBlocks)
+      loadTile<BN, D, THREADS>(sV + (buf ^ 1) * BN * D * 2, v + int64_t(j + 1) * BN * p.v.s, p.v.s,
+                               p.Sk - (j + 1) * BN);
+    cpAsyncCommit();
+    gemmPB<T, D, BN / 16>(o, s, vT, lane);
+  }
+  cpAsyncWait<0>();
+
+  float inv[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float l = lRow[half];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[half] = l > 0.0f ? 1.0f / l : 0.0f;
+    int row = m0 + wr0 + (lane >> 2) + half * 8;
+    if ((lane & 3) == 0 && row < p.Sq)
+      p.lse2[int64_t(bh) * p.Sq + row] = l > 0.0f ? mRow[half] + log2f(l) : INFINITY;
+  }
+  // Each warp reuses its own 16 rows of the Q tile as the staging area (its Q fragments are in registers).
+  T* out = static_cast<T*>(p.out) + b * p.o.b + h * p.o.h + int64_t(m0 + wr0) * p.o.s;
+  storeRows<T, D>(o, inv, sQ, smem, wr0, out, p.o.s, m0 + wr0, p.Sq, lane);
+}
+
+// ---- backward
+// --------------------------------------------------------------------------------------------------------
+
+// delta[bh, i] = sum_d dO[i, d] * O[i, d]; one warp per row.
+template <class T, int D>
+__global__ void deltaKernel(Params p) {
+  int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  int lane = threadIdx.x & 31;
+  if (row >= int64_t(p.B) * p.H * p.Sq) return;
+  int i = int(row % p.Sq), bh = int(row / p.Sq), b = bh / p.H, h = bh % p.H;
+  const T* o = at<T>(p.o, b, h, i);
+  const T* d = at<T>(p.dout, b, h, i);
+  float acc = 0.0f;
+  for (int c = lane; c < D; c += 32) acc += toAcc(o[c]) * toAcc(d[c]);
+  acc = warpSum(acc);
+  if (lane == 0) p.delta[row] = acc;
+}
+
+// dK, dV for 16 * WARPS keys, looping over 64-query tiles.
+template <class T, int D, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
+  constexpr int BN = 16 * WARPS, BM = kBlockN, THREADS = WARPS * 32;
+  extern __shared__ __align__(128) char smem[];
+  uint32_t sK = smemAddr(smem), sV = sK + BN * D * 2, sQ = sV + BN * D * 2, sDo = sQ + 2 * BM * D * 2;
+  float* sLse = reinterpret_cast<float*>(smem + (2 * BN + 4 * BM) * D * 2);
+  float* sDelta = sLse + 2 * BM;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  int n0 = blockIdx.x * BN;
+  // Query rows i with i + shift >= n0 can see one of these keys.
+  int iStart = p.causal ? max(0, n0 - p.shift) / BM : 0;
+  int iBlocks = (p.Sq + BM - 1) / BM;
+
+  const T* q = at<T>(p.q, b, h, 0);
+  const T* dout = at<T>(p.dout, b, h, 0);
+  const float* lse = p.lse2 + int64_t(bh) * p.Sq;
+  const float* delta = p.delta + int64_t(bh) * p.Sq;
+  auto loadQTile = [&](int i, int buf) {
+    loadTile<BM, D, THREADS>(sQ + buf * BM * D * 2, q + int64_t(i) * BM * p.q.s, p.q.s, p.Sq - i * BM);
+    loadTile<BM, D, THREADS>(sDo + buf * BM * D * 2, dout + int64_t(i) * BM * p.dout.s, p.dout.s,
+                             p.Sq - i * BM);
+    for (int r = threadIdx.x; r < BM; r += THREADS) {
+      int row = i * BM + r;
+      // Rows past the end get P = exp2(s - inf) = 0.
+      sLse[buf * BM + r] = row < p.Sq ? lse[row] : INFINITY;
+      sDelta[buf * BM + r] = row < p.Sq ? delta[row] : 0.0f;
+    }
+  };
+  loadTile<BN, D, THREADS>(sK, at<T>(p.k, b, h, n0), p.k.s, p.Sk - n0);
+  loadTile<BN, D, THREADS>(sV, at<T>(p.v, b, h, n0), p.v.s, p.Sk - n0);
+  if (iStart < iBlocks) loadQTile(iStart, 0);
+  cpAsyncCommit();
+
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+  const int wr0 = warp * 16;
+  for (int i = iStart; i < iBlocks; ++i) {
+    int buf = (i - iStart) & 1;
+    uint32_t qT = sQ + buf * BM * D * 2, doT = sDo + buf * BM * D * 2;
+    const float* lseT = sLse + buf * BM;
+    const float* deltaT = sDelta + buf * BM;
+    cpAsyncWait<0>();
+    __syncthreads();
+    if (i + 1 < iBlocks) loadQTile(i + 1, buf ^ 1);
+    cpAsyncCommit();
+
+    // S^T = K Q^T (rows: this warp's keys; cols: the tile's queries) -> P^T.
+    float s[BM / 8][4] = {};
+    gemmABt<T, D, BM / 8>(s, sK, wr0, qT, lane);
+    int key0 = n0 + wr0 + (lane >> 2);
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int key = key0 + (e >> 1) * 8;
+        int c = nt * 8 + 2 * (lane & 3) + (e & 1);
+        int query = i * BM + c;
+        bool masked = p.causal && key > query + p.shift;
+        s[nt][e] = masked ? 0.0f : exp2f(s[nt][e] * p.scaleLog2 - lseT[c]);
+      }
+    }
+    // dV += P^T dO.
+    gemmPB<T, D, BM / 16>(dv, s, doT, lane);
+    // dP^T = V dO^T -> dS^T = P^T (dP^T - delta).
+    float dp[BM / 8][4] = {};
+    gemmABt<T, D, BM / 8>(dp, sV, wr0, doT, lane);
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int c = nt * 8 + 2 * (lane & 3) + (e & 1);
+        dp[nt][e] = s[nt][e] * (dp[nt][e] - deltaT[c]);
+      }
+    }
+    // dK += dS^T Q (the softmax scale is applied once at the end).
+    gemmPB<T, D, BM / 16>(dk, dp, qT, lane);
+  }
+  cpAsyncWait<0>();
+  __syncthreads();  // every warp is done with the Q/dO tiles; K and V rows are per warp anyway
+  float one[2] = {1.0f, 1.0f}, sc[2] = {p.scale, p.scale};
+  T* dkOut = static_cast<T*>(p.dk) + b * p.dkS.b + h * p.dkS.h + int64_t(n0 + wr0) * p.dkS.s;
+  T* dvOut = static_cast<T*>(p.dv) + b * p.dvS.b + h * p.dvS.h + int64_t(n0 + wr0) * p.dvS.s;
+  storeRows<T, D>(dk, sc, sK, smem, wr0, dkOut, p.dkS.s, n0 + wr0, p.Sk, lane);
+  storeRows<T, D>(dv, one, sV, smem + BN * D * 2, wr0, dvOut, p.dvS.s, n0 + wr0, p.Sk, lane);
+}
+
+// dQ for 16 * WARPS queries, looping over 64-key tiles.
+template <class T, int D, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
+  constexpr int BM = 16 * WARPS, BN = kBlockN, THREADS = WARPS * 32;
+  extern __shared__ __align__(128) char smem[];
+  uint32_t sQ = smemAddr(smem), sDo = sQ + BM * D * 2, sK = sDo + BM * D * 2, sV = sK + 2 * BN * D * 2;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int mBlock = int(gridDim.x) - 1 - int(blockIdx.x);
+  int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  int m0 = mBlock * BM;
+  int nEnd = p.causal ? min(p.Sk, m0 + BM + p.shift) : p.Sk;
+  int nBlocks = (nEnd + BN - 1) / BN;
+  const int wr0 = warp * 16;
+
+  const T* k = at<T>(p.k, b, h, 0);
+  const T* v = at<T>(p.v, b, h, 0);
+  loadTile<BM, D, THREADS>(sQ, at<T>(p.q, b, h, m0), p.q.s, p.Sq - m0);
+  loadTile<BM, D, THREADS>(sDo, at<T>(p.dout, b, h, m0), p.dout.s, p.Sq - m0);
+  auto loadKv = [&](int j, int buf) {
+    loadTile<BN, D, THREADS>(sK + buf * BN * D * 2, k + int64_t(j) * BN * p.k.s, p.k.s, p.Sk - j * BN);
+    loadTile<BN, D, THREADS>(sV + buf * BN * D * 2, v + int64_t(j) * BN * p.v.s, p.v.s, p.Sk - j * BN);
+  };
+  if (nBlocks > 0) loadKv(0, 0);
+  cpAsyncCommit();
+
+  float lseRow[2], deltaRow[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    int row = m0 + wr0 + (lane >> 2) + half * 8;
+    bool ok = row < p.Sq;
+    lseRow[half] = ok ? p.lse2[int64_t(bh) * p.Sq + row] : INFINITY;
+    deltaRow[half] = ok ? p.delta[int64_t(bh) * p.Sq + row] : 0.0f;
+  }
+  float dq[D / 8][4] = {};
+  for (int j = 0; j < nBlocks; ++j) {
+    int buf = j & 1;
+    uint32_t kT = sK + buf * BN * D * 2, vT = sV + buf * BN * D * 2;
+    cpAsyncWait<0>();
+    __syncthreads();
+    if (j + 1 < nBlocks) loadKv(j + 1, buf ^ 1);
+    cpAsyncCommit();
+
+    float s[BN / 8][4] = {};
+    gemmABt<T, D, BN / 8>(s, sQ, wr0, kT, lane);
+    int col0 = j * BN;
+    if (col0 + BN > p.Sk || (p.causal && col0 + BN - 1 > m0 + p.shift))
+      maskTile(s, m0 + wr0, col0, p.Sk, p.causal, p.shift, lane);
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] * p.scaleLog2 - lseRow[e >> 1]);
+    float dp[BN / 8][4] = {};
+    gemmABt<T, D, BN / 8>(dp, sDo, wr0, vT, lane);
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - deltaRow[e >> 1]);
+    gemmPB<T, D, BN / 16>(dq, dp, kT, lane);
+  }
+  cpAsyncWait<0>();
+  float sc[2] = {p.scale, p.scale};
+  T* dqOut = static_cast<T*>(p.dq) + b * p.dqS.b + h * p.dqS.h + int64_t(m0 + wr0) * p.dqS.s;
+  storeRows<T, D>(dq, sc, sQ, smem, wr0, dqOut, p.dqS.s, m0 + wr0, p.Sq, lane);
+}
+
+}  // namespace strata::kernels::flash

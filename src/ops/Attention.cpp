@@ -1,0 +1,94 @@
+// Fused attention front end: validation, layout requirements, allocation.
+#include <cmath>
+
+#include "Kernels.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::ops {
+namespace {
+
+void checkOperand(const Tensor& t, const char* name) {
+  STRATA_CHECK(t.dim() == 4, "flash attention: {} must be [B, S, H, D], got {}", name, toString(t.shape()));
+  STRATA_CHECK(t.strides()[3] == 1, "flash attention: {} needs a contiguous last dim", name);
+}
+
+// The CUDA kernels load 16-byte chunks: every stride and the base must be 16-byte aligned.
+bool chunkAligned(const Tensor& t) {
+  int64_t es = int64_t(dtypeSize(t.dtype()));
+  if ((reinterpret_cast<uintptr_t>(t.data()) & 15u) != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if ((t.strides()[size_t(d)] * es) % 16 != 0) return false;
+  return t.strides()[3] == 1;
+}
+
+Tensor aligned(const Tensor& t) {
+  return t.device().isCpu() || chunkAligned(t) ? t : contiguous(t);
+}
+
+double resolveScale(const AttentionOptions& o, int64_t D) {
+  return o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
+}
+
+}  // namespace
+
+bool flashAttentionSupported(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
+  if (q.device() != k.device() || q.device() != v.device()) return false;
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype()) return false;
+  if (q.size(3) != k.size(3) || q.size(3) != v.size(3)) return false;
+  if (q.device().isCpu())
+    return q.dtype() == DType::F32 || q.dtype() == DType::F64 || q.dtype() == DType::BF16 ||
+           q.dtype() == DType::F16;
+  int64_t D = q.size(3);
+  return (q.dtype() == DType::BF16 || q.dtype() == DType::F16) && (D == 64 || D == 128) &&
+         q.size(1) < (int64_t(1) << 30);
+}
+
+FlashAttentionResult flashAttention(const Tensor& qIn, const Tensor& kIn, const Tensor& vIn,
+                                    const AttentionOptions& options) {
+  checkOperand(qIn, "q");
+  checkOperand(kIn, "k");
+  checkOperand(vIn, "v");
+  STRATA_CHECK(flashAttentionSupported(qIn, kIn, vIn),
+               "flash attention: unsupported operands q {} {}, k {}, v {} on {} (CUDA: bf16/f16, head dim 64 "
+               "or 128)",
+               toString(qIn.shape()), qIn.dtype(), toString(kIn.shape()), toString(vIn.shape()),
+               toString(qIn.device()));
+  int64_t B = qIn.size(0), Sq = qIn.size(1), H = qIn.size(2), D = qIn.size(3), Sk = kIn.size(1);
+  STRATA_CHECK(kIn.shape() == Shape({B, Sk, H, D}) && vIn.shape() == kIn.shape(),
+               "flash attention: k and v must be [{}, S_k, {}, {}], got {} and {}", B, H, D,
+               toString(kIn.shape()), toString(vIn.shape()));
+  STRATA_CHECK(!options.causal || Sk >= Sq, "flash attention: causal masking needs S_k >= S_q, got {} and {}",
+               Sk, Sq);
+  Tensor q = aligned(qIn), k = aligned(kIn), v = aligned(vIn);
+  FlashAttentionResult r;
+  r.out = Tensor::empty({B, Sq, H, D}, q.dtype(), q.device());
+  r.lse2 = Tensor::empty({B, H, Sq}, statsDType(q.dtype()), q.device());
+  AttentionOptions o{resolveScale(options, D), options.causal};
+  kernel<FlashAttentionKernel>("flash_attention", q.device())(q, k, v, r.out, r.lse2, o);
+  return r;
+}
+
+void flashAttentionBackward(const Tensor& qIn, const Tensor& kIn, const Tensor& vIn,
+                            const FlashAttentionResult& saved, const Tensor& doutIn, const Tensor& dq,
+                            const Tensor& dk, const Tensor& dv, const AttentionOptions& options) {
+  STRATA_CHECK(doutIn.shape() == saved.out.shape(),
+               "flash attention backward: gradient of shape {} for output {}", toString(doutIn.shape()),
+               toString(saved.out.shape()));
+  STRATA_CHECK(dq.shape() == qIn.shape() && dk.shape() == kIn.shape() && dv.shape() == vIn.shape(),
+               "flash attention backward: gradient buffers must match q, k, v");
+  for (const Tensor* g : {&dq, &dk, &dv}) {
+    checkOperand(*g, "a gradient");
+    STRATA_CHECK(g->dtype() == qIn.dtype() && g->device() == qIn.device(),
+                 "flash attention backward: gradient buffers must be {} on {}", qIn.dtype(),
+                 toString(qIn.device()));
+    STRATA_CHECK(g->device().isCpu() || chunkAligned(*g),
+                 "flash attention backward: gradient buffers need 16-byte aligned strides");
+  }
+  Tensor q = aligned(qIn), k = aligned(kIn), v = aligned(vIn), dout = aligned(doutIn);
+  AttentionOptions o{resolveScale(options, qIn.size(3)), options.causal};
+  kernel<FlashAttentionBackwardKernel>("flash_attention_backward", q.device())(q, k, v, saved.out, dout,
+                                                                               saved.lse2, dq, dk, dv, o);
+}
+
+}  // namespace strata::ops

@@ -1,0 +1,134 @@
+// CPU reference for fused attention: the same math as the CUDA kernels (log2-domain row statistics, P
+// recomputed in the backward), one (batch, head) per OpenMP task. Strided operands are read in place.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "CpuKernels.h"
+
+namespace strata::ops::cpu {
+namespace {
+
+constexpr double kLog2e = 1.4426950408889634;
+
+template <class T>
+struct View {
+  T* data;
+  int64_t b, s, h;
+  T* row(int64_t bi, int64_t hi, int64_t si) const { return data + bi * b + hi * h + si * s; }
+};
+template <class T>
+View<T> viewOf(const Tensor& t) {
+  return View<T>{static_cast<T*>(t.data()), t.strides()[0], t.strides()[1], t.strides()[2]};
+}
+
+bool hidden(bool causal, int64_t i, int64_t j, int64_t shift) {
+  return causal && j > i + shift;
+}
+
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse2,
+             const AttentionOptions& opt) {
+  int64_t B = q.size(0), Sq = q.size(1), H = q.size(2), D = q.size(3), Sk = k.size(1), shift = Sk - Sq;
+  visitFloating(q.dtype(), "flash_attention", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using F = typename ComputeOf<T>::type;
+    auto Q = viewOf<T>(q), K = viewOf<T>(k), V = viewOf<T>(v), O = viewOf<T>(out);
+    F* L = static_cast<F*>(lse2.data());  // F: fp32, or f64 for f64 inputs
+    F scale = F(opt.scale);
+#pragma omp parallel for collapse(2) if (B * H * Sq * Sk * D > kParallelGrain)
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<F> s(static_cast<size_t>(Sk)), acc(static_cast<size_t>(D));
+        for (int64_t i = 0; i < Sq; ++i) {
+          const T* qi = Q.row(b, h, i);
+          F mx = -std::numeric_limits<F>::infinity();
+          for (int64_t j = 0; j < Sk; ++j) {
+            if (hidden(opt.causal, i, j, shift)) {
+              s[size_t(j)] = -std::numeric_limits<F>::infinity();
+              continue;
+            }
+            const T* kj = K.row(b, h, j);
+            F dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += F(qi[d]) * F(kj[d]);
+            s[size_t(j)] = dot * scale;
+            mx = std::max(mx, s[size_t(j)]);
+          }
+          F sum = 0;
+          std::fill(acc.begin(), acc.end(), F(0));
+          for (int64_t j = 0; j < Sk; ++j) {
+            if (hidden(opt.causal, i, j, shift)) continue;
+            F p = std::exp(s[size_t(j)] - mx);
+            sum += p;
+            const T* vj = V.row(b, h, j);
+            for (int64_t d = 0; d < D; ++d) acc[size_t(d)] += p * F(vj[d]);
+          }
+          T* oi = O.row(b, h, i);
+          for (int64_t d = 0; d < D; ++d) oi[d] = T(acc[size_t(d)] / sum);
+          L[(b * H + h) * Sq + i] = F((double(mx) + std::log(double(sum))) * kLog2e);
+        }
+      }
+    }
+  });
+}
+
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+              const Tensor& lse2, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+              const AttentionOptions& opt) {
+  int64_t B = q.size(0), Sq = q.size(1), H = q.size(2), D = q.size(3), Sk = k.size(1), shift = Sk - Sq;
+  visitFloating(q.dtype(), "flash_attention_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using F = typename ComputeOf<T>::type;
+    auto Q = viewOf<T>(q), K = viewOf<T>(k), V = viewOf<T>(v), O = viewOf<T>(out), dO = viewOf<T>(dout);
+    auto dQ = viewOf<T>(dq), dK = viewOf<T>(dk), dV = viewOf<T>(dv);
+    const F* L = static_cast<const F*>(lse2.data());
+    F scale = F(opt.scale);
+#pragma omp parallel for collapse(2) if (B * H * Sq * Sk * D > kParallelGrain)
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<F> gk(static_cast<size_t>(Sk * D), F(0)), gv(static_cast<size_t>(Sk * D), F(0)),
+            gq(static_cast<size_t>(D));
+        for (int64_t i = 0; i < Sq; ++i) {
+          const T *qi = Q.row(b, h, i), *oi = O.row(b, h, i), *gi = dO.row(b, h, i);
+          F delta = 0;
+          for (int64_t d = 0; d < D; ++d) delta += F(gi[d]) * F(oi[d]);
+          F lse = F(double(L[(b * H + h) * Sq + i]) / kLog2e);
+          std::fill(gq.begin(), gq.end(), F(0));
+          for (int64_t j = 0; j < Sk; ++j) {
+            if (hidden(opt.causal, i, j, shift)) continue;
+            const T *kj = K.row(b, h, j), *vj = V.row(b, h, j);
+            F dot = 0, dp = 0;
+            for (int64_t d = 0; d < D; ++d) {
+              dot += F(qi[d]) * F(kj[d]);
+              dp += F(gi[d]) * F(vj[d]);
+            }
+            F p = std::exp(dot * scale - lse);
+            F ds = p * (dp - delta) * scale;
+            for (int64_t d = 0; d < D; ++d) {
+              gq[size_t(d)] += ds * F(kj[d]);
+              gk[size_t(j * D + d)] += ds * F(qi[d]);
+              gv[size_t(j * D + d)] += p * F(gi[d]);
+            }
+          }
+          T* out = dQ.row(b, h, i);
+          for (int64_t d = 0; d < D; ++d) out[d] = T(gq[size_t(d)]);
+        }
+        for (int64_t j = 0; j < Sk; ++j) {
+          T *gkj = dK.row(b, h, j), *gvj = dV.row(b, h, j);
+          for (int64_t d = 0; d < D; ++d) {
+            gkj[d] = T(gk[size_t(j * D + d)]);
+            gvj[d] = T(gv[size_t(j * D + d)]);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void registerAttention(Registry& r) {
+  r.add<FlashAttentionKernel>("flash_attention", DeviceType::CPU, &forward);
+  r.add<FlashAttentionBackwardKernel>("flash_attention_backward", DeviceType::CPU, &backward);
+}
+
+}  // namespace strata::ops::cpu

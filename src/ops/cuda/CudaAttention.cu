@@ -1,0 +1,110 @@
+// CUDA launchers and registration: fused (flash) attention forward and backward.
+#include "kernels/FlashAttention.cuh"
+#include "src/ops/cuda/CudaCommon.h"
+
+namespace strata::ops::cuda {
+namespace {
+
+namespace fl = kernels::flash;
+constexpr int kWarps = 4;
+
+fl::Operand operand(const Tensor& t) {
+  return fl::Operand{t.data(), t.strides()[0], t.strides()[1], t.strides()[2]};
+}
+
+fl::Params params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse2,
+                  const AttentionOptions& opt) {
+  fl::Params p;
+  p.q = operand(q);
+  p.k = operand(k);
+  p.v = operand(v);
+  p.o = operand(o);
+  p.lse2 = static_cast<float*>(lse2.data());
+  p.B = int(q.size(0));
+  p.Sq = int(q.size(1));
+  p.H = int(q.size(2));
+  p.Sk = int(k.size(1));
+  p.scale = float(opt.scale);
+  p.scaleLog2 = float(opt.scale * 1.4426950408889634);
+  p.causal = opt.causal;
+  p.shift = p.Sk - p.Sq;
+  return p;
+}
+
+template <class Kernel>
+void launch(Kernel kernel, dim3 grid, int smemBytes, cudaStream_t stream, const fl::Params& p) {
+  // Opting in to more than 48 KiB of shared memory is a per-kernel attribute; setting it every call is cheap.
+  STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smemBytes));
+  kernel<<<grid, kWarps * 32, smemBytes, stream>>>(p);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+// Calls fn.template operator()<T, D>() for the supported dtypes and head dims.
+template <class Fn>
+void visitFlash(DType dtype, int64_t D, Fn&& fn) {
+  auto withDim = [&]<class T>() {
+    if (D == 64)
+      fn.template operator()<T, 64>();
+    else if (D == 128)
+      fn.template operator()<T, 128>();
+    else
+      STRATA_FAIL("flash attention: head dim {} is not supported (64 or 128)", D);
+  };
+  if (dtype == DType::BF16)
+    withDim.template operator()<__nv_bfloat16>();
+  else if (dtype == DType::F16)
+    withDim.template operator()<__half>();
+  else
+    STRATA_FAIL("flash attention on cuda needs bf16 or f16, got {}", dtype);
+}
+
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse2,
+             const AttentionOptions& opt) {
+  DeviceGuard guard(q.device().index);
+  fl::Params p = params(q, k, v, out, lse2, opt);
+  p.out = out.data();
+  constexpr int BM = 16 * kWarps;
+  dim3 grid(unsigned((p.Sq + BM - 1) / BM), unsigned(p.B * p.H));
+  visitFlash(q.dtype(), q.size(3), [&]<class T, int D>() {
+    int smem = (BM + 4 * fl::kBlockN) * D * 2;
+    launch(fl::forwardKernel<T, D, kWarps>, grid, smem, streamOf(q), p);
+  });
+}
+
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+              const Tensor& lse2, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+              const AttentionOptions& opt) {
+  DeviceGuard guard(q.device().index);
+  fl::Params p = params(q, k, v, out, lse2, opt);
+  p.dout = operand(dout);
+  p.dq = dq.data();
+  p.dk = dk.data();
+  p.dv = dv.data();
+  p.dqS = operand(dq);
+  p.dkS = operand(dk);
+  p.dvS = operand(dv);
+  Tensor delta = Tensor::empty({q.size(0), q.size(2), q.size(1)}, DType::F32, q.device());
+  p.delta = static_cast<float*>(delta.data());
+  cudaStream_t stream = streamOf(q);
+  constexpr int B16 = 16 * kWarps;
+  visitFlash(q.dtype(), q.size(3), [&]<class T, int D>() {
+    int64_t rows = int64_t(p.B) * p.H * p.Sq;
+    fl::deltaKernel<T, D><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(p);
+    STRATA_CUDA_CHECK_LAUNCH();
+    int smemKv = (2 * B16 + 4 * fl::kBlockN) * D * 2 + 4 * fl::kBlockN * int(sizeof(float));
+    launch(fl::backwardKvKernel<T, D, kWarps>, dim3(unsigned((p.Sk + B16 - 1) / B16), unsigned(p.B * p.H)),
+           smemKv, stream, p);
+    int smemQ = (2 * B16 + 4 * fl::kBlockN) * D * 2;
+    launch(fl::backwardQKernel<T, D, kWarps>, dim3(unsigned((p.Sq + B16 - 1) / B16), unsigned(p.B * p.H)),
+           smemQ, stream, p);
+  });
+}
+
+}  // namespace
+
+void registerAttention(Registry& r) {
+  r.add<FlashAttentionKernel>("flash_attention", DeviceType::CUDA, &forward);
+  r.add<FlashAttentionBackwardKernel>("flash_attention_backward", DeviceType::CUDA, &backward);
+}
+
+}  // namespace strata::ops::cuda
