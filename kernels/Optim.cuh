@@ -60,4 +60,37 @@ __global__ void adamwKernel(const AdamChunk* __restrict__ chunks, AdamParams h,
     adamOne(c.param[i], c.grad[i] * scale, c.m[i], c.v[i], h, decay);
 }
 
+// ---- sum of squares (gradient norm)
+// Block b reduces chunk b into partial[b]; one block then sums the partials in a fixed order.
+struct NormChunk {
+  const float* data;
+  int64_t n;
+};
+
+__global__ void sumSquaresKernel(const NormChunk* __restrict__ chunks, float* __restrict__ partial) {
+  __shared__ float scratch[32];
+  NormChunk c = chunks[blockIdx.x];
+  float s = 0.0f;
+  int64_t start = 0;
+  if ((reinterpret_cast<uintptr_t>(c.data) & 15u) == 0) {
+    int64_t n4 = c.n / 4;
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+      float4 v = reinterpret_cast<const float4*>(c.data)[i];
+      s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    start = n4 * 4;
+  }
+  for (int64_t i = start + threadIdx.x; i < c.n; i += blockDim.x) s += c.data[i] * c.data[i];
+  s = blockSum(s, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void sumPartialsKernel(const float* __restrict__ partial, int n, float* __restrict__ out) {
+  __shared__ double scratch[32];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += double(partial[i]);
+  s = blockSum(s, scratch);
+  if (threadIdx.x == 0) out[0] = float(s);
+}
+
 }  // namespace strata::kernels

@@ -14,17 +14,20 @@ import torch.nn.functional as F
 SHAPES = [(16, 512, 16, 128), (8, 1024, 16, 128), (4, 2048, 16, 128), (32, 512, 12, 64), (4, 2048, 32, 64)]
 
 
-def median_ms(fn, iters):
+def median_ms(fn, iters, reps=10):
+    """Median over `iters` samples of the mean of `reps` back-to-back calls: enough queued work that PyTorch's
+    per-call host overhead (autograd) does not leave the GPU idle between kernels."""
     for _ in range(5):
         fn()
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(reps):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(a.elapsed_time(b) / reps)
     times.sort()
     return times[len(times) // 2]
 

@@ -54,6 +54,24 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (!bias.defined()) return matmul(x, weight);
+  Tensor out = ops::linear(x, weight, bias);
+  bool nx = participates(x), nw = participates(weight), nb = participates(bias);
+  Tensor sx = nw ? saved(x) : Tensor(), sw = nx ? saved(weight) : Tensor();
+  Shape shX = x.shape();
+  int64_t K = weight.size(0), N = weight.size(1);
+  recordFunction("LinearBackward", {x, weight, bias}, {out}, [=](const Grads& gs) {
+    Tensor g2 = detail::viewRaw(ops::contiguous(gs[0]), {-1, N});
+    Tensor gx, gw, gb;
+    if (nx) gx = detail::viewRaw(ops::matmul(g2, transposeLast(sw)), shX);
+    if (nw) gw = ops::matmul(transposeLast(detail::viewRaw(ops::contiguous(sx), {-1, K})), g2);
+    if (nb) gb = ops::sumTo(g2, {N});
+    return Grads{gx, gw, gb};
+  });
+  return out;
+}
+
 Tensor softmax(const Tensor& x, int64_t dim) {
   Tensor out = ops::softmax(x, dim);
   Tensor y = saved(out);

@@ -22,8 +22,8 @@ Linear::Linear(const LinearConfig& config, Generator& gen) {
 }
 
 Tensor Linear::apply(const Tensor& x) {
-  Tensor y = matmul(x, castParameter(weight, x.dtype()));
-  return bias.defined() ? y + castParameter(bias, x.dtype()) : y;
+  return linear(x, castParameter(weight, x.dtype()),
+                bias.defined() ? castParameter(bias, x.dtype()) : Tensor());
 }
 
 std::vector<Tensor> Linear::forward(const std::vector<Tensor>& inputs) {

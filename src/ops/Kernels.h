@@ -45,6 +45,9 @@ struct GemmArgs {
   int64_t batch = 1;
   int64_t strideA = 0, strideB = 0, strideC = 0;
   float alpha = 1.0f, beta = 0.0f;
+  // Optional [n] vector of C's dtype added to every row of C (a Linear layer's bias), fused into the GEMM's
+  // epilogue on CUDA. Requires batch == 1.
+  const void* bias = nullptr;
 };
 using GemmKernel = void(const GemmArgs& args);
 
@@ -92,6 +95,8 @@ using FlashAttentionBackwardKernel = void(const Tensor& q, const Tensor& k, cons
                                           const AttentionOptions& options);
 
 // gradScale: fp32 [1] on the device multiplying every gradient (clipping, loss-scale), or undefined for 1.
+// out: fp32 [] on the tensors' device; tensors fp32 contiguous.
+using SumOfSquaresKernel = void(const std::vector<Tensor>& tensors, const Tensor& out);
 using AdamWKernel = void(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper,
                          const Tensor& gradScale);
 

@@ -65,6 +65,51 @@ MatrixOperand resolve(const Tensor& tIn, const Shape& batch, int64_t rows, int64
 
 }  // namespace
 
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (!bias.defined()) return matmul(x, w);
+  STRATA_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(0),
+               "linear: x {} does not match weight {} ([in, out])", toString(x.shape()), toString(w.shape()));
+  int64_t K = w.size(0), N = w.size(1);
+  STRATA_CHECK(bias.shape() == Shape({N}), "linear: bias must be [{}], got {}", N, toString(bias.shape()));
+  STRATA_CHECK(x.device() == w.device() && x.device() == bias.device(),
+               "linear: operands on different devices");
+  STRATA_CHECK(x.dtype() == w.dtype() && x.dtype() == bias.dtype(), "linear: dtypes differ ({}, {}, {})",
+               x.dtype(), w.dtype(), bias.dtype());
+  int64_t rows = K > 0 ? x.numel() / K : 0;
+  Shape outShape(x.shape().begin(), x.shape().end() - 1);
+  outShape.push_back(N);
+  Tensor out = Tensor::empty({rows, N}, x.dtype(), x.device());
+  if (rows > 0 && N > 0) {
+    Shape st = detail::computeViewStrides(x.shape(), x.strides(), {rows, K});
+    Tensor x2 = !st.empty() && st[1] == 1 ? detail::asStrided(x, {rows, K}, st, x.offset())
+                                          : detail::viewRaw(contiguous(x), {rows, K});
+    Tensor b = contiguous(bias);
+    MatrixOperand A = resolve(x2, {}, rows, K), B = resolve(w, {}, K, N);
+    GemmArgs g;
+    g.device = x.device();
+    g.dtype = x.dtype();
+    g.m = rows;
+    g.n = N;
+    g.k = K;
+    g.a = A.data;
+    g.transA = A.trans;
+    g.lda = A.ld;
+    g.b = B.data;
+    g.transB = B.trans;
+    g.ldb = B.ld;
+    g.c = out.data();
+    g.ldc = N;
+    g.bias = b.data();
+    if (K == 0) {
+      fill(out, 0.0);
+      out = add(out, b);
+    } else {
+      kernel<GemmKernel>("gemm", x.device())(g);
+    }
+  }
+  return detail::viewRaw(out, outShape);
+}
+
 Tensor matmul(const Tensor& aIn, const Tensor& bIn) {
   STRATA_CHECK(aIn.device() == bIn.device(), "matmul: operands on different devices ({} and {})",
                toString(aIn.device()), toString(bIn.device()));

@@ -4,6 +4,17 @@
 
 namespace strata::ops {
 
+Tensor sumOfSquares(const std::vector<Tensor>& tensors) {
+  STRATA_CHECK(!tensors.empty(), "sumOfSquares: no tensors");
+  Device dev = tensors[0].device();
+  for (const auto& t : tensors)
+    STRATA_CHECK(t.defined() && t.dtype() == DType::F32 && t.isContiguous() && t.device() == dev,
+                 "sumOfSquares: tensors must be fp32, contiguous and on {}", toString(dev));
+  Tensor out = Tensor::empty({}, DType::F32, dev);
+  kernel<SumOfSquaresKernel>("sum_of_squares", dev)(tensors, out);
+  return out;
+}
+
 void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const Tensor& gradScale) {
   if (sets.empty()) return;
   Device dev = sets[0].param.device();

@@ -65,9 +65,17 @@ std::vector<std::pair<std::string, Tensor>> AdamW::namedState() const {
 Tensor gradNorm(const std::vector<Tensor>& parameters, Device device) {
   NoGradGuard noGrad;
   Tensor total = ops::zeros({}, DType::F32, device);
+  // fp32 contiguous gradients on `device` (the usual case) go through one multi-tensor launch.
+  std::vector<Tensor> fused;
   for (const auto& p : parameters) {
     Tensor g = p.grad();
-    if (!g.defined()) continue;
+    if (g.defined() && g.dtype() == DType::F32 && g.isContiguous() && g.device() == device)
+      fused.push_back(g);
+  }
+  if (!fused.empty()) total = ops::sumOfSquares(fused);
+  for (const auto& p : parameters) {
+    Tensor g = p.grad();
+    if (!g.defined() || (g.dtype() == DType::F32 && g.isContiguous() && g.device() == device)) continue;
     Tensor g32 = g.dtype() == DType::F32 ? g : ops::to(g, g.device(), DType::F32);
     Tensor sq = ops::sum(ops::mul(g32, g32));
     total = ops::add(total, ops::to(sq, device, DType::F32));

@@ -163,3 +163,11 @@ TEST_CASE("fused attention equals the composed attention, values and gradients",
     for (int i = 0; i < 3; ++i) test::requireClose(grads[1][size_t(i)], grads[0][size_t(i)], 1e-12, 1e-10);
   }
 }
+
+TEST_CASE("gradcheck: linear with a fused bias", "[autograd][gradcheck]") {
+  gradCheck([](const Ins& x) { return linear(x[0], x[1], x[2]); },
+            {randomDouble({2, 3, 4}, 80), randomDouble({4, 5}, 81), randomDouble({5}, 82)});
+  // A transposed input goes through the flattening copy.
+  gradCheck([](const Ins& x) { return linear(x[0].transpose(0, 1), x[1], x[2]); },
+            {randomDouble({3, 2, 4}, 83), randomDouble({4, 5}, 84), randomDouble({5}, 85)});
+}

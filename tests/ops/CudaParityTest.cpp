@@ -1,4 +1,5 @@
 // CPU-vs-CUDA parity for every op over generated shapes and dtypes. Runs on the GPU machine; skips elsewhere.
+#include <array>
 #include <cmath>
 #include <functional>
 
@@ -452,4 +453,28 @@ TEST_CASE("[cuda] packed fused self-attention trains like the cpu", "[cuda][pari
            return std::vector<Tensor>{y.detach(), x.grad()};
          },
          {qkv, g}, {2e-2, 2e-2});
+}
+
+TEST_CASE("[cuda] multi-tensor sum of squares matches the cpu", "[cuda][parity][optim]") {
+  STRATA_REQUIRE_CUDA();
+  // Sizes across the 65536-element chunking, and an unaligned contiguous view (offset 1) for the scalar path.
+  Tensor big = randomOf({200003}, DType::F32, 120), small = randomOf({7}, DType::F32, 121);
+  Tensor shifted = randomOf({1001}, DType::F32, 122).narrow(0, 1, 1000);
+  parity("sum of squares",
+         [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::sumOfSquares(in)}; },
+         {big, small, shifted}, {1e-3, 1e-5});
+}
+
+TEST_CASE("[cuda] linear with the bias epilogue matches the cpu", "[cuda][parity]") {
+  STRATA_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    Tol t = tolFor(dt);
+    for (auto [rows, K, N] : {std::array<int64_t, 3>{64, 32, 48}, std::array<int64_t, 3>{300, 96, 200}}) {
+      parity(
+          "linear + bias",
+          [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::linear(in[0], in[1], in[2])}; },
+          {randomOf({rows, K}, dt, 130, -1, 1), randomOf({K, N}, dt, 131, -1, 1), randomOf({N}, dt, 132)},
+          {t.atol * 4, t.rtol * 4});
+    }
+  }
 }

@@ -72,6 +72,9 @@ Tensor norm(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim
 // ---- linear algebra
 // -----------------------------------------------------------------------------------------------
 Tensor matmul(const Tensor& a, const Tensor& b);
+// x [..., in] @ weight [in, out] + bias [out] (undefined for none): one GEMM with the bias in its epilogue.
+// The backward is two GEMMs over the flattened rows and a column sum for the bias.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- normalisation, softmax, layers
 // -------------------------------------------------------------------------------

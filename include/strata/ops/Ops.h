@@ -79,6 +79,9 @@ Tensor sumTo(const Tensor& x, const Shape& shape);
 // k] @ b [..., k, n] with broadcast batch dims; 1-D operands are promoted as in NumPy. CUDA: cuBLASLt with
 // fp32 accumulation for bf16/f16/f32.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// x [..., K] @ w [K, N] (+ bias [N], undefined for none) -> [..., N]: one GEMM over the flattened rows, the
+// bias added in its epilogue (cuBLASLt BIAS on CUDA) instead of a separate pass.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
 
 // ---- normalisation and softmax (over the last dimension unless given)
 // ---------------------------------------------
@@ -162,6 +165,9 @@ struct AdamWHyper {
 };
 // gradScale: fp32 [1] on the device that multiplies every gradient (clipping coefficient), or undefined
 // for 1.
+// Sum of squares of every element of every tensor (fp32, contiguous, one device) as an fp32 scalar on that
+// device: the global gradient norm's reduction in one launch, deterministic (no atomics).
+Tensor sumOfSquares(const std::vector<Tensor>& tensors);
 void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper,
            const Tensor& gradScale = Tensor());
 

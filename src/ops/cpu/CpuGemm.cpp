@@ -75,6 +75,11 @@ void gemmWidened(const GemmArgs& g) {
   if (g.beta != 0.0f)
     for (int64_t i = 0; i < nc; ++i) c[size_t(i)] = float(ch[i]);
   gemmBatched<float>(g, a.data(), b.data(), c.data());
+  if (g.bias) {
+    const H* bias = static_cast<const H*>(g.bias);
+    for (int64_t r = 0; r < g.m; ++r)
+      for (int64_t col = 0; col < g.n; ++col) c[size_t(r * g.ldc + col)] += float(bias[col]);
+  }
   // Write back only the elements of C (rows may have padding between them when ldc > n).
   for (int64_t bi = 0; bi < g.batch; ++bi)
     for (int64_t r = 0; r < g.m; ++r)
@@ -84,15 +89,25 @@ void gemmWidened(const GemmArgs& g) {
       }
 }
 
+template <class T>
+void gemmNative(const GemmArgs& g) {
+  gemmBatched(g, static_cast<const T*>(g.a), static_cast<const T*>(g.b), static_cast<T*>(g.c));
+  if (!g.bias) return;
+  const T* bias = static_cast<const T*>(g.bias);
+  T* c = static_cast<T*>(g.c);
+#pragma omp parallel for if (g.m * g.n > kParallelGrain)
+  for (int64_t r = 0; r < g.m; ++r)
+    for (int64_t col = 0; col < g.n; ++col) c[r * g.ldc + col] += bias[col];
+}
+
 void gemm(const GemmArgs& g) {
+  STRATA_CHECK(!g.bias || g.batch == 1, "gemm: a bias needs batch 1");
   switch (g.dtype) {
     case DType::F32:
-      gemmBatched(g, static_cast<const float*>(g.a), static_cast<const float*>(g.b),
-                  static_cast<float*>(g.c));
+      gemmNative<float>(g);
       return;
     case DType::F64:
-      gemmBatched(g, static_cast<const double*>(g.a), static_cast<const double*>(g.b),
-                  static_cast<double*>(g.c));
+      gemmNative<double>(g);
       return;
     case DType::BF16:
       gemmWidened<BFloat16>(g);

@@ -28,9 +28,23 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
   }
 }
 
+void sumOfSquares(const std::vector<Tensor>& tensors, const Tensor& out) {
+  double total = 0;
+  for (const auto& t : tensors) {
+    const float* g = static_cast<const float*>(t.data());
+    int64_t n = t.numel();
+    double s = 0;
+#pragma omp parallel for reduction(+ : s) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) s += double(g[i]) * double(g[i]);
+    total += s;
+  }
+  static_cast<float*>(out.data())[0] = float(total);
+}
+
 }  // namespace
 
 void registerOptim(Registry& r) {
+  r.add<SumOfSquaresKernel>("sum_of_squares", DeviceType::CPU, &sumOfSquares);
   r.add<AdamWKernel>("adamw", DeviceType::CPU, &adamw);
 }
 

@@ -6,6 +6,9 @@ namespace strata::ops::cuda {
 namespace {
 
 namespace fl = kernels::flash;
+// Forward: 8 warps share each K/V tile (128 queries a CTA); backward: 4 warps (64 keys or queries a CTA), as
+// the dK/dV kernel's accumulators take the whole register budget.
+constexpr int kForwardWarps = 8;
 constexpr int kWarps = 4;
 
 fl::Operand operand(const Tensor& t) {
@@ -32,10 +35,10 @@ fl::Params params(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 }
 
 template <class Kernel>
-void launch(Kernel kernel, dim3 grid, int smemBytes, cudaStream_t stream, const fl::Params& p) {
+void launch(Kernel kernel, dim3 grid, int warps, int smemBytes, cudaStream_t stream, const fl::Params& p) {
   // Opting in to more than 48 KiB of shared memory is a per-kernel attribute; setting it every call is cheap.
   STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smemBytes));
-  kernel<<<grid, kWarps * 32, smemBytes, stream>>>(p);
+  kernel<<<grid, warps * 32, smemBytes, stream>>>(p);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -63,11 +66,11 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
   DeviceGuard guard(q.device().index);
   fl::Params p = params(q, k, v, out, lse2, opt);
   p.out = out.data();
-  constexpr int BM = 16 * kWarps;
+  constexpr int BM = 16 * kForwardWarps;
   dim3 grid(unsigned((p.Sq + BM - 1) / BM), unsigned(p.B * p.H));
   visitFlash(q.dtype(), q.size(3), [&]<class T, int D>() {
     int smem = (BM + 4 * fl::kBlockN) * D * 2;
-    launch(fl::forwardKernel<T, D, kWarps>, grid, smem, streamOf(q), p);
+    launch(fl::forwardKernel<T, D, kForwardWarps>, grid, kForwardWarps, smem, streamOf(q), p);
   });
 }
 
@@ -93,10 +96,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     STRATA_CUDA_CHECK_LAUNCH();
     int smemKv = (2 * B16 + 4 * fl::kBlockN) * D * 2 + 4 * fl::kBlockN * int(sizeof(float));
     launch(fl::backwardKvKernel<T, D, kWarps>, dim3(unsigned((p.Sk + B16 - 1) / B16), unsigned(p.B * p.H)),
-           smemKv, stream, p);
+           kWarps, smemKv, stream, p);
     int smemQ = (2 * B16 + 4 * fl::kBlockN) * D * 2;
     launch(fl::backwardQKernel<T, D, kWarps>, dim3(unsigned((p.Sq + B16 - 1) / B16), unsigned(p.B * p.H)),
-           smemQ, stream, p);
+           kWarps, smemQ, stream, p);
   });
 }
 

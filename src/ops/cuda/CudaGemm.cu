@@ -30,7 +30,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t,
-                           int64_t, int64_t, int64_t, bool, int, int, int>;
+                           int64_t, int64_t, int64_t, bool, int, int, int, bool>;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -113,6 +113,15 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
   setBatch(plan->layoutX, g.batch, g.strideB);
   setBatch(plan->layoutY, g.batch, g.strideA);
   setBatch(plan->layoutC, g.batch, g.strideC);
+  if (g.bias) {
+    // Column-major C^T [n, m]: the bias runs along its rows, which is cuBLASLt's BIAS epilogue. The pointer
+    // is set per call.
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                       sizeof(epilogue)));
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
+                                                       sizeof(g.bias)));
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -141,9 +150,15 @@ void gemm(const GemmArgs& g) {
   DeviceGuard guard(device);
   LtState& st = ltState(device);
   int alignX = alignmentOf(g.b), alignY = alignmentOf(g.a), alignC = alignmentOf(g.c);
-  PlanKey key{int(g.dtype), g.m,      g.n,     g.k,       g.lda,     g.ldb,     g.ldc,
-              g.transA,     g.transB, g.batch, g.strideA, g.strideB, g.strideC, g.beta != 0.0f,
-              alignX,       alignY,   alignC};
+  PlanKey key{int(g.dtype), g.m,
+              g.n,          g.k,
+              g.lda,        g.ldb,
+              g.ldc,        g.transA,
+              g.transB,     g.batch,
+              g.strideA,    g.strideB,
+              g.strideC,    g.beta != 0.0f,
+              alignX,       alignY,
+              alignC,       g.bias != nullptr};
   Plan* plan;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
@@ -153,6 +168,13 @@ void gemm(const GemmArgs& g) {
   }
   cudaStream_t stream = strata::cuda::nativeStream(currentStream(g.device));
   float alpha = g.alpha, beta = g.beta;
+  // The plan is shared and a bias pointer is per call: set it and enqueue under the lock.
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (g.bias) {
+    STRATA_CHECK(g.batch == 1, "gemm: a bias needs batch 1");
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
+                                                       sizeof(g.bias)));
+  }
   STRATA_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, g.b, plan->layoutX, g.a, plan->layoutY,
                                      &beta, g.c, plan->layoutC, g.c, plan->layoutC, &plan->algo, st.workspace,
                                      kWorkspaceBytes, stream));

@@ -36,9 +36,37 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
   // returns.
 }
 
+void sumOfSquares(const std::vector<Tensor>& tensors, const Tensor& out) {
+  Device dev = out.device();
+  DeviceGuard guard(dev.index);
+  std::vector<kernels::NormChunk> chunks;
+  for (const auto& t : tensors) {
+    const float* base = static_cast<const float*>(t.data());
+    for (int64_t off = 0; off < t.numel(); off += kernels::kAdamChunk)
+      chunks.push_back(kernels::NormChunk{base + off, std::min(kernels::kAdamChunk, t.numel() - off)});
+  }
+  cudaStream_t stream = streamOf(out);
+  if (chunks.empty()) {
+    STRATA_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, sizeof(float), stream));
+    return;
+  }
+  STRATA_CHECK(chunks.size() < (size_t(1) << 31), "sumOfSquares: too many chunks ({})", chunks.size());
+  size_t bytes = chunks.size() * sizeof(kernels::NormChunk);
+  Tensor table = Tensor::empty({int64_t(bytes)}, DType::U8, dev);
+  Tensor partial = Tensor::empty({int64_t(chunks.size())}, DType::F32, dev);
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(table.data(), chunks.data(), bytes, cudaMemcpyHostToDevice, stream));
+  kernels::sumSquaresKernel<<<unsigned(chunks.size()), 512, 0, stream>>>(
+      static_cast<const kernels::NormChunk*>(table.data()), static_cast<float*>(partial.data()));
+  STRATA_CUDA_CHECK_LAUNCH();
+  kernels::sumPartialsKernel<<<1, 1024, 0, stream>>>(static_cast<const float*>(partial.data()),
+                                                     int(chunks.size()), static_cast<float*>(out.data()));
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void registerOptim(Registry& r) {
+  r.add<SumOfSquaresKernel>("sum_of_squares", DeviceType::CUDA, &sumOfSquares);
   r.add<AdamWKernel>("adamw", DeviceType::CUDA, &adamw);
 }
 
