@@ -67,4 +67,9 @@ Tensor Gpt::logits(const Tensor& ids, DType compute) {
   return matmul(x, nn::castParameter(wte_->weight, compute).transpose(0, 1));
 }
 
+Tensor Gpt::loss(const Tensor& ids, const Tensor& targets, DType compute) {
+  Tensor x = hidden(ids, compute);
+  return linearCrossEntropy(x.reshape({-1, config_.hiddenSize}), wte_->weight, targets.reshape({-1}));
+}
+
 }  // namespace strata::models

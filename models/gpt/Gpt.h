@@ -38,6 +38,9 @@ class Gpt : public nn::CausalLM {
 
   // ids [B, T] (i64) -> logits [B, T, vocab] in the compute dtype.
   Tensor logits(const Tensor& ids, DType compute) override;
+  // The tied head and the cross-entropy fused in row chunks (linearCrossEntropy): the [B*T, vocab] logits of
+  // the whole batch never exist.
+  Tensor loss(const Tensor& ids, const Tensor& targets, DType compute) override;
   int64_t contextLength() const override { return config_.seqLength; }
   int64_t vocabSize() const override { return config_.vocabSize; }
   double flopsPerToken() const override { return config_.flopsPerToken(); }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "strata/autograd/Functions.h"
+#include "strata/autograd/GradMode.h"
 #include "strata/autograd/Node.h"
 #include "strata/ops/Ops.h"
 
@@ -55,19 +56,36 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (!bias.defined()) return matmul(x, weight);
-  Tensor out = ops::linear(x, weight, bias);
+  STRATA_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(0),
+               "linear: x {} does not match weight {} ([in, out])", toString(x.shape()),
+               toString(weight.shape()));
+  DType compute = x.dtype(), master = weight.dtype();
+  STRATA_CHECK(!bias.defined() || bias.dtype() == master, "linear: bias is {} but weight is {}", bias.dtype(),
+               master);
+  bool mixed = compute != master;
+  STRATA_CHECK(!mixed || (master == DType::F32 && (compute == DType::BF16 || compute == DType::F16)),
+               "linear: {} input with {} weight; mixed precision takes fp32 weights and bf16/f16 input",
+               compute, master);
+  // Mixed precision: cast the fp32 master copies to the compute dtype for the forward; the backward writes
+  // the weight and bias gradients in fp32 straight from the GEMM and the column sum, with no cast pass.
+  Tensor w = mixed ? ops::to(weight, weight.device(), compute) : weight;
+  Tensor b = mixed && bias.defined() ? ops::to(bias, bias.device(), compute) : bias;
+  Tensor out = b.defined() ? ops::linear(x, w, b) : ops::matmul(x, w);
   bool nx = participates(x), nw = participates(weight), nb = participates(bias);
-  Tensor sx = nw ? saved(x) : Tensor(), sw = nx ? saved(weight) : Tensor();
+  Tensor sx = nw ? saved(x) : Tensor(), sw = nx ? saved(w) : Tensor();
   Shape shX = x.shape();
   int64_t K = weight.size(0), N = weight.size(1);
-  recordFunction("LinearBackward", {x, weight, bias}, {out}, [=](const Grads& gs) {
+  std::vector<Tensor> inputs{x, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  recordFunction("LinearBackward", inputs, {out}, [=](const Grads& gs) {
     Tensor g2 = detail::viewRaw(ops::contiguous(gs[0]), {-1, N});
     Tensor gx, gw, gb;
     if (nx) gx = detail::viewRaw(ops::matmul(g2, transposeLast(sw)), shX);
-    if (nw) gw = ops::matmul(transposeLast(detail::viewRaw(ops::contiguous(sx), {-1, K})), g2);
-    if (nb) gb = ops::sumTo(g2, {N});
-    return Grads{gx, gw, gb};
+    if (nw) gw = ops::matmul(transposeLast(detail::viewRaw(ops::contiguous(sx), {-1, K})), g2, master);
+    if (nb) gb = ops::sum(g2, {0}, false, master);
+    Grads grads{gx, gw};
+    if (nb || bias.defined()) grads.push_back(gb);
+    return grads;
   });
   return out;
 }
@@ -140,6 +158,65 @@ Tensor crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIn
     return Grads{ops::crossEntropyBackward(g[0], sl, st, keep, ignoreIndex)};
   });
   return r.loss;
+}
+
+Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& target, int64_t ignoreIndex,
+                          int64_t chunkRows) {
+  STRATA_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
+               "linearCrossEntropy: x must be [N, C] and weight [V, C], got {} and {}", toString(x.shape()),
+               toString(weight.shape()));
+  STRATA_CHECK(target.dim() == 1 && target.size(0) == x.size(0),
+               "linearCrossEntropy: target must be [{}], got {}", x.size(0), toString(target.shape()));
+  DType compute = x.dtype(), master = weight.dtype();
+  int64_t N = x.size(0), V = weight.size(0), C = x.size(1);
+  Device dev = x.device();
+  Tensor w = master == compute ? weight : ops::to(weight, weight.device(), compute);
+  Tensor wT = transposeLast(w);
+  if (chunkRows <= 0) {
+    int64_t chunks = std::max<int64_t>(1, (N * V + (int64_t(1) << 27) - 1) >> 27);
+    chunkRows = (N + chunks - 1) / chunks;
+  }
+  bool nx = participates(x), nw = participates(weight);
+  bool grads = gradEnabled() && (nx || nw);
+  DType sd = compute == DType::F64 ? DType::F64 : DType::F32;  // loss statistics
+  Tensor lossSum = ops::zeros({}, sd, dev), counted = ops::zeros({}, sd, dev);
+  Tensor gx = nx && grads ? Tensor::empty({N, C}, compute, dev) : Tensor();
+  Tensor gw = nw && grads ? ops::zeros({V, C}, master, dev) : Tensor();
+  Tensor one = ops::ones({}, sd, dev);
+  Tensor xd = x.detach();
+  for (int64_t r0 = 0; r0 < N; r0 += chunkRows) {
+    int64_t rows = std::min(chunkRows, N - r0);
+    Tensor xc = detail::narrowRaw(xd, 0, r0, rows), tc = detail::narrowRaw(target, 0, r0, rows);
+    Tensor logits = ops::matmul(xc, wT);
+    ops::CrossEntropyResult ce = ops::crossEntropy(logits, tc, ignoreIndex);
+    lossSum = ops::add(lossSum, ops::mul(ce.loss, ce.count));
+    counted = ops::add(counted, ce.counted);
+    if (!grads) continue;
+    // Unnormalised softmax-minus-one-hot: the 1 / count of the whole batch comes in the backward.
+    ops::CrossEntropyResult unit{Tensor(), ce.lse, one};
+    Tensor gl = ops::crossEntropyBackward(one, logits, tc, unit, ignoreIndex);
+    logits = Tensor();
+    if (nx) ops::copy(detail::narrowRaw(gx, 0, r0, rows), ops::matmul(gl, w));
+    if (nw) ops::matmulAccumulate(gw, transposeLast(gl), xc);
+  }
+  Tensor total = ops::maximum(counted, one);
+  Tensor loss = ops::div(lossSum, total);
+  if (!grads) return loss;
+  std::vector<Tensor> inputs{x, weight};
+  recordFunction("LinearCrossEntropyBackward", inputs, {loss}, [=](const Grads& g) {
+    // d(loss) / d(sum of row losses) = incoming gradient / count.
+    Tensor scale = ops::div(ops::to(g[0], dev, sd), total);
+    Tensor dx, dw;
+    // Scaled in fp32: 1 / count rounded to bf16 would bias every gradient by up to 0.4 %.
+    auto scaled = [&](const Tensor& t) {
+      if (t.dtype() == sd) return ops::mul(t, scale);
+      return ops::to(ops::mul(ops::to(t, dev, sd), scale), dev, t.dtype());
+    };
+    if (nx) dx = scaled(gx);
+    if (nw) dw = scaled(gw);
+    return Grads{dx, dw};
+  });
+  return loss;
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {

@@ -22,6 +22,10 @@ Linear::Linear(const LinearConfig& config, Generator& gen) {
 }
 
 Tensor Linear::apply(const Tensor& x) {
+  // fp32 masters with bf16/f16 input go in as they are: linear() casts them for the GEMM and returns fp32
+  // gradients straight from it.
+  bool mixed = weight.dtype() == DType::F32 && (x.dtype() == DType::BF16 || x.dtype() == DType::F16);
+  if (mixed) return linear(x, weight, bias);
   return linear(x, castParameter(weight, x.dtype()),
                 bias.defined() ? castParameter(bias, x.dtype()) : Tensor());
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "strata/core/Tensor.h"
@@ -48,6 +49,9 @@ struct GemmArgs {
   // Optional [n] vector of C's dtype added to every row of C (a Linear layer's bias), fused into the GEMM's
   // epilogue on CUDA. Requires batch == 1.
   const void* bias = nullptr;
+  // C's dtype when it differs from the operands': bf16/f16 operands may write an fp32 C (gradients of fp32
+  // master weights straight out of the GEMM). Empty: C has `dtype`.
+  std::optional<DType> outDtype;
 };
 using GemmKernel = void(const GemmArgs& args);
 

@@ -65,6 +65,37 @@ MatrixOperand resolve(const Tensor& tIn, const Shape& batch, int64_t rows, int64
 
 }  // namespace
 
+void matmulAccumulate(const Tensor& out, const Tensor& a, const Tensor& b) {
+  STRATA_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2 && a.size(1) == b.size(0) &&
+                   out.shape() == Shape({a.size(0), b.size(1)}),
+               "matmulAccumulate: {} += {} @ {} does not fit", toString(out.shape()), toString(a.shape()),
+               toString(b.shape()));
+  STRATA_CHECK(out.isContiguous(), "matmulAccumulate: the output must be contiguous");
+  STRATA_CHECK(a.dtype() == b.dtype(), "matmulAccumulate: operand dtypes differ ({} and {})", a.dtype(),
+               b.dtype());
+  STRATA_CHECK(a.device() == b.device() && a.device() == out.device(), "matmulAccumulate: devices differ");
+  int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (out.numel() == 0 || k == 0) return;
+  MatrixOperand A = resolve(a, {}, m, k), B = resolve(b, {}, k, n);
+  GemmArgs g;
+  g.device = a.device();
+  g.dtype = a.dtype();
+  if (out.dtype() != a.dtype()) g.outDtype = out.dtype();
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = A.data;
+  g.transA = A.trans;
+  g.lda = A.ld;
+  g.b = B.data;
+  g.transB = B.trans;
+  g.ldb = B.ld;
+  g.c = out.data();
+  g.ldc = n;
+  g.beta = 1.0f;
+  kernel<GemmKernel>("gemm", a.device())(g);
+}
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (!bias.defined()) return matmul(x, w);
   STRATA_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(0),
@@ -110,7 +141,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return detail::viewRaw(out, outShape);
 }
 
-Tensor matmul(const Tensor& aIn, const Tensor& bIn) {
+Tensor matmul(const Tensor& aIn, const Tensor& bIn, std::optional<DType> outDtype) {
   STRATA_CHECK(aIn.device() == bIn.device(), "matmul: operands on different devices ({} and {})",
                toString(aIn.device()), toString(bIn.device()));
   STRATA_CHECK(aIn.dtype() == bIn.dtype(), "matmul: dtypes differ ({} and {})", aIn.dtype(), bIn.dtype());
@@ -128,7 +159,7 @@ Tensor matmul(const Tensor& aIn, const Tensor& bIn) {
   Shape outShape = batch;
   outShape.push_back(m);
   outShape.push_back(n);
-  Tensor out = Tensor::empty(outShape, a.dtype(), a.device());
+  Tensor out = Tensor::empty(outShape, outDtype.value_or(a.dtype()), a.device());
   if (out.numel() == 0) return out;
   if (k == 0) {
     fill(out, 0.0);
@@ -140,6 +171,7 @@ Tensor matmul(const Tensor& aIn, const Tensor& bIn) {
     g.n = n;
     g.k = k;
     g.batch = nbatch;
+    if (out.dtype() != a.dtype()) g.outDtype = out.dtype();
     // A weight shared by every batch entry: fold the batch into the rows of A when A's rows collapse.
     if (batchB.empty() && nbatch > 1) {
       Shape flat = {nbatch * m, k};

@@ -45,7 +45,8 @@ CrossEntropyResult crossEntropy(const Tensor& logits, const Tensor& target, int6
     kernel<CrossEntropyKernel>("cross_entropy", logits.device())(contiguous(logits), contiguous(target),
                                                                  rowLoss, r.lse, valid, ignoreIndex);
   // The mean stays on the device: no host round trip for the count of counted targets.
-  r.count = maximum(sum(valid), ones({}, sd, logits.device()));
+  r.counted = sum(valid);
+  r.count = maximum(r.counted, ones({}, sd, logits.device()));
   r.loss = div(sum(rowLoss), r.count);
   return r;
 }

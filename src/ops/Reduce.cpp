@@ -9,7 +9,8 @@
 namespace strata::ops {
 namespace {
 
-Tensor reduce(const char* op, const Tensor& x, const std::vector<int64_t>& dimsIn, bool keepdim) {
+Tensor reduce(const char* op, const Tensor& x, const std::vector<int64_t>& dimsIn, bool keepdim,
+              std::optional<DType> outDtype = std::nullopt) {
   STRATA_CHECK(isFloating(x.dtype()), "{}: floating input required, got {}", op, x.dtype());
   int64_t nd = x.dim();
   std::vector<bool> reduced(static_cast<size_t>(nd), dimsIn.empty());
@@ -29,7 +30,9 @@ Tensor reduce(const char* op, const Tensor& x, const std::vector<int64_t>& dimsI
       if (first < 0) first = d;
       last = d;
     }
-  Tensor out = Tensor::empty(outShape, x.dtype(), x.device());
+  STRATA_CHECK(!outDtype || *outDtype == x.dtype() || *outDtype == DType::F32,
+               "{}: results in {} or fp32 only, not {}", op, x.dtype(), *outDtype);
+  Tensor out = Tensor::empty(outShape, outDtype.value_or(x.dtype()), x.device());
   if (first < 0) {  // nothing to reduce (0-d input or no dims)
     copy(out, detail::viewRaw(x, outShape));
     return out;
@@ -66,8 +69,8 @@ Tensor reduce(const char* op, const Tensor& x, const std::vector<int64_t>& dimsI
 
 }  // namespace
 
-Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return reduce("sum", x, dims, keepdim);
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, std::optional<DType> out) {
+  return reduce("sum", x, dims, keepdim, out);
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {

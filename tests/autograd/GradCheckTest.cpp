@@ -171,3 +171,30 @@ TEST_CASE("gradcheck: linear with a fused bias", "[autograd][gradcheck]") {
   gradCheck([](const Ins& x) { return linear(x[0].transpose(0, 1), x[1], x[2]); },
             {randomDouble({3, 2, 4}, 83), randomDouble({4, 5}, 84), randomDouble({5}, 85)});
 }
+
+TEST_CASE("gradcheck: chunked linear cross-entropy, with ignored targets", "[autograd][gradcheck]") {
+  Tensor target = Tensor::fromVector<int64_t>({3, -100, 0, 6, 2}, {5});
+  for (int64_t chunk : {0, 2}) {
+    gradCheck([&](const Ins& x) { return linearCrossEntropy(x[0], x[1], target, -100, chunk); },
+              {randomDouble({5, 4}, 90), randomDouble({7, 4}, 91)});
+  }
+}
+
+TEST_CASE("chunked linear cross-entropy equals logits + cross-entropy", "[autograd][attention]") {
+  Tensor target = Tensor::fromVector<int64_t>({3, 1, 0, 6, 2, 5}, {6});
+  Tensor losses[2], gx[2], gw[2];
+  for (int path = 0; path < 2; ++path) {
+    Tensor x = randomDouble({6, 4}, 92), w = randomDouble({7, 4}, 93);
+    x.setRequiresGrad(true);
+    w.setRequiresGrad(true);
+    Tensor loss = path == 0 ? crossEntropy(matmul(x, w.transpose(0, 1)), target)
+                            : linearCrossEntropy(x, w, target, -100, 4);
+    backward(loss * 3.0);  // a non-unit incoming gradient (as loss scaling gives)
+    losses[path] = loss.detach();
+    gx[path] = x.grad();
+    gw[path] = w.grad();
+  }
+  test::requireClose(losses[1], losses[0], 1e-12, 1e-10);
+  test::requireClose(gx[1], gx[0], 1e-12, 1e-10);
+  test::requireClose(gw[1], gw[0], 1e-12, 1e-10);
+}

@@ -1,4 +1,5 @@
 #include "TestUtil.h"
+#include "strata/nn/Linear.h"
 
 using namespace strata;
 
@@ -86,4 +87,27 @@ TEST_CASE("hooked modules compute the same gradients as unhooked ones", "[nn][mo
   backward(sum(hooked(x)));
   test::requireClose(x.grad(), gx, 1e-12, 1e-12);
   test::requireClose(hooked.first->weight_.grad(), plain.first->weight_.grad(), 1e-12, 1e-12);
+}
+
+TEST_CASE("mixed-precision Linear returns fp32 master gradients matching the cast path", "[nn]") {
+  Generator gen(7);
+  Tensor x = ops::rand({3, 5, 16}, gen, DType::F32, Device::cpu(), -1, 1).to(DType::BF16);
+  Tensor w = ops::rand({16, 12}, gen, DType::F32, Device::cpu(), -0.3, 0.3);
+  Tensor b = ops::rand({12}, gen, DType::F32, Device::cpu(), -0.3, 0.3);
+  Tensor grads[2][2];
+  for (int path = 0; path < 2; ++path) {
+    Tensor wi = w.detach().clone(), bi = b.detach().clone();
+    wi.setRequiresGrad(true);
+    bi.setRequiresGrad(true);
+    // path 0: fused (fp32 gradients from the GEMM); path 1: explicit casts (bf16 gradients cast back).
+    Tensor y = path == 0 ? linear(x, wi, bi)
+                         : linear(x, nn::castParameter(wi, DType::BF16), nn::castParameter(bi, DType::BF16));
+    backward(sum(y.to(DType::F32)));
+    REQUIRE(wi.grad().dtype() == DType::F32);
+    grads[path][0] = wi.grad();
+    grads[path][1] = bi.grad();
+  }
+  // The fused path skips the bf16 rounding of the gradient: equal within bf16 precision.
+  test::requireClose(grads[0][0], grads[1][0], 1e-2, 1e-2);
+  test::requireClose(grads[0][1], grads[1][1], 1e-2, 1e-2);
 }

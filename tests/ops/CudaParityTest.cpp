@@ -478,3 +478,22 @@ TEST_CASE("[cuda] linear with the bias epilogue matches the cpu", "[cuda][parity
     }
   }
 }
+
+TEST_CASE("[cuda] mixed-precision linear (bf16 input, fp32 masters) trains like the cpu", "[cuda][parity]") {
+  STRATA_REQUIRE_CUDA();
+  // The backward writes fp32 weight and bias gradients straight from the GEMM and the column sum.
+  Tensor x = randomOf({4, 50, 96}, DType::BF16, 140, -1, 1),
+         w = randomOf({96, 80}, DType::F32, 141, -0.2, 0.2);
+  Tensor b = randomOf({80}, DType::F32, 142), g = randomOf({4, 50, 80}, DType::BF16, 143, -1, 1);
+  parity("mixed linear",
+         [](const std::vector<Tensor>& in) {
+           Tensor xi = in[0].detach().clone(), wi = in[1].detach().clone(), bi = in[2].detach().clone();
+           for (Tensor* t : {&xi, &wi, &bi}) t->setRequiresGrad(true);
+           Tensor y = linear(xi, wi, bi);
+           backward(sum(mul(y.to(DType::F32), in[3].to(DType::F32))));
+           REQUIRE(wi.grad().dtype() == DType::F32);
+           REQUIRE(bi.grad().dtype() == DType::F32);
+           return std::vector<Tensor>{y.detach(), xi.grad(), wi.grad(), bi.grad()};
+         },
+         {x, w, b, g}, {5e-2, 2e-2});
+}

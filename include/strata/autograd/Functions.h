@@ -89,6 +89,13 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Mean cross-entropy of logits [N, V] against target [N], skipping ignoreIndex. fp32 scalar (f64 for f64
 // logits). The backward keeps only the logits and one log-sum-exp per row.
 Tensor crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIndex = -100);
+// Mean cross-entropy of the logits x @ weight^T against target, without the logits of the whole batch: rows
+// go through in chunks of about 2^27 logits, each chunk's logits GEMM, loss, softmax gradient and the two
+// gradient GEMMs done before the next, so only one chunk's logits exist at a time. x [N, C] in the compute
+// dtype; weight [V, C] (a tied embedding), fp32 master or compute dtype; target [N]. The gradients are formed
+// in the forward (the loss is a scalar) and scaled by the incoming gradient in the backward.
+Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& target,
+                          int64_t ignoreIndex = -100, int64_t chunkRows = 0);
 // Identity when !training or p == 0. The mask comes from `gen` and is replayed, not stored, for the backward.
 Tensor dropout(const Tensor& x, double p, bool training = true, Generator& gen = defaultGenerator());
 

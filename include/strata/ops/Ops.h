@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "strata/core/Generator.h"
@@ -68,7 +69,9 @@ Tensor map(const char* op, const std::vector<Tensor>& inputs, double a = 0.0, do
 // ---- reductions
 // --------------------------------------------------------------------------------------------------- Empty
 // `dims` reduces over all dimensions. Accumulation is in fp32 (fp64 for f64).
-Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// out: the result's dtype when it differs from x's (fp32 sums of bf16/f16 values).
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false,
+           std::optional<DType> out = std::nullopt);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 // Sums a broadcast result back to `shape` (the backward of broadcasting).
@@ -78,7 +81,11 @@ Tensor sumTo(const Tensor& x, const Shape& shape);
 // ----------------------------------------------------------------------------------------------- a [..., m,
 // k] @ b [..., k, n] with broadcast batch dims; 1-D operands are promoted as in NumPy. CUDA: cuBLASLt with
 // fp32 accumulation for bf16/f16/f32.
-Tensor matmul(const Tensor& a, const Tensor& b);
+// out: the result's dtype when it differs from the operands' (fp32 from bf16/f16 operands).
+Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out = std::nullopt);
+// out [M, N] (contiguous) += a [M, K] @ b [K, N]; out may be fp32 with bf16/f16 operands (gradient
+// accumulation in the GEMM's epilogue, beta = 1).
+void matmulAccumulate(const Tensor& out, const Tensor& a, const Tensor& b);
 // x [..., K] @ w [K, N] (+ bias [N], undefined for none) -> [..., N]: one GEMM over the flattened rows, the
 // bias added in its epilogue (cuBLASLt BIAS on CUDA) instead of a separate pass.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
@@ -138,9 +145,10 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor embeddingBackward(const Tensor& gy, const Tensor& indices, int64_t numEmbeddings, DType dtype);
 
 struct CrossEntropyResult {
-  Tensor loss;   // fp32 scalar: mean over targets that are not ignore_index
-  Tensor lse;    // fp32 [N]: log-sum-exp per row, all the backward keeps besides the logits
-  Tensor count;  // fp32 [1]: number of targets counted
+  Tensor loss;     // fp32 scalar: mean over targets that are not ignore_index
+  Tensor lse;      // fp32 [N]: log-sum-exp per row, all the backward keeps besides the logits
+  Tensor count;    // fp32 [1]: number of targets counted, at least 1 (the mean's divisor)
+  Tensor counted;  // fp32 []: number of targets counted (0 when every target is ignore_index)
 };
 // logits [N, V], target i64/i32 [N].
 CrossEntropyResult crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIndex = -100);

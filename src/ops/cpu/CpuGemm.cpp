@@ -69,11 +69,13 @@ void gemmWidened(const GemmArgs& g) {
   std::vector<float> a(static_cast<size_t>(na)), b(static_cast<size_t>(nb)), c(static_cast<size_t>(nc), 0.0f);
   const H* ah = static_cast<const H*>(g.a);
   const H* bh = static_cast<const H*>(g.b);
+  bool wide = g.outDtype && *g.outDtype == DType::F32;  // fp32 C from 16-bit operands
   H* ch = static_cast<H*>(g.c);
+  float* cf = static_cast<float*>(g.c);
   for (int64_t i = 0; i < na; ++i) a[size_t(i)] = float(ah[i]);
   for (int64_t i = 0; i < nb; ++i) b[size_t(i)] = float(bh[i]);
   if (g.beta != 0.0f)
-    for (int64_t i = 0; i < nc; ++i) c[size_t(i)] = float(ch[i]);
+    for (int64_t i = 0; i < nc; ++i) c[size_t(i)] = wide ? cf[i] : float(ch[i]);
   gemmBatched<float>(g, a.data(), b.data(), c.data());
   if (g.bias) {
     const H* bias = static_cast<const H*>(g.bias);
@@ -85,7 +87,10 @@ void gemmWidened(const GemmArgs& g) {
     for (int64_t r = 0; r < g.m; ++r)
       for (int64_t col = 0; col < g.n; ++col) {
         int64_t idx = bi * g.strideC + r * g.ldc + col;
-        ch[idx] = H(c[size_t(idx)]);
+        if (wide)
+          cf[idx] = c[size_t(idx)];
+        else
+          ch[idx] = H(c[size_t(idx)]);
       }
 }
 
@@ -102,6 +107,9 @@ void gemmNative(const GemmArgs& g) {
 
 void gemm(const GemmArgs& g) {
   STRATA_CHECK(!g.bias || g.batch == 1, "gemm: a bias needs batch 1");
+  STRATA_CHECK(!g.outDtype || *g.outDtype == g.dtype ||
+                   (*g.outDtype == DType::F32 && (g.dtype == DType::BF16 || g.dtype == DType::F16)),
+               "gemm: output dtype {} for {} operands is not supported", *g.outDtype, g.dtype);
   switch (g.dtype) {
     case DType::F32:
       gemmNative<float>(g);

@@ -30,7 +30,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t,
-                           int64_t, int64_t, int64_t, bool, int, int, int, bool>;
+                           int64_t, int64_t, int64_t, bool, int, int, int, bool, int>;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -109,7 +109,8 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
   uint64_t yRows = g.transA ? g.m : g.k, yCols = g.transA ? g.k : g.m;
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layoutX, dt, xRows, xCols, g.ldb));
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layoutY, dt, yRows, yCols, g.lda));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layoutC, dt, uint64_t(g.n), uint64_t(g.m), g.ldc));
+  cudaDataType_t ct = cudaType(g.outDtype.value_or(g.dtype));
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layoutC, ct, uint64_t(g.n), uint64_t(g.m), g.ldc));
   setBatch(plan->layoutX, g.batch, g.strideB);
   setBatch(plan->layoutY, g.batch, g.strideA);
   setBatch(plan->layoutC, g.batch, g.strideC);
@@ -146,19 +147,34 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
 }
 
 void gemm(const GemmArgs& g) {
+  STRATA_CHECK(!g.outDtype || *g.outDtype == g.dtype ||
+                   (*g.outDtype == DType::F32 && (g.dtype == DType::BF16 || g.dtype == DType::F16)),
+               "gemm: output dtype {} for {} operands is not supported", *g.outDtype, g.dtype);
+  STRATA_CHECK(!g.bias || !g.outDtype || *g.outDtype == g.dtype,
+               "gemm: a bias needs C in the operands' dtype");
   int device = g.device.index;
   DeviceGuard guard(device);
   LtState& st = ltState(device);
   int alignX = alignmentOf(g.b), alignY = alignmentOf(g.a), alignC = alignmentOf(g.c);
-  PlanKey key{int(g.dtype), g.m,
-              g.n,          g.k,
-              g.lda,        g.ldb,
-              g.ldc,        g.transA,
-              g.transB,     g.batch,
-              g.strideA,    g.strideB,
-              g.strideC,    g.beta != 0.0f,
-              alignX,       alignY,
-              alignC,       g.bias != nullptr};
+  PlanKey key{int(g.dtype),
+              g.m,
+              g.n,
+              g.k,
+              g.lda,
+              g.ldb,
+              g.ldc,
+              g.transA,
+              g.transB,
+              g.batch,
+              g.strideA,
+              g.strideB,
+              g.strideC,
+              g.beta != 0.0f,
+              alignX,
+              alignY,
+              alignC,
+              g.bias != nullptr,
+              int(g.outDtype.value_or(g.dtype))};
   Plan* plan;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
