@@ -139,6 +139,10 @@ def training_curves(args, tmp, init_path, batch=4, seq=1024, lr=3e-4, seed=1234)
           f"{[round(strata_loss[i], 3) for i in (0, 49, 99, steps - 1)]} HF "
           f"{[round(hf_loss[i], 3) for i in (0, 49, 99, steps - 1)]}; worst gap per step {max(rel):.2%}, "
           f"of {window}-step averages {max(rel_avg):.2%} (<= 2%)")
+    worst = max(range(len(rel_avg)), key=lambda i: rel_avg[i])
+    print(f"  worst window: steps {worst + 1}-{worst + window}: Strata "
+          f"{[round(v, 3) for v in strata_loss[worst:worst + window]]} HF "
+          f"{[round(v, 3) for v in hf_loss[worst:worst + window]]}")
     return len(strata_loss) == steps and max(rel_avg) <= 0.02
 
 
