@@ -115,13 +115,18 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
 }
 
 // Loads rows [0, ROWS) of a tile whose row r starts at g + r * ld; rows >= valid are zero-filled.
-template <int ROWS, int D, int THREADS, class T>
+// Shared-memory row stride (elements) for head dim D: a multiple of 64 so the XOR swizzle stays inside the
+// row.
+template <int D>
+constexpr int kSmemStride = D <= 64 ? 64 : 128;
+
+template <int ROWS, int D, int DS, int THREADS, class T>
 __device__ __forceinline__ void loadTile(uint32_t dst, const T* g, int64_t ld, int valid) {
   constexpr int kChunks = D / 8;
   for (int i = threadIdx.x; i < ROWS * kChunks; i += THREADS) {
     int r = i / kChunks, c = i % kChunks;
     bool ok = r < valid;
-    cpAsync16(dst + swz<D>(r, c), ok ? g + r * ld + c * 8 : g, ok);
+    cpAsync16(dst + swz<DS>(r, c), ok ? g + r * ld + c * 8 : g, ok);
   }
 }
 
@@ -138,16 +143,16 @@ __device__ __forceinline__ uint32_t addrB(uint32_t base, int r0, int kc, int lan
 }
 
 // acc[16 x 8*NT] += A (16 x D, rows r0 of tile a) * B^T, B = rows [0, 8*NT) of tile b ([n][D]).
-template <class T, int D, int NT>
+template <class T, int D, int DS, int NT>
 __device__ __forceinline__ void gemmABt(float (&acc)[NT][4], uint32_t a, int r0, uint32_t b, int lane) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t af[4];
-    ldsm4(af, addrA<D>(a, r0, kk, lane));
+    ldsm4(af, addrA<DS>(a, r0, kk, lane));
 #pragma unroll
     for (int nn = 0; nn < NT / 2; ++nn) {
       uint32_t bf[4];
-      ldsm4(bf, addrB<D>(b, nn * 16, kk, lane));
+      ldsm4(bf, addrB<DS>(b, nn * 16, kk, lane));
       mma<T>(acc[2 * nn], af, bf[0], bf[1]);
       mma<T>(acc[2 * nn + 1], af, bf[2], bf[3]);
     }
@@ -156,7 +161,7 @@ __device__ __forceinline__ void gemmABt(float (&acc)[NT][4], uint32_t a, int r0,
 
 // acc[16 x D] += P (16 x 16*KT, accumulator layout, converted to A fragments) * B, B = rows [0, 16*KT) of
 // tile b ([k][D]).
-template <class T, int D, int KT>
+template <class T, int D, int DS, int KT>
 __device__ __forceinline__ void gemmPB(float (&acc)[D / 8][4], const float (&p)[2 * KT][4], uint32_t b,
                                        int lane) {
 #pragma unroll
@@ -167,7 +172,7 @@ __device__ __forceinline__ void gemmPB(float (&acc)[D / 8][4], const float (&p)[
 #pragma unroll
     for (int dn = 0; dn < D / 16; ++dn) {
       uint32_t bf[4];
-      ldsm4t(bf, addrA<D>(b, kk * 16, dn, lane));
+      ldsm4t(bf, addrA<DS>(b, kk * 16, dn, lane));
       mma<T>(acc[2 * dn], af, bf[0], bf[1]);
       mma<T>(acc[2 * dn + 1], af, bf[2], bf[3]);
     }
@@ -176,7 +181,7 @@ __device__ __forceinline__ void gemmPB(float (&acc)[D / 8][4], const float (&p)[
 
 // Writes a warp's 16 x D accumulator rows (scaled by rowScale[0] for row g, rowScale[1] for row g + 8) to
 // global rows [row0, row0 + 16) below `valid`, staging through the warp's own 16 rows of smem tile `stage`.
-template <class T, int D>
+template <class T, int D, int DS>
 __device__ __forceinline__ void storeRows(const float (&acc)[D / 8][4], const float (&rowScale)[2],
                                           uint32_t stage, char* stageGeneric, int wr0, T* g, int64_t ld,
                                           int row0, int valid, int lane) {
@@ -186,7 +191,7 @@ __device__ __forceinline__ void storeRows(const float (&acc)[D / 8][4], const fl
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       int r = wr0 + gRow + half * 8;
-      uint32_t off = swz<D>(r, dt) + t * 4;
+      uint32_t off = swz<DS>(r, dt) + t * 4;
       *reinterpret_cast<uint32_t*>(stageGeneric + off) =
           pack2<T>(acc[dt][2 * half] * rowScale[half], acc[dt][2 * half + 1] * rowScale[half]);
     }
@@ -198,7 +203,7 @@ __device__ __forceinline__ void storeRows(const float (&acc)[D / 8][4], const fl
     int r = i / kChunks, c = i % kChunks;
     if (row0 + r < valid)
       *reinterpret_cast<uint4*>(g + int64_t(r) * ld + c * 8) =
-          *reinterpret_cast<const uint4*>(stageGeneric + swz<D>(wr0 + r, c));
+          *reinterpret_cast<const uint4*>(stageGeneric + swz<DS>(wr0 + r, c));
   }
 }
 
@@ -227,9 +232,9 @@ __device__ __forceinline__ void maskTile(float (&s)[kBlockN / 8][4], int row0, i
 
 template <class T, int D, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
-  constexpr int BM = 16 * WARPS, BN = kBlockN, THREADS = WARPS * 32;
+  constexpr int BM = 16 * WARPS, BN = kBlockN, THREADS = WARPS * 32, DS = kSmemStride<D>;
   extern __shared__ __align__(128) char smem[];
-  uint32_t sQ = smemAddr(smem), sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
+  uint32_t sQ = smemAddr(smem), sK = sQ + BM * DS * 2, sV = sK + 2 * BN * DS * 2;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int mBlock = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest causal rows first
   int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
@@ -240,10 +245,10 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
   const T* q = at<T>(p.q, b, h, m0);
   const T* k = at<T>(p.k, b, h, 0);
   const T* v = at<T>(p.v, b, h, 0);
-  loadTile<BM, D, THREADS>(sQ, q, p.q.s, p.Sq - m0);
-  if (nBlocks > 0) loadTile<BN, D, THREADS>(sK, k, p.k.s, p.Sk);
+  loadTile<BM, D, DS, THREADS>(sQ, q, p.q.s, p.Sq - m0);
+  if (nBlocks > 0) loadTile<BN, D, DS, THREADS>(sK, k, p.k.s, p.Sk);
   cpAsyncCommit();
-  if (nBlocks > 0) loadTile<BN, D, THREADS>(sV, v, p.v.s, p.Sk);
+  if (nBlocks > 0) loadTile<BN, D, DS, THREADS>(sV, v, p.v.s, p.Sk);
   cpAsyncCommit();
 
   float o[D / 8][4] = {};
@@ -253,16 +258,16 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
 
   for (int j = 0; j < nBlocks; ++j) {
     int buf = j & 1;
-    uint32_t kT = sK + buf * BN * D * 2, vT = sV + buf * BN * D * 2;
+    uint32_t kT = sK + buf * BN * DS * 2, vT = sV + buf * BN * DS * 2;
     cpAsyncWait<1>();  // K_j (and Q) landed
     __syncthreads();
     if (j + 1 < nBlocks)
-      loadTile<BN, D, THREADS>(sK + (buf ^ 1) * BN * D * 2, k + int64_t(j + 1) * BN * p.k.s, p.k.s,
-                               p.Sk - (j + 1) * BN);
+      loadTile<BN, D, DS, THREADS>(sK + (buf ^ 1) * BN * DS * 2, k + int64_t(j + 1) * BN * p.k.s, p.k.s,
+                                   p.Sk - (j + 1) * BN);
     cpAsyncCommit();
     if (j == 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) ldsm4(qf[kk], addrA<D>(sQ, wr0, kk, lane));
+      for (int kk = 0; kk < D / 16; ++kk) ldsm4(qf[kk], addrA<DS>(sQ, wr0, kk, lane));
     }
     float s[BN / 8][4] = {};
 #pragma unroll
@@ -270,7 +275,7 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
 #pragma unroll
       for (int nn = 0; nn < BN / 16; ++nn) {
         uint32_t bf[4];
-        ldsm4(bf, addrB<D>(kT, nn * 16, kk, lane));
+        ldsm4(bf, addrB<DS>(kT, nn * 16, kk, lane));
         mma<T>(s[2 * nn], qf[kk], bf[0], bf[1]);
         mma<T>(s[2 * nn + 1], qf[kk], bf[2], bf[3]);
       }
@@ -310,10 +315,10 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
     cpAsyncWait<1>();  // V_j landed
     __syncthreads();
     if (j + 1 < nBlocks)
-      loadTile<BN, D, THREADS>(sV + (buf ^ 1) * BN * D * 2, v + int64_t(j + 1) * BN * p.v.s, p.v.s,
-                               p.Sk - (j + 1) * BN);
+      loadTile<BN, D, DS, THREADS>(sV + (buf ^ 1) * BN * DS * 2, v + int64_t(j + 1) * BN * p.v.s, p.v.s,
+                                   p.Sk - (j + 1) * BN);
     cpAsyncCommit();
-    gemmPB<T, D, BN / 16>(o, s, vT, lane);
+    gemmPB<T, D, DS, BN / 16>(o, s, vT, lane);
   }
   cpAsyncWait<0>();
 
@@ -330,7 +335,7 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
   }
   // Each warp reuses its own 16 rows of the Q tile as the staging area (its Q fragments are in registers).
   T* out = static_cast<T*>(p.out) + b * p.o.b + h * p.o.h + int64_t(m0 + wr0) * p.o.s;
-  storeRows<T, D>(o, inv, sQ, smem, wr0, out, p.o.s, m0 + wr0, p.Sq, lane);
+  storeRows<T, D, DS>(o, inv, sQ, smem, wr0, out, p.o.s, m0 + wr0, p.Sq, lane);
 }
 
 // ---- backward
@@ -354,10 +359,10 @@ __global__ void deltaKernel(Params p) {
 // dK, dV for 16 * WARPS keys, looping over 64-query tiles.
 template <class T, int D, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
-  constexpr int BN = 16 * WARPS, BM = kBlockN, THREADS = WARPS * 32;
+  constexpr int BN = 16 * WARPS, BM = kBlockN, THREADS = WARPS * 32, DS = kSmemStride<D>;
   extern __shared__ __align__(128) char smem[];
-  uint32_t sK = smemAddr(smem), sV = sK + BN * D * 2, sQ = sV + BN * D * 2, sDo = sQ + 2 * BM * D * 2;
-  float* sLse = reinterpret_cast<float*>(smem + (2 * BN + 4 * BM) * D * 2);
+  uint32_t sK = smemAddr(smem), sV = sK + BN * DS * 2, sQ = sV + BN * DS * 2, sDo = sQ + 2 * BM * DS * 2;
+  float* sLse = reinterpret_cast<float*>(smem + (2 * BN + 4 * BM) * DS * 2);
   float* sDelta = sLse + 2 * BM;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
@@ -371,9 +376,9 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
   const float* lse = p.lse2 + int64_t(bh) * p.Sq;
   const float* delta = p.delta + int64_t(bh) * p.Sq;
   auto loadQTile = [&](int i, int buf) {
-    loadTile<BM, D, THREADS>(sQ + buf * BM * D * 2, q + int64_t(i) * BM * p.q.s, p.q.s, p.Sq - i * BM);
-    loadTile<BM, D, THREADS>(sDo + buf * BM * D * 2, dout + int64_t(i) * BM * p.dout.s, p.dout.s,
-                             p.Sq - i * BM);
+    loadTile<BM, D, DS, THREADS>(sQ + buf * BM * DS * 2, q + int64_t(i) * BM * p.q.s, p.q.s, p.Sq - i * BM);
+    loadTile<BM, D, DS, THREADS>(sDo + buf * BM * DS * 2, dout + int64_t(i) * BM * p.dout.s, p.dout.s,
+                                 p.Sq - i * BM);
     for (int r = threadIdx.x; r < BM; r += THREADS) {
       int row = i * BM + r;
       // Rows past the end get P = exp2(s - inf) = 0.
@@ -381,8 +386,8 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
       sDelta[buf * BM + r] = row < p.Sq ? delta[row] : 0.0f;
     }
   };
-  loadTile<BN, D, THREADS>(sK, at<T>(p.k, b, h, n0), p.k.s, p.Sk - n0);
-  loadTile<BN, D, THREADS>(sV, at<T>(p.v, b, h, n0), p.v.s, p.Sk - n0);
+  loadTile<BN, D, DS, THREADS>(sK, at<T>(p.k, b, h, n0), p.k.s, p.Sk - n0);
+  loadTile<BN, D, DS, THREADS>(sV, at<T>(p.v, b, h, n0), p.v.s, p.Sk - n0);
   if (iStart < iBlocks) loadQTile(iStart, 0);
   cpAsyncCommit();
 
@@ -390,7 +395,7 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
   const int wr0 = warp * 16;
   for (int i = iStart; i < iBlocks; ++i) {
     int buf = (i - iStart) & 1;
-    uint32_t qT = sQ + buf * BM * D * 2, doT = sDo + buf * BM * D * 2;
+    uint32_t qT = sQ + buf * BM * DS * 2, doT = sDo + buf * BM * DS * 2;
     const float* lseT = sLse + buf * BM;
     const float* deltaT = sDelta + buf * BM;
     cpAsyncWait<0>();
@@ -400,7 +405,7 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
 
     // S^T = K Q^T (rows: this warp's keys; cols: the tile's queries) -> P^T.
     float s[BM / 8][4] = {};
-    gemmABt<T, D, BM / 8>(s, sK, wr0, qT, lane);
+    gemmABt<T, D, DS, BM / 8>(s, sK, wr0, qT, lane);
     int key0 = n0 + wr0 + (lane >> 2);
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt) {
@@ -414,10 +419,10 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
       }
     }
     // dV += P^T dO.
-    gemmPB<T, D, BM / 16>(dv, s, doT, lane);
+    gemmPB<T, D, DS, BM / 16>(dv, s, doT, lane);
     // dP^T = V dO^T -> dS^T = P^T (dP^T - delta).
     float dp[BM / 8][4] = {};
-    gemmABt<T, D, BM / 8>(dp, sV, wr0, doT, lane);
+    gemmABt<T, D, DS, BM / 8>(dp, sV, wr0, doT, lane);
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt) {
 #pragma unroll
@@ -427,23 +432,23 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
       }
     }
     // dK += dS^T Q (the softmax scale is applied once at the end).
-    gemmPB<T, D, BM / 16>(dk, dp, qT, lane);
+    gemmPB<T, D, DS, BM / 16>(dk, dp, qT, lane);
   }
   cpAsyncWait<0>();
   __syncthreads();  // every warp is done with the Q/dO tiles; K and V rows are per warp anyway
   float one[2] = {1.0f, 1.0f}, sc[2] = {p.scale, p.scale};
   T* dkOut = static_cast<T*>(p.dk) + b * p.dkS.b + h * p.dkS.h + int64_t(n0 + wr0) * p.dkS.s;
   T* dvOut = static_cast<T*>(p.dv) + b * p.dvS.b + h * p.dvS.h + int64_t(n0 + wr0) * p.dvS.s;
-  storeRows<T, D>(dk, sc, sK, smem, wr0, dkOut, p.dkS.s, n0 + wr0, p.Sk, lane);
-  storeRows<T, D>(dv, one, sV, smem + BN * D * 2, wr0, dvOut, p.dvS.s, n0 + wr0, p.Sk, lane);
+  storeRows<T, D, DS>(dk, sc, sK, smem, wr0, dkOut, p.dkS.s, n0 + wr0, p.Sk, lane);
+  storeRows<T, D, DS>(dv, one, sV, smem + BN * DS * 2, wr0, dvOut, p.dvS.s, n0 + wr0, p.Sk, lane);
 }
 
 // dQ for 16 * WARPS queries, looping over 64-key tiles.
 template <class T, int D, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
-  constexpr int BM = 16 * WARPS, BN = kBlockN, THREADS = WARPS * 32;
+  constexpr int BM = 16 * WARPS, BN = kBlockN, THREADS = WARPS * 32, DS = kSmemStride<D>;
   extern __shared__ __align__(128) char smem[];
-  uint32_t sQ = smemAddr(smem), sDo = sQ + BM * D * 2, sK = sDo + BM * D * 2, sV = sK + 2 * BN * D * 2;
+  uint32_t sQ = smemAddr(smem), sDo = sQ + BM * DS * 2, sK = sDo + BM * DS * 2, sV = sK + 2 * BN * DS * 2;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int mBlock = int(gridDim.x) - 1 - int(blockIdx.x);
   int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
@@ -454,11 +459,11 @@ __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
 
   const T* k = at<T>(p.k, b, h, 0);
   const T* v = at<T>(p.v, b, h, 0);
-  loadTile<BM, D, THREADS>(sQ, at<T>(p.q, b, h, m0), p.q.s, p.Sq - m0);
-  loadTile<BM, D, THREADS>(sDo, at<T>(p.dout, b, h, m0), p.dout.s, p.Sq - m0);
+  loadTile<BM, D, DS, THREADS>(sQ, at<T>(p.q, b, h, m0), p.q.s, p.Sq - m0);
+  loadTile<BM, D, DS, THREADS>(sDo, at<T>(p.dout, b, h, m0), p.dout.s, p.Sq - m0);
   auto loadKv = [&](int j, int buf) {
-    loadTile<BN, D, THREADS>(sK + buf * BN * D * 2, k + int64_t(j) * BN * p.k.s, p.k.s, p.Sk - j * BN);
-    loadTile<BN, D, THREADS>(sV + buf * BN * D * 2, v + int64_t(j) * BN * p.v.s, p.v.s, p.Sk - j * BN);
+    loadTile<BN, D, DS, THREADS>(sK + buf * BN * DS * 2, k + int64_t(j) * BN * p.k.s, p.k.s, p.Sk - j * BN);
+    loadTile<BN, D, DS, THREADS>(sV + buf * BN * DS * 2, v + int64_t(j) * BN * p.v.s, p.v.s, p.Sk - j * BN);
   };
   if (nBlocks > 0) loadKv(0, 0);
   cpAsyncCommit();
@@ -474,14 +479,14 @@ __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
   float dq[D / 8][4] = {};
   for (int j = 0; j < nBlocks; ++j) {
     int buf = j & 1;
-    uint32_t kT = sK + buf * BN * D * 2, vT = sV + buf * BN * D * 2;
+    uint32_t kT = sK + buf * BN * DS * 2, vT = sV + buf * BN * DS * 2;
     cpAsyncWait<0>();
     __syncthreads();
     if (j + 1 < nBlocks) loadKv(j + 1, buf ^ 1);
     cpAsyncCommit();
 
     float s[BN / 8][4] = {};
-    gemmABt<T, D, BN / 8>(s, sQ, wr0, kT, lane);
+    gemmABt<T, D, DS, BN / 8>(s, sQ, wr0, kT, lane);
     int col0 = j * BN;
     if (col0 + BN > p.Sk || (p.causal && col0 + BN - 1 > m0 + p.shift))
       maskTile(s, m0 + wr0, col0, p.Sk, p.causal, p.shift, lane);
@@ -490,17 +495,17 @@ __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] * p.scaleLog2 - lseRow[e >> 1]);
     float dp[BN / 8][4] = {};
-    gemmABt<T, D, BN / 8>(dp, sDo, wr0, vT, lane);
+    gemmABt<T, D, DS, BN / 8>(dp, sDo, wr0, vT, lane);
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - deltaRow[e >> 1]);
-    gemmPB<T, D, BN / 16>(dq, dp, kT, lane);
+    gemmPB<T, D, DS, BN / 16>(dq, dp, kT, lane);
   }
   cpAsyncWait<0>();
   float sc[2] = {p.scale, p.scale};
   T* dqOut = static_cast<T*>(p.dq) + b * p.dqS.b + h * p.dqS.h + int64_t(m0 + wr0) * p.dqS.s;
-  storeRows<T, D>(dq, sc, sQ, smem, wr0, dqOut, p.dqS.s, m0 + wr0, p.Sq, lane);
+  storeRows<T, D, DS>(dq, sc, sQ, smem, wr0, dqOut, p.dqS.s, m0 + wr0, p.Sq, lane);
 }
 
 }  // namespace strata::kernels::flash

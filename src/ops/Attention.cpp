@@ -40,7 +40,7 @@ bool flashAttentionSupported(const Tensor& q, const Tensor& k, const Tensor& v) 
     return q.dtype() == DType::F32 || q.dtype() == DType::F64 || q.dtype() == DType::BF16 ||
            q.dtype() == DType::F16;
   int64_t D = q.size(3);
-  return (q.dtype() == DType::BF16 || q.dtype() == DType::F16) && (D == 64 || D == 128) &&
+  return (q.dtype() == DType::BF16 || q.dtype() == DType::F16) && (D == 64 || D == 80 || D == 128) &&
          q.size(1) < (int64_t(1) << 30);
 }
 
@@ -49,11 +49,12 @@ FlashAttentionResult flashAttention(const Tensor& qIn, const Tensor& kIn, const 
   checkOperand(qIn, "q");
   checkOperand(kIn, "k");
   checkOperand(vIn, "v");
-  STRATA_CHECK(flashAttentionSupported(qIn, kIn, vIn),
-               "flash attention: unsupported operands q {} {}, k {}, v {} on {} (CUDA: bf16/f16, head dim 64 "
-               "or 128)",
-               toString(qIn.shape()), qIn.dtype(), toString(kIn.shape()), toString(vIn.shape()),
-               toString(qIn.device()));
+  STRATA_CHECK(
+      flashAttentionSupported(qIn, kIn, vIn),
+      "flash attention: unsupported operands q {} {}, k {}, v {} on {} (CUDA: bf16/f16, head dim 64, "
+      "80 or 128)",
+      toString(qIn.shape()), qIn.dtype(), toString(kIn.shape()), toString(vIn.shape()),
+      toString(qIn.device()));
   int64_t B = qIn.size(0), Sq = qIn.size(1), H = qIn.size(2), D = qIn.size(3), Sk = kIn.size(1);
   STRATA_CHECK(kIn.shape() == Shape({B, Sk, H, D}) && vIn.shape() == kIn.shape(),
                "flash attention: k and v must be [{}, S_k, {}, {}], got {} and {}", B, H, D,

@@ -414,7 +414,8 @@ TEST_CASE("[cuda] fused attention matches the cpu reference, forward and backwar
     int64_t B, Sq, Sk, H, D;
   };
   for (DType dt : {DType::BF16, DType::F16}) {
-    for (Case c : {Case{2, 100, 100, 3, 64}, Case{1, 130, 200, 2, 128}, Case{2, 64, 64, 2, 128}}) {
+    for (Case c : {Case{2, 100, 100, 3, 64}, Case{1, 130, 200, 2, 128}, Case{2, 64, 64, 2, 128},
+                   Case{1, 150, 150, 2, 80}, Case{1, 1024, 1024, 1, 64}}) {
       for (bool causal : {false, true}) {
         Tensor q = randomOf({c.B, c.Sq, c.H, c.D}, dt, 100, -1, 1);
         Tensor kv = randomOf({c.B, c.Sk, 2, c.H, c.D}, dt, 101, -1, 1);

@@ -127,7 +127,7 @@ Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool ca
 // -> [B, S, H * D]. The backward writes dq, dk and dv into one packed gradient, with no copies in between.
 Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, double scale = 0.0);
 // Whether the fused path serves these operands ([B, S, H, D] views) and options on their device: CUDA,
-// bf16/f16, head dim 64 or 128, and no dropout while training. STRATA_ATTENTION=composed turns it off.
+// bf16/f16, head dim 64, 80 or 128, and no dropout while training. STRATA_ATTENTION=composed turns it off.
 bool flashAttentionUsable(const Tensor& q, const Tensor& k, const Tensor& v, double dropoutP, bool training);
 
 }  // namespace strata

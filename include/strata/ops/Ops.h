@@ -119,7 +119,7 @@ NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weigh
 // softmax(scale * q k^T [+ causal mask]) v without materialising the scores. q [B, Sq, H, D], k and v
 // [B, Sk, H, D]: views with a contiguous last dim (heads may be interleaved with other data, e.g. slices of a
 // packed qkv projection). Causal masking hides key j from query i when j > i + (Sk - Sq). scale 0 means
-// 1/sqrt(D). On CUDA: bf16/f16, D of 64 or 128 (flashAttentionSupported says); the CPU kernel is a reference
+// 1/sqrt(D). On CUDA: bf16/f16, D of 64, 80 or 128 (flashAttentionSupported says); the CPU kernel is a reference
 // for every floating dtype.
 struct AttentionOptions {
   double scale = 0.0;

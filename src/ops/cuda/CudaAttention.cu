@@ -48,10 +48,12 @@ void visitFlash(DType dtype, int64_t D, Fn&& fn) {
   auto withDim = [&]<class T>() {
     if (D == 64)
       fn.template operator()<T, 64>();
+    else if (D == 80)
+      fn.template operator()<T, 80>();  // GPT-3 2.7B
     else if (D == 128)
       fn.template operator()<T, 128>();
     else
-      STRATA_FAIL("flash attention: head dim {} is not supported (64 or 128)", D);
+      STRATA_FAIL("flash attention: head dim {} is not supported (64, 80 or 128)", D);
   };
   if (dtype == DType::BF16)
     withDim.template operator()<__nv_bfloat16>();
@@ -69,7 +71,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
   constexpr int BM = 16 * kForwardWarps;
   dim3 grid(unsigned((p.Sq + BM - 1) / BM), unsigned(p.B * p.H));
   visitFlash(q.dtype(), q.size(3), [&]<class T, int D>() {
-    int smem = (BM + 4 * fl::kBlockN) * D * 2;
+    int smem = (BM + 4 * fl::kBlockN) * fl::kSmemStride<D> * 2;
     launch(fl::forwardKernel<T, D, kForwardWarps>, grid, kForwardWarps, smem, streamOf(q), p);
   });
 }
@@ -94,10 +96,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     int64_t rows = int64_t(p.B) * p.H * p.Sq;
     fl::deltaKernel<T, D><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(p);
     STRATA_CUDA_CHECK_LAUNCH();
-    int smemKv = (2 * B16 + 4 * fl::kBlockN) * D * 2 + 4 * fl::kBlockN * int(sizeof(float));
+    int smemKv = (2 * B16 + 4 * fl::kBlockN) * fl::kSmemStride<D> * 2 + 4 * fl::kBlockN * int(sizeof(float));
     launch(fl::backwardKvKernel<T, D, kWarps>, dim3(unsigned((p.Sk + B16 - 1) / B16), unsigned(p.B * p.H)),
            kWarps, smemKv, stream, p);
-    int smemQ = (2 * B16 + 4 * fl::kBlockN) * D * 2;
+    int smemQ = (2 * B16 + 4 * fl::kBlockN) * fl::kSmemStride<D> * 2;
     launch(fl::backwardQKernel<T, D, kWarps>, dim3(unsigned((p.Sq + B16 - 1) / B16), unsigned(p.B * p.H)),
            kWarps, smemQ, stream, p);
   });
