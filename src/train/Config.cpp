@@ -99,7 +99,7 @@ const std::vector<Field>& schema() {
     f.push_back(stringField(
         "data.path", [](Config & c) -> auto& { return c.data.path; }));
     f.push_back(stringField("data.format", [](Config & c) -> auto& { return c.data.format; },
-                            {"text", "nanogpt", "megatron"}));
+                            {"text", "nanogpt", "megatron", "random"}));
     f.push_back(stringField("data.tokenizer", [](Config & c) -> auto& { return c.data.tokenizer; },
                             {"byte", "gpt2"}));
     f.push_back(stringField(
@@ -392,7 +392,8 @@ struct Loader {
       fs::path alt = fs::path(c.sourcePath).parent_path() / c.data.path;
       if (fs::exists(alt)) c.data.path = alt.lexically_normal().string();
     }
-    if (requireData)
+    // data.format: random draws uniform token ids (benchmarks, smoke tests) and reads no file.
+    if (requireData && c.data.format != "random")
       STRATA_CHECK(fs::exists(c.data.path), "{}: 'data.path' {} does not exist", place("data.path"),
                    c.data.path);
   }

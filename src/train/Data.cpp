@@ -92,6 +92,19 @@ TokenDataset TokenDataset::fromTokens(std::vector<uint16_t> tokens, double valFr
   return d;
 }
 
+TokenDataset TokenDataset::random(int64_t vocabSize, int64_t numTokens, uint64_t seed, double valFraction) {
+  STRATA_CHECK(vocabSize > 0 && vocabSize <= 65536,
+               "random tokens are stored as uint16; vocab {} is out of range", vocabSize);
+  STRATA_CHECK(numTokens > 0, "random tokens: count must be positive, got {}", numTokens);
+  std::vector<uint16_t> tokens(static_cast<size_t>(numTokens));
+#pragma omp parallel for
+  for (int64_t i = 0; i < numTokens; ++i) {
+    auto id = int64_t(double(philoxUniform(seed, uint64_t(i))) * double(vocabSize));
+    tokens[size_t(i)] = uint16_t(std::min<int64_t>(id, vocabSize - 1));
+  }
+  return fromTokens(std::move(tokens), valFraction);
+}
+
 TokenDataset TokenDataset::open(const std::string& path, const std::string& format,
                                 const Tokenizer& tokenizer, const std::string& cacheDir, double valFraction) {
   STRATA_CHECK(format == "megatron" || fs::exists(path), "data file {} does not exist", path);

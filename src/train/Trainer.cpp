@@ -101,8 +101,14 @@ void Trainer::setup() {
       config_.sourcePath, config_.zero.stage);
   tokenizer_ = makeTokenizer(config_);
   std::string cacheDir = (fs::path(config_.train.outDir) / "cache").string();
-  data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.path, config_.data.format,
-                                                            *tokenizer_, cacheDir, config_.data.valFraction));
+  if (config_.data.format == "random") {
+    // 16M tokens: enough distinct windows for any benchmark length; drawn from the run's seed.
+    data_ = std::make_unique<TokenDataset>(TokenDataset::random(
+        model_->vocabSize(), int64_t(1) << 24, uint64_t(config_.train.seed), config_.data.valFraction));
+  } else {
+    data_ = std::make_unique<TokenDataset>(TokenDataset::open(
+        config_.data.path, config_.data.format, *tokenizer_, cacheDir, config_.data.valFraction));
+  }
   int64_t maxToken = data_->maxToken();
   STRATA_CHECK(maxToken < model_->vocabSize(), "{} holds token id {} but model.vocab_size is {}",
                config_.data.path, maxToken, model_->vocabSize());
@@ -306,6 +312,7 @@ TrainResult Trainer::run() {
       r.memoryGb["host"] = gib(cpuAllocator().stats().allocatedBytes);
       logger.train(r);
       result.trainLoss = r.loss;
+      result.last = r;
       lossSum = ops::zeros({}, DType::F32, device_);
       intervalSteps = 0;
       intervalStart = std::chrono::steady_clock::now();

@@ -77,3 +77,22 @@ TEST_CASE("megatron .bin/.idx pairs are read through the index's dtype", "[train
   { std::ofstream(dir / "bad.bin") << "xx"; }
   REQUIRE_THROWS_AS(TokenDataset::open((dir / "bad.bin").string(), "megatron", tok, "", 0.0), Error);
 }
+
+TEST_CASE("random token datasets are uniform, in range and a function of the seed", "[train][data]") {
+  auto a = train::TokenDataset::random(1000, 50000, 7, 0.1),
+       b = train::TokenDataset::random(1000, 50000, 7, 0.1);
+  auto c = train::TokenDataset::random(1000, 50000, 8, 0.1);
+  REQUIRE(a.size() == 50000);
+  REQUIRE(a.splitSize(train::Split::Val) == 5000);
+  REQUIRE(a.maxToken() < 1000);
+  double mean = 0;
+  bool differs = false;
+  for (int64_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a.token(i) == b.token(i));
+    differs = differs || a.token(i) != c.token(i);
+    mean += double(a.token(i));
+  }
+  REQUIRE(differs);
+  REQUIRE(mean / double(a.size()) == Approx(499.5).margin(10));
+  REQUIRE_THROWS(train::TokenDataset::random(70000, 10, 1, 0.0));
+}

@@ -143,3 +143,18 @@ TEST_CASE("safetensors round-trips tensors and metadata", "[train][checkpoint]")
 TEST_CASE("crc32c matches the standard check value", "[train][metrics]") {
   REQUIRE(train::crc32c("123456789", 9) == 0xE3069283u);
 }
+
+TEST_CASE("data.format random trains without a data file (strata bench's source)", "[train][trainer]") {
+  fs::path out = fs::temp_directory_path() / "strata-trainer-random";
+  fs::remove_all(out);
+  train::Trainer trainer(
+      tinyConfig(out, {"data.format=random", "data.path=/nonexistent/corpus.bin", "train.train_iters=6",
+                       "train.log_interval=3", "train.eval_interval=0"}));
+  train::TrainResult r = trainer.run();
+  REQUIRE(r.steps == 6);
+  // Uniform ids over 256: the loss stays near log(256), and the last interval's speed is reported.
+  REQUIRE(r.trainLoss == Approx(std::log(256.0)).margin(0.5));
+  REQUIRE(r.last.step == 6);
+  REQUIRE(r.last.tokensPerSec > 0);
+  REQUIRE(r.last.msPerIter > 0);
+}

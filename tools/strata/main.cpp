@@ -1,9 +1,10 @@
-// The `strata` command: train, info, generate, convert.
+// The `strata` command: train, bench, info, generate, convert.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,33 @@ int runTrain(const std::string& configPath, const std::vector<std::string>& over
   else
     std::printf("\nfinished %ld iterations: train loss %.4f, val loss %.4f\n", long(r.steps), r.trainLoss,
                 r.valLoss);
+  return 0;
+}
+
+// Trains `iters` measured steps after as many warm-up steps on random tokens (data.format: random), with no
+// evaluation, sample or checkpoint, and reports the measured interval.
+int runBench(const std::string& configPath, std::vector<std::string> overrides, int64_t iters, bool profile) {
+  STRATA_CHECK(iters > 0, "bench: --iters must be positive, got {}", iters);
+  std::string out = (std::filesystem::temp_directory_path() / "strata-bench").string();
+  std::filesystem::remove_all(out);
+  // Later --set values win, so the bench's own settings go last.
+  for (std::string kv :
+       {std::string("data.format=random"), "train.train_iters=" + std::to_string(2 * iters),
+        "train.log_interval=" + std::to_string(iters), std::string("train.eval_interval=0"),
+        std::string("train.sample_length=0"), std::string("lr_schedule.warmup_iters=0"),
+        std::string("checkpoint.save="), std::string("checkpoint.save_interval=0"), "train.out_dir=" + out})
+    overrides.push_back(kv);
+  if (profile) setenv("STRATA_PROFILE", "1", 1);
+  train::Config config = train::loadConfig(configPath, overrides, /*requireData=*/false);
+  train::Trainer trainer(config);
+  train::TrainResult r = trainer.run();
+  const train::TrainRecord& m = r.last;
+  std::string memory;
+  for (const auto& [tier, gib] : m.memoryGb) memory += fmt::format(" | {} {:.2f} GiB", tier, gib);
+  std::printf("\nbench %s: %ld measured iterations after %ld warm-up | %.1f ms/iter | %.0f tokens/s | %.2f TFLOP/s | "
+              "MFU %.1f%%%s\n",
+              configPath.c_str(), long(iters), long(iters), m.msPerIter, m.tokensPerSec, m.tflops, 100.0 * m.mfu,
+              memory.c_str());
   return 0;
 }
 
@@ -136,6 +164,14 @@ int main(int argc, char** argv) {
   train->add_option("config", config, "YAML config file")->required();
   train->add_option("--set", overrides, "override a config key: --set train.train_iters=100");
 
+  int64_t benchIters = 20;
+  bool benchProfile = false;
+  auto* bench = app.add_subcommand("bench", "training speed of a config on random tokens (no data needed)");
+  bench->add_option("config", config, "YAML config file")->required();
+  bench->add_option("--set", overrides, "override a config key: --set train.micro_batch_size=16");
+  bench->add_option("--iters", benchIters, "measured iterations (after as many warm-up iterations)");
+  bench->add_flag("--profile", benchProfile, "also print the step profile (STRATA_PROFILE)");
+
   auto* info = app.add_subcommand("info", "parameters, FLOPs per token and bytes per component of a config");
   info->add_option("config", config, "YAML config file")->required();
   info->add_option("--set", overrides, "override a config key");
@@ -167,6 +203,7 @@ int main(int argc, char** argv) {
   try {
     if (*train) return runTrain(config, overrides);
     if (*info) return runInfo(config, overrides);
+    if (*bench) return runBench(config, overrides, benchIters, benchProfile);
     if (*generate) return runGenerate(checkpoint, prompt, tokens, temperature, topK, seed, device);
     if (*convert) return runConvert(checkpoint, output, hf);
   } catch (const Error& e) {

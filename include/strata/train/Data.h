@@ -64,6 +64,9 @@ class TokenDataset {
                            const std::string& cacheDir, double valFraction);
   // Wraps tokens already in memory (tests, custom pipelines).
   static TokenDataset fromTokens(std::vector<uint16_t> tokens, double valFraction);
+  // `numTokens` uniform ids in [0, vocabSize) from Philox(seed) (data.format: random): speed runs need no
+  // corpus. vocabSize <= 65536.
+  static TokenDataset random(int64_t vocabSize, int64_t numTokens, uint64_t seed, double valFraction);
 
   int64_t size() const { return numTokens_; }
   int64_t splitSize(Split s) const;

@@ -11,6 +11,7 @@
 #include "strata/optim/AdamW.h"
 #include "strata/train/Config.h"
 #include "strata/train/Data.h"
+#include "strata/train/Metrics.h"
 
 namespace strata::train {
 
@@ -19,6 +20,7 @@ struct TrainResult {
   double trainLoss = 0;  // mean loss of the last logged interval
   double valLoss = 0;    // last evaluation (NaN when none ran)
   std::string sample;
+  TrainRecord last;  // the last logged interval (speed, memory): what `strata bench` reports
 };
 
 // "auto" -> cuda:0 when a GPU is present, else cpu.
