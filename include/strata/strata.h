@@ -11,6 +11,7 @@
 #include "strata/core/Device.h"
 #include "strata/core/Error.h"
 #include "strata/core/Generator.h"
+#include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
 #include "strata/core/Tensor.h"
 #include "strata/nn/Module.h"
