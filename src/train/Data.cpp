@@ -159,9 +159,16 @@ int64_t TokenDataset::token(int64_t i) const {
 }
 
 int64_t TokenDataset::maxToken() const {
-  int64_t mx = 0;
-  for (int64_t i = 0; i < numTokens_; ++i) mx = std::max(mx, token(i));
-  return mx;
+  // One pass over the mapped tokens on every core, typed per width: a multi-GB corpus is checked at memory
+  // speed instead of one branchy element at a time.
+  auto scan = [&](const auto* p) {
+    int64_t mx = 0;
+#pragma omp parallel for reduction(max : mx) schedule(static)
+    for (int64_t i = 0; i < numTokens_; ++i) mx = std::max(mx, int64_t(p[i]));
+    return mx;
+  };
+  if (elementBytes_ == 2) return scan(static_cast<const uint16_t*>(data_));
+  return scan(static_cast<const int32_t*>(data_));
 }
 
 std::pair<Tensor, Tensor> TokenDataset::batch(Split split, int64_t index, int64_t B, int64_t T, uint64_t seed,
