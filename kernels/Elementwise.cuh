@@ -28,6 +28,21 @@ __device__ __forceinline__ A applyFunctor(const F& f, const A* vals, std::index_
 // ---- map
 // ----------------------------------------------------------------------------------------------------------
 
+// f over V lanes of N loaded packs, in the accumulate type, rounded once on the way out.
+template <class F, class T, int N, int V>
+__device__ __forceinline__ Vec<T, V> applyPack(const F& f, const Vec<T, V> (&loaded)[N]) {
+  using A = decltype(toAcc(T{}));
+  Vec<T, V> result;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    A vals[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) vals[k] = toAcc(loaded[k].v[j]);
+    result.v[j] = fromAcc<T>(applyFunctor(f, vals, std::make_index_sequence<N>{}));
+  }
+  return result;
+}
+
 template <class F, class T, int N, int V>
 __global__ void mapPackedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_t n, F f) {
   using A = decltype(toAcc(T{}));
@@ -37,15 +52,7 @@ __global__ void mapPackedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_t
     Vec<T, V> loaded[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) loaded[k] = reinterpret_cast<const Vec<T, V>*>(in.p[k])[i];
-    Vec<T, V> result;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      A vals[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k) vals[k] = toAcc(loaded[k].v[j]);
-      result.v[j] = fromAcc<T>(applyFunctor(f, vals, std::make_index_sequence<N>{}));
-    }
-    reinterpret_cast<Vec<T, V>*>(out)[i] = result;
+    reinterpret_cast<Vec<T, V>*>(out)[i] = applyPack<F, T, N, V>(f, loaded);
   }
   // The tail that does not fill a pack.
   int64_t t = packs * V + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -63,7 +70,6 @@ __global__ void mapPackedKernel(T* __restrict__ out, InputPtrs<T, N> in, int64_t
 template <class F, class T, int N, int V, class I>
 __global__ void mapStridedKernel(T* __restrict__ out, InputPtrs<T, N> in, I n,
                                  ops::StridedLayout<N + 1> layout, F f) {
-  using A = decltype(toAcc(T{}));
   I stride = I(gridDim.x) * blockDim.x;
   for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     I off[N + 1];
@@ -71,15 +77,7 @@ __global__ void mapStridedKernel(T* __restrict__ out, InputPtrs<T, N> in, I n,
     Vec<T, V> loaded[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) loaded[k] = reinterpret_cast<const Vec<T, V>*>(in.p[k])[off[k + 1]];
-    Vec<T, V> result;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      A vals[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k) vals[k] = toAcc(loaded[k].v[j]);
-      result.v[j] = fromAcc<T>(applyFunctor(f, vals, std::make_index_sequence<N>{}));
-    }
-    reinterpret_cast<Vec<T, V>*>(out)[off[0]] = result;
+    reinterpret_cast<Vec<T, V>*>(out)[off[0]] = applyPack<F, T, N, V>(f, loaded);
   }
 }
 

@@ -153,7 +153,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 Tensor crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIndex) {
   ops::CrossEntropyResult r = ops::crossEntropy(logits, target, ignoreIndex);
   Tensor sl = saved(logits), st = saved(target);
-  ops::CrossEntropyResult keep{Tensor(), r.lse, r.count};
+  ops::CrossEntropyResult keep{Tensor(), r.lse, r.count, Tensor()};
   recordFunction("CrossEntropyBackward", {logits}, {r.loss}, [=](const Grads& g) {
     return Grads{ops::crossEntropyBackward(g[0], sl, st, keep, ignoreIndex)};
   });
@@ -193,7 +193,7 @@ Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& t
     counted = ops::add(counted, ce.counted);
     if (!grads) continue;
     // Unnormalised softmax-minus-one-hot: the 1 / count of the whole batch comes in the backward.
-    ops::CrossEntropyResult unit{Tensor(), ce.lse, one};
+    ops::CrossEntropyResult unit{Tensor(), ce.lse, one, Tensor()};
     Tensor gl = ops::crossEntropyBackward(one, logits, tc, unit, ignoreIndex);
     logits = Tensor();
     if (nx) ops::copy(detail::narrowRaw(gx, 0, r0, rows), ops::matmul(gl, w));
@@ -306,10 +306,7 @@ Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool ca
   Tensor sq = saved(q), sk = saved(k), sv = saved(v);
   ops::FlashAttentionResult keep{r.out.detach(), r.lse2};
   recordFunction("FlashAttentionBackward", {q, k, v}, {r.out}, [=](const Grads& g) {
-    Tensor dq = ops::emptyLike(sq), dk = ops::emptyLike(sk), dv = ops::emptyLike(sv);
-    if (!dq.isContiguous()) dq = Tensor::empty(sq.shape(), sq.dtype(), sq.device());
-    if (!dk.isContiguous()) dk = Tensor::empty(sk.shape(), sk.dtype(), sk.device());
-    if (!dv.isContiguous()) dv = Tensor::empty(sv.shape(), sv.dtype(), sv.device());
+    Tensor dq = ops::emptyLike(sq), dk = ops::emptyLike(sk), dv = ops::emptyLike(sv);  // contiguous
     ops::flashAttentionBackward(sq, sk, sv, keep, g[0], dq, dk, dv, o);
     return Grads{dq, dk, dv};
   });

@@ -57,7 +57,8 @@ Tensor Attention::apply(const Tensor& x, const Tensor& memory, const AttentionMa
     }
   } else {
     Tensor qkv = qkv_->apply(x);
-    Tensor probe = detail::viewRaw(qkv, {B, S, 3 * H, D}).narrow(2, 0, H);
+    // A raw view (no autograd node): only its shape, dtype and device are asked about.
+    Tensor probe = detail::narrowRaw(detail::viewRaw(qkv, {B, S, 3 * H, D}), 2, 0, H);
     if (plainMask && flashAttentionUsable(probe, probe, probe, config_.dropout, isTraining())) {
       y = flashAttentionPacked(qkv, H, config_.causal);
     } else {

@@ -63,6 +63,39 @@ MatrixOperand resolve(const Tensor& tIn, const Shape& batch, int64_t rows, int64
   return op;
 }
 
+// GEMM arguments for out = A @ B over resolved operands: out is contiguous [batch, m, n] in the operands'
+// dtype or a wider one.
+GemmArgs gemmArgs(const MatrixOperand& A, const MatrixOperand& B, const Tensor& out, int64_t m, int64_t n,
+                  int64_t k, int64_t batch = 1) {
+  GemmArgs g;
+  g.device = out.device();
+  g.dtype = A.tensor.dtype();
+  if (out.dtype() != g.dtype) g.outDtype = out.dtype();
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.batch = batch;
+  g.a = A.data;
+  g.transA = A.trans;
+  g.lda = A.ld;
+  g.strideA = A.batchStride;
+  g.b = B.data;
+  g.transB = B.trans;
+  g.ldb = B.ld;
+  g.strideB = B.batchStride;
+  g.c = out.data();
+  g.ldc = n;
+  g.strideC = m * n;
+  return g;
+}
+
+// x viewed as [rows, cols] with unit column stride, without a copy; undefined when its strides do not allow
+// it.
+Tensor rowsView(const Tensor& x, int64_t rows, int64_t cols) {
+  Shape st = detail::computeViewStrides(x.shape(), x.strides(), {rows, cols});
+  return !st.empty() && st[1] == 1 ? detail::asStrided(x, {rows, cols}, st, x.offset()) : Tensor();
+}
+
 }  // namespace
 
 void matmulAccumulate(const Tensor& out, const Tensor& a, const Tensor& b) {
@@ -76,22 +109,8 @@ void matmulAccumulate(const Tensor& out, const Tensor& a, const Tensor& b) {
   STRATA_CHECK(a.device() == b.device() && a.device() == out.device(), "matmulAccumulate: devices differ");
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (out.numel() == 0 || k == 0) return;
-  MatrixOperand A = resolve(a, {}, m, k), B = resolve(b, {}, k, n);
-  GemmArgs g;
-  g.device = a.device();
-  g.dtype = a.dtype();
-  if (out.dtype() != a.dtype()) g.outDtype = out.dtype();
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = A.data;
-  g.transA = A.trans;
-  g.lda = A.ld;
-  g.b = B.data;
-  g.transB = B.trans;
-  g.ldb = B.ld;
-  g.c = out.data();
-  g.ldc = n;
+  MatrixOperand A = resolve(a, {}, m, k), B = resolve(b, {}, k, n);  // alive until the launch
+  GemmArgs g = gemmArgs(A, B, out, m, n, k);
   g.beta = 1.0f;
   kernel<GemmKernel>("gemm", a.device())(g);
 }
@@ -110,33 +129,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   Shape outShape(x.shape().begin(), x.shape().end() - 1);
   outShape.push_back(N);
   Tensor out = Tensor::empty({rows, N}, x.dtype(), x.device());
-  if (rows > 0 && N > 0) {
-    Shape st = detail::computeViewStrides(x.shape(), x.strides(), {rows, K});
-    Tensor x2 = !st.empty() && st[1] == 1 ? detail::asStrided(x, {rows, K}, st, x.offset())
-                                          : detail::viewRaw(contiguous(x), {rows, K});
-    Tensor b = contiguous(bias);
-    MatrixOperand A = resolve(x2, {}, rows, K), B = resolve(w, {}, K, N);
-    GemmArgs g;
-    g.device = x.device();
-    g.dtype = x.dtype();
-    g.m = rows;
-    g.n = N;
-    g.k = K;
-    g.a = A.data;
-    g.transA = A.trans;
-    g.lda = A.ld;
-    g.b = B.data;
-    g.transB = B.trans;
-    g.ldb = B.ld;
-    g.c = out.data();
-    g.ldc = N;
+  Tensor b = contiguous(bias);
+  if (rows > 0 && N > 0 && K == 0) {
+    fill(out, 0.0);
+    out = add(out, b);
+  } else if (rows > 0 && N > 0) {
+    Tensor x2 = rowsView(x, rows, K);
+    if (!x2.defined()) x2 = detail::viewRaw(contiguous(x), {rows, K});
+    MatrixOperand A = resolve(x2, {}, rows, K), B = resolve(w, {}, K, N);  // alive until the launch
+    GemmArgs g = gemmArgs(A, B, out, rows, N, K);
     g.bias = b.data();
-    if (K == 0) {
-      fill(out, 0.0);
-      out = add(out, b);
-    } else {
-      kernel<GemmKernel>("gemm", x.device())(g);
-    }
+    kernel<GemmKernel>("gemm", x.device())(g);
   }
   return detail::viewRaw(out, outShape);
 }
@@ -164,52 +167,15 @@ Tensor matmul(const Tensor& aIn, const Tensor& bIn, std::optional<DType> outDtyp
   if (k == 0) {
     fill(out, 0.0);
   } else {
-    GemmArgs g;
-    g.device = a.device();
-    g.dtype = a.dtype();
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.batch = nbatch;
-    if (out.dtype() != a.dtype()) g.outDtype = out.dtype();
     // A weight shared by every batch entry: fold the batch into the rows of A when A's rows collapse.
-    if (batchB.empty() && nbatch > 1) {
-      Shape flat = {nbatch * m, k};
-      Shape st = detail::computeViewStrides(a.shape(), a.strides(), flat);
-      Tensor a2 = !st.empty() && (st[1] == 1) ? detail::asStrided(a, flat, st, a.offset()) : Tensor();
-      if (a2.defined()) {
-        g.m = nbatch * m;
-        g.batch = 1;
-        MatrixOperand A = resolve(a2, {}, g.m, k), B = resolve(b, {}, k, n);
-        g.a = A.data;
-        g.transA = A.trans;
-        g.lda = A.ld;
-        g.b = B.data;
-        g.transB = B.trans;
-        g.ldb = B.ld;
-        g.c = out.data();
-        g.ldc = n;
-        kernel<GemmKernel>("gemm", a.device())(g);
-        goto done;
-      }
-    }
-    {
-      MatrixOperand A = resolve(a, batch, m, k), B = resolve(b, batch, k, n);
-      g.a = A.data;
-      g.transA = A.trans;
-      g.lda = A.ld;
-      g.strideA = A.batchStride;
-      g.b = B.data;
-      g.transB = B.trans;
-      g.ldb = B.ld;
-      g.strideB = B.batchStride;
-      g.c = out.data();
-      g.ldc = n;
-      g.strideC = m * n;
-      kernel<GemmKernel>("gemm", a.device())(g);
-    }
+    Tensor a2 = batchB.empty() && nbatch > 1 ? rowsView(a, nbatch * m, k) : Tensor();
+    // The operands own any contiguous copies resolve() made: they must outlive the launch.
+    bool folded = a2.defined();
+    MatrixOperand A = folded ? resolve(a2, {}, nbatch * m, k) : resolve(a, batch, m, k);
+    MatrixOperand B = folded ? resolve(b, {}, k, n) : resolve(b, batch, k, n);
+    GemmArgs g = folded ? gemmArgs(A, B, out, nbatch * m, n, k) : gemmArgs(A, B, out, m, n, k, nbatch);
+    kernel<GemmKernel>("gemm", a.device())(g);
   }
-done:
   if (squeezeRow) out = detail::squeezeRaw(out, -2);
   if (squeezeCol) out = detail::squeezeRaw(out, -1);
   return out;
