@@ -81,10 +81,65 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     Tensor g2 = detail::viewRaw(ops::contiguous(gs[0]), {-1, N});
     Tensor gx, gw, gb;
     if (nx) gx = detail::viewRaw(ops::matmul(g2, transposeLast(sw)), shX);
-    if (nw) gw = ops::matmul(transposeLast(detail::viewRaw(ops::contiguous(sx), {-1, K})), g2, master);
-    if (nb) gb = ops::sum(g2, {0}, false, master);
+    if (nw) {
+      ops::LinearParamGrads pg =
+          ops::linearParamGrads(detail::viewRaw(ops::contiguous(sx), {-1, K}), g2, master, nb);
+      gw = pg.weight;
+      gb = pg.bias;
+    } else if (nb) {
+      gb = ops::sum(g2, {0}, false, master);
+    }
     Grads grads{gx, gw};
     if (nb || bias.defined()) grads.push_back(gb);
+    return grads;
+  });
+  return out;
+}
+
+Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, const Tensor& projWeight,
+               const Tensor& projBias) {
+  STRATA_CHECK(fcWeight.dim() == 2 && projWeight.dim() == 2 && x.dim() >= 1 &&
+                   x.size(-1) == fcWeight.size(0) && projWeight.size(0) == fcWeight.size(1),
+               "geluMlp: x {} does not fit fc {} and proj {} ([in, out])", toString(x.shape()),
+               toString(fcWeight.shape()), toString(projWeight.shape()));
+  DType compute = x.dtype(), master = fcWeight.dtype();
+  STRATA_CHECK(projWeight.dtype() == master && (!fcBias.defined() || fcBias.dtype() == master) &&
+                   (!projBias.defined() || projBias.dtype() == master),
+               "geluMlp: parameters must share one dtype");
+  bool mixed = compute != master;
+  STRATA_CHECK(!mixed || (master == DType::F32 && (compute == DType::BF16 || compute == DType::F16)),
+               "geluMlp: {} input with {} weights; mixed precision takes fp32 weights and bf16/f16 input",
+               compute, master);
+  auto cast = [&](const Tensor& t) { return mixed && t.defined() ? ops::to(t, t.device(), compute) : t; };
+  Tensor w1 = cast(fcWeight), b1 = cast(fcBias), w2 = cast(projWeight), b2 = cast(projBias);
+  int64_t C = fcWeight.size(0), F = fcWeight.size(1), O = projWeight.size(1);
+  // h = gelu(pre) and pre from the fc GEMM's epilogue; the projection adds its bias in its own epilogue.
+  ops::LinearGeluResult fc = ops::linearGelu(x, w1, b1);
+  Tensor out = b2.defined() ? ops::linear(fc.out, w2, b2) : ops::matmul(fc.out, w2);
+  bool nx = participates(x), nw1 = participates(fcWeight), nb1 = participates(fcBias);
+  bool nw2 = participates(projWeight), nb2 = participates(projBias);
+  Tensor sx = nw1 || nb1 ? saved(x) : Tensor();
+  Tensor sw1 = nx ? w1.detach() : Tensor(), sw2 = w2.detach();
+  Tensor pre = fc.pre.detach(), h = nw2 || nb2 ? fc.out.detach() : Tensor();
+  Shape shX = x.shape();
+  std::vector<Tensor> inputs{x, fcWeight, fcBias, projWeight, projBias};
+  recordFunction("GeluMlpBackward", inputs, {out}, [=](const Grads& gs) {
+    Tensor g2 = detail::viewRaw(ops::contiguous(gs[0]), {-1, O});
+    Grads grads(5);
+    if (nw2 || nb2) {
+      ops::LinearParamGrads p = ops::linearParamGrads(detail::viewRaw(h, {-1, F}), g2, master, nb2);
+      grads[3] = nw2 ? p.weight : Tensor();
+      grads[4] = p.bias;
+    }
+    // The gradient at the GELU's input in one GEMM: (g W2^T) * gelu'(pre).
+    Tensor dpre = ops::matmulGeluBackward(g2, transposeLast(sw2), detail::viewRaw(pre, {-1, F}));
+    if (nw1 || nb1) {
+      ops::LinearParamGrads p =
+          ops::linearParamGrads(detail::viewRaw(ops::contiguous(sx), {-1, C}), dpre, master, nb1);
+      grads[1] = nw1 ? p.weight : Tensor();
+      grads[2] = p.bias;
+    }
+    if (nx) grads[0] = detail::viewRaw(ops::matmul(dpre, transposeLast(sw1)), shX);
     return grads;
   });
   return out;

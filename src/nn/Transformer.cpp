@@ -88,7 +88,14 @@ Mlp::Mlp(const MlpConfig& config, Generator& gen) : config_(config) {
 }
 
 Tensor Mlp::apply(const Tensor& x) {
-  return dropout(proj_->apply(gelu(fc_->apply(x), GeluApprox::Tanh)), config_.dropout, isTraining());
+  // fp32 masters go in as they are with bf16/f16 input (geluMlp casts them and returns fp32 gradients);
+  // any other dtype mismatch is cast here.
+  bool mixed = x.dtype() == DType::BF16 || x.dtype() == DType::F16;
+  auto param = [&](const Tensor& p) {
+    return !p.defined() || (mixed && p.dtype() == DType::F32) ? p : castParameter(p, x.dtype());
+  };
+  Tensor y = geluMlp(x, param(fc_->weight), param(fc_->bias), param(proj_->weight), param(proj_->bias));
+  return dropout(y, config_.dropout, isTraining());
 }
 
 std::vector<Tensor> Mlp::forward(const std::vector<Tensor>& inputs) {

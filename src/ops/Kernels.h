@@ -52,8 +52,22 @@ struct GemmArgs {
   // C's dtype when it differs from the operands': bf16/f16 operands may write an fp32 C (gradients of fp32
   // master weights straight out of the GEMM). Empty: C has `dtype`.
   std::optional<DType> outDtype;
+  // Epilogues (batch 1, alpha 1, beta 0, and C in the operands' dtype, except biasGrad):
+  // - gelu: C = gelu_tanh(A B + bias); with aux set, the pre-activation A B + bias is also written to aux.
+  // - dgelu: C = (A B) * gelu_tanh'(aux), aux holding a saved pre-activation (the backward of the above).
+  // aux is [m, ldAux] in C's dtype.
+  bool gelu = false;
+  bool dgelu = false;
+  void* aux = nullptr;
+  int64_t ldAux = 0;
+  // - biasGrad: [n] in C's dtype, set to the sums of op(B) over k (with B a Linear's output gradient and A
+  //   its input transposed, C and biasGrad are the weight's and the bias's gradients). Alone only.
+  void* biasGrad = nullptr;
+  bool hasEpilogue() const { return bias || gelu || dgelu || biasGrad; }
 };
-using GemmKernel = void(const GemmArgs& args);
+// Returns false, having written nothing, when the backend has no kernel for the requested gelu, dgelu or
+// biasGrad epilogue (the front end then runs the parts separately); plain products and bias always run.
+using GemmKernel = bool(const GemmArgs& args);
 
 // Rows of the last dimension: x, y, gy, gx contiguous [N, C].
 // softmax(scale * x + mask) per row; with causalRows > 0, row r (query r % causalRows) masks columns

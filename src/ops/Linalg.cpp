@@ -144,6 +144,86 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return detail::viewRaw(out, outShape);
 }
 
+LinearGeluResult linearGelu(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  STRATA_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(0),
+               "linearGelu: x {} does not match weight {} ([in, out])", toString(x.shape()),
+               toString(w.shape()));
+  int64_t K = w.size(0), N = w.size(1);
+  STRATA_CHECK(!bias.defined() ||
+                   (bias.shape() == Shape({N}) && bias.dtype() == x.dtype() && bias.device() == x.device()),
+               "linearGelu: bias must be [{}] of the input's dtype and device", N);
+  STRATA_CHECK(x.device() == w.device() && x.dtype() == w.dtype(),
+               "linearGelu: x and w differ in device or dtype");
+  int64_t rows = K > 0 ? x.numel() / K : 0;
+  Shape outShape(x.shape().begin(), x.shape().end() - 1);
+  outShape.push_back(N);
+  if (rows > 0 && N > 0 && K > 0 && N % 8 == 0) {
+    Tensor out = Tensor::empty({rows, N}, x.dtype(), x.device());
+    Tensor pre = Tensor::empty({rows, N}, x.dtype(), x.device());
+    Tensor b = bias.defined() ? contiguous(bias) : Tensor();
+    Tensor x2 = rowsView(x, rows, K);
+    if (!x2.defined()) x2 = detail::viewRaw(contiguous(x), {rows, K});
+    MatrixOperand A = resolve(x2, {}, rows, K), B = resolve(w, {}, K, N);  // alive until the launch
+    GemmArgs g = gemmArgs(A, B, out, rows, N, K);
+    g.bias = b.defined() ? b.data() : nullptr;
+    g.gelu = true;
+    g.aux = pre.data();
+    g.ldAux = N;
+    if (kernel<GemmKernel>("gemm", x.device())(g))
+      return {detail::viewRaw(out, outShape), detail::viewRaw(pre, outShape)};
+  }
+  Tensor pre = linear(x, w, bias);
+  return {geluTanh(pre), pre};
+}
+
+Tensor matmulGeluBackward(const Tensor& a, const Tensor& b, const Tensor& pre) {
+  STRATA_CHECK(
+      a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && pre.shape() == Shape({a.size(0), b.size(1)}),
+      "matmulGeluBackward: {} @ {} does not match the pre-activation {}", toString(a.shape()),
+      toString(b.shape()), toString(pre.shape()));
+  STRATA_CHECK(a.dtype() == b.dtype() && a.dtype() == pre.dtype() && a.device() == b.device() &&
+                   a.device() == pre.device(),
+               "matmulGeluBackward: operands differ in dtype or device");
+  int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m > 0 && n > 0 && k > 0 && n % 8 == 0 && pre.isContiguous()) {
+    Tensor out = Tensor::empty({m, n}, a.dtype(), a.device());
+    MatrixOperand A = resolve(a, {}, m, k), B = resolve(b, {}, k, n);  // alive until the launch
+    GemmArgs g = gemmArgs(A, B, out, m, n, k);
+    g.dgelu = true;
+    g.aux = const_cast<void*>(pre.data());  // read only: the dgelu epilogue takes aux as an input
+    g.ldAux = n;
+    if (kernel<GemmKernel>("gemm", a.device())(g)) return out;
+  }
+  return geluTanhBackward(matmul(a, b), pre);
+}
+
+LinearParamGrads linearParamGrads(const Tensor& x, const Tensor& gy, DType out, bool withBias) {
+  STRATA_CHECK(x.dim() >= 1 && gy.dim() == x.dim() && x.device() == gy.device() && x.dtype() == gy.dtype(),
+               "linearParamGrads: x {} and gy {} must match in rank, dtype and device", toString(x.shape()),
+               toString(gy.shape()));
+  int64_t K = x.size(-1), N = gy.size(-1);
+  int64_t rows = x.numel() / std::max<int64_t>(K, 1);
+  STRATA_CHECK(gy.numel() == rows * N, "linearParamGrads: x {} and gy {} have different rows",
+               toString(x.shape()), toString(gy.shape()));
+  Tensor x2 = rowsView(x, rows, K);
+  if (!x2.defined()) x2 = detail::viewRaw(contiguous(x), {rows, K});
+  Tensor g2 = rowsView(gy, rows, N);
+  if (!g2.defined()) g2 = detail::viewRaw(contiguous(gy), {rows, N});
+  Tensor xT = detail::permuteRaw(x2, {1, 0});
+  LinearParamGrads r;
+  if (withBias && rows > 0 && K > 0 && N > 0) {
+    r.weight = Tensor::empty({K, N}, out, x.device());
+    r.bias = Tensor::empty({N}, out, x.device());
+    MatrixOperand A = resolve(xT, {}, K, rows), B = resolve(g2, {}, rows, N);  // alive until the launch
+    GemmArgs g = gemmArgs(A, B, r.weight, K, N, rows);
+    g.biasGrad = r.bias.data();
+    if (kernel<GemmKernel>("gemm", x.device())(g)) return r;
+  }
+  r.weight = matmul(xT, g2, out);
+  if (withBias) r.bias = sum(g2, {0}, false, out);
+  return r;
+}
+
 Tensor matmul(const Tensor& aIn, const Tensor& bIn, std::optional<DType> outDtype) {
   STRATA_CHECK(aIn.device() == bIn.device(), "matmul: operands on different devices ({} and {})",
                toString(aIn.device()), toString(bIn.device()));

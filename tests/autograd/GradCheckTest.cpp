@@ -172,6 +172,50 @@ TEST_CASE("gradcheck: linear with a fused bias", "[autograd][gradcheck]") {
             {randomDouble({3, 2, 4}, 83), randomDouble({4, 5}, 84), randomDouble({5}, 85)});
 }
 
+TEST_CASE("gradcheck: fused GELU MLP, with and without biases", "[autograd][gradcheck]") {
+  gradCheck([](const Ins& x) { return geluMlp(x[0], x[1], x[2], x[3], x[4]); },
+            {randomDouble({2, 3, 4}, 86), randomDouble({4, 8}, 87), randomDouble({8}, 88),
+             randomDouble({8, 4}, 89), randomDouble({4}, 94)});
+  gradCheck([](const Ins& x) { return geluMlp(x[0].transpose(0, 1), x[1], Tensor(), x[2]); },
+            {randomDouble({3, 2, 4}, 95), randomDouble({4, 6}, 96), randomDouble({6, 5}, 97)});
+}
+
+TEST_CASE("fused GELU MLP equals linear, gelu, linear", "[autograd]") {
+  Tensor outs[2];
+  std::vector<Tensor> grads[2];
+  for (int path = 0; path < 2; ++path) {
+    std::vector<Tensor> in{randomDouble({3, 5, 8}, 100), randomDouble({8, 16}, 101), randomDouble({16}, 102),
+                           randomDouble({16, 8}, 103), randomDouble({8}, 104)};
+    for (auto& t : in) t.setRequiresGrad(true);
+    Tensor y = path == 0 ? linear(gelu(linear(in[0], in[1], in[2]), GeluApprox::Tanh), in[3], in[4])
+                         : geluMlp(in[0], in[1], in[2], in[3], in[4]);
+    backward(sum(y * y));
+    outs[path] = y.detach();
+    for (auto& t : in) grads[path].push_back(t.grad());
+  }
+  test::requireClose(outs[1], outs[0], 1e-12, 1e-10);
+  for (size_t i = 0; i < 5; ++i) test::requireClose(grads[1][i], grads[0][i], 1e-12, 1e-10);
+}
+
+TEST_CASE("gemm epilogues: linearGelu, matmulGeluBackward and linearParamGrads match the separate ops",
+          "[ops]") {
+  Tensor x = randomDouble({6, 5}, 105), w = randomDouble({5, 8}, 106), b = randomDouble({8}, 107);
+  ops::LinearGeluResult r = ops::linearGelu(x, w, b);
+  Tensor pre = ops::linear(x, w, b);
+  test::requireClose(r.pre, pre, 1e-14, 1e-12);
+  test::requireClose(r.out, ops::geluTanh(pre), 1e-14, 1e-12);
+  Tensor g = randomDouble({6, 3}, 108), w2 = randomDouble({3, 8}, 109);
+  test::requireClose(ops::matmulGeluBackward(g, w2, pre), ops::geluTanhBackward(ops::matmul(g, w2), pre),
+                     1e-14, 1e-12);
+  // bf16 operands with fp32 gradients, and a strided (transposed) output gradient.
+  Tensor xb = x.to(DType::BF16), gy = randomDouble({8, 6}, 110).to(DType::BF16).transpose(0, 1);
+  ops::LinearParamGrads pg = ops::linearParamGrads(xb, gy, DType::F32, true);
+  REQUIRE(pg.weight.dtype() == DType::F32);
+  REQUIRE(pg.bias.dtype() == DType::F32);
+  test::requireClose(pg.weight, ops::matmul(xb.transpose(0, 1), ops::contiguous(gy), DType::F32), 1e-6, 1e-5);
+  test::requireClose(pg.bias, ops::sum(gy, {0}, false, DType::F32), 1e-6, 1e-5);
+}
+
 TEST_CASE("gradcheck: chunked linear cross-entropy, with ignored targets", "[autograd][gradcheck]") {
   Tensor target = Tensor::fromVector<int64_t>({3, -100, 0, 6, 2}, {5});
   for (int64_t chunk : {0, 2}) {

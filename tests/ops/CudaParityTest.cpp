@@ -498,3 +498,53 @@ TEST_CASE("[cuda] mixed-precision linear (bf16 input, fp32 masters) trains like 
          },
          {x, w, b, g}, {5e-2, 2e-2});
 }
+
+TEST_CASE("[cuda] GELU and bias-gradient GEMM epilogues match the cpu", "[cuda][parity]") {
+  STRATA_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    Tol t = tolFor(dt);
+    Tensor x = randomOf({300, 96}, dt, 150, -1, 1), w = randomOf({96, 200}, dt, 151, -0.3, 0.3);
+    Tensor b = randomOf({200}, dt, 152), g = randomOf({300, 64}, dt, 153, -1, 1);
+    Tensor w2 = randomOf({64, 200}, dt, 154, -0.3, 0.3);
+    parity("linearGelu",
+           [](const std::vector<Tensor>& in) {
+             ops::LinearGeluResult r = ops::linearGelu(in[0], in[1], in[2]);
+             return std::vector<Tensor>{r.out, r.pre};
+           },
+           {x, w, b}, {t.atol * 4, t.rtol * 4});
+    parity("matmulGeluBackward",
+           [](const std::vector<Tensor>& in) {
+             return std::vector<Tensor>{ops::matmulGeluBackward(in[0], in[1], in[2])};
+           },
+           {g, w2, randomOf({300, 200}, dt, 155, -3, 3)}, {t.atol * 4, t.rtol * 4});
+    parity("linearParamGrads",
+           [](const std::vector<Tensor>& in) {
+             ops::LinearParamGrads p = ops::linearParamGrads(in[0], in[1], DType::F32, true);
+             return std::vector<Tensor>{p.weight, p.bias};
+           },
+           {x, g}, {t.atol * 8, t.rtol * 8});
+  }
+}
+
+TEST_CASE("[cuda] mixed-precision GELU MLP (bf16 input, fp32 masters) trains like the cpu",
+          "[cuda][parity]") {
+  STRATA_REQUIRE_CUDA();
+  Tensor x = randomOf({4, 50, 96}, DType::BF16, 160, -1, 1),
+         g = randomOf({4, 50, 96}, DType::BF16, 161, -1, 1);
+  Tensor w1 = randomOf({96, 384}, DType::F32, 162, -0.2, 0.2), b1 = randomOf({384}, DType::F32, 163);
+  Tensor w2 = randomOf({384, 96}, DType::F32, 164, -0.1, 0.1), b2 = randomOf({96}, DType::F32, 165);
+  parity("gelu mlp",
+         [](const std::vector<Tensor>& in) {
+           std::vector<Tensor> p;
+           for (size_t i = 0; i < 5; ++i) {
+             p.push_back(in[i].detach().clone());
+             p.back().setRequiresGrad(true);
+           }
+           Tensor y = geluMlp(p[0], p[1], p[2], p[3], p[4]);
+           backward(sum(mul(y.to(DType::F32), in[5].to(DType::F32))));
+           for (size_t i = 1; i < 5; ++i) REQUIRE(p[i].grad().dtype() == DType::F32);
+           return std::vector<Tensor>{y.detach(),  p[0].grad(), p[1].grad(),
+                                      p[2].grad(), p[3].grad(), p[4].grad()};
+         },
+         {x, w1, b1, w2, b2, g}, {5e-2, 2e-2});
+}

@@ -73,8 +73,14 @@ Tensor norm(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim
 // -----------------------------------------------------------------------------------------------
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x [..., in] @ weight [in, out] + bias [out] (undefined for none): one GEMM with the bias in its epilogue.
-// The backward is two GEMMs over the flattened rows and a column sum for the bias.
+// The backward is two GEMMs over the flattened rows; the bias gradient comes out of the weight-gradient GEMM.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// A Transformer MLP: gelu_tanh(x @ fcWeight + fcBias) @ projWeight + projBias, weights [in, out], biases
+// optional. The GELU runs in the fc GEMM's epilogue and its gradient in the epilogue of the GEMM that forms
+// it (cuBLASLt GELU_AUX_BIAS / DGELU on CUDA), and each bias gradient comes out of its weight-gradient GEMM.
+// Mixed precision as in linear(): fp32 parameters with bf16/f16 input.
+Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, const Tensor& projWeight,
+               const Tensor& projBias = Tensor());
 
 // ---- normalisation, softmax, layers
 // -------------------------------------------------------------------------------

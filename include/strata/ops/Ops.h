@@ -89,6 +89,22 @@ void matmulAccumulate(const Tensor& out, const Tensor& a, const Tensor& b);
 // x [..., K] @ w [K, N] (+ bias [N], undefined for none) -> [..., N]: one GEMM over the flattened rows, the
 // bias added in its epilogue (cuBLASLt BIAS on CUDA) instead of a separate pass.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+// out = gelu_tanh(x @ w + bias) and pre = x @ w + bias (what the backward needs), from one GEMM (cuBLASLt
+// GELU_AUX_BIAS on CUDA). bias may be undefined.
+struct LinearGeluResult {
+  Tensor out, pre;
+};
+LinearGeluResult linearGelu(const Tensor& x, const Tensor& w, const Tensor& bias);
+// (a [M, K] @ b [K, N]) * gelu_tanh'(pre [M, N]): the gradient at a GELU's input from the GEMM that forms
+// the gradient at its output (cuBLASLt DGELU epilogue on CUDA).
+Tensor matmulGeluBackward(const Tensor& a, const Tensor& b, const Tensor& pre);
+// A Linear's parameter gradients from its input x [..., K] and output gradient gy [..., N]: weight = x^T gy
+// [K, N] and, when withBias, bias = gy summed over rows [N], both in `out` dtype, from one GEMM (cuBLASLt
+// BGRADA epilogue on CUDA).
+struct LinearParamGrads {
+  Tensor weight, bias;
+};
+LinearParamGrads linearParamGrads(const Tensor& x, const Tensor& gy, DType out, bool withBias);
 
 // ---- normalisation and softmax (over the last dimension unless given)
 // ---------------------------------------------
@@ -119,8 +135,8 @@ NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weigh
 // softmax(scale * q k^T [+ causal mask]) v without materialising the scores. q [B, Sq, H, D], k and v
 // [B, Sk, H, D]: views with a contiguous last dim (heads may be interleaved with other data, e.g. slices of a
 // packed qkv projection). Causal masking hides key j from query i when j > i + (Sk - Sq). scale 0 means
-// 1/sqrt(D). On CUDA: bf16/f16, D of 64, 80 or 128 (flashAttentionSupported says); the CPU kernel is a reference
-// for every floating dtype.
+// 1/sqrt(D). On CUDA: bf16/f16, D of 64, 80 or 128 (flashAttentionSupported says); the CPU kernel is a
+// reference for every floating dtype.
 struct AttentionOptions {
   double scale = 0.0;
   bool causal = false;

@@ -4,6 +4,7 @@
 #include <Eigen/Core>
 #include <vector>
 
+#include "../ElementwiseFunctors.h"
 #include "CpuKernels.h"
 
 namespace strata::ops::cpu {
@@ -56,6 +57,39 @@ void gemmBatched(const GemmArgs& g, const S* a, const S* b, S* c) {
   for (int64_t i = 0; i < g.batch; ++i) gemmOne(g, a + i * g.strideA, b + i * g.strideB, c + i * g.strideC);
 }
 
+// The epilogues of GemmArgs over C held in the compute type S (row r, column col at c[r * ldc + col]); T is
+// the storage type of bias and aux, G that of biasGrad; b is op(B)'s storage in S.
+template <class S, class T, class G>
+void epilogue(const GemmArgs& g, S* c, const S* b) {
+  const T* bias = static_cast<const T*>(g.bias);
+  T* aux = static_cast<T*>(g.aux);
+  fn::GeluTanh gelu{ScalarArgs{}};
+  fn::GeluTanhBackward dgelu{ScalarArgs{}};
+  if (g.bias || g.gelu || g.dgelu) {
+#pragma omp parallel for if (g.m * g.n > kParallelGrain)
+    for (int64_t r = 0; r < g.m; ++r)
+      for (int64_t col = 0; col < g.n; ++col) {
+        S v = c[r * g.ldc + col];
+        if (bias) v += S(bias[col]);
+        if (g.gelu) {
+          if (aux) aux[r * g.ldAux + col] = T(v);
+          v = gelu(v);
+        }
+        if (g.dgelu) v = dgelu(v, S(aux[r * g.ldAux + col]));
+        c[r * g.ldc + col] = v;
+      }
+  }
+  if (g.biasGrad) {
+    G* out = static_cast<G*>(g.biasGrad);
+#pragma omp parallel for if (g.k * g.n > kParallelGrain)
+    for (int64_t col = 0; col < g.n; ++col) {
+      S sum = 0;
+      for (int64_t i = 0; i < g.k; ++i) sum += g.transB ? b[col * g.ldb + i] : b[i * g.ldb + col];
+      out[col] = G(sum);
+    }
+  }
+}
+
 // Extent in elements of one strided batch of a row-major matrix with `rows` rows.
 int64_t span(int64_t batch, int64_t stride, int64_t rows, int64_t ld) {
   return (batch - 1) * stride + rows * ld;
@@ -77,11 +111,10 @@ void gemmWidened(const GemmArgs& g) {
   if (g.beta != 0.0f)
     for (int64_t i = 0; i < nc; ++i) c[size_t(i)] = wide ? cf[i] : float(ch[i]);
   gemmBatched<float>(g, a.data(), b.data(), c.data());
-  if (g.bias) {
-    const H* bias = static_cast<const H*>(g.bias);
-    for (int64_t r = 0; r < g.m; ++r)
-      for (int64_t col = 0; col < g.n; ++col) c[size_t(r * g.ldc + col)] += float(bias[col]);
-  }
+  if (wide)
+    epilogue<float, H, float>(g, c.data(), b.data());
+  else
+    epilogue<float, H, H>(g, c.data(), b.data());
   // Write back only the elements of C (rows may have padding between them when ldc > n).
   for (int64_t bi = 0; bi < g.batch; ++bi)
     for (int64_t r = 0; r < g.m; ++r)
@@ -97,32 +130,31 @@ void gemmWidened(const GemmArgs& g) {
 template <class T>
 void gemmNative(const GemmArgs& g) {
   gemmBatched(g, static_cast<const T*>(g.a), static_cast<const T*>(g.b), static_cast<T*>(g.c));
-  if (!g.bias) return;
-  const T* bias = static_cast<const T*>(g.bias);
-  T* c = static_cast<T*>(g.c);
-#pragma omp parallel for if (g.m * g.n > kParallelGrain)
-  for (int64_t r = 0; r < g.m; ++r)
-    for (int64_t col = 0; col < g.n; ++col) c[r * g.ldc + col] += bias[col];
+  epilogue<T, T, T>(g, static_cast<T*>(g.c), static_cast<const T*>(g.b));
 }
 
-void gemm(const GemmArgs& g) {
-  STRATA_CHECK(!g.bias || g.batch == 1, "gemm: a bias needs batch 1");
+bool gemm(const GemmArgs& g) {
+  STRATA_CHECK(!g.hasEpilogue() || g.batch == 1, "gemm: epilogues need batch 1");
+  STRATA_CHECK(!(g.gelu && g.dgelu) && (!g.dgelu || g.aux) && (!g.biasGrad || !(g.bias || g.gelu || g.dgelu)),
+               "gemm: unsupported epilogue combination");
+  STRATA_CHECK(!(g.bias || g.gelu || g.dgelu) || !g.outDtype || *g.outDtype == g.dtype,
+               "gemm: a bias or GELU epilogue needs C in the operands' dtype");
   STRATA_CHECK(!g.outDtype || *g.outDtype == g.dtype ||
                    (*g.outDtype == DType::F32 && (g.dtype == DType::BF16 || g.dtype == DType::F16)),
                "gemm: output dtype {} for {} operands is not supported", *g.outDtype, g.dtype);
   switch (g.dtype) {
     case DType::F32:
       gemmNative<float>(g);
-      return;
+      return true;
     case DType::F64:
       gemmNative<double>(g);
-      return;
+      return true;
     case DType::BF16:
       gemmWidened<BFloat16>(g);
-      return;
+      return true;
     case DType::F16:
       gemmWidened<Half>(g);
-      return;
+      return true;
     default:
       STRATA_FAIL("matmul: dtype {} is not supported on the cpu", g.dtype);
   }

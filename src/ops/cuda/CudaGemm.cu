@@ -6,6 +6,7 @@
 // per shape.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,9 +31,10 @@ namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t,
-                           int64_t, int64_t, int64_t, bool, int, int, int, bool, int>;
+                           int64_t, int64_t, int64_t, bool, int, int, int, int, int, int64_t>;
 
 struct Plan {
+  bool supported = true;  // false: the heuristic had no algorithm for an optional epilogue
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t layoutX = nullptr, layoutY = nullptr, layoutC = nullptr;
   cublasLtMatmulAlgo_t algo{};
@@ -94,6 +96,29 @@ void setBatch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
                                                        &stride, sizeof(stride)));
 }
 
+// The cuBLASLt epilogue for g's bias, gelu, dgelu and biasGrad requests. Column-major D^T [n, m]: a bias or
+// bias gradient over our n runs along D^T's rows, and the sums over k of our B are those of cuBLASLt's A.
+cublasLtEpilogue_t epilogueOf(const GemmArgs& g) {
+  if (g.gelu) {
+    if (g.aux) return g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    return g.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+  }
+  if (g.dgelu) return CUBLASLT_EPILOGUE_DGELU;
+  if (g.biasGrad) return CUBLASLT_EPILOGUE_BGRADA;
+  return g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// The per-call pointers of the epilogue (the plan is shared; callers hold the state's lock).
+void setEpiloguePointers(const Plan& plan, const GemmArgs& g) {
+  const void* bias = g.biasGrad ? g.biasGrad : g.bias;
+  if (bias)
+    STRATA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (g.aux)
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                       &g.aux, sizeof(g.aux)));
+}
+
 std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int alignY, int alignC) {
   auto plan = std::make_unique<Plan>();
   cudaDataType_t dt = cudaType(g.dtype);
@@ -114,14 +139,17 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
   setBatch(plan->layoutX, g.batch, g.strideB);
   setBatch(plan->layoutY, g.batch, g.strideA);
   setBatch(plan->layoutC, g.batch, g.strideC);
-  if (g.bias) {
-    // Column-major C^T [n, m]: the bias runs along its rows, which is cuBLASLt's BIAS epilogue. The pointer
-    // is set per call.
-    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  cublasLtEpilogue_t epilogue = epilogueOf(g);
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                                        sizeof(epilogue)));
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
-                                                       sizeof(g.bias)));
+    if (g.aux) {
+      int64_t ld = g.ldAux;
+      STRATA_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+    }
+    // The heuristic reads the pointers' alignment.
+    setEpiloguePointers(*plan, g);
   }
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -139,6 +167,11 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
       cublasLtMatmulAlgoGetHeuristic(st.handle, plan->desc, plan->layoutX, plan->layoutY, plan->layoutC,
                                      plan->layoutC, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  bool optional = g.gelu || g.dgelu || g.biasGrad;
+  if (optional && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
+    plan->supported = false;
+    return plan;
+  }
   STRATA_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0,
                "matmul: cuBLASLt found no algorithm for [{} x {}] @ [{} x {}] ({}, batch {}, status {})", g.m,
                g.k, g.k, g.n, dtypeName(g.dtype), g.batch, int(status));
@@ -146,16 +179,22 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
   return plan;
 }
 
-void gemm(const GemmArgs& g) {
+bool gemm(const GemmArgs& g) {
   STRATA_CHECK(!g.outDtype || *g.outDtype == g.dtype ||
                    (*g.outDtype == DType::F32 && (g.dtype == DType::BF16 || g.dtype == DType::F16)),
                "gemm: output dtype {} for {} operands is not supported", *g.outDtype, g.dtype);
-  STRATA_CHECK(!g.bias || !g.outDtype || *g.outDtype == g.dtype,
-               "gemm: a bias needs C in the operands' dtype");
+  STRATA_CHECK(!(g.bias || g.gelu || g.dgelu) || !g.outDtype || *g.outDtype == g.dtype,
+               "gemm: a bias or GELU epilogue needs C in the operands' dtype");
+  STRATA_CHECK(!g.hasEpilogue() || g.batch == 1, "gemm: epilogues need batch 1");
+  STRATA_CHECK(!(g.gelu && g.dgelu) && (!g.dgelu || g.aux) && (!g.biasGrad || !(g.bias || g.gelu || g.dgelu)),
+               "gemm: unsupported epilogue combination");
   int device = g.device.index;
   DeviceGuard guard(device);
   LtState& st = ltState(device);
   int alignX = alignmentOf(g.b), alignY = alignmentOf(g.a), alignC = alignmentOf(g.c);
+  // Epilogue vectors and aux take C's alignment class in the plan key (all fresh allocations in practice).
+  for (const void* p : {g.bias, static_cast<const void*>(g.aux), static_cast<const void*>(g.biasGrad)})
+    if (p) alignC = std::min(alignC, alignmentOf(p));
   PlanKey key{int(g.dtype),
               g.m,
               g.n,
@@ -173,8 +212,9 @@ void gemm(const GemmArgs& g) {
               alignX,
               alignY,
               alignC,
-              g.bias != nullptr,
-              int(g.outDtype.value_or(g.dtype))};
+              int(epilogueOf(g)),
+              int(g.outDtype.value_or(g.dtype)),
+              g.ldAux};
   Plan* plan;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
@@ -182,18 +222,16 @@ void gemm(const GemmArgs& g) {
     if (it == st.plans.end()) it = st.plans.emplace(key, makePlan(st, g, alignX, alignY, alignC)).first;
     plan = it->second.get();
   }
+  if (!plan->supported) return false;
   cudaStream_t stream = strata::cuda::nativeStream(currentStream(g.device));
   float alpha = g.alpha, beta = g.beta;
-  // The plan is shared and a bias pointer is per call: set it and enqueue under the lock.
+  // The plan is shared and the epilogue pointers are per call: set them and enqueue under the lock.
   std::lock_guard<std::mutex> lock(st.mutex);
-  if (g.bias) {
-    STRATA_CHECK(g.batch == 1, "gemm: a bias needs batch 1");
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
-                                                       sizeof(g.bias)));
-  }
+  setEpiloguePointers(*plan, g);
   STRATA_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, g.b, plan->layoutX, g.a, plan->layoutY,
                                      &beta, g.c, plan->layoutC, g.c, plan->layoutC, &plan->algo, st.workspace,
                                      kWorkspaceBytes, stream));
+  return true;
 }
 
 }  // namespace
