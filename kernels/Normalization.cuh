@@ -177,15 +177,31 @@ __global__ void __launch_bounds__(512)
 // ---- LayerNorm / RMSNorm forward
 // ----------------------------------------------------------------------------------
 
-template <class T, int V, int P>
+// W: the parameters' storage type (T, or float for fp32 masters with 16-bit x). With res, the rows normalised
+// are x + res rounded to T, also written to sum (a fused residual add).
+template <class T, class W, int V, int P>
 __global__ void __launch_bounds__(512)
-    normKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+    normKernel(const T* __restrict__ xIn, const T* __restrict__ res, T* __restrict__ sum,
+               const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ y,
                float* __restrict__ meanOut, float* __restrict__ rstdOut, int64_t C, float eps, bool rms) {
   __shared__ float scratch[32];
   int64_t base = int64_t(blockIdx.x) * C;
   int64_t packs = C / V;
   constexpr int R = P > 0 ? P : 1;
   float v[R][V];
+  const T* x = xIn;
+  if (res) {
+    // Each thread writes and later re-reads only its own packs, so no barrier is needed when streaming.
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      float a[V], r[V];
+      loadPack<T, V>(xIn + base, i, a);
+      loadPack<T, V>(res + base, i, r);
+#pragma unroll
+      for (int j = 0; j < V; ++j) a[j] = float(toAcc(fromAcc<T>(a[j] + r[j])));
+      storePack<T, V>(sum + base, i, a);
+    }
+    x = sum;
+  }
   // Pass 1: mean (LayerNorm only).
   float mean = 0.0f;
   auto forEachPack = [&](auto&& body) {
@@ -225,8 +241,8 @@ __global__ void __launch_bounds__(512)
   }
   forEachPack([&](int64_t i, float(&pv)[V]) {
     float wv[V], bv[V];
-    if (w) loadPack<T, V>(w, i, wv);
-    if (b) loadPack<T, V>(b, i, bv);
+    if (w) loadPack<W, V>(w, i, wv);
+    if (b) loadPack<W, V>(b, i, bv);
     float o[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -241,12 +257,13 @@ __global__ void __launch_bounds__(512)
 // ---- LayerNorm / RMSNorm backward
 // ---------------------------------------------------------------------------------
 
-template <class T, int V, int P, bool PARAMS>
+// gextra (optional) is added to gx: the gradient reaching the norm's input through a residual.
+template <class T, class W, int V, int P, bool PARAMS>
 __global__ void __launch_bounds__(512)
-    normBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
-                       const float* __restrict__ meanIn, const float* __restrict__ rstdIn, T* __restrict__ gx,
-                       float* __restrict__ gwPartial, float* __restrict__ gbPartial, int64_t N, int64_t C,
-                       bool rms) {
+    normBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const W* __restrict__ w,
+                       const float* __restrict__ meanIn, const float* __restrict__ rstdIn,
+                       const T* __restrict__ gextra, T* __restrict__ gx, float* __restrict__ gwPartial,
+                       float* __restrict__ gbPartial, int64_t N, int64_t C, bool rms) {
   static_assert(P > 0, "the backward keeps its rows and parameter partials in registers");
   __shared__ float scratch[64];
   int64_t packs = C / V;
@@ -269,7 +286,7 @@ __global__ void __launch_bounds__(512)
       float wv[V];
       loadPack<T, V>(gy + base, packIndex(p), g[p]);
       loadPack<T, V>(x + base, packIndex(p), xh[p]);
-      if (w) loadPack<T, V>(w, packIndex(p), wv);
+      if (w) loadPack<W, V>(w, packIndex(p), wv);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         xh[p][j] = (xh[p][j] - mean) * rstd;
@@ -292,6 +309,12 @@ __global__ void __launch_bounds__(512)
       for (int j = 0; j < V; ++j)
         g[p][j] = rms ? rstd * (g[p][j] - xh[p][j] * sumGX * invC)
                       : rstd * (g[p][j] - (sumG + xh[p][j] * sumGX) * invC);
+      if (gextra) {
+        float e[V];
+        loadPack<T, V>(gextra + base, packIndex(p), e);
+#pragma unroll
+        for (int j = 0; j < V; ++j) g[p][j] += e[j];
+      }
       storePack<T, V>(gx + base, packIndex(p), g[p]);
     }
   }

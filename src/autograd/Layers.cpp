@@ -181,6 +181,22 @@ Tensor layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   return r.y;
 }
 
+std::array<Tensor, 2> addLayerNorm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                   const Tensor& bias, double eps) {
+  ops::NormResult r = ops::layerNorm(x, weight, bias, eps, residual);
+  Tensor ssum = r.sum.detach(), sw = saved(weight);
+  ops::NormResult stats{Tensor(), r.mean, r.rstd};
+  bool nw = participates(weight), nb = participates(bias);
+  bool nin = participates(x) || participates(residual);
+  recordFunction("AddLayerNormBackward", {x, residual, weight, bias}, {r.sum, r.y}, [=](const Grads& g) {
+    // g[0] reaches the sum through the residual stream, g[1] through the norm; both end at x and residual.
+    ops::NormGrads grads = ops::layerNormBackward(g[1], ssum, sw, stats, nw, nb, g[0]);
+    Tensor gin = nin ? grads.x : Tensor();
+    return Grads{gin, gin, grads.weight, grads.bias};
+  });
+  return {r.sum, r.y};
+}
+
 Tensor rmsNorm(const Tensor& x, const Tensor& weight, double eps) {
   ops::NormResult r = ops::rmsNorm(x, weight, eps);
   Tensor sx = saved(x), sw = saved(weight);

@@ -41,6 +41,10 @@ Embedding::Embedding(const EmbeddingConfig& config, Generator& gen) {
 }
 
 Tensor Embedding::apply(const Tensor& ids, DType dtype) {
+  // fp32 masters with a 16-bit compute dtype: gather fp32 rows and cast only those; the backward scatters
+  // into an fp32 gradient directly (no [V, C] cast either way).
+  if (weight.dtype() == DType::F32 && (dtype == DType::BF16 || dtype == DType::F16))
+    return embedding(weight, ids).to(dtype);
   return embedding(castParameter(weight, dtype), ids);
 }
 
@@ -53,12 +57,28 @@ LayerNorm::LayerNorm(const NormConfig& config) : eps_(config.eps) {
   if (config.bias) bias = registerParameter("bias", ops::zeros({config.dim}, DType::F32, config.device));
 }
 
+namespace {
+// A norm parameter as the kernels take it: fp32 masters as they are with bf16/f16 input, else cast.
+Tensor normParameter(const Tensor& p, DType dtype) {
+  if (!p.defined()) return p;
+  bool mixed = p.dtype() == DType::F32 && (dtype == DType::BF16 || dtype == DType::F16);
+  return mixed ? p : castParameter(p, dtype);
+}
+}  // namespace
+
 Tensor LayerNorm::apply(const Tensor& x) {
-  return layerNorm(x, castParameter(weight, x.dtype()),
-                   bias.defined() ? castParameter(bias, x.dtype()) : Tensor(), eps_);
+  return layerNorm(x, normParameter(weight, x.dtype()), normParameter(bias, x.dtype()), eps_);
+}
+
+std::array<Tensor, 2> LayerNorm::applyResidual(const Tensor& x, const Tensor& residual) {
+  return addLayerNorm(x, residual, normParameter(weight, x.dtype()), normParameter(bias, x.dtype()), eps_);
 }
 
 std::vector<Tensor> LayerNorm::forward(const std::vector<Tensor>& inputs) {
+  if (inputs.size() > 1) {
+    auto [sum, y] = applyResidual(inputs[0], inputs[1]);
+    return {y, sum};
+  }
   return {apply(inputs.at(0))};
 }
 
@@ -67,7 +87,7 @@ RMSNorm::RMSNorm(const NormConfig& config) : eps_(config.eps) {
 }
 
 Tensor RMSNorm::apply(const Tensor& x) {
-  return rmsNorm(x, castParameter(weight, x.dtype()), eps_);
+  return rmsNorm(x, normParameter(weight, x.dtype()), eps_);
 }
 
 std::vector<Tensor> RMSNorm::forward(const std::vector<Tensor>& inputs) {

@@ -118,8 +118,10 @@ Tensor TransformerBlock::apply(const Tensor& x, const AttentionMask& mask) {
     attnIn.push_back(mask.keyPadding);
     attnIn.push_back(mask.bias);
   }
-  Tensor h = x + (*attn_)(attnIn)[0];
-  return h + (*mlp_)((*ln2_)(h));
+  // h = x + attn and ln_2(h) in one pass (through operator() so ln_2's hooks fire).
+  std::vector<Tensor> norm2 = (*ln2_)(std::vector<Tensor>{x, (*attn_)(attnIn)[0]});
+  const Tensor& h = norm2[1];
+  return h + (*mlp_)(norm2[0]);
 }
 
 std::vector<Tensor> TransformerBlock::forward(const std::vector<Tensor>& inputs) {

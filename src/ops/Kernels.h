@@ -80,14 +80,18 @@ struct SoftmaxOptions {
 using SoftmaxKernel = void(const Tensor& x, const Tensor& y, bool log, const SoftmaxOptions& options);
 using SoftmaxBackwardKernel = void(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log,
                                    double scale);
-// LayerNorm (rms=false) or RMSNorm (rms=true) over rows. weight/bias [C] may be undefined. mean/rstd [N] in
-// the statistics dtype (fp32; f64 for f64 inputs) (mean undefined for RMSNorm).
-using NormKernel = void(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
-                        const Tensor& mean, const Tensor& rstd, double eps, bool rms);
-// gw/gb: [C] in the statistics dtype, or undefined when not needed.
+// LayerNorm (rms=false) or RMSNorm (rms=true) over rows. weight/bias [C] may be undefined; they have x's
+// dtype or the statistics dtype (fp32 masters with bf16/f16 x). mean/rstd [N] in the statistics dtype (fp32;
+// f64 for f64 inputs) (mean undefined for RMSNorm). With residual defined (contiguous like x), the rows
+// normalised are sum = x + residual, rounded to x's dtype and written to `sum` as well.
+using NormKernel = void(const Tensor& x, const Tensor& residual, const Tensor& sum, const Tensor& weight,
+                        const Tensor& bias, const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                        double eps, bool rms);
+// gw/gb: [C] in the statistics dtype, or undefined when not needed. gextra (contiguous like gx, or
+// undefined) is added to gx: the gradient that reaches the norm's input by another path (a residual).
 using NormBackwardKernel = void(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                const Tensor& rstd, const Tensor& gx, const Tensor& gw, const Tensor& gb,
-                                bool rms);
+                                const Tensor& rstd, const Tensor& gextra, const Tensor& gx, const Tensor& gw,
+                                const Tensor& gb, bool rms);
 // weight [V, C] contiguous, indices contiguous [N] (i32/i64), out [N, C].
 using EmbeddingKernel = void(const Tensor& weight, const Tensor& indices, const Tensor& out);
 // gw: [V, C] in the statistics dtype, zeroed; gy [N, C].

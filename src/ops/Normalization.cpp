@@ -32,32 +32,50 @@ void checkNormArgs(const char* op, const Tensor& x, const Tensor& weight, const 
     if (!p->defined()) continue;
     STRATA_CHECK(p->shape() == Shape{C}, "{}: parameter shape {} must be [{}] (the last dim of {})", op,
                  toString(p->shape()), C, toString(x.shape()));
-    STRATA_CHECK(p->dtype() == x.dtype() && p->device() == x.device(),
-                 "{}: parameters must match the input's dtype and device", op);
+    // Parameters in x's dtype, or fp32 masters read directly by the kernel (mixed precision).
+    STRATA_CHECK(
+        (p->dtype() == x.dtype() || p->dtype() == statsDType(x.dtype())) && p->device() == x.device(),
+        "{}: parameters must be on the input's device, in its dtype or {} (got {} for {} input)", op,
+        statsDType(x.dtype()), p->dtype(), x.dtype());
   }
+  STRATA_CHECK(!weight.defined() || !bias.defined() || weight.dtype() == bias.dtype(),
+               "{}: weight and bias dtypes differ ({} and {})", op, weight.dtype(), bias.dtype());
 }
 
-NormResult normImpl(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                    bool rms) {
+NormResult normImpl(const char* op, const Tensor& x, const Tensor& residual, const Tensor& weight,
+                    const Tensor& bias, double eps, bool rms) {
   checkNormArgs(op, x, weight, bias);
   Tensor in = contiguous(x);
+  Tensor res;
+  if (residual.defined()) {
+    STRATA_CHECK(
+        residual.shape() == x.shape() && residual.dtype() == x.dtype() && residual.device() == x.device(),
+        "{}: residual {} {} must match the input {} {}", op, toString(residual.shape()), residual.dtype(),
+        toString(x.shape()), x.dtype());
+    res = contiguous(residual);
+  }
   int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
   DType sd = statsDType(x.dtype());
   NormResult r;
   r.y = emptyLike(in);
+  if (res.defined()) r.sum = emptyLike(in);
   r.rstd = Tensor::empty({N}, sd, x.device());
   if (!rms) r.mean = Tensor::empty({N}, sd, x.device());
   Tensor w = weight.defined() ? contiguous(weight) : Tensor();
   Tensor b = bias.defined() ? contiguous(bias) : Tensor();
-  if (in.numel() > 0) kernel<NormKernel>("norm", x.device())(in, w, b, r.y, r.mean, r.rstd, eps, rms);
+  if (in.numel() > 0)
+    kernel<NormKernel>("norm", x.device())(in, res, r.sum, w, b, r.y, r.mean, r.rstd, eps, rms);
   return r;
 }
 
 NormGrads normBackwardImpl(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
-                           bool needWeight, bool needBias, bool rms) {
+                           bool needWeight, bool needBias, bool rms, const Tensor& gextra) {
   STRATA_CHECK(gy.shape() == x.shape(), "norm backward: gradient shape {} differs from input shape {}",
                toString(gy.shape()), toString(x.shape()));
+  STRATA_CHECK(!gextra.defined() || (gextra.shape() == x.shape() && gextra.dtype() == x.dtype()),
+               "norm backward: the extra gradient must match the input");
   Tensor g = contiguous(gy), in = contiguous(x);
+  Tensor extra = gextra.defined() ? contiguous(gextra) : Tensor();
   Tensor w = weight.defined() ? contiguous(weight) : Tensor();
   int64_t C = x.size(-1);
   DType sd = statsDType(x.dtype());
@@ -66,14 +84,16 @@ NormGrads normBackwardImpl(const Tensor& gy, const Tensor& x, const Tensor& weig
   Tensor gw = needWeight ? Tensor::empty({C}, sd, x.device()) : Tensor();
   Tensor gb = needBias ? Tensor::empty({C}, sd, x.device()) : Tensor();
   if (in.numel() > 0) {
-    kernel<NormBackwardKernel>("norm_backward", x.device())(g, in, w, saved.mean, saved.rstd, grads.x, gw, gb,
-                                                            rms);
+    kernel<NormBackwardKernel>("norm_backward", x.device())(g, in, w, saved.mean, saved.rstd, extra, grads.x,
+                                                            gw, gb, rms);
   } else {
     if (gw.defined()) fill(gw, 0.0);
     if (gb.defined()) fill(gb, 0.0);
   }
-  if (gw.defined()) grads.weight = to(gw, x.device(), x.dtype());
-  if (gb.defined()) grads.bias = to(gb, x.device(), x.dtype());
+  // Parameter gradients in the parameters' dtype: fp32 masters get the kernel's fp32 sums as they are.
+  DType pd = weight.defined() ? weight.dtype() : x.dtype();
+  if (gw.defined()) grads.weight = gw.dtype() == pd ? gw : to(gw, x.device(), pd);
+  if (gb.defined()) grads.bias = gb.dtype() == pd ? gb : to(gb, x.device(), pd);
   return grads;
 }
 
@@ -115,22 +135,23 @@ Tensor scaledSoftmaxBackward(const Tensor& y, const Tensor& gy, double scale) {
   return gx;
 }
 
-NormResult layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  return normImpl("layer_norm", x, weight, bias, eps, false);
+NormResult layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                     const Tensor& residual) {
+  return normImpl("layer_norm", x, residual, weight, bias, eps, false);
 }
 
 NormResult rmsNorm(const Tensor& x, const Tensor& weight, double eps) {
-  return normImpl("rms_norm", x, weight, Tensor(), eps, true);
+  return normImpl("rms_norm", x, Tensor(), weight, Tensor(), eps, true);
 }
 
 NormGrads layerNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
-                            bool needWeight, bool needBias) {
-  return normBackwardImpl(gy, x, weight, saved, needWeight, needBias, false);
+                            bool needWeight, bool needBias, const Tensor& gextra) {
+  return normBackwardImpl(gy, x, weight, saved, needWeight, needBias, false, gextra);
 }
 
 NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
                           bool needWeight) {
-  return normBackwardImpl(gy, x, weight, saved, needWeight, false, true);
+  return normBackwardImpl(gy, x, weight, saved, needWeight, false, true, Tensor());
 }
 
 }  // namespace strata::ops

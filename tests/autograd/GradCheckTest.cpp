@@ -78,6 +78,71 @@ TEST_CASE("gradcheck: layer norm and rms norm", "[autograd][gradcheck]") {
             {randomDouble({3, 6}, 49, -2, 2), randomDouble({6}, 50, 0.5, 1.5)});
 }
 
+TEST_CASE("gradcheck: layer norm with a fused residual add", "[autograd][gradcheck]") {
+  // Both outputs feed the loss: the sum's gradient joins the norm's input gradient in the kernel.
+  gradCheck(
+      [](const Ins& x) {
+        auto [sum, y] = addLayerNorm(x[0], x[1], x[2], x[3]);
+        return sum * 0.5 + y;
+      },
+      {randomDouble({3, 6}, 51, -2, 2), randomDouble({3, 6}, 52), randomDouble({6}, 53, 0.5, 1.5),
+       randomDouble({6}, 54)});
+  // Only the norm's output used: the sum's gradient is zero.
+  gradCheck([](const Ins& x) { return addLayerNorm(x[0], x[1], x[2], Tensor())[1]; },
+            {randomDouble({2, 5}, 55, -2, 2), randomDouble({2, 5}, 56), randomDouble({5}, 57, 0.5, 1.5)});
+}
+
+TEST_CASE("layer norm with a residual equals add + layer norm", "[autograd]") {
+  Tensor outs[2][2];
+  std::vector<Tensor> grads[2];
+  for (int path = 0; path < 2; ++path) {
+    std::vector<Tensor> in{randomDouble({4, 8}, 58, -2, 2), randomDouble({4, 8}, 59),
+                           randomDouble({8}, 60, 0.5, 1.5), randomDouble({8}, 61)};
+    for (auto& t : in) t.setRequiresGrad(true);
+    Tensor total, y;
+    if (path == 0) {
+      total = in[0] + in[1];
+      y = layerNorm(total, in[2], in[3]);
+    } else {
+      auto r = addLayerNorm(in[0], in[1], in[2], in[3]);
+      total = r[0];
+      y = r[1];
+    }
+    backward(sum(total * total) + sum(y * y * y));
+    outs[path][0] = total.detach();
+    outs[path][1] = y.detach();
+    for (auto& t : in) grads[path].push_back(t.grad());
+  }
+  for (int i = 0; i < 2; ++i) test::requireClose(outs[1][i], outs[0][i], 1e-12, 1e-10);
+  for (size_t i = 0; i < 4; ++i) test::requireClose(grads[1][i], grads[0][i], 1e-12, 1e-10);
+}
+
+TEST_CASE("layer norm reads fp32 parameters with bf16 input and returns fp32 gradients", "[autograd]") {
+  Generator gen(9);
+  Tensor x = ops::rand({6, 32}, gen, DType::F32, Device::cpu(), -2, 2).to(DType::BF16);
+  Tensor w = ops::rand({32}, gen, DType::F32, Device::cpu(), 0.5, 1.5);
+  Tensor b = ops::rand({32}, gen, DType::F32, Device::cpu(), -0.5, 0.5);
+  Tensor ys[2], gw[2], gb[2];
+  for (int path = 0; path < 2; ++path) {
+    // path 0: fp32 parameters read as they are by bf16 input; path 1: the same in f64 (the reference).
+    DType pd = path == 0 ? DType::F32 : DType::F64;
+    Tensor wi = w.detach().clone().to(pd), bi = b.detach().clone().to(pd);
+    wi.setRequiresGrad(true);
+    bi.setRequiresGrad(true);
+    Tensor y = layerNorm(path == 0 ? x : x.to(DType::F64), wi, bi);
+    REQUIRE(y.dtype() == (path == 0 ? DType::BF16 : DType::F64));
+    Tensor y64 = y.to(DType::F64);
+    backward(sum(y64 * y64));
+    REQUIRE(wi.grad().dtype() == pd);
+    ys[path] = y64.detach();
+    gw[path] = wi.grad().to(DType::F64);
+    gb[path] = bi.grad().to(DType::F64);
+  }
+  test::requireClose(ys[0], ys[1], 2e-2, 1e-2);
+  test::requireClose(gw[0], gw[1], 5e-2, 2e-2);
+  test::requireClose(gb[0], gb[1], 5e-2, 2e-2);
+}
+
 TEST_CASE("gradcheck: embedding", "[autograd][gradcheck]") {
   Tensor idx = Tensor::fromVector<int64_t>({3, 0, 3, 1, 2, 0}, {2, 3});
   gradCheck([idx](const Ins& x) { return embedding(x[0], idx); }, {randomDouble({5, 4}, 51)});

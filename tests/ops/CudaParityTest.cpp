@@ -548,3 +548,25 @@ TEST_CASE("[cuda] mixed-precision GELU MLP (bf16 input, fp32 masters) trains lik
          },
          {x, w1, b1, w2, b2, g}, {5e-2, 2e-2});
 }
+
+TEST_CASE("[cuda] layer norm with a fused residual and fp32 parameters matches the cpu", "[cuda][parity]") {
+  STRATA_REQUIRE_CUDA();
+  // Widths covering the register-cached rows (64, 2048) and an odd width (unpacked loads).
+  for (int64_t C : {64, 2048, 100}) {
+    for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+      Tol t = tolFor(dt);
+      Tensor x = randomOf({37, C}, dt, 170, -2, 2), r = randomOf({37, C}, dt, 171),
+             g = randomOf({37, C}, dt, 172);
+      Tensor gs = randomOf({37, C}, dt, 173);
+      Tensor w = randomOf({C}, DType::F32, 174, 0.5, 1.5), b = randomOf({C}, DType::F32, 175);
+      parity("add + layer_norm, fp32 params",
+             [](const std::vector<Tensor>& in) {
+               ops::NormResult n = ops::layerNorm(in[0], in[3], in[4], 1e-5, in[1]);
+               ops::NormGrads gr = ops::layerNormBackward(in[2], n.sum, in[3], n, true, true, in[5]);
+               REQUIRE(gr.weight.dtype() == DType::F32);
+               return std::vector<Tensor>{n.y, n.sum, n.mean, n.rstd, gr.x, gr.weight, gr.bias};
+             },
+             {x, r, g, w, b, gs}, {t.atol * double(C) / 64 + t.atol, t.rtol});
+    }
+  }
+}

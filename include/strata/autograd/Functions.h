@@ -2,6 +2,8 @@
 // when grad mode is on and an input takes part in the graph, records its backward.
 #pragma once
 
+#include <array>
+
 #include <cstdint>
 #include <vector>
 
@@ -89,7 +91,12 @@ Tensor logSoftmax(const Tensor& x, int64_t dim = -1);
 // softmax(scale * x) over the last dim of [..., S_q, S_k], causally masked when asked (see
 // ops::scaledSoftmax).
 Tensor scaledSoftmax(const Tensor& x, double scale, bool causal);
+// weight/bias in x's dtype, or fp32 masters with bf16/f16 x (read as they are; fp32 gradients).
 Tensor layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// A pre-LN residual step in one pass: sum = x + residual and y = layerNorm(sum). Returns {sum, y}; the
+// backward adds sum's gradient into the norm's input gradient in the same pass.
+std::array<Tensor, 2> addLayerNorm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                   const Tensor& bias, double eps = 1e-5);
 Tensor rmsNorm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Mean cross-entropy of logits [N, V] against target [N], skipping ignoreIndex. fp32 scalar (f64 for f64

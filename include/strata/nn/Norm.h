@@ -1,6 +1,8 @@
 // LayerNorm (weight and bias) and RMSNorm (weight only) over the last dimension.
 #pragma once
 
+#include <array>
+
 #include "strata/nn/Module.h"
 
 namespace strata::nn {
@@ -12,11 +14,15 @@ struct NormConfig {
   Device device = Device::cpu();
 };
 
+// forward({x}) -> {y}; forward({x, residual}) -> {y, x + residual}: the residual add fused into the norm.
+// fp32 parameters are read as they are by bf16/f16 input (fp32 gradients, no cast passes).
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(const NormConfig& config);
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
   Tensor apply(const Tensor& x);
+  // {x + residual, layerNorm(x + residual)}.
+  std::array<Tensor, 2> applyResidual(const Tensor& x, const Tensor& residual);
 
   Tensor weight, bias;
 

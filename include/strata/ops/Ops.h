@@ -117,16 +117,24 @@ Tensor softmaxBackward(const Tensor& y, const Tensor& gy, int64_t dim, bool log)
 Tensor scaledSoftmax(const Tensor& x, double scale, bool causal);
 Tensor scaledSoftmaxBackward(const Tensor& y, const Tensor& gy, double scale);
 
+// Parameters have x's dtype, or are fp32 masters with bf16/f16 x (read as they are; their gradients come back
+// in fp32).
 struct NormResult {
   Tensor y, mean, rstd;  // mean and rstd are fp32 [rows]; mean is undefined for RMSNorm
+  Tensor sum;            // x + residual (in x's dtype) when a residual was given: the rows normalised
 };
-NormResult layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// With `residual`, normalises x + residual in the same pass (a pre-LN block's residual add) and returns that
+// sum as well.
+NormResult layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                     const Tensor& residual = Tensor());
 NormResult rmsNorm(const Tensor& x, const Tensor& weight, double eps);
 struct NormGrads {
   Tensor x, weight, bias;
 };
+// x: the rows that were normalised (the sum, for a fused residual). gextra, if defined, is added to the
+// input gradient in the same pass (the gradient reaching those rows through the residual path).
 NormGrads layerNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
-                            bool needWeight, bool needBias);
+                            bool needWeight, bool needBias, const Tensor& gextra = Tensor());
 NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
                           bool needWeight);
 

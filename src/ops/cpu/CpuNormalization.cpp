@@ -60,15 +60,32 @@ void softmaxBackward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool l
   });
 }
 
-void norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y, const Tensor& mean,
-          const Tensor& rstd, double eps, bool rms) {
+// A norm parameter read in the compute type F, stored as T (x's dtype) or as F itself (fp32 masters).
+template <class T, class F>
+struct ParamReader {
+  const T* t = nullptr;
+  const F* f = nullptr;
+  explicit ParamReader(const Tensor& p, DType xDtype) {
+    if (!p.defined()) return;
+    if (p.dtype() == xDtype)
+      t = static_cast<const T*>(p.data());
+    else
+      f = static_cast<const F*>(p.data());
+  }
+  explicit operator bool() const { return t || f; }
+  F operator[](int64_t c) const { return t ? F(t[c]) : f[c]; }
+};
+
+void norm(const Tensor& x, const Tensor& residual, const Tensor& sum, const Tensor& weight,
+          const Tensor& bias, const Tensor& y, const Tensor& mean, const Tensor& rstd, double eps, bool rms) {
   int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
   visitFloating(x.dtype(), "layer_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using F = typename ComputeOf<T>::type;
     const T* in = static_cast<const T*>(x.data());
-    const T* w = weight.defined() ? static_cast<const T*>(weight.data()) : nullptr;
-    const T* b = bias.defined() ? static_cast<const T*>(bias.data()) : nullptr;
+    const T* res = residual.defined() ? static_cast<const T*>(residual.data()) : nullptr;
+    T* sumP = sum.defined() ? static_cast<T*>(sum.data()) : nullptr;
+    ParamReader<T, F> w(weight, x.dtype()), b(bias, x.dtype());
     T* out = static_cast<T*>(y.data());
     using S = F;  // fp32 statistics, f64 for f64 inputs
     S* meanP = mean.defined() ? static_cast<S*>(mean.data()) : nullptr;
@@ -76,6 +93,10 @@ void norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tenso
 #pragma omp parallel for if (N * C > kParallelGrain)
     for (int64_t n = 0; n < N; ++n) {
       const T* row = in + n * C;
+      if (res) {
+        for (int64_t c = 0; c < C; ++c) sumP[n * C + c] = T(F(row[c]) + F(res[n * C + c]));
+        row = sumP + n * C;
+      }
       F mu = 0;
       if (!rms) {
         for (int64_t c = 0; c < C; ++c) mu += F(row[c]);
@@ -92,8 +113,8 @@ void norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tenso
       rstdP[n] = S(rs);
       for (int64_t c = 0; c < C; ++c) {
         F v = (F(row[c]) - mu) * rs;
-        if (w) v *= F(w[c]);
-        if (b) v += F(b[c]);
+        if (w) v *= w[c];
+        if (b) v += b[c];
         out[n * C + c] = T(v);
       }
     }
@@ -101,14 +122,16 @@ void norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tenso
 }
 
 void normBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                  const Tensor& rstd, const Tensor& gx, const Tensor& gw, const Tensor& gb, bool rms) {
+                  const Tensor& rstd, const Tensor& gextra, const Tensor& gx, const Tensor& gw,
+                  const Tensor& gb, bool rms) {
   int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
   visitFloating(x.dtype(), "layer_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using F = typename ComputeOf<T>::type;
     const T* g = static_cast<const T*>(gy.data());
     const T* in = static_cast<const T*>(x.data());
-    const T* w = weight.defined() ? static_cast<const T*>(weight.data()) : nullptr;
+    const T* extra = gextra.defined() ? static_cast<const T*>(gextra.data()) : nullptr;
+    ParamReader<T, F> w(weight, x.dtype());
     // Statistics and weight/bias gradients are fp32, or f64 for f64 inputs (gradient checks).
     using S = F;
     const S* meanP = mean.defined() ? static_cast<const S*>(mean.data()) : nullptr;
@@ -127,15 +150,16 @@ void normBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const
         const T* grow = g + n * C;
         F sumG = 0, sumGX = 0;
         for (int64_t c = 0; c < C; ++c) {
-          F gw_ = F(grow[c]) * (w ? F(w[c]) : F(1));
+          F gw_ = F(grow[c]) * (w ? w[c] : F(1));
           F xhat = (F(row[c]) - mu) * rs;
           sumG += gw_;
           sumGX += gw_ * xhat;
         }
         for (int64_t c = 0; c < C; ++c) {
-          F gw_ = F(grow[c]) * (w ? F(w[c]) : F(1));
+          F gw_ = F(grow[c]) * (w ? w[c] : F(1));
           F xhat = (F(row[c]) - mu) * rs;
           F v = rms ? rs * (gw_ - xhat * sumGX / F(C)) : rs * (gw_ - (sumG + xhat * sumGX) / F(C));
+          if (extra) v += F(extra[n * C + c]);
           out[n * C + c] = T(v);
         }
       }
