@@ -57,8 +57,14 @@ Tensor Gpt::hidden(const Tensor& ids, DType compute) {
   Tensor pos = ops::arange(0, double(T), 1, DType::I64, ids.device());
   Tensor x = wte_->apply(ids, compute) + wpe_->apply(pos, compute);
   x = dropout(x, config_.dropout, isTraining());
-  for (size_t i = 0; i < blocks_->size(); ++i) x = blocks_->at(i)(x);
-  return (*lnF_)(x);
+  // The residual stream travels as (x, pending) so each block's closing add fuses into the next norm.
+  Tensor pending;
+  for (size_t i = 0; i < blocks_->size(); ++i) {
+    std::vector<Tensor> out = blocks_->at(i)(std::vector<Tensor>{x, pending});
+    x = out[0];
+    pending = out[1];
+  }
+  return (*lnF_)(std::vector<Tensor>{x, pending})[0];
 }
 
 Tensor Gpt::logits(const Tensor& ids, DType compute) {

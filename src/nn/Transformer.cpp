@@ -110,21 +110,38 @@ TransformerBlock::TransformerBlock(const TransformerBlockConfig& config, Generat
   mlp_ = registerModule("mlp", std::make_shared<Mlp>(config.mlp, gen));
 }
 
-Tensor TransformerBlock::apply(const Tensor& x, const AttentionMask& mask) {
+std::array<Tensor, 2> TransformerBlock::applyStream(const Tensor& x, const Tensor& pending,
+                                                    const AttentionMask& mask) {
   // Submodules are called through operator() so that their hooks fire (ZeRO gathers and releases there).
-  std::vector<Tensor> attnIn{(*ln1_)(x)};
+  Tensor stream = x, normed;
+  if (pending.defined()) {
+    std::vector<Tensor> norm1 = (*ln1_)(std::vector<Tensor>{x, pending});  // {ln_1(x + pending), x + pending}
+    normed = norm1[0];
+    stream = norm1[1];
+  } else {
+    normed = (*ln1_)(x);
+  }
+  std::vector<Tensor> attnIn{normed};
   if (mask.keyPadding.defined() || mask.bias.defined()) {
     attnIn.push_back(Tensor());
     attnIn.push_back(mask.keyPadding);
     attnIn.push_back(mask.bias);
   }
-  // h = x + attn and ln_2(h) in one pass (through operator() so ln_2's hooks fire).
-  std::vector<Tensor> norm2 = (*ln2_)(std::vector<Tensor>{x, (*attn_)(attnIn)[0]});
-  const Tensor& h = norm2[1];
-  return h + (*mlp_)(norm2[0]);
+  // h = stream + attn and ln_2(h) in one pass.
+  std::vector<Tensor> norm2 = (*ln2_)(std::vector<Tensor>{stream, (*attn_)(attnIn)[0]});
+  return {norm2[1], (*mlp_)(norm2[0])};
+}
+
+Tensor TransformerBlock::apply(const Tensor& x, const AttentionMask& mask) {
+  auto [h, m] = applyStream(x, Tensor(), mask);
+  return h + m;
 }
 
 std::vector<Tensor> TransformerBlock::forward(const std::vector<Tensor>& inputs) {
+  if (inputs.size() > 1) {
+    auto [next, pending] = applyStream(inputs[0], inputs[1]);
+    return {next, pending};
+  }
   return {apply(inputs.at(0))};
 }
 

@@ -1,5 +1,6 @@
 #include "TestUtil.h"
 #include "strata/nn/Linear.h"
+#include "strata/nn/TransformerBlock.h"
 
 using namespace strata;
 
@@ -110,4 +111,39 @@ TEST_CASE("mixed-precision Linear returns fp32 master gradients matching the cas
   // The fused path skips the bf16 rounding of the gradient: equal within bf16 precision.
   test::requireClose(grads[0][0], grads[1][0], 1e-2, 1e-2);
   test::requireClose(grads[0][1], grads[1][1], 1e-2, 1e-2);
+}
+
+TEST_CASE("a block on a split residual stream equals the block on its sum", "[nn]") {
+  // forward({x, pending}) leaves the adds to the norms; its two outputs must sum to block(x + pending), with
+  // the same gradients.
+  Generator gen(3);
+  nn::TransformerBlockConfig cfg;
+  cfg.attention = nn::AttentionConfig{16, 2, true, false, true, 0.0, 0.02, 0.02, Device::cpu()};
+  cfg.mlp = nn::MlpConfig{16, 64, true, 0.0, 0.02, 0.02, Device::cpu()};
+  nn::TransformerBlock block(cfg, gen);
+  Tensor ys[2], gx[2], gp[2], gw[2];
+  for (int path = 0; path < 2; ++path) {
+    block.zeroGrad();
+    Tensor x = test::randomDouble({2, 5, 16}, 70).to(DType::F32),
+           p = test::randomDouble({2, 5, 16}, 71).to(DType::F32);
+    x.setRequiresGrad(true);
+    p.setRequiresGrad(true);
+    Tensor y;
+    if (path == 0) {
+      y = block(x + p);
+    } else {
+      std::vector<Tensor> out = block(std::vector<Tensor>{x, p});
+      REQUIRE(out.size() == 2);
+      y = out[0] + out[1];
+    }
+    backward(sum(y * y));
+    ys[path] = y.detach();
+    gx[path] = x.grad();
+    gp[path] = p.grad();
+    gw[path] = block.namedParameters().front().second.grad().clone();
+  }
+  test::requireClose(ys[1], ys[0], 1e-6, 1e-5);
+  test::requireClose(gx[1], gx[0], 1e-6, 1e-5);
+  test::requireClose(gp[1], gp[0], 1e-6, 1e-5);
+  test::requireClose(gw[1], gw[0], 1e-6, 1e-5);
 }

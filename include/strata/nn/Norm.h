@@ -14,7 +14,8 @@ struct NormConfig {
   Device device = Device::cpu();
 };
 
-// forward({x}) -> {y}; forward({x, residual}) -> {y, x + residual}: the residual add fused into the norm.
+// forward({x}) -> {y}; forward({x, residual}) -> {y, x + residual}: the residual add fused into the norm (an
+// undefined residual counts as zero).
 // fp32 parameters are read as they are by bf16/f16 input (fp32 gradients, no cast passes).
 class LayerNorm : public Module {
  public:
