@@ -19,7 +19,14 @@ struct AdamChunk {
   float* v;
   int64_t n;
   float weightDecay;
+  void* copy;    // 16-bit copy of param written with the update, or null
+  int copyKind;  // 0: none, 1: bf16, 2: f16
 };
+
+__device__ __forceinline__ uint16_t roundTo16(float x, int kind) {
+  if (kind == 1) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  return __half_as_ushort(__float2half_rn(x));
+}
 
 struct AdamParams {
   float lr, beta1, beta2, eps, c1, c2;  // c1, c2: inverse bias corrections
@@ -37,9 +44,11 @@ __global__ void adamwKernel(const AdamChunk* __restrict__ chunks, AdamParams h,
   AdamChunk c = chunks[blockIdx.x];
   float scale = gradScale ? gradScale[0] : 1.0f;
   float decay = 1.0f - h.lr * c.weightDecay;
+  uint16_t* copy = static_cast<uint16_t*>(c.copy);
   bool vec = ((reinterpret_cast<uintptr_t>(c.param) | reinterpret_cast<uintptr_t>(c.grad) |
                reinterpret_cast<uintptr_t>(c.m) | reinterpret_cast<uintptr_t>(c.v)) &
-              15u) == 0;
+              15u) == 0 &&
+             (reinterpret_cast<uintptr_t>(copy) & 7u) == 0;
   int64_t start = 0;
   if (vec) {
     int64_t n4 = c.n / 4;
@@ -53,11 +62,18 @@ __global__ void adamwKernel(const AdamChunk* __restrict__ chunks, AdamParams h,
       reinterpret_cast<float4*>(c.param)[i] = p;
       reinterpret_cast<float4*>(c.m)[i] = m;
       reinterpret_cast<float4*>(c.v)[i] = v;
+      if (copy) {
+        ushort4 r{roundTo16(p.x, c.copyKind), roundTo16(p.y, c.copyKind), roundTo16(p.z, c.copyKind),
+                  roundTo16(p.w, c.copyKind)};
+        reinterpret_cast<ushort4*>(copy)[i] = r;
+      }
     }
     start = n4 * 4;
   }
-  for (int64_t i = start + threadIdx.x; i < c.n; i += blockDim.x)
+  for (int64_t i = start + threadIdx.x; i < c.n; i += blockDim.x) {
     adamOne(c.param[i], c.grad[i] * scale, c.m[i], c.v[i], h, decay);
+    if (copy) copy[i] = roundTo16(c.param[i], c.copyKind);
+  }
 }
 
 // ---- sum of squares (gradient norm)

@@ -19,6 +19,23 @@ namespace {
 Tensor saved(const Tensor& t) {
   return t.defined() ? t.detach() : t;
 }
+// A mixed-precision parameter in the compute dtype, for the GEMMs. For parameters marked by
+// keepComputeCopies: the cached copy while the parameter's storage is unchanged (AdamW rewrites the copy with
+// each update and keeps it valid), else a fresh cast that becomes the cache. Others: a cast. Not
+// differentiable: the callers route gradients to the fp32 parameter themselves.
+Tensor computeCopy(const Tensor& param, DType dtype) {
+  if (!param.defined() || param.dtype() == dtype) return param;
+  TensorImpl& impl = param.impl();
+  if (!impl.castCache || !param.isLeaf()) return ops::to(param.detach(), param.device(), dtype);
+  CastCache& cache = *impl.castCache;
+  uint64_t version = impl.storage->version();
+  if (cache.copy && cache.copy->dtype == dtype && cache.version == version) return Tensor(cache.copy);
+  Tensor copy = ops::to(param.detach(), param.device(), dtype);
+  cache.copy = copy.implPtr();
+  cache.version = version;
+  return copy;
+}
+
 Tensor transposeLast(const Tensor& t) {
   std::vector<int64_t> perm(static_cast<size_t>(t.dim()));
   for (size_t i = 0; i < perm.size(); ++i) perm[i] = int64_t(i);
@@ -26,6 +43,14 @@ Tensor transposeLast(const Tensor& t) {
   return detail::permuteRaw(t, perm);
 }
 }  // namespace
+
+void keepComputeCopies(const std::vector<Tensor>& parameters, bool keep) {
+  for (const Tensor& p : parameters) {
+    if (!p.defined()) continue;
+    if (keep && !p.impl().castCache) p.impl().castCache = std::make_shared<CastCache>();
+    if (!keep) p.impl().castCache.reset();
+  }
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (a.dim() == 1) return matmul(a.unsqueeze(0), b).squeeze(-2);
@@ -68,8 +93,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                compute, master);
   // Mixed precision: cast the fp32 master copies to the compute dtype for the forward; the backward writes
   // the weight and bias gradients in fp32 straight from the GEMM and the column sum, with no cast pass.
-  Tensor w = mixed ? ops::to(weight, weight.device(), compute) : weight;
-  Tensor b = mixed && bias.defined() ? ops::to(bias, bias.device(), compute) : bias;
+  Tensor w = mixed ? computeCopy(weight, compute) : weight;
+  Tensor b = mixed && bias.defined() ? computeCopy(bias, compute) : bias;
   Tensor out = b.defined() ? ops::linear(x, w, b) : ops::matmul(x, w);
   bool nx = participates(x), nw = participates(weight), nb = participates(bias);
   Tensor sx = nw ? saved(x) : Tensor(), sw = nx ? saved(w) : Tensor();
@@ -110,7 +135,7 @@ Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, co
   STRATA_CHECK(!mixed || (master == DType::F32 && (compute == DType::BF16 || compute == DType::F16)),
                "geluMlp: {} input with {} weights; mixed precision takes fp32 weights and bf16/f16 input",
                compute, master);
-  auto cast = [&](const Tensor& t) { return mixed && t.defined() ? ops::to(t, t.device(), compute) : t; };
+  auto cast = [&](const Tensor& t) { return mixed && t.defined() ? computeCopy(t, compute) : t; };
   Tensor w1 = cast(fcWeight), b1 = cast(fcBias), w2 = cast(projWeight), b2 = cast(projBias);
   int64_t C = fcWeight.size(0), F = fcWeight.size(1), O = projWeight.size(1);
   // h = gelu(pre) and pre from the fc GEMM's epilogue; the projection adds its bias in its own epilogue.
@@ -241,7 +266,7 @@ Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& t
   DType compute = x.dtype(), master = weight.dtype();
   int64_t N = x.size(0), V = weight.size(0), C = x.size(1);
   Device dev = x.device();
-  Tensor w = master == compute ? weight : ops::to(weight, weight.device(), compute);
+  Tensor w = master == compute ? weight : computeCopy(weight, compute);
   Tensor wT = transposeLast(w);
   if (chunkRows <= 0) {
     int64_t chunks = std::max<int64_t>(1, (N * V + (int64_t(1) << 27) - 1) >> 27);

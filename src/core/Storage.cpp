@@ -32,11 +32,13 @@ void StorageImpl::repoint(void* data, Device device) {
   releaseOwned();
   data_ = data;
   device_ = device;
+  ++version_;
 }
 
 void StorageImpl::evict() {
   releaseOwned();
   data_ = nullptr;
+  ++version_;
 }
 
 Storage makeStorage(size_t bytes, Device device) {

@@ -26,6 +26,7 @@ Tensor zerosLike(const Tensor& t) {
 
 void fill(const Tensor& t, double value) {
   if (t.numel() == 0) return;
+  t.storage()->bumpVersion();
   if (t.isContiguous()) {
     kernel<FillKernel>("fill", t.device())(t, value);
     return;
@@ -61,6 +62,7 @@ void copy(const Tensor& dst, const Tensor& src) {
   STRATA_CHECK(dst.shape() == src.shape(), "copy: destination shape {} differs from source shape {}",
                toString(dst.shape()), toString(src.shape()));
   if (dst.numel() == 0) return;
+  dst.storage()->bumpVersion();
   if (dst.device() == src.device()) {
     kernel<CopyKernel>("copy", dst.device())(dst, src);
     return;

@@ -109,6 +109,7 @@ void matmulAccumulate(const Tensor& out, const Tensor& a, const Tensor& b) {
   STRATA_CHECK(a.device() == b.device() && a.device() == out.device(), "matmulAccumulate: devices differ");
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (out.numel() == 0 || k == 0) return;
+  out.storage()->bumpVersion();
   MatrixOperand A = resolve(a, {}, m, k), B = resolve(b, {}, k, n);  // alive until the launch
   GemmArgs g = gemmArgs(A, B, out, m, n, k);
   g.beta = 1.0f;

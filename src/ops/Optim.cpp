@@ -25,11 +25,17 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const
                    toString(dev));
       STRATA_CHECK(t->numel() == s.param.numel(), "adamw: state of '{}' has the wrong size", s.param.name());
     }
+    STRATA_CHECK(!s.copy.defined() ||
+                     ((s.copy.dtype() == DType::BF16 || s.copy.dtype() == DType::F16) &&
+                      s.copy.isContiguous() && s.copy.device() == dev && s.copy.numel() == s.param.numel()),
+                 "adamw: the copy of '{}' must be a contiguous bf16/f16 tensor of its size on {}",
+                 s.param.name(), toString(dev));
   }
   if (gradScale.defined())
     STRATA_CHECK(gradScale.dtype() == DType::F32 && gradScale.numel() == 1 && gradScale.device() == dev,
                  "adamw: the gradient scale must be one fp32 value on {}", toString(dev));
   kernel<AdamWKernel>("adamw", dev)(sets, hyper, gradScale);
+  for (const auto& s : sets) s.param.storage()->bumpVersion();
 }
 
 }  // namespace strata::ops

@@ -41,11 +41,18 @@ void AdamW::step(double lr, const Tensor& gradScale) {
       devices.push_back(s.param.device());
       byDevice.emplace_back();
     }
-    byDevice[d].push_back(ops::AdamWTensors{s.param, g, s.m, s.v, s.weightDecay});
+    // A valid bf16/f16 copy kept for the GEMMs (see CastCache) is rewritten by the same kernel, so it stays
+    // valid and the next forward skips the cast.
+    Tensor copy;
+    const auto& cache = s.param.impl().castCache;
+    if (cache && cache->copy && cache->version == s.param.storage()->version()) copy = Tensor(cache->copy);
+    byDevice[d].push_back(ops::AdamWTensors{s.param, g, s.m, s.v, s.weightDecay, copy});
   }
   for (size_t d = 0; d < devices.size(); ++d) {
     Tensor scale = gradScale.defined() ? ops::to(gradScale, devices[d], DType::F32) : Tensor();
     ops::adamw(byDevice[d], h, scale);
+    for (const auto& t : byDevice[d])
+      if (t.copy.defined()) t.param.impl().castCache->version = t.param.storage()->version();
   }
 }
 

@@ -174,6 +174,8 @@ const std::vector<Field>& schema() {
     f.push_back(floatField(
         "precision.min_loss_scale", [](Config & c) -> auto& { return c.precision.minLossScale; }, 1e-30,
         1e30));
+    f.push_back(boolField(
+        "precision.weight_copies", [](Config & c) -> auto& { return c.precision.weightCopies; }));
     // zero_optimization (DeepSpeed names)
     f.push_back(intField(
         "zero_optimization.stage", [](Config & c) -> auto& { return c.zero.stage; }, 0, 3));

@@ -190,6 +190,7 @@ TrainResult Trainer::run() {
                              c.lrSchedule.warmupIters,
                              c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
   std::vector<Tensor> params = model_->parameters();
+  if (compute_ != DType::F32) keepComputeCopies(params, c.precision.weightCopies);
 
   int64_t startStep = 0, dataIndex = 0;
   defaultGenerator().manualSeed(c.train.seed);

@@ -378,6 +378,8 @@ TEST_CASE("[cuda] fused multi-tensor AdamW matches the cpu loop", "[cuda][parity
       s.m = ops::zeros({n}, DType::F32, dev);
       s.v = ops::zeros({n}, DType::F32, dev);
       s.weightDecay = n > 100 ? 0.1f : 0.0f;
+      // 16-bit copies written with the update (bf16 and f16, and none for the smallest).
+      if (n > 1) s.copy = Tensor::empty({n}, sets.size() % 2 ? DType::BF16 : DType::F16, dev);
       sets.push_back(s);
     }
     Tensor scale = ops::full({}, 0.5, DType::F32, dev);
@@ -394,6 +396,9 @@ TEST_CASE("[cuda] fused multi-tensor AdamW matches the cpu loop", "[cuda][parity
     for (auto& s : sets) {
       out.push_back(s.param);
       out.push_back(s.v);
+      // The copy is the updated param rounded once: bit for bit a cast of it on the same device.
+      if (s.copy.defined())
+        REQUIRE(s.copy.toVector<double>() == s.param.to(s.copy.dtype()).toVector<double>());
     }
     return out;
   };

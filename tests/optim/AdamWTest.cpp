@@ -86,3 +86,51 @@ TEST_CASE("dynamic loss scaling halves on overflow and grows after a window", "[
   REQUIRE(scaler.update(10.0));  // third good step in a row
   REQUIRE(scaler.scale() == 512.0);
 }
+
+TEST_CASE("bf16 copies of fp32 masters stay in step through AdamW updates and direct writes",
+          "[optim][adamw][mixed]") {
+  // With keepComputeCopies, linear() with bf16 input caches a bf16 copy of each fp32 master; AdamW rewrites
+  // it with every update, and any other write into the master (here a checkpoint-style ops::copy) makes the
+  // next forward recast it.
+  Generator gen(11);
+  Tensor w = ops::rand({16, 8}, gen, DType::F32, Device::cpu(), -0.5, 0.5);
+  Tensor b = ops::rand({8}, gen, DType::F32, Device::cpu(), -0.5, 0.5);
+  w.setRequiresGrad(true);
+  b.setRequiresGrad(true);
+  Tensor x = ops::rand({4, 16}, gen, DType::F32, Device::cpu(), -1, 1).to(DType::BF16);
+  optim::AdamW opt({{"w", w}, {"b", b}}, optim::AdamWConfig{0.05, 0.9, 0.95, 1e-8, 0.1});
+  // Without keepComputeCopies nothing is cached.
+  linear(x, w, b);
+  REQUIRE(!w.impl().castCache);
+  keepComputeCopies({w, b});
+  auto requireCopyMatches = [](const Tensor& master) {
+    const auto& cache = master.impl().castCache;
+    REQUIRE(cache);
+    REQUIRE(cache->version == master.storage()->version());
+    Tensor copy(cache->copy);
+    REQUIRE(copy.dtype() == DType::BF16);
+    // Bit for bit what a fresh cast gives.
+    REQUIRE(copy.toVector<double>() == master.to(DType::BF16).toVector<double>());
+  };
+  std::shared_ptr<TensorImpl> last;
+  for (int step = 0; step < 3; ++step) {
+    Tensor y = linear(x, w, b);
+    // From the second forward on, the copy AdamW rewrote is reused, not recast.
+    if (step > 0) REQUIRE(w.impl().castCache->copy == last);
+    backward(sum(y.to(DType::F32) * y.to(DType::F32)));
+    opt.step(0.05);
+    opt.zeroGrad();
+    requireCopyMatches(w);
+    requireCopyMatches(b);
+    last = w.impl().castCache->copy;
+  }
+  // A direct write (as a checkpoint load does) leaves the copy stale until the next forward recasts it.
+  auto before = w.impl().castCache->version;
+  ops::copy(w.detach(), ops::zeros({16, 8}, DType::F32, Device::cpu()));
+  REQUIRE(w.storage()->version() != before);
+  Tensor y = linear(x, w, b);
+  requireCopyMatches(w);
+  REQUIRE(Tensor(w.impl().castCache->copy).toVector<double>() == std::vector<double>(128, 0.0));
+  // The forward with zero weights gives the bias alone.
+  REQUIRE(y.to(DType::F32).toVector<double>()[0] == Approx(b.to(DType::BF16).toVector<double>()[0]));
+}

@@ -112,13 +112,34 @@ TEST_CASE("fp16 training skips overflowing steps and lowers the loss scale", "[t
   auto recs = records(out);
   double firstScale = recs.front()["loss_scale"].get<double>();
   double lastScale = recs[39]["loss_scale"].get<double>();
-  REQUIRE(firstScale < 1e8);                         // halved on the first, overflowing step
+  REQUIRE(firstScale < 1e8);  // halved on the first, overflowing step
   // Kept halving until the fp16 gradients fit. How many halvings that takes depends on which gradients are
   // fp16: activation gradients are, while parameter gradients (Linear, LayerNorm, embeddings) are formed in
   // fp32 straight from fp16 operands, so only a bound is asserted (5 halvings after the first here).
   REQUIRE(lastScale <= firstScale / 16);
   REQUIRE(recs[39]["grad_norm"].get<double>() > 0);  // finite again: steps are being applied
   REQUIRE(r.trainLoss < recs.front()["loss"].get<double>() - 0.5);
+}
+
+TEST_CASE("16-bit weight copies kept by the optimizer train number for number like per-forward casts",
+          "[train][trainer][fp16]") {
+  // fp16 runs as fp16 on the CPU, so the copies AdamW rewrites are exercised here; they must equal the casts.
+  std::vector<nlohmann::json> runs[2];
+  for (int keep = 0; keep < 2; ++keep) {
+    fs::path out = fs::temp_directory_path() / ("strata-trainer-copies-" + std::to_string(keep));
+    fs::remove_all(out);
+    train::Trainer trainer(tinyConfig(
+        out, {"precision.dtype=fp16", "train.train_iters=12", "train.eval_interval=12", "model.dropout=0",
+              std::string("precision.weight_copies=") + (keep ? "true" : "false")}));
+    trainer.run();
+    runs[keep] = records(out);
+  }
+  REQUIRE(runs[0].size() == runs[1].size());
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    INFO("record " << i);
+    if (runs[0][i].contains("loss"))
+      REQUIRE(runs[0][i]["loss"].get<double>() == runs[1][i]["loss"].get<double>());
+  }
 }
 
 TEST_CASE("safetensors round-trips tensors and metadata", "[train][checkpoint]") {

@@ -77,6 +77,12 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // x [..., in] @ weight [in, out] + bias [out] (undefined for none): one GEMM with the bias in its epilogue.
 // The backward is two GEMMs over the flattened rows; the bias gradient comes out of the weight-gradient GEMM.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// Mixed precision: keep a bf16/f16 copy of each of these fp32 parameters for the GEMMs of linear, geluMlp
+// and linearCrossEntropy, instead of casting them in every forward. The first forward makes each copy;
+// AdamW::step rewrites it in the same pass as the update, and any other write through ops (copy, fill: a
+// checkpoint load) invalidates it, so the next forward recasts. Writes through a raw data() pointer are not
+// seen. Costs 2 bytes per parameter for as long as the parameters live; keep = false drops the copies.
+void keepComputeCopies(const std::vector<Tensor>& parameters, bool keep = true);
 // A Transformer MLP: gelu_tanh(x @ fcWeight + fcBias) @ projWeight + projBias, weights [in, out], biases
 // optional. The GELU runs in the fc GEMM's epilogue and its gradient in the epilogue of the GEMM that forms
 // it (cuBLASLt GELU_AUX_BIAS / DGELU on CUDA), and each bias gradient comes out of its weight-gradient GEMM.

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -37,6 +38,12 @@ class StorageImpl {
   // Marks the bytes as not resident. Releases owned memory.
   void evict();
 
+  // Bumped by every op that writes into existing tensors over this storage (ops::fill, ops::copy,
+  // ops::matmulAccumulate, ops::adamw) and by repoint/evict, so a cached copy of the contents (a parameter's
+  // bf16 copy for the GEMMs) can tell it is stale. Writes through a raw data() pointer do not bump it.
+  uint64_t version() const { return version_; }
+  void bumpVersion() { ++version_; }
+
   void setLabel(std::string label) { label_ = std::move(label); }
   const std::string& label() const { return label_; }
 
@@ -47,6 +54,7 @@ class StorageImpl {
   size_t bytes_ = 0;
   Device device_;
   Allocator* owner_ = nullptr;  // set when data_ came from an allocator
+  uint64_t version_ = 0;
   std::string label_;
 };
 

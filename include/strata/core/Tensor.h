@@ -43,6 +43,16 @@ struct AutogradMeta {
   std::string name;
 };
 
+struct TensorImpl;
+
+// A copy of a tensor in another dtype, valid while its storage's version equals `version`: a mixed-precision
+// parameter's bf16/f16 copy, made by the first forward that casts it and then rewritten in place by the AdamW
+// kernel at every step, so forwards stop paying a cast pass per parameter.
+struct CastCache {
+  std::shared_ptr<TensorImpl> copy;
+  uint64_t version = 0;
+};
+
 struct TensorImpl {
   Storage storage;
   Shape shape;
@@ -50,6 +60,7 @@ struct TensorImpl {
   int64_t offset = 0;  // in elements
   DType dtype = DType::F32;
   AutogradMeta autograd;
+  std::shared_ptr<CastCache> castCache;  // set on parameters only (see CastCache)
 };
 
 class Tensor {

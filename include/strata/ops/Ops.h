@@ -186,10 +186,13 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 // ---- optimizer updates
 // -------------------------------------------------------------------------------------------- AdamW
 // (decoupled weight decay) over a list of tensors on one device, in place. param, m, v and grad: fp32,
-// contiguous. One fused launch on the GPU.
+// contiguous. One fused launch on the GPU. `copy` (optional): a contiguous bf16/f16 tensor of param's size
+// that receives the updated param rounded to its dtype in the same pass (the GEMMs' copy of a mixed-precision
+// weight). Bumps each param's storage version.
 struct AdamWTensors {
   Tensor param, grad, m, v;
   float weightDecay = 0.0f;
+  Tensor copy;
 };
 struct AdamWHyper {
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;

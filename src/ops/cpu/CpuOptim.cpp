@@ -25,6 +25,17 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
       v[i] = vi;
       p[i] = p[i] * decay - lr * (mi * c1) / (std::sqrt(vi * c2) + eps);
     }
+    if (s.copy.defined()) {
+      if (s.copy.dtype() == DType::BF16) {
+        BFloat16* out = static_cast<BFloat16*>(s.copy.data());
+#pragma omp parallel for if (n > kParallelGrain)
+        for (int64_t i = 0; i < n; ++i) out[i] = BFloat16(p[i]);
+      } else {
+        Half* out = static_cast<Half*>(s.copy.data());
+#pragma omp parallel for if (n > kParallelGrain)
+        for (int64_t i = 0; i < n; ++i) out[i] = Half(p[i]);
+      }
+    }
   }
 }
 

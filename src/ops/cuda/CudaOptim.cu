@@ -13,10 +13,12 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
   for (const auto& s : sets) {
     int64_t n = s.param.numel();
     for (int64_t off = 0; off < n; off += kernels::kAdamChunk) {
+      int kind = !s.copy.defined() ? 0 : s.copy.dtype() == DType::BF16 ? 1 : 2;
+      void* copy = kind ? static_cast<void*>(static_cast<uint16_t*>(s.copy.data()) + off) : nullptr;
       chunks.push_back(kernels::AdamChunk{
           static_cast<float*>(s.param.data()) + off, static_cast<const float*>(s.grad.data()) + off,
           static_cast<float*>(s.m.data()) + off, static_cast<float*>(s.v.data()) + off,
-          std::min(kernels::kAdamChunk, n - off), s.weightDecay});
+          std::min(kernels::kAdamChunk, n - off), s.weightDecay, copy, kind});
     }
   }
   if (chunks.empty()) return;
