@@ -53,10 +53,11 @@ int runBench(const std::string& configPath, std::vector<std::string> overrides, 
   const train::TrainRecord& m = r.last;
   std::string memory;
   for (const auto& [tier, gib] : m.memoryGb) memory += fmt::format(" | {} {:.2f} GiB", tier, gib);
-  std::printf("\nbench %s: %ld measured iterations after %ld warm-up | %.1f ms/iter | %.0f tokens/s | %.2f TFLOP/s | "
-              "MFU %.1f%%%s\n",
-              configPath.c_str(), long(iters), long(iters), m.msPerIter, m.tokensPerSec, m.tflops, 100.0 * m.mfu,
-              memory.c_str());
+  std::printf(
+      "\nbench %s: %ld measured iterations after %ld warm-up | %.1f ms/iter | %.0f tokens/s | %.2f TFLOP/s | "
+      "MFU %.1f%%%s\n",
+      configPath.c_str(), long(iters), long(iters), m.msPerIter, m.tokensPerSec, m.tflops, 100.0 * m.mfu,
+      memory.c_str());
   return 0;
 }
 
@@ -96,9 +97,12 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   std::printf("tokens/iter    %ld\n", long(c.train.globalBatchSize * c.model.seqLength));
   std::printf("bytes by component:\n");
   std::printf("  fp32 master weights     %s\n", humanBytes(4.0 * double(params)).c_str());
+  // Kept for the whole run with precision.weight_copies (rewritten by AdamW), else cast in each forward and
+  // alive until the backward: either way they are part of the peak.
   if (lowPrecision)
-    std::printf("  %s compute weights     %s\n", c.precision.dtype.c_str(),
-                humanBytes(2.0 * double(params)).c_str());
+    std::printf("  %s weight copies       %s (%s)\n", c.precision.dtype.c_str(),
+                humanBytes(2.0 * double(params)).c_str(),
+                c.precision.weightCopies ? "kept, precision.weight_copies" : "cast per forward");
   std::printf("  fp32 gradients          %s\n", humanBytes(4.0 * double(params)).c_str());
   std::printf("  AdamW state (m, v)      %s\n", humanBytes(8.0 * double(params)).c_str());
   double total = (16.0 + (lowPrecision ? 2.0 : 0.0)) * double(params);
