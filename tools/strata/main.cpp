@@ -100,7 +100,7 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   // Kept for the whole run with precision.weight_copies (rewritten by AdamW), else cast in each forward and
   // alive until the backward: either way they are part of the peak.
   if (lowPrecision)
-    std::printf("  %s weight copies       %s (%s)\n", c.precision.dtype.c_str(),
+    std::printf("  %s weight copies      %s (%s)\n", c.precision.dtype.c_str(),
                 humanBytes(2.0 * double(params)).c_str(),
                 c.precision.weightCopies ? "kept, precision.weight_copies" : "cast per forward");
   std::printf("  fp32 gradients          %s\n", humanBytes(4.0 * double(params)).c_str());
