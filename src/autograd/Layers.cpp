@@ -19,6 +19,24 @@ namespace {
 Tensor saved(const Tensor& t) {
   return t.defined() ? t.detach() : t;
 }
+// A tensor saved for the backward with its storage's version at save time. Used for the GEMMs' weight
+// operands, which may be kept 16-bit copies that AdamW rewrites in place: a second backward through a
+// retained graph after an optimizer step must fail rather than use the new weights.
+struct VersionedSave {
+  Tensor tensor;
+  uint64_t version = 0;
+  explicit VersionedSave(const Tensor& t)
+      : tensor(t.defined() ? t.detach() : t), version(t.defined() ? t.storage()->version() : 0) {}
+  const Tensor& get(const char* fn) const {
+    STRATA_CHECK(
+        !tensor.defined() || tensor.storage()->version() == version,
+        "{}: a weight saved for the backward was written in place after the forward (an optimizer step "
+        "between the forward and a backward through a retained graph?)",
+        fn);
+    return tensor;
+  }
+};
+
 // A mixed-precision parameter in the compute dtype, for the GEMMs. For parameters marked by
 // keepComputeCopies: the cached copy while the parameter's storage is unchanged (AdamW rewrites the copy with
 // each update and keeps it valid), else a fresh cast that becomes the cache. Others: a cast. Not
@@ -97,7 +115,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor b = mixed && bias.defined() ? computeCopy(bias, compute) : bias;
   Tensor out = b.defined() ? ops::linear(x, w, b) : ops::matmul(x, w);
   bool nx = participates(x), nw = participates(weight), nb = participates(bias);
-  Tensor sx = nw ? saved(x) : Tensor(), sw = nx ? saved(w) : Tensor();
+  Tensor sx = nw ? saved(x) : Tensor();
+  VersionedSave sw(nx ? w : Tensor());
   Shape shX = x.shape();
   int64_t K = weight.size(0), N = weight.size(1);
   std::vector<Tensor> inputs{x, weight};
@@ -105,7 +124,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   recordFunction("LinearBackward", inputs, {out}, [=](const Grads& gs) {
     Tensor g2 = detail::viewRaw(ops::contiguous(gs[0]), {-1, N});
     Tensor gx, gw, gb;
-    if (nx) gx = detail::viewRaw(ops::matmul(g2, transposeLast(sw)), shX);
+    if (nx) gx = detail::viewRaw(ops::matmul(g2, transposeLast(sw.get("linear"))), shX);
     if (nw) {
       ops::LinearParamGrads pg =
           ops::linearParamGrads(detail::viewRaw(ops::contiguous(sx), {-1, K}), g2, master, nb);
@@ -144,7 +163,7 @@ Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, co
   bool nx = participates(x), nw1 = participates(fcWeight), nb1 = participates(fcBias);
   bool nw2 = participates(projWeight), nb2 = participates(projBias);
   Tensor sx = nw1 || nb1 ? saved(x) : Tensor();
-  Tensor sw1 = nx ? w1.detach() : Tensor(), sw2 = w2.detach();
+  VersionedSave sw1(nx ? w1 : Tensor()), sw2(w2);
   Tensor pre = fc.pre.detach(), h = nw2 || nb2 ? fc.out.detach() : Tensor();
   Shape shX = x.shape();
   std::vector<Tensor> inputs{x, fcWeight, fcBias, projWeight, projBias};
@@ -157,14 +176,15 @@ Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, co
       grads[4] = p.bias;
     }
     // The gradient at the GELU's input in one GEMM: (g W2^T) * gelu'(pre).
-    Tensor dpre = ops::matmulGeluBackward(g2, transposeLast(sw2), detail::viewRaw(pre, {-1, F}));
+    Tensor dpre =
+        ops::matmulGeluBackward(g2, transposeLast(sw2.get("geluMlp")), detail::viewRaw(pre, {-1, F}));
     if (nw1 || nb1) {
       ops::LinearParamGrads p =
           ops::linearParamGrads(detail::viewRaw(ops::contiguous(sx), {-1, C}), dpre, master, nb1);
       grads[1] = nw1 ? p.weight : Tensor();
       grads[2] = p.bias;
     }
-    if (nx) grads[0] = detail::viewRaw(ops::matmul(dpre, transposeLast(sw1)), shX);
+    if (nx) grads[0] = detail::viewRaw(ops::matmul(dpre, transposeLast(sw1.get("geluMlp"))), shX);
     return grads;
   });
   return out;

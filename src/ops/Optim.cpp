@@ -35,7 +35,10 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const
     STRATA_CHECK(gradScale.dtype() == DType::F32 && gradScale.numel() == 1 && gradScale.device() == dev,
                  "adamw: the gradient scale must be one fp32 value on {}", toString(dev));
   kernel<AdamWKernel>("adamw", dev)(sets, hyper, gradScale);
-  for (const auto& s : sets) s.param.storage()->bumpVersion();
+  for (const auto& s : sets) {
+    s.param.storage()->bumpVersion();
+    if (s.copy.defined()) s.copy.storage()->bumpVersion();
+  }
 }
 
 }  // namespace strata::ops

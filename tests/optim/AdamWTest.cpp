@@ -134,3 +134,25 @@ TEST_CASE("bf16 copies of fp32 masters stay in step through AdamW updates and di
   // The forward with zero weights gives the bias alone.
   REQUIRE(y.to(DType::F32).toVector<double>()[0] == Approx(b.to(DType::BF16).toVector<double>()[0]));
 }
+
+TEST_CASE("a backward after an optimizer step rewrote a saved weight copy fails loudly",
+          "[optim][adamw][mixed]") {
+  Generator gen(12);
+  Tensor w = ops::rand({8, 4}, gen, DType::F32, Device::cpu(), -0.5, 0.5);
+  w.setRequiresGrad(true);
+  Tensor x = ops::rand({3, 8}, gen, DType::F32, Device::cpu(), -1, 1).to(DType::BF16);
+  x.setRequiresGrad(true);
+  keepComputeCopies({w});
+  optim::AdamW opt({{"w", w}}, optim::AdamWConfig{});
+  linear(x, w);  // makes the copy
+  Tensor loss = sum(linear(x, w).to(DType::F32));
+  backward({loss}, {}, /*retainGraph=*/true);
+  opt.step(1e-3);  // rewrites the copy the graph saved
+  std::string message;
+  try {
+    backward({loss}, {}, true);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  REQUIRE(message.find("written in place after the forward") != std::string::npos);
+}
