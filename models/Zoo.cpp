@@ -4,23 +4,25 @@
 
 namespace strata::models {
 
+GptConfig gptConfig(const ModelSpec& s) {
+  GptConfig c;
+  c.numLayers = s.numLayers;
+  c.hiddenSize = s.hiddenSize;
+  c.numHeads = s.numHeads;
+  c.ffnHiddenSize = s.ffnHiddenSize;
+  c.seqLength = s.seqLength;
+  c.vocabSize = s.vocabSize;
+  c.dropout = s.dropout;
+  c.layerNormEps = s.layerNormEps;
+  c.bias = s.bias;
+  c.initStd = s.initStd;
+  c.seed = s.seed;
+  c.device = s.device;
+  return c;
+}
+
 std::shared_ptr<nn::CausalLM> buildModel(const ModelSpec& s) {
-  if (s.arch == "gpt") {
-    GptConfig c;
-    c.numLayers = s.numLayers;
-    c.hiddenSize = s.hiddenSize;
-    c.numHeads = s.numHeads;
-    c.ffnHiddenSize = s.ffnHiddenSize;
-    c.seqLength = s.seqLength;
-    c.vocabSize = s.vocabSize;
-    c.dropout = s.dropout;
-    c.layerNormEps = s.layerNormEps;
-    c.bias = s.bias;
-    c.initStd = s.initStd;
-    c.seed = s.seed;
-    c.device = s.device;
-    return std::make_shared<Gpt>(c);
-  }
+  if (s.arch == "gpt") return std::make_shared<Gpt>(gptConfig(s));
   STRATA_FAIL("unknown model.arch '{}' (available: gpt)", s.arch);
 }
 

@@ -19,6 +19,9 @@ struct ModelSpec {
 };
 
 std::shared_ptr<nn::CausalLM> buildModel(const ModelSpec& spec);
+struct GptConfig;
+// The GPT architecture's config for a spec (what buildModel builds for arch "gpt").
+GptConfig gptConfig(const ModelSpec& spec);
 std::vector<std::string> architectures();
 
 }  // namespace strata::models

@@ -47,7 +47,7 @@ Tensor computeCopy(const Tensor& param, DType dtype) {
   if (!impl.castCache || !param.isLeaf()) return ops::to(param.detach(), param.device(), dtype);
   CastCache& cache = *impl.castCache;
   uint64_t version = impl.storage->version();
-  if (cache.copy && cache.copy->dtype == dtype && cache.version == version) return Tensor(cache.copy);
+  if (cache.fresh(version) && cache.copy->dtype == dtype) return Tensor(cache.copy);
   Tensor copy = ops::to(param.detach(), param.device(), dtype);
   cache.copy = copy.implPtr();
   cache.version = version;
@@ -118,7 +118,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor sx = nw ? saved(x) : Tensor();
   VersionedSave sw(nx ? w : Tensor());
   Shape shX = x.shape();
-  int64_t K = weight.size(0), N = weight.size(1);
+  int64_t N = weight.size(1);
   std::vector<Tensor> inputs{x, weight};
   if (bias.defined()) inputs.push_back(bias);
   recordFunction("LinearBackward", inputs, {out}, [=](const Grads& gs) {
@@ -126,8 +126,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     Tensor gx, gw, gb;
     if (nx) gx = detail::viewRaw(ops::matmul(g2, transposeLast(sw.get("linear"))), shX);
     if (nw) {
-      ops::LinearParamGrads pg =
-          ops::linearParamGrads(detail::viewRaw(ops::contiguous(sx), {-1, K}), g2, master, nb);
+      ops::LinearParamGrads pg = ops::linearParamGrads(sx, g2, master, nb);
       gw = pg.weight;
       gb = pg.bias;
     } else if (nb) {
@@ -156,7 +155,7 @@ Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, co
                compute, master);
   auto cast = [&](const Tensor& t) { return mixed && t.defined() ? computeCopy(t, compute) : t; };
   Tensor w1 = cast(fcWeight), b1 = cast(fcBias), w2 = cast(projWeight), b2 = cast(projBias);
-  int64_t C = fcWeight.size(0), F = fcWeight.size(1), O = projWeight.size(1);
+  int64_t F = fcWeight.size(1), O = projWeight.size(1);
   // h = gelu(pre) and pre from the fc GEMM's epilogue; the projection adds its bias in its own epilogue.
   ops::LinearGeluResult fc = ops::linearGelu(x, w1, b1);
   Tensor out = b2.defined() ? ops::linear(fc.out, w2, b2) : ops::matmul(fc.out, w2);
@@ -171,7 +170,7 @@ Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, co
     Tensor g2 = detail::viewRaw(ops::contiguous(gs[0]), {-1, O});
     Grads grads(5);
     if (nw2 || nb2) {
-      ops::LinearParamGrads p = ops::linearParamGrads(detail::viewRaw(h, {-1, F}), g2, master, nb2);
+      ops::LinearParamGrads p = ops::linearParamGrads(h, g2, master, nb2);
       grads[3] = nw2 ? p.weight : Tensor();
       grads[4] = p.bias;
     }
@@ -179,8 +178,7 @@ Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, co
     Tensor dpre =
         ops::matmulGeluBackward(g2, transposeLast(sw2.get("geluMlp")), detail::viewRaw(pre, {-1, F}));
     if (nw1 || nb1) {
-      ops::LinearParamGrads p =
-          ops::linearParamGrads(detail::viewRaw(ops::contiguous(sx), {-1, C}), dpre, master, nb1);
+      ops::LinearParamGrads p = ops::linearParamGrads(sx, dpre, master, nb1);
       grads[1] = nw1 ? p.weight : Tensor();
       grads[2] = p.bias;
     }
@@ -217,7 +215,7 @@ Tensor logSoftmax(const Tensor& x, int64_t dim) {
 Tensor layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   ops::NormResult r = ops::layerNorm(x, weight, bias, eps);
   Tensor sx = saved(x), sw = saved(weight);
-  ops::NormResult stats{Tensor(), r.mean, r.rstd};
+  ops::NormResult stats{Tensor(), r.mean, r.rstd, Tensor()};
   bool nw = participates(weight), nb = participates(bias);
   recordFunction("LayerNormBackward", {x, weight, bias}, {r.y}, [=](const Grads& g) {
     ops::NormGrads grads = ops::layerNormBackward(g[0], sx, sw, stats, nw, nb);
@@ -230,7 +228,7 @@ std::array<Tensor, 2> addLayerNorm(const Tensor& x, const Tensor& residual, cons
                                    const Tensor& bias, double eps) {
   ops::NormResult r = ops::layerNorm(x, weight, bias, eps, residual);
   Tensor ssum = r.sum.detach(), sw = saved(weight);
-  ops::NormResult stats{Tensor(), r.mean, r.rstd};
+  ops::NormResult stats{Tensor(), r.mean, r.rstd, Tensor()};
   bool nw = participates(weight), nb = participates(bias);
   bool nin = participates(x) || participates(residual);
   recordFunction("AddLayerNormBackward", {x, residual, weight, bias}, {r.sum, r.y}, [=](const Grads& g) {
@@ -245,7 +243,7 @@ std::array<Tensor, 2> addLayerNorm(const Tensor& x, const Tensor& residual, cons
 Tensor rmsNorm(const Tensor& x, const Tensor& weight, double eps) {
   ops::NormResult r = ops::rmsNorm(x, weight, eps);
   Tensor sx = saved(x), sw = saved(weight);
-  ops::NormResult stats{Tensor(), Tensor(), r.rstd};
+  ops::NormResult stats{Tensor(), Tensor(), r.rstd, Tensor()};
   bool nw = participates(weight);
   recordFunction("RmsNormBackward", {x, weight}, {r.y}, [=](const Grads& g) {
     ops::NormGrads grads = ops::rmsNormBackward(g[0], sx, sw, stats, nw);

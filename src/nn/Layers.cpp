@@ -12,6 +12,12 @@ Tensor castParameter(const Tensor& parameter, DType dtype) {
   return parameter.dtype() == dtype ? parameter : parameter.to(dtype);
 }
 
+Tensor computeParameter(const Tensor& parameter, DType compute) {
+  if (!parameter.defined()) return parameter;
+  bool mixed = parameter.dtype() == DType::F32 && (compute == DType::BF16 || compute == DType::F16);
+  return mixed ? parameter : castParameter(parameter, compute);
+}
+
 Linear::Linear(const LinearConfig& config, Generator& gen) {
   STRATA_CHECK(config.inFeatures > 0 && config.outFeatures > 0,
                "Linear: sizes must be positive, got {} -> {}", config.inFeatures, config.outFeatures);
@@ -24,10 +30,7 @@ Linear::Linear(const LinearConfig& config, Generator& gen) {
 Tensor Linear::apply(const Tensor& x) {
   // fp32 masters with bf16/f16 input go in as they are: linear() casts them for the GEMM and returns fp32
   // gradients straight from it.
-  bool mixed = weight.dtype() == DType::F32 && (x.dtype() == DType::BF16 || x.dtype() == DType::F16);
-  if (mixed) return linear(x, weight, bias);
-  return linear(x, castParameter(weight, x.dtype()),
-                bias.defined() ? castParameter(bias, x.dtype()) : Tensor());
+  return linear(x, computeParameter(weight, x.dtype()), computeParameter(bias, x.dtype()));
 }
 
 std::vector<Tensor> Linear::forward(const std::vector<Tensor>& inputs) {
@@ -57,21 +60,13 @@ LayerNorm::LayerNorm(const NormConfig& config) : eps_(config.eps) {
   if (config.bias) bias = registerParameter("bias", ops::zeros({config.dim}, DType::F32, config.device));
 }
 
-namespace {
-// A norm parameter as the kernels take it: fp32 masters as they are with bf16/f16 input, else cast.
-Tensor normParameter(const Tensor& p, DType dtype) {
-  if (!p.defined()) return p;
-  bool mixed = p.dtype() == DType::F32 && (dtype == DType::BF16 || dtype == DType::F16);
-  return mixed ? p : castParameter(p, dtype);
-}
-}  // namespace
-
 Tensor LayerNorm::apply(const Tensor& x) {
-  return layerNorm(x, normParameter(weight, x.dtype()), normParameter(bias, x.dtype()), eps_);
+  return layerNorm(x, computeParameter(weight, x.dtype()), computeParameter(bias, x.dtype()), eps_);
 }
 
 std::array<Tensor, 2> LayerNorm::applyResidual(const Tensor& x, const Tensor& residual) {
-  return addLayerNorm(x, residual, normParameter(weight, x.dtype()), normParameter(bias, x.dtype()), eps_);
+  return addLayerNorm(x, residual, computeParameter(weight, x.dtype()), computeParameter(bias, x.dtype()),
+                      eps_);
 }
 
 std::vector<Tensor> LayerNorm::forward(const std::vector<Tensor>& inputs) {
@@ -88,7 +83,7 @@ RMSNorm::RMSNorm(const NormConfig& config) : eps_(config.eps) {
 }
 
 Tensor RMSNorm::apply(const Tensor& x) {
-  return rmsNorm(x, normParameter(weight, x.dtype()), eps_);
+  return rmsNorm(x, computeParameter(weight, x.dtype()), eps_);
 }
 
 std::vector<Tensor> RMSNorm::forward(const std::vector<Tensor>& inputs) {

@@ -88,13 +88,9 @@ Mlp::Mlp(const MlpConfig& config, Generator& gen) : config_(config) {
 }
 
 Tensor Mlp::apply(const Tensor& x) {
-  // fp32 masters go in as they are with bf16/f16 input (geluMlp casts them and returns fp32 gradients);
-  // any other dtype mismatch is cast here.
-  bool mixed = x.dtype() == DType::BF16 || x.dtype() == DType::F16;
-  auto param = [&](const Tensor& p) {
-    return !p.defined() || (mixed && p.dtype() == DType::F32) ? p : castParameter(p, x.dtype());
-  };
-  Tensor y = geluMlp(x, param(fc_->weight), param(fc_->bias), param(proj_->weight), param(proj_->bias));
+  DType dt = x.dtype();
+  Tensor y = geluMlp(x, computeParameter(fc_->weight, dt), computeParameter(fc_->bias, dt),
+                     computeParameter(proj_->weight, dt), computeParameter(proj_->bias, dt));
   return dropout(y, config_.dropout, isTraining());
 }
 

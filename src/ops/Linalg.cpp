@@ -96,6 +96,24 @@ Tensor rowsView(const Tensor& x, int64_t rows, int64_t cols) {
   return !st.empty() && st[1] == 1 ? detail::asStrided(x, {rows, cols}, st, x.offset()) : Tensor();
 }
 
+// x as [rows, cols] with unit column stride: a view when the strides allow, else a contiguous copy.
+Tensor rowsOf(const Tensor& x, int64_t rows, int64_t cols) {
+  Tensor v = rowsView(x, rows, cols);
+  return v.defined() ? v : detail::viewRaw(contiguous(x), {rows, cols});
+}
+
+// out [rows, N] = x (rows of K) @ w [K, N] through one GEMM with the epilogue `epilogue` sets (bias, gelu);
+// false when the backend has no kernel for that epilogue.
+template <class Fn>
+bool linearGemm(const Tensor& x, const Tensor& w, const Tensor& out, int64_t rows, Fn&& epilogue) {
+  int64_t K = w.size(0), N = w.size(1);
+  MatrixOperand A = resolve(rowsOf(x, rows, K), {}, rows, K),
+                B = resolve(w, {}, K, N);  // alive until the launch
+  GemmArgs g = gemmArgs(A, B, out, rows, N, K);
+  epilogue(g);
+  return kernel<GemmKernel>("gemm", x.device())(g);
+}
+
 }  // namespace
 
 void matmulAccumulate(const Tensor& out, const Tensor& a, const Tensor& b) {
@@ -135,12 +153,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     fill(out, 0.0);
     out = add(out, b);
   } else if (rows > 0 && N > 0) {
-    Tensor x2 = rowsView(x, rows, K);
-    if (!x2.defined()) x2 = detail::viewRaw(contiguous(x), {rows, K});
-    MatrixOperand A = resolve(x2, {}, rows, K), B = resolve(w, {}, K, N);  // alive until the launch
-    GemmArgs g = gemmArgs(A, B, out, rows, N, K);
-    g.bias = b.data();
-    kernel<GemmKernel>("gemm", x.device())(g);
+    linearGemm(x, w, out, rows, [&](GemmArgs& g) { g.bias = b.data(); });
   }
   return detail::viewRaw(out, outShape);
 }
@@ -162,16 +175,13 @@ LinearGeluResult linearGelu(const Tensor& x, const Tensor& w, const Tensor& bias
     Tensor out = Tensor::empty({rows, N}, x.dtype(), x.device());
     Tensor pre = Tensor::empty({rows, N}, x.dtype(), x.device());
     Tensor b = bias.defined() ? contiguous(bias) : Tensor();
-    Tensor x2 = rowsView(x, rows, K);
-    if (!x2.defined()) x2 = detail::viewRaw(contiguous(x), {rows, K});
-    MatrixOperand A = resolve(x2, {}, rows, K), B = resolve(w, {}, K, N);  // alive until the launch
-    GemmArgs g = gemmArgs(A, B, out, rows, N, K);
-    g.bias = b.defined() ? b.data() : nullptr;
-    g.gelu = true;
-    g.aux = pre.data();
-    g.ldAux = N;
-    if (kernel<GemmKernel>("gemm", x.device())(g))
-      return {detail::viewRaw(out, outShape), detail::viewRaw(pre, outShape)};
+    bool fused = linearGemm(x, w, out, rows, [&](GemmArgs& g) {
+      g.bias = b.defined() ? b.data() : nullptr;
+      g.gelu = true;
+      g.aux = pre.data();
+      g.ldAux = N;
+    });
+    if (fused) return {detail::viewRaw(out, outShape), detail::viewRaw(pre, outShape)};
   }
   Tensor pre = linear(x, w, bias);
   return {geluTanh(pre), pre};
@@ -199,18 +209,15 @@ Tensor matmulGeluBackward(const Tensor& a, const Tensor& b, const Tensor& pre) {
 }
 
 LinearParamGrads linearParamGrads(const Tensor& x, const Tensor& gy, DType out, bool withBias) {
-  STRATA_CHECK(x.dim() >= 1 && gy.dim() == x.dim() && x.device() == gy.device() && x.dtype() == gy.dtype(),
-               "linearParamGrads: x {} and gy {} must match in rank, dtype and device", toString(x.shape()),
+  STRATA_CHECK(x.dim() >= 1 && gy.dim() >= 1 && x.device() == gy.device() && x.dtype() == gy.dtype(),
+               "linearParamGrads: x {} and gy {} must match in dtype and device", toString(x.shape()),
                toString(gy.shape()));
   int64_t K = x.size(-1), N = gy.size(-1);
   int64_t rows = x.numel() / std::max<int64_t>(K, 1);
   STRATA_CHECK(gy.numel() == rows * N, "linearParamGrads: x {} and gy {} have different rows",
                toString(x.shape()), toString(gy.shape()));
-  Tensor x2 = rowsView(x, rows, K);
-  if (!x2.defined()) x2 = detail::viewRaw(contiguous(x), {rows, K});
-  Tensor g2 = rowsView(gy, rows, N);
-  if (!g2.defined()) g2 = detail::viewRaw(contiguous(gy), {rows, N});
-  Tensor xT = detail::permuteRaw(x2, {1, 0});
+  Tensor g2 = rowsOf(gy, rows, N);
+  Tensor xT = detail::permuteRaw(rowsOf(x, rows, K), {1, 0});
   LinearParamGrads r;
   if (withBias && rows > 0 && K > 0 && N > 0) {
     r.weight = Tensor::empty({K, N}, out, x.device());

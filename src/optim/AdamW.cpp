@@ -45,7 +45,7 @@ void AdamW::step(double lr, const Tensor& gradScale) {
     // valid and the next forward skips the cast.
     Tensor copy;
     const auto& cache = s.param.impl().castCache;
-    if (cache && cache->copy && cache->version == s.param.storage()->version()) copy = Tensor(cache->copy);
+    if (cache && cache->fresh(s.param.storage()->version())) copy = Tensor(cache->copy);
     byDevice[d].push_back(ops::AdamWTensors{s.param, g, s.m, s.v, s.weightDecay, copy});
   }
   for (size_t d = 0; d < devices.size(); ++d) {

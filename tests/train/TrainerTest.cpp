@@ -133,6 +133,14 @@ TEST_CASE("16-bit weight copies kept by the optimizer train number for number li
               std::string("precision.weight_copies=") + (keep ? "true" : "false")}));
     trainer.run();
     runs[keep] = records(out);
+    // The knob took effect: every GEMM weight holds a copy in step with it, or none does (wpe only feeds an
+    // embedding gather, which reads fp32 rows, so it never gets one).
+    for (auto& [name, p] : trainer.model().namedParameters()) {
+      if (p.dim() < 2 || name == "wpe.weight") continue;
+      INFO(name);
+      const auto& cache = p.impl().castCache;
+      REQUIRE(bool(cache && cache->fresh(p.storage()->version())) == bool(keep));
+    }
   }
   REQUIRE(runs[0].size() == runs[1].size());
   for (size_t i = 0; i < runs[0].size(); ++i) {

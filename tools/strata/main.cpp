@@ -77,14 +77,7 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   train::Config c = train::loadConfig(configPath, overrides, /*requireData=*/false);
   // Counted from the architecture's formula, so `info` answers instantly even for models that would not fit
   // here.
-  models::GptConfig g;
-  g.numLayers = c.model.numLayers;
-  g.hiddenSize = c.model.hiddenSize;
-  g.numHeads = c.model.numAttentionHeads;
-  g.ffnHiddenSize = c.model.ffnHiddenSize;
-  g.seqLength = c.model.seqLength;
-  g.vocabSize = c.model.vocabSize;
-  g.bias = c.model.bias;
+  models::GptConfig g = models::gptConfig(train::modelSpecFrom(c, Device::cpu()));
   int64_t L = g.numLayers, C = g.hiddenSize, F = g.ffn();
   int64_t params = g.numParameters();
   double flops = g.flopsPerToken();

@@ -51,6 +51,8 @@ struct TensorImpl;
 struct CastCache {
   std::shared_ptr<TensorImpl> copy;
   uint64_t version = 0;
+  // True when `copy` still mirrors a storage now at `storageVersion`.
+  bool fresh(uint64_t storageVersion) const { return copy != nullptr && version == storageVersion; }
 };
 
 struct TensorImpl {

@@ -27,5 +27,9 @@ class Linear : public Module {
 
 // A parameter cast to `dtype` for use in a forward pass (differentiable; no copy when it already matches).
 Tensor castParameter(const Tensor& parameter, DType dtype);
+// A parameter as the fused functions (linear, geluMlp, layerNorm, ...) take it for `compute` input: fp32
+// masters as they are under bf16/f16 compute (the functions cast them and return fp32 gradients), otherwise
+// castParameter. Undefined stays undefined.
+Tensor computeParameter(const Tensor& parameter, DType compute);
 
 }  // namespace strata::nn

@@ -98,7 +98,8 @@ LinearGeluResult linearGelu(const Tensor& x, const Tensor& w, const Tensor& bias
 // (a [M, K] @ b [K, N]) * gelu_tanh'(pre [M, N]): the gradient at a GELU's input from the GEMM that forms
 // the gradient at its output (cuBLASLt DGELU epilogue on CUDA).
 Tensor matmulGeluBackward(const Tensor& a, const Tensor& b, const Tensor& pre);
-// A Linear's parameter gradients from its input x [..., K] and output gradient gy [..., N]: weight = x^T gy
+// A Linear's parameter gradients from its input x [..., K] and output gradient gy [..., N] (any leading
+// shapes with the same number of rows): weight = x^T gy
 // [K, N] and, when withBias, bias = gy summed over rows [N], both in `out` dtype, from one GEMM (cuBLASLt
 // BGRADA epilogue on CUDA).
 struct LinearParamGrads {
