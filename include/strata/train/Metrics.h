@@ -24,8 +24,6 @@ class TensorBoardWriter {
   std::ofstream out_;
 };
 
-uint32_t crc32c(const void* data, size_t n);
-
 struct TrainRecord {
   int64_t step = 0, totalSteps = 0;
   double loss = 0, lr = 0, gradNorm = 0, lossScale = 1;
