@@ -1,6 +1,7 @@
 #include "models/gpt/GptHf.h"
 
 #include <array>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "strata/core/Error.h"
@@ -45,6 +46,37 @@ std::string gptNameFromHf(const std::string& hf) {
       if (startsWith(rest, theirs)) return head + ours + rest.substr(std::string(theirs).size());
   }
   return "";
+}
+
+std::string gptHfConfigJson(const GptConfig& c, int64_t eosTokenId) {
+  STRATA_USER_CHECK(c.bias,
+                    "HF's GPT-2 always has biases; a model.bias=false GPT cannot be exported with --hf");
+  nlohmann::json j{{"architectures", {"GPT2LMHeadModel"}},
+                   {"model_type", "gpt2"},
+                   {"vocab_size", c.vocabSize},
+                   {"n_positions", c.seqLength},
+                   {"n_ctx", c.seqLength},
+                   {"n_embd", c.hiddenSize},
+                   {"n_layer", c.numLayers},
+                   {"n_head", c.numHeads},
+                   {"n_inner", c.ffn()},
+                   {"activation_function", "gelu_new"},
+                   {"layer_norm_epsilon", c.layerNormEps},
+                   {"resid_pdrop", c.dropout},
+                   {"embd_pdrop", c.dropout},
+                   {"attn_pdrop", c.dropout},
+                   {"initializer_range", c.initStd},
+                   {"tie_word_embeddings", true},
+                   {"scale_attn_weights", true},
+                   {"torch_dtype", "float32"}};
+  if (eosTokenId >= 0) {
+    j["bos_token_id"] = eosTokenId;
+    j["eos_token_id"] = eosTokenId;
+  } else {
+    j["bos_token_id"] = nullptr;
+    j["eos_token_id"] = nullptr;
+  }
+  return j.dump(2) + "\n";
 }
 
 }  // namespace strata::models

@@ -1,5 +1,12 @@
 #include "strata/core/Device.h"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <utility>
+
 #include "strata/core/Error.h"
 
 #if STRATA_CUDA
@@ -30,7 +37,30 @@ Device Device::parse(const std::string& text) {
     } catch (const std::exception&) {
     }
   }
-  STRATA_FAIL("unknown device '{}' (expected cpu, cuda or cuda:N)", text);
+  STRATA_USER_FAIL("unknown device '{}' (expected cpu, cuda or cuda:N)", text);
+}
+
+int physicalCpuCores() {
+  static const int cores = [] {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return 1;
+    std::set<std::pair<std::string, std::string>> seen;  // (package, core) pairs
+    int unknown = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &mask)) continue;
+      std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+      std::string package, core;
+      std::ifstream(base + "physical_package_id") >> package;
+      std::ifstream(base + "core_id") >> core;
+      if (package.empty() || core.empty())
+        ++unknown;  // no topology (some containers): count the CPU as a core
+      else
+        seen.emplace(package, core);
+    }
+    return std::max(1, int(seen.size()) + unknown);
+  }();
+  return cores;
 }
 
 bool builtWithCuda() {

@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "strata/core/Checksum.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::train {
@@ -17,6 +19,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+constexpr int kManifestVersion = 2;
 
 const char* safetensorsType(DType t) {
   switch (t) {
@@ -41,25 +45,59 @@ const char* safetensorsType(DType t) {
 DType fromSafetensorsType(const std::string& s, const std::string& path) {
   for (DType t : {DType::F32, DType::BF16, DType::F16, DType::F64, DType::I32, DType::I64, DType::U8})
     if (s == safetensorsType(t)) return t;
-  STRATA_FAIL("{}: unsupported safetensors dtype {}", path, s);
+  STRATA_USER_FAIL("{}: unsupported safetensors dtype {}", path, s);
 }
 
-void writeFileSynced(const std::string& path, const std::string& header,
-                     const std::vector<std::vector<char>>& blobs) {
+// Index of the first NaN or infinity among `n` host values of a floating dtype, or -1. Looks at the exponent
+// bits only, so it needs no conversion.
+int64_t firstNonFinite(const void* data, DType dtype, size_t n) {
+  auto scan = [&](auto word, auto mask) -> int64_t {
+    using W = decltype(word);
+    const W* p = static_cast<const W*>(data);
+    for (size_t i = 0; i < n; ++i)
+      if ((p[i] & mask) == mask) return int64_t(i);
+    return -1;
+  };
+  switch (dtype) {
+    case DType::F32:
+      return scan(uint32_t(0), uint32_t(0x7F800000u));
+    case DType::BF16:
+      return scan(uint16_t(0), uint16_t(0x7F80u));
+    case DType::F16:
+      return scan(uint16_t(0), uint16_t(0x7C00u));
+    case DType::F64:
+      return scan(uint64_t(0), uint64_t(0x7FF0000000000000ull));
+    default:
+      return -1;
+  }
+}
+
+// Writes `parts` to a new file and fsyncs it; returns its size and CRC32C.
+FileDigest writeFileSynced(const std::string& path, const std::vector<const std::string*>& parts) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  STRATA_CHECK(fd >= 0, "cannot create {}: {}", path, std::strerror(errno));
-  auto writeAll = [&](const char* p, size_t n) {
+  STRATA_USER_CHECK(fd >= 0, "cannot create {}: {}", path, std::strerror(errno));
+  FileDigest digest;
+  auto fail = [&](const char* what) {
+    int err = errno;
+    ::close(fd);
+    STRATA_USER_FAIL("{} of {} failed: {}", what, path, std::strerror(err));
+  };
+  for (const std::string* part : parts) {
+    const char* p = part->data();
+    size_t n = part->size();
+    digest.crc32c = crc32c(p, n, digest.crc32c);
+    digest.bytes += n;
     while (n > 0) {
       ssize_t w = ::write(fd, p, n);
-      STRATA_CHECK(w > 0, "write to {} failed: {}", path, std::strerror(errno));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail("write");
       p += w;
       n -= size_t(w);
     }
-  };
-  writeAll(header.data(), header.size());
-  for (const auto& b : blobs) writeAll(b.data(), b.size());
-  STRATA_CHECK(::fsync(fd) == 0, "fsync of {} failed: {}", path, std::strerror(errno));
-  ::close(fd);
+  }
+  if (::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0) STRATA_USER_FAIL("closing {} failed: {}", path, std::strerror(errno));
+  return digest;
 }
 
 void fsyncDir(const std::string& dir) {
@@ -70,20 +108,78 @@ void fsyncDir(const std::string& dir) {
   }
 }
 
-void writeTextSynced(const std::string& path, const std::string& text) {
-  writeFileSynced(path, text, {});
+FileDigest writeTextSynced(const std::string& path, const std::string& text) {
+  return writeFileSynced(path, {&text});
+}
+
+json readManifest(const std::string& dir) {
+  fs::path path = fs::path(dir) / "manifest.json";
+  std::ifstream in(path);
+  STRATA_USER_CHECK(in.good(), "cannot read {}", path.string());
+  json manifest;
+  try {
+    manifest = json::parse(in);
+  } catch (const json::exception& e) {
+    STRATA_USER_FAIL("{} is corrupted (not valid JSON: {})", path.string(), e.what());
+  }
+  for (const char* key : {"step", "optimizer_steps", "rng", "data_index", "shards", "config"})
+    STRATA_USER_CHECK(manifest.is_object() && manifest.contains(key), "{} is corrupted: it has no '{}'",
+                      path.string(), key);
+  return manifest;
+}
+
+// Checks every file the manifest lists against its recorded size and CRC32C. Manifests written before
+// checksums existed (format 1) list none and pass unchecked.
+void verifyFiles(const std::string& dir, const json& manifest) {
+  if (!manifest.contains("files")) return;
+  for (auto& [name, info] : manifest["files"].items()) {
+    fs::path path = fs::path(dir) / name;
+    STRATA_USER_CHECK(fs::exists(path), "checkpoint {}: file {} is missing", dir, name);
+    uint64_t bytes = info.at("bytes").get<uint64_t>();
+    STRATA_USER_CHECK(fs::file_size(path) == bytes, "checkpoint file {} has {} bytes, its manifest says {}",
+                      path.string(), fs::file_size(path), bytes);
+    uint32_t expected = info.at("crc32c").get<uint32_t>(), actual = crc32cFile(path.string());
+    auto hex = [](uint32_t v) {
+      char buf[16];
+      std::snprintf(buf, sizeof(buf), "%08x", v);
+      return std::string(buf);
+    };
+    STRATA_USER_CHECK(actual == expected,
+                      "checkpoint file {} is corrupted: its CRC32C is {}, the manifest recorded {}",
+                      path.string(), hex(actual), hex(expected));
+  }
+}
+
+std::string joinNames(const std::vector<std::string>& names, size_t limit = 8) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > limit) out += ", ... (" + std::to_string(names.size()) + " in all)";
+  return out;
+}
+
+// The step number of a "step-<N>" directory name, or -1.
+int64_t stepOf(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 || name.size() == 5) return -1;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return -1;
+  return std::stoll(name.substr(5));
 }
 
 }  // namespace
 
-void writeSafetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+FileDigest writeSafetensors(const std::string& path, const NamedTensors& tensors,
+                            const std::map<std::string, std::string>& metadata, bool requireFinite) {
   json header = json::object();
-  std::vector<std::vector<char>> blobs;
+  std::vector<std::string> blobs;
   size_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    std::vector<char> bytes(t.nbytes());
+    std::string bytes(t.nbytes(), '\0');
     t.copyToHost(bytes.data(), t.dtype());
+    if (requireFinite) {
+      int64_t bad = firstNonFinite(bytes.data(), t.dtype(), size_t(t.numel()));
+      STRATA_USER_CHECK(bad < 0, "refusing to write {}: tensor '{}' holds a non-finite value (element {})",
+                        path, name, bad);
+    }
     header[name] = {{"dtype", safetensorsType(t.dtype())},
                     {"shape", t.shape()},
                     {"data_offsets", {offset, offset + bytes.size()}}};
@@ -96,53 +192,74 @@ void writeSafetensors(const std::string& path, const NamedTensors& tensors,
   uint64_t len = text.size();
   std::string prefix(8, '\0');
   std::memcpy(prefix.data(), &len, 8);
-  writeFileSynced(path, prefix + text, blobs);
+  prefix += text;
+  std::vector<const std::string*> parts{&prefix};
+  for (const auto& b : blobs) parts.push_back(&b);
+  return writeFileSynced(path, parts);
 }
 
 std::map<std::string, Tensor> readSafetensors(const std::string& path, Device device,
                                               std::map<std::string, std::string>* metadata) {
   std::ifstream in(path, std::ios::binary);
-  STRATA_CHECK(in.good(), "cannot open {}", path);
+  STRATA_USER_CHECK(in.good(), "cannot open {}", path);
+  uint64_t fileBytes = fs::file_size(path);
   uint64_t len = 0;
   in.read(reinterpret_cast<char*>(&len), 8);
-  STRATA_CHECK(in.good() && len < (1ull << 30), "{} is not a safetensors file", path);
+  STRATA_USER_CHECK(in.good() && len <= fileBytes - 8 && len < (1ull << 30),
+                    "{} is not a safetensors file (bad header length)", path);
   std::string text(len, '\0');
   in.read(text.data(), std::streamsize(len));
-  json header = json::parse(text);
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const json::exception& e) {
+    STRATA_USER_FAIL("{} is corrupted: its safetensors header is not valid JSON ({})", path, e.what());
+  }
+  STRATA_USER_CHECK(header.is_object(), "{} is corrupted: its safetensors header is not a JSON object", path);
   std::map<std::string, Tensor> out;
   for (auto& [name, info] : header.items()) {
     if (name == "__metadata__") {
       if (metadata)
-        for (auto& [k, v] : info.items()) (*metadata)[k] = v.get<std::string>();
+        for (auto& [k, v] : info.items())
+          if (v.is_string()) (*metadata)[k] = v.get<std::string>();
       continue;
     }
-    DType dt = fromSafetensorsType(info["dtype"].get<std::string>(), path);
-    Shape shape = info["shape"].get<Shape>();
-    auto offsets = info["data_offsets"].get<std::vector<uint64_t>>();
+    DType dt = DType::F32;
+    Shape shape;
+    std::vector<uint64_t> offsets;
+    try {
+      dt = fromSafetensorsType(info.at("dtype").get<std::string>(), path);
+      shape = info.at("shape").get<Shape>();
+      offsets = info.at("data_offsets").get<std::vector<uint64_t>>();
+    } catch (const json::exception& e) {
+      STRATA_USER_FAIL("{} is corrupted: bad header entry for '{}' ({})", path, name, e.what());
+    }
+    STRATA_USER_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1] && 8 + len + offsets[1] <= fileBytes,
+                      "{} is corrupted: tensor '{}' lies outside the file", path, name);
     size_t bytes = offsets[1] - offsets[0];
-    STRATA_CHECK(bytes == size_t(numelOf(shape)) * dtypeSize(dt), "{}: tensor '{}' has inconsistent size",
-                 path, name);
+    STRATA_USER_CHECK(bytes == size_t(numelOf(shape)) * dtypeSize(dt),
+                      "{}: tensor '{}' has inconsistent size", path, name);
     std::vector<char> buf(bytes);
     in.seekg(std::streamoff(8 + len + offsets[0]));
     in.read(buf.data(), std::streamsize(bytes));
-    STRATA_CHECK(in.good(), "{}: truncated data for '{}'", path, name);
+    STRATA_USER_CHECK(in.good(), "{}: truncated data for '{}'", path, name);
     out[name] = Tensor::fromHost(buf.data(), dt, size_t(numelOf(shape)), shape, device);
   }
   return out;
 }
 
 std::string resolveCheckpoint(const std::string& path) {
-  STRATA_CHECK(fs::exists(path), "checkpoint {} does not exist", path);
+  STRATA_USER_CHECK(fs::exists(path), "checkpoint {} does not exist", path);
   if (fs::exists(fs::path(path) / "manifest.json")) return path;
   fs::path latest = fs::path(path) / "latest";
-  STRATA_CHECK(fs::exists(latest),
-               "{} is neither a checkpoint (no manifest.json) nor a save directory (no latest)", path);
+  STRATA_USER_CHECK(fs::exists(latest),
+                    "{} is neither a checkpoint (no manifest.json) nor a save directory (no latest)", path);
   std::ifstream in(latest);
   std::string name;
   std::getline(in, name);
   fs::path dir = fs::path(path) / name;
-  STRATA_CHECK(fs::exists(dir / "manifest.json"), "{} names {}, which has no manifest.json", latest.string(),
-               dir.string());
+  STRATA_USER_CHECK(!name.empty() && fs::exists(dir / "manifest.json"),
+                    "{} names '{}', which has no manifest.json", latest.string(), name);
   return dir.string();
 }
 
@@ -156,14 +273,28 @@ std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model
   fs::create_directories(tmpDir);
   std::string rank = "rank" + std::to_string(state.rank);
   std::string modelFile = "model-" + rank + ".safetensors", optimFile = "optimizer-" + rank + ".safetensors";
-  writeSafetensors((tmpDir / modelFile).string(), model, {{"format", "pt"}});
-  writeSafetensors((tmpDir / optimFile).string(), optimizer);
-  json manifest{{"step", state.step},
+  json files = json::object();
+  try {
+    for (auto [file, tensors, meta] :
+         {std::tuple{modelFile, &model, std::map<std::string, std::string>{{"format", "pt"}}},
+          std::tuple{optimFile, &optimizer, std::map<std::string, std::string>{}}}) {
+      FileDigest d = writeSafetensors((tmpDir / file).string(), *tensors, meta, /*requireFinite=*/true);
+      files[file] = {{"bytes", d.bytes}, {"crc32c", d.crc32c}};
+    }
+  } catch (...) {
+    fs::remove_all(tmpDir);
+    throw;
+  }
+  json manifest{{"format_version", kManifestVersion},
+                {"step", state.step},
                 {"optimizer_steps", state.optimizerSteps},
                 {"rng", {{"seed", state.rng.seed}, {"offset", state.rng.offset}}},
                 {"data_index", state.dataIndex},
+                {"loss_scale", {{"scale", state.lossScale}, {"good_steps", state.lossScaleGoodSteps}}},
                 {"world_size", state.worldSize},
                 {"shards", {{{"rank", state.rank}, {"model", modelFile}, {"optimizer", optimFile}}}},
+                {"files", files},
+                {"model", state.model},
                 {"config", state.config}};
   writeTextSynced((tmpDir / "manifest.json").string(), manifest.dump(2));
   fsyncDir(tmpDir.string());
@@ -178,14 +309,37 @@ std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model
   return finalDir.string();
 }
 
+CheckpointState readCheckpointState(const std::string& path) {
+  std::string dir = resolveCheckpoint(path);
+  json manifest = readManifest(dir);
+  CheckpointState state;
+  try {
+    state.step = manifest["step"].get<int64_t>();
+    state.optimizerSteps = manifest["optimizer_steps"].get<int64_t>();
+    state.rng.seed = manifest["rng"]["seed"].get<uint64_t>();
+    state.rng.offset = manifest["rng"]["offset"].get<uint64_t>();
+    state.dataIndex = manifest["data_index"].get<int64_t>();
+    if (manifest.contains("loss_scale")) {
+      state.lossScale = manifest["loss_scale"].at("scale").get<double>();
+      state.lossScaleGoodSteps = manifest["loss_scale"].at("good_steps").get<int64_t>();
+    }
+    state.worldSize = manifest.value("world_size", 1);
+    state.config = manifest["config"].get<std::map<std::string, std::string>>();
+    if (manifest.contains("model")) state.model = manifest["model"].get<std::map<std::string, std::string>>();
+  } catch (const json::exception& e) {
+    STRATA_USER_FAIL("{}/manifest.json is corrupted: {}", dir, e.what());
+  }
+  return state;
+}
+
 std::map<std::string, Tensor> loadModelShards(const std::string& path) {
   std::string dir = resolveCheckpoint(path);
-  std::ifstream in(fs::path(dir) / "manifest.json");
-  json manifest = json::parse(in);
+  json manifest = readManifest(dir);
+  verifyFiles(dir, manifest);
   std::map<std::string, Tensor> merged;
   for (const auto& shard : manifest["shards"]) {
     for (auto& [name, t] : readSafetensors((fs::path(dir) / shard["model"].get<std::string>()).string())) {
-      STRATA_CHECK(!merged.count(name), "checkpoint {}: tensor '{}' appears in two shards", dir, name);
+      STRATA_USER_CHECK(!merged.count(name), "checkpoint {}: tensor '{}' appears in two shards", dir, name);
       merged[name] = t;
     }
   }
@@ -193,31 +347,78 @@ std::map<std::string, Tensor> loadModelShards(const std::string& path) {
 }
 
 CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& model,
-                               const NamedTensors& optimizer) {
+                               const NamedTensors& optimizer, bool loadOptimizer) {
   std::string dir = resolveCheckpoint(path);
-  std::ifstream in(fs::path(dir) / "manifest.json");
-  json manifest = json::parse(in);
-  CheckpointState state;
-  state.step = manifest["step"].get<int64_t>();
-  state.optimizerSteps = manifest["optimizer_steps"].get<int64_t>();
-  state.rng.seed = manifest["rng"]["seed"].get<uint64_t>();
-  state.rng.offset = manifest["rng"]["offset"].get<uint64_t>();
-  state.dataIndex = manifest["data_index"].get<int64_t>();
-  state.config = manifest["config"].get<std::map<std::string, std::string>>();
+  CheckpointState state = readCheckpointState(dir);
+  json manifest = readManifest(dir);
+  verifyFiles(dir, manifest);
+  STRATA_USER_CHECK(manifest["shards"].is_array() && !manifest["shards"].empty(),
+                    "{}/manifest.json is corrupted: no shards", dir);
   const auto& shard = manifest["shards"][0];
-  auto restore = [&](const std::string& file, const NamedTensors& into) {
-    auto loaded = readSafetensors((fs::path(dir) / file).string());
+  auto restore = [&](const std::string& file, const NamedTensors& into, const char* what) {
+    std::string filePath = (fs::path(dir) / file).string();
+    auto loaded = readSafetensors(filePath);
+    std::vector<std::string> missing, mismatched;
     for (const auto& [name, t] : into) {
       auto it = loaded.find(name);
-      STRATA_CHECK(it != loaded.end(), "checkpoint {} has no tensor '{}'", dir, name);
-      STRATA_CHECK(it->second.shape() == t.shape(), "checkpoint {}: '{}' has shape {}, the model has {}", dir,
-                   name, toString(it->second.shape()), toString(t.shape()));
+      if (it == loaded.end()) {
+        missing.push_back(name);
+        continue;
+      }
+      if (it->second.shape() != t.shape()) {
+        mismatched.push_back(detail::format("'{}' is {} there and {} here", name,
+                                            toString(it->second.shape()), toString(t.shape())));
+        loaded.erase(it);
+        continue;
+      }
       ops::copy(t, it->second);
+      loaded.erase(it);
     }
+    std::vector<std::string> unused;
+    for (const auto& [name, t] : loaded) unused.push_back(name);
+    STRATA_USER_CHECK(mismatched.empty(), "checkpoint {} does not fit this {}: {}", filePath, what,
+                      joinNames(mismatched, 4));
+    STRATA_USER_CHECK(missing.empty(), "checkpoint {} lacks {} tensors of this {}: {}", filePath,
+                      missing.size(), what, joinNames(missing));
+    STRATA_USER_CHECK(unused.empty(), "checkpoint {} holds {} tensors this {} does not have: {}", filePath,
+                      unused.size(), what, joinNames(unused));
   };
-  restore(shard["model"].get<std::string>(), model);
-  restore(shard["optimizer"].get<std::string>(), optimizer);
+  restore(shard["model"].get<std::string>(), model, "model");
+  if (loadOptimizer) restore(shard["optimizer"].get<std::string>(), optimizer, "optimizer");
   return state;
+}
+
+std::vector<std::string> removeStaleTemporaries(const std::string& saveDir) {
+  std::vector<std::string> removed;
+  if (!fs::is_directory(saveDir)) return removed;
+  for (const auto& entry : fs::directory_iterator(saveDir)) {
+    std::string name = entry.path().filename().string();
+    bool stepTmp = name.size() > 4 && name.substr(name.size() - 4) == ".tmp" &&
+                   stepOf(name.substr(0, name.size() - 4)) >= 0;
+    if (stepTmp || name == "latest.tmp") removed.push_back(name);
+  }
+  for (const auto& name : removed) fs::remove_all(fs::path(saveDir) / name);
+  return removed;
+}
+
+std::vector<std::string> pruneCheckpoints(const std::string& saveDir, int64_t keep) {
+  std::vector<std::string> removed;
+  if (keep <= 0 || !fs::is_directory(saveDir)) return removed;
+  std::string latest;
+  if (fs::exists(fs::path(saveDir) / "latest"))
+    std::getline(std::ifstream(fs::path(saveDir) / "latest"), latest);
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const auto& entry : fs::directory_iterator(saveDir)) {
+    std::string name = entry.path().filename().string();
+    if (entry.is_directory() && stepOf(name) >= 0) steps.emplace_back(stepOf(name), name);
+  }
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) {
+    if (steps[i].second == latest) continue;
+    fs::remove_all(fs::path(saveDir) / steps[i].second);
+    removed.push_back(steps[i].second);
+  }
+  return removed;
 }
 
 }  // namespace strata::train

@@ -23,7 +23,14 @@ struct Field {
   std::vector<std::string> choices;  // for strings
   double min = -std::numeric_limits<double>::infinity();
   double max = std::numeric_limits<double>::infinity();
+  std::function<std::string(const Config&)> show;  // the effective value as YAML text
 };
+
+std::string numberText(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
 
 const char* kindName(Kind k) {
   switch (k) {
@@ -41,6 +48,7 @@ const char* kindName(Kind k) {
   return "?";
 }
 
+// `ref` maps a Config to the member the key sets; the same accessor reads the effective value back.
 template <class Ref>
 Field intField(std::string key, Ref ref, double min = 0, double max = 1e18) {
   return Field{std::move(key),
@@ -48,7 +56,8 @@ Field intField(std::string key, Ref ref, double min = 0, double max = 1e18) {
                [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<int64_t>(); },
                {},
                min,
-               max};
+               max,
+               [ref](const Config& c) { return std::to_string(ref(const_cast<Config&>(c))); }};
 }
 template <class Ref>
 Field floatField(std::string key, Ref ref, double min = 0, double max = 1e18) {
@@ -57,17 +66,29 @@ Field floatField(std::string key, Ref ref, double min = 0, double max = 1e18) {
                [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<double>(); },
                {},
                min,
-               max};
+               max,
+               [ref](const Config& c) { return numberText(ref(const_cast<Config&>(c))); }};
 }
 template <class Ref>
 Field stringField(std::string key, Ref ref, std::vector<std::string> choices = {}) {
-  return Field{std::move(key), Kind::String,
-               [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<std::string>(); }, std::move(choices)};
+  return Field{std::move(key),
+               Kind::String,
+               [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<std::string>(); },
+               std::move(choices),
+               -std::numeric_limits<double>::infinity(),
+               std::numeric_limits<double>::infinity(),
+               [ref](const Config& c) { return ref(const_cast<Config&>(c)); }};
 }
 template <class Ref>
 Field boolField(std::string key, Ref ref) {
   return Field{
-      std::move(key), Kind::Bool, [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<bool>(); }, {}};
+      std::move(key),
+      Kind::Bool,
+      [ref](Config& c, const YAML::Node& n) { ref(c) = n.as<bool>(); },
+      {},
+      -std::numeric_limits<double>::infinity(),
+      std::numeric_limits<double>::infinity(),
+      [ref](const Config& c) { return std::string(ref(const_cast<Config&>(c)) ? "true" : "false"); }};
 }
 
 const std::vector<Field>& schema() {
@@ -124,7 +145,8 @@ const std::vector<Field>& schema() {
                       [](Config& c, const YAML::Node& n) { c.train.seed = n.as<uint64_t>(); },
                       {},
                       0,
-                      1.8e19});
+                      1.8e19,
+                      [](const Config& c) { return std::to_string(c.train.seed); }});
     f.push_back(stringField(
         "train.out_dir", [](Config & c) -> auto& { return c.train.outDir; }));
     f.push_back(intField(
@@ -135,6 +157,10 @@ const std::vector<Field>& schema() {
         "train.eval_iters", [](Config & c) -> auto& { return c.train.evalIters; }, 1));
     f.push_back(intField(
         "train.sample_length", [](Config & c) -> auto& { return c.train.sampleLength; }, 0));
+    f.push_back(intField(
+        "train.threads", [](Config & c) -> auto& { return c.train.threads; }, 0, 4096));
+    f.push_back(intField(
+        "train.max_nonfinite_steps", [](Config & c) -> auto& { return c.train.maxNonfiniteSteps; }, 1));
     f.push_back(stringField(
         "train.sample_prompt", [](Config & c) -> auto& { return c.train.samplePrompt; }));
     // optimizer
@@ -151,7 +177,12 @@ const std::vector<Field>& schema() {
                       [](Config& c, const YAML::Node& n) { c.optimizer.betas = n.as<std::vector<double>>(); },
                       {},
                       0,
-                      0.999999});
+                      0.999999,
+                      [](const Config& c) {
+                        std::string text;
+                        for (double b : c.optimizer.betas) text += (text.empty() ? "" : ", ") + numberText(b);
+                        return "[" + text + "]";
+                      }});
     f.push_back(floatField(
         "optimizer.eps", [](Config & c) -> auto& { return c.optimizer.eps; }, 0, 1));
     f.push_back(floatField(
@@ -214,6 +245,10 @@ const std::vector<Field>& schema() {
         "checkpoint.load", [](Config & c) -> auto& { return c.checkpoint.load; }));
     f.push_back(intField(
         "checkpoint.save_interval", [](Config & c) -> auto& { return c.checkpoint.saveInterval; }, 0));
+    f.push_back(intField(
+        "checkpoint.keep_last", [](Config & c) -> auto& { return c.checkpoint.keepLast; }, 0));
+    f.push_back(boolField(
+        "checkpoint.load_model_only", [](Config & c) -> auto& { return c.checkpoint.loadModelOnly; }));
     return f;
   }();
   return fields;
@@ -270,7 +305,7 @@ struct Loader {
   }
 
   [[noreturn]] void unknown(const std::string& key, const std::string& place) {
-    STRATA_FAIL("{}: unknown config key '{}'; did you mean '{}'?", place, key, nearestKey(key));
+    STRATA_USER_FAIL("{}: unknown config key '{}'; did you mean '{}'?", place, key, nearestKey(key));
   }
 
   void assign(const Field& f, const YAML::Node& node, const std::string& place) {
@@ -284,23 +319,23 @@ struct Loader {
       }
     }
     std::string text = scalar ? node.Scalar() : YAML::Dump(node);
-    STRATA_CHECK(ok, "{}: '{}' must be {}, got '{}'", place, f.key, kindName(f.kind), text);
+    STRATA_USER_CHECK(ok, "{}: '{}' must be {}, got '{}'", place, f.key, kindName(f.kind), text);
     if (!f.choices.empty()) {
       std::string v = node.as<std::string>();
       bool valid = std::find(f.choices.begin(), f.choices.end(), v) != f.choices.end();
       std::string list;
       for (const auto& c : f.choices) list += (list.empty() ? "" : ", ") + c;
-      STRATA_CHECK(valid, "{}: '{}' must be one of {}, got '{}'", place, f.key, list, v);
+      STRATA_USER_CHECK(valid, "{}: '{}' must be one of {}, got '{}'", place, f.key, list, v);
     }
     if (f.kind == Kind::Int || f.kind == Kind::Float) {
       double v = node.as<double>();
-      STRATA_CHECK(v >= f.min && v <= f.max, "{}: '{}' = {} is out of range [{}, {}]", place, f.key, text,
-                   f.min, f.max);
+      STRATA_USER_CHECK(v >= f.min && v <= f.max, "{}: '{}' = {} is out of range [{}, {}]", place, f.key,
+                        text, f.min, f.max);
     }
     if (f.kind == Kind::FloatList) {
       for (double v : node.as<std::vector<double>>())
-        STRATA_CHECK(v >= f.min && v <= f.max, "{}: '{}' has {} outside [{}, {}]", place, f.key, v, f.min,
-                     f.max);
+        STRATA_USER_CHECK(v >= f.min && v <= f.max, "{}: '{}' has {} outside [{}, {}]", place, f.key, v,
+                          f.min, f.max);
     }
     where[f.key] = place;
     YAML::Emitter emitter;
@@ -310,11 +345,15 @@ struct Loader {
   }
 
   void walk(const YAML::Node& node, const std::string& prefix) {
-    STRATA_CHECK(node.IsMap(), "{}: expected a mapping of keys{}", at(node.Mark()),
-                 prefix.empty() ? std::string() : " under '" + prefix + "'");
+    STRATA_USER_CHECK(node.IsMap(), "{}: expected a mapping of keys{}", at(node.Mark()),
+                      prefix.empty() ? std::string() : " under '" + prefix + "'");
+    std::map<std::string, std::string> seen;  // key -> where it was first set in this mapping
     for (auto it = node.begin(); it != node.end(); ++it) {
       std::string key = prefix.empty() ? it->first.Scalar() : prefix + "." + it->first.Scalar();
       std::string place = at(it->first.Mark());
+      // YAML forbids a repeated key; yaml-cpp keeps one silently, so a typo'd duplicate would hide a value.
+      auto [first, fresh] = seen.emplace(key, place);
+      STRATA_USER_CHECK(fresh, "{}: config key '{}' appears twice (first at {})", place, key, first->second);
       if (const Field* f = findField(key)) {
         assign(*f, it->second, place);
       } else if (isPrefix(key) && it->second.IsMap()) {
@@ -322,7 +361,7 @@ struct Loader {
       } else if (isPrefix(key) && it->second.IsNull()) {
         continue;  // an empty section
       } else if (isPrefix(key)) {
-        STRATA_FAIL("{}: '{}' must be a section: expected a mapping of keys under it", place, key);
+        STRATA_USER_FAIL("{}: '{}' must be a section: expected a mapping of keys under it", place, key);
       } else {
         unknown(key, place);
       }
@@ -331,7 +370,7 @@ struct Loader {
 
   void override(const std::string& spec) {
     auto eq = spec.find('=');
-    STRATA_CHECK(eq != std::string::npos && eq > 0, "--set '{}': expected key=value", spec);
+    STRATA_USER_CHECK(eq != std::string::npos && eq > 0, "--set '{}': expected key=value", spec);
     std::string key = spec.substr(0, eq), value = spec.substr(eq + 1);
     const Field* f = findField(key);
     if (!f) unknown(key, "--set " + spec);
@@ -339,7 +378,7 @@ struct Loader {
     try {
       node = YAML::Load(value);
     } catch (const YAML::Exception& e) {
-      STRATA_FAIL("--set {}: cannot parse value: {}", spec, e.what());
+      STRATA_USER_FAIL("--set {}: cannot parse value: {}", spec, e.what());
     }
     if (value.empty()) node = YAML::Node(std::string());
     assign(*f, node, "--set " + spec);
@@ -354,40 +393,44 @@ struct Loader {
 
   void validate() {
     Config& c = config;
-    STRATA_CHECK(c.model.hiddenSize % c.model.numAttentionHeads == 0,
-                 "{}: 'model.hidden_size' ({}) must be divisible by 'model.num_attention_heads' ({})",
-                 place("model.hidden_size"), c.model.hiddenSize, c.model.numAttentionHeads);
+    STRATA_USER_CHECK(c.model.hiddenSize % c.model.numAttentionHeads == 0,
+                      "{}: 'model.hidden_size' ({}) must be divisible by 'model.num_attention_heads' ({})",
+                      place("model.hidden_size"), c.model.hiddenSize, c.model.numAttentionHeads);
     if (c.train.globalBatchSize == 0) c.train.globalBatchSize = c.train.microBatchSize;
-    STRATA_CHECK(c.train.globalBatchSize % c.train.microBatchSize == 0,
-                 "{}: 'train.global_batch_size' ({}) must be a multiple of 'train.micro_batch_size' ({})",
-                 place("train.global_batch_size"), c.train.globalBatchSize, c.train.microBatchSize);
-    STRATA_CHECK(c.optimizer.betas.size() == 2, "{}: 'optimizer.betas' needs two values, got {}",
-                 place("optimizer.betas"), c.optimizer.betas.size());
-    STRATA_CHECK(c.optimizer.minLr <= c.optimizer.lr,
-                 "{}: 'optimizer.min_lr' ({}) exceeds 'optimizer.lr' ({})", place("optimizer.min_lr"),
-                 c.optimizer.minLr, c.optimizer.lr);
-    STRATA_CHECK(c.lrSchedule.warmupIters <= c.train.trainIters,
-                 "{}: 'lr_schedule.warmup_iters' ({}) exceeds 'train.train_iters' ({})",
-                 place("lr_schedule.warmup_iters"), c.lrSchedule.warmupIters, c.train.trainIters);
+    STRATA_USER_CHECK(
+        c.train.globalBatchSize % c.train.microBatchSize == 0,
+        "{}: 'train.global_batch_size' ({}) must be a multiple of 'train.micro_batch_size' ({})",
+        place("train.global_batch_size"), c.train.globalBatchSize, c.train.microBatchSize);
+    STRATA_USER_CHECK(c.optimizer.betas.size() == 2, "{}: 'optimizer.betas' needs two values, got {}",
+                      place("optimizer.betas"), c.optimizer.betas.size());
+    STRATA_USER_CHECK(c.optimizer.minLr <= c.optimizer.lr,
+                      "{}: 'optimizer.min_lr' ({}) exceeds 'optimizer.lr' ({})", place("optimizer.min_lr"),
+                      c.optimizer.minLr, c.optimizer.lr);
+    if (c.lrSchedule.warmupIters > c.train.trainIters)
+      c.warnings.push_back(detail::format(
+          "{}: 'lr_schedule.warmup_iters' ({}) exceeds 'train.train_iters' ({}): the learning rate never "
+          "reaches 'optimizer.lr'",
+          place("lr_schedule.warmup_iters"), c.lrSchedule.warmupIters, c.train.trainIters));
     if (c.data.tokenizer == "byte")
-      STRATA_CHECK(c.model.vocabSize >= 256,
-                   "{}: 'model.vocab_size' ({}) is too small for the byte tokenizer (256)",
-                   place("model.vocab_size"), c.model.vocabSize);
+      STRATA_USER_CHECK(c.model.vocabSize >= 256,
+                        "{}: 'model.vocab_size' ({}) is too small for the byte tokenizer (256)",
+                        place("model.vocab_size"), c.model.vocabSize);
     if (c.data.tokenizer == "gpt2")
-      STRATA_CHECK(!c.data.vocabFile.empty() && !c.data.mergesFile.empty(),
-                   "{}: the gpt2 tokenizer needs 'data.vocab_file' and 'data.merges_file'",
-                   place("data.tokenizer"));
+      STRATA_USER_CHECK(!c.data.vocabFile.empty() && !c.data.mergesFile.empty(),
+                        "{}: the gpt2 tokenizer needs 'data.vocab_file' and 'data.merges_file'",
+                        place("data.tokenizer"));
     for (const char* key : {"store.gpu_budget_gb", "store.host_budget_gb", "store.nvme_budget_gb"}) {
       auto it = c.values.find(key);
       if (it == c.values.end() || it->second == "auto") continue;
       char* end = nullptr;
       double v = std::strtod(it->second.c_str(), &end);
-      STRATA_CHECK(end && *end == '\0' && v >= 0, "{}: '{}' must be a number of GiB or 'auto', got '{}'",
-                   place(key), key, it->second);
+      STRATA_USER_CHECK(end && *end == '\0' && v >= 0, "{}: '{}' must be a number of GiB or 'auto', got '{}'",
+                        place(key), key, it->second);
     }
     if (c.zero.offloadParamDevice == "nvme" || c.zero.offloadOptimizerDevice == "nvme")
-      STRATA_CHECK(!c.zero.nvmePath.empty(), "{}: offloading to nvme needs 'zero_optimization.nvme_path'",
-                   place("zero_optimization.offload_optimizer.device"));
+      STRATA_USER_CHECK(!c.zero.nvmePath.empty(),
+                        "{}: offloading to nvme needs 'zero_optimization.nvme_path'",
+                        place("zero_optimization.offload_optimizer.device"));
     // A relative data path is relative to the config file, else to the current directory.
     namespace fs = std::filesystem;
     if (!c.data.path.empty() && fs::path(c.data.path).is_relative() && !c.sourcePath.empty()) {
@@ -396,8 +439,8 @@ struct Loader {
     }
     // data.format: random draws uniform token ids (benchmarks, smoke tests) and reads no file.
     if (requireData && c.data.format != "random")
-      STRATA_CHECK(fs::exists(c.data.path), "{}: 'data.path' {} does not exist", place("data.path"),
-                   c.data.path);
+      STRATA_USER_CHECK(fs::exists(c.data.path), "{}: 'data.path' {} does not exist", place("data.path"),
+                        c.data.path);
   }
 };
 
@@ -421,19 +464,25 @@ Config parseConfig(const std::string& yaml, const std::string& origin,
   try {
     root = YAML::Load(yaml);
   } catch (const YAML::ParserException& e) {
-    STRATA_FAIL("{}:{}: YAML syntax error: {}", origin, e.mark.line + 1, e.msg);
+    STRATA_USER_FAIL("{}:{}: YAML syntax error: {}", origin, e.mark.line + 1, e.msg);
   }
   return parseWith(root, origin, "", overrides, requireData);
 }
 
 Config loadConfig(const std::string& path, const std::vector<std::string>& overrides, bool requireData) {
-  STRATA_CHECK(std::filesystem::exists(path), "config file {} does not exist", path);
+  namespace fs = std::filesystem;
+  STRATA_USER_CHECK(fs::exists(path), "config file {} does not exist", path);
+  STRATA_USER_CHECK(!fs::is_directory(path), "config file {} is a directory, not a YAML file", path);
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
   } catch (const YAML::ParserException& e) {
-    STRATA_FAIL("{}:{}: YAML syntax error: {}", path, e.mark.line + 1, e.msg);
+    STRATA_USER_FAIL("{}:{}: YAML syntax error: {}", path, e.mark.line + 1, e.msg);
+  } catch (const YAML::Exception& e) {
+    STRATA_USER_FAIL("config file {} cannot be read: {}", path, e.what());
   }
+  // An empty file would silently train the built-in defaults, which is never what was meant.
+  STRATA_USER_CHECK(root.IsDefined() && !root.IsNull(), "config file {} is empty", path);
   return parseWith(root, path, path, overrides, requireData);
 }
 
@@ -441,6 +490,20 @@ std::vector<std::string> configKeys() {
   std::vector<std::string> keys;
   for (const auto& f : schema()) keys.push_back(f.key);
   return keys;
+}
+
+std::map<std::string, std::string> effectiveValues(const Config& config, const std::string& prefix) {
+  std::map<std::string, std::string> out;
+  for (const auto& f : schema())
+    if (f.key.rfind(prefix, 0) == 0) out[f.key] = f.show(config);
+  return out;
+}
+
+bool sameConfigValue(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  char *endA = nullptr, *endB = nullptr;
+  double x = std::strtod(a.c_str(), &endA), y = std::strtod(b.c_str(), &endB);
+  return !a.empty() && !b.empty() && *endA == '\0' && *endB == '\0' && x == y;
 }
 
 }  // namespace strata::train

@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -54,11 +57,15 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   std::filesystem::create_directories(dir);
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
-  path_ = (std::filesystem::path(dir) / ("events.out.tfevents." + std::to_string(int64_t(wallTime())) + "." +
-                                         host + "." + std::to_string(getpid())))
+  // Several writers of one process in one second (tests, repeated runs) get distinct files.
+  static std::atomic<int> serial{0};
+  int n = serial++;
+  path_ = (std::filesystem::path(dir) /
+           ("events.out.tfevents." + std::to_string(int64_t(wallTime())) + "." + host + "." +
+            std::to_string(getpid()) + (n > 0 ? "." + std::to_string(n) : std::string())))
               .string();
   out_.open(path_, std::ios::binary);
-  STRATA_CHECK(out_.good(), "cannot create TensorBoard event file {}", path_);
+  STRATA_USER_CHECK(out_.good(), "cannot create TensorBoard event file {}: {}", path_, std::strerror(errno));
   // Event { wall_time = 1; file_version = 3 }
   std::string event;
   fixedField(event, 1, wallTime());
@@ -73,6 +80,24 @@ void TensorBoardWriter::writeRecord(const std::string& payload) {
   out_.write(reinterpret_cast<const char*>(&lenCrc), 4);
   out_.write(payload.data(), std::streamsize(payload.size()));
   out_.write(reinterpret_cast<const char*>(&dataCrc), 4);
+}
+
+void TensorBoardWriter::flush() {
+  out_.flush();
+  STRATA_USER_CHECK(out_.good(), "cannot write TensorBoard event file {}: {}", path_, std::strerror(errno));
+}
+
+void TensorBoardWriter::sessionStart(int64_t step) {
+  // SessionLog { status = 1 (START) }, Event { wall_time = 1; step = 2; session_log = 6 }
+  std::string log;
+  tag(log, 1, 0);
+  varint(log, 1);
+  std::string event;
+  fixedField(event, 1, wallTime());
+  tag(event, 2, 0);
+  varint(event, uint64_t(step));
+  bytesField(event, 6, log);
+  writeRecord(event);
 }
 
 void TensorBoardWriter::scalar(const std::string& name, double value, int64_t step) {
@@ -91,12 +116,62 @@ void TensorBoardWriter::scalar(const std::string& name, double value, int64_t st
   writeRecord(event);
 }
 
-MetricsLogger::MetricsLogger(const std::string& outDir)
-    : jsonl_((std::filesystem::create_directories(outDir),
-              (std::filesystem::path(outDir) / "metrics.jsonl").string()),
-             std::ios::app),
+std::string formatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  auto total = int64_t(seconds + 0.5);
+  char buf[32];
+  if (total < 60)
+    std::snprintf(buf, sizeof(buf), "%llds", static_cast<long long>(total));
+  else if (total < 3600)
+    std::snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(total / 60),
+                  static_cast<long long>(total % 60));
+  else
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(total / 3600),
+                  static_cast<long long>(total / 60 % 60));
+  return buf;
+}
+
+namespace {
+
+// Rewrites `path` keeping the records at or before `resumeStep` (a torn last line from a crash goes too).
+void keepRecordsThrough(const std::string& path, int64_t resumeStep) {
+  namespace fs = std::filesystem;
+  if (!fs::is_regular_file(path)) return;  // absent, or a device a user pointed it at
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_object() && record.contains("step") && record["step"].is_number() &&
+        record["step"].get<int64_t>() <= resumeStep)
+      kept += line + "\n";
+  }
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    out.flush();
+    STRATA_USER_CHECK(out.good(), "cannot write {}: {}", tmp, std::strerror(errno));
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace
+
+MetricsLogger::MetricsLogger(const std::string& outDir, int64_t resumeStep)
+    : jsonlPath_((std::filesystem::create_directories(outDir),
+                  (std::filesystem::path(outDir) / "metrics.jsonl").string())),
       tb_(outDir) {
-  STRATA_CHECK(jsonl_.good(), "cannot open {}/metrics.jsonl", outDir);
+  keepRecordsThrough(jsonlPath_, resumeStep);
+  jsonl_.open(jsonlPath_, std::ios::app);
+  STRATA_USER_CHECK(jsonl_.good(), "cannot open {}: {}", jsonlPath_, std::strerror(errno));
+  tb_.sessionStart(resumeStep + 1);
+  tb_.flush();
+}
+
+void MetricsLogger::writeLine(const std::string& line) {
+  jsonl_ << line << "\n";
+  jsonl_.flush();
+  STRATA_USER_CHECK(jsonl_.good(), "cannot write {}: {}", jsonlPath_, std::strerror(errno));
 }
 
 void MetricsLogger::train(const TrainRecord& r) {
@@ -109,19 +184,20 @@ void MetricsLogger::train(const TrainRecord& r) {
                    {"ms_per_iter", r.msPerIter},
                    {"tokens_per_s", r.tokensPerSec},
                    {"tflops", r.tflops},
-                   {"mfu", r.mfu}};
+                   {"mfu", r.mfu},
+                   {"elapsed_s", r.elapsedSeconds},
+                   {"skipped_steps", r.skippedSteps}};
   for (const auto& [tier, gb] : r.memoryGb) {
     j["mem_" + tier + "_gb"] = gb;
     mem += fmt::format(" | mem {} {:.2f} GiB", tier, gb);
   }
-  jsonl_ << j.dump() << "\n";
-  jsonl_.flush();
+  writeLine(j.dump());
+  std::string skipped = r.skippedSteps > 0 ? fmt::format(" | skipped {}", r.skippedSteps) : std::string();
   spdlog::info(
-      "iteration {:>6}/{:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | loss scale {:.0f} | {:.1f} "
-      "ms/iter | "
-      "{:.0f} tokens/s | {:.2f} TFLOP/s | MFU {:.1f}%{}",
-      r.step, r.totalSteps, r.loss, r.lr, r.gradNorm, r.lossScale, r.msPerIter, r.tokensPerSec, r.tflops,
-      100.0 * r.mfu, mem);
+      "iteration {:>6}/{:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | loss scale {:.0f}{} | {:.1f} "
+      "ms/iter | {:.0f} tokens/s | {:.2f} TFLOP/s | MFU {:.1f}%{} | elapsed {} | ETA {}",
+      r.step, r.totalSteps, r.loss, r.lr, r.gradNorm, r.lossScale, skipped, r.msPerIter, r.tokensPerSec,
+      r.tflops, 100.0 * r.mfu, mem, formatDuration(r.elapsedSeconds), formatDuration(r.etaSeconds));
   tb_.scalar("train/loss", r.loss, r.step);
   tb_.scalar("train/lr", r.lr, r.step);
   tb_.scalar("train/grad_norm", r.gradNorm, r.step);
@@ -131,8 +207,7 @@ void MetricsLogger::train(const TrainRecord& r) {
 }
 
 void MetricsLogger::eval(int64_t step, double valLoss) {
-  jsonl_ << nlohmann::json{{"step", step}, {"val_loss", valLoss}}.dump() << "\n";
-  jsonl_.flush();
+  writeLine(nlohmann::json{{"step", step}, {"val_loss", valLoss}}.dump());
   spdlog::info("evaluation at iteration {} | val loss {:.4f}", step, valLoss);
   tb_.scalar("val/loss", valLoss, step);
   tb_.flush();

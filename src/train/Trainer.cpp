@@ -2,9 +2,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <omp.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "models/Zoo.h"
@@ -17,6 +23,7 @@
 #include "strata/optim/LossScaler.h"
 #include "strata/optim/LrSchedule.h"
 #include "strata/train/Checkpoint.h"
+#include "strata/train/LossPlot.h"
 #include "strata/train/Metrics.h"
 
 namespace strata::train {
@@ -27,9 +34,10 @@ Device resolveDevice(const std::string& name) {
   if (name == "auto") return cudaAvailable() ? Device::cuda(0) : Device::cpu();
   Device d = Device::parse(name);
   if (d.isCuda()) {
-    STRATA_CHECK(builtWithCuda(), "train.device is '{}' but this build of Strata has no CUDA support", name);
-    STRATA_CHECK(d.index < cudaDeviceCount(), "train.device is '{}' but {} CUDA device(s) are visible", name,
-                 cudaDeviceCount());
+    STRATA_USER_CHECK(builtWithCuda(), "train.device is '{}' but this build of Strata has no CUDA support",
+                      name);
+    STRATA_USER_CHECK(d.index < cudaDeviceCount(), "train.device is '{}' but {} CUDA device(s) are visible",
+                      name, cudaDeviceCount());
   }
   return d;
 }
@@ -67,6 +75,104 @@ double gib(size_t bytes) {
   return double(bytes) / double(1u << 30);
 }
 
+// Creates `dir` (and its parents) and proves it writable by creating and removing a file in it, so a bad
+// out_dir or save path stops the run before any work instead of after it.
+void ensureWritableDirectory(const std::string& dir, const std::string& key) {
+  std::error_code ec;
+  STRATA_USER_CHECK(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "'{}' {} is a file, not a directory",
+                    key, dir);
+  fs::create_directories(dir, ec);
+  STRATA_USER_CHECK(!ec, "'{}' {} cannot be created: {}", key, dir, ec.message());
+  fs::path probe = fs::path(dir) / (".strata-write-test-" + std::to_string(getpid()));
+  FILE* f = std::fopen(probe.c_str(), "w");
+  int err = errno;
+  STRATA_USER_CHECK(f != nullptr, "'{}' {} is not writable: {}", key, dir, std::strerror(err));
+  std::fclose(f);
+  fs::remove(probe, ec);
+}
+
+// NOTE [Interrupts]
+// SIGINT/SIGTERM during Trainer::run only set a flag: the loop finishes the step it is in, saves a checkpoint
+// when saving is configured, and returns. A second SIGINT means "now": it exits at once with status 130.
+// The handlers are installed for the duration of run() and the previous ones restored after.
+std::atomic<int> pendingSignal{0};
+
+extern "C" void onInterrupt(int sig) {
+  if (pendingSignal.load() != 0 && sig == SIGINT) {
+    const char msg[] = "\nsecond interrupt: aborting now\n";
+    ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    (void)ignored;
+    ::_exit(130);
+  }
+  pendingSignal.store(sig);
+  const char msg[] =
+      "\ninterrupt: finishing the current step and saving a checkpoint (interrupt again to abort now)\n";
+  ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  (void)ignored;
+}
+
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    pendingSignal.store(0);
+    struct sigaction action {};
+    action.sa_handler = onInterrupt;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &previousInt_);
+    sigaction(SIGTERM, &action, &previousTerm_);
+  }
+  ~InterruptGuard() {
+    sigaction(SIGINT, &previousInt_, nullptr);
+    sigaction(SIGTERM, &previousTerm_, nullptr);
+  }
+  int pending() const { return pendingSignal.load(); }
+
+ private:
+  struct sigaction previousInt_ {
+  }, previousTerm_{};
+};
+
+// Keys of the model section that change a tensor's shape: a checkpoint differing in one of them can never be
+// loaded. The others (dropout, layer_norm_eps) only warn, and init_std does not matter after the first step.
+bool isShapeKey(const std::string& key) {
+  for (const char* k : {"model.arch", "model.num_layers", "model.hidden_size", "model.num_attention_heads",
+                        "model.ffn_hidden_size", "model.seq_length", "model.vocab_size", "model.bias"})
+    if (key == k) return true;
+  return false;
+}
+
+// Refuses a checkpoint whose model section differs from this config in a shape key, listing every
+// difference; warns about the others.
+void checkModelSection(const std::string& checkpoint, std::map<std::string, std::string> saved,
+                       const Config& config) {
+  std::map<std::string, std::string> current = effectiveValues(config, "model.");
+  // Checkpoints from before the manifest recorded the model section: compare the keys their config set.
+  if (saved.empty())
+    for (const auto& [key, value] : readCheckpointState(checkpoint).config)
+      if (key.rfind("model.", 0) == 0) saved[key] = value;
+  // ffn_hidden_size 0 means 4 * hidden_size.
+  for (auto* m : {&saved, &current}) {
+    auto ffn = m->find("model.ffn_hidden_size");
+    auto hidden = m->find("model.hidden_size");
+    if (ffn != m->end() && hidden != m->end() && sameConfigValue(ffn->second, "0"))
+      ffn->second = std::to_string(4 * std::stoll(hidden->second));
+  }
+  std::vector<std::string> shape, other;
+  for (const auto& [key, value] : saved) {
+    auto it = current.find(key);
+    if (it == current.end() || sameConfigValue(it->second, value) || key == "model.init_std") continue;
+    std::string line = detail::format("{}: {} in the checkpoint, {} in this config", key, value, it->second);
+    (isShapeKey(key) ? shape : other).push_back(line);
+  }
+  std::string list;
+  for (const auto& line : shape) list += "\n  " + line;
+  STRATA_USER_CHECK(shape.empty(),
+                    "checkpoint {} holds a different model than this config:{}\nUse the checkpoint's model "
+                    "settings (its manifest.json lists them), or start without checkpoint.load.",
+                    checkpoint, list);
+  for (const auto& line : other) spdlog::warn("resuming {} with a changed setting: {}", checkpoint, line);
+}
+
 }  // namespace
 
 Trainer::Trainer(Config config) : config_(std::move(config)) {
@@ -83,6 +189,12 @@ Trainer::Trainer(Config config, std::shared_ptr<nn::CausalLM> model)
 }
 
 void Trainer::setup() {
+  for (const auto& warning : config_.warnings) spdlog::warn("{}", warning);
+  // CPU threads: train.threads, else OMP_NUM_THREADS when the user set it, else the physical cores.
+  if (config_.train.threads > 0)
+    omp_set_num_threads(int(config_.train.threads));
+  else if (std::getenv("OMP_NUM_THREADS") == nullptr)
+    omp_set_num_threads(physicalCpuCores());
   for (auto& [name, p] : model_->namedParameters())
     STRATA_CHECK(p.device() == device_, "parameter '{}' is on {} but train.device is {}", name,
                  toString(p.device()), toString(device_));
@@ -93,12 +205,19 @@ void Trainer::setup() {
     compute_ = DType::BF16;
   else
     compute_ = DType::F32;
-  STRATA_CHECK(
+  STRATA_USER_CHECK(
       config_.zero.stage == 0 && config_.zero.offloadParamDevice == "none" &&
           config_.zero.offloadOptimizerDevice == "none",
       "{}: zero_optimization (stage {}, offload) is not available in this build yet; set stage 0 and no "
       "offload",
       config_.sourcePath, config_.zero.stage);
+  // Everything that would otherwise fail only after training has run is checked before any work.
+  ensureWritableDirectory(config_.train.outDir, "train.out_dir");
+  if (!saveDirectory().empty()) {
+    ensureWritableDirectory(saveDirectory(), "checkpoint.save");
+    for (const auto& name : removeStaleTemporaries(saveDirectory()))
+      spdlog::info("removed {} left by an interrupted save in {}", name, saveDirectory());
+  }
   tokenizer_ = makeTokenizer(config_);
   std::string cacheDir = (fs::path(config_.train.outDir) / "cache").string();
   if (config_.data.format == "random") {
@@ -110,8 +229,29 @@ void Trainer::setup() {
         config_.data.path, config_.data.format, *tokenizer_, cacheDir, config_.data.valFraction));
   }
   int64_t maxToken = data_->maxToken();
-  STRATA_CHECK(maxToken < model_->vocabSize(), "{} holds token id {} but model.vocab_size is {}",
-               config_.data.path, maxToken, model_->vocabSize());
+  STRATA_USER_CHECK(maxToken < model_->vocabSize(), "{} holds token id {} but model.vocab_size is {}",
+                    config_.data.path, maxToken, model_->vocabSize());
+  int64_t window = model_->contextLength() + 1;
+  STRATA_USER_CHECK(data_->splitSize(Split::Train) > window,
+                    "the training split of {} has {} tokens, fewer than one window of {} (model.seq_length + "
+                    "1); use more data or a shorter model.seq_length",
+                    config_.data.path, data_->splitSize(Split::Train), window);
+  if (config_.train.evalInterval > 0)
+    STRATA_USER_CHECK(
+        data_->splitSize(Split::Val) > window,
+        "the validation split of {} has {} tokens, fewer than one window of {} (model.seq_length "
+        "+ 1); raise data.val_fraction (now {}) or set train.eval_interval=0",
+        config_.data.path, data_->splitSize(Split::Val), window, config_.data.valFraction);
+  if (!config_.checkpoint.load.empty()) {
+    std::string dir = resolveCheckpoint(config_.checkpoint.load);
+    checkModelSection(dir, readCheckpointState(dir).model, config_);
+  }
+}
+
+std::string Trainer::saveDirectory() const {
+  if (!config_.checkpoint.save.empty()) return config_.checkpoint.save;
+  if (config_.checkpoint.saveInterval > 0) return (fs::path(config_.train.outDir) / "checkpoints").string();
+  return "";
 }
 
 double Trainer::evaluate(int64_t iters) {
@@ -181,7 +321,6 @@ TrainResult Trainer::run() {
   const auto& c = config_;
   int64_t B = c.train.microBatchSize, T = model_->contextLength();
   int64_t accum = c.train.globalBatchSize / c.train.microBatchSize;
-  STRATA_CHECK(T <= c.model.seqLength || c.model.arch != "gpt", "sequence length mismatch");
 
   optim::AdamW optimizer(model_->namedParameters(),
                          optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1],
@@ -192,55 +331,88 @@ TrainResult Trainer::run() {
   std::vector<Tensor> params = model_->parameters();
   if (compute_ != DType::F32) keepComputeCopies(params, c.precision.weightCopies);
 
+  std::unique_ptr<optim::LossScaler> scaler;
+  if (compute_ == DType::F16)
+    scaler = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
+        c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
+
   int64_t startStep = 0, dataIndex = 0;
   defaultGenerator().manualSeed(c.train.seed);
   if (!c.checkpoint.load.empty()) {
-    CheckpointState st = loadCheckpoint(c.checkpoint.load, model_->namedParameters(), optimizer.namedState());
-    startStep = st.step;
-    dataIndex = st.dataIndex;
-    optimizer.setStepCount(st.optimizerSteps);
-    defaultGenerator().setState(st.rng);
-    spdlog::info("resumed from {} at iteration {}", resolveCheckpoint(c.checkpoint.load), startStep);
+    std::string dir = resolveCheckpoint(c.checkpoint.load);
+    CheckpointState st =
+        loadCheckpoint(dir, model_->namedParameters(), optimizer.namedState(), !c.checkpoint.loadModelOnly);
+    if (c.checkpoint.loadModelOnly) {
+      spdlog::info(
+          "loaded the model weights of {} (checkpoint.load_model_only: the optimizer, step and data "
+          "position start fresh)",
+          dir);
+    } else {
+      startStep = st.step;
+      dataIndex = st.dataIndex;
+      optimizer.setStepCount(st.optimizerSteps);
+      defaultGenerator().setState(st.rng);
+      if (scaler && st.lossScale > 0) scaler->restore(st.lossScale, st.lossScaleGoodSteps);
+      spdlog::info("resumed from {} at iteration {}", dir, startStep);
+    }
   }
-  std::string saveDir = c.checkpoint.save;
-  if (saveDir.empty() && c.checkpoint.saveInterval > 0)
-    saveDir = (fs::path(c.train.outDir) / "checkpoints").string();
+  std::string saveDir = saveDirectory();
+  TrainResult result;
+  result.valLoss = NAN;
+  int64_t lastSaved = -1;
   auto save = [&](int64_t step) {
     CheckpointState st;
     st.step = step;
     st.optimizerSteps = optimizer.stepCount();
     st.rng = defaultGenerator().state();
     st.dataIndex = dataIndex;
+    if (scaler) {
+      st.lossScale = scaler->scale();
+      st.lossScaleGoodSteps = scaler->goodSteps();
+    }
     st.config = c.values;
+    st.model = effectiveValues(c, "model.");
     std::string dir = saveCheckpoint(saveDir, model_->namedParameters(), optimizer.namedState(), st);
     spdlog::info("saved checkpoint {}", dir);
+    for (const auto& name : pruneCheckpoints(saveDir, c.checkpoint.keepLast))
+      spdlog::info("removed old checkpoint {} (checkpoint.keep_last {})", name, c.checkpoint.keepLast);
+    result.checkpoint = dir;
+    lastSaved = step;
   };
 
-  MetricsLogger logger(c.train.outDir);
-  spdlog::info("training {} ({} parameters) on {} ({}) in {}: {} iterations of {} sequences x {} tokens",
+  MetricsLogger logger(c.train.outDir, startStep);
+  spdlog::info("training {} ({} parameters) on {} ({}) in {}: {} iterations of {} sequences x {} tokens{}",
                c.model.arch, model_->numParameters(), toString(device_), deviceName(device_),
-               dtypeName(compute_), c.train.trainIters, c.train.globalBatchSize, T);
+               dtypeName(compute_), c.train.trainIters, c.train.globalBatchSize, T,
+               device_.isCpu() ? fmt::format(", {} CPU threads", omp_get_max_threads()) : std::string());
 
-  std::unique_ptr<optim::LossScaler> scaler;
-  if (compute_ == DType::F16)
-    scaler = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
-        c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
-
-  TrainResult result;
-  result.valLoss = NAN;
   model_->train();
-  Tensor lossSum = ops::zeros({}, DType::F32, device_);
   Tensor lastNorm;
-  int64_t intervalSteps = 0;
-  auto intervalStart = std::chrono::steady_clock::now();
+  double intervalLoss = 0;
+  int64_t intervalSteps = 0, intervalCounted = 0, intervalSkipped = 0, nonfiniteRun = 0;
+  auto runStart = std::chrono::steady_clock::now();
+  auto intervalStart = runStart;
+  double trainingSeconds = 0;  // measured step time since the start (evals and saves excluded), for the ETA
   double flopsPerToken = model_->flopsPerToken(), peak = peakFlops(device_, compute_);
   // STRATA_PROFILE=1: profile a few steps after warm-up and print where the time went (core/Profiler.h).
   const char* profileEnv = std::getenv("STRATA_PROFILE");
   int64_t profileFrom = profileEnv && std::string(profileEnv) != "0" ? startStep + 3 : -1;
   int64_t profileSteps = std::max<int64_t>(1, std::min<int64_t>(5, c.train.trainIters - profileFrom));
+  // <out_dir>/loss.svg at the end of every run, interrupted ones included; a chart never fails a run.
+  auto plotLoss = [&] {
+    std::string svg = (fs::path(c.train.outDir) / "loss.svg").string();
+    try {
+      std::string title = c.sourcePath.empty() ? c.model.arch : fs::path(c.sourcePath).stem().string();
+      if (writeLossPlot(logger.jsonlPath(), svg, title)) spdlog::info("loss curves: {}", svg);
+    } catch (const std::exception& e) {
+      spdlog::warn("could not draw {}: {}", svg, e.what());
+    }
+  };
+  InterruptGuard interrupts;
   for (int64_t iter = startStep; iter < c.train.trainIters; ++iter) {
     if (iter == profileFrom) profiler::start(device_);
     double lr = schedule.at(iter);
+    Tensor stepLoss = ops::zeros({}, DType::F32, device_);
     for (int64_t micro = 0; micro < accum; ++micro) {
       auto [x, y] = data_->batch(Split::Train, dataIndex++, B, T, c.train.seed, device_);
       profiler::mark("data");
@@ -249,34 +421,57 @@ TrainResult Trainer::run() {
       // fp16: scale the loss so small gradients stay representable; the update unscales them.
       backward(scaler ? scaled * scaler->scale() : scaled);
       NoGradGuard noGrad;
-      lossSum = ops::add(lossSum, ops::to(scaled.detach(), device_, DType::F32));
+      stepLoss = ops::add(stepLoss, ops::to(scaled.detach(), device_, DType::F32));
       profiler::mark("loss bookkeeping");
     }
+    bool applied = false;
+    double stepLossHost = NAN;
     {
       NoGradGuard noGrad;
       lastNorm = optim::gradNorm(params, device_);
       profiler::mark("grad norm");
+      // One host sync per step decides whether the update may run: the loss and the (scaled) norm must be
+      // finite. The data of the next step is staged synchronously anyway, so this costs no overlap.
+      stepLossHost = stepLoss.item();
+      double scaledNorm = lastNorm.item();
+      bool finite = std::isfinite(stepLossHost) && std::isfinite(scaledNorm);
       if (scaler) {
-        // The overflow decision needs the norm on the host: one sync per step, fp16 only.
         double scale = scaler->scale();
-        double scaledNorm = lastNorm.item();
         lastNorm = ops::affine(lastNorm, 1.0 / scale, 0.0);
-        if (scaler->update(scaledNorm)) {
+        if (scaler->update(finite ? scaledNorm : NAN)) {
           // Unscale and clip in one factor handed to the fused update.
           double coef = 1.0 / scale;
           double norm = scaledNorm / scale;
           if (c.optimizer.clipGrad > 0 && norm > c.optimizer.clipGrad)
             coef *= c.optimizer.clipGrad / (norm + 1e-6);
           optimizer.step(lr, ops::full({}, coef, DType::F32, device_));
+          applied = true;
         } else {
           spdlog::warn(
               "iteration {}: gradient overflow at loss scale {:.0f}; step skipped, loss scale now {:.0f}",
               iter + 1, scale, scaler->scale());
         }
-      } else {
+      } else if (finite) {
         Tensor coef =
             c.optimizer.clipGrad > 0 ? optim::clipCoefficient(lastNorm, c.optimizer.clipGrad) : Tensor();
         optimizer.step(lr, coef);
+        applied = true;
+        nonfiniteRun = 0;
+      } else {
+        // bf16/fp32 have no loss scale to lower: skip the update so the weights stay finite, and stop when
+        // it keeps happening (see train.max_nonfinite_steps).
+        ++nonfiniteRun;
+        spdlog::warn(
+            "iteration {}: loss {} / gradient norm {} is not finite; step skipped ({} in a row, the run "
+            "stops at train.max_nonfinite_steps = {})",
+            iter + 1, stepLossHost, scaledNorm, nonfiniteRun, c.train.maxNonfiniteSteps);
+        if (nonfiniteRun >= c.train.maxNonfiniteSteps)
+          throw DivergedError(detail::format(
+              "training diverged: {} steps in a row had a non-finite loss or gradient norm (the last at "
+              "iteration {}). No checkpoint was written from that state{}. Lower optimizer.lr, raise "
+              "lr_schedule.warmup_iters, or set optimizer.clip_grad, then resume from the last checkpoint.",
+              nonfiniteRun, iter + 1,
+              result.checkpoint.empty() ? std::string() : "; the last good one is " + result.checkpoint));
       }
       profiler::mark("optimizer step");
       optimizer.zeroGrad();
@@ -288,23 +483,38 @@ TrainResult Trainer::run() {
           profileSteps, profiler::stop());
     }
     ++intervalSteps;
+    if (std::isfinite(stepLossHost)) {
+      intervalLoss += stepLossHost;
+      ++intervalCounted;
+    }
+    if (!applied) {
+      ++intervalSkipped;
+      ++result.skippedSteps;
+    }
     int64_t done = iter + 1;
+    if (onIteration_) onIteration_(done);
+    int signal = interrupts.pending();
     bool exiting = c.train.exitInterval > 0 && done % c.train.exitInterval == 0 && done < c.train.trainIters;
-    bool last = done == c.train.trainIters || exiting;
+    bool last = done == c.train.trainIters || exiting || signal != 0;
     if (done % c.train.logInterval == 0 || last) {
       TrainRecord r;
       r.step = done;
       r.totalSteps = c.train.trainIters;
-      r.loss = lossSum.item() / double(intervalSteps);  // syncs the device: the timing below covers all work
-      r.gradNorm = lastNorm.item();
+      // The mean over the interval's finite losses (NaN, written as null, when none was).
+      r.loss = intervalCounted > 0 ? intervalLoss / double(intervalCounted) : NAN;
+      r.gradNorm = lastNorm.item();  // syncs the device: the timing below covers all work
       r.lr = lr;
       r.lossScale = scaler ? scaler->scale() : 1.0;
-      double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - intervalStart).count();
+      r.skippedSteps = intervalSkipped;
+      auto now = std::chrono::steady_clock::now();
+      double seconds = std::chrono::duration<double>(now - intervalStart).count();
+      trainingSeconds += seconds;
       r.msPerIter = 1000.0 * seconds / double(intervalSteps);
       r.tokensPerSec = double(intervalSteps * c.train.globalBatchSize * T) / seconds;
       r.tflops = r.tokensPerSec * flopsPerToken / 1e12;
       r.mfu = peak > 0 ? r.tflops * 1e12 / peak : 0.0;
+      r.elapsedSeconds = std::chrono::duration<double>(now - runStart).count();
+      r.etaSeconds = trainingSeconds / double(done - startStep) * double(c.train.trainIters - done);
       if (device_.isCuda()) {
         AllocatorStats gpu = deviceAllocator(device_).stats();
         r.memoryGb["gpu"] = gib(gpu.allocatedBytes);
@@ -314,26 +524,42 @@ TrainResult Trainer::run() {
       logger.train(r);
       result.trainLoss = r.loss;
       result.last = r;
-      lossSum = ops::zeros({}, DType::F32, device_);
-      intervalSteps = 0;
+      intervalLoss = 0;
+      intervalSteps = intervalCounted = intervalSkipped = 0;
       intervalStart = std::chrono::steady_clock::now();
     }
-    if (c.train.evalInterval > 0 && (done % c.train.evalInterval == 0 || last)) {
+    if (c.train.evalInterval > 0 && (done % c.train.evalInterval == 0 || last) && signal == 0) {
       result.valLoss = evaluate(c.train.evalIters);
+      ++result.evaluations;
       logger.eval(done, result.valLoss);
+      if (!std::isfinite(result.valLoss))
+        spdlog::warn("iteration {}: the validation loss is not finite ({})", done, result.valLoss);
       intervalStart = std::chrono::steady_clock::now();  // evaluation time is not training time
     }
-    if (!saveDir.empty() &&
-        ((c.checkpoint.saveInterval > 0 && done % c.checkpoint.saveInterval == 0) || last)) {
+    bool saveNow = !saveDir.empty() &&
+                   ((c.checkpoint.saveInterval > 0 && done % c.checkpoint.saveInterval == 0) || last);
+    if (saveNow && nonfiniteRun > 0) {
+      // The weights are those of the last finite step, but a run that is going non-finite is not a state
+      // worth resuming: keep the last good checkpoint as `latest`.
+      spdlog::warn("iteration {}: not saving a checkpoint after a non-finite step", done);
+    } else if (saveNow) {
       save(done);
       intervalStart = std::chrono::steady_clock::now();
     }
     result.steps = done;
+    if (signal != 0) {
+      result.interruptSignal = signal;
+      spdlog::warn("stopped by {} after iteration {}{}", signal == SIGINT ? "SIGINT" : "SIGTERM", done,
+                   lastSaved == done ? "; checkpoint " + result.checkpoint + " holds it" : "");
+      plotLoss();
+      return result;
+    }
     if (exiting) {
       spdlog::info("stopping at iteration {} (train.exit_interval {})", done, c.train.exitInterval);
       break;
     }
   }
+  plotLoss();
   if (c.train.sampleLength > 0) {
     result.sample = sample(c.train.samplePrompt, c.train.sampleLength, 0.8, 40, c.train.seed);
     spdlog::info("sample:\n{}{}", c.train.samplePrompt, result.sample);

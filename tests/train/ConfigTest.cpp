@@ -1,3 +1,6 @@
+#include <filesystem>
+#include <fstream>
+
 #include "TestUtil.h"
 #include "strata/train/Config.h"
 
@@ -60,4 +63,77 @@ TEST_CASE("a missing data file is named by its path", "[train][config]") {
     REQUIRE(std::string(e.what()).find("/nonexistent/corpus.txt") != std::string::npos);
     REQUIRE(std::string(e.what()).find("t.yaml:2") != std::string::npos);
   }
+}
+
+TEST_CASE("a duplicate key is an error naming both places", "[train][config]") {
+  std::string e = errorOf("model:\n  num_layers: 2\n  hidden_size: 64\n  num_layers: 3\n");
+  REQUIRE(e.find("test.yaml:4") != std::string::npos);
+  REQUIRE(e.find("'model.num_layers' appears twice") != std::string::npos);
+  REQUIRE(e.find("test.yaml:2") != std::string::npos);
+  // Twice at the top level too.
+  REQUIRE(errorOf("train:\n  seed: 1\ntrain:\n  seed: 2\n").find("'train' appears twice") !=
+          std::string::npos);
+}
+
+TEST_CASE("an empty config file or a directory is refused, naming it", "[train][config]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / "strata-config-files";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  { std::ofstream(dir / "empty.yaml") << "# nothing here\n"; }
+  for (const fs::path& p : {dir / "empty.yaml", dir}) {
+    try {
+      train::loadConfig(p.string(), {}, false);
+      FAIL("expected an error for " << p);
+    } catch (const Error& e) {
+      std::string what = e.what();
+      REQUIRE(what.find(p.string()) != std::string::npos);
+      REQUIRE(what.find(p == dir ? "is a directory" : "is empty") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a warm-up longer than the run is a warning, not an error", "[train][config]") {
+  auto c = parseConfig("", "t.yaml", {"train.train_iters=20"}, false);  // default warm-up: 100
+  REQUIRE(c.train.trainIters == 20);
+  REQUIRE(c.warnings.size() == 1);
+  REQUIRE(c.warnings[0].find("lr_schedule.warmup_iters") != std::string::npos);
+  REQUIRE(parseConfig("", "t.yaml", {"train.train_iters=200"}, false).warnings.empty());
+}
+
+TEST_CASE("config errors are user errors: no source location in the message", "[train][config]") {
+  try {
+    parseConfig("model:\n  hiden_size: 64\n", "t.yaml", {}, false);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    REQUIRE(e.userFacing());
+    REQUIRE(std::string(e.what()).find("[src/") == std::string::npos);
+    REQUIRE(std::string(e.what()).find("check failed") == std::string::npos);
+    REQUIRE(e.location().find("Config.cpp") != std::string::npos);  // kept for STRATA_DEBUG=1
+  }
+  // An internal error keeps its location in the message.
+  try {
+    Tensor::fromVector<float>({1, 2}, {2}).view({3});
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    REQUIRE(!e.userFacing());
+    REQUIRE(std::string(e.what()).find("[src/") != std::string::npos);
+  }
+}
+
+TEST_CASE("effective values cover defaults and compare numbers as numbers", "[train][config]") {
+  auto c = parseConfig("model:\n  num_layers: 3\n", "t.yaml", {}, false);
+  auto model = train::effectiveValues(c, "model.");
+  REQUIRE(model.at("model.num_layers") == "3");
+  REQUIRE(model.at("model.hidden_size") == "128");  // a default
+  REQUIRE(model.at("model.bias") == "true");
+  REQUIRE(model.count("train.seed") == 0);
+  REQUIRE(train::sameConfigValue("0.02", model.at("model.init_std")));
+  REQUIRE(train::sameConfigValue("1e-05", "0.00001"));
+  REQUIRE(!train::sameConfigValue("2", "3"));
+  REQUIRE(!train::sameConfigValue("gpt", "bert"));
+  // The default config saves a final checkpoint, so `strata generate` works right after tools/train.sh.
+  auto nano = train::loadConfig(STRATA_SOURCE_DIR "/configs/gpt-nano.yaml", {}, false);
+  REQUIRE(!nano.checkpoint.save.empty());
+  REQUIRE(nano.checkpoint.keepLast == 3);
 }

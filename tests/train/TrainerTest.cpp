@@ -1,6 +1,11 @@
+#include <omp.h>
+
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
 
 #include "TestUtil.h"
 #include "strata/train/Checkpoint.h"
@@ -66,6 +71,8 @@ TEST_CASE("training lowers the loss and writes metrics and TensorBoard events", 
   REQUIRE(r.trainLoss < first - 1.0);
   REQUIRE(recs.back().contains("val_loss"));
   REQUIRE(recs[5].contains("tokens_per_s"));
+  REQUIRE(recs[5]["elapsed_s"].get<double>() > 0);
+  REQUIRE(fs::file_size(out / "loss.svg") > 1000);
   REQUIRE(recs[5]["grad_norm"].get<double>() > 0);
   bool events = false;
   for (auto& e : fs::directory_iterator(out))
@@ -172,7 +179,6 @@ TEST_CASE("safetensors round-trips tensors and metadata", "[train][checkpoint]")
   REQUIRE_THROWS_AS(train::resolveCheckpoint("/nonexistent/ckpt"), Error);
 }
 
-
 TEST_CASE("data.format random trains without a data file (strata bench's source)", "[train][trainer]") {
   fs::path out = fs::temp_directory_path() / "strata-trainer-random";
   fs::remove_all(out);
@@ -186,4 +192,214 @@ TEST_CASE("data.format random trains without a data file (strata bench's source)
   REQUIRE(r.last.step == 6);
   REQUIRE(r.last.tokensPerSec > 0);
   REQUIRE(r.last.msPerIter > 0);
+}
+
+TEST_CASE("a diverging bf16/fp32 run skips non-finite steps, stops with an error and saves none of them",
+          "[train][trainer][nonfinite]") {
+  fs::path out = fs::temp_directory_path() / "strata-trainer-diverge";
+  fs::remove_all(out);
+  fs::path ckpt = out / "ckpt";
+  // Decoupled weight decay of lr * wd = 100 multiplies the weight matrices by -99 per step: they overflow
+  // fp32 after a dozen or so steps and the loss goes non-finite.
+  train::Trainer trainer(tinyConfig(
+      out, {"optimizer.lr=10", "optimizer.weight_decay=10", "optimizer.min_lr=0", "lr_schedule.style=constant",
+            "lr_schedule.warmup_iters=0", "train.train_iters=60", "train.max_nonfinite_steps=3",
+            "checkpoint.save=" + ckpt.string(), "checkpoint.save_interval=1", "checkpoint.keep_last=0",
+            "model.dropout=0"}));
+  try {
+    trainer.run();
+    FAIL("expected the run to stop");
+  } catch (const train::DivergedError& e) {
+    std::string what = e.what();
+    REQUIRE(what.find("3 steps in a row") != std::string::npos);
+    REQUIRE(what.find("No checkpoint was written from that state") != std::string::npos);
+  }
+  auto recs = records(out);
+  int64_t skipped = 0;
+  for (auto& r : recs)
+    if (r.contains("skipped_steps")) skipped += r["skipped_steps"].get<int64_t>();
+  // The third bad step throws before it is logged; the two before it were logged as skipped.
+  REQUIRE(skipped == 2);
+  // Every checkpoint on disk loads (checksums, no NaN) and none is from a skipped step.
+  int64_t lastStep = recs.back()["step"].get<int64_t>();
+  for (auto& entry : fs::directory_iterator(ckpt)) {
+    if (!entry.is_directory()) continue;
+    INFO(entry.path());
+    auto shards = train::loadModelShards(entry.path().string());
+    REQUIRE(std::stoll(entry.path().filename().string().substr(5)) <= lastStep - 2);
+  }
+}
+
+TEST_CASE("startup checks stop before any work", "[train][trainer][startup]") {
+  fs::path base = fs::temp_directory_path() / "strata-trainer-startup";
+  fs::remove_all(base);
+  fs::create_directories(base);
+  { std::ofstream(base / "a-file") << "x"; }
+  auto errorOf = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // out_dir is a file, or lies under one.
+  std::string e = errorOf([&] { train::Trainer t(tinyConfig(base / "a-file")); });
+  REQUIRE(e.find("'train.out_dir'") != std::string::npos);
+  REQUIRE(e.find("is a file") != std::string::npos);
+  e = errorOf([&] { train::Trainer t(tinyConfig(base / "a-file" / "run")); });
+  REQUIRE(e.find("'train.out_dir'") != std::string::npos);
+  // An unwritable save path is found before training, not after it.
+  e = errorOf([&] {
+    train::Trainer t(tinyConfig(base / "ok", {"checkpoint.save=" + (base / "a-file" / "ckpt").string()}));
+  });
+  REQUIRE(e.find("'checkpoint.save'") != std::string::npos);
+  REQUIRE(!fs::exists(base / "ok" / "metrics.jsonl"));
+  // A validation split smaller than one window, with evaluations on.
+  e = errorOf([&] { train::Trainer t(tinyConfig(base / "ok", {"data.val_fraction=0.001"})); });
+  REQUIRE(e.find("validation split") != std::string::npos);
+  REQUIRE(e.find("data.val_fraction") != std::string::npos);
+  // ... is fine without evaluations.
+  train::Trainer fine(tinyConfig(base / "ok", {"data.val_fraction=0.001", "train.eval_interval=0"}));
+  REQUIRE(fs::is_directory(base / "ok"));
+}
+
+TEST_CASE("SIGINT and SIGTERM finish the step, save, and the run resumes exactly",
+          "[train][trainer][signal]") {
+  fs::path straight = fs::temp_directory_path() / "strata-signal-straight";
+  fs::path split = fs::temp_directory_path() / "strata-signal-split";
+  fs::remove_all(straight);
+  fs::remove_all(split);
+  train::Trainer(tinyConfig(straight)).run();
+  fs::path ckpt = split / "ckpt";
+  struct sigaction before {};
+  sigaction(SIGINT, nullptr, &before);
+  for (int sig : {SIGINT, SIGTERM}) {
+    fs::remove_all(split);
+    train::Trainer trainer(tinyConfig(split, {"checkpoint.save=" + ckpt.string()}));
+    trainer.onIteration([sig](int64_t step) {
+      if (step == 7) std::raise(sig);
+    });
+    train::TrainResult r = trainer.run();
+    REQUIRE(r.interruptSignal == sig);
+    REQUIRE(r.steps == 7);
+    REQUIRE(r.checkpoint == (ckpt / "step-7").string());
+    REQUIRE(train::resolveCheckpoint(ckpt.string()) == (ckpt / "step-7").string());
+    REQUIRE(fs::exists(split / "loss.svg"));
+  }
+  // The handlers from before run() are back.
+  struct sigaction now {};
+  sigaction(SIGINT, nullptr, &now);
+  REQUIRE(now.sa_handler == before.sa_handler);
+  train::Trainer(tinyConfig(split, {"checkpoint.load=" + ckpt.string()})).run();
+  auto a = records(straight), b = records(split);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("record " << i);
+    REQUIRE(a[i]["step"] == b[i]["step"]);
+    if (a[i].contains("loss")) REQUIRE(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
+  }
+}
+
+TEST_CASE("keep_last prunes old checkpoints and a new run removes failed saves' leftovers",
+          "[train][trainer][checkpoint]") {
+  fs::path out = fs::temp_directory_path() / "strata-trainer-keep";
+  fs::remove_all(out);
+  fs::path ckpt = out / "ckpt";
+  fs::create_directories(ckpt / "step-3.tmp");
+  train::Trainer trainer(tinyConfig(out, {"checkpoint.save=" + ckpt.string(), "checkpoint.save_interval=2",
+                                          "checkpoint.keep_last=2", "train.train_iters=10"}));
+  REQUIRE(!fs::exists(ckpt / "step-3.tmp"));  // removed at startup
+  trainer.run();
+  std::vector<std::string> dirs;
+  for (auto& entry : fs::directory_iterator(ckpt))
+    if (entry.is_directory()) dirs.push_back(entry.path().filename().string());
+  std::sort(dirs.begin(), dirs.end());
+  REQUIRE(dirs == std::vector<std::string>{"step-10", "step-8"});
+}
+
+TEST_CASE("metrics: a failed write is an error, and a resume never logs a step twice", "[train][metrics]") {
+  fs::path out = fs::temp_directory_path() / "strata-metrics-full";
+  fs::remove_all(out);
+  fs::create_directories(out);
+  fs::create_symlink("/dev/full", out / "metrics.jsonl");
+  try {
+    train::Trainer(tinyConfig(out, {"train.train_iters=3"})).run();
+    FAIL("expected a write error");
+  } catch (const Error& e) {
+    REQUIRE(std::string(e.what()).find("metrics.jsonl") != std::string::npos);
+  }
+  // Train 20 steps with a checkpoint at 10, then resume from 10 in the same out_dir.
+  fs::path run = fs::temp_directory_path() / "strata-metrics-resume";
+  fs::remove_all(run);
+  fs::path ckpt = run / "ckpt";
+  train::Trainer(tinyConfig(run, {"checkpoint.save=" + ckpt.string(), "checkpoint.save_interval=10"})).run();
+  auto first = records(run);
+  train::Trainer(tinyConfig(run, {"checkpoint.load=" + (ckpt / "step-10").string()})).run();
+  auto second = records(run);
+  REQUIRE(second.size() == first.size());
+  std::set<std::pair<int64_t, bool>> seen;
+  for (auto& r : second) {
+    REQUIRE(r.contains("elapsed_s") == r.contains("loss"));
+    REQUIRE(seen.insert({r["step"].get<int64_t>(), r.contains("val_loss")}).second);
+  }
+  // A fresh run in that directory starts a fresh file.
+  train::Trainer(tinyConfig(run, {"train.train_iters=4", "train.eval_interval=0"})).run();
+  REQUIRE(records(run).size() == 4);
+}
+
+TEST_CASE("resuming into a different model is refused with the differing keys",
+          "[train][trainer][checkpoint]") {
+  fs::path out = fs::temp_directory_path() / "strata-trainer-shape";
+  fs::remove_all(out);
+  fs::path ckpt = out / "ckpt";
+  train::Trainer(tinyConfig(out, {"train.train_iters=2", "checkpoint.save=" + ckpt.string()})).run();
+  auto errorOf = [&](std::vector<std::string> extra) -> std::string {
+    extra.push_back("checkpoint.load=" + ckpt.string());
+    try {
+      train::Trainer t(tinyConfig(out, extra));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::string e = errorOf({"model.num_layers=1"});
+  REQUIRE(e.find("model.num_layers: 2 in the checkpoint, 1 in this config") != std::string::npos);
+  e = errorOf({"model.bias=false", "model.num_attention_heads=4"});
+  REQUIRE(e.find("model.bias") != std::string::npos);
+  REQUIRE(e.find("model.num_attention_heads") != std::string::npos);
+  REQUIRE(errorOf({"model.num_layers=1", "checkpoint.load_model_only=true"}).find("model.num_layers") !=
+          std::string::npos);
+  // Fine-tuning: the weights with another optimizer setup start a fresh run.
+  REQUIRE(errorOf({"checkpoint.load_model_only=true", "optimizer.lr=0.0001"}).empty());
+  fs::path tune = fs::temp_directory_path() / "strata-trainer-finetune";
+  fs::remove_all(tune);
+  train::Trainer tuned(
+      tinyConfig(tune, {"checkpoint.load=" + ckpt.string(), "checkpoint.load_model_only=true",
+                        "optimizer.lr=0.0001", "train.train_iters=3"}));
+  train::TrainResult r = tuned.run();
+  REQUIRE(r.steps == 3);
+  REQUIRE(records(tune).front()["step"].get<int64_t>() == 1);
+}
+
+TEST_CASE("train.threads sets the OpenMP threads; the default is the physical cores", "[train][trainer]") {
+  fs::path out = fs::temp_directory_path() / "strata-trainer-threads";
+  fs::remove_all(out);
+  train::Trainer one(tinyConfig(out, {"train.threads=1"}));
+  REQUIRE(omp_get_max_threads() == 1);
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  std::string saved = env ? env : "";
+  unsetenv("OMP_NUM_THREADS");
+  train::Trainer automatic(tinyConfig(out));
+  REQUIRE(omp_get_max_threads() == physicalCpuCores());
+  REQUIRE(physicalCpuCores() >= 1);
+  REQUIRE(physicalCpuCores() <= int(std::thread::hardware_concurrency()));
+  if (env) setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+}
+
+TEST_CASE("durations print as s, m and h", "[train][metrics]") {
+  REQUIRE(train::formatDuration(42.2) == "42s");
+  REQUIRE(train::formatDuration(187) == "3m07s");
+  REQUIRE(train::formatDuration(7500) == "2h05m");
+  REQUIRE(train::formatDuration(NAN) == "?");
 }

@@ -2,7 +2,9 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,22 +23,37 @@ using namespace strata;
 
 namespace {
 
+const char* kCommands[] = {"train", "bench", "info", "generate", "convert", "tokenize"};
+
 int runTrain(const std::string& configPath, const std::vector<std::string>& overrides) {
   train::Config config = train::loadConfig(configPath, overrides);
   train::Trainer trainer(config);
   train::TrainResult r = trainer.run();
-  if (std::isnan(r.valLoss))
-    std::printf("\nfinished %ld iterations: train loss %.4f\n", long(r.steps), r.trainLoss);
-  else
-    std::printf("\nfinished %ld iterations: train loss %.4f, val loss %.4f\n", long(r.steps), r.trainLoss,
-                r.valLoss);
+  std::string val = r.evaluations > 0 ? fmt::format(", val loss {:.4f}", r.valLoss) : std::string();
+  std::string skipped =
+      r.skippedSteps > 0 ? fmt::format(" ({} steps skipped)", r.skippedSteps) : std::string();
+  if (r.interruptSignal != 0) {
+    std::printf("\ninterrupted after %ld iterations: train loss %.4f%s%s\n", long(r.steps), r.trainLoss,
+                val.c_str(), skipped.c_str());
+    if (!r.checkpoint.empty())
+      std::printf("checkpoint %s; resume with: strata train %s --set checkpoint.load=%s\n",
+                  r.checkpoint.c_str(), configPath.c_str(), r.checkpoint.c_str());
+    else
+      std::printf("no checkpoint was saved (set checkpoint.save to keep interrupted runs)\n");
+    return 128 + r.interruptSignal;
+  }
+  std::printf("\nfinished %ld iterations: train loss %.4f%s%s\n", long(r.steps), r.trainLoss, val.c_str(),
+              skipped.c_str());
+  if (!r.checkpoint.empty())
+    std::printf("checkpoint %s; sample from it with: strata generate %s\n", r.checkpoint.c_str(),
+                r.checkpoint.c_str());
   return 0;
 }
 
 // Trains `iters` measured steps after as many warm-up steps on random tokens (data.format: random), with no
 // evaluation, sample or checkpoint, and reports the measured interval.
 int runBench(const std::string& configPath, std::vector<std::string> overrides, int64_t iters, bool profile) {
-  STRATA_CHECK(iters > 0, "bench: --iters must be positive, got {}", iters);
+  STRATA_USER_CHECK(iters > 0, "bench: --iters must be positive, got {}", iters);
   std::string out = (std::filesystem::temp_directory_path() / "strata-bench").string();
   std::filesystem::remove_all(out);
   // Later --set values win, so the bench's own settings go last.
@@ -103,21 +120,26 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   return 0;
 }
 
+// The config a checkpoint was trained with, from its manifest.
+train::Config checkpointConfig(const std::string& dir) {
+  std::vector<std::string> overrides;
+  for (auto& [key, value] : train::readCheckpointState(dir).config) overrides.push_back(key + "=" + value);
+  return train::parseConfig("", dir + "/manifest.json", overrides, /*requireData=*/false);
+}
+
 int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_t tokens, double temperature,
                 int64_t topK, uint64_t seed, const std::string& deviceName) {
   std::string dir = train::resolveCheckpoint(checkpoint);
-  std::ifstream in(std::filesystem::path(dir) / "manifest.json");
-  auto manifest = nlohmann::json::parse(in);
-  std::vector<std::string> overrides;
-  for (auto& [key, value] : manifest["config"].items())
-    overrides.push_back(key + "=" + value.get<std::string>());
-  train::Config c = train::parseConfig("", dir + "/manifest.json", overrides, /*requireData=*/false);
+  train::Config c = checkpointConfig(dir);
   Device device = train::resolveDevice(deviceName);
   auto model = models::buildModel(train::modelSpecFrom(c, device));
   auto weights = train::loadModelShards(dir);
   for (auto& [name, p] : model->namedParameters()) {
     auto it = weights.find(name);
-    STRATA_CHECK(it != weights.end(), "checkpoint {} has no tensor '{}'", dir, name);
+    STRATA_USER_CHECK(it != weights.end(), "checkpoint {} has no tensor '{}'", dir, name);
+    STRATA_USER_CHECK(it->second.shape() == p.shape(),
+                      "checkpoint {}: '{}' has shape {}, its config gives {}", dir, name,
+                      toString(it->second.shape()), toString(p.shape()));
     ops::copy(p, it->second);
   }
   DType compute = device.isCpu() || c.precision.dtype == "fp32" ? DType::F32 : DType::BF16;
@@ -128,24 +150,97 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
   return 0;
 }
 
+// With --hf, OUTPUT is a directory that GPT2LMHeadModel.from_pretrained loads: model.safetensors and
+// config.json. A path ending in .safetensors is written as named, with config.json beside it.
 int runConvert(const std::string& checkpoint, const std::string& output, bool hf) {
+  namespace fs = std::filesystem;
   std::string dir = train::resolveCheckpoint(checkpoint);
-  std::ifstream in(std::filesystem::path(dir) / "manifest.json");
-  auto manifest = nlohmann::json::parse(in);
-  std::string arch = manifest["config"].value("model.arch", std::string("gpt"));
-  train::NamedTensors out;
-  for (auto& [name, t] : train::loadModelShards(dir)) {
-    if (!hf) {
-      out.emplace_back(name, t);
-      continue;
-    }
-    STRATA_CHECK(arch == "gpt", "--hf export knows the gpt architecture, not '{}'", arch);
-    out.emplace_back(models::gptNameToHf(name), t);
+  train::Config c = checkpointConfig(dir);
+  bool toFile = output.size() > 12 && output.substr(output.size() - 12) == ".safetensors";
+  STRATA_USER_CHECK(hf || toFile,
+                    "convert: OUTPUT must end in .safetensors (or pass --hf to write an HF directory)");
+  fs::path file = toFile ? fs::path(output) : fs::path(output) / "model.safetensors";
+  std::string configJson;
+  if (hf) {
+    STRATA_USER_CHECK(c.model.arch == "gpt", "--hf export knows the gpt architecture, not '{}'",
+                      c.model.arch);
+    models::GptConfig g = models::gptConfig(train::modelSpecFrom(c, Device::cpu()));
+    configJson = models::gptHfConfigJson(g, c.data.tokenizer == "gpt2" ? 50256 : -1);
   }
-  train::writeSafetensors(output, out, {{"format", "pt"}, {"source", dir}});
-  std::printf("wrote %zu tensors from %s to %s%s\n", out.size(), dir.c_str(), output.c_str(),
-              hf ? " (HF GPT-2 names; lm_head is tied to transformer.wte)" : "");
+  train::NamedTensors out;
+  for (auto& [name, t] : train::loadModelShards(dir))
+    out.emplace_back(hf ? models::gptNameToHf(name) : name, t);
+  if (!file.parent_path().empty()) fs::create_directories(file.parent_path());
+  train::writeSafetensors(file.string(), out, {{"format", "pt"}, {"source", dir}});
+  std::printf("wrote %zu tensors from %s to %s\n", out.size(), dir.c_str(), file.c_str());
+  if (hf) {
+    fs::path cfg = file.parent_path() / "config.json";
+    std::ofstream(cfg) << configJson;
+    STRATA_USER_CHECK(fs::exists(cfg), "cannot write {}", cfg.string());
+    std::printf("wrote %s (HF GPT2LMHeadModel; lm_head is tied to transformer.wte)%s\n", cfg.c_str(),
+                file.filename() == "model.safetensors"
+                    ? ""
+                    : "; from_pretrained looks for model.safetensors, so rename the weights or convert to a "
+                      "directory");
+  }
   return 0;
+}
+
+size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// `strata trian` -> "unknown command 'trian'; did you mean 'train'?" (CLI11 alone says only that the
+// argument was not expected).
+bool reportUnknownCommand(int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return false;
+  std::string given = argv[1];
+  std::string best;
+  size_t bestDistance = SIZE_MAX;
+  std::string all;
+  for (const char* command : kCommands) {
+    if (given == command) return false;
+    size_t d = editDistance(given, command);
+    if (d < bestDistance) {
+      bestDistance = d;
+      best = command;
+    }
+    all += (all.empty() ? "" : ", ") + std::string(command);
+  }
+  if (bestDistance <= std::max<size_t>(2, given.size() / 2))
+    std::fprintf(stderr, "error: unknown command '%s'; did you mean '%s'?\n", given.c_str(), best.c_str());
+  else
+    std::fprintf(stderr, "error: unknown command '%s'; the commands are %s (strata --help)\n", given.c_str(),
+                 all.c_str());
+  return true;
+}
+
+// One line per failure, never `terminate called`: user errors print their message (the location too with
+// STRATA_DEBUG=1); internal errors keep their source location.
+int reportError(const std::exception& e) {
+  const char* debug = std::getenv("STRATA_DEBUG");
+  bool withLocation = debug && std::string(debug) != "0";
+  if (const auto* error = dynamic_cast<const Error*>(&e)) {
+    if (error->userFacing() && withLocation && !error->location().empty())
+      std::fprintf(stderr, "error: %s [%s]\n", error->message().c_str(), error->location().c_str());
+    else
+      std::fprintf(stderr, "error: %s\n", e.what());
+  } else if (const auto* fsError = dynamic_cast<const std::filesystem::filesystem_error*>(&e)) {
+    std::fprintf(stderr, "error: %s\n", fsError->what());
+  } else if (dynamic_cast<const std::bad_alloc*>(&e)) {
+    std::fprintf(stderr, "error: out of host memory\n");
+  } else {
+    std::fprintf(stderr, "error: %s\n", e.what());
+  }
+  return 1;
 }
 
 }  // namespace
@@ -153,7 +248,11 @@ int runConvert(const std::string& checkpoint, const std::string& output, bool hf
 int main(int argc, char** argv) {
   CLI::App app{"Strata: train large Transformer models on few GPUs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version",
+                       std::string("strata ") + STRATA_VERSION +
+                           (builtWithCuda() ? " (CPU and CUDA backends)" : " (CPU backend only)"));
   spdlog::set_pattern("[%H:%M:%S] %v");
+  if (reportUnknownCommand(argc, argv)) return 2;
 
   std::string config;
   std::vector<std::string> overrides;
@@ -181,9 +280,11 @@ int main(int argc, char** argv) {
   generate->add_option("checkpoint", checkpoint, "checkpoint directory (or a save directory with `latest`)")
       ->required();
   generate->add_option("--prompt", prompt, "text to continue");
-  generate->add_option("--tokens", tokens, "tokens to sample");
-  generate->add_option("--temperature", temperature, "sampling temperature");
-  generate->add_option("--top-k", topK, "sample among the k most likely tokens (0: all)");
+  generate->add_option("--tokens", tokens, "tokens to sample")->check(CLI::PositiveNumber);
+  generate->add_option("--temperature", temperature, "sampling temperature (0: greedy)")
+      ->check(CLI::NonNegativeNumber);
+  generate->add_option("--top-k", topK, "sample among the k most likely tokens (0: all)")
+      ->check(CLI::NonNegativeNumber);
   generate->add_option("--seed", seed, "sampling seed");
   generate->add_option("--device", device, "auto, cpu or cuda[:N]");
 
@@ -193,18 +294,28 @@ int main(int argc, char** argv) {
       app.add_subcommand("convert", "merge a checkpoint's model shards into one safetensors file");
   convert->add_option("checkpoint", checkpoint, "checkpoint directory (or a save directory with `latest`)")
       ->required();
-  convert->add_option("output", output, "the .safetensors file to write")->required();
-  convert->add_flag("--hf", hf, "use HF transformers names (GPT2LMHeadModel layout)");
+  convert
+      ->add_option("output", output,
+                   "the .safetensors file to write; with --hf, a directory for from_pretrained")
+      ->required();
+  convert->add_flag("--hf", hf, "HF transformers names (GPT2LMHeadModel) plus config.json");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
   try {
     if (*train) return runTrain(config, overrides);
     if (*info) return runInfo(config, overrides);
     if (*bench) return runBench(config, overrides, benchIters, benchProfile);
     if (*generate) return runGenerate(checkpoint, prompt, tokens, temperature, topK, seed, device);
     if (*convert) return runConvert(checkpoint, output, hf);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const std::exception& e) {
+    return reportError(e);
+  } catch (...) {
+    std::fprintf(stderr, "error: unknown failure\n");
     return 1;
   }
   return 0;

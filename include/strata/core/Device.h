@@ -39,5 +39,9 @@ inline bool cudaAvailable() {
 std::string deviceName(Device d);
 // True when this build was compiled with CUDA support.
 bool builtWithCuda();
+// Physical CPU cores among the CPUs this process may run on (its affinity mask), counting each hyperthread
+// sibling pair once; at least 1. OpenMP's default (every logical CPU) oversubscribes the cores and collapses
+// when another process is busy on them.
+int physicalCpuCores();
 
 }  // namespace strata

@@ -1,10 +1,16 @@
 // Checkpoints.
 //
 // A checkpoint is a directory <save>/step-<N>/ holding, per rank, model and optimizer safetensors shards
-// (model-rank<r>.safetensors, optimizer-rank<r>.safetensors) and a JSON manifest (step, RNG and data
-// position, the config, the shard list). It is written to a temporary directory, every file and the directory
-// are fsynced, the directory is renamed into place, and only then is <save>/latest rewritten (also by
-// rename). A crash at any point leaves the previous checkpoint intact and `latest` pointing at it.
+// (model-rank<r>.safetensors, optimizer-rank<r>.safetensors) and a JSON manifest: the step, RNG and data
+// position, the config, the model section's effective values, the shard list, and a CRC32C and size per file.
+//
+// NOTE [Checkpoint durability]
+// A checkpoint is written to <save>/step-<N>.tmp; every file and the directory are fsynced, the directory is
+// renamed into place, and only then is <save>/latest rewritten (also by rename). A crash at any point leaves
+// the previous checkpoint intact and `latest` pointing at it; the next run removes the leftover `.tmp`
+// directories. Loading verifies every file's CRC32C against the manifest before it trusts a byte, so a
+// corrupted or truncated file is named instead of trained on. No tensor holding a NaN or an infinity is ever
+// saved: the save fails instead, naming the tensor.
 #pragma once
 
 #include <map>
@@ -19,33 +25,58 @@ namespace strata::train {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// The size and CRC32C of a written file.
+struct FileDigest {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
 // safetensors: 8-byte little-endian header length, a JSON header (dtype, shape, data_offsets per tensor, plus
-// string "__metadata__"), then the raw bytes.
-void writeSafetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
-// Reads every tensor to `device`; fills `metadata` when given.
+// string "__metadata__"), then the raw bytes. The file is fsynced. With requireFinite, a floating tensor
+// holding a NaN or an infinity stops the write before the file is created, naming the tensor.
+FileDigest writeSafetensors(const std::string& path, const NamedTensors& tensors,
+                            const std::map<std::string, std::string>& metadata = {},
+                            bool requireFinite = false);
+// Reads every tensor to `device`; fills `metadata` when given. A malformed file is an error naming it.
 std::map<std::string, Tensor> readSafetensors(const std::string& path, Device device = Device::cpu(),
                                               std::map<std::string, std::string>* metadata = nullptr);
 
 struct CheckpointState {
-  int64_t step = 0;            // iterations completed
-  int64_t optimizerSteps = 0;  // AdamW's step count (bias correction)
-  GeneratorState rng;          // the default generator (dropout)
-  int64_t dataIndex = 0;       // next training batch index
-  std::map<std::string, std::string> config;
+  int64_t step = 0;                           // iterations completed
+  int64_t optimizerSteps = 0;                 // AdamW's step count (bias correction)
+  GeneratorState rng;                         // the default generator (dropout)
+  int64_t dataIndex = 0;                      // next training batch index
+  double lossScale = 0;                       // fp16's dynamic loss scale (0: none)
+  int64_t lossScaleGoodSteps = 0;             // and its count of good steps since the scale last changed
+  std::map<std::string, std::string> config;  // the keys the run set
+  // The effective value of every model.* key (Config.h's effectiveValues), checked on resume.
+  std::map<std::string, std::string> model;
   int rank = 0, worldSize = 1;
 };
 
-// Writes a checkpoint under `saveDir`; returns its directory.
+// Writes a checkpoint under `saveDir`; returns its directory. Fails (leaving the previous checkpoints as they
+// were) when a tensor is not finite.
 std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model,
                            const NamedTensors& optimizer, const CheckpointState& state);
-// Resolves `path` (a step directory, or a save directory with a `latest` file) and loads it into the given
-// tensors in place (names must match). Returns the saved state.
+
+// The saved state of the checkpoint `path` refers to (manifest only; no tensor is read).
+CheckpointState readCheckpointState(const std::string& path);
+// Resolves `path` (a step directory, or a save directory with a `latest` file), verifies its files' checksums
+// and loads it into the given tensors in place. Every model tensor must be present with the same shape, and
+// the checkpoint may hold no model tensor the model lacks (both are listed in the error). With
+// `loadOptimizer` false only the model is read. Returns the saved state.
 CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& model,
-                               const NamedTensors& optimizer);
-// Every model tensor of a checkpoint, merged across the shards its manifest lists (on the CPU).
+                               const NamedTensors& optimizer, bool loadOptimizer = true);
+// Every model tensor of a checkpoint, merged across the shards its manifest lists (on the CPU), checksums
+// verified.
 std::map<std::string, Tensor> loadModelShards(const std::string& path);
 // The step directory `path` refers to.
 std::string resolveCheckpoint(const std::string& path);
+
+// Removes what failed saves left in `saveDir` (step-<N>.tmp directories, latest.tmp); returns their names.
+std::vector<std::string> removeStaleTemporaries(const std::string& saveDir);
+// Deletes the oldest step-<N> directories of `saveDir` so that `keep` remain (0: keep all), never the one
+// `latest` names; returns the removed names.
+std::vector<std::string> pruneCheckpoints(const std::string& saveDir, int64_t keep);
 
 }  // namespace strata::train

@@ -47,6 +47,10 @@ struct TrainLoopConfig {
   int64_t evalIters = 20;
   int64_t sampleLength = 200;  // characters/tokens sampled at the end of the run (0: none)
   std::string samplePrompt = "\n";
+  int64_t threads = 0;  // CPU threads for OpenMP (0: the physical cores this process may run on)
+  // bf16/fp32: a step whose loss or gradient norm is not finite is skipped; this many in a row stop the run
+  // with an error (fp16 skips and lowers the loss scale instead).
+  int64_t maxNonfiniteSteps = 5;
 };
 
 struct OptimizerConfig {
@@ -98,6 +102,10 @@ struct CheckpointConfig {
   std::string save;  // directory to write checkpoints to ("" = out_dir/checkpoints when save_interval > 0)
   std::string load;  // checkpoint directory (or its parent with a `latest` file) to resume from
   int64_t saveInterval = 0;  // 0: only at the end when `save` is set
+  int64_t keepLast = 3;      // step directories kept after a successful save (0: all)
+  // Load only the model weights from `load` (fine-tuning with another optimizer setup): the step, optimizer
+  // state, RNG and data position start fresh. The model's shape must still match.
+  bool loadModelOnly = false;
 };
 
 struct Config {
@@ -111,6 +119,8 @@ struct Config {
   StoreConfig store;
   CheckpointConfig checkpoint;
   std::string sourcePath;  // the YAML file it came from
+  // Problems that do not stop a run (e.g. a warm-up longer than the run); the trainer logs them.
+  std::vector<std::string> warnings;
   // Every key as it was finally set, "a.b" -> YAML text (for the checkpoint manifest and `strata info`).
   std::map<std::string, std::string> values;
 };
@@ -125,5 +135,10 @@ Config parseConfig(const std::string& yaml, const std::string& origin,
                    const std::vector<std::string>& overrides = {}, bool requireData = true);
 // All valid keys, dotted.
 std::vector<std::string> configKeys();
+// The effective value of every key under `prefix` ("model." for the model section), defaults included, as
+// YAML text: what a checkpoint's manifest records to check a resume against.
+std::map<std::string, std::string> effectiveValues(const Config& config, const std::string& prefix = "");
+// Whether two YAML texts of one key denote the same value (numbers compare as numbers).
+bool sameConfigValue(const std::string& a, const std::string& b);
 
 }  // namespace strata::train

@@ -15,7 +15,11 @@ class TensorBoardWriter {
  public:
   explicit TensorBoardWriter(const std::string& dir);
   void scalar(const std::string& tag, double value, int64_t step);
-  void flush() { out_.flush(); }
+  // A SessionLog START at `step`: TensorBoard drops the events of earlier files at this step and after, so a
+  // resumed run's curve replaces the orphaned tail of the interrupted one.
+  void sessionStart(int64_t step);
+  // Flushes; a failed write (a full disk) throws naming the file.
+  void flush();
   const std::string& path() const { return path_; }
 
  private:
@@ -28,19 +32,31 @@ struct TrainRecord {
   int64_t step = 0, totalSteps = 0;
   double loss = 0, lr = 0, gradNorm = 0, lossScale = 1;
   double msPerIter = 0, tokensPerSec = 0, tflops = 0, mfu = 0;
-  std::map<std::string, double> memoryGb;  // tier -> GiB in use (gpu, host)
+  double elapsedSeconds = 0, etaSeconds = 0;  // since the run (or the resume) started; to the last iteration
+  int64_t skippedSteps = 0;                   // in this interval: fp16 overflows and non-finite steps
+  std::map<std::string, double> memoryGb;     // tier -> GiB in use (gpu, host)
 };
 
 class MetricsLogger {
  public:
-  // Opens (appending, so a resumed run continues its files) metrics.jsonl and an event file in outDir.
-  explicit MetricsLogger(const std::string& outDir);
+  // Opens outDir/metrics.jsonl and a new event file. Records of an earlier run past `resumeStep` are dropped
+  // (all of them for a fresh run, resumeStep 0), so the file never holds two values for one step; the event
+  // file starts with a SessionLog START for TensorBoard to do the same.
+  MetricsLogger(const std::string& outDir, int64_t resumeStep);
+  // A failed write (a full disk, a removed directory) throws naming the file: metrics are never truncated
+  // silently.
   void train(const TrainRecord& r);
   void eval(int64_t step, double valLoss);
+  const std::string& jsonlPath() const { return jsonlPath_; }
 
  private:
+  void writeLine(const std::string& line);
+  std::string jsonlPath_;
   std::ofstream jsonl_;
   TensorBoardWriter tb_;
 };
+
+// "42s", "3m07s", "2h05m".
+std::string formatDuration(double seconds);
 
 }  // namespace strata::train

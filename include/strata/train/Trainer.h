@@ -1,8 +1,10 @@
 // The training loop: data, model, AdamW with a schedule and clipping, gradient accumulation, evaluation,
-// metrics, checkpoints and a text sample at the end. Works with any nn::CausalLM, so a user's own model
-// trains through the same loop (see models/custom_example).
+// metrics, checkpoints and a text sample at the end. Before any work it checks that the output and save
+// directories are writable and that the data holds a batch of each split it will read. Works with any
+// nn::CausalLM, so a user's own model trains through the same loop (see models/custom_example).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -18,9 +20,20 @@ namespace strata::train {
 struct TrainResult {
   int64_t steps = 0;
   double trainLoss = 0;  // mean loss of the last logged interval
-  double valLoss = 0;    // last evaluation (NaN when none ran)
+  double valLoss = 0;    // last evaluation (NaN when none ran, or when the loss was not finite)
+  int64_t evaluations = 0;
+  int64_t skippedSteps = 0;  // steps not applied: fp16 overflows and non-finite bf16/fp32 steps
   std::string sample;
-  TrainRecord last;  // the last logged interval (speed, memory): what `strata bench` reports
+  TrainRecord last;         // the last logged interval (speed, memory): what `strata bench` reports
+  std::string checkpoint;   // the last checkpoint written ("" when none)
+  int interruptSignal = 0;  // SIGINT or SIGTERM when the run stopped early on one, else 0
+};
+
+// Thrown when bf16/fp32 training meets train.max_nonfinite_steps non-finite steps in a row. No checkpoint is
+// written from that state.
+class DivergedError : public Error {
+ public:
+  using Error::Error;
 };
 
 // "auto" -> cuda:0 when a GPU is present, else cpu.
@@ -42,7 +55,12 @@ class Trainer {
   // Trains `model` (already built on the config's device) with the config's data, optimizer and schedule.
   Trainer(Config config, std::shared_ptr<nn::CausalLM> model);
 
+  // Trains. SIGINT and SIGTERM during run() finish the current step, save a checkpoint when saving is
+  // configured, and return with interruptSignal set; a second SIGINT aborts at once (exit status 130).
   TrainResult run();
+  // Called after each completed iteration with its number (1-based), before checkpoints and interrupts are
+  // looked at: progress reporting, tests.
+  void onIteration(std::function<void(int64_t)> callback) { onIteration_ = std::move(callback); }
   // Mean loss over `iters` validation batches (deterministic: the same batches every time).
   double evaluate(int64_t iters);
   // Samples `length` tokens after `prompt` with temperature and top-k (0 = all), decoded to text.
@@ -53,6 +71,8 @@ class Trainer {
   const Config& config() const { return config_; }
   Device device() const { return device_; }
   DType computeDType() const { return compute_; }
+  // Where checkpoints go: checkpoint.save, else <out_dir>/checkpoints when save_interval is set, else "".
+  std::string saveDirectory() const;
 
  private:
   void setup();
@@ -63,6 +83,7 @@ class Trainer {
   std::shared_ptr<nn::CausalLM> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<TokenDataset> data_;
+  std::function<void(int64_t)> onIteration_;
 };
 
 }  // namespace strata::train

@@ -1,0 +1,156 @@
+// Checkpoint integrity: checksums, non-finite refusal, tensor matching, pruning and leftover cleanup.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "TestUtil.h"
+#include "strata/core/Checksum.h"
+#include "strata/train/Checkpoint.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+train::NamedTensors smallModel(float base) {
+  return {{"a.weight", Tensor::fromVector<float>({base, base + 1, base + 2, base + 3}, {2, 2})},
+          {"a.bias", Tensor::fromVector<float>({base * 2, base * 3}, {2})}};
+}
+
+train::CheckpointState stateAt(int64_t step) {
+  train::CheckpointState st;
+  st.step = step;
+  st.config = {{"model.num_layers", "2"}};
+  st.model = {{"model.num_layers", "2"}};
+  return st;
+}
+
+std::string errorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a corrupted checkpoint file is found by its checksum and named", "[train][checkpoint]") {
+  fs::path save = fs::temp_directory_path() / "strata-ckpt-crc";
+  fs::remove_all(save);
+  auto model = smallModel(1);
+  train::NamedTensors optim = {{"m.a.weight", ops::zerosLike(model[0].second)}};
+  std::string dir = train::saveCheckpoint(save.string(), model, optim, stateAt(4));
+  auto manifest = nlohmann::json::parse(std::ifstream(fs::path(dir) / "manifest.json"));
+  REQUIRE(manifest["files"].contains("model-rank0.safetensors"));
+  REQUIRE(manifest["files"]["model-rank0.safetensors"]["crc32c"].get<uint32_t>() ==
+          crc32cFile((fs::path(dir) / "model-rank0.safetensors").string()));
+  auto into = smallModel(0);
+  train::loadCheckpoint(save.string(), into, optim);  // intact: loads
+  REQUIRE(into[0].second.toVector<float>() == model[0].second.toVector<float>());
+  // Overwrite tensor bytes in place (same size): only the checksum can tell.
+  fs::path file = fs::path(dir) / "model-rank0.safetensors";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-4, std::ios::end);
+    f.write("\x7f\x7f\x7f\x7f", 4);
+  }
+  std::string e = errorOf([&] { train::loadCheckpoint(save.string(), into, optim); });
+  REQUIRE(e.find("model-rank0.safetensors") != std::string::npos);
+  REQUIRE(e.find("corrupted") != std::string::npos);
+  REQUIRE(errorOf([&] { train::loadModelShards(save.string()); }).find("corrupted") != std::string::npos);
+  // A truncated file is named by its size.
+  fs::resize_file(file, fs::file_size(file) - 8);
+  REQUIRE(errorOf([&] { train::loadModelShards(dir); }).find("bytes") != std::string::npos);
+  // A corrupted manifest is named too.
+  { std::ofstream(fs::path(dir) / "manifest.json") << "{\"step\": 4, \"rng\": "; }
+  e = errorOf([&] { train::loadModelShards(dir); });
+  REQUIRE(e.find("manifest.json") != std::string::npos);
+}
+
+TEST_CASE("a corrupted safetensors header is an error naming the file", "[train][checkpoint]") {
+  fs::path p = fs::temp_directory_path() / "strata-bad-header.safetensors";
+  train::writeSafetensors(p.string(), smallModel(1));
+  {
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(9);
+    f.write("!!!!", 4);
+  }
+  std::string e = errorOf([&] { train::readSafetensors(p.string()); });
+  REQUIRE(e.find(p.string()) != std::string::npos);
+  REQUIRE(e.find("header") != std::string::npos);
+  { std::ofstream(p, std::ios::binary) << "tiny"; }
+  REQUIRE(errorOf([&] { train::readSafetensors(p.string()); }).find(p.string()) != std::string::npos);
+}
+
+TEST_CASE("no checkpoint is written from a non-finite state", "[train][checkpoint]") {
+  fs::path save = fs::temp_directory_path() / "strata-ckpt-nan";
+  fs::remove_all(save);
+  auto good = smallModel(1);
+  train::saveCheckpoint(save.string(), good, {}, stateAt(2));
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    auto bad = smallModel(1);
+    bad[1].second = Tensor::fromVector<float>({1.0f, NAN}, {2}).to(dt);
+    std::string e = errorOf([&] { train::saveCheckpoint(save.string(), bad, {}, stateAt(3)); });
+    INFO(e);
+    REQUIRE(e.find("'a.bias'") != std::string::npos);
+    REQUIRE(e.find("non-finite") != std::string::npos);
+    // Nothing of the failed save remains, and `latest` still names the good one.
+    REQUIRE(!fs::exists(save / "step-3"));
+    REQUIRE(!fs::exists(save / "step-3.tmp"));
+    REQUIRE(train::resolveCheckpoint(save.string()) == (save / "step-2").string());
+  }
+  auto inf = smallModel(1);
+  inf[0].second = Tensor::fromVector<float>({1, 2, INFINITY, 4}, {2, 2});
+  REQUIRE(errorOf([&] { train::saveCheckpoint(save.string(), inf, {}, stateAt(3)); }).find("a.weight") !=
+          std::string::npos);
+}
+
+TEST_CASE("loading lists missing, unused and mismatched tensors", "[train][checkpoint]") {
+  fs::path save = fs::temp_directory_path() / "strata-ckpt-names";
+  fs::remove_all(save);
+  auto saved = smallModel(1);
+  saved.emplace_back("b.weight", Tensor::fromVector<float>({5}, {1}));
+  train::saveCheckpoint(save.string(), saved, {}, stateAt(1));
+  // The model lacks b.weight: the checkpoint holds a tensor it does not use.
+  std::string e = errorOf([&] { train::loadCheckpoint(save.string(), smallModel(0), {}); });
+  REQUIRE(e.find("does not have") != std::string::npos);
+  REQUIRE(e.find("b.weight") != std::string::npos);
+  // The model has c.weight the checkpoint lacks.
+  auto bigger = smallModel(0);
+  bigger.emplace_back("b.weight", Tensor::fromVector<float>({0}, {1}));
+  bigger.emplace_back("c.weight", Tensor::fromVector<float>({0}, {1}));
+  e = errorOf([&] { train::loadCheckpoint(save.string(), bigger, {}); });
+  REQUIRE(e.find("lacks 1 tensors") != std::string::npos);
+  REQUIRE(e.find("c.weight") != std::string::npos);
+  // Another shape.
+  auto reshaped = smallModel(0);
+  reshaped[0].second = Tensor::fromVector<float>({0, 0, 0, 0}, {4, 1});
+  reshaped.emplace_back("b.weight", Tensor::fromVector<float>({0}, {1}));
+  e = errorOf([&] { train::loadCheckpoint(save.string(), reshaped, {}); });
+  REQUIRE(e.find("'a.weight' is [2, 2] there and [4, 1] here") != std::string::npos);
+}
+
+TEST_CASE("old checkpoints are pruned to keep_last and failed saves' leftovers removed",
+          "[train][checkpoint]") {
+  fs::path save = fs::temp_directory_path() / "strata-ckpt-prune";
+  fs::remove_all(save);
+  for (int64_t step : {2, 4, 6, 8, 10})
+    train::saveCheckpoint(save.string(), smallModel(1), {}, stateAt(step));
+  auto removed = train::pruneCheckpoints(save.string(), 3);
+  REQUIRE(removed == std::vector<std::string>{"step-2", "step-4"});
+  REQUIRE(!fs::exists(save / "step-4"));
+  REQUIRE(fs::exists(save / "step-6"));
+  REQUIRE(fs::exists(save / "step-10"));
+  REQUIRE(train::pruneCheckpoints(save.string(), 0).empty());  // 0 keeps all
+  fs::create_directories(save / "step-12.tmp");
+  { std::ofstream(save / "latest.tmp") << "step-12\n"; }
+  { std::ofstream(save / "notes.tmp") << "a user's file\n"; }
+  auto stale = train::removeStaleTemporaries(save.string());
+  std::sort(stale.begin(), stale.end());
+  REQUIRE(stale == std::vector<std::string>{"latest.tmp", "step-12.tmp"});
+  REQUIRE(!fs::exists(save / "step-12.tmp"));
+  REQUIRE(fs::exists(save / "notes.tmp"));
+  REQUIRE(fs::exists(save / "step-10"));
+}
