@@ -13,6 +13,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -26,6 +28,15 @@ class Tokenizer {
   virtual std::vector<int32_t> encode(const std::string& text) const = 0;
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   virtual int64_t vocabSize() const = 0;
+  // What decides encode's output: the kind of tokenizer and a hash of its files. Token caches are keyed by
+  // it, so two tokenizers with one identity must encode every text alike.
+  virtual std::string identity() const = 0;
+  // True when encode(text[0, pos)) followed by encode(text[pos, end)) equals encode(text), judged from the
+  // bytes near pos. tokenizeFile cuts big inputs there to encode the pieces in parallel. The default only
+  // allows the trivial cuts, which keeps any tokenizer correct (and serial).
+  virtual bool encodeSplitsAt(std::string_view text, size_t pos) const {
+    return pos == 0 || pos >= text.size();
+  }
 };
 
 class ByteTokenizer final : public Tokenizer {
@@ -33,25 +44,40 @@ class ByteTokenizer final : public Tokenizer {
   std::vector<int32_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocabSize() const override { return 256; }
+  std::string identity() const override { return "byte"; }
+  bool encodeSplitsAt(std::string_view, size_t) const override { return true; }
 };
 
 // GPT-2's byte-level BPE from its vocab.json and merges.txt. Pre-tokenization follows GPT-2's pattern
 // ('s 't 're 've 'm 'll 'd, letters, digits, other symbols, whitespace) with ASCII character classes; bytes
-// >= 0x80 count as letters, so UTF-8 words stay whole.
+// >= 0x80 count as letters, so UTF-8 words stay whole. encode is safe to call from several threads.
 class Gpt2Tokenizer final : public Tokenizer {
  public:
   Gpt2Tokenizer(const std::string& vocabJsonPath, const std::string& mergesPath);
   std::vector<int32_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocabSize() const override { return int64_t(idToToken_.size()); }
+  // "gpt2:<CRC32C of vocab.json>:<CRC32C of merges.txt>" in hex.
+  std::string identity() const override { return identity_; }
+  bool encodeSplitsAt(std::string_view text, size_t pos) const override;
 
  private:
-  std::vector<std::string> bpe(const std::string& word) const;
-  std::map<std::string, int32_t> tokenToId_;
+  // BPE runs on interned symbols: every string a merge reads or makes, and each byte's symbol, has an index.
+  struct Merge {
+    int32_t rank;
+    int32_t merged;  // the symbol the pair becomes
+  };
+  int32_t intern(const std::string& symbol);
+  void bpe(std::string_view word, std::vector<int32_t>& ids) const;  // appends the word's token ids
+
   std::vector<std::string> idToToken_;
-  std::map<std::pair<std::string, std::string>, int> mergeRank_;
-  std::string byteToSymbol_[256];
   std::map<std::string, uint8_t> symbolToByte_;
+  int32_t byteSymbol_[256] = {};
+  std::unordered_map<std::string, int32_t> symbolIndex_;
+  std::vector<std::string> symbols_;
+  std::vector<int32_t> symbolToId_;             // -1: not in the vocabulary
+  std::unordered_map<uint64_t, Merge> merges_;  // (left << 32 | right) -> rank and result
+  std::string identity_;
 };
 
 enum class Split { Train, Val };
