@@ -6,12 +6,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <nlohmann/json.hpp>
 
+#include "strata/core/Checksum.h"
 #include "strata/core/Philox.h"
+#include "strata/train/Tokenize.h"
+#include "train/AtomicFile.h"
 
 namespace strata::train {
 
@@ -43,27 +48,30 @@ namespace {
 
 // Maps a file read-only; returns the mapping.
 void mapFile(const std::string& path, void*& addr, size_t& bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  STRATA_CHECK(fd >= 0, "cannot open data file {}: {}", path, std::strerror(errno));
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  STRATA_USER_CHECK(fd >= 0, "cannot open data file {}: {}", path, std::strerror(errno));
   struct stat st {};
   fstat(fd, &st);
   bytes = size_t(st.st_size);
-  STRATA_CHECK(bytes > 0, "data file {} is empty", path);
+  if (bytes == 0) ::close(fd);
+  STRATA_USER_CHECK(bytes > 0, "data file {} is empty", path);
   addr = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  int mapErrno = errno;
   ::close(fd);
-  STRATA_CHECK(addr != MAP_FAILED, "cannot map data file {}: {}", path, std::strerror(errno));
+  STRATA_USER_CHECK(addr != MAP_FAILED, "cannot map data file {}: {}", path, std::strerror(mapErrno));
 }
 
 // The token width of a Megatron .idx file (MMIDIDX header, version 1).
 int megatronElementBytes(const std::string& idxPath) {
   std::ifstream in(idxPath, std::ios::binary);
-  STRATA_CHECK(in.good(), "Megatron index {} not found (expected next to the .bin)", idxPath);
+  STRATA_USER_CHECK(in.good(), "Megatron index {} not found (expected next to the .bin)", idxPath);
   char magic[9] = {};
   in.read(magic, 9);
-  STRATA_CHECK(std::memcmp(magic, "MMIDIDX\x00\x00", 9) == 0, "{} is not a Megatron MMIDIDX index", idxPath);
+  STRATA_USER_CHECK(std::memcmp(magic, "MMIDIDX\x00\x00", 9) == 0, "{} is not a Megatron MMIDIDX index",
+                    idxPath);
   uint64_t version = 0;
   in.read(reinterpret_cast<char*>(&version), 8);
-  STRATA_CHECK(version == 1, "{}: unsupported Megatron index version {}", idxPath, version);
+  STRATA_USER_CHECK(version == 1, "{}: unsupported Megatron index version {}", idxPath, version);
   uint8_t code = 0;
   in.read(reinterpret_cast<char*>(&code), 1);
   // Megatron dtype codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16.
@@ -75,8 +83,117 @@ int megatronElementBytes(const std::string& idxPath) {
     case 3:
       return 2;
     default:
-      STRATA_FAIL("{}: token dtype code {} is not supported (uint16 or int32 expected)", idxPath, int(code));
+      STRATA_USER_FAIL("{}: token dtype code {} is not supported (uint16 or int32 expected)", idxPath,
+                       int(code));
   }
+}
+
+// NOTE [Token cache]
+// A text corpus is tokenized once into <cacheDir>/<stem>-<hash>.tokens.bin (nanoGPT format), next to a
+// sidecar <stem>-<hash>.tokens.json that records its key and token count. The key is what the tokens depend
+// on: the text's canonical path, size, mtime in ns and CRC32C, and the tokenizer's identity. A cache serves
+// only when every field of its sidecar equals the key of the text as it is now. The mtime must be equal,
+// not older: tar x and cp -p give new contents old times; the CRC catches a change that keeps size and
+// mtime. The name's hash covers the whole key, so two texts (two input.txt in two folders) never share a
+// name, and two runs that write one name write the same bytes. Both files are written atomically
+// (AtomicFileWriter), the sidecar last, so a crash or a concurrent run never leaves a sidecar vouching for a
+// partial .bin. Once a new cache is written, the caches of older contents of the same path under the same
+// tokenizer are removed: a run that maps one keeps its mapping, and a run that finds one gone tokenizes.
+
+constexpr int kTokenCacheFormat = 1;
+
+nlohmann::json tokenCacheKey(const std::string& path, const Tokenizer& tokenizer) {
+  struct stat st {};
+  STRATA_USER_CHECK(::stat(path.c_str(), &st) == 0, "cannot read data file {}: {}", path,
+                    std::strerror(errno));
+  STRATA_USER_CHECK(S_ISREG(st.st_mode), "data file {} is not a regular file", path);
+  STRATA_USER_CHECK(st.st_size > 0, "data file {} is empty", path);
+  return {{"format", kTokenCacheFormat},
+          {"path", fs::canonical(path).string()},
+          {"size", int64_t(st.st_size)},
+          {"mtime_ns", int64_t(st.st_mtim.tv_sec) * 1000000000 + int64_t(st.st_mtim.tv_nsec)},
+          {"crc32c", crc32cFile(path)},
+          {"tokenizer", tokenizer.identity()}};
+}
+
+// 16 hex digits of FNV-1a over the key's JSON (objects dump with sorted keys, so the text is canonical).
+std::string tokenCacheHash(const nlohmann::json& key) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : key.dump()) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+// Maps the cached tokens when the sidecar records exactly `key` and the .bin holds its token count.
+bool mapCachedTokens(const std::string& binPath, const std::string& sidecarPath, const nlohmann::json& key,
+                     void*& addr, size_t& bytes) {
+  std::ifstream in(sidecarPath);
+  if (!in.good()) return false;
+  nlohmann::json recorded = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!recorded.is_object() || !recorded.contains("tokens") || !recorded["tokens"].is_number_integer())
+    return false;
+  auto tokens = recorded["tokens"].get<int64_t>();
+  recorded.erase("tokens");
+  if (recorded != key || tokens <= 0) return false;
+  int fd = ::open(binPath.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool whole = ::fstat(fd, &st) == 0 && int64_t(st.st_size) == tokens * 2;
+  void* mapped = whole ? mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+  ::close(fd);
+  if (mapped == MAP_FAILED) return false;
+  addr = mapped;
+  bytes = size_t(st.st_size);
+  return true;
+}
+
+// Removes the caches of other contents of `key`'s path under `key`'s tokenizer, except `keep`.
+void removeSupersededCaches(const fs::path& dir, const std::string& prefix, const nlohmann::json& key,
+                            const fs::path& keep) {
+  std::vector<fs::path> superseded;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (entry.path() == keep || !name.starts_with(prefix) || !name.ends_with(".tokens.json")) continue;
+    std::ifstream in(entry.path());
+    nlohmann::json recorded = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (recorded.is_object() && recorded.value("path", "") == key.at("path").get<std::string>() &&
+        recorded.value("tokenizer", "") == key.at("tokenizer").get<std::string>())
+      superseded.push_back(entry.path());
+  }
+  for (const auto& sidecar : superseded) {
+    fs::remove(sidecar, ec);  // the sidecar first: no sidecar is left vouching for a missing .bin
+    fs::path bin = sidecar;
+    fs::remove(bin.replace_extension(".bin"), ec);
+  }
+}
+
+// Maps the tokens of the text file `path` from the cache, tokenizing it first when no cache matches.
+// Returns the .bin's path. NOTE [Token cache].
+std::string mapTokenCache(const std::string& path, const Tokenizer& tokenizer, const std::string& cacheDir,
+                          void*& addr, size_t& bytes) {
+  nlohmann::json key = tokenCacheKey(path, tokenizer);
+  std::error_code ec;
+  fs::create_directories(cacheDir, ec);
+  STRATA_USER_CHECK(!ec, "cannot create the token cache directory {}: {}", cacheDir, ec.message());
+  std::string prefix = fs::path(path).stem().string() + "-";
+  std::string base = (fs::path(cacheDir) / (prefix + tokenCacheHash(key) + ".tokens")).string();
+  std::string binPath = base + ".bin", sidecarPath = base + ".json";
+  if (mapCachedTokens(binPath, sidecarPath, key, addr, bytes)) return binPath;
+  TokenizeResult made = tokenizeFile(path, binPath, tokenizer);
+  STRATA_USER_CHECK(made.inputCrc32c == key.at("crc32c").get<uint32_t>(),
+                    "data file {} changed while it was being tokenized; run again", path);
+  nlohmann::json sidecar = key;
+  sidecar["tokens"] = made.tokens;
+  writeFileAtomically(sidecarPath, sidecar.dump(2) + "\n");
+  removeSupersededCaches(cacheDir, prefix, key, sidecarPath);
+  STRATA_CHECK(mapCachedTokens(binPath, sidecarPath, key, addr, bytes),
+               "token cache {} cannot be read back after writing it", binPath);
+  return binPath;
 }
 
 }  // namespace
@@ -107,41 +224,25 @@ TokenDataset TokenDataset::random(int64_t vocabSize, int64_t numTokens, uint64_t
 
 TokenDataset TokenDataset::open(const std::string& path, const std::string& format,
                                 const Tokenizer& tokenizer, const std::string& cacheDir, double valFraction) {
-  STRATA_CHECK(format == "megatron" || fs::exists(path), "data file {} does not exist", path);
+  STRATA_USER_CHECK(format == "megatron" || fs::exists(path), "data file {} does not exist", path);
+  TokenDataset d;
+  d.mapping_ = std::make_shared<Mapping>();
   std::string binPath = path;
   int width = 2;
   if (format == "text") {
-    // Tokenize once; reuse the cache while it is newer than the text.
-    fs::create_directories(cacheDir);
-    binPath = (fs::path(cacheDir) / (fs::path(path).stem().string() + ".tokens.bin")).string();
-    if (!fs::exists(binPath) || fs::last_write_time(binPath) < fs::last_write_time(path)) {
-      std::ifstream in(path, std::ios::binary);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      std::vector<int32_t> ids = tokenizer.encode(ss.str());
-      STRATA_CHECK(tokenizer.vocabSize() <= 65536, "text cache stores uint16 tokens; vocab {} is too large",
-                   tokenizer.vocabSize());
-      std::vector<uint16_t> packed(ids.begin(), ids.end());
-      std::string tmp = binPath + ".tmp";
-      std::ofstream out(tmp, std::ios::binary);
-      out.write(reinterpret_cast<const char*>(packed.data()), std::streamsize(packed.size() * 2));
-      out.close();
-      STRATA_CHECK(out.good(), "cannot write token cache {}", tmp);
-      fs::rename(tmp, binPath);
-    }
+    binPath = mapTokenCache(path, tokenizer, cacheDir, d.mapping_->addr, d.mapping_->bytes);
   } else if (format == "megatron") {
     std::string base =
         path.size() > 4 && path.substr(path.size() - 4) == ".bin" ? path.substr(0, path.size() - 4) : path;
     binPath = base + ".bin";
     width = megatronElementBytes(base + ".idx");
+    mapFile(binPath, d.mapping_->addr, d.mapping_->bytes);
   } else {
-    STRATA_CHECK(format == "nanogpt", "unknown data.format '{}' (text, nanogpt, megatron)", format);
+    STRATA_USER_CHECK(format == "nanogpt", "unknown data.format '{}' (text, nanogpt, megatron)", format);
+    mapFile(binPath, d.mapping_->addr, d.mapping_->bytes);
   }
-  TokenDataset d;
-  d.mapping_ = std::make_shared<Mapping>();
-  mapFile(binPath, d.mapping_->addr, d.mapping_->bytes);
-  STRATA_CHECK(d.mapping_->bytes % size_t(width) == 0, "{}: size {} is not a whole number of {}-byte tokens",
-               binPath, d.mapping_->bytes, width);
+  STRATA_USER_CHECK(d.mapping_->bytes % size_t(width) == 0,
+                    "{}: size {} is not a whole number of {}-byte tokens", binPath, d.mapping_->bytes, width);
   d.data_ = d.mapping_->addr;
   d.elementBytes_ = width;
   d.numTokens_ = int64_t(d.mapping_->bytes / size_t(width));

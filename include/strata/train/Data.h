@@ -1,7 +1,9 @@
 // Tokenizers and token datasets.
 //
 // - ByteTokenizer: one token per byte (vocab 256); any text round-trips.
-// - Raw text is tokenized once and cached as a nanoGPT-style headerless uint16 .bin next to the run's output.
+// - Raw text is tokenized once and cached as a nanoGPT-style headerless uint16 .bin in the run's cache
+//   directory, keyed by the file's path, size, mtime and CRC32C and the tokenizer's identity (NOTE [Token
+//   cache] in Data.cpp).
 // - nanoGPT .bin (headerless uint16) and Megatron .bin/.idx (the .idx says the token dtype) are
 // memory-mapped.
 // - Batches are windows at offsets drawn from Philox(seed, batch index): the same config and seed give the
