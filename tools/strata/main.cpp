@@ -17,6 +17,7 @@
 #include "strata/strata.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
+#include "strata/train/Tokenize.h"
 #include "strata/train/Trainer.h"
 
 using namespace strata;
@@ -186,6 +187,37 @@ int runConvert(const std::string& checkpoint, const std::string& output, bool hf
   return 0;
 }
 
+// Raw text -> a nanoGPT .bin of token ids, on every physical core, with a progress line on stderr.
+int runTokenize(const std::string& input, const std::string& output, const std::string& kind,
+                const std::string& vocabFile, const std::string& mergesFile, int threads) {
+  std::unique_ptr<train::Tokenizer> tokenizer;
+  if (kind == "gpt2") {
+    STRATA_USER_CHECK(!vocabFile.empty() && !mergesFile.empty(),
+                      "tokenize: the gpt2 tokenizer needs --vocab-file and --merges-file");
+    tokenizer = std::make_unique<train::Gpt2Tokenizer>(vocabFile, mergesFile);
+  } else {
+    tokenizer = std::make_unique<train::ByteTokenizer>();
+  }
+  train::TokenizeOptions options;
+  options.threads = threads > 0 ? threads : physicalCpuCores();
+  auto start = std::chrono::steady_clock::now();
+  double lastPrint = -1;
+  options.progress = [&](int64_t done, int64_t total) {
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (done < total && seconds - lastPrint < 0.5) return;
+    lastPrint = seconds;
+    double mb = double(done) / 1e6;
+    std::fprintf(stderr, "\rtokenizing %s: %5.1f%% (%.0f of %.0f MB, %.1f MB/s)", input.c_str(),
+                 total > 0 ? 100.0 * double(done) / double(total) : 100.0, mb, double(total) / 1e6,
+                 seconds > 0 ? mb / seconds : 0.0);
+    if (done >= total) std::fprintf(stderr, "\n");
+  };
+  train::TokenizeResult r = train::tokenizeFile(input, output, *tokenizer, options);
+  std::printf("wrote %ld %s tokens from %ld bytes to %s in %.1f s on %d threads\n", long(r.tokens), kind.c_str(),
+              long(r.bytes), output.c_str(), r.seconds, options.threads);
+  return 0;
+}
+
 size_t editDistance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -300,6 +332,19 @@ int main(int argc, char** argv) {
       ->required();
   convert->add_flag("--hf", hf, "HF transformers names (GPT2LMHeadModel) plus config.json");
 
+  std::string tokenizeInput, tokenizeOutput, tokenizerKind = "gpt2", vocabFile, mergesFile;
+  int tokenizeThreads = 0;
+  auto* tokenize =
+      app.add_subcommand("tokenize", "tokenize a text file into a nanoGPT .bin (uint16 ids), on every core");
+  tokenize->add_option("input", tokenizeInput, "the text file")->required()->check(CLI::ExistingFile);
+  tokenize->add_option("output", tokenizeOutput, "the .bin to write")->required();
+  tokenize->add_option("--tokenizer", tokenizerKind, "gpt2 (default) or byte")
+      ->check(CLI::IsMember({"gpt2", "byte"}));
+  tokenize->add_option("--vocab-file", vocabFile, "GPT-2's vocab.json");
+  tokenize->add_option("--merges-file", mergesFile, "GPT-2's merges.txt");
+  tokenize->add_option("--threads", tokenizeThreads, "threads (default: the physical cores)")
+      ->check(CLI::NonNegativeNumber);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -312,6 +357,8 @@ int main(int argc, char** argv) {
     if (*bench) return runBench(config, overrides, benchIters, benchProfile);
     if (*generate) return runGenerate(checkpoint, prompt, tokens, temperature, topK, seed, device);
     if (*convert) return runConvert(checkpoint, output, hf);
+    if (*tokenize)
+      return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile, tokenizeThreads);
   } catch (const std::exception& e) {
     return reportError(e);
   } catch (...) {
