@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -10,6 +11,24 @@
 #include "strata/strata.h"
 
 namespace strata::test {
+
+// An empty directory under the system's temp directory (removed first if it exists).
+inline std::filesystem::path freshDir(const std::string& name) {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// The message of the strata::Error that `f` throws, or "" when it throws none.
+inline std::string errorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // Largest |a - b| / (atol + rtol |b|) over elements; <= 1 means close.
 inline double closeness(const std::vector<double>& a, const std::vector<double>& b, double atol,

@@ -254,18 +254,6 @@ const std::vector<Field>& schema() {
   return fields;
 }
 
-size_t editDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 std::string nearestKey(const std::string& key) {
   std::string best;
   size_t bestDist = std::numeric_limits<size_t>::max();
@@ -484,6 +472,18 @@ Config loadConfig(const std::string& path, const std::vector<std::string>& overr
   // An empty file would silently train the built-in defaults, which is never what was meant.
   STRATA_USER_CHECK(root.IsDefined() && !root.IsNull(), "config file {} is empty", path);
   return parseWith(root, path, path, overrides, requireData);
+}
+
+size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
 }
 
 std::vector<std::string> configKeys() {

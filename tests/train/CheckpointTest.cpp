@@ -10,6 +10,9 @@
 using namespace strata;
 namespace fs = std::filesystem;
 
+using strata::test::errorOf;
+using strata::test::freshDir;
+
 namespace {
 
 train::NamedTensors smallModel(float base) {
@@ -23,15 +26,6 @@ train::CheckpointState stateAt(int64_t step) {
   st.config = {{"model.num_layers", "2"}};
   st.model = {{"model.num_layers", "2"}};
   return st;
-}
-
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

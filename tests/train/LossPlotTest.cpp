@@ -7,21 +7,17 @@
 #include <random>
 #include <sstream>
 
-#include "CatchShim.h"
+#include "TestUtil.h"
 #include "strata/core/Error.h"
 
 using namespace strata;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
+using strata::test::errorOf;
+using strata::test::freshDir;
 
-fs::path freshDir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+namespace {
 
 void writeLines(const fs::path& path, const std::vector<json>& records) {
   std::ofstream out(path);

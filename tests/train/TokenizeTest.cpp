@@ -19,14 +19,10 @@ using namespace strata;
 using namespace strata::train;
 namespace fs = std::filesystem;
 
-namespace {
+using strata::test::errorOf;
+using strata::test::freshDir;
 
-fs::path freshDir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+namespace {
 
 // Mixed text that exercises every pre-token rule: words (some in the vocabulary), digits, punctuation,
 // contractions, single and repeated spaces, tabs, "\n\n" and longer blank runs, CR LF, UTF-8 letters and
@@ -69,15 +65,6 @@ std::vector<uint16_t> readBin(const fs::path& path) {
 
 std::vector<uint16_t> asUint16(const std::vector<int32_t>& ids) {
   return std::vector<uint16_t>(ids.begin(), ids.end());
-}
-
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

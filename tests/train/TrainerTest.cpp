@@ -48,6 +48,17 @@ train::Config tinyConfig(const fs::path& outDir, std::vector<std::string> extra 
   return train::parseConfig("", "test", o);
 }
 
+// The two runs' metrics hold the same steps with the same losses, number for number.
+void requireSameCurves(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("record " << i);
+    REQUIRE(a[i]["step"] == b[i]["step"]);
+    if (a[i].contains("loss")) REQUIRE(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
+    if (a[i].contains("val_loss")) REQUIRE(a[i]["val_loss"].get<double>() == b[i]["val_loss"].get<double>());
+  }
+}
+
 std::vector<nlohmann::json> records(const fs::path& outDir) {
   std::vector<nlohmann::json> out;
   std::ifstream in(outDir / "metrics.jsonl");
@@ -97,14 +108,7 @@ TEST_CASE("resume continues the loss curve exactly", "[train][trainer][checkpoin
   REQUIRE(shards.count("wte.weight") == 1);
   REQUIRE(shards.count("h.1.mlp.proj.bias") == 1);
   train::Trainer(tinyConfig(split, {"checkpoint.load=" + ckpt.string()})).run();
-  auto a = records(straight), b = records(split);
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("record " << i);
-    REQUIRE(a[i]["step"] == b[i]["step"]);
-    if (a[i].contains("loss")) REQUIRE(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
-    if (a[i].contains("val_loss")) REQUIRE(a[i]["val_loss"].get<double>() == b[i]["val_loss"].get<double>());
-  }
+  requireSameCurves(records(straight), records(split));
 }
 
 TEST_CASE("fp16 training skips overflowing steps and lowers the loss scale", "[train][trainer][fp16]") {
@@ -201,11 +205,11 @@ TEST_CASE("a diverging bf16/fp32 run skips non-finite steps, stops with an error
   fs::path ckpt = out / "ckpt";
   // Decoupled weight decay of lr * wd = 100 multiplies the weight matrices by -99 per step: they overflow
   // fp32 after a dozen or so steps and the loss goes non-finite.
-  train::Trainer trainer(tinyConfig(
-      out, {"optimizer.lr=10", "optimizer.weight_decay=10", "optimizer.min_lr=0", "lr_schedule.style=constant",
-            "lr_schedule.warmup_iters=0", "train.train_iters=60", "train.max_nonfinite_steps=3",
-            "checkpoint.save=" + ckpt.string(), "checkpoint.save_interval=1", "checkpoint.keep_last=0",
-            "model.dropout=0"}));
+  train::Trainer trainer(
+      tinyConfig(out, {"optimizer.lr=10", "optimizer.weight_decay=10", "optimizer.min_lr=0",
+                       "lr_schedule.style=constant", "lr_schedule.warmup_iters=0", "train.train_iters=60",
+                       "train.max_nonfinite_steps=3", "checkpoint.save=" + ckpt.string(),
+                       "checkpoint.save_interval=1", "checkpoint.keep_last=0", "model.dropout=0"}));
   try {
     trainer.run();
     FAIL("expected the run to stop");
@@ -235,15 +239,8 @@ TEST_CASE("startup checks stop before any work", "[train][trainer][startup]") {
   fs::remove_all(base);
   fs::create_directories(base);
   { std::ofstream(base / "a-file") << "x"; }
-  auto errorOf = [](const std::function<void()>& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
   // out_dir is a file, or lies under one.
+  using test::errorOf;
   std::string e = errorOf([&] { train::Trainer t(tinyConfig(base / "a-file")); });
   REQUIRE(e.find("'train.out_dir'") != std::string::npos);
   REQUIRE(e.find("is a file") != std::string::npos);
@@ -292,13 +289,7 @@ TEST_CASE("SIGINT and SIGTERM finish the step, save, and the run resumes exactly
   sigaction(SIGINT, nullptr, &now);
   REQUIRE(now.sa_handler == before.sa_handler);
   train::Trainer(tinyConfig(split, {"checkpoint.load=" + ckpt.string()})).run();
-  auto a = records(straight), b = records(split);
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("record " << i);
-    REQUIRE(a[i]["step"] == b[i]["step"]);
-    if (a[i].contains("loss")) REQUIRE(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
-  }
+  requireSameCurves(records(straight), records(split));
 }
 
 TEST_CASE("keep_last prunes old checkpoints and a new run removes failed saves' leftovers",

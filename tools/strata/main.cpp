@@ -213,21 +213,9 @@ int runTokenize(const std::string& input, const std::string& output, const std::
     if (done >= total) std::fprintf(stderr, "\n");
   };
   train::TokenizeResult r = train::tokenizeFile(input, output, *tokenizer, options);
-  std::printf("wrote %ld %s tokens from %ld bytes to %s in %.1f s on %d threads\n", long(r.tokens), kind.c_str(),
-              long(r.bytes), output.c_str(), r.seconds, options.threads);
+  std::printf("wrote %ld %s tokens from %ld bytes to %s in %.1f s on %d threads\n", long(r.tokens),
+              kind.c_str(), long(r.bytes), output.c_str(), r.seconds, options.threads);
   return 0;
-}
-
-size_t editDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
 }
 
 // `strata trian` -> "unknown command 'trian'; did you mean 'train'?" (CLI11 alone says only that the
@@ -240,7 +228,7 @@ bool reportUnknownCommand(int argc, char** argv) {
   std::string all;
   for (const char* command : kCommands) {
     if (given == command) return false;
-    size_t d = editDistance(given, command);
+    size_t d = train::editDistance(given, command);
     if (d < bestDistance) {
       bestDistance = d;
       best = command;
@@ -358,7 +346,8 @@ int main(int argc, char** argv) {
     if (*generate) return runGenerate(checkpoint, prompt, tokens, temperature, topK, seed, device);
     if (*convert) return runConvert(checkpoint, output, hf);
     if (*tokenize)
-      return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile, tokenizeThreads);
+      return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile,
+                         tokenizeThreads);
   } catch (const std::exception& e) {
     return reportError(e);
   } catch (...) {

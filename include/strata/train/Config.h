@@ -138,6 +138,8 @@ std::vector<std::string> configKeys();
 // The effective value of every key under `prefix` ("model." for the model section), defaults included, as
 // YAML text: what a checkpoint's manifest records to check a resume against.
 std::map<std::string, std::string> effectiveValues(const Config& config, const std::string& prefix = "");
+// Levenshtein distance, for "did you mean" suggestions (config keys, subcommands).
+size_t editDistance(const std::string& a, const std::string& b);
 // Whether two YAML texts of one key denote the same value (numbers compare as numbers).
 bool sameConfigValue(const std::string& a, const std::string& b);
 
