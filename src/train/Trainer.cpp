@@ -19,12 +19,13 @@
 #include "strata/autograd/GradMode.h"
 #include "strata/core/Philox.h"
 #include "strata/core/Profiler.h"
+#include "strata/core/Stream.h"
 #include "strata/ops/Ops.h"
-#include "strata/optim/LossScaler.h"
 #include "strata/optim/LrSchedule.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/LossPlot.h"
 #include "strata/train/Metrics.h"
+#include "strata/train/StepEngine.h"
 
 namespace strata::train {
 
@@ -321,27 +322,17 @@ TrainResult Trainer::run() {
   const auto& c = config_;
   int64_t B = c.train.microBatchSize, T = model_->contextLength();
   int64_t accum = c.train.globalBatchSize / c.train.microBatchSize;
-
-  optim::AdamW optimizer(model_->namedParameters(),
-                         optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1],
-                                            c.optimizer.eps, c.optimizer.weightDecay});
   optim::LrSchedule schedule{optim::lrStyleFromName(c.lrSchedule.style), c.optimizer.lr, c.optimizer.minLr,
                              c.lrSchedule.warmupIters,
                              c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
-  std::vector<Tensor> params = model_->parameters();
-  if (compute_ != DType::F32) keepComputeCopies(params, c.precision.weightCopies);
-
-  std::unique_ptr<optim::LossScaler> scaler;
-  if (compute_ == DType::F16)
-    scaler = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
-        c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
+  LocalStepEngine engine(*model_, c, device_, compute_);
 
   int64_t startStep = 0, dataIndex = 0;
   defaultGenerator().manualSeed(c.train.seed);
   if (!c.checkpoint.load.empty()) {
     std::string dir = resolveCheckpoint(c.checkpoint.load);
     CheckpointState st =
-        loadCheckpoint(dir, model_->namedParameters(), optimizer.namedState(), !c.checkpoint.loadModelOnly);
+        loadCheckpoint(dir, model_->namedParameters(), engine.optimizerState(), !c.checkpoint.loadModelOnly);
     if (c.checkpoint.loadModelOnly) {
       spdlog::info(
           "loaded the model weights of {} (checkpoint.load_model_only: the optimizer, step and data "
@@ -350,9 +341,8 @@ TrainResult Trainer::run() {
     } else {
       startStep = st.step;
       dataIndex = st.dataIndex;
-      optimizer.setStepCount(st.optimizerSteps);
+      engine.restore(StepEngineState{st.optimizerSteps, st.lossScale, st.lossScaleGoodSteps});
       defaultGenerator().setState(st.rng);
-      if (scaler && st.lossScale > 0) scaler->restore(st.lossScale, st.lossScaleGoodSteps);
       spdlog::info("resumed from {} at iteration {}", dir, startStep);
     }
   }
@@ -362,17 +352,16 @@ TrainResult Trainer::run() {
   int64_t lastSaved = -1;
   auto save = [&](int64_t step) {
     CheckpointState st;
+    StepEngineState engineState = engine.state();
     st.step = step;
-    st.optimizerSteps = optimizer.stepCount();
+    st.optimizerSteps = engineState.optimizerSteps;
+    st.lossScale = engineState.lossScale;
+    st.lossScaleGoodSteps = engineState.lossScaleGoodSteps;
     st.rng = defaultGenerator().state();
     st.dataIndex = dataIndex;
-    if (scaler) {
-      st.lossScale = scaler->scale();
-      st.lossScaleGoodSteps = scaler->goodSteps();
-    }
     st.config = c.values;
     st.model = effectiveValues(c, "model.");
-    std::string dir = saveCheckpoint(saveDir, model_->namedParameters(), optimizer.namedState(), st);
+    std::string dir = saveCheckpoint(saveDir, model_->namedParameters(), engine.optimizerState(), st);
     spdlog::info("saved checkpoint {}", dir);
     for (const auto& name : pruneCheckpoints(saveDir, c.checkpoint.keepLast))
       spdlog::info("removed old checkpoint {} (checkpoint.keep_last {})", name, c.checkpoint.keepLast);
@@ -387,7 +376,7 @@ TrainResult Trainer::run() {
                device_.isCpu() ? fmt::format(", {} CPU threads", omp_get_max_threads()) : std::string());
 
   model_->train();
-  Tensor lastNorm;
+  double lastNorm = 0, lastScale = 1;
   double intervalLoss = 0;
   int64_t intervalSteps = 0, intervalCounted = 0, intervalSkipped = 0, nonfiniteRun = 0;
   auto runStart = std::chrono::steady_clock::now();
@@ -412,71 +401,33 @@ TrainResult Trainer::run() {
   for (int64_t iter = startStep; iter < c.train.trainIters; ++iter) {
     if (iter == profileFrom) profiler::start(device_);
     double lr = schedule.at(iter);
-    Tensor stepLoss = ops::zeros({}, DType::F32, device_);
-    for (int64_t micro = 0; micro < accum; ++micro) {
-      auto [x, y] = data_->batch(Split::Train, dataIndex++, B, T, c.train.seed, device_);
-      profiler::mark("data");
-      Tensor loss = model_->loss(x, y, compute_);
-      Tensor scaled = accum > 1 ? loss * (1.0 / double(accum)) : loss;
-      // fp16: scale the loss so small gradients stay representable; the update unscales them.
-      backward(scaler ? scaled * scaler->scale() : scaled);
-      NoGradGuard noGrad;
-      stepLoss = ops::add(stepLoss, ops::to(scaled.detach(), device_, DType::F32));
-      profiler::mark("loss bookkeeping");
+    StepOutcome step = engine.step(
+        [&] { return data_->batch(Split::Train, dataIndex++, B, T, c.train.seed, device_); }, accum, lr);
+    lastNorm = step.gradNorm;
+    lastScale = step.lossScale;
+    if (!step.applied && compute_ == DType::F16) {
+      spdlog::warn("iteration {}: gradient overflow; step skipped, loss scale now {:.0f}", iter + 1,
+                   step.lossScale);
+    } else if (!step.finite) {
+      // bf16/fp32 have no loss scale to lower: the engine skipped the update so the weights stay finite; the
+      // run stops when it keeps happening (train.max_nonfinite_steps).
+      ++nonfiniteRun;
+      spdlog::warn(
+          "iteration {}: loss {} / gradient norm {} is not finite; step skipped ({} in a row, the run "
+          "stops at train.max_nonfinite_steps = {})",
+          iter + 1, step.loss, step.gradNorm, nonfiniteRun, c.train.maxNonfiniteSteps);
+      if (nonfiniteRun >= c.train.maxNonfiniteSteps)
+        throw DivergedError(detail::format(
+            "training diverged: {} steps in a row had a non-finite loss or gradient norm (the last at "
+            "iteration {}). No checkpoint was written from that state{}. Lower optimizer.lr, raise "
+            "lr_schedule.warmup_iters, or set optimizer.clip_grad, then resume from the last checkpoint.",
+            nonfiniteRun, iter + 1,
+            result.checkpoint.empty() ? std::string() : "; the last good one is " + result.checkpoint));
+    } else {
+      nonfiniteRun = 0;
     }
-    bool applied = false;
-    double stepLossHost = NAN;
-    {
-      NoGradGuard noGrad;
-      lastNorm = optim::gradNorm(params, device_);
-      profiler::mark("grad norm");
-      // One host sync per step decides whether the update may run: the loss and the (scaled) norm must be
-      // finite. The data of the next step is staged synchronously anyway, so this costs no overlap.
-      stepLossHost = stepLoss.item();
-      double scaledNorm = lastNorm.item();
-      bool finite = std::isfinite(stepLossHost) && std::isfinite(scaledNorm);
-      if (scaler) {
-        double scale = scaler->scale();
-        lastNorm = ops::affine(lastNorm, 1.0 / scale, 0.0);
-        if (scaler->update(finite ? scaledNorm : NAN)) {
-          // Unscale and clip in one factor handed to the fused update.
-          double coef = 1.0 / scale;
-          double norm = scaledNorm / scale;
-          if (c.optimizer.clipGrad > 0 && norm > c.optimizer.clipGrad)
-            coef *= c.optimizer.clipGrad / (norm + 1e-6);
-          optimizer.step(lr, ops::full({}, coef, DType::F32, device_));
-          applied = true;
-        } else {
-          spdlog::warn(
-              "iteration {}: gradient overflow at loss scale {:.0f}; step skipped, loss scale now {:.0f}",
-              iter + 1, scale, scaler->scale());
-        }
-      } else if (finite) {
-        Tensor coef =
-            c.optimizer.clipGrad > 0 ? optim::clipCoefficient(lastNorm, c.optimizer.clipGrad) : Tensor();
-        optimizer.step(lr, coef);
-        applied = true;
-        nonfiniteRun = 0;
-      } else {
-        // bf16/fp32 have no loss scale to lower: skip the update so the weights stay finite, and stop when
-        // it keeps happening (see train.max_nonfinite_steps).
-        ++nonfiniteRun;
-        spdlog::warn(
-            "iteration {}: loss {} / gradient norm {} is not finite; step skipped ({} in a row, the run "
-            "stops at train.max_nonfinite_steps = {})",
-            iter + 1, stepLossHost, scaledNorm, nonfiniteRun, c.train.maxNonfiniteSteps);
-        if (nonfiniteRun >= c.train.maxNonfiniteSteps)
-          throw DivergedError(detail::format(
-              "training diverged: {} steps in a row had a non-finite loss or gradient norm (the last at "
-              "iteration {}). No checkpoint was written from that state{}. Lower optimizer.lr, raise "
-              "lr_schedule.warmup_iters, or set optimizer.clip_grad, then resume from the last checkpoint.",
-              nonfiniteRun, iter + 1,
-              result.checkpoint.empty() ? std::string() : "; the last good one is " + result.checkpoint));
-      }
-      profiler::mark("optimizer step");
-      optimizer.zeroGrad();
-      profiler::mark("zero grad");
-    }
+    double stepLossHost = step.loss;
+    bool applied = step.applied;
     if (profileFrom >= 0 && iter + 1 == profileFrom + profileSteps) {
       spdlog::info(
           "profile of {} steps (STRATA_PROFILE; each op synchronised, so the total exceeds a step):\n{}",
@@ -502,10 +453,11 @@ TrainResult Trainer::run() {
       r.totalSteps = c.train.trainIters;
       // The mean over the interval's finite losses (NaN, written as null, when none was).
       r.loss = intervalCounted > 0 ? intervalLoss / double(intervalCounted) : NAN;
-      r.gradNorm = lastNorm.item();  // syncs the device: the timing below covers all work
+      r.gradNorm = lastNorm;
       r.lr = lr;
-      r.lossScale = scaler ? scaler->scale() : 1.0;
+      r.lossScale = lastScale;
       r.skippedSteps = intervalSkipped;
+      synchronizeDevice(device_);  // the interval's time covers all of its work
       auto now = std::chrono::steady_clock::now();
       double seconds = std::chrono::duration<double>(now - intervalStart).count();
       trainingSeconds += seconds;

@@ -10,6 +10,7 @@
 #include "TestUtil.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Metrics.h"
+#include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
 
 using namespace strata;
@@ -393,4 +394,67 @@ TEST_CASE("durations print as s, m and h", "[train][metrics]") {
   REQUIRE(train::formatDuration(187) == "3m07s");
   REQUIRE(train::formatDuration(7500) == "2h05m");
   REQUIRE(train::formatDuration(NAN) == "?");
+}
+
+TEST_CASE("an fp16 run resumed mid-way matches the uninterrupted run, loss scale included",
+          "[train][trainer][fp16][checkpoint]") {
+  // A window of 3 good steps doubles the scale every third step, so the resumed run must restore both the
+  // scale and the count of good steps since it last changed to stay in step.
+  std::vector<std::string> fp16 = {"precision.dtype=fp16", "precision.initial_loss_scale=1024",
+                                   "precision.loss_scale_window=3", "model.dropout=0"};
+  fs::path straight = fs::temp_directory_path() / "strata-fp16-straight";
+  fs::path split = fs::temp_directory_path() / "strata-fp16-split";
+  fs::remove_all(straight);
+  fs::remove_all(split);
+  train::Trainer(tinyConfig(straight, fp16)).run();
+  auto resumed = fp16;
+  resumed.push_back("checkpoint.save=" + (split / "ckpt").string());
+  resumed.push_back("train.exit_interval=10");
+  train::Trainer(tinyConfig(split, resumed)).run();
+  REQUIRE(train::readCheckpointState((split / "ckpt").string()).lossScaleGoodSteps == 10 % 3);
+  resumed.pop_back();
+  resumed.push_back("checkpoint.load=" + (split / "ckpt").string());
+  train::Trainer(tinyConfig(split, resumed)).run();
+  auto a = records(straight);
+  REQUIRE(a.back().contains("val_loss"));
+  REQUIRE(a[19]["loss_scale"].get<double>() > 1024);  // the scale did move
+  requireSameCurves(a, records(split));
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].contains("loss_scale"))
+      REQUIRE(a[i]["loss_scale"].get<double>() == records(split)[i]["loss_scale"].get<double>());
+}
+
+TEST_CASE("the step engine applies finite steps and leaves non-finite ones untouched",
+          "[train][stepengine]") {
+  fs::path out = fs::temp_directory_path() / "strata-step-engine";
+  fs::remove_all(out);
+  train::Config config = tinyConfig(out, {"model.dropout=0"});
+  auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
+  train::LocalStepEngine engine(*model, config, Device::cpu(), DType::F32);
+  auto data = train::TokenDataset::random(256, 4096, 3, 0.0);
+  int64_t index = 0;
+  auto next = [&] { return data.batch(train::Split::Train, index++, 4, 32, 1, Device::cpu()); };
+  train::StepOutcome ok = engine.step(next, 2, 1e-3);
+  REQUIRE(ok.applied);
+  REQUIRE(ok.finite);
+  REQUIRE(ok.loss == Approx(std::log(256.0)).margin(0.5));
+  REQUIRE(engine.state().optimizerSteps == 1);
+  REQUIRE(index == 2);
+  // Poison one weight: the loss goes NaN, the step is skipped and nothing moves.
+  Tensor w = model->namedParameters()[0].second;
+  std::vector<float> before = w.toVector<float>();
+  auto moment = engine.optimizerState()[0].second.toVector<float>();
+  Tensor poisoned = w.clone();
+  float* p = poisoned.data<float>();
+  p[0] = NAN;
+  ops::copy(w, poisoned);
+  train::StepOutcome bad = engine.step(next, 1, 1e-3);
+  REQUIRE(!bad.finite);
+  REQUIRE(!bad.applied);
+  REQUIRE(engine.state().optimizerSteps == 1);
+  REQUIRE(engine.optimizerState()[0].second.toVector<float>() == moment);
+  std::vector<float> after = w.toVector<float>();
+  REQUIRE(std::isnan(after[0]));
+  REQUIRE(std::equal(after.begin() + 1, after.end(), before.begin() + 1));
+  for (auto& prm : model->parameters()) REQUIRE(!prm.grad().defined());  // zeroed either way
 }
