@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/nn/CausalLM.h"
@@ -23,5 +24,9 @@ struct GptConfig;
 // The GPT architecture's config for a spec (what buildModel builds for arch "gpt").
 GptConfig gptConfig(const ModelSpec& spec);
 std::vector<std::string> architectures();
+// Every parameter of the model a spec builds, by name and shape, in first-use order (the order a forward
+// touches them; a tied tensor once), without building it: `strata info` plans chunks of models that would not
+// fit here. A test checks it against the built model.
+std::vector<std::pair<std::string, Shape>> parameterShapes(const ModelSpec& spec);
 
 }  // namespace strata::models

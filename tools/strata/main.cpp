@@ -19,6 +19,7 @@
 #include "strata/train/Config.h"
 #include "strata/train/Tokenize.h"
 #include "strata/train/Trainer.h"
+#include "strata/zero/ChunkLayout.h"
 
 using namespace strata;
 
@@ -118,6 +119,19 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   std::printf("  AdamW state (m, v)      %s\n", humanBytes(8.0 * double(params)).c_str());
   double total = (16.0 + (lowPrecision ? 2.0 : 0.0)) * double(params);
   std::printf("  model state total       %s\n", humanBytes(total).c_str());
+  // The parameters are fp32 tensors today, so chunks are planned in fp32.
+  auto shapes = models::parameterShapes(train::modelSpecFrom(c, Device::cpu()));
+  int64_t chunkBytes = int64_t(c.zero.chunkSizeMb * double(1 << 20));
+  zero::ChunkLayout layout = zero::planChunks(shapes, chunkBytes, DType::F32);
+  std::printf("parameter chunks (zero_optimization.chunk_size_mb %g, first-use order): %s",
+              c.zero.chunkSizeMb, layout.table().c_str());
+  int64_t best = zero::bestChunkBytes(shapes, DType::F32);
+  if (best != chunkBytes && layout.chunks.size() > 1) {
+    zero::ChunkLayout bestLayout = zero::planChunks(shapes, best, DType::F32);
+    std::printf("  chunk_size_mb %ld would fill %.1f%% (%zu chunks)\n", long(best >> 20),
+                100.0 * double(bestLayout.payloadElems()) / double(bestLayout.capacityElems()),
+                bestLayout.chunks.size());
+  }
   return 0;
 }
 

@@ -1,0 +1,67 @@
+#include "TestUtil.h"
+#include "models/Zoo.h"
+#include "strata/zero/ChunkLayout.h"
+
+using namespace strata;
+
+TEST_CASE("parameters pack into aligned chunks in first-use order, tied tensors once", "[zero][chunks]") {
+  // 1 KiB chunks of fp32: 256 elements, aligned to 64 elements (256 bytes).
+  std::vector<std::pair<std::string, Shape>> params = {
+      {"emb", {10, 10}},  // 100
+      {"a", {50}},        // starts at 128
+      {"b", {100}},       // does not fit after a (178 -> 192 + 100 > 256): next chunk
+      {"emb", {10, 10}},  // the tied head: already placed
+      {"huge", {600}},    // larger than a chunk: a chunk of its own, 640 elements
+      {"c", {10}},        // back into the open regular chunk, after b
+  };
+  zero::ChunkLayout layout = zero::planChunks(params, 1024, DType::F32);
+  REQUIRE(layout.chunkElems == 256);
+  REQUIRE(layout.slots.size() == 5);
+  REQUIRE(layout.chunks.size() == 3);
+  REQUIRE(layout.slot("emb").chunk == 0);
+  REQUIRE(layout.slot("emb").offset == 0);
+  REQUIRE(layout.slot("a").chunk == 0);
+  REQUIRE(layout.slot("a").offset == 128);
+  REQUIRE(layout.slot("b").chunk == 1);
+  REQUIRE(layout.slot("b").offset == 0);
+  REQUIRE(layout.slot("huge").chunk == 2);
+  REQUIRE(layout.chunks[2].capacity == 640);
+  REQUIRE(layout.slot("c").chunk == 1);
+  REQUIRE(layout.slot("c").offset == 128);
+  REQUIRE(layout.payloadElems() == 100 + 50 + 100 + 600 + 10);
+  REQUIRE(layout.chunks[0].fill() == Approx(150.0 / 256.0));
+  for (const auto& s : layout.slots) {
+    REQUIRE(s.offset % 64 == 0);
+    REQUIRE(s.offset + s.numel <= layout.chunks[size_t(s.chunk)].capacity);
+  }
+  REQUIRE_THROWS_AS(layout.slot("missing"), Error);
+  std::string table = layout.table();
+  REQUIRE(table.find("3 chunks") != std::string::npos);
+  REQUIRE(table.find("emb .. a") != std::string::npos);
+}
+
+TEST_CASE("the zoo's parameter shapes are the built model's, in first-use order", "[zero][chunks][models]") {
+  for (bool bias : {true, false}) {
+    models::ModelSpec spec;
+    spec.numLayers = 2;
+    spec.hiddenSize = 32;
+    spec.numHeads = 2;
+    spec.seqLength = 16;
+    spec.vocabSize = 64;
+    spec.bias = bias;
+    auto model = models::buildModel(spec);
+    auto named = model->namedParameters();
+    auto shapes = models::parameterShapes(spec);
+    REQUIRE(shapes.size() == named.size());
+    for (size_t i = 0; i < named.size(); ++i) {
+      INFO(named[i].first);
+      REQUIRE(shapes[i].first == named[i].first);
+      REQUIRE(shapes[i].second == named[i].second.shape());
+    }
+    // A 64 MiB plan of a 2-layer toy is one chunk; 1 KiB chunks split it and keep every parameter whole.
+    REQUIRE(zero::planChunks(shapes, 64 << 20, DType::BF16).chunks.size() == 1);
+    auto small = zero::planChunks(shapes, 16 << 10, DType::F32);
+    REQUIRE(small.chunks.size() > 2);
+    REQUIRE(small.payloadElems() == model->numParameters());
+  }
+}
