@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "AtomicFile.h"
 #include "strata/core/Checksum.h"
 #include "strata/ops/Ops.h"
 
@@ -198,8 +199,8 @@ FileDigest writeSafetensors(const std::string& path, const NamedTensors& tensors
   return writeFileSynced(path, parts);
 }
 
-std::map<std::string, Tensor> readSafetensors(const std::string& path, Device device,
-                                              std::map<std::string, std::string>* metadata) {
+std::vector<SafetensorsEntry> readSafetensorsHeader(const std::string& path,
+                                                    std::map<std::string, std::string>* metadata) {
   std::ifstream in(path, std::ios::binary);
   STRATA_USER_CHECK(in.good(), "cannot open {}", path);
   uint64_t fileBytes = fs::file_size(path);
@@ -216,7 +217,7 @@ std::map<std::string, Tensor> readSafetensors(const std::string& path, Device de
     STRATA_USER_FAIL("{} is corrupted: its safetensors header is not valid JSON ({})", path, e.what());
   }
   STRATA_USER_CHECK(header.is_object(), "{} is corrupted: its safetensors header is not a JSON object", path);
-  std::map<std::string, Tensor> out;
+  std::vector<SafetensorsEntry> entries;
   for (auto& [name, info] : header.items()) {
     if (name == "__metadata__") {
       if (metadata)
@@ -224,26 +225,37 @@ std::map<std::string, Tensor> readSafetensors(const std::string& path, Device de
           if (v.is_string()) (*metadata)[k] = v.get<std::string>();
       continue;
     }
-    DType dt = DType::F32;
-    Shape shape;
+    SafetensorsEntry e;
+    e.name = name;
     std::vector<uint64_t> offsets;
     try {
-      dt = fromSafetensorsType(info.at("dtype").get<std::string>(), path);
-      shape = info.at("shape").get<Shape>();
+      e.dtype = fromSafetensorsType(info.at("dtype").get<std::string>(), path);
+      e.shape = info.at("shape").get<Shape>();
       offsets = info.at("data_offsets").get<std::vector<uint64_t>>();
-    } catch (const json::exception& e) {
-      STRATA_USER_FAIL("{} is corrupted: bad header entry for '{}' ({})", path, name, e.what());
+    } catch (const json::exception& ex) {
+      STRATA_USER_FAIL("{} is corrupted: bad header entry for '{}' ({})", path, name, ex.what());
     }
     STRATA_USER_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1] && 8 + len + offsets[1] <= fileBytes,
                       "{} is corrupted: tensor '{}' lies outside the file", path, name);
-    size_t bytes = offsets[1] - offsets[0];
-    STRATA_USER_CHECK(bytes == size_t(numelOf(shape)) * dtypeSize(dt),
+    e.begin = 8 + len + offsets[0];
+    e.end = 8 + len + offsets[1];
+    STRATA_USER_CHECK(e.end - e.begin == uint64_t(numelOf(e.shape)) * dtypeSize(e.dtype),
                       "{}: tensor '{}' has inconsistent size", path, name);
-    std::vector<char> buf(bytes);
-    in.seekg(std::streamoff(8 + len + offsets[0]));
-    in.read(buf.data(), std::streamsize(bytes));
-    STRATA_USER_CHECK(in.good(), "{}: truncated data for '{}'", path, name);
-    out[name] = Tensor::fromHost(buf.data(), dt, size_t(numelOf(shape)), shape, device);
+    entries.push_back(std::move(e));
+  }
+  return entries;
+}
+
+std::map<std::string, Tensor> readSafetensors(const std::string& path, Device device,
+                                              std::map<std::string, std::string>* metadata) {
+  std::map<std::string, Tensor> out;
+  std::ifstream in(path, std::ios::binary);
+  for (const auto& e : readSafetensorsHeader(path, metadata)) {
+    std::vector<char> buf(e.end - e.begin);
+    in.seekg(std::streamoff(e.begin));
+    in.read(buf.data(), std::streamsize(buf.size()));
+    STRATA_USER_CHECK(in.good(), "{}: truncated data for '{}'", path, e.name);
+    out[e.name] = Tensor::fromHost(buf.data(), e.dtype, size_t(numelOf(e.shape)), e.shape, device);
   }
   return out;
 }
@@ -344,6 +356,60 @@ std::map<std::string, Tensor> loadModelShards(const std::string& path) {
     }
   }
   return merged;
+}
+
+MergeStats mergeModelShards(const std::string& path, const std::string& output,
+                            const std::function<std::string(const std::string&)>& rename,
+                            const std::map<std::string, std::string>& metadata) {
+  std::string dir = resolveCheckpoint(path);
+  json manifest = readManifest(dir);
+  verifyFiles(dir, manifest);
+  struct Source {
+    std::string file;
+    SafetensorsEntry entry;
+  };
+  std::map<std::string, Source> tensors;  // output name -> where its bytes are
+  for (const auto& shard : manifest["shards"]) {
+    std::string file = (fs::path(dir) / shard["model"].get<std::string>()).string();
+    for (auto& e : readSafetensorsHeader(file)) {
+      std::string name = rename ? rename(e.name) : e.name;
+      STRATA_USER_CHECK(!tensors.count(name), "checkpoint {}: tensor '{}' appears in two shards", dir, name);
+      tensors[name] = Source{file, std::move(e)};
+    }
+  }
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const auto& [name, src] : tensors) {
+    uint64_t bytes = src.entry.end - src.entry.begin;
+    header[name] = {{"dtype", safetensorsType(src.entry.dtype)},
+                    {"shape", src.entry.shape},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  while ((text.size() + 8) % 8 != 0) text.push_back(' ');
+  uint64_t len = text.size();
+  AtomicFileWriter out(output);
+  out.write(&len, 8);
+  out.write(text.data(), text.size());
+  MergeStats stats;
+  std::vector<char> buffer;
+  for (const auto& [name, src] : tensors) {
+    uint64_t bytes = src.entry.end - src.entry.begin;
+    buffer.resize(bytes);
+    buffer.shrink_to_fit();
+    stats.peakBufferBytes = std::max<uint64_t>(stats.peakBufferBytes, bytes);
+    std::ifstream in(src.file, std::ios::binary);
+    in.seekg(std::streamoff(src.entry.begin));
+    in.read(buffer.data(), std::streamsize(bytes));
+    STRATA_USER_CHECK(in.good(), "{}: truncated data for '{}'", src.file, src.entry.name);
+    out.write(buffer.data(), bytes);
+    stats.bytes += bytes;
+    ++stats.tensors;
+  }
+  out.commit();
+  return stats;
 }
 
 CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& model,

@@ -148,3 +148,35 @@ TEST_CASE("old checkpoints are pruned to keep_last and failed saves' leftovers r
   REQUIRE(fs::exists(save / "notes.tmp"));
   REQUIRE(fs::exists(save / "step-10"));
 }
+
+TEST_CASE("convert streams a checkpoint's tensors one at a time", "[train][checkpoint]") {
+  fs::path save = freshDir("strata-ckpt-merge");
+  train::NamedTensors model;
+  for (int i = 0; i < 20; ++i)
+    model.emplace_back("layer." + std::to_string(i) + ".weight",
+                       ops::full({64, 64}, double(i), DType::F32, Device::cpu()));
+  std::string dir = train::saveCheckpoint(save.string(), model, {}, stateAt(1));
+  fs::path out = save / "merged.safetensors";
+  auto stats = train::mergeModelShards(dir, out.string(), [](const std::string& n) { return "m." + n; },
+                                       {{"format", "pt"}});
+  REQUIRE(stats.tensors == 20);
+  REQUIRE(stats.bytes == 20u * 64 * 64 * 4);
+  // One tensor's bytes at a time: a twentieth of the model.
+  REQUIRE(stats.peakBufferBytes == 64u * 64 * 4);
+  std::map<std::string, std::string> meta;
+  auto merged = train::readSafetensors(out.string(), Device::cpu(), &meta);
+  REQUIRE(meta.at("format") == "pt");
+  REQUIRE(merged.size() == 20);
+  REQUIRE(merged.at("m.layer.7.weight").toVector<float>() == std::vector<float>(64 * 64, 7.0f));
+  // A corrupted shard is refused before anything is written.
+  fs::path shard = fs::path(dir) / "model-rank0.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-4, std::ios::end);
+    f.write("\x01\x02\x03\x04", 4);
+  }
+  fs::remove(out);
+  REQUIRE(errorOf([&] { train::mergeModelShards(dir, out.string()); }).find("corrupted") !=
+          std::string::npos);
+  REQUIRE(!fs::exists(out));
+}

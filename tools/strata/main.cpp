@@ -182,12 +182,14 @@ int runConvert(const std::string& checkpoint, const std::string& output, bool hf
     models::GptConfig g = models::gptConfig(train::modelSpecFrom(c, Device::cpu()));
     configJson = models::gptHfConfigJson(g, c.data.tokenizer == "gpt2" ? 50256 : -1);
   }
-  train::NamedTensors out;
-  for (auto& [name, t] : train::loadModelShards(dir))
-    out.emplace_back(hf ? models::gptNameToHf(name) : name, t);
   if (!file.parent_path().empty()) fs::create_directories(file.parent_path());
-  train::writeSafetensors(file.string(), out, {{"format", "pt"}, {"source", dir}});
-  std::printf("wrote %zu tensors from %s to %s\n", out.size(), dir.c_str(), file.c_str());
+  std::function<std::string(const std::string&)> rename;
+  if (hf) rename = models::gptNameToHf;
+  train::MergeStats stats =
+      train::mergeModelShards(dir, file.string(), rename, {{"format", "pt"}, {"source", dir}});
+  std::printf("wrote %zu tensors (%s) from %s to %s, streaming (at most %s in memory)\n", stats.tensors,
+              humanBytes(double(stats.bytes)).c_str(), dir.c_str(), file.c_str(),
+              humanBytes(double(stats.peakBufferBytes)).c_str());
   if (hf) {
     fs::path cfg = file.parent_path() / "config.json";
     std::ofstream(cfg) << configJson;

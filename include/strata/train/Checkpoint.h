@@ -13,6 +13,7 @@
 // saved: the save fails instead, naming the tensor.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -40,6 +41,17 @@ FileDigest writeSafetensors(const std::string& path, const NamedTensors& tensors
 // Reads every tensor to `device`; fills `metadata` when given. A malformed file is an error naming it.
 std::map<std::string, Tensor> readSafetensors(const std::string& path, Device device = Device::cpu(),
                                               std::map<std::string, std::string>* metadata = nullptr);
+
+// One tensor of a safetensors file as its header describes it; begin/end are absolute file offsets.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;
+};
+// The header of a safetensors file (no tensor data is read); fills `metadata` when given.
+std::vector<SafetensorsEntry> readSafetensorsHeader(const std::string& path,
+                                                    std::map<std::string, std::string>* metadata = nullptr);
 
 struct CheckpointState {
   int64_t step = 0;                           // iterations completed
@@ -70,6 +82,17 @@ CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& mode
 // Every model tensor of a checkpoint, merged across the shards its manifest lists (on the CPU), checksums
 // verified.
 std::map<std::string, Tensor> loadModelShards(const std::string& path);
+// Streams the model tensors of the checkpoint `path` (all shards, checksums verified) into one safetensors
+// file `output`, each renamed by `rename` when given, in name order. One tensor is in memory at a time, so
+// the peak stays at the largest tensor, not the model. The output is written atomically.
+struct MergeStats {
+  size_t tensors = 0;
+  uint64_t bytes = 0;            // tensor bytes written
+  uint64_t peakBufferBytes = 0;  // the largest buffer held
+};
+MergeStats mergeModelShards(const std::string& path, const std::string& output,
+                            const std::function<std::string(const std::string&)>& rename = {},
+                            const std::map<std::string, std::string>& metadata = {});
 // The step directory `path` refers to.
 std::string resolveCheckpoint(const std::string& path);
 
