@@ -107,18 +107,31 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   std::printf("parameters     %ld (%.3f B)\n", long(params), double(params) / 1e9);
   std::printf("FLOPs/token    %.4g (6N + 12 L d s, training)\n", flops);
   std::printf("tokens/iter    %ld\n", long(c.train.globalBatchSize * c.model.seqLength));
-  std::printf("bytes by component:\n");
-  std::printf("  fp32 master weights     %s\n", humanBytes(4.0 * double(params)).c_str());
-  // Kept for the whole run with precision.weight_copies (rewritten by AdamW), else cast in each forward and
-  // alive until the backward: either way they are part of the peak.
+  // Bytes per parameter of each kind of state. The 16-bit copies are kept for the whole run with
+  // precision.weight_copies (rewritten by AdamW), else cast in each forward and alive until the backward:
+  // either way they are part of the peak.
+  struct Kind {
+    std::string name;
+    double bytesPerParam;
+    std::string note;
+  };
+  std::vector<Kind> kinds = {{"fp32 parameters (masters)", 4, ""}};
   if (lowPrecision)
-    std::printf("  %s weight copies      %s (%s)\n", c.precision.dtype.c_str(),
-                humanBytes(2.0 * double(params)).c_str(),
-                c.precision.weightCopies ? "kept, precision.weight_copies" : "cast per forward");
-  std::printf("  fp32 gradients          %s\n", humanBytes(4.0 * double(params)).c_str());
-  std::printf("  AdamW state (m, v)      %s\n", humanBytes(8.0 * double(params)).c_str());
-  double total = (16.0 + (lowPrecision ? 2.0 : 0.0)) * double(params);
-  std::printf("  model state total       %s\n", humanBytes(total).c_str());
+    kinds.push_back({c.precision.dtype + " weight copies", 2,
+                     c.precision.weightCopies ? "kept, precision.weight_copies" : "cast per forward"});
+  kinds.push_back({"fp32 gradients", 4, ""});
+  kinds.push_back({"AdamW m (fp32)", 4, ""});
+  kinds.push_back({"AdamW v (fp32)", 4, ""});
+  double perParam = 0;
+  std::printf("model state by kind:     bytes/param  total\n");
+  for (const auto& k : kinds) {
+    perParam += k.bytesPerParam;
+    std::printf("  %-28s %4.0f  %10s%s%s\n", k.name.c_str(), k.bytesPerParam,
+                humanBytes(k.bytesPerParam * double(params)).c_str(), k.note.empty() ? "" : "  ",
+                k.note.c_str());
+  }
+  std::printf("  %-28s %4.0f  %10s\n", "model state total", perParam,
+              humanBytes(perParam * double(params)).c_str());
   // The parameters are fp32 tensors today, so chunks are planned in fp32.
   auto shapes = models::parameterShapes(train::modelSpecFrom(c, Device::cpu()));
   int64_t chunkBytes = int64_t(c.zero.chunkSizeMb * double(1 << 20));
