@@ -74,15 +74,60 @@ Allocator& deviceAllocator(Device device) {
 #endif
 }
 
-// ---- CachingAllocator
-// ---------------------------------------------------------------------------------------------
+// CachingAllocator
 
-CachingAllocator::CachingAllocator(Device device, RawMemory raw, std::string name)
-    : device_(device), raw_(std::move(raw)), name_(std::move(name)) {}
+namespace {
+
+class EventFence final : public StreamFence {
+ public:
+  explicit EventFence(const Stream& stream) : event_(stream.device()) { event_.record(stream); }
+  bool done() override { return event_.query(); }
+  void wait() override { event_.synchronize(); }
+
+ private:
+  Event event_;
+};
+
+}  // namespace
+
+bool isPageLocked(const void* ptr, size_t bytes) {
+#if STRATA_CUDA
+  if (!ptr || !cudaAvailable()) return false;
+  auto pinned = [](const void* p) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky-free error of an unknown pointer
+      return false;
+    }
+    return attr.type == cudaMemoryTypeHost;
+  };
+  return pinned(ptr) && (bytes <= 1 || pinned(static_cast<const char*>(ptr) + bytes - 1));
+#else
+  (void)ptr;
+  (void)bytes;
+  return false;
+#endif
+}
+
+CachingAllocator::CachingAllocator(Device device, RawMemory raw, std::string name,
+                                   CachingAllocatorOptions options)
+    : device_(device), raw_(std::move(raw)), name_(std::move(name)), options_(std::move(options)) {
+  if (!options_.fence)
+    options_.fence = [](const Stream& stream) -> std::unique_ptr<StreamFence> {
+      return std::make_unique<EventFence>(stream);
+    };
+}
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
-  releaseCachedLocked();
+  try {
+    reapPendingLocked(true);
+  } catch (const std::exception&) {
+    // A failed wait at teardown (a CUDA context already gone): free what we can below.
+    for (auto& p : pending_) freeBlocks_.emplace(PoolKey{p.stream, p.size}, p.ptr);
+    pending_.clear();
+  }
+  releaseCachedLocked(0);
 }
 
 size_t CachingAllocator::roundSize(size_t bytes) {
@@ -93,31 +138,36 @@ size_t CachingAllocator::roundSize(size_t bytes) {
 }
 
 void* CachingAllocator::allocate(size_t bytes) {
+  return allocate(bytes, currentStream(device_));
+}
+
+void* CachingAllocator::allocate(size_t bytes, const Stream& stream) {
+  void* p = tryAllocate(bytes, stream);
+  if (!p) {
+    AllocatorStats s = stats();
+    STRATA_FAIL("{}: out of memory allocating {} bytes ({} allocated, {} reserved, {} cached)", name_,
+                roundSize(bytes), s.allocatedBytes, s.reservedBytes,
+                s.reservedBytes - s.allocatedBytes - s.pendingBytes);
+  }
+  return p;
+}
+
+void* CachingAllocator::tryAllocate(size_t bytes, const Stream& stream) {
   size_t size = roundSize(bytes);
+  uint64_t streamId = stream.id();
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.numAllocations++;
-  // Best fit among cached blocks, but never hand out a block more than twice the request: that would strand
-  // memory.
-  auto it = freeBlocks_.lower_bound(size);
-  if (it != freeBlocks_.end() && it->first <= 2 * size) {
-    void* p = it->second;
-    size_t blockSize = it->first;
-    freeBlocks_.erase(it);
-    liveBlocks_[p] = blockSize;
-    stats_.allocatedBytes += blockSize;
-    stats_.numCacheHits++;
-    stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
-    return p;
+  if (!pending_.empty()) reapPendingLocked(false);
+  if (void* p = takeCachedLocked(streamId, size)) return p;
+  void* p = growLocked(size);
+  if (!p && !pending_.empty()) {
+    // Memory is exhausted: the only case in which the host waits for other streams.
+    reapPendingLocked(true);
+    if (void* cached = takeCachedLocked(streamId, size)) return cached;
+    p = growLocked(size);
   }
-  void* p = raw_.alloc(size);
-  if (!p) {
-    // Out of memory: give the cache back and try once more before failing.
-    releaseCachedLocked();
-    p = raw_.alloc(size);
-  }
-  STRATA_CHECK(p != nullptr, "{}: out of memory allocating {} bytes ({} allocated, {} reserved)", name_, size,
-               stats_.allocatedBytes, stats_.reservedBytes);
-  liveBlocks_[p] = size;
+  if (!p) return nullptr;
+  liveBlocks_[p] = LiveBlock{size, streamId, {}};
   stats_.numRawAllocations++;
   stats_.allocatedBytes += size;
   stats_.reservedBytes += size;
@@ -126,14 +176,88 @@ void* CachingAllocator::allocate(size_t bytes) {
   return p;
 }
 
+void* CachingAllocator::takeCachedLocked(uint64_t stream, size_t size) {
+  // Best fit among the stream's cached blocks, but never hand out a block more than twice the request: that
+  // would strand memory.
+  auto it = freeBlocks_.lower_bound(PoolKey{stream, size});
+  if (it == freeBlocks_.end() || it->first.first != stream || it->first.second > 2 * size) return nullptr;
+  void* p = it->second;
+  size_t blockSize = it->first.second;
+  freeBlocks_.erase(it);
+  liveBlocks_[p] = LiveBlock{blockSize, stream, {}};
+  stats_.allocatedBytes += blockSize;
+  stats_.numCacheHits++;
+  stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
+  return p;
+}
+
+void* CachingAllocator::growLocked(size_t size) {
+  size_t limit = options_.reserveLimitBytes;
+  if (size > limit) return nullptr;
+  if (stats_.reservedBytes + size > limit) releaseCachedLocked(limit - size);
+  if (stats_.reservedBytes + size > limit) return nullptr;
+  void* p = raw_.alloc(size);
+  if (!p) {
+    // Out of memory: give the cache back and try once more.
+    releaseCachedLocked(0);
+    p = raw_.alloc(size);
+  }
+  return p;
+}
+
 void CachingAllocator::deallocate(void* ptr) {
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = liveBlocks_.find(ptr);
   STRATA_CHECK(it != liveBlocks_.end(), "{}: freeing a pointer it did not allocate", name_);
-  stats_.allocatedBytes -= it->second;
-  freeBlocks_.emplace(it->second, ptr);
+  LiveBlock& block = it->second;
+  if (block.uses.empty()) {
+    freeBlocks_.emplace(PoolKey{block.stream, block.size}, ptr);
+  } else {
+    PendingBlock pending{ptr, block.size, block.stream, {}};
+    for (const Stream& s : block.uses) pending.fences.push_back(options_.fence(s));
+    pending_.push_back(std::move(pending));
+    stats_.pendingBytes += block.size;
+    stats_.numDeferredFrees++;
+  }
+  stats_.allocatedBytes -= block.size;
   liveBlocks_.erase(it);
+}
+
+void CachingAllocator::recordStream(void* ptr, const Stream& stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = liveBlocks_.find(ptr);
+  STRATA_CHECK(it != liveBlocks_.end(), "{}: recordStream on a pointer that is not a live block", name_);
+  LiveBlock& block = it->second;
+  if (stream.id() == block.stream) return;
+  for (const Stream& s : block.uses)
+    if (s == stream) return;
+  block.uses.push_back(stream);
+}
+
+void CachingAllocator::reapPendingLocked(bool wait) {
+  size_t kept = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    PendingBlock& p = pending_[i];
+    auto& fences = p.fences;
+    for (size_t f = 0; f < fences.size();) {
+      if (wait) fences[f]->wait();
+      if (wait || fences[f]->done()) {
+        fences[f] = std::move(fences.back());
+        fences.pop_back();
+      } else {
+        ++f;
+      }
+    }
+    if (fences.empty()) {
+      freeBlocks_.emplace(PoolKey{p.stream, p.size}, p.ptr);
+      stats_.pendingBytes -= p.size;
+    } else {
+      if (kept != i) pending_[kept] = std::move(p);
+      ++kept;
+    }
+  }
+  pending_.resize(kept);
 }
 
 AllocatorStats CachingAllocator::stats() const {
@@ -143,14 +267,16 @@ AllocatorStats CachingAllocator::stats() const {
 
 void CachingAllocator::emptyCache() {
   std::lock_guard<std::mutex> lock(mutex_);
-  releaseCachedLocked();
+  reapPendingLocked(true);
+  releaseCachedLocked(0);
 }
 
 bool CachingAllocator::hasCachedFit(size_t bytes) const {
   size_t size = roundSize(bytes);
+  uint64_t stream = currentStream(device_).id();
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = freeBlocks_.lower_bound(size);
-  return it != freeBlocks_.end() && it->first <= 2 * size;
+  auto it = freeBlocks_.lower_bound(PoolKey{stream, size});
+  return it != freeBlocks_.end() && it->first.first == stream && it->first.second <= 2 * size;
 }
 
 void CachingAllocator::resetPeakStats() {
@@ -159,16 +285,30 @@ void CachingAllocator::resetPeakStats() {
   stats_.peakReservedBytes = stats_.reservedBytes;
 }
 
-void CachingAllocator::releaseCachedLocked() {
-  for (auto& [size, ptr] : freeBlocks_) {
-    raw_.free(ptr);
-    stats_.reservedBytes -= size;
+void CachingAllocator::releaseCachedLocked(size_t target) {
+  if (stats_.reservedBytes <= target || freeBlocks_.empty()) return;
+  if (target == 0) {
+    for (auto& [key, ptr] : freeBlocks_) {
+      raw_.free(ptr);
+      stats_.reservedBytes -= key.second;
+    }
+    freeBlocks_.clear();
+    return;
   }
-  freeBlocks_.clear();
+  std::vector<std::multimap<PoolKey, void*>::iterator> bySize;
+  bySize.reserve(freeBlocks_.size());
+  for (auto it = freeBlocks_.begin(); it != freeBlocks_.end(); ++it) bySize.push_back(it);
+  std::sort(bySize.begin(), bySize.end(),
+            [](const auto& a, const auto& b) { return a->first.second > b->first.second; });
+  for (auto it : bySize) {
+    if (stats_.reservedBytes <= target) break;
+    raw_.free(it->second);
+    stats_.reservedBytes -= it->first.second;
+    freeBlocks_.erase(it);
+  }
 }
 
-// ---- PinnedHostPool
-// -----------------------------------------------------------------------------------------------
+// PinnedHostPool
 
 namespace {
 RawMemory pinnedOrAligned(bool& pageLocked) {
@@ -192,36 +332,45 @@ RawMemory pinnedOrAligned(bool& pageLocked) {
 }  // namespace
 
 PinnedHostPool::PinnedHostPool(size_t capacityBytes)
-    : capacity_(capacityBytes), cache_(Device::cpu(), pinnedOrAligned(pageLocked_), "pinned-host-pool") {}
+    : capacity_(capacityBytes),
+      cache_(Device::cpu(), pinnedOrAligned(pageLocked_), "pinned-host-pool",
+             CachingAllocatorOptions{capacityBytes, {}}) {}
 
-PinnedHostPool::PinnedHostPool(size_t capacityBytes, RawMemory raw)
-    : capacity_(capacityBytes), cache_(Device::cpu(), std::move(raw), "pinned-host-pool") {}
+PinnedHostPool::PinnedHostPool(size_t capacityBytes, RawMemory raw, FenceFactory fence)
+    : capacity_(capacityBytes),
+      cache_(Device::cpu(), std::move(raw), "pinned-host-pool",
+             CachingAllocatorOptions{capacityBytes, std::move(fence)}) {}
 
 PinnedHostPool::~PinnedHostPool() = default;
 
 void* PinnedHostPool::allocate(size_t bytes) {
-  size_t size = CachingAllocator::roundSize(bytes);
-  AllocatorStats s = cache_.stats();
-  STRATA_CHECK(
-      s.allocatedBytes + size <= capacity_,
-      "pinned host pool exhausted: {} bytes requested, {} of {} bytes in use; raise the pool capacity "
-      "(zero_optimization.buffer_count or store.host_budget_gb) or free staging buffers",
-      bytes, s.allocatedBytes, capacity_);
-  // Growing past the capacity: trade the cached blocks for the new size.
-  if (!cache_.hasCachedFit(bytes) && s.reservedBytes + size > capacity_) cache_.emptyCache();
-  return cache_.allocate(bytes);
+  // One pool for every host thread: host work is done when its call returns, so the CPU stream a block was
+  // allocated on does not matter. GPU streams are tracked through recordStream.
+  void* p = cache_.tryAllocate(bytes, Stream());
+  if (!p) {
+    AllocatorStats s = cache_.stats();
+    STRATA_FAIL(
+        "pinned host pool exhausted: {} bytes requested, {} of {} bytes in use ({} awaiting GPU streams); "
+        "raise the pool capacity (zero_optimization.buffer_count or store.host_budget_gb) or free staging "
+        "buffers",
+        bytes, s.allocatedBytes, capacity_, s.pendingBytes);
+  }
+  return p;
 }
 
 void PinnedHostPool::deallocate(void* ptr) {
   cache_.deallocate(ptr);
 }
 
+void PinnedHostPool::recordStream(void* ptr, const Stream& stream) {
+  cache_.recordStream(ptr, stream);
+}
+
 AllocatorStats PinnedHostPool::stats() const {
   return cache_.stats();
 }
 
-// ---- SlotArena
-// ----------------------------------------------------------------------------------------------------
+// SlotArena
 
 SlotArena::SlotArena(Allocator& backing, size_t slotBytes, size_t numSlots)
     : backing_(backing),

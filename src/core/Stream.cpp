@@ -1,5 +1,7 @@
 #include "strata/core/Stream.h"
 
+#include <atomic>
+#include <chrono>
 #include <unordered_map>
 
 #include "core/cuda/CudaContext.h"
@@ -16,22 +18,32 @@ Stream::Handle::~Handle() {
 #endif
 }
 
+namespace {
+int64_t steadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 Stream Stream::create(Device device) {
+  static std::atomic<uint64_t> nextId{1};
   Stream s;
   s.device_ = device;
+  auto handle = std::make_shared<Handle>();
+  handle->deviceIndex = device.index;
   if (device.isCuda()) {
 #if STRATA_CUDA
     cuda::DeviceGuard guard(device.index);
-    auto handle = std::make_shared<Handle>();
     cudaStream_t raw = nullptr;
     STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
     handle->stream = raw;
-    handle->deviceIndex = device.index;
-    s.handle_ = std::move(handle);
 #else
     STRATA_FAIL("a CUDA stream was requested, but this build of Strata has no CUDA support");
 #endif
   }
+  handle->id = nextId.fetch_add(1);
+  s.handle_ = std::move(handle);
   return s;
 }
 
@@ -60,21 +72,24 @@ Event::~Event() {
 #endif
 }
 
-Event::Event(Event&& o) noexcept : device_(o.device_), event_(o.event_), hostTime_(o.hostTime_) {
+Event::Event(Event&& o) noexcept
+    : device_(o.device_), event_(o.event_), hostTimeNs_(o.hostTimeNs_.load(std::memory_order_relaxed)) {
   o.event_ = nullptr;
 }
 
 Event& Event::operator=(Event&& o) noexcept {
   std::swap(device_, o.device_);
   std::swap(event_, o.event_);
-  std::swap(hostTime_, o.hostTime_);
+  int64_t t = hostTimeNs_.load(std::memory_order_relaxed);
+  hostTimeNs_.store(o.hostTimeNs_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  o.hostTimeNs_.store(t, std::memory_order_relaxed);
   return *this;
 }
 
 void Event::record(const Stream& stream) {
   STRATA_CHECK(stream.device() == device_, "event on {} recorded on a stream of {}", toString(device_),
                toString(stream.device()));
-  hostTime_ = std::chrono::steady_clock::now();
+  hostTimeNs_.store(steadyNowNs(), std::memory_order_release);
 #if STRATA_CUDA
   if (event_)
     STRATA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), cuda::nativeStream(stream)));
@@ -83,8 +98,14 @@ void Event::record(const Stream& stream) {
 
 void Event::block(const Stream& stream) const {
 #if STRATA_CUDA
-  if (event_ && stream.device().isCuda())
+  if (!event_) return;  // a CPU event: complete when recorded
+  if (stream.device().isCuda()) {
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(cuda::nativeStream(stream), static_cast<cudaEvent_t>(event_), 0));
+  } else {
+    // A CPU stream runs its work at the call, so its next work may start only once the GPU has reached the
+    // event.
+    synchronize();
+  }
 #else
   (void)stream;
 #endif
@@ -116,12 +137,25 @@ float Event::elapsedMs(const Event& end) const {
     return ms;
   }
 #endif
-  return std::chrono::duration<float, std::milli>(end.hostTime_ - hostTime_).count();
+  int64_t ns = end.hostTimeNs_.load(std::memory_order_acquire) - hostTimeNs_.load(std::memory_order_acquire);
+  return float(double(ns) / 1e6);
 }
 
 DeviceStreams DeviceStreams::create(Device device) {
-  return DeviceStreams{Stream::create(device), Stream::create(device), Stream::create(device),
-                       Stream::create(device)};
+  return DeviceStreams{device.isCpu() ? Stream() : Stream::create(device), Stream::create(device),
+                       Stream::create(device), Stream::create(device)};
+}
+
+const DeviceStreams& deviceStreams(Device device) {
+  if (device.isCpu()) {
+    static const DeviceStreams* cpu = new DeviceStreams(DeviceStreams::create(Device::cpu()));  // never freed
+    return *cpu;
+  }
+#if STRATA_CUDA
+  return cuda::deviceContext(device.index).streams;
+#else
+  STRATA_FAIL("device {} requested, but this build of Strata has no CUDA support", toString(device));
+#endif
 }
 
 namespace {

@@ -57,23 +57,6 @@ void forEachIndex(const Shape& shape, const Shape& strides, int64_t base, Fn&& f
 
 }  // namespace
 
-void copyBytes(void* dst, Device dstDevice, const void* src, Device srcDevice, size_t bytes) {
-  if (bytes == 0) return;
-  if (dstDevice.isCpu() && srcDevice.isCpu()) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#if STRATA_CUDA
-  Device gpu = dstDevice.isCuda() ? dstDevice : srcDevice;
-  cuda::DeviceGuard guard(gpu.index);
-  Stream stream = currentStream(gpu);
-  STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda::nativeStream(stream)));
-  stream.synchronize();
-#else
-  STRATA_FAIL("copy between {} and {} needs a CUDA build", toString(srcDevice), toString(dstDevice));
-#endif
-}
-
 Tensor Tensor::fromHost(const void* data, DType dtype, size_t count, const Shape& shape, Device device) {
   STRATA_CHECK(int64_t(count) == numelOf(shape), "{} values given for shape {} ({} elements)", count,
                toString(shape), numelOf(shape));

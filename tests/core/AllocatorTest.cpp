@@ -1,11 +1,50 @@
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <mutex>
+#include <random>
+#include <thread>
 
 #include "TestUtil.h"
 
 using namespace strata;
 
 namespace {
+// Fences the test completes by hand: the allocator sees other streams' work as running until it does.
+struct ManualFences {
+  struct State {
+    uint64_t stream = 0;
+    bool complete = false;
+  };
+  std::vector<std::shared_ptr<State>> made;
+  int waits = 0;
+
+  struct Fence final : StreamFence {
+    std::shared_ptr<State> state;
+    ManualFences* owner;
+    bool done() override { return state->complete; }
+    void wait() override {
+      owner->waits++;
+      state->complete = true;  // the host "blocked" until the stream got there
+    }
+  };
+  FenceFactory factory() {
+    return [this](const Stream& stream) -> std::unique_ptr<StreamFence> {
+      auto f = std::make_unique<Fence>();
+      f->state = std::make_shared<State>(State{stream.id(), false});
+      f->owner = this;
+      made.push_back(f->state);
+      return f;
+    };
+  }
+  void completeAll() {
+    for (auto& s : made) s->complete = true;
+  }
+};
+
 struct CountingRaw {
   int allocs = 0, frees = 0;
   RawMemory raw() {
@@ -83,6 +122,108 @@ TEST_CASE("caching allocator frees its cache and retries when the raw allocator 
   alloc.deallocate(c);
 }
 
+TEST_CASE("caching allocator hands a freed block only to its own stream", "[core][allocator][stream]") {
+  ManualFences fences;
+  CountingRaw counter;
+  CachingAllocator alloc(Device::cpu(), counter.raw(), "streams",
+                         CachingAllocatorOptions{SIZE_MAX, fences.factory()});
+  Stream s1 = Stream::create(Device::cpu()), s2 = Stream::create(Device::cpu());
+  void* a = alloc.allocate(1000, s1);
+  alloc.recordStream(a, s1);  // its own stream: nothing to track
+  alloc.deallocate(a);
+  // Another stream's work is not ordered after the free: it gets new memory.
+  void* b = alloc.allocate(1000, s2);
+  REQUIRE(b != a);
+  // The block's own stream reuses it at once, with no fence and no wait: the cheap path.
+  void* c = alloc.allocate(1000, s1);
+  REQUIRE(c == a);
+  REQUIRE(fences.made.empty());
+  REQUIRE(alloc.stats().numDeferredFrees == 0);
+  // allocate(bytes) uses the current stream.
+  alloc.deallocate(c);
+  {
+    StreamGuard guard(s1);
+    REQUIRE(alloc.hasCachedFit(1000));
+    REQUIRE(alloc.allocate(1000) == a);
+  }
+  alloc.deallocate(a);
+  alloc.deallocate(b);
+}
+
+TEST_CASE("a block freed while other streams use it waits for their fences", "[core][allocator][stream]") {
+  ManualFences fences;
+  CountingRaw counter;
+  CachingAllocator alloc(Device::cpu(), counter.raw(), "streams",
+                         CachingAllocatorOptions{SIZE_MAX, fences.factory()});
+  Stream mine = Stream::create(Device::cpu()), reader = Stream::create(Device::cpu()),
+         writer = Stream::create(Device::cpu());
+  void* a = alloc.allocate(4096, mine);
+  alloc.recordStream(a, reader);
+  alloc.recordStream(a, reader);  // recorded once
+  alloc.recordStream(a, writer);
+  REQUIRE(fences.made.empty());  // fences are made at the free, not before
+  alloc.deallocate(a);
+  REQUIRE(fences.made.size() == 2);
+  REQUIRE(fences.made[0]->stream == reader.id());
+  REQUIRE(fences.made[1]->stream == writer.id());
+  AllocatorStats s = alloc.stats();
+  REQUIRE(s.pendingBytes == 4096);
+  REQUIRE(s.allocatedBytes == 0);
+  REQUIRE(s.reservedBytes == 4096);
+  REQUIRE(s.numDeferredFrees == 1);
+  // Neither stream is done: the block is not handed out, not even to its own stream.
+  void* b = alloc.allocate(4096, mine);
+  REQUIRE(b != a);
+  alloc.deallocate(b);  // b is now cached on `mine`; take it again so the next check sees only `a`
+  REQUIRE(alloc.allocate(4096, mine) == b);
+  fences.made[0]->complete = true;
+  void* c = alloc.allocate(4096, mine);
+  REQUIRE(c != a);  // the writer is still running
+  fences.made[1]->complete = true;
+  void* d = alloc.allocate(4096, mine);
+  REQUIRE(d == a);
+  REQUIRE(alloc.stats().pendingBytes == 0);
+  REQUIRE(fences.waits == 0);  // polled, never waited on
+  for (void* p : {b, c, d}) alloc.deallocate(p);
+  alloc.emptyCache();
+  REQUIRE(alloc.stats().reservedBytes == 0);
+  REQUIRE(counter.frees == counter.allocs);
+}
+
+TEST_CASE("an allocator out of memory waits for pending blocks before it fails",
+          "[core][allocator][stream]") {
+  ManualFences fences;
+  CountingRaw counter;
+  CachingAllocator alloc(Device::cpu(), counter.raw(), "bounded",
+                         CachingAllocatorOptions{8192, fences.factory()});
+  Stream mine = Stream::create(Device::cpu()), reader = Stream::create(Device::cpu());
+  void* a = alloc.allocate(8192, mine);
+  alloc.recordStream(a, reader);
+  alloc.deallocate(a);
+  REQUIRE(alloc.stats().pendingBytes == 8192);
+  // No room to grow: the allocator waits for the reader, then reuses the block.
+  void* b = alloc.allocate(8192, mine);
+  REQUIRE(b == a);
+  REQUIRE(fences.waits == 1);
+  AllocatorStats s = alloc.stats();
+  REQUIRE(s.allocatedBytes == 8192);
+  REQUIRE(s.reservedBytes == 8192);
+  REQUIRE(s.pendingBytes == 0);
+  REQUIRE(s.numRawAllocations == 1);
+  REQUIRE(alloc.tryAllocate(512, mine) == nullptr);
+  std::string error = test::errorOf([&] { alloc.allocate(512, mine); });
+  REQUIRE(error.find("out of memory") != std::string::npos);
+  // A pending block of another stream is waited for and then released to make room.
+  alloc.recordStream(b, reader);
+  alloc.deallocate(b);
+  Stream other = Stream::create(Device::cpu());
+  void* c = alloc.allocate(4096, other);
+  REQUIRE(c != nullptr);
+  REQUIRE(fences.waits == 2);
+  REQUIRE(alloc.stats().reservedBytes == 4096);
+  alloc.deallocate(c);
+}
+
 TEST_CASE("pinned host pool never grows past its capacity", "[core][allocator]") {
   PinnedHostPool pool(8192);
   void* a = pool.allocate(4096);
@@ -102,6 +243,122 @@ TEST_CASE("pinned host pool never grows past its capacity", "[core][allocator]")
   pool.deallocate(c);
   REQUIRE(pool.stats().allocatedBytes == 0);
   REQUIRE(pool.stats().reservedBytes <= 8192);
+}
+
+namespace {
+// Raw memory that tracks the bytes it has handed out and their peak, and is slow to allocate (as
+// cudaHostAlloc is), which widens any race between checking the budget and allocating.
+struct BudgetWatch {
+  std::atomic<size_t> live{0}, peak{0};
+  std::atomic<int> allocs{0}, frees{0};
+  std::mutex sizesMutex;
+  std::map<void*, size_t> sizes;
+  RawMemory raw() {
+    return RawMemory{[this](size_t b) -> void* {
+                       std::this_thread::sleep_for(std::chrono::microseconds(20));
+                       void* p = std::malloc(b);
+                       {
+                         std::lock_guard<std::mutex> lock(sizesMutex);
+                         sizes[p] = b;
+                       }
+                       size_t now = live += b;
+                       size_t old = peak.load();
+                       while (now > old && !peak.compare_exchange_weak(old, now)) {
+                       }
+                       allocs++;
+                       return p;
+                     },
+                     [this](void* p) {
+                       size_t b;
+                       {
+                         std::lock_guard<std::mutex> lock(sizesMutex);
+                         b = sizes.at(p);
+                         sizes.erase(p);
+                       }
+                       live -= b;
+                       frees++;
+                       std::free(p);
+                     }};
+  }
+};
+}  // namespace
+
+TEST_CASE("pinned host pool releases cached blocks before it grows past its budget", "[core][allocator]") {
+  BudgetWatch watch;
+  ManualFences fences;
+  PinnedHostPool pool(8192, watch.raw(), fences.factory());
+  void* a = pool.allocate(4096);
+  pool.deallocate(a);
+  REQUIRE(pool.stats().reservedBytes == 4096);  // cached
+  // 6144 bytes do not fit the cached block; cached + new would pass the budget, so the cache goes first.
+  void* b = pool.allocate(6144);
+  REQUIRE(watch.frees == 1);
+  REQUIRE(pool.stats().reservedBytes == 6144);
+  REQUIRE(watch.peak <= 8192);
+  // Held blocks count: 6144 + 4096 > 8192.
+  std::string error = test::errorOf([&] { pool.allocate(4096); });
+  REQUIRE(error.find("pinned host pool exhausted") != std::string::npos);
+  // A block a GPU stream still reads counts too: the pool waits for that stream, then reuses the block.
+  Stream copyStream = Stream::create(Device::cpu());
+  pool.recordStream(b, copyStream);
+  pool.deallocate(b);
+  REQUIRE(pool.stats().pendingBytes == 6144);
+  void* c = pool.allocate(4096);
+  REQUIRE(fences.waits == 1);
+  REQUIRE(c == b);
+  REQUIRE(watch.peak <= 8192);
+  pool.deallocate(c);
+}
+
+TEST_CASE("pinned host pool stays within its budget under concurrent use", "[core][allocator]") {
+  // Threads allocate, fill, check and free blocks of mixed sizes. The pool's raw memory never passes the
+  // capacity, cached blocks included, and no two threads ever hold the same bytes.
+  constexpr size_t kCapacity = 64u << 10;
+  constexpr int kThreads = 4, kIterations = 1500;
+  BudgetWatch watch;
+  PinnedHostPool pool(kCapacity, watch.raw());
+  std::atomic<int> exhausted{0}, otherErrors{0}, corrupted{0}, served{0};
+  auto work = [&](int thread) {
+    std::mt19937 rng(uint32_t(thread) * 7919u + 1);
+    std::vector<std::pair<uint8_t*, size_t>> held;
+    auto release = [&](size_t i) {
+      auto [p, n] = held[i];
+      int wrong = 0;
+      for (size_t j = 0; j < n; ++j) wrong += p[j] != uint8_t(thread * 31 + int(n));
+      corrupted += wrong;
+      pool.deallocate(p);
+      held.erase(held.begin() + std::ptrdiff_t(i));
+    };
+    for (int it = 0; it < kIterations; ++it) {
+      if (!held.empty() && (held.size() >= 3 || rng() % 2 == 0)) release(rng() % held.size());
+      size_t n = 512 + rng() % (20u << 10);
+      try {
+        auto* p = static_cast<uint8_t*>(pool.allocate(n));
+        std::memset(p, thread * 31 + int(n), n);
+        held.emplace_back(p, n);
+        served++;
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("pinned host pool exhausted") != std::string::npos)
+          exhausted++;
+        else
+          otherErrors++;
+      }
+    }
+    while (!held.empty()) release(0);
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(work, t);
+  for (auto& t : threads) t.join();
+  INFO("served " << served << ", exhausted " << exhausted << ", raw allocations " << watch.allocs);
+  REQUIRE(otherErrors == 0);
+  REQUIRE(corrupted == 0);
+  REQUIRE(served > 0);
+  REQUIRE(watch.peak <= kCapacity);
+  AllocatorStats s = pool.stats();
+  REQUIRE(s.allocatedBytes == 0);
+  REQUIRE(s.reservedBytes <= kCapacity);
+  REQUIRE(s.peakReservedBytes <= kCapacity);
+  REQUIRE(s.reservedBytes == watch.live);
 }
 
 TEST_CASE("slot arena hands out fixed slots of one contiguous region", "[core][allocator]") {
@@ -139,6 +396,50 @@ TEST_CASE("storage can be re-pointed and evicted under its views", "[core][stora
   }
 }
 
+TEST_CASE("moving a storage's bytes changes its residency, not its content version", "[core][storage]") {
+  Tensor t = ops::arange(0, 8);
+  StorageImpl& s = *t.storage();
+  uint64_t version = s.version(), residency = s.residencyVersion();
+  std::vector<float> moved = t.toVector<float>();
+  s.evict();
+  REQUIRE(s.residencyVersion() == residency + 1);
+  s.repoint(moved.data(), Device::cpu());
+  REQUIRE(s.residencyVersion() == residency + 2);
+  REQUIRE(s.version() == version);
+  // Writes still count.
+  ops::fill(t, 1.0);
+  REQUIRE(s.version() > version);
+  REQUIRE(s.residencyVersion() == residency + 2);
+  REQUIRE(moved[3] == 1.0f);
+  uint64_t afterFill = s.version();
+  ops::copy(t, ops::zeros({8}));
+  REQUIRE(s.version() > afterFill);
+}
+
+TEST_CASE("storage names its stream uses to the allocator that owns it", "[core][storage][stream]") {
+  ManualFences fences;
+  CountingRaw counter;
+  CachingAllocator alloc(Device::cpu(), counter.raw(), "storage",
+                         CachingAllocatorOptions{SIZE_MAX, fences.factory()});
+  Stream reader = Stream::create(Device::cpu());
+  void* block = nullptr;
+  {
+    StorageImpl owned(4096, alloc);
+    block = owned.data();
+    owned.recordStream(reader);
+  }  // freed here: the reader's fence is pending
+  REQUIRE(fences.made.size() == 1);
+  REQUIRE(alloc.stats().pendingBytes == 4096);
+  void* fresh = alloc.allocate(4096, Stream());
+  REQUIRE(fresh != block);
+  alloc.deallocate(fresh);
+  // A storage that does not own its bytes has no allocator to tell.
+  std::vector<char> user(64);
+  StorageImpl borrowed(user.data(), user.size(), Device::cpu());
+  borrowed.recordStream(reader);
+  REQUIRE(fences.made.size() == 1);
+}
+
 TEST_CASE("cpu allocator counts live bytes", "[core][allocator]") {
   size_t before = cpuAllocator().stats().allocatedBytes;
   {
@@ -146,4 +447,85 @@ TEST_CASE("cpu allocator counts live bytes", "[core][allocator]") {
     REQUIRE(cpuAllocator().stats().allocatedBytes >= before + 8000);
   }
   REQUIRE(cpuAllocator().stats().allocatedBytes == before);
+}
+
+#if STRATA_CUDA
+#include <cuda_runtime.h>
+
+namespace {
+// Holds a CUDA stream at a host function until open(): nothing enqueued on the stream after the gate runs
+// before the test says so. This makes "the other stream is still busy" deterministic.
+class StreamGate {
+ public:
+  explicit StreamGate(const Stream& stream) : stream_(stream) {
+    REQUIRE(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream.native()), &StreamGate::hold, &open_) ==
+            cudaSuccess);
+  }
+  ~StreamGate() {
+    open();
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.native()));
+  }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+  void open() { open_.store(true); }
+
+ private:
+  static void hold(void* flag) {
+    auto* open = static_cast<std::atomic<bool>*>(flag);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);  // never hang the suite
+    while (!open->load() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  Stream stream_;
+  std::atomic<bool> open_{false};
+};
+}  // namespace
+#endif
+
+TEST_CASE("[cuda] a block another stream still reads is not reused before that stream is done",
+          "[cuda][allocator][stream]") {
+  STRATA_REQUIRE_CUDA();
+#if STRATA_CUDA
+  Device gpu = Device::cuda(0);
+  auto& alloc = dynamic_cast<CachingAllocator&>(deviceAllocator(gpu));
+  // Fresh streams, so their pools start empty and pointer identity means what it says.
+  Stream mine = Stream::create(gpu), reader = Stream::create(gpu);
+  auto native = [](const Stream& s) { return static_cast<cudaStream_t>(s.native()); };
+  constexpr size_t kBytes = 6u << 20;
+  void* block = alloc.allocate(kBytes, mine);
+  Tensor out = Tensor::empty({int64_t(kBytes)}, DType::U8, gpu);
+  REQUIRE(cudaMemsetAsync(block, 7, kBytes, native(mine)) == cudaSuccess);
+  Event filled(gpu);
+  filled.record(mine);
+  filled.block(reader);
+  synchronizeDevice(gpu);  // `out` is allocated and idle; only the gate holds the reader below
+  AllocatorStats before = alloc.stats();
+  {
+    StreamGate gate(reader);
+    copyAsync(out.data(), gpu, block, gpu, kBytes, reader);  // reads the block once the gate opens
+    alloc.recordStream(block, reader);
+    alloc.deallocate(block);
+    AllocatorStats freed = alloc.stats();
+    REQUIRE(freed.pendingBytes == before.pendingBytes + kBytes);
+    REQUIRE(freed.numDeferredFrees == before.numDeferredFrees + 1);
+    // The reader has not run: the block's own stream gets other memory, and writing it cannot reach the
+    // bytes the reader will read.
+    void* next = alloc.allocate(kBytes, mine);
+    REQUIRE(next != block);
+    REQUIRE(cudaMemsetAsync(next, 9, kBytes, native(mine)) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(native(mine)) == cudaSuccess);
+    REQUIRE(alloc.stats().pendingBytes == before.pendingBytes + kBytes);
+    gate.open();
+    reader.synchronize();
+    // The reader is done: the next allocation on `mine` gets the block back.
+    void* again = alloc.allocate(kBytes, mine);
+    REQUIRE(again == block);
+    REQUIRE(alloc.stats().pendingBytes == before.pendingBytes);
+    alloc.deallocate(next);
+    alloc.deallocate(again);
+  }
+  std::vector<uint8_t> copied(kBytes);
+  copyBytes(copied.data(), Device::cpu(), out.data(), gpu, kBytes);
+  REQUIRE(std::count(copied.begin(), copied.end(), uint8_t(7)) == std::ptrdiff_t(kBytes));
+#endif
 }

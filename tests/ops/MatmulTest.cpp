@@ -61,3 +61,48 @@ TEST_CASE("matmul of vectors and low precision", "[ops][matmul]") {
     REQUIRE(test::closeness(lo.toVector<double>(), reference(a.to(dt), b.to(dt)), 2e-2, 1e-2) <= 1);
   }
 }
+
+TEST_CASE("[cuda] GEMMs on two streams at once each get their own cuBLASLt workspace",
+          "[cuda][matmul][stream]") {
+  STRATA_REQUIRE_CUDA();
+  Device gpu = Device::cuda(0);
+  auto& alloc = dynamic_cast<CachingAllocator&>(deviceAllocator(gpu));
+  // Long-k, small-output products: the shapes for which cuBLASLt picks split-k algorithms that use the
+  // workspace.
+  Generator gen(21);
+  Tensor a1 = ops::randn({128, 16384}, gen, DType::BF16, gpu),
+         b1 = ops::randn({16384, 128}, gen, DType::BF16, gpu);
+  Tensor a2 = ops::randn({128, 16384}, gen, DType::BF16, gpu),
+         b2 = ops::randn({16384, 128}, gen, DType::BF16, gpu);
+  Tensor ref1 = ops::matmul(a1, b1), ref2 = ops::matmul(a2, b2);
+  Stream s1 = Stream::create(gpu), s2 = Stream::create(gpu);
+  Event inputs(gpu);
+  inputs.record(currentStream(gpu));
+  inputs.block(s1);
+  inputs.block(s2);
+  std::vector<Tensor> out1, out2;
+  for (int i = 0; i < 20; ++i) {
+    {
+      StreamGuard guard(s1);
+      out1.push_back(ops::matmul(a1, b1));
+    }
+    StreamGuard guard(s2);
+    out2.push_back(ops::matmul(a2, b2));
+  }
+  // Each stream now holds a workspace-sized block of its own in its pool.
+  {
+    StreamGuard guard(s1);
+    REQUIRE(alloc.hasCachedFit(32u << 20));
+  }
+  {
+    StreamGuard guard(Stream::create(gpu));
+    REQUIRE(!alloc.hasCachedFit(32u << 20));
+  }
+  synchronizeDevice(gpu);
+  auto r1 = ref1.toVector<double>(), r2 = ref2.toVector<double>();
+  for (int i = 0; i < 20; ++i) {
+    INFO("repeat " << i);
+    REQUIRE(test::closeness(out1[size_t(i)].toVector<double>(), r1, 1e-2, 1e-2) <= 1.0);
+    REQUIRE(test::closeness(out2[size_t(i)].toVector<double>(), r2, 1e-2, 1e-2) <= 1.0);
+  }
+}

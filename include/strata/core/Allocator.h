@@ -1,27 +1,43 @@
 // Allocators.
 //
 // - `cpuAllocator()`: 64-byte aligned host memory.
-// - `CachingAllocator`: keeps freed blocks for reuse so steady-state training makes no raw allocations. It is
-// written
-//   over a pair of raw functions, so the same bookkeeping serves CUDA (cudaMalloc) and is tested on the CPU.
-// - `PinnedHostPool`: a bounded pool of page-locked host memory for staging transfers. It never grows past
-// its
-//   capacity: an allocation that does not fit throws, naming the request and the pool's state.
+// - `CachingAllocator`: keeps freed blocks for reuse so steady-state training makes no raw allocations. It
+//   is written over a pair of raw functions, so the same bookkeeping serves CUDA (cudaMalloc) and is tested
+//   on the CPU. Reuse is stream-ordered (see NOTE [Stream-ordered reuse]).
+// - `PinnedHostPool`: a bounded, thread-safe pool of page-locked host memory for staging transfers. Its
+//   reserved bytes (handed out, cached and awaiting other streams) never pass its capacity: cached blocks
+//   are released first, then blocks still in use by the GPU are waited for, then the request throws, naming
+//   the request and the pool's state.
 // - `SlotArena`: one contiguous allocation cut into fixed-size slots. Model-state chunks live in slots, so
-// swapping
-//   chunks in and out never fragments device memory.
+//   swapping chunks in and out never fragments device memory.
+//
+// NOTE [Stream-ordered reuse]
+// A block belongs to the stream it was allocated on (the caller's current stream unless one is given).
+// Freeing it on the host does not wait for that stream: the block goes back to that stream's pool and is
+// handed out only to later allocations on the same stream, whose work runs after everything already
+// enqueued there. A block that other streams use as well must be named to the allocator with
+// `recordStream(ptr, stream)` (or `StorageImpl::recordStream`) before it is freed. Its free then records a
+// fence (an Event) on each of those streams, and the block returns to its pool only once every fence has
+// completed; allocations poll the fences and never block the host for them, unless memory is exhausted,
+// when the allocator waits for them before giving cached memory back to the raw allocator. A block used only
+// on its own stream costs what it did before streams: no event, no poll. Releasing cached blocks to the raw
+// allocator (out of memory, emptyCache) relies on the raw free being safe with work still queued on other
+// streams: cudaFree and cudaFreeHost synchronise the device.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "strata/core/Device.h"
+#include "strata/core/Stream.h"
 
 namespace strata {
 
@@ -33,6 +49,8 @@ struct AllocatorStats {
   size_t numAllocations = 0;     // allocate() calls
   size_t numRawAllocations = 0;  // raw allocator calls
   size_t numCacheHits = 0;
+  size_t pendingBytes = 0;      // freed, waiting for other streams' fences before reuse (part of reserved)
+  size_t numDeferredFrees = 0;  // frees that had to wait for other streams (see NOTE [Stream-ordered reuse])
   // Share of reserved memory that is not in use (cached, or lost to rounding inside handed-out blocks).
   double fragmentation() const {
     return reservedBytes == 0 ? 0.0 : 1.0 - double(allocatedBytes) / double(reservedBytes);
@@ -47,7 +65,16 @@ class Allocator {
   virtual Device device() const = 0;
   virtual AllocatorStats stats() const = 0;
   virtual std::string name() const = 0;
+  // Tells the allocator that `stream` uses the block at `ptr` (a pointer allocate() returned), so that once
+  // freed the block is reused only after the work enqueued on `stream` before the free has completed (see
+  // NOTE [Stream-ordered reuse]). The default does nothing: for memory that no stream reads asynchronously
+  // (cpuAllocator's pageable memory: copyAsync refuses it).
+  virtual void recordStream(void* ptr, const Stream& stream) {}
 };
+
+// True for page-locked host memory that the GPU reads and writes by DMA (cudaHostAlloc, cudaHostRegister, a
+// PinnedHostPool with CUDA), over [ptr, ptr + bytes). False without a GPU.
+bool isPageLocked(const void* ptr, size_t bytes = 1);
 
 // The process-wide aligned host allocator (stateless apart from its counters).
 Allocator& cpuAllocator();
@@ -59,46 +86,97 @@ struct RawMemory {
   std::function<void(void*)> free;
 };
 
+// A point on a stream: done() polls whether the work enqueued before it has completed, wait() blocks the
+// host until it has.
+class StreamFence {
+ public:
+  virtual ~StreamFence() = default;
+  virtual bool done() = 0;
+  virtual void wait() = 0;
+};
+// Makes a fence at the current end of `stream`. The default (an empty function) records an Event; tests
+// pass fences they complete by hand.
+using FenceFactory = std::function<std::unique_ptr<StreamFence>(const Stream& stream)>;
+
+struct CachingAllocatorOptions {
+  // Reserved bytes (handed out, cached and pending) never pass this: a request that would is served by
+  // releasing cached blocks first, then by waiting for pending ones, and fails otherwise.
+  size_t reserveLimitBytes = SIZE_MAX;
+  FenceFactory fence;
+};
+
 class CachingAllocator final : public Allocator {
  public:
-  CachingAllocator(Device device, RawMemory raw, std::string name);
+  CachingAllocator(Device device, RawMemory raw, std::string name, CachingAllocatorOptions options = {});
   ~CachingAllocator() override;
 
+  // A block for work on the current stream of device().
   void* allocate(size_t bytes) override;
+  // A block for work on `stream`: a cached block freed on `stream`, else new memory.
+  void* allocate(size_t bytes, const Stream& stream);
+  // As allocate(), but nullptr where allocate() throws (neither the cache nor the raw memory can serve it).
+  void* tryAllocate(size_t bytes, const Stream& stream);
   void deallocate(void* ptr) override;
+  void recordStream(void* ptr, const Stream& stream) override;
   Device device() const override { return device_; }
   AllocatorStats stats() const override;
   std::string name() const override { return name_; }
 
-  // Returns every cached (free) block to the raw allocator.
+  // Waits for the fences of pending blocks (blocking the host), then returns every cached block to the raw
+  // allocator. Blocks still handed out are untouched.
   void emptyCache();
   void resetPeakStats();
-  // True when allocate(bytes) would be served from the cache.
+  // True when allocate(bytes) on the current stream would be served from the cache.
   bool hasCachedFit(size_t bytes) const;
   // Sizes are rounded up so that blocks are reusable across slightly different requests.
   static size_t roundSize(size_t bytes);
 
  private:
-  void releaseCachedLocked();
+  struct LiveBlock {
+    size_t size = 0;
+    uint64_t stream = 0;       // id of the stream it was allocated on
+    std::vector<Stream> uses;  // other streams named by recordStream
+  };
+  struct PendingBlock {
+    void* ptr = nullptr;
+    size_t size = 0;
+    uint64_t stream = 0;
+    std::vector<std::unique_ptr<StreamFence>> fences;  // outstanding
+  };
+  using PoolKey = std::pair<uint64_t, size_t>;  // (stream id, size)
+
+  void* takeCachedLocked(uint64_t stream, size_t size);
+  void* growLocked(size_t size);
+  // Moves pending blocks whose fences have all completed into the cache; with `wait`, waits for all.
+  void reapPendingLocked(bool wait);
+  // Frees cached blocks, largest first, until reservedBytes <= target.
+  void releaseCachedLocked(size_t target);
 
   Device device_;
   RawMemory raw_;
   std::string name_;
+  CachingAllocatorOptions options_;
   mutable std::mutex mutex_;
-  std::multimap<size_t, void*> freeBlocks_;       // size -> block
-  std::unordered_map<void*, size_t> liveBlocks_;  // block -> rounded size
+  std::multimap<PoolKey, void*> freeBlocks_;
+  std::unordered_map<void*, LiveBlock> liveBlocks_;
+  std::vector<PendingBlock> pending_;
   AllocatorStats stats_;
 };
 
+// Thread-safe. Host threads share one pool whatever their current CPU stream; GPU streams that read or
+// write a block (an async copy) must be named with recordStream before the block is freed.
 class PinnedHostPool final : public Allocator {
  public:
   // Uses page-locked memory (cudaHostAlloc) when CUDA is available, aligned host memory otherwise.
   explicit PinnedHostPool(size_t capacityBytes);
-  PinnedHostPool(size_t capacityBytes, RawMemory raw);
+  PinnedHostPool(size_t capacityBytes, RawMemory raw, FenceFactory fence = {});
   ~PinnedHostPool() override;
 
+  // Throws "pinned host pool exhausted" when the block cannot fit in the capacity even after releasing the
+  // cached blocks and waiting for those that GPU streams still use.
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr) override;
+  void recordStream(void* ptr, const Stream& stream) override;
   Device device() const override { return Device::cpu(); }
   AllocatorStats stats() const override;
   std::string name() const override { return "pinned-host-pool"; }

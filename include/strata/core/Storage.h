@@ -5,6 +5,15 @@
 // buffer and "not resident". The chunk manager moves them by calling `repoint()` / `evict()` on the
 // StorageImpl that every view shares, so modules never notice. Nothing may cache `data()` across calls:
 // re-read it each time. Touching a storage that is not resident throws, naming the storage's label.
+//
+// NOTE [Content version and residency]
+// A storage counts two things apart. `version()` is its content version: ops that write into it bump it,
+// and autograd (a weight saved for the backward) and the cast caches (a parameter's bf16 copy) compare it
+// to tell a write from no write. `residencyVersion()` counts moves: repoint() and evict() bump it and leave
+// the content version alone, because moving bytes is not writing them. So a weight evicted after the
+// forward and re-pointed at the same values before the backward passes the backward's check, while an
+// ops::copy into it in between still fails it. A caller that re-points a storage at *different* values
+// (loading other weights into place) writes it, and must say so with bumpVersion().
 #pragma once
 
 #include <cstddef>
@@ -14,6 +23,7 @@
 
 #include "strata/core/Allocator.h"
 #include "strata/core/Device.h"
+#include "strata/core/Stream.h"
 
 namespace strata {
 
@@ -33,16 +43,26 @@ class StorageImpl {
   Device device() const { return device_; }
   bool resident() const { return data_ != nullptr || bytes_ == 0; }
 
-  // Points this storage at `data` on `device` (not owned). Releases owned memory first.
+  // Points this storage at `data` on `device` (not owned), which must hold the same contents (see NOTE
+  // [Content version and residency]). Releases owned memory first.
   void repoint(void* data, Device device);
   // Marks the bytes as not resident. Releases owned memory.
   void evict();
 
-  // Bumped by every op that writes into existing tensors over this storage (ops::fill, ops::copy,
-  // ops::matmulAccumulate, ops::adamw) and by repoint/evict, so a cached copy of the contents (a parameter's
-  // bf16 copy for the GEMMs) can tell it is stale. Writes through a raw data() pointer do not bump it.
+  // The content version: bumped by every op that writes into existing tensors over this storage
+  // (ops::fill, ops::copy, ops::matmulAccumulate, ops::adamw), so a cached copy of the contents (a
+  // parameter's bf16 copy for the GEMMs) or a tensor saved for the backward can tell it was written. Not by
+  // repoint/evict. Writes through a raw data() pointer do not bump it.
   uint64_t version() const { return version_; }
   void bumpVersion() { ++version_; }
+  // Bumped by repoint and evict only: where the bytes are changed, not what they are.
+  uint64_t residencyVersion() const { return residencyVersion_; }
+
+  // Tells the allocator that owns the bytes that `stream` uses them (Allocator::recordStream), so that
+  // once this storage is freed the bytes are reused only after the work enqueued on `stream` has completed.
+  // Does nothing for bytes this storage does not own (an arena slot, a user buffer): their owner keeps them
+  // alive.
+  void recordStream(const Stream& stream);
 
   void setLabel(std::string label) { label_ = std::move(label); }
   const std::string& label() const { return label_; }
@@ -55,6 +75,7 @@ class StorageImpl {
   Device device_;
   Allocator* owner_ = nullptr;  // set when data_ came from an allocator
   uint64_t version_ = 0;
+  uint64_t residencyVersion_ = 0;
   std::string label_;
 };
 
@@ -63,7 +84,22 @@ using Storage = std::shared_ptr<StorageImpl>;
 Storage makeStorage(size_t bytes, Device device);
 
 // Copies raw bytes between any two devices, ordered on the current stream of the GPU involved; returns once
-// the bytes have landed.
+// the bytes have landed. Host memory may be pageable.
 void copyBytes(void* dst, Device dstDevice, const void* src, Device srcDevice, size_t bytes);
+
+// Copies raw bytes host to device, device to host or device to device, ordered on `stream`, without
+// blocking the host: it returns once the copy is enqueued. Later work on `stream`, or on a stream that
+// blocks on an Event recorded on it after the call, sees the bytes.
+// - Host memory must be page-locked (a PinnedHostPool, cudaHostAlloc, cudaHostRegister): pageable memory is
+//   refused with an error, because CUDA would quietly make such a copy block the host. Use copyBytes for a
+//   synchronous copy from pageable memory.
+// - `stream` is on the GPU involved (either GPU for device to device), or, for two host buffers, a CPU
+//   stream.
+// - On the CPU (two host buffers) this is a memcpy, done when the call returns; host memory may then be
+//   pageable.
+// - Both buffers must stay allocated and unchanged until the copy has completed: synchronize, wait on an
+//   event, or call recordStream(stream) on their allocator (StorageImpl::recordStream) before freeing them.
+void copyAsync(void* dst, Device dstDevice, const void* src, Device srcDevice, size_t bytes,
+               const Stream& stream);
 
 }  // namespace strata

@@ -10,11 +10,12 @@ namespace strata::cuda {
 
 DeviceGuard::DeviceGuard(int index) {
   STRATA_CUDA_CHECK(cudaGetDevice(&previous_));
-  if (previous_ != index) STRATA_CUDA_CHECK(cudaSetDevice(index));
+  changed_ = previous_ != index;
+  if (changed_) STRATA_CUDA_CHECK(cudaSetDevice(index));
 }
 
 DeviceGuard::~DeviceGuard() {
-  cudaSetDevice(previous_);
+  if (changed_) cudaSetDevice(previous_);
 }
 
 DeviceContext& deviceContext(int index) {

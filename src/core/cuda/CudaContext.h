@@ -43,6 +43,7 @@ class DeviceGuard {
 
  private:
   int previous_ = 0;
+  bool changed_ = false;
 };
 
 inline cudaStream_t nativeStream(const Stream& s) {

@@ -4,6 +4,11 @@
 // are passed swapped and no data moves. Plans (descriptors, layouts and the heuristic's algorithm) are cached
 // per (shape, strides, transposes, dtype, alignment), so steady-state training pays for the heuristic once
 // per shape.
+//
+// The workspace is per stream: each call takes it from the device's caching allocator on the GEMM's stream
+// and frees it once the GEMM is enqueued. Stream-ordered reuse (NOTE [Stream-ordered reuse]) hands the same
+// block to the next GEMM on that stream, which runs after this one, and never to a GEMM on another stream
+// while this one may still run: two streams never share a workspace, and no workspace outlives its stream.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -48,7 +53,6 @@ struct Plan {
 
 struct LtState {
   cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
   std::mutex mutex;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
 };
@@ -62,10 +66,21 @@ LtState& ltState(int device) {
     DeviceGuard guard(device);
     s = std::make_unique<LtState>();
     STRATA_CUBLAS_CHECK(cublasLtCreate(&s->handle));
-    s->workspace = deviceAllocator(Device::cuda(device)).allocate(kWorkspaceBytes);
   }
   return *s;
 }
+
+// This call's workspace, on `stream` (see the note at the top).
+struct Workspace {
+  CachingAllocator& allocator;
+  void* ptr;
+  Workspace(int device, const Stream& stream)
+      : allocator(*strata::cuda::deviceContext(device).allocator),
+        ptr(allocator.allocate(kWorkspaceBytes, stream)) {}
+  ~Workspace() { allocator.deallocate(ptr); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+};
 
 int alignmentOf(const void* p) {
   uintptr_t v = reinterpret_cast<uintptr_t>(p);
@@ -223,14 +238,15 @@ bool gemm(const GemmArgs& g) {
     plan = it->second.get();
   }
   if (!plan->supported) return false;
-  cudaStream_t stream = strata::cuda::nativeStream(currentStream(g.device));
+  Stream stream = currentStream(g.device);
+  Workspace workspace(device, stream);
   float alpha = g.alpha, beta = g.beta;
   // The plan is shared and the epilogue pointers are per call: set them and enqueue under the lock.
   std::lock_guard<std::mutex> lock(st.mutex);
   setEpiloguePointers(*plan, g);
   STRATA_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, g.b, plan->layoutX, g.a, plan->layoutY,
-                                     &beta, g.c, plan->layoutC, g.c, plan->layoutC, &plan->algo, st.workspace,
-                                     kWorkspaceBytes, stream));
+                                     &beta, g.c, plan->layoutC, g.c, plan->layoutC, &plan->algo,
+                                     workspace.ptr, kWorkspaceBytes, strata::cuda::nativeStream(stream)));
   return true;
 }
 
