@@ -493,6 +493,10 @@ TEST_CASE("[cuda] a block another stream still reads is not reused before that s
   auto native = [](const Stream& s) { return static_cast<cudaStream_t>(s.native()); };
   constexpr size_t kBytes = 6u << 20;
   void* block = alloc.allocate(kBytes, mine);
+  // A second block cached on `mine` now, so that no cudaMalloc (which may synchronise the device, and so
+  // wait for the gated reader) runs while the gate is closed.
+  void* spare = alloc.allocate(kBytes, mine);
+  alloc.deallocate(spare);
   Tensor out = Tensor::empty({int64_t(kBytes)}, DType::U8, gpu);
   REQUIRE(cudaMemsetAsync(block, 7, kBytes, native(mine)) == cudaSuccess);
   Event filled(gpu);
@@ -512,6 +516,7 @@ TEST_CASE("[cuda] a block another stream still reads is not reused before that s
     // bytes the reader will read.
     void* next = alloc.allocate(kBytes, mine);
     REQUIRE(next != block);
+    REQUIRE(next == spare);
     REQUIRE(cudaMemsetAsync(next, 9, kBytes, native(mine)) == cudaSuccess);
     REQUIRE(cudaStreamSynchronize(native(mine)) == cudaSuccess);
     REQUIRE(alloc.stats().pendingBytes == before.pendingBytes + kBytes);
