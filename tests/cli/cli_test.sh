@@ -28,7 +28,8 @@ run() {
 for i in $(seq 1 300); do echo "the quick brown fox jumps over the lazy dog $((i % 7))"; done >"$work/corpus.txt"
 tiny=(--set "data.path=$work/corpus.txt" --set train.device=cpu --set model.num_layers=1 --set model.hidden_size=32
   --set model.num_attention_heads=2 --set model.seq_length=32 --set train.micro_batch_size=4 --set train.train_iters=4
-  --set train.log_interval=1 --set train.eval_interval=0 --set train.sample_length=0 --set lr_schedule.warmup_iters=0)
+  --set train.log_interval=1 --set train.eval_interval=0 --set train.sample_length=0 --set lr_schedule.warmup_iters=0
+  --set checkpoint.save=)
 cfg=configs/gpt-nano.yaml
 cd "$(dirname "$0")/../.."
 
