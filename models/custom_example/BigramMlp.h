@@ -1,6 +1,10 @@
 // A small next-token model written the way a Strata user writes one: a Module with parameters, implementing
 // nn::CausalLM so the stock trainer can train it. Each position sees its own token and the previous one (a
 // "bigram" context) through an embedding and a two-layer GELU MLP.
+//
+// The model implements logitsImpl(); callers use logits() and loss(), which run the module hooks around it
+// (ZeRO gathers and releases parameters there). Submodules are used through their entry points (apply), so
+// their hooks fire too.
 #pragma once
 
 #include <strata/autograd/Functions.h>
@@ -26,7 +30,11 @@ class BigramMlp : public strata::nn::CausalLM {
                                      strata::nn::LinearConfig{4 * dim, vocab, true, 0.02, device}, gen));
   }
 
-  strata::Tensor logits(const strata::Tensor& ids, strata::DType compute) override {
+  int64_t contextLength() const override { return context_; }
+  int64_t vocabSize() const override { return vocab_; }
+
+ protected:
+  strata::Tensor logitsImpl(const strata::Tensor& ids, strata::DType compute) override {
     using namespace strata;
     Tensor e = embed_->apply(ids, compute);  // [B, T, D]
     int64_t T = ids.size(1);
@@ -35,8 +43,6 @@ class BigramMlp : public strata::nn::CausalLM {
     Tensor h = gelu(hidden_->apply(cat({prev, e}, 2)));
     return out_->apply(h);
   }
-  int64_t contextLength() const override { return context_; }
-  int64_t vocabSize() const override { return vocab_; }
 
  private:
   int64_t vocab_, context_;

@@ -57,25 +57,21 @@ Tensor Gpt::hidden(const Tensor& ids, DType compute) {
   Tensor pos = ops::arange(0, double(T), 1, DType::I64, ids.device());
   Tensor x = wte_->apply(ids, compute) + wpe_->apply(pos, compute);
   x = dropout(x, config_.dropout, isTraining());
-  // The residual stream travels as (x, pending) so each block's closing add fuses into the next norm.
-  Tensor pending;
-  for (size_t i = 0; i < blocks_->size(); ++i) {
-    std::vector<Tensor> out = blocks_->at(i)(std::vector<Tensor>{x, pending});
-    x = out[0];
-    pending = out[1];
-  }
-  return (*lnF_)(std::vector<Tensor>{x, pending})[0];
+  // The residual stream travels as (x, pending) so each block's closing add fuses into the next norm; the
+  // first block starts with no pending part.
+  std::vector<Tensor> stream = (*blocks_)(std::vector<Tensor>{x, Tensor()});
+  return (*lnF_)(stream)[0];
 }
 
-Tensor Gpt::logits(const Tensor& ids, DType compute) {
-  Tensor x = hidden(ids, compute);
-  // Tied head: x @ wte^T, a transposed view of the embedding table (no copy).
-  return matmul(x, nn::castParameter(wte_->weight, compute).transpose(0, 1));
+// The tied head is a second call of wte (Embedding::unembed*), so wte's hooks fire around this use of its
+// table as well as around the lookup.
+Tensor Gpt::logitsImpl(const Tensor& ids, DType compute) {
+  return wte_->unembed(hidden(ids, compute), compute);
 }
 
-Tensor Gpt::loss(const Tensor& ids, const Tensor& targets, DType compute) {
+Tensor Gpt::lossImpl(const Tensor& ids, const Tensor& targets, DType compute) {
   Tensor x = hidden(ids, compute);
-  return linearCrossEntropy(x.reshape({-1, config_.hiddenSize}), wte_->weight, targets.reshape({-1}));
+  return wte_->unembedCrossEntropy(x.reshape({-1, config_.hiddenSize}), targets.reshape({-1}));
 }
 
 }  // namespace strata::models

@@ -36,16 +36,18 @@ class Gpt : public nn::CausalLM {
  public:
   explicit Gpt(const GptConfig& config);
 
-  // ids [B, T] (i64) -> logits [B, T, vocab] in the compute dtype.
-  Tensor logits(const Tensor& ids, DType compute) override;
-  // The tied head and the cross-entropy fused in row chunks (linearCrossEntropy): the [B*T, vocab] logits of
-  // the whole batch never exist.
-  Tensor loss(const Tensor& ids, const Tensor& targets, DType compute) override;
   int64_t contextLength() const override { return config_.seqLength; }
   int64_t vocabSize() const override { return config_.vocabSize; }
   double flopsPerToken() const override { return config_.flopsPerToken(); }
 
   const GptConfig& config() const { return config_; }
+
+ protected:
+  // ids [B, T] (i64) -> logits [B, T, vocab] in the compute dtype.
+  Tensor logitsImpl(const Tensor& ids, DType compute) override;
+  // The tied head and the cross-entropy fused in row chunks (linearCrossEntropy): the [B*T, vocab] logits of
+  // the whole batch never exist.
+  Tensor lossImpl(const Tensor& ids, const Tensor& targets, DType compute) override;
 
  private:
   Tensor hidden(const Tensor& ids, DType compute);

@@ -1,5 +1,6 @@
 #include "strata/autograd/Engine.h"
 
+#include <atomic>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -11,14 +12,84 @@
 
 namespace strata {
 
+using autograd::AccumulateGrad;
 using autograd::Edge;
 using autograd::Grads;
 using autograd::Node;
+
+namespace autograd {
+namespace {
+
+// One running backward pass (NOTE [Backward passes] in Engine.h).
+struct BackwardPass {
+  uint64_t id = 0;
+  std::vector<std::function<void()>> endCallbacks;
+  // Leaves whose gradient-complete hooks fired in this pass or in a pass nested in it.
+  std::unordered_set<const TensorImpl*> completed;
+};
+
+std::atomic<uint64_t> gNextPassId{1};
+// The passes running on this thread, innermost last.
+thread_local std::vector<BackwardPass*> tPasses;
+
+// Pushes a pass for the lifetime of one backward() call; pops it however the call ends.
+class PassScope {
+ public:
+  PassScope() {
+    pass_.id = gNextPassId.fetch_add(1);
+    tPasses.push_back(&pass_);
+  }
+  ~PassScope() { tPasses.pop_back(); }
+  PassScope(const PassScope&) = delete;
+  PassScope& operator=(const PassScope&) = delete;
+  BackwardPass& pass() { return pass_; }
+
+ private:
+  BackwardPass pass_;
+};
+
+}  // namespace
+
+bool inBackwardPass() {
+  return !tPasses.empty();
+}
+
+uint64_t currentBackwardPass() {
+  return tPasses.empty() ? 0 : tPasses.back()->id;
+}
+
+void queueEndOfBackwardCallback(std::function<void()> callback) {
+  STRATA_CHECK(!tPasses.empty(),
+               "queueEndOfBackwardCallback: no backward pass is running (call it from a hook or a node's "
+               "backward)");
+  tPasses.back()->endCallbacks.push_back(std::move(callback));
+}
+
+bool gradientCompleted(const Tensor& leaf) {
+  return !tPasses.empty() && tPasses.back()->completed.count(&leaf.impl()) > 0;
+}
+
+void completeGradient(const Tensor& leaf) {
+  if (!leaf.defined()) return;
+  if (!tPasses.empty()) {
+    // Marks propagate outwards, so the innermost set answers for every pass on the stack.
+    if (!tPasses.back()->completed.insert(&leaf.impl()).second) return;
+    for (size_t i = 0; i + 1 < tPasses.size(); ++i) tPasses[i]->completed.insert(&leaf.impl());
+  }
+  auto& hooks = leaf.impl().autograd.gradCompleteHooks;
+  for (size_t i = 0; i < hooks.size(); ++i) {
+    Tensor t = leaf;
+    hooks[i](t);
+  }
+}
+
+}  // namespace autograd
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retainGraph) {
   STRATA_CHECK(grads.empty() || grads.size() == roots.size(), "backward: {} gradients given for {} roots",
                grads.size(), roots.size());
   NoGradGuard noGrad;  // the backward pass itself records nothing
+  autograd::PassScope scope;
 
   std::vector<Edge> rootEdges;
   std::vector<Tensor> rootGrads;
@@ -40,19 +111,27 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     rootGrads.push_back(g);
   }
 
-  // Count, for every node reachable from the roots, how many edges lead into it.
+  // Count, for every node reachable from the roots, how many edges lead into it, and note the leaves'
+  // accumulators (nodes without next edges), which phase 2 visits.
   std::unordered_map<Node*, int> dependencies;
   std::unordered_set<Node*> seen;
   std::vector<Node*> stack;
-  for (const auto& e : rootEdges)
-    if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+  std::vector<std::shared_ptr<AccumulateGrad>> leaves;
+  auto discover = [&](Node* n) {
+    if (!seen.insert(n).second) return;
+    stack.push_back(n);
+    if (n->nextEdges().empty())
+      if (auto* acc = dynamic_cast<AccumulateGrad*>(n))
+        leaves.push_back(std::static_pointer_cast<AccumulateGrad>(acc->shared_from_this()));
+  };
+  for (const auto& e : rootEdges) discover(e.node.get());
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const auto& next : n->nextEdges()) {
       if (!next.valid()) continue;
       dependencies[next.node.get()]++;
-      if (seen.insert(next.node.get()).second) stack.push_back(next.node.get());
+      discover(next.node.get());
     }
   }
 
@@ -103,6 +182,15 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       if (out[i].defined()) accumulate(e, std::move(out[i]));
       if (--dependencies[e.node.get()] == 0) ready.push(e.node);
     }
+  }
+
+  // Phase 2: reachable leaves that got no gradient.
+  for (const auto& acc : leaves) autograd::completeGradient(Tensor(acc->leaf()));
+  // Phase 3: callbacks, including any queued by callbacks. The vector may grow while one runs.
+  auto& callbacks = scope.pass().endCallbacks;
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    std::function<void()> callback = std::move(callbacks[i]);
+    callback();
   }
 }
 

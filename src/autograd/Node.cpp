@@ -1,5 +1,6 @@
 #include "strata/autograd/Node.h"
 
+#include "strata/autograd/Engine.h"
 #include "strata/autograd/GradMode.h"
 #include "strata/core/Profiler.h"
 #include "strata/ops/Ops.h"
@@ -7,9 +8,26 @@
 namespace strata::autograd {
 namespace {
 std::atomic<uint64_t> gNextSequenceNr{0};
+
+// Whether a and b (same shape and dtype) share bytes other than element for element, so an in-place
+// a += b could read an element of b it has already overwritten.
+bool overlapsOtherwise(const Tensor& a, const Tensor& b) {
+  if (a.storage() != b.storage() || a.numel() == 0) return false;
+  if (a.offset() == b.offset() && a.strides() == b.strides()) return false;
+  auto last = [](const Tensor& t) {
+    int64_t end = t.offset();
+    for (int64_t d = 0; d < t.dim(); ++d) end += (t.size(d) - 1) * t.stride(d);
+    return end;
+  };
+  return a.offset() <= last(b) && b.offset() <= last(a);
 }
+}  // namespace
 
 Node::Node(std::string name) : name_(std::move(name)), sequenceNr_(gNextSequenceNr.fetch_add(1)) {}
+
+uint64_t Node::peekNextSequenceNr() {
+  return gNextSequenceNr.load();
+}
 
 Grads FunctionNode::apply(Grads&& gradOutputs) {
   STRATA_CHECK(
@@ -35,12 +53,18 @@ Grads AccumulateGrad::apply(Grads&& gradOutputs) {
                toString(g.shape()), leaf.name(), toString(leaf.shape()));
   if (g.dtype() != leaf.dtype() || g.device() != leaf.device()) g = ops::to(g, leaf.device(), leaf.dtype());
   Tensor existing = leaf.grad();
-  // Accumulation is out of place: a gradient tensor may be shared with other leaves or saved elsewhere.
+  // NOTE [Gradient accumulation in place]
   if (existing.defined()) {
-    leaf.setGrad(ops::add(existing, g));
+    bool inPlace = existing.dtype() == g.dtype() && existing.device() == g.device() &&
+                   existing.isContiguous() && !overlapsOtherwise(existing, g);
+    if (inPlace) {
+      ops::addInPlace(existing, g);
+    } else {
+      leaf.setGrad(ops::add(existing, g));
+    }
   } else {
     // Keep the incoming buffer when nothing else holds it; otherwise copy, so in-place updates of one leaf's
-    // gradient (clipping, unscaling) never reach another tensor.
+    // gradient (accumulation, clipping, unscaling) never reach another tensor.
     bool sole = g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous();
     if (sole) {
       leaf.setGrad(g.detach());
@@ -50,10 +74,7 @@ Grads AccumulateGrad::apply(Grads&& gradOutputs) {
       leaf.setGrad(own);
     }
   }
-  for (auto& hook : leaf_->autograd.gradCompleteHooks) {
-    Tensor t = leaf;
-    hook(t);
-  }
+  completeGradient(leaf);
   return {};
 }
 

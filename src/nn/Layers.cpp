@@ -28,13 +28,14 @@ Linear::Linear(const LinearConfig& config, Generator& gen) {
 }
 
 Tensor Linear::apply(const Tensor& x) {
-  // fp32 masters with bf16/f16 input go in as they are: linear() casts them for the GEMM and returns fp32
-  // gradients straight from it.
-  return linear(x, computeParameter(weight, x.dtype()), computeParameter(bias, x.dtype()));
+  return (*this)(x);
 }
 
-std::vector<Tensor> Linear::forward(const std::vector<Tensor>& inputs) {
-  return {apply(inputs.at(0))};
+std::vector<Tensor> Linear::forwardImpl(const std::vector<Tensor>& inputs) {
+  const Tensor& x = inputs.at(0);
+  // fp32 masters with bf16/f16 input go in as they are: linear() casts them for the GEMM and returns fp32
+  // gradients straight from it.
+  return {linear(x, computeParameter(weight, x.dtype()), computeParameter(bias, x.dtype()))};
 }
 
 Embedding::Embedding(const EmbeddingConfig& config, Generator& gen) {
@@ -43,7 +44,7 @@ Embedding::Embedding(const EmbeddingConfig& config, Generator& gen) {
                                                   DType::F32, config.device, 0, config.initStd));
 }
 
-Tensor Embedding::apply(const Tensor& ids, DType dtype) {
+Tensor Embedding::lookup(const Tensor& ids, DType dtype) {
   // fp32 masters with a 16-bit compute dtype: gather fp32 rows and cast only those; the backward scatters
   // into an fp32 gradient directly (no [V, C] cast either way).
   if (weight.dtype() == DType::F32 && (dtype == DType::BF16 || dtype == DType::F16))
@@ -51,8 +52,26 @@ Tensor Embedding::apply(const Tensor& ids, DType dtype) {
   return embedding(castParameter(weight, dtype), ids);
 }
 
-std::vector<Tensor> Embedding::forward(const std::vector<Tensor>& inputs) {
-  return {apply(inputs.at(0), weight.dtype())};
+Tensor Embedding::apply(const Tensor& ids, DType dtype) {
+  return call({ids},
+              [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{lookup(in[0], dtype)}; })[0];
+}
+
+std::vector<Tensor> Embedding::forwardImpl(const std::vector<Tensor>& inputs) {
+  return {lookup(inputs.at(0), weight.dtype())};
+}
+
+Tensor Embedding::unembed(const Tensor& x, DType compute) {
+  return call({x}, [&](const std::vector<Tensor>& in) {
+    // A transposed view of the table (no copy).
+    return std::vector<Tensor>{matmul(in[0], castParameter(weight, compute).transpose(0, 1))};
+  })[0];
+}
+
+Tensor Embedding::unembedCrossEntropy(const Tensor& x, const Tensor& target) {
+  return call({x, target}, [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{linearCrossEntropy(in[0], weight, in[1])};
+  })[0];
 }
 
 LayerNorm::LayerNorm(const NormConfig& config) : eps_(config.eps) {
@@ -61,21 +80,23 @@ LayerNorm::LayerNorm(const NormConfig& config) : eps_(config.eps) {
 }
 
 Tensor LayerNorm::apply(const Tensor& x) {
-  return layerNorm(x, computeParameter(weight, x.dtype()), computeParameter(bias, x.dtype()), eps_);
+  return (*this)(x);
 }
 
 std::array<Tensor, 2> LayerNorm::applyResidual(const Tensor& x, const Tensor& residual) {
-  return addLayerNorm(x, residual, computeParameter(weight, x.dtype()), computeParameter(bias, x.dtype()),
-                      eps_);
+  std::vector<Tensor> out = forward({x, residual});
+  return {out[1], out[0]};
 }
 
-std::vector<Tensor> LayerNorm::forward(const std::vector<Tensor>& inputs) {
+std::vector<Tensor> LayerNorm::forwardImpl(const std::vector<Tensor>& inputs) {
+  const Tensor& x = inputs.at(0);
+  Tensor w = computeParameter(weight, x.dtype()), b = computeParameter(bias, x.dtype());
   if (inputs.size() > 1) {
-    if (!inputs[1].defined()) return {apply(inputs[0]), inputs[0]};  // a zero residual
-    auto [sum, y] = applyResidual(inputs[0], inputs[1]);
+    if (!inputs[1].defined()) return {layerNorm(x, w, b, eps_), x};  // a zero residual
+    auto [sum, y] = addLayerNorm(x, inputs[1], w, b, eps_);
     return {y, sum};
   }
-  return {apply(inputs.at(0))};
+  return {layerNorm(x, w, b, eps_)};
 }
 
 RMSNorm::RMSNorm(const NormConfig& config) : eps_(config.eps) {
@@ -83,19 +104,20 @@ RMSNorm::RMSNorm(const NormConfig& config) : eps_(config.eps) {
 }
 
 Tensor RMSNorm::apply(const Tensor& x) {
-  return rmsNorm(x, computeParameter(weight, x.dtype()), eps_);
+  return (*this)(x);
 }
 
-std::vector<Tensor> RMSNorm::forward(const std::vector<Tensor>& inputs) {
-  return {apply(inputs.at(0))};
+std::vector<Tensor> RMSNorm::forwardImpl(const std::vector<Tensor>& inputs) {
+  const Tensor& x = inputs.at(0);
+  return {rmsNorm(x, computeParameter(weight, x.dtype()), eps_)};
 }
 
 Tensor Dropout::apply(const Tensor& x) {
-  return dropout(x, p_, isTraining());
+  return (*this)(x);
 }
 
-std::vector<Tensor> Dropout::forward(const std::vector<Tensor>& inputs) {
-  return {apply(inputs.at(0))};
+std::vector<Tensor> Dropout::forwardImpl(const std::vector<Tensor>& inputs) {
+  return {dropout(inputs.at(0), p_, isTraining())};
 }
 
 }  // namespace strata::nn

@@ -1,31 +1,103 @@
 #include "strata/nn/Module.h"
 
+#include "strata/autograd/Engine.h"
+#include "strata/autograd/GradMode.h"
 #include "strata/autograd/Node.h"
 
 namespace strata::nn {
 
-std::vector<Tensor> Module::operator()(const std::vector<Tensor>& inputs) {
-  for (auto& h : forwardPreHooks_) h(*this, inputs);
+namespace {
+// Module calls running on this thread (any module): zero outside every call.
+thread_local int tCallDepth = 0;
+}  // namespace
+
+// Counts a call for its lifetime, however it ends.
+class Module::ActiveCall {
+ public:
+  explicit ActiveCall(Module& m) : module_(m), outermost_(tCallDepth == 0) {
+    ++tCallDepth;
+    ++module_.activeCalls_;
+  }
+  ~ActiveCall() {
+    --tCallDepth;
+    --module_.activeCalls_;
+  }
+  ActiveCall(const ActiveCall&) = delete;
+  ActiveCall& operator=(const ActiveCall&) = delete;
+  bool outermost() const { return outermost_; }
+  bool reentered() const { return module_.activeCalls_ > 1; }
+
+ private:
+  Module& module_;
+  bool outermost_;
+};
+
+std::vector<Tensor> Module::call(const std::vector<Tensor>& inputs, CallBody body) {
+  ActiveCall active(*this);
+  if (active.reentered()) return body(inputs);
+  // The tree's gradient notices: only for the outermost call of a forward that records a graph.
+  bool completeTree = active.outermost() && gradEnabled() && treeHasGradCompleteHooks();
+  if (!completeTree && !hasHooks()) return body(inputs);
+  return hookedCall(inputs, body, completeTree);
+}
+
+std::vector<Tensor> Module::hookedCall(const std::vector<Tensor>& inputs, CallBody body, bool completeTree) {
+  // Hooks are read by index: one may register more while it runs.
+  for (size_t i = 0; i < forwardPreHooks_.size(); ++i) forwardPreHooks_[i](*this, inputs);
   std::vector<Tensor> in = inputs;
   if (!backwardHooks_.empty()) {
     in = autograd::withBackwardHook(in, [this] {
-      for (auto& h : backwardHooks_) h(*this);
+      for (size_t i = 0; i < backwardHooks_.size(); ++i) backwardHooks_[i](*this);
     });
   }
-  std::vector<Tensor> out = forward(in);
-  for (auto& h : forwardHooks_) h(*this, inputs, out);
-  if (!backwardPreHooks_.empty()) {
-    out = autograd::withBackwardHook(out, [this] {
-      for (auto& h : backwardPreHooks_) h(*this);
+  std::vector<Tensor> out = body(in);
+  for (size_t i = 0; i < forwardHooks_.size(); ++i) forwardHooks_[i](*this, inputs, out);
+  if (!backwardPreHooks_.empty() || completeTree) {
+    out = autograd::withBackwardHook(out, [this, completeTree] {
+      for (size_t i = 0; i < backwardPreHooks_.size(); ++i) backwardPreHooks_[i](*this);
+      if (completeTree) autograd::queueEndOfBackwardCallback([this] { completeTreeGradients(); });
     });
   }
   return out;
 }
 
+bool Module::hasHooks() const {
+  return !forwardPreHooks_.empty() || !forwardHooks_.empty() || !backwardPreHooks_.empty() ||
+         !backwardHooks_.empty();
+}
+
+bool Module::treeHasGradCompleteHooks() const {
+  for (const auto& [name, p] : parameters_)
+    if (!p.impl().autograd.gradCompleteHooks.empty()) return true;
+  for (const auto& [name, child] : children_)
+    if (child->treeHasGradCompleteHooks()) return true;
+  return false;
+}
+
+void Module::completeTreeGradients() const {
+  for (const auto& [name, p] : parameters_) autograd::completeGradient(p);
+  for (const auto& [name, child] : children_) child->completeTreeGradients();
+}
+
+std::vector<Tensor> Module::forward(const std::vector<Tensor>& inputs) {
+  return call(inputs, [this](const std::vector<Tensor>& in) { return forwardImpl(in); });
+}
+
 Tensor Module::operator()(const Tensor& input) {
-  std::vector<Tensor> out = (*this)(std::vector<Tensor>{input});
+  std::vector<Tensor> out = forward({input});
   STRATA_CHECK(!out.empty(), "module returned no outputs");
   return out[0];
+}
+
+std::vector<Tensor> fusedCall(const std::vector<Module*>& modules, const std::vector<Tensor>& inputs,
+                              CallBody body) {
+  // Each level runs the rest inside its own call.
+  auto nest = [&](auto& self, size_t level, const std::vector<Tensor>& in) -> std::vector<Tensor> {
+    if (level == modules.size()) return body(in);
+    return modules[level]->call(
+        in, [&](const std::vector<Tensor>& inner) { return self(self, level + 1, inner); });
+  };
+  return nest(nest, 0, inputs);
 }
 
 Tensor& Module::registerParameter(const std::string& name, Tensor tensor, bool requiresGrad) {

@@ -21,6 +21,23 @@ Attention::Attention(const AttentionConfig& config, Generator& gen) : config_(co
 }
 
 Tensor Attention::apply(const Tensor& x, const Tensor& memory, const AttentionMask& extra) {
+  std::vector<Tensor> inputs{x};
+  if (memory.defined() || extra.keyPadding.defined() || extra.bias.defined()) inputs.push_back(memory);
+  if (extra.keyPadding.defined() || extra.bias.defined()) {
+    inputs.push_back(extra.keyPadding);
+    inputs.push_back(extra.bias);
+  }
+  return forward(inputs)[0];
+}
+
+std::vector<Tensor> Attention::forwardImpl(const std::vector<Tensor>& inputs) {
+  AttentionMask mask;
+  if (inputs.size() > 2) mask.keyPadding = inputs[2];
+  if (inputs.size() > 3) mask.bias = inputs[3];
+  return {compute(inputs.at(0), inputs.size() > 1 ? inputs[1] : Tensor(), mask)};
+}
+
+Tensor Attention::compute(const Tensor& x, const Tensor& memory, const AttentionMask& extra) {
   STRATA_CHECK(x.dim() == 3 && x.size(2) == config_.hiddenSize, "attention: input must be [B, S, {}], got {}",
                config_.hiddenSize, toString(x.shape()));
   int64_t B = x.size(0), S = x.size(1), C = config_.hiddenSize, H = config_.numHeads, D = C / H;
@@ -69,13 +86,6 @@ Tensor Attention::apply(const Tensor& x, const Tensor& memory, const AttentionMa
   return dropout(proj_->apply(y), config_.dropout, isTraining());
 }
 
-std::vector<Tensor> Attention::forward(const std::vector<Tensor>& inputs) {
-  AttentionMask mask;
-  if (inputs.size() > 2) mask.keyPadding = inputs[2];
-  if (inputs.size() > 3) mask.bias = inputs[3];
-  return {apply(inputs.at(0), inputs.size() > 1 ? inputs[1] : Tensor(), mask)};
-}
-
 Mlp::Mlp(const MlpConfig& config, Generator& gen) : config_(config) {
   fc_ =
       registerModule("fc", std::make_shared<Linear>(LinearConfig{config.hiddenSize, config.ffnHiddenSize,
@@ -88,14 +98,19 @@ Mlp::Mlp(const MlpConfig& config, Generator& gen) : config_(config) {
 }
 
 Tensor Mlp::apply(const Tensor& x) {
-  DType dt = x.dtype();
-  Tensor y = geluMlp(x, computeParameter(fc_->weight, dt), computeParameter(fc_->bias, dt),
-                     computeParameter(proj_->weight, dt), computeParameter(proj_->bias, dt));
-  return dropout(y, config_.dropout, isTraining());
+  return (*this)(x);
 }
 
-std::vector<Tensor> Mlp::forward(const std::vector<Tensor>& inputs) {
-  return {apply(inputs.at(0))};
+std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
+  // geluMlp reads fc's and proj's parameters itself, so it runs as a call of both (NOTE [Module calls]).
+  std::vector<Tensor> y =
+      fusedCall({fc_.get(), proj_.get()}, {inputs.at(0)}, [&](const std::vector<Tensor>& in) {
+        DType dt = in[0].dtype();
+        return std::vector<Tensor>{
+            geluMlp(in[0], computeParameter(fc_->weight, dt), computeParameter(fc_->bias, dt),
+                    computeParameter(proj_->weight, dt), computeParameter(proj_->bias, dt))};
+      });
+  return {dropout(y[0], config_.dropout, isTraining())};
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& config, Generator& gen) {
@@ -106,9 +121,11 @@ TransformerBlock::TransformerBlock(const TransformerBlockConfig& config, Generat
   mlp_ = registerModule("mlp", std::make_shared<Mlp>(config.mlp, gen));
 }
 
-std::array<Tensor, 2> TransformerBlock::applyStream(const Tensor& x, const Tensor& pending,
-                                                    const AttentionMask& mask) {
-  // Submodules are called through operator() so that their hooks fire (ZeRO gathers and releases there).
+std::array<Tensor, 2> TransformerBlock::compute(const Tensor& x, const Tensor& pending,
+                                                const Tensor& keyPadding, const Tensor& bias) {
+  AttentionMask mask;
+  mask.keyPadding = keyPadding;
+  mask.bias = bias;
   Tensor stream = x, normed;
   if (pending.defined()) {
     std::vector<Tensor> norm1 = (*ln1_)(std::vector<Tensor>{x, pending});  // {ln_1(x + pending), x + pending}
@@ -128,17 +145,30 @@ std::array<Tensor, 2> TransformerBlock::applyStream(const Tensor& x, const Tenso
   return {norm2[1], (*mlp_)(norm2[0])};
 }
 
-Tensor TransformerBlock::apply(const Tensor& x, const AttentionMask& mask) {
-  auto [h, m] = applyStream(x, Tensor(), mask);
-  return h + m;
+std::array<Tensor, 2> TransformerBlock::applyStream(const Tensor& x, const Tensor& pending,
+                                                    const AttentionMask& mask) {
+  std::vector<Tensor> out =
+      call({x, pending, mask.keyPadding, mask.bias}, [&](const std::vector<Tensor>& in) {
+        auto [next, rest] = compute(in[0], in[1], in[2], in[3]);
+        return std::vector<Tensor>{next, rest};
+      });
+  return {out[0], out[1]};
 }
 
-std::vector<Tensor> TransformerBlock::forward(const std::vector<Tensor>& inputs) {
+Tensor TransformerBlock::apply(const Tensor& x, const AttentionMask& mask) {
+  return call({x, mask.keyPadding, mask.bias}, [&](const std::vector<Tensor>& in) {
+    auto [h, m] = compute(in[0], Tensor(), in[1], in[2]);
+    return std::vector<Tensor>{h + m};
+  })[0];
+}
+
+std::vector<Tensor> TransformerBlock::forwardImpl(const std::vector<Tensor>& inputs) {
   if (inputs.size() > 1) {
-    auto [next, pending] = applyStream(inputs[0], inputs[1]);
+    auto [next, pending] = compute(inputs[0], inputs[1], Tensor(), Tensor());
     return {next, pending};
   }
-  return {apply(inputs.at(0))};
+  auto [h, m] = compute(inputs.at(0), Tensor(), Tensor(), Tensor());
+  return {h + m};
 }
 
 }  // namespace strata::nn

@@ -35,6 +35,20 @@ Tensor map(const char* op, const std::vector<Tensor>& inputs, double a, double b
 Tensor add(const Tensor& a, const Tensor& b) {
   return map("add", {a, b});
 }
+void addInPlace(const Tensor& dst, const Tensor& src) {
+  STRATA_CHECK(dst.defined() && src.defined(), "addInPlace: undefined tensor");
+  STRATA_CHECK(dst.shape() == src.shape(), "addInPlace: shapes differ ({} and {})", toString(dst.shape()),
+               toString(src.shape()));
+  STRATA_CHECK(dst.dtype() == src.dtype(), "addInPlace: dtypes differ ({} and {})", dst.dtype(), src.dtype());
+  STRATA_CHECK(dst.device() == src.device(), "addInPlace: devices differ ({} and {})", toString(dst.device()),
+               toString(src.device()));
+  STRATA_CHECK(isFloating(dst.dtype()), "addInPlace: floating tensors required, got {}", dst.dtype());
+  STRATA_CHECK(dst.isContiguous(), "addInPlace: the destination must be contiguous");
+  if (dst.numel() == 0) return;
+  dst.storage()->bumpVersion();
+  // The map kernels compute out[i] from the inputs' element i alone, so out may be input 0 itself.
+  kernel<MapKernel>("add", dst.device())(dst, {dst, src}, ScalarArgs{});
+}
 Tensor sub(const Tensor& a, const Tensor& b) {
   return map("sub", {a, b});
 }

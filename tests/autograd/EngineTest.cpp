@@ -127,3 +127,138 @@ TEST_CASE("checkpoint trains parameters even when no input needs grad", "[autogr
   backward(sum(out[0]));
   REQUIRE(w.grad().toVector<double>() == std::vector<double>{1, 1});
 }
+
+TEST_CASE("end-of-backward callbacks run after every node, in order, once per pass", "[autograd][engine]") {
+  Tensor x = leaf({1, 2});
+  Tensor a = x * 2.0;
+  Tensor b = a * 3.0;
+  std::vector<std::string> order;
+  uint64_t pass = 0;
+  REQUIRE(!autograd::inBackwardPass());
+  REQUIRE(autograd::currentBackwardPass() == 0);
+  REQUIRE_THROWS_AS(autograd::queueEndOfBackwardCallback([] {}), Error);
+  x.registerGradCompleteHook([&](Tensor&) { order.push_back("x complete"); });
+  b.gradFn()->addPreHook([&] {
+    order.push_back("b");
+    pass = autograd::currentBackwardPass();
+    autograd::queueEndOfBackwardCallback([&] {
+      order.push_back("end 1");
+      REQUIRE(autograd::currentBackwardPass() == pass);
+      // A callback may queue another; it runs in the same pass.
+      autograd::queueEndOfBackwardCallback([&] { order.push_back("end 3"); });
+    });
+    autograd::queueEndOfBackwardCallback([&] { order.push_back("end 2"); });
+  });
+  a.gradFn()->addPreHook([&] { order.push_back("a"); });
+  backward(sum(b));
+  REQUIRE(order == std::vector<std::string>{"b", "a", "x complete", "end 1", "end 2", "end 3"});
+  REQUIRE(pass > 0);
+  REQUIRE(!autograd::inBackwardPass());
+  // The next pass has a new id, and the callbacks of the last one are gone.
+  order.clear();
+  uint64_t second = 0;
+  Tensor c = x * 5.0;
+  c.gradFn()->addPreHook([&] { second = autograd::currentBackwardPass(); });
+  backward(sum(c));
+  REQUIRE(second > pass);
+  REQUIRE(order == std::vector<std::string>{"x complete"});
+}
+
+TEST_CASE("a leaf in the graph that gets no gradient is still notified, once", "[autograd][hooks]") {
+  Tensor w = leaf({1, 2});
+  Tensor v = leaf({3, 4});
+  // An op whose backward gives w nothing.
+  Tensor out = ops::add(w.detach(), v.detach());
+  autograd::recordFunction("NoGradForW", {w, v}, {out}, [](const autograd::Grads& g) {
+    return autograd::Grads{Tensor(), g[0]};
+  });
+  int wHeard = 0, vHeard = 0;
+  bool wHadGrad = true;
+  w.registerGradCompleteHook([&](Tensor& t) {
+    ++wHeard;
+    wHadGrad = t.grad().defined();
+  });
+  v.registerGradCompleteHook([&](Tensor&) { ++vHeard; });
+  Tensor loss = sum(out);
+  loss.gradFn()->addPreHook([&] {
+    // Declaring it complete again at the end changes nothing: one notice per pass.
+    autograd::queueEndOfBackwardCallback([&] {
+      autograd::completeGradient(w);
+      autograd::completeGradient(v);
+      REQUIRE(autograd::gradientCompleted(w));
+    });
+  });
+  backward(loss);
+  REQUIRE(wHeard == 1);
+  REQUIRE(!wHadGrad);
+  REQUIRE(vHeard == 1);
+  REQUIRE(v.grad().toVector<double>() == std::vector<double>{1, 1});
+}
+
+TEST_CASE("gradients accumulate in place, bitwise as an out-of-place sum", "[autograd][engine]") {
+  Generator gen(11);
+  Tensor w = ops::rand({64, 33}, gen, DType::F32, Device::cpu(), -1, 1);
+  w.setRequiresGrad(true);
+  Tensor x1 = ops::rand({7, 64}, gen, DType::F32, Device::cpu(), -1, 1);
+  Tensor x2 = ops::rand({7, 64}, gen, DType::F32, Device::cpu(), -1, 1);
+  auto microBatch = [&](const Tensor& x) { backward(sum(exp(matmul(x, w) * 0.1))); };
+
+  microBatch(x1);
+  Tensor first = w.grad().clone();
+  Tensor grad = w.grad();
+  StorageImpl* storage = grad.storage().get();
+  w.setGrad(Tensor());
+  microBatch(x2);
+  Tensor second = w.grad().clone();
+  w.setGrad(grad);
+  microBatch(x2);
+  // The same buffer, holding first + second exactly as ops::add computes it.
+  REQUIRE(w.grad().storage().get() == storage);
+  REQUIRE(w.grad().toVector<float>() == ops::add(first, second).toVector<float>());
+  // As in PyTorch, a handle to .grad sees the accumulation.
+  REQUIRE(grad.toVector<float>() == w.grad().toVector<float>());
+
+  // A .grad that is a view into a flat buffer (a chunk's gradients) keeps receiving them there.
+  Tensor flat = ops::zeros({10 + 64 * 33}, DType::F32);
+  Tensor view = flat.narrow(0, 10, 64 * 33).view({64, 33});
+  w.setGrad(view);
+  microBatch(x1);
+  microBatch(x2);
+  REQUIRE(w.grad().isSameAs(view));
+  REQUIRE(view.toVector<float>() ==
+          ops::add(ops::add(ops::zeros({64, 33}), first), second).toVector<float>());
+  REQUIRE(flat.narrow(0, 0, 10).toVector<float>() == std::vector<float>(10, 0.0f));
+
+  // A .grad that cannot take it in place (not contiguous) is replaced by the sum; the old one is untouched.
+  Tensor transposed = first.clone().transpose(0, 1).contiguous().transpose(0, 1);
+  REQUIRE(!transposed.isContiguous());
+  w.setGrad(transposed);
+  microBatch(x2);
+  REQUIRE(!w.grad().isSameAs(transposed));
+  REQUIRE(transposed.toVector<float>() == first.toVector<float>());
+  REQUIRE(w.grad().toVector<float>() == ops::add(first, second).toVector<float>());
+}
+
+TEST_CASE("a nested backward (checkpoint) is a pass of its own whose leaves count for the outer one",
+          "[autograd][checkpoint][hooks]") {
+  Tensor w = leaf({2, 3});
+  Tensor x = leaf({1, 1});
+  std::vector<uint64_t> wPasses;
+  w.registerGradCompleteHook([&](Tensor&) { wPasses.push_back(autograd::currentBackwardPass()); });
+  auto out = checkpoint([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * w}; }, {x});
+  Tensor loss = sum(out[0]);
+  uint64_t outer = 0;
+  bool completedInOuter = false;
+  loss.gradFn()->addPreHook([&] {
+    outer = autograd::currentBackwardPass();
+    autograd::queueEndOfBackwardCallback([&] {
+      completedInOuter = autograd::gradientCompleted(w);
+      autograd::completeGradient(w);  // no second notice
+    });
+  });
+  backward(loss);
+  REQUIRE(wPasses.size() == 1);
+  REQUIRE(wPasses[0] != outer);  // notified by the inner pass
+  REQUIRE(completedInOuter);
+  REQUIRE(w.grad().toVector<double>() == std::vector<double>{1, 1});
+}

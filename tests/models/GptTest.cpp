@@ -1,6 +1,7 @@
 #include "TestUtil.h"
 #include "models/gpt/Gpt.h"
 #include "models/gpt/GptHf.h"
+#include "nn/HookTrace.h"
 
 using namespace strata;
 
@@ -67,4 +68,88 @@ TEST_CASE("GPT names map to HF GPT-2 names and back", "[models][gpt][hf]") {
   REQUIRE(models::gptNameFromHf("lm_head.weight").empty());
   REQUIRE(models::gptNameFromHf("transformer.h.0.attn.bias").empty());
   REQUIRE_THROWS_AS(models::gptNameToHf("encoder.weight"), Error);
+}
+
+namespace {
+// Forward and backward of `micro` micro-batches through gpt.loss under a HookTrace, checked as they go.
+void traceMicroBatches(models::Gpt& gpt, test::HookTrace& trace, int micro) {
+  for (int m = 0; m < micro; ++m) {
+    size_t from = trace.events.size();
+    Tensor ids = Tensor::fromVector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8 + m}, {2, 4});
+    Tensor targets = Tensor::fromVector<int64_t>({2, 3, 4, 5, 6, 7, 8, 9 - m}, {2, 4});
+    Tensor loss = gpt.loss(ids, targets, DType::F32) * (1.0 / micro);
+    trace.recordGraph(loss);
+    trace.checkForward(from);
+    backward(loss);
+  }
+}
+}  // namespace
+
+TEST_CASE("GPT: hooks fire around every use of every parameter, forward and backward",
+          "[models][gpt][hooks]") {
+  for (int layers : {1, 2}) {
+    INFO(layers << " layers");
+    models::GptConfig cfg = tiny();
+    cfg.numLayers = layers;
+    models::Gpt gpt(cfg);
+    // A parameter that no forward uses: it must still hear once per backward pass.
+    for (auto& [name, m] : gpt.namedModules())
+      if (name == "h.0.mlp") m->registerParameter("spare", ops::zeros({4}));
+    test::HookTrace trace(gpt, false);
+    traceMicroBatches(gpt, trace, 2);
+
+    // Every module's hooks fired: the root, embeddings, the fused MLP's fc and proj, the attention's
+    // projections.
+    std::set<std::string> all(trace.modules.begin(), trace.modules.end());
+    REQUIRE(trace.modulesWith(test::HookTrace::Kind::FwdPre, 0) == all);
+    REQUIRE(trace.modulesWith(test::HookTrace::Kind::FwdPost, 0) == all);
+    REQUIRE(trace.modulesWith(test::HookTrace::Kind::BwdPre, 0) == all);
+    // Each parameter was used in forward (except the spare) and notified once per micro-batch.
+    for (auto& p : trace.params) {
+      INFO(p.name);
+      REQUIRE(trace.forwardUses.count(p.name) == (p.name == "h.0.mlp.spare" ? 0u : 1u));
+    }
+    REQUIRE(trace.checkBackward(0).size() == 2);
+    for (auto& e : trace.events)
+      if (e.kind == test::HookTrace::Kind::GradComplete)
+        REQUIRE(e.gradDefined == (e.name != "h.0.mlp.spare"));
+    // The tied table: wte is called twice per forward (lookup and head), so its hooks fire around both uses.
+    int wteCalls = 0;
+    for (auto& e : trace.events) wteCalls += e.kind == test::HookTrace::Kind::FwdPre && e.name == "wte";
+    REQUIRE(wteCalls == 4);
+    REQUIRE(trace.forwardUses["wte.weight"].size() == 2);
+    // The second micro-batch accumulated into the first one's gradient buffers.
+    for (auto& [name, storages] : trace.gradStorages) {
+      INFO(name);
+      REQUIRE(storages.size() == 1);
+    }
+  }
+}
+
+TEST_CASE("GPT under a simulated ZeRO-3: parameters are read only inside their modules' calls",
+          "[models][gpt][hooks]") {
+  // Each parameter holds NaN except between its module's forward pre- and post-hook, and from a backward
+  // pre-hook to the backward post-hook or the gradient-complete notice (see HookTrace).
+  models::Gpt reference(tiny());
+  Tensor ids = Tensor::fromVector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
+  Tensor expectedLogits = reference.logits(ids, DType::F32);
+  backward(reference.loss(ids, ids, DType::F32));
+
+  models::Gpt gpt(tiny());
+  test::HookTrace trace(gpt, true);
+  for (auto& p : trace.params) REQUIRE(test::HookTrace::released(p));
+  traceMicroBatches(gpt, trace, 2);
+  REQUIRE(trace.checkBackward(0).size() == 2);
+  for (auto& p : trace.params) REQUIRE(test::HookTrace::released(p));
+  // The logits path, tied head included, and the numbers are the unevicted model's.
+  Tensor logits = gpt.logits(ids, DType::F32);
+  REQUIRE(logits.toVector<float>() == expectedLogits.toVector<float>());
+  gpt.zeroGrad();
+  backward(gpt.loss(ids, ids, DType::F32));
+  auto expected = reference.namedParameters();
+  auto got = gpt.namedParameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO(got[i].first);
+    REQUIRE(got[i].second.grad().toVector<float>() == expected[i].second.grad().toVector<float>());
+  }
 }

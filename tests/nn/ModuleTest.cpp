@@ -1,4 +1,8 @@
+#include <map>
+#include <set>
+
 #include "TestUtil.h"
+#include "strata/nn/Embedding.h"
 #include "strata/nn/Linear.h"
 #include "strata/nn/TransformerBlock.h"
 
@@ -12,10 +16,12 @@ class Affine : public nn::Module {
     weight_ = registerParameter("weight", ops::randn({in, out}, gen, DType::F64));
     bias_ = registerParameter("bias", ops::zeros({out}, DType::F64));
   }
-  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+  Tensor weight_, bias_;
+
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& in) override {
     return {matmul(in[0], weight_) + bias_};
   }
-  Tensor weight_, bias_;
 };
 
 class TwoLayer : public nn::Module {
@@ -24,11 +30,13 @@ class TwoLayer : public nn::Module {
     first = registerModule("first", std::make_shared<Affine>(4, 8, 1));
     second = registerModule("second", std::make_shared<Affine>(8, 2, 2));
   }
-  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+  std::shared_ptr<Affine> first, second;
+
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& in) override {
     Tensor h = tanh((*first)(in[0]));
     return {(*second)(h)};
   }
-  std::shared_ptr<Affine> first, second;
 };
 }  // namespace
 
@@ -146,4 +154,174 @@ TEST_CASE("a block on a split residual stream equals the block on its sum", "[nn
   test::requireClose(gx[1], gx[0], 1e-6, 1e-5);
   test::requireClose(gp[1], gp[0], 1e-6, 1e-5);
   test::requireClose(gw[1], gw[0], 1e-6, 1e-5);
+}
+
+namespace {
+// Counts each module's hook firings by kind ("pre", "post", "bwd-pre", "bwd-post").
+struct HookCounter {
+  std::map<std::string, int> counts;
+  void attach(nn::Module& root) {
+    for (auto& [name, m] : root.namedModules()) {
+      std::string n = name.empty() ? "root" : name;
+      m->addForwardPreHook([this, n](nn::Module&, const std::vector<Tensor>&) { counts["pre:" + n]++; });
+      m->addForwardHook([this, n](nn::Module&, const std::vector<Tensor>&, const std::vector<Tensor>&) {
+        counts["post:" + n]++;
+      });
+      m->addBackwardPreHook([this, n](nn::Module&) { counts["bwd-pre:" + n]++; });
+    }
+  }
+  int operator()(const std::string& key) const {
+    auto it = counts.find(key);
+    return it == counts.end() ? 0 : it->second;
+  }
+};
+
+// Every node reachable from t, by name.
+std::multiset<std::string> graphNodes(const Tensor& t) {
+  std::multiset<std::string> names;
+  std::set<autograd::Node*> seen;
+  std::vector<autograd::Node*> stack{t.gradFn().get()};
+  while (!stack.empty()) {
+    autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    names.insert(n->name());
+    for (auto& e : n->nextEdges())
+      if (e.valid()) stack.push_back(e.node.get());
+  }
+  return names;
+}
+
+nn::TransformerBlockConfig smallBlock() {
+  nn::TransformerBlockConfig cfg;
+  cfg.attention = nn::AttentionConfig{16, 2, true, false, true, 0.0, 0.02, 0.02, Device::cpu()};
+  cfg.mlp = nn::MlpConfig{16, 64, true, 0.0, 0.02, 0.02, Device::cpu()};
+  return cfg;
+}
+
+// A module whose implementation calls its own entry point.
+class SelfCalling : public nn::Module {
+ public:
+  SelfCalling() { weight = registerParameter("weight", ops::ones({3}, DType::F64)); }
+  Tensor twice(const Tensor& x) {
+    return call({x}, [this](const std::vector<Tensor>& in) { return forward({in[0] * 2.0}); })[0];
+  }
+  Tensor weight;
+
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& in) override { return {in[0] * weight}; }
+};
+}  // namespace
+
+TEST_CASE("every entry point of a layer is a call that runs its hooks", "[nn][module][hooks]") {
+  Generator gen(5);
+  Tensor x = ops::rand({2, 3, 16}, gen, DType::F32, Device::cpu(), -1, 1);
+
+  nn::Linear linear(nn::LinearConfig{16, 8, true, 0.02, Device::cpu()}, gen);
+  HookCounter lin;
+  lin.attach(linear);
+  linear.apply(x);
+  linear(x);
+  linear.forward({x});
+  REQUIRE(lin("pre:root") == 3);
+  REQUIRE(lin("post:root") == 3);
+
+  nn::LayerNorm norm(nn::NormConfig{16, 1e-5, true, Device::cpu()});
+  HookCounter ln;
+  ln.attach(norm);
+  norm.apply(x);
+  norm.applyResidual(x, x);
+  REQUIRE(ln("pre:root") == 2);
+
+  nn::Embedding table(nn::EmbeddingConfig{10, 16, 0.02, Device::cpu()}, gen);
+  HookCounter emb;
+  emb.attach(table);
+  Tensor ids = Tensor::fromVector<int64_t>({1, 2, 3, 4, 5, 6}, {2, 3});
+  table.apply(ids, DType::F32);
+  table.unembed(x, DType::F32);
+  table.unembedCrossEntropy(x.reshape({-1, 16}), ids.reshape({-1}));
+  REQUIRE(emb("pre:root") == 3);
+  REQUIRE(emb("post:root") == 3);
+
+  // The block's submodules, the MLP's fused fc and proj included, fire on every entry point.
+  nn::TransformerBlock block(smallBlock(), gen);
+  HookCounter blk;
+  blk.attach(block);
+  block.apply(x);
+  block.applyStream(x, x);
+  block(x);
+  for (const char* m :
+       {"root", "ln_1", "attn", "attn.qkv", "attn.proj", "ln_2", "mlp", "mlp.fc", "mlp.proj"}) {
+    INFO(m);
+    REQUIRE(blk(std::string("pre:") + m) == 3);
+    REQUIRE(blk(std::string("post:") + m) == 3);
+  }
+  Tensor loss = sum(block.apply(x));
+  backward(loss);
+  for (const char* m :
+       {"root", "ln_1", "attn", "attn.qkv", "attn.proj", "ln_2", "mlp", "mlp.fc", "mlp.proj"}) {
+    INFO(m);
+    REQUIRE(blk(std::string("bwd-pre:") + m) == 1);
+  }
+}
+
+TEST_CASE("a call nested in a call of the same module runs its hooks once", "[nn][module][hooks]") {
+  SelfCalling m;
+  HookCounter c;
+  c.attach(m);
+  Tensor y = m.twice(Tensor::fromVector<double>({1, 2, 3}, {3}));
+  REQUIRE(c("pre:root") == 1);
+  REQUIRE(c("post:root") == 1);
+  REQUIRE(y.toVector<double>() == std::vector<double>{2, 4, 6});
+  backward(sum(y));
+  REQUIRE(c("bwd-pre:root") == 1);
+  // After the call, the module is called afresh.
+  m.forward({Tensor::fromVector<double>({1, 2, 3}, {3})});
+  REQUIRE(c("pre:root") == 2);
+}
+
+TEST_CASE("module calls add graph nodes only for backward hooks", "[nn][module][hooks]") {
+  Generator gen(6);
+  Tensor x = ops::rand({2, 3, 16}, gen, DType::F32, Device::cpu(), -1, 1);
+  nn::TransformerBlock block(smallBlock(), gen);
+  std::multiset<std::string> plain = graphNodes(block.apply(x));
+  REQUIRE(plain.count("BackwardHook") == 0);
+  // Forward hooks only: the same graph.
+  for (auto& [name, m] : block.namedModules())
+    m->addForwardPreHook([](nn::Module&, const std::vector<Tensor>&) {});
+  REQUIRE(graphNodes(block.apply(x)) == plain);
+  // A backward pre-hook on the MLP: one identity node, for the MLP's call.
+  for (auto& [name, m] : block.namedModules())
+    if (name == "mlp") m->addBackwardPreHook([](nn::Module&) {});
+  std::multiset<std::string> hooked = graphNodes(block.apply(x));
+  REQUIRE(hooked.count("BackwardHook") == 1);
+  REQUIRE(hooked.size() == plain.size() + 1);
+}
+
+TEST_CASE("every parameter of a called module hears once per backward pass, used or not",
+          "[nn][module][hooks]") {
+  TwoLayer net;
+  Tensor& spare = net.second->registerParameter("spare", ops::zeros({5}, DType::F64));
+  std::map<std::string, std::vector<uint64_t>> heard;  // parameter -> passes it was notified in
+  for (auto& [name, p] : net.namedParameters()) {
+    std::string n = name;
+    p.registerGradCompleteHook([&heard, n](Tensor&) { heard[n].push_back(autograd::currentBackwardPass()); });
+  }
+  Tensor x = test::randomDouble({3, 4}, 8);
+  for (int micro = 0; micro < 2; ++micro) backward(sum(net(x)));
+  // Two calls in one graph: still one notice each.
+  backward(sum(net(x)) + sum(net(x)));
+  for (auto& [name, p] : net.namedParameters()) {
+    INFO(name);
+    REQUIRE(heard[name].size() == 3);
+    REQUIRE(heard[name][0] < heard[name][1]);
+    REQUIRE(heard[name][1] < heard[name][2]);
+  }
+  REQUIRE(!spare.grad().defined());
+  // Without grad recording nothing is queued, and nothing fires.
+  {
+    NoGradGuard noGrad;
+    net(x);
+  }
+  REQUIRE(heard["second.spare"].size() == 3);
 }

@@ -3,7 +3,7 @@
 // Each differentiable op records a Node whose backward sits next to the op's forward (recordFunction with a
 // closure). A node's next edges point at the nodes that produced its inputs; leaves that require grad end in
 // an AccumulateGrad node, which adds the finished gradient into tensor.grad() and then fires the tensor's
-// gradient-complete hooks (ZeRO reduce-scatters from there).
+// gradient-complete hooks (ZeRO reduce-scatters from there; see NOTE [Backward passes] in Engine.h).
 #pragma once
 
 #include <atomic>
@@ -45,6 +45,9 @@ class Node : public std::enable_shared_from_this<Node> {
   const std::string& name() const { return name_; }
   // Creation order; the engine runs later nodes first.
   uint64_t sequenceNr() const { return sequenceNr_; }
+  // The sequence number the next node created will get: places an event (a hook firing) among the nodes of
+  // the forward, for tracers and tests.
+  static uint64_t peekNextSequenceNr();
   std::vector<Edge>& nextEdges() { return nextEdges_; }
   const std::vector<Edge>& nextEdges() const { return nextEdges_; }
   std::vector<OutputMeta>& outputs() { return outputs_; }
@@ -77,11 +80,22 @@ class FunctionNode final : public Node {
   BackwardFn fn_;
 };
 
-// The sink of a leaf tensor's gradient.
+// The sink of a leaf tensor's gradient: adds it into leaf.grad(), then declares the gradient complete
+// (completeGradient in Engine.h fires the gradient-complete hooks).
+//
+// NOTE [Gradient accumulation in place]
+// The first gradient of a leaf becomes its .grad (the incoming buffer itself when nothing else holds it,
+// else a copy). Later gradients (the next micro-batches) are added into that .grad in place, element by
+// element as add(grad, g) would, so accumulation allocates nothing and a .grad that is a view into a flat
+// buffer (a chunk's fp32 gradients) keeps receiving them. As in PyTorch, a handle taken from grad() sees
+// later accumulation: clone it to keep a snapshot. The add is out of place, giving a new .grad, when .grad
+// cannot take it: another dtype or device than the gradient (after its cast to the leaf's), not
+// contiguous, or overlapping the incoming gradient other than element for element.
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
   Grads apply(Grads&& gradOutputs) override;
+  const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
 
  private:
   std::shared_ptr<TensorImpl> leaf_;

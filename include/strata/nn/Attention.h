@@ -25,13 +25,19 @@ struct AttentionConfig {
 class Attention : public Module {
  public:
   Attention(const AttentionConfig& config, Generator& gen);
-  // inputs: x [B, S, C], then optionally memory [B, S_k, C] (cross), key padding [B, S_k], bias.
-  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+  // forward inputs: x [B, S, C], then optionally memory [B, S_k, C] (cross), key padding [B, S_k], bias.
+  // apply(x, memory, extra) is forward({x, memory, extra.keyPadding, extra.bias}); extra.causal is ignored
+  // (config.causal decides).
   Tensor apply(const Tensor& x, const Tensor& memory = Tensor(), const AttentionMask& extra = {});
 
   const AttentionConfig& config() const { return config_; }
 
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
+
  private:
+  Tensor compute(const Tensor& x, const Tensor& memory, const AttentionMask& extra);
+
   AttentionConfig config_;
   std::shared_ptr<Linear> qkv_, q_, kv_, proj_;
 };

@@ -8,9 +8,11 @@ namespace strata::nn {
 class Dropout : public Module {
  public:
   explicit Dropout(double p) : p_(p) {}
-  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
   Tensor apply(const Tensor& x);
   double p() const { return p_; }
+
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
 
  private:
   double p_;

@@ -16,11 +16,21 @@ struct EmbeddingConfig {
 class Embedding : public Module {
  public:
   Embedding(const EmbeddingConfig& config, Generator& gen);
-  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
-  // ids (i32/i64, any shape) -> [..., dim] in `dtype`.
+  // ids (i32/i64, any shape) -> [..., dim] in `dtype`. forward({ids}) is apply(ids, weight's dtype).
   Tensor apply(const Tensor& ids, DType dtype);
+  // The table used as a tied output layer. x [..., dim] in `compute` -> logits x @ weight^T [..., num].
+  Tensor unembed(const Tensor& x, DType compute);
+  // Mean cross-entropy of unembed(x) against target, fused (linearCrossEntropy): x [N, dim] in the compute
+  // dtype, target [N]. The [N, num] logits never exist at once.
+  Tensor unembedCrossEntropy(const Tensor& x, const Tensor& target);
 
   Tensor weight;
+
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
+
+ private:
+  Tensor lookup(const Tensor& ids, DType dtype);
 };
 
 }  // namespace strata::nn

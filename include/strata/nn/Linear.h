@@ -19,10 +19,13 @@ struct LinearConfig {
 class Linear : public Module {
  public:
   Linear(const LinearConfig& config, Generator& gen);
-  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+  // x [..., in] -> [..., out]; the same as forward({x}).
   Tensor apply(const Tensor& x);
 
   Tensor weight, bias;  // bias undefined when config.bias is false
+
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
 };
 
 // A parameter cast to `dtype` for use in a forward pass (differentiable; no copy when it already matches).

@@ -14,8 +14,10 @@ class ModuleList : public Module {
   }
   size_t size() const { return items_.size(); }
   Module& at(size_t i) { return *items_.at(i); }
+
+ protected:
   // Applies the modules in order.
-  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override {
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override {
     std::vector<Tensor> x = inputs;
     for (auto& m : items_) x = (*m)(x);
     return x;

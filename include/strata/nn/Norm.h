@@ -20,12 +20,14 @@ struct NormConfig {
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(const NormConfig& config);
-  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
   Tensor apply(const Tensor& x);
   // {x + residual, layerNorm(x + residual)}.
   std::array<Tensor, 2> applyResidual(const Tensor& x, const Tensor& residual);
 
   Tensor weight, bias;
+
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
 
  private:
   double eps_;
@@ -34,10 +36,12 @@ class LayerNorm : public Module {
 class RMSNorm : public Module {
  public:
   explicit RMSNorm(const NormConfig& config);
-  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
   Tensor apply(const Tensor& x);
 
   Tensor weight;
+
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
 
  private:
   double eps_;

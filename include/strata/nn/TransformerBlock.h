@@ -19,8 +19,12 @@ struct MlpConfig {
 class Mlp : public Module {
  public:
   Mlp(const MlpConfig& config, Generator& gen);
-  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
   Tensor apply(const Tensor& x);
+
+ protected:
+  // gelu(x W_fc + b_fc) W_proj + b_proj in one fused function, run as a call of fc and proj (their hooks
+  // see x and the MLP's output).
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
 
  private:
   MlpConfig config_;
@@ -40,12 +44,17 @@ struct TransformerBlockConfig {
 class TransformerBlock : public Module {
  public:
   TransformerBlock(const TransformerBlockConfig& config, Generator& gen);
-  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
   Tensor apply(const Tensor& x, const AttentionMask& mask = {});
   // {x', pending'} as described above.
   std::array<Tensor, 2> applyStream(const Tensor& x, const Tensor& pending, const AttentionMask& mask = {});
 
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
+
  private:
+  std::array<Tensor, 2> compute(const Tensor& x, const Tensor& pending, const Tensor& keyPadding,
+                                const Tensor& bias);
+
   std::shared_ptr<LayerNorm> ln1_, ln2_;
   std::shared_ptr<Attention> attn_;
   std::shared_ptr<Mlp> mlp_;

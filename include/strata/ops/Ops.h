@@ -35,6 +35,9 @@ Tensor to(const Tensor& t, Device device, DType dtype);
 // ---- elementwise (broadcasting, same floating dtype)
 // ---------------------------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b);
+// dst <- dst + src in place, bitwise equal to add(dst, src): same shape, dtype and device; dst contiguous;
+// src any strides, not overlapping dst unless it is dst itself. Bumps dst's storage version.
+void addInPlace(const Tensor& dst, const Tensor& src);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
