@@ -87,3 +87,25 @@ TEST_CASE("bf16 and f16 elementwise compute in fp32 and round once", "[ops][elem
     }
   }
 }
+
+TEST_CASE("addInPlace writes add's result into its destination", "[ops][elementwise]") {
+  Generator gen(21);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor a = ops::rand({5, 67}, gen, DType::F32, Device::cpu(), -1, 1).to(dt);
+    Tensor b = ops::rand({67, 5}, gen, DType::F32, Device::cpu(), -1, 1).to(dt).transpose(0, 1);  // strided
+    Tensor expected = ops::add(a, b);
+    Tensor dst = a.clone();
+    uint64_t version = dst.storage()->version();
+    ops::addInPlace(dst, b);
+    REQUIRE(dst.to(DType::F32).toVector<float>() == expected.to(DType::F32).toVector<float>());
+    REQUIRE(dst.storage()->version() != version);
+    // The destination may be the source itself.
+    Tensor twice = ops::add(dst, dst);
+    ops::addInPlace(dst, dst);
+    REQUIRE(dst.to(DType::F32).toVector<float>() == twice.to(DType::F32).toVector<float>());
+  }
+  Tensor f = ops::zeros({4});
+  REQUIRE_THROWS_AS(ops::addInPlace(f, ops::zeros({5})), Error);
+  REQUIRE_THROWS_AS(ops::addInPlace(f, ops::zeros({4}, DType::F64)), Error);
+  REQUIRE_THROWS_AS(ops::addInPlace(ops::zeros({4, 4}).transpose(0, 1), ops::zeros({4, 4})), Error);
+}
