@@ -28,8 +28,10 @@
 // Nested passes. A backward() started while another runs on the same thread (checkpoint() recomputes inside
 // its node's backward) is a pass of its own: callbacks queued while it runs belong to it, and its leaves
 // count as completed in the enclosing passes too, so an enclosing pass's phase 2 and completeGradient() do
-// not notify them again. A leaf that takes part in both an inner and an outer pass (used inside and outside
-// a checkpointed region) can be notified by each of them.
+// not notify them again. A leaf that takes part in both (used inside and outside a checkpointed region) is
+// not served well: notified once, by the inner pass, when that completes it first (the outer pass still
+// adds to its gradient afterwards), and twice when the outer pass completes it first. checkpoint() has to
+// recompute inside the outer pass (non-reentrant) before ZeRO relies on notices across it.
 #pragma once
 
 #include <cstdint>
