@@ -275,49 +275,99 @@ std::string resolveCheckpoint(const std::string& path) {
   return dir.string();
 }
 
+CheckpointGroup CheckpointGroup::single() {
+  CheckpointGroup g;
+  g.barrier = [] {};
+  g.allGather = [](const std::string& text) { return std::vector<std::string>{text}; };
+  return g;
+}
+
 std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model,
-                           const NamedTensors& optimizer, const CheckpointState& state) {
-  fs::create_directories(saveDir);
+                           const NamedTensors& optimizer, const CheckpointState& state,
+                           const CheckpointGroup& group) {
+  STRATA_CHECK(group.rank >= 0 && group.rank < group.worldSize && group.barrier && group.allGather,
+               "saveCheckpoint: rank {} of {} with {} barrier / all-gather", group.rank, group.worldSize,
+               group.barrier && group.allGather ? "a" : "no");
+  bool leader = group.rank == 0;
   std::string name = "step-" + std::to_string(state.step);
   fs::path finalDir = fs::path(saveDir) / name;
   fs::path tmpDir = fs::path(saveDir) / (name + ".tmp");
-  fs::remove_all(tmpDir);
-  fs::create_directories(tmpDir);
-  std::string rank = "rank" + std::to_string(state.rank);
+  // 1. Rank 0 lays out the temporary directory; the others wait for it.
+  std::string setupError;
+  if (leader) {
+    try {
+      fs::create_directories(saveDir);
+      fs::remove_all(tmpDir);
+      fs::create_directories(tmpDir);
+    } catch (const std::exception& e) {
+      setupError = e.what();
+    }
+  }
+  std::vector<std::string> setup = group.allGather(setupError);
+  STRATA_USER_CHECK(setup[0].empty(), "cannot prepare checkpoint directory {}: {}", tmpDir.string(),
+                    setup[0]);
+  // 2. Every rank writes its own shard files, and reports their digests or its error to all.
+  std::string rank = "rank" + std::to_string(group.rank);
   std::string modelFile = "model-" + rank + ".safetensors", optimFile = "optimizer-" + rank + ".safetensors";
-  json files = json::object();
+  json report{
+      {"rank", group.rank}, {"model", modelFile}, {"optimizer", optimFile}, {"files", json::object()}};
   try {
     for (auto [file, tensors, meta] :
          {std::tuple{modelFile, &model, std::map<std::string, std::string>{{"format", "pt"}}},
           std::tuple{optimFile, &optimizer, std::map<std::string, std::string>{}}}) {
       FileDigest d = writeSafetensors((tmpDir / file).string(), *tensors, meta, /*requireFinite=*/true);
-      files[file] = {{"bytes", d.bytes}, {"crc32c", d.crc32c}};
+      report["files"][file] = {{"bytes", d.bytes}, {"crc32c", d.crc32c}};
     }
-  } catch (...) {
-    fs::remove_all(tmpDir);
-    throw;
+  } catch (const std::exception& e) {
+    report["error"] = e.what();
   }
-  json manifest{{"format_version", kManifestVersion},
-                {"step", state.step},
-                {"optimizer_steps", state.optimizerSteps},
-                {"rng", {{"seed", state.rng.seed}, {"offset", state.rng.offset}}},
-                {"data_index", state.dataIndex},
-                {"loss_scale", {{"scale", state.lossScale}, {"good_steps", state.lossScaleGoodSteps}}},
-                {"world_size", state.worldSize},
-                {"shards", {{{"rank", state.rank}, {"model", modelFile}, {"optimizer", optimFile}}}},
-                {"files", files},
-                {"model", state.model},
-                {"config", state.config}};
-  writeTextSynced((tmpDir / "manifest.json").string(), manifest.dump(2));
-  fsyncDir(tmpDir.string());
-  fs::remove_all(finalDir);
-  fs::rename(tmpDir, finalDir);
-  fsyncDir(saveDir);
-  // `latest` last, by rename, so readers see the old or the new name, never a partial one.
-  fs::path latestTmp = fs::path(saveDir) / "latest.tmp";
-  writeTextSynced(latestTmp.string(), name + "\n");
-  fs::rename(latestTmp, fs::path(saveDir) / "latest");
-  fsyncDir(saveDir);
+  std::vector<std::string> reports = group.allGather(report.dump());
+  // 3. A failure anywhere fails the save everywhere, with the same message; the previous checkpoint stays.
+  json shards = json::array(), files = json::object();
+  for (const auto& text : reports) {
+    json r = json::parse(text);
+    if (r.contains("error")) {
+      if (leader) fs::remove_all(tmpDir);
+      group.barrier();
+      STRATA_USER_FAIL("{}{}",
+                       group.worldSize > 1 ? "rank " + std::to_string(r["rank"].get<int>()) + ": " : "",
+                       r["error"].get<std::string>());
+    }
+    shards.push_back({{"rank", r["rank"]}, {"model", r["model"]}, {"optimizer", r["optimizer"]}});
+    for (auto& [file, digest] : r["files"].items()) files[file] = digest;
+  }
+  // 4. Rank 0 writes the manifest, renames the directory into place and updates `latest`; the others wait, so
+  // every rank returns with the checkpoint complete.
+  std::string commitError;
+  if (leader) {
+    try {
+      json manifest{{"format_version", kManifestVersion},
+                    {"step", state.step},
+                    {"optimizer_steps", state.optimizerSteps},
+                    {"rng", {{"seed", state.rng.seed}, {"offset", state.rng.offset}}},
+                    {"data_index", state.dataIndex},
+                    {"loss_scale", {{"scale", state.lossScale}, {"good_steps", state.lossScaleGoodSteps}}},
+                    {"world_size", group.worldSize},
+                    {"shards", shards},
+                    {"files", files},
+                    {"model", state.model},
+                    {"config", state.config}};
+      writeTextSynced((tmpDir / "manifest.json").string(), manifest.dump(2));
+      fsyncDir(tmpDir.string());
+      fs::remove_all(finalDir);
+      fs::rename(tmpDir, finalDir);
+      fsyncDir(saveDir);
+      // `latest` last, by rename, so readers see the old or the new name, never a partial one.
+      fs::path latestTmp = fs::path(saveDir) / "latest.tmp";
+      writeTextSynced(latestTmp.string(), name + "\n");
+      fs::rename(latestTmp, fs::path(saveDir) / "latest");
+      fsyncDir(saveDir);
+    } catch (const std::exception& e) {
+      commitError = e.what();
+    }
+  }
+  std::vector<std::string> committed = group.allGather(commitError);
+  STRATA_USER_CHECK(committed[0].empty(), "saving checkpoint {} failed: {}", finalDir.string(), committed[0]);
   return finalDir.string();
 }
 
@@ -413,14 +463,20 @@ MergeStats mergeModelShards(const std::string& path, const std::string& output,
 }
 
 CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& model,
-                               const NamedTensors& optimizer, bool loadOptimizer) {
+                               const NamedTensors& optimizer, bool loadOptimizer, int rank) {
   std::string dir = resolveCheckpoint(path);
   CheckpointState state = readCheckpointState(dir);
   json manifest = readManifest(dir);
   verifyFiles(dir, manifest);
   STRATA_USER_CHECK(manifest["shards"].is_array() && !manifest["shards"].empty(),
                     "{}/manifest.json is corrupted: no shards", dir);
-  const auto& shard = manifest["shards"][0];
+  const int numShards = static_cast<int>(manifest["shards"].size());
+  STRATA_USER_CHECK(rank >= 0 && rank < numShards,
+                    "checkpoint {} was written by {} rank(s); rank {} has no shard in it", dir, numShards,
+                    rank);
+  const auto& shard = manifest["shards"][size_t(rank)];
+  STRATA_USER_CHECK(shard.value("rank", -1) == rank, "{}/manifest.json is corrupted: shard {} names rank {}",
+                    dir, rank, shard.value("rank", -1));
   auto restore = [&](const std::string& file, const NamedTensors& into, const char* what) {
     std::string filePath = (fs::path(dir) / file).string();
     auto loaded = readSafetensors(filePath);

@@ -1,7 +1,9 @@
 // Checkpoint integrity: checksums, non-finite refusal, tensor matching, pruning and leftover cleanup.
+#include <barrier>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "TestUtil.h"
 #include "strata/core/Checksum.h"
@@ -179,4 +181,87 @@ TEST_CASE("convert streams a checkpoint's tensors one at a time", "[train][check
   REQUIRE(errorOf([&] { train::mergeModelShards(dir, out.string()); }).find("corrupted") !=
           std::string::npos);
   REQUIRE(!fs::exists(out));
+}
+
+namespace {
+
+// Ranks as threads of one process: a barrier and an all-gather through shared slots.
+struct ThreadRanks {
+  explicit ThreadRanks(int n) : size(n), sync(n), slots(size_t(n)) {}
+  train::CheckpointGroup group(int rank) {
+    train::CheckpointGroup g;
+    g.rank = rank;
+    g.worldSize = size;
+    g.barrier = [this] { sync.arrive_and_wait(); };
+    g.allGather = [this, rank](const std::string& text) {
+      slots[size_t(rank)] = text;
+      sync.arrive_and_wait();
+      std::vector<std::string> all = slots;
+      sync.arrive_and_wait();
+      return all;
+    };
+    return g;
+  }
+  // Runs `save` on every rank at once; returns each rank's result or error.
+  std::vector<std::string> run(const std::function<std::string(int)>& save) {
+    std::vector<std::string> outcomes(static_cast<size_t>(size));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          outcomes[size_t(r)] = save(r);
+        } catch (const Error& e) {
+          outcomes[size_t(r)] = std::string("error: ") + e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    return outcomes;
+  }
+  int size;
+  std::barrier<> sync;
+  std::vector<std::string> slots;
+};
+
+train::NamedTensors shardOf(int rank, float value) {
+  return {{"shard" + std::to_string(rank) + ".weight", ops::full({4, 4}, value, DType::F32, Device::cpu())}};
+}
+
+}  // namespace
+
+TEST_CASE("ranks save one checkpoint together: rank 0 owns the manifest, each rank its shard",
+          "[train][checkpoint]") {
+  fs::path save = freshDir("strata-ckpt-ranks");
+  ThreadRanks ranks(3);
+  auto dirs = ranks.run([&](int r) {
+    return train::saveCheckpoint(save.string(), shardOf(r, float(r + 1)), {{"m.x", ops::zeros({2})}},
+                                 stateAt(5), ranks.group(r));
+  });
+  for (const auto& d : dirs) REQUIRE(d == (save / "step-5").string());
+  auto manifest = nlohmann::json::parse(std::ifstream(save / "step-5" / "manifest.json"));
+  REQUIRE(manifest["world_size"] == 3);
+  REQUIRE(manifest["shards"].size() == 3);
+  REQUIRE(manifest["files"].size() == 6);
+  REQUIRE(manifest["shards"][2]["model"] == "model-rank2.safetensors");
+  // Merged for convert, and loaded back shard by shard at the same world size.
+  auto merged = train::loadModelShards(save.string());
+  REQUIRE(merged.size() == 3);
+  REQUIRE(merged.at("shard2.weight").toVector<float>() == std::vector<float>(16, 3.0f));
+  auto into = shardOf(1, 0);
+  train::loadCheckpoint(save.string(), into, {{"m.x", ops::zeros({2})}}, true, 1);
+  REQUIRE(into[0].second.toVector<float>() == std::vector<float>(16, 2.0f));
+  REQUIRE(errorOf([&] { train::loadCheckpoint(save.string(), into, {}, false, 3); }).find("3 rank(s)") !=
+          std::string::npos);
+  // A non-finite tensor on rank 2 fails the save on every rank; step-5 stays `latest`.
+  auto failed = ranks.run([&](int r) {
+    return train::saveCheckpoint(save.string(), shardOf(r, r == 2 ? NAN : 1.0f), {}, stateAt(6),
+                                 ranks.group(r));
+  });
+  for (const auto& f : failed) {
+    INFO(f);
+    REQUIRE(f.find("error: rank 2: ") == 0);
+    REQUIRE(f.find("non-finite") != std::string::npos);
+  }
+  REQUIRE(!fs::exists(save / "step-6"));
+  REQUIRE(!fs::exists(save / "step-6.tmp"));
+  REQUIRE(train::resolveCheckpoint(save.string()) == (save / "step-5").string());
 }

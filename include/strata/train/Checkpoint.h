@@ -63,22 +63,37 @@ struct CheckpointState {
   std::map<std::string, std::string> config;  // the keys the run set
   // The effective value of every model.* key (Config.h's effectiveValues), checked on resume.
   std::map<std::string, std::string> model;
-  int rank = 0, worldSize = 1;
+  int worldSize = 1;  // ranks that wrote the checkpoint
 };
 
-// Writes a checkpoint under `saveDir`; returns its directory. Fails (leaving the previous checkpoints as they
-// were) when a tensor is not finite.
+// The ranks that save one checkpoint together, and the two collectives the save needs. single() is one rank;
+// the distributed context supplies real ones (MPI or NCCL), and tests can use threads.
+struct CheckpointGroup {
+  int rank = 0, worldSize = 1;
+  std::function<void()> barrier;
+  // Every rank's `text`, in rank order, on every rank.
+  std::function<std::vector<std::string>(const std::string&)> allGather;
+  static CheckpointGroup single();
+};
+
+// Writes a checkpoint under `saveDir` with every rank of `group` calling it: rank 0 owns the temporary
+// directory, the manifest and `latest`; each rank writes only its own shard files (model-rank<r>,
+// optimizer-rank<r>), and the collectives order it all (NOTE [Checkpoint durability]). Returns the step
+// directory on every rank once the checkpoint is complete. A failure on any rank (a non-finite tensor, a full
+// disk) fails the save on every rank with the same message and leaves the previous checkpoints as they were.
 std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model,
-                           const NamedTensors& optimizer, const CheckpointState& state);
+                           const NamedTensors& optimizer, const CheckpointState& state,
+                           const CheckpointGroup& group = CheckpointGroup::single());
 
 // The saved state of the checkpoint `path` refers to (manifest only; no tensor is read).
 CheckpointState readCheckpointState(const std::string& path);
 // Resolves `path` (a step directory, or a save directory with a `latest` file), verifies its files' checksums
 // and loads it into the given tensors in place. Every model tensor must be present with the same shape, and
 // the checkpoint may hold no model tensor the model lacks (both are listed in the error). With
-// `loadOptimizer` false only the model is read. Returns the saved state.
+// `loadOptimizer` false only the model is read. `rank` picks the shard (the same world size). Returns the
+// saved state.
 CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& model,
-                               const NamedTensors& optimizer, bool loadOptimizer = true);
+                               const NamedTensors& optimizer, bool loadOptimizer = true, int rank = 0);
 // Every model tensor of a checkpoint, merged across the shards its manifest lists (on the CPU), checksums
 // verified.
 std::map<std::string, Tensor> loadModelShards(const std::string& path);
