@@ -7,6 +7,7 @@
 #include "strata/autograd/Engine.h"
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
+#include "strata/core/Generator.h"
 #include "strata/core/Profiler.h"
 #include "strata/ops/Ops.h"
 
@@ -20,11 +21,31 @@ LocalStepEngine::LocalStepEngine(nn::CausalLM& model, const Config& c, Device de
       params_(model.parameters()),
       optimizer_(model.namedParameters(),
                  optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1],
-                                    c.optimizer.eps, c.optimizer.weightDecay}) {
+                                    c.optimizer.eps, c.optimizer.weightDecay}),
+      chunkBytes_(int64_t(c.zero.chunkSizeMb * double(1 << 20))) {
   if (compute_ != DType::F32) keepComputeCopies(params_, c.precision.weightCopies);
   if (compute_ == DType::F16)
     scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
         c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
+}
+
+void LocalStepEngine::layOutChunks(const Tensor& ids, const Tensor& targets) {
+  // One forward in eval mode with the RNG state put back: the trace changes no number of the run.
+  GeneratorState rng = defaultGenerator().state();
+  bool training = model_.isTraining();
+  model_.eval();
+  std::vector<std::string> order = zero::recordFirstUse(model_, [&] {
+    NoGradGuard noGrad;
+    model_.loss(ids, targets, compute_);
+  });
+  model_.train(training);
+  defaultGenerator().setState(rng);
+  auto named = model_.namedParameters();
+  std::vector<std::pair<std::string, Tensor>> ordered;
+  for (const auto& name : order)
+    for (const auto& [n, p] : named)
+      if (n == name) ordered.emplace_back(n, p);
+  chunks_ = std::make_unique<zero::ChunkManager>(ordered, chunkBytes_);
 }
 
 StepOutcome LocalStepEngine::step(const MicroBatchSource& next, int64_t microBatches, double lr) {
@@ -33,6 +54,7 @@ StepOutcome LocalStepEngine::step(const MicroBatchSource& next, int64_t microBat
   double scale = scaler_ ? scaler_->scale() : 1.0;
   for (int64_t micro = 0; micro < microBatches; ++micro) {
     auto [x, y] = next();
+    if (!chunks_) layOutChunks(x, y);
     profiler::mark("data");
     Tensor loss = model_.loss(x, y, compute_);
     Tensor scaled = microBatches > 1 ? loss * (1.0 / double(microBatches)) : loss;

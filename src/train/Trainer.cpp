@@ -405,6 +405,16 @@ TrainResult Trainer::run() {
         [&] { return data_->batch(Split::Train, dataIndex++, B, T, c.train.seed, device_); }, accum, lr);
     lastNorm = step.gradNorm;
     lastScale = step.lossScale;
+    if (result.chunks == 0 && engine.chunks()) {
+      result.chunks = engine.chunks()->numChunks();
+      const zero::ChunkLayout& layout = engine.chunks()->layout();
+      spdlog::info(
+          "parameters in {} chunks of {:.1f} MiB, {:.1f}% filled, in first-use order (strata info lists "
+          "them)",
+          layout.chunks.size(),
+          double(layout.chunkElems * int64_t(dtypeSize(layout.dtype))) / double(1 << 20),
+          100.0 * double(layout.payloadElems()) / double(layout.capacityElems()));
+    }
     if (!step.applied && compute_ == DType::F16) {
       spdlog::warn("iteration {}: gradient overflow; step skipped, loss scale now {:.0f}", iter + 1,
                    step.lossScale);

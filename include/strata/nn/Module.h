@@ -107,6 +107,11 @@ class Module {
   void zeroGrad();
 
   void addForwardPreHook(ForwardPreHook hook) { forwardPreHooks_.push_back(std::move(hook)); }
+  // Removes the forward pre-hook added last: for a temporary hook added and removed around one pass.
+  void popForwardPreHook() {
+    STRATA_CHECK(!forwardPreHooks_.empty(), "popForwardPreHook: the module has no forward pre-hook");
+    forwardPreHooks_.pop_back();
+  }
   void addForwardHook(ForwardHook hook) { forwardHooks_.push_back(std::move(hook)); }
   void addBackwardPreHook(BackwardHook hook) { backwardPreHooks_.push_back(std::move(hook)); }
   void addBackwardHook(BackwardHook hook) { backwardHooks_.push_back(std::move(hook)); }

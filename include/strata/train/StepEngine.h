@@ -34,6 +34,7 @@
 #include "strata/optim/LossScaler.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
+#include "strata/zero/ChunkManager.h"
 
 namespace strata::train {
 
@@ -68,7 +69,9 @@ class StepEngine {
 };
 
 // The single-rank step, all state on the model's device: AdamW, clipping from optimizer.clip_grad, and for
-// fp16 dynamic loss scaling from the precision section.
+// fp16 dynamic loss scaling from the precision section. Its first step records the parameters' first-use
+// order with one forward of the first micro-batch (in eval mode, the RNG untouched) and moves them into
+// chunks of zero_optimization.chunk_size_mb (zero/ChunkManager.h); numbers do not depend on the layout.
 class LocalStepEngine final : public StepEngine {
  public:
   LocalStepEngine(nn::CausalLM& model, const Config& config, Device device, DType compute);
@@ -76,8 +79,12 @@ class LocalStepEngine final : public StepEngine {
   NamedTensors optimizerState() const override { return optimizer_.namedState(); }
   StepEngineState state() const override;
   void restore(const StepEngineState& state) override;
+  // The chunks, once the first step has laid them out (nullptr before).
+  const zero::ChunkManager* chunks() const { return chunks_.get(); }
 
  private:
+  void layOutChunks(const Tensor& ids, const Tensor& targets);
+
   nn::CausalLM& model_;
   Device device_;
   DType compute_;
@@ -85,6 +92,8 @@ class LocalStepEngine final : public StepEngine {
   std::vector<Tensor> params_;
   optim::AdamW optimizer_;
   std::unique_ptr<optim::LossScaler> scaler_;
+  int64_t chunkBytes_;
+  std::unique_ptr<zero::ChunkManager> chunks_;
 };
 
 }  // namespace strata::train

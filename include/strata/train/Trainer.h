@@ -27,6 +27,7 @@ struct TrainResult {
   TrainRecord last;         // the last logged interval (speed, memory): what `strata bench` reports
   std::string checkpoint;   // the last checkpoint written ("" when none)
   int interruptSignal = 0;  // SIGINT or SIGTERM when the run stopped early on one, else 0
+  size_t chunks = 0;        // parameter chunks the step engine laid out
 };
 
 // Thrown when bf16/fp32 training meets train.max_nonfinite_steps non-finite steps in a row. No checkpoint is

@@ -1,0 +1,89 @@
+#include "strata/zero/ChunkManager.h"
+
+#include <set>
+
+#include "strata/autograd/GradMode.h"
+#include "strata/nn/Module.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::zero {
+
+ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters,
+                           int64_t chunkBytes) {
+  STRATA_CHECK(!parameters.empty(), "ChunkManager: no parameters");
+  dtype_ = parameters.front().second.dtype();
+  Device device = parameters.front().second.device();
+  std::vector<std::pair<std::string, Shape>> shapes;
+  std::vector<Tensor> tensors;
+  std::set<std::string> seen;
+  for (const auto& [name, p] : parameters) {
+    STRATA_CHECK(p.dtype() == dtype_ && p.device() == device,
+                 "ChunkManager: parameter '{}' is {} on {}, the first one {} on {}", name, p.dtype(),
+                 toString(p.device()), dtype_, toString(device));
+    STRATA_CHECK(p.isContiguous(), "ChunkManager: parameter '{}' is not contiguous", name);
+    shapes.emplace_back(name, p.shape());
+    if (seen.insert(name).second) tensors.push_back(p);
+  }
+  layout_ = planChunks(shapes, chunkBytes, dtype_);
+  NoGradGuard noGrad;
+  for (size_t c = 0; c < layout_.chunks.size(); ++c) {
+    Storage s = makeStorage(size_t(layout_.chunks[c].used) * dtypeSize(dtype_), device);
+    s->setLabel("chunk " + std::to_string(c));
+    chunks_.push_back(std::move(s));
+  }
+  for (size_t k = 0; k < layout_.slots.size(); ++k) {
+    const ChunkSlot& slot = layout_.slots[k];
+    const Tensor& p = tensors[k];
+    Tensor view =
+        Tensor::fromStorage(chunks_[size_t(slot.chunk)], p.shape(), p.strides(), slot.offset, dtype_);
+    ops::copy(view, p);
+    TensorImpl& impl = p.impl();
+    impl.storage = chunks_[size_t(slot.chunk)];
+    impl.offset = slot.offset;
+  }
+}
+
+Tensor ChunkManager::flat(size_t i) const {
+  int64_t n = layout_.chunks[i].used;
+  return Tensor::fromStorage(chunks_[i], {n}, {1}, 0, dtype_);
+}
+
+size_t ChunkManager::bytes(size_t i) const {
+  return size_t(layout_.chunks[i].used) * dtypeSize(dtype_);
+}
+
+void ChunkManager::evict(size_t i) {
+  chunks_[i]->evict();
+}
+
+void ChunkManager::repoint(size_t i, void* data, Device device) {
+  chunks_[i]->repoint(data, device);
+}
+
+std::vector<std::string> recordFirstUse(nn::Module& model, const std::function<void()>& forward) {
+  std::vector<std::string> order;
+  std::set<std::string> seen;
+  auto modules = model.namedModules();
+  for (auto& [prefix, module] : modules) {
+    std::string base = prefix.empty() ? "" : prefix + ".";
+    module->addForwardPreHook([&order, &seen, base](nn::Module& m, const std::vector<Tensor>&) {
+      for (const auto& [name, t] : m.namedParameters(/*recurse=*/false))
+        if (seen.insert(base + name).second) order.push_back(base + name);
+    });
+  }
+  auto removeHooks = [&] {
+    for (auto& [prefix, module] : modules) module->popForwardPreHook();
+  };
+  try {
+    forward();
+  } catch (...) {
+    removeHooks();
+    throw;
+  }
+  removeHooks();
+  for (const auto& [name, t] : model.namedParameters())
+    if (seen.insert(name).second) order.push_back(name);
+  return order;
+}
+
+}  // namespace strata::zero
