@@ -22,7 +22,8 @@ LocalStepEngine::LocalStepEngine(nn::CausalLM& model, const Config& c, Device de
       optimizer_(model.namedParameters(),
                  optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1],
                                     c.optimizer.eps, c.optimizer.weightDecay}),
-      chunkBytes_(int64_t(c.zero.chunkSizeMb * double(1 << 20))) {
+      chunkBytes_(int64_t(c.zero.chunkSizeMb * double(1 << 20))),
+      weightCopies_(c.precision.weightCopies) {
   if (compute_ != DType::F32) keepComputeCopies(params_, c.precision.weightCopies);
   if (compute_ == DType::F16)
     scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
@@ -40,6 +41,11 @@ void LocalStepEngine::layOutChunks(const Tensor& ids, const Tensor& targets) {
   });
   model_.train(training);
   defaultGenerator().setState(rng);
+  // The trace's 16-bit weight copies belong to the storages the move releases: drop them first.
+  if (compute_ != DType::F32) {
+    keepComputeCopies(params_, false);
+    keepComputeCopies(params_, weightCopies_);
+  }
   auto named = model_.namedParameters();
   std::vector<std::pair<std::string, Tensor>> ordered;
   for (const auto& name : order)

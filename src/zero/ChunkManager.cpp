@@ -25,21 +25,21 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
     if (seen.insert(name).second) tensors.push_back(p);
   }
   layout_ = planChunks(shapes, chunkBytes, dtype_);
+  // Chunk by chunk: each parameter's old storage is released as soon as it moves, so the move needs one chunk
+  // of extra memory, not a second copy of the model.
   NoGradGuard noGrad;
   for (size_t c = 0; c < layout_.chunks.size(); ++c) {
-    Storage s = makeStorage(size_t(layout_.chunks[c].used) * dtypeSize(dtype_), device);
-    s->setLabel("chunk " + std::to_string(c));
-    chunks_.push_back(std::move(s));
-  }
-  for (size_t k = 0; k < layout_.slots.size(); ++k) {
-    const ChunkSlot& slot = layout_.slots[k];
-    const Tensor& p = tensors[k];
-    Tensor view =
-        Tensor::fromStorage(chunks_[size_t(slot.chunk)], p.shape(), p.strides(), slot.offset, dtype_);
-    ops::copy(view, p);
-    TensorImpl& impl = p.impl();
-    impl.storage = chunks_[size_t(slot.chunk)];
-    impl.offset = slot.offset;
+    Storage storage = makeStorage(size_t(layout_.chunks[c].used) * dtypeSize(dtype_), device);
+    storage->setLabel("chunk " + std::to_string(c));
+    for (int64_t k : layout_.chunks[c].slots) {
+      const ChunkSlot& slot = layout_.slots[size_t(k)];
+      const Tensor& p = tensors[size_t(k)];
+      ops::copy(Tensor::fromStorage(storage, p.shape(), p.strides(), slot.offset, dtype_), p);
+      TensorImpl& impl = p.impl();
+      impl.storage = storage;
+      impl.offset = slot.offset;
+    }
+    chunks_.push_back(std::move(storage));
   }
 }
 

@@ -93,6 +93,7 @@ class LocalStepEngine final : public StepEngine {
   optim::AdamW optimizer_;
   std::unique_ptr<optim::LossScaler> scaler_;
   int64_t chunkBytes_;
+  bool weightCopies_;
   std::unique_ptr<zero::ChunkManager> chunks_;
 };
 
