@@ -35,9 +35,11 @@ void LocalStepEngine::layOutChunks(const Tensor& ids, const Tensor& targets) {
   GeneratorState rng = defaultGenerator().state();
   bool training = model_.isTraining();
   model_.eval();
+  // One sequence is enough: the order of the module calls does not depend on the batch, and the trace's
+  // transient memory stays small.
   std::vector<std::string> order = zero::recordFirstUse(model_, [&] {
     NoGradGuard noGrad;
-    model_.loss(ids, targets, compute_);
+    model_.loss(ids.narrow(0, 0, 1).contiguous(), targets.narrow(0, 0, 1).contiguous(), compute_);
   });
   model_.train(training);
   defaultGenerator().setState(rng);
