@@ -166,6 +166,49 @@ int64_t stepOf(const std::string& name) {
   return std::stoll(name.substr(5));
 }
 
+json layoutToJson(const zero::ChunkLayout& layout) {
+  json params = json::object();
+  for (const auto& slot : layout.slots)
+    params[slot.name] = {
+        {"chunk", slot.chunk}, {"offset", slot.offset}, {"numel", slot.numel}, {"shape", slot.shape}};
+  json chunks = json::array();
+  for (const auto& c : layout.chunks) chunks.push_back({{"capacity", c.capacity}, {"used", c.used}});
+  return {{"dtype", safetensorsType(layout.dtype)},
+          {"chunk_elems", layout.chunkElems},
+          {"chunks", chunks},
+          {"params", params}};
+}
+
+zero::ChunkLayout layoutFromJson(const json& j, const std::string& where) {
+  zero::ChunkLayout layout;
+  layout.dtype = fromSafetensorsType(j.at("dtype").get<std::string>(), where);
+  layout.chunkElems = j.at("chunk_elems").get<int64_t>();
+  for (const auto& c : j.at("chunks")) {
+    zero::ChunkInfo info;
+    info.capacity = c.at("capacity").get<int64_t>();
+    info.used = c.at("used").get<int64_t>();
+    layout.chunks.push_back(info);
+  }
+  for (const auto& [name, p] : j.at("params").items()) {
+    zero::ChunkSlot slot{name, p.at("shape").get<Shape>(), p.at("chunk").get<int64_t>(),
+                         p.at("offset").get<int64_t>(), p.at("numel").get<int64_t>()};
+    STRATA_USER_CHECK(slot.chunk >= 0 && slot.chunk < int64_t(layout.chunks.size()) &&
+                          slot.offset + slot.numel <= layout.chunks[size_t(slot.chunk)].capacity,
+                      "{} is corrupted: parameter '{}' lies outside its chunk", where, name);
+    layout.slots.push_back(std::move(slot));
+  }
+  // Slots back in chunk order (the JSON object is sorted by name).
+  std::sort(layout.slots.begin(), layout.slots.end(), [](const auto& a, const auto& b) {
+    return a.chunk != b.chunk ? a.chunk < b.chunk : a.offset < b.offset;
+  });
+  for (size_t k = 0; k < layout.slots.size(); ++k) {
+    zero::ChunkInfo& c = layout.chunks[size_t(layout.slots[k].chunk)];
+    c.slots.push_back(int64_t(k));
+    c.payload += layout.slots[k].numel;
+  }
+  return layout;
+}
+
 }  // namespace
 
 FileDigest writeSafetensors(const std::string& path, const NamedTensors& tensors,
@@ -351,6 +394,7 @@ std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model
                     {"shards", shards},
                     {"files", files},
                     {"model", state.model},
+                    {"layout", state.layout.slots.empty() ? json(nullptr) : layoutToJson(state.layout)},
                     {"config", state.config}};
       writeTextSynced((tmpDir / "manifest.json").string(), manifest.dump(2));
       fsyncDir(tmpDir.string());
@@ -388,6 +432,8 @@ CheckpointState readCheckpointState(const std::string& path) {
     state.worldSize = manifest.value("world_size", 1);
     state.config = manifest["config"].get<std::map<std::string, std::string>>();
     if (manifest.contains("model")) state.model = manifest["model"].get<std::map<std::string, std::string>>();
+    if (manifest.contains("layout") && manifest["layout"].is_object())
+      state.layout = layoutFromJson(manifest["layout"], dir + "/manifest.json");
   } catch (const json::exception& e) {
     STRATA_USER_FAIL("{}/manifest.json is corrupted: {}", dir, e.what());
   }

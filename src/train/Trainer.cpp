@@ -361,6 +361,7 @@ TrainResult Trainer::run() {
     st.dataIndex = dataIndex;
     st.config = c.values;
     st.model = effectiveValues(c, "model.");
+    if (engine.chunks()) st.layout = engine.chunks()->layout();
     std::string dir = saveCheckpoint(saveDir, model_->namedParameters(), engine.optimizerState(), st);
     spdlog::info("saved checkpoint {}", dir);
     for (const auto& name : pruneCheckpoints(saveDir, c.checkpoint.keepLast))

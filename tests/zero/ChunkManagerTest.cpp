@@ -123,9 +123,21 @@ TEST_CASE("training numbers do not depend on the chunk layout", "[zero][chunks][
         {"data.path=" + corpus.string(), "train.out_dir=" + out.string(), "train.device=cpu",
          "model.num_layers=4", "model.dropout=0.1", "train.micro_batch_size=4", "train.global_batch_size=8",
          "train.train_iters=20", "train.log_interval=1", "train.eval_interval=0", "train.sample_length=0",
-         "lr_schedule.warmup_iters=2", std::string("zero_optimization.chunk_size_mb=") + mb});
+         "lr_schedule.warmup_iters=2", std::string("zero_optimization.chunk_size_mb=") + mb,
+         "checkpoint.save=" + (out / "ckpt").string()});
     train::TrainResult r = train::Trainer(config).run();
     chunkCounts.push_back(r.chunks);
+    // The checkpoint's manifest maps every parameter to its chunk, offset and shape, as the run laid them
+    // out.
+    train::CheckpointState saved = train::readCheckpointState((out / "ckpt").string());
+    REQUIRE(saved.layout.chunks.size() == r.chunks);
+    REQUIRE(saved.layout.slots.size() == 52);
+    auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
+    for (const auto& [name, p] : model->namedParameters()) {
+      const zero::ChunkSlot& slot = saved.layout.slot(name);
+      REQUIRE(slot.shape == p.shape());
+      REQUIRE(slot.numel == p.numel());
+    }
     std::vector<double> l;
     std::ifstream in(out / "metrics.jsonl");
     std::string line;

@@ -21,6 +21,7 @@
 
 #include "strata/core/Generator.h"
 #include "strata/core/Tensor.h"
+#include "strata/zero/ChunkLayout.h"
 
 namespace strata::train {
 
@@ -63,6 +64,9 @@ struct CheckpointState {
   std::map<std::string, std::string> config;  // the keys the run set
   // The effective value of every model.* key (Config.h's effectiveValues), checked on resume.
   std::map<std::string, std::string> model;
+  // Where each parameter lives: its chunk, offset, numel, shape and the chunks' dtype (empty when the run
+  // had not laid out chunks yet).
+  zero::ChunkLayout layout;
   int worldSize = 1;  // ranks that wrote the checkpoint
 };
 
