@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "CatchShim.h"
+#include "models/Zoo.h"
 #include "strata/strata.h"
 
 namespace strata::test {
@@ -18,6 +19,17 @@ inline std::filesystem::path freshDir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// A two-layer GPT small enough for exhaustive checks: hidden 32, 2 heads, 16 positions, 64 tokens.
+inline models::ModelSpec tinyGptSpec() {
+  models::ModelSpec spec;
+  spec.numLayers = 2;
+  spec.hiddenSize = 32;
+  spec.numHeads = 2;
+  spec.seqLength = 16;
+  spec.vocabSize = 64;
+  return spec;
 }
 
 // The message of the strata::Error that `f` throws, or "" when it throws none.

@@ -415,9 +415,10 @@ std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model
   return finalDir.string();
 }
 
-CheckpointState readCheckpointState(const std::string& path) {
-  std::string dir = resolveCheckpoint(path);
-  json manifest = readManifest(dir);
+namespace {
+
+// The saved state a parsed manifest of `dir` holds.
+CheckpointState stateFromManifest(const json& manifest, const std::string& dir) {
   CheckpointState state;
   try {
     state.step = manifest["step"].get<int64_t>();
@@ -438,6 +439,13 @@ CheckpointState readCheckpointState(const std::string& path) {
     STRATA_USER_FAIL("{}/manifest.json is corrupted: {}", dir, e.what());
   }
   return state;
+}
+
+}  // namespace
+
+CheckpointState readCheckpointState(const std::string& path) {
+  std::string dir = resolveCheckpoint(path);
+  return stateFromManifest(readManifest(dir), dir);
 }
 
 std::map<std::string, Tensor> loadModelShards(const std::string& path) {
@@ -511,8 +519,8 @@ MergeStats mergeModelShards(const std::string& path, const std::string& output,
 CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& model,
                                const NamedTensors& optimizer, bool loadOptimizer, int rank) {
   std::string dir = resolveCheckpoint(path);
-  CheckpointState state = readCheckpointState(dir);
   json manifest = readManifest(dir);
+  CheckpointState state = stateFromManifest(manifest, dir);
   verifyFiles(dir, manifest);
   STRATA_USER_CHECK(manifest["shards"].is_array() && !manifest["shards"].empty(),
                     "{}/manifest.json is corrupted: no shards", dir);

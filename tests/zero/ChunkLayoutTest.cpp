@@ -42,12 +42,7 @@ TEST_CASE("parameters pack into aligned chunks in first-use order, tied tensors 
 
 TEST_CASE("the zoo's parameter shapes are the built model's, in first-use order", "[zero][chunks][models]") {
   for (bool bias : {true, false}) {
-    models::ModelSpec spec;
-    spec.numLayers = 2;
-    spec.hiddenSize = 32;
-    spec.numHeads = 2;
-    spec.seqLength = 16;
-    spec.vocabSize = 64;
+    models::ModelSpec spec = test::tinyGptSpec();
     spec.bias = bias;
     auto model = models::buildModel(spec);
     auto named = model->namedParameters();

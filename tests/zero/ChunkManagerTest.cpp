@@ -12,23 +12,11 @@
 using namespace strata;
 namespace fs = std::filesystem;
 
-namespace {
-
-models::ModelSpec tinyGpt() {
-  models::ModelSpec spec;
-  spec.numLayers = 2;
-  spec.hiddenSize = 32;
-  spec.numHeads = 2;
-  spec.seqLength = 16;
-  spec.vocabSize = 64;
-  return spec;
-}
-
-}  // namespace
+using test::tinyGptSpec;
 
 TEST_CASE("parameters become views into chunks with their values, and the module sees the chunk's bytes",
           "[zero][chunks]") {
-  auto model = models::buildModel(tinyGpt());
+  auto model = models::buildModel(tinyGptSpec());
   auto named = model->namedParameters();
   std::vector<std::vector<float>> before;
   for (auto& [n, p] : named) before.push_back(p.toVector<float>());
@@ -55,7 +43,7 @@ TEST_CASE("parameters become views into chunks with their values, and the module
 TEST_CASE("a chunk evicted after forward and re-pointed before backward trains as if it never moved",
           "[zero][chunks]") {
   auto run = [](bool move) {
-    auto model = models::buildModel(tinyGpt());
+    auto model = models::buildModel(tinyGptSpec());
     zero::ChunkManager chunks(model->namedParameters(), 8 << 10);
     Tensor ids = ops::arange(0, 16, 1, DType::I64, Device::cpu()).view({1, 16});
     Tensor targets = ops::arange(1, 17, 1, DType::I64, Device::cpu()).view({1, 16});
@@ -81,7 +69,7 @@ TEST_CASE("a chunk evicted after forward and re-pointed before backward trains a
 }
 
 TEST_CASE("first-use order comes from the module calls of one forward", "[zero][chunks]") {
-  auto model = models::buildModel(tinyGpt());
+  auto model = models::buildModel(tinyGptSpec());
   Tensor ids = ops::arange(0, 16, 1, DType::I64, Device::cpu()).view({1, 16});
   auto order = zero::recordFirstUse(*model, [&] {
     NoGradGuard noGrad;
