@@ -58,11 +58,15 @@ uint64_t currentBackwardPass() {
   return tPasses.empty() ? 0 : tPasses.back()->id;
 }
 
-void queueEndOfBackwardCallback(std::function<void()> callback) {
+uint64_t outermostBackwardPass() {
+  return tPasses.empty() ? 0 : tPasses.front()->id;
+}
+
+void queueEndOfBackwardCallback(std::function<void()> callback, bool outermost) {
   STRATA_CHECK(!tPasses.empty(),
                "queueEndOfBackwardCallback: no backward pass is running (call it from a hook or a node's "
                "backward)");
-  tPasses.back()->endCallbacks.push_back(std::move(callback));
+  (outermost ? tPasses.front() : tPasses.back())->endCallbacks.push_back(std::move(callback));
 }
 
 bool gradientCompleted(const Tensor& leaf) {
@@ -153,9 +157,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   for (const auto& e : rootEdges)
     if (dependencies[e.node.get()] == 0 && queued.insert(e.node.get()).second) ready.push(e.node);
 
-  while (!ready.empty()) {
-    std::shared_ptr<Node> node = ready.top();
-    ready.pop();
+  auto run = [&](const std::shared_ptr<Node>& node) {
     Grads in = std::move(buffers[node.get()]);
     buffers.erase(node.get());
     in.resize(node->numOutputs());
@@ -174,13 +176,29 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       out = node->apply(std::move(in));
       if (profiler::active()) profiler::mark(node->name());
       if (!retainGraph) node->releaseSaved();
+    } else if (auto* acc = dynamic_cast<AccumulateGrad*>(node.get())) {
+      // Every edge into the leaf is in and none carried a gradient: its nodes wrote it into the leaf's
+      // buffer (NOTE [Gradient buffers] in Node.h), or it got none. Either way it is complete.
+      autograd::completeGradient(Tensor(acc->leaf()));
     }
+    return out;
+  };
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    Grads out = run(node);
     out.resize(node->nextEdges().size());
     for (size_t i = 0; i < node->nextEdges().size(); ++i) {
       const Edge& e = node->nextEdges()[i];
       if (!e.valid()) continue;
       if (out[i].defined()) accumulate(e, std::move(out[i]));
-      if (--dependencies[e.node.get()] == 0) ready.push(e.node);
+      if (--dependencies[e.node.get()] != 0) continue;
+      // A leaf's accumulator runs as soon as its last gradient is in, so its gradient-complete notice comes
+      // while backward goes on (ZeRO reduces chunks from it); other nodes wait for their turn in order.
+      if (dynamic_cast<AccumulateGrad*>(e.node.get()) != nullptr)
+        run(e.node);
+      else
+        ready.push(e.node);
     }
   }
 

@@ -20,8 +20,8 @@ Tensor saved(const Tensor& t) {
   return t.defined() ? t.detach() : t;
 }
 // A tensor saved for the backward with its storage's version at save time. Used for the GEMMs' weight
-// operands, which may be kept 16-bit copies that AdamW rewrites in place: a second backward through a
-// retained graph after an optimizer step must fail rather than use the new weights.
+// operands, the parameters that the optimizer rewrites in place: a second backward through a retained graph
+// after an optimizer step must fail rather than use the new weights.
 struct VersionedSave {
   Tensor tensor;
   uint64_t version = 0;
@@ -37,21 +37,45 @@ struct VersionedSave {
   }
 };
 
-// A mixed-precision parameter in the compute dtype, for the GEMMs. For parameters marked by
-// keepComputeCopies: the cached copy while the parameter's storage is unchanged (AdamW rewrites the copy with
-// each update and keeps it valid), else a fresh cast that becomes the cache. Others: a cast. Not
-// differentiable: the callers route gradients to the fp32 parameter themselves.
-Tensor computeCopy(const Tensor& param, DType dtype) {
-  if (!param.defined() || param.dtype() == dtype) return param;
-  TensorImpl& impl = param.impl();
-  if (!impl.castCache || !param.isLeaf()) return ops::to(param.detach(), param.device(), dtype);
-  CastCache& cache = *impl.castCache;
-  uint64_t version = impl.storage->version();
-  if (cache.fresh(version) && cache.copy->dtype == dtype) return Tensor(cache.copy);
-  Tensor copy = ops::to(param.detach(), param.device(), dtype);
-  cache.copy = copy.implPtr();
-  cache.version = version;
-  return copy;
+// Parameters run in the compute dtype: a model trained in bf16 holds bf16 parameters (16-bit views into
+// its chunks, NOTE [Gradient buffers] in Node.h), so a layer never casts a weight.
+void checkComputeDType(const char* fn, const Tensor& x, std::initializer_list<Tensor> params) {
+  for (const Tensor& p : params)
+    STRATA_CHECK(!p.defined() || p.dtype() == x.dtype(),
+                 "{}: {} input with a {} parameter{}; parameters are in the compute dtype (cast a model with "
+                 "nn::Module::castParameters)",
+                 fn, x.dtype(), p.dtype(), p.name().empty() ? "" : " ('" + p.name() + "')");
+}
+
+// A Linear's weight and bias gradients from its input x and output gradient g2 [rows, N], into the
+// parameters' gradient buffers when they have them (the GEMM stores or adds in place), else returned in the
+// parameters' gradient dtype. weight/bias: the leaves, undefined when they need no gradient.
+void linearParamGradsFor(const Tensor& x, const Tensor& g2, const Tensor& weight, const Tensor& bias,
+                         Tensor& gw, Tensor& gb) {
+  bool nw = weight.defined(), nb = bias.defined();
+  DType biasDType = nb ? autograd::gradDType(bias) : DType::F32;
+  if (nw) {
+    autograd::GradSink ws = autograd::claimGradBuffer(weight);
+    if (ws) {
+      gb = ops::linearParamGradsInto(x, g2, ws.buffer, ws.accumulate, nb, biasDType);
+    } else {
+      ops::LinearParamGrads pg = ops::linearParamGrads(x, g2, autograd::gradDType(weight), nb);
+      gw = pg.weight;
+      gb = pg.bias;
+    }
+  } else if (nb) {
+    gb = ops::sum(g2, {0}, false, biasDType);
+  }
+  if (nb) {
+    autograd::GradSink bs = autograd::claimGradBuffer(bias);
+    if (bs) {
+      if (bs.accumulate)
+        ops::addInPlace(bs.buffer, gb);
+      else
+        ops::copy(bs.buffer, gb);
+      gb = Tensor();
+    }
+  }
 }
 
 Tensor transposeLast(const Tensor& t) {
@@ -61,14 +85,6 @@ Tensor transposeLast(const Tensor& t) {
   return detail::permuteRaw(t, perm);
 }
 }  // namespace
-
-void keepComputeCopies(const std::vector<Tensor>& parameters, bool keep) {
-  for (const Tensor& p : parameters) {
-    if (!p.defined()) continue;
-    if (keep && !p.impl().castCache) p.impl().castCache = std::make_shared<CastCache>();
-    if (!keep) p.impl().castCache.reset();
-  }
-}
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (a.dim() == 1) return matmul(a.unsqueeze(0), b).squeeze(-2);
@@ -102,21 +118,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   STRATA_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(0),
                "linear: x {} does not match weight {} ([in, out])", toString(x.shape()),
                toString(weight.shape()));
-  DType compute = x.dtype(), master = weight.dtype();
-  STRATA_CHECK(!bias.defined() || bias.dtype() == master, "linear: bias is {} but weight is {}", bias.dtype(),
-               master);
-  bool mixed = compute != master;
-  STRATA_CHECK(!mixed || (master == DType::F32 && (compute == DType::BF16 || compute == DType::F16)),
-               "linear: {} input with {} weight; mixed precision takes fp32 weights and bf16/f16 input",
-               compute, master);
-  // Mixed precision: cast the fp32 master copies to the compute dtype for the forward; the backward writes
-  // the weight and bias gradients in fp32 straight from the GEMM and the column sum, with no cast pass.
-  Tensor w = mixed ? computeCopy(weight, compute) : weight;
-  Tensor b = mixed && bias.defined() ? computeCopy(bias, compute) : bias;
-  Tensor out = b.defined() ? ops::linear(x, w, b) : ops::matmul(x, w);
+  checkComputeDType("linear", x, {weight, bias});
+  Tensor out = bias.defined() ? ops::linear(x, weight, bias) : ops::matmul(x, weight);
   bool nx = participates(x), nw = participates(weight), nb = participates(bias);
   Tensor sx = nw ? saved(x) : Tensor();
-  VersionedSave sw(nx ? w : Tensor());
+  VersionedSave sw(nx ? weight : Tensor());
+  Tensor wLeaf = nw ? weight : Tensor(), bLeaf = nb ? bias : Tensor();
   Shape shX = x.shape();
   int64_t N = weight.size(1);
   std::vector<Tensor> inputs{x, weight};
@@ -126,14 +133,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     Tensor gx, gw, gb;
     if (nx) gx = detail::viewRaw(ops::matmul(g2, transposeLast(sw.get("linear"))), shX);
     if (nw) {
-      ops::LinearParamGrads pg = ops::linearParamGrads(sx, g2, master, nb);
-      gw = pg.weight;
-      gb = pg.bias;
+      linearParamGradsFor(sx, g2, wLeaf, bLeaf, gw, gb);
     } else if (nb) {
-      gb = ops::sum(g2, {0}, false, master);
+      linearParamGradsFor(Tensor(), g2, Tensor(), bLeaf, gw, gb);
     }
     Grads grads{gx, gw};
-    if (nb || bias.defined()) grads.push_back(gb);
+    if (bias.defined()) grads.push_back(gb);
     return grads;
   });
   return out;
@@ -145,16 +150,8 @@ Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, co
                    x.size(-1) == fcWeight.size(0) && projWeight.size(0) == fcWeight.size(1),
                "geluMlp: x {} does not fit fc {} and proj {} ([in, out])", toString(x.shape()),
                toString(fcWeight.shape()), toString(projWeight.shape()));
-  DType compute = x.dtype(), master = fcWeight.dtype();
-  STRATA_CHECK(projWeight.dtype() == master && (!fcBias.defined() || fcBias.dtype() == master) &&
-                   (!projBias.defined() || projBias.dtype() == master),
-               "geluMlp: parameters must share one dtype");
-  bool mixed = compute != master;
-  STRATA_CHECK(!mixed || (master == DType::F32 && (compute == DType::BF16 || compute == DType::F16)),
-               "geluMlp: {} input with {} weights; mixed precision takes fp32 weights and bf16/f16 input",
-               compute, master);
-  auto cast = [&](const Tensor& t) { return mixed && t.defined() ? computeCopy(t, compute) : t; };
-  Tensor w1 = cast(fcWeight), b1 = cast(fcBias), w2 = cast(projWeight), b2 = cast(projBias);
+  checkComputeDType("geluMlp", x, {fcWeight, fcBias, projWeight, projBias});
+  const Tensor &w1 = fcWeight, &b1 = fcBias, &w2 = projWeight, &b2 = projBias;
   int64_t F = fcWeight.size(1), O = projWeight.size(1);
   // h = gelu(pre) and pre from the fc GEMM's epilogue; the projection adds its bias in its own epilogue.
   ops::LinearGeluResult fc = ops::linearGelu(x, w1, b1);
@@ -165,23 +162,17 @@ Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, co
   VersionedSave sw1(nx ? w1 : Tensor()), sw2(w2);
   Tensor pre = fc.pre.detach(), h = nw2 || nb2 ? fc.out.detach() : Tensor();
   Shape shX = x.shape();
+  Tensor w1Leaf = nw1 ? fcWeight : Tensor(), b1Leaf = nb1 ? fcBias : Tensor();
+  Tensor w2Leaf = nw2 ? projWeight : Tensor(), b2Leaf = nb2 ? projBias : Tensor();
   std::vector<Tensor> inputs{x, fcWeight, fcBias, projWeight, projBias};
   recordFunction("GeluMlpBackward", inputs, {out}, [=](const Grads& gs) {
     Tensor g2 = detail::viewRaw(ops::contiguous(gs[0]), {-1, O});
     Grads grads(5);
-    if (nw2 || nb2) {
-      ops::LinearParamGrads p = ops::linearParamGrads(h, g2, master, nb2);
-      grads[3] = nw2 ? p.weight : Tensor();
-      grads[4] = p.bias;
-    }
+    if (nw2 || nb2) linearParamGradsFor(h, g2, w2Leaf, b2Leaf, grads[3], grads[4]);
     // The gradient at the GELU's input in one GEMM: (g W2^T) * gelu'(pre).
     Tensor dpre =
         ops::matmulGeluBackward(g2, transposeLast(sw2.get("geluMlp")), detail::viewRaw(pre, {-1, F}));
-    if (nw1 || nb1) {
-      ops::LinearParamGrads p = ops::linearParamGrads(sx, dpre, master, nb1);
-      grads[1] = nw1 ? p.weight : Tensor();
-      grads[2] = p.bias;
-    }
+    if (nw1 || nb1) linearParamGradsFor(sx, dpre, w1Leaf, b1Leaf, grads[1], grads[2]);
     if (nx) grads[0] = detail::viewRaw(ops::matmul(dpre, transposeLast(sw1.get("geluMlp"))), shX);
     return grads;
   });
@@ -217,8 +208,9 @@ Tensor layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   Tensor sx = saved(x), sw = saved(weight);
   ops::NormResult stats{Tensor(), r.mean, r.rstd, Tensor()};
   bool nw = participates(weight), nb = participates(bias);
+  DType pg = weight.defined() ? autograd::gradDType(weight) : x.dtype();
   recordFunction("LayerNormBackward", {x, weight, bias}, {r.y}, [=](const Grads& g) {
-    ops::NormGrads grads = ops::layerNormBackward(g[0], sx, sw, stats, nw, nb);
+    ops::NormGrads grads = ops::layerNormBackward(g[0], sx, sw, stats, nw, nb, Tensor(), pg);
     return Grads{grads.x, grads.weight, grads.bias};
   });
   return r.y;
@@ -231,9 +223,10 @@ std::array<Tensor, 2> addLayerNorm(const Tensor& x, const Tensor& residual, cons
   ops::NormResult stats{Tensor(), r.mean, r.rstd, Tensor()};
   bool nw = participates(weight), nb = participates(bias);
   bool nin = participates(x) || participates(residual);
+  DType pg = weight.defined() ? autograd::gradDType(weight) : x.dtype();
   recordFunction("AddLayerNormBackward", {x, residual, weight, bias}, {r.sum, r.y}, [=](const Grads& g) {
     // g[0] reaches the sum through the residual stream, g[1] through the norm; both end at x and residual.
-    ops::NormGrads grads = ops::layerNormBackward(g[1], ssum, sw, stats, nw, nb, g[0]);
+    ops::NormGrads grads = ops::layerNormBackward(g[1], ssum, sw, stats, nw, nb, g[0], pg);
     Tensor gin = nin ? grads.x : Tensor();
     return Grads{gin, gin, grads.weight, grads.bias};
   });
@@ -245,8 +238,9 @@ Tensor rmsNorm(const Tensor& x, const Tensor& weight, double eps) {
   Tensor sx = saved(x), sw = saved(weight);
   ops::NormResult stats{Tensor(), Tensor(), r.rstd, Tensor()};
   bool nw = participates(weight);
+  DType pg = autograd::gradDType(weight);
   recordFunction("RmsNormBackward", {x, weight}, {r.y}, [=](const Grads& g) {
-    ops::NormGrads grads = ops::rmsNormBackward(g[0], sx, sw, stats, nw);
+    ops::NormGrads grads = ops::rmsNormBackward(g[0], sx, sw, stats, nw, pg);
     return Grads{grads.x, grads.weight};
   });
   return r.y;
@@ -256,10 +250,23 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor out = ops::embedding(weight, indices);
   Tensor idx = saved(indices);
   int64_t V = weight.size(0);
-  DType dt = weight.dtype();
+  DType dt = participates(weight) ? autograd::gradDType(weight) : weight.dtype();
+  Tensor leaf = participates(weight) ? weight : Tensor();
   recordFunction("EmbeddingBackward", {weight}, {out}, [=](const Grads& g) {
     Tensor g2 = detail::viewRaw(ops::contiguous(g[0]), {-1, g[0].size(-1)});
-    return Grads{ops::embeddingBackward(g2, detail::viewRaw(ops::contiguous(idx), {-1}), V, dt)};
+    Tensor ids = detail::viewRaw(ops::contiguous(idx), {-1});
+    // Scattered straight into the table's gradient buffer when it has one (a [V, C] pass saved).
+    autograd::GradSink sink = autograd::claimGradBuffer(leaf);
+    if (sink && sink.buffer.dtype() == (g2.dtype() == DType::F64 ? DType::F64 : DType::F32)) {
+      ops::embeddingBackwardInto(g2, ids, sink.buffer, sink.accumulate);
+      return Grads{Tensor()};
+    }
+    if (sink) {
+      Tensor gw = ops::embeddingBackward(g2, ids, V, sink.buffer.dtype());
+      sink.accumulate ? ops::addInPlace(sink.buffer, gw) : ops::copy(sink.buffer, gw);
+      return Grads{Tensor()};
+    }
+    return Grads{ops::embeddingBackward(g2, ids, V, dt)};
   });
   return out;
 }
@@ -281,10 +288,11 @@ Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& t
                toString(weight.shape()));
   STRATA_CHECK(target.dim() == 1 && target.size(0) == x.size(0),
                "linearCrossEntropy: target must be [{}], got {}", x.size(0), toString(target.shape()));
-  DType compute = x.dtype(), master = weight.dtype();
+  checkComputeDType("linearCrossEntropy", x, {weight});
+  DType compute = x.dtype(), gradType = autograd::gradDType(weight);
   int64_t N = x.size(0), V = weight.size(0), C = x.size(1);
   Device dev = x.device();
-  Tensor w = master == compute ? weight : computeCopy(weight, compute);
+  const Tensor& w = weight;
   Tensor wT = transposeLast(w);
   if (chunkRows <= 0) {
     int64_t chunks = std::max<int64_t>(1, (N * V + (int64_t(1) << 27) - 1) >> 27);
@@ -295,7 +303,7 @@ Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& t
   DType sd = compute == DType::F64 ? DType::F64 : DType::F32;  // loss statistics
   Tensor lossSum = ops::zeros({}, sd, dev), counted = ops::zeros({}, sd, dev);
   Tensor gx = nx && grads ? Tensor::empty({N, C}, compute, dev) : Tensor();
-  Tensor gw = nw && grads ? ops::zeros({V, C}, master, dev) : Tensor();
+  Tensor gw = nw && grads ? ops::zeros({V, C}, gradType, dev) : Tensor();
   Tensor one = ops::ones({}, sd, dev);
   Tensor xd = x.detach();
   for (int64_t r0 = 0; r0 < N; r0 += chunkRows) {

@@ -51,7 +51,20 @@ Grads AccumulateGrad::apply(Grads&& gradOutputs) {
   }
   STRATA_CHECK(g.shape() == leaf.shape(), "gradient of shape {} for leaf '{}' of shape {}",
                toString(g.shape()), leaf.name(), toString(leaf.shape()));
-  if (g.dtype() != leaf.dtype() || g.device() != leaf.device()) g = ops::to(g, leaf.device(), leaf.dtype());
+  DType gd = gradDType(leaf);
+  if (g.dtype() != gd || g.device() != leaf.device()) g = ops::to(g, leaf.device(), gd);
+  if (leaf_->autograd.gradHome) {
+    // NOTE [Gradient buffers]
+    GradSink sink = claimGradBuffer(leaf, /*evenWithHooks=*/true);
+    if (!sink.accumulate)
+      ops::copy(sink.buffer, g);
+    else if (!overlapsOtherwise(sink.buffer, g))
+      ops::addInPlace(sink.buffer, g);
+    else
+      ops::copy(sink.buffer, ops::add(sink.buffer, g));
+    completeGradient(leaf);
+    return {};
+  }
   Tensor existing = leaf.grad();
   // NOTE [Gradient accumulation in place]
   if (existing.defined()) {
@@ -76,6 +89,41 @@ Grads AccumulateGrad::apply(Grads&& gradOutputs) {
   }
   completeGradient(leaf);
   return {};
+}
+
+void setGradHome(const Tensor& leaf, DType dtype, std::function<Tensor()> make) {
+  STRATA_CHECK(leaf.isLeaf(), "setGradHome: '{}' is not a leaf", leaf.name());
+  STRATA_CHECK(isFloating(dtype), "setGradHome: gradients of '{}' cannot be {}", leaf.name(), dtype);
+  auto& meta = leaf.impl().autograd;
+  meta.grad.reset();
+  meta.gradHome = make ? std::make_shared<GradHome>(GradHome{dtype, std::move(make)}) : nullptr;
+}
+
+void setGradBuffer(const Tensor& leaf, const Tensor& buffer) {
+  if (!buffer.defined()) return setGradHome(leaf, leaf.dtype(), nullptr);
+  setGradHome(leaf, buffer.dtype(), [buffer] { return buffer; });
+}
+
+DType gradDType(const Tensor& t) {
+  const auto& home = t.impl().autograd.gradHome;
+  return home ? home->dtype : t.dtype();
+}
+
+GradSink claimGradBuffer(const Tensor& t, bool evenWithHooks) {
+  if (!t.defined() || !t.isLeaf() || !t.requiresGrad()) return {};
+  auto& meta = t.impl().autograd;
+  if (!meta.gradHome || (!evenWithHooks && !meta.gradHooks.empty())) return {};
+  if (meta.grad) return GradSink{*meta.grad, true};
+  Tensor buffer = meta.gradHome->make();
+  STRATA_CHECK(
+      buffer.shape() == t.shape() && buffer.dtype() == meta.gradHome->dtype && buffer.isContiguous() &&
+          buffer.device() == t.device(),
+      "the gradient home of '{}' gave {} {} on {}; the leaf is {} on {} with {} gradients (same shape "
+      "and device, contiguous)",
+      t.name(), toString(buffer.shape()), buffer.dtype(), toString(buffer.device()), toString(t.shape()),
+      toString(t.device()), meta.gradHome->dtype);
+  meta.grad = std::make_shared<Tensor>(buffer);
+  return GradSink{buffer, false};
 }
 
 bool needsGrad(const std::vector<Tensor>& inputs) {

@@ -141,13 +141,19 @@ Tensor Tensor::grad() const {
 }
 
 void Tensor::setGrad(const Tensor& grad) const {
+  auto& meta = impl().autograd;
   if (!grad.defined()) {
-    impl().autograd.grad.reset();
+    meta.grad.reset();
     return;
   }
   STRATA_CHECK(grad.shape() == shape(), "gradient shape {} does not match tensor shape {}",
                toString(grad.shape()), toString(shape()));
-  impl().autograd.grad = std::make_shared<Tensor>(grad);
+  STRATA_CHECK(!meta.gradHome || (meta.grad && grad.storage() == meta.grad->storage() &&
+                                  grad.offset() == meta.grad->offset() && grad.dtype() == meta.grad->dtype()),
+               "setGrad: '{}' keeps its gradient in a home of its own (autograd::setGradHome); write into "
+               "that instead",
+               name());
+  meta.grad = std::make_shared<Tensor>(grad);
 }
 
 Tensor Tensor::detach() const {

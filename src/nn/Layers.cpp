@@ -8,15 +8,17 @@
 
 namespace strata::nn {
 
-Tensor castParameter(const Tensor& parameter, DType dtype) {
-  return parameter.dtype() == dtype ? parameter : parameter.to(dtype);
+namespace {
+// A layer computes in its parameters' dtype (they are the compute-dtype weights; NOTE [Gradient buffers] in
+// strata/autograd/Node.h).
+void checkComputeDType(const char* layer, const Tensor& weight, DType compute) {
+  STRATA_CHECK(
+      weight.dtype() == compute,
+      "{}: {} parameters asked to compute in {}; parameters are in the compute dtype (cast the model "
+      "with Module::castParameters)",
+      layer, weight.dtype(), compute);
 }
-
-Tensor computeParameter(const Tensor& parameter, DType compute) {
-  if (!parameter.defined()) return parameter;
-  bool mixed = parameter.dtype() == DType::F32 && (compute == DType::BF16 || compute == DType::F16);
-  return mixed ? parameter : castParameter(parameter, compute);
-}
+}  // namespace
 
 Linear::Linear(const LinearConfig& config, Generator& gen) {
   STRATA_CHECK(config.inFeatures > 0 && config.outFeatures > 0,
@@ -32,10 +34,7 @@ Tensor Linear::apply(const Tensor& x) {
 }
 
 std::vector<Tensor> Linear::forwardImpl(const std::vector<Tensor>& inputs) {
-  const Tensor& x = inputs.at(0);
-  // fp32 masters with bf16/f16 input go in as they are: linear() casts them for the GEMM and returns fp32
-  // gradients straight from it.
-  return {linear(x, computeParameter(weight, x.dtype()), computeParameter(bias, x.dtype()))};
+  return {linear(inputs.at(0), weight, bias)};
 }
 
 Embedding::Embedding(const EmbeddingConfig& config, Generator& gen) {
@@ -45,11 +44,8 @@ Embedding::Embedding(const EmbeddingConfig& config, Generator& gen) {
 }
 
 Tensor Embedding::lookup(const Tensor& ids, DType dtype) {
-  // fp32 masters with a 16-bit compute dtype: gather fp32 rows and cast only those; the backward scatters
-  // into an fp32 gradient directly (no [V, C] cast either way).
-  if (weight.dtype() == DType::F32 && (dtype == DType::BF16 || dtype == DType::F16))
-    return embedding(weight, ids).to(dtype);
-  return embedding(castParameter(weight, dtype), ids);
+  checkComputeDType("Embedding", weight, dtype);
+  return embedding(weight, ids);
 }
 
 Tensor Embedding::apply(const Tensor& ids, DType dtype) {
@@ -64,7 +60,8 @@ std::vector<Tensor> Embedding::forwardImpl(const std::vector<Tensor>& inputs) {
 Tensor Embedding::unembed(const Tensor& x, DType compute) {
   return call({x}, [&](const std::vector<Tensor>& in) {
     // A transposed view of the table (no copy).
-    return std::vector<Tensor>{matmul(in[0], castParameter(weight, compute).transpose(0, 1))};
+    checkComputeDType("Embedding::unembed", weight, compute);
+    return std::vector<Tensor>{matmul(in[0], weight.transpose(0, 1))};
   })[0];
 }
 
@@ -90,7 +87,7 @@ std::array<Tensor, 2> LayerNorm::applyResidual(const Tensor& x, const Tensor& re
 
 std::vector<Tensor> LayerNorm::forwardImpl(const std::vector<Tensor>& inputs) {
   const Tensor& x = inputs.at(0);
-  Tensor w = computeParameter(weight, x.dtype()), b = computeParameter(bias, x.dtype());
+  const Tensor &w = weight, &b = bias;
   if (inputs.size() > 1) {
     if (!inputs[1].defined()) return {layerNorm(x, w, b, eps_), x};  // a zero residual
     auto [sum, y] = addLayerNorm(x, inputs[1], w, b, eps_);
@@ -109,7 +106,7 @@ Tensor RMSNorm::apply(const Tensor& x) {
 
 std::vector<Tensor> RMSNorm::forwardImpl(const std::vector<Tensor>& inputs) {
   const Tensor& x = inputs.at(0);
-  return {rmsNorm(x, computeParameter(weight, x.dtype()), eps_)};
+  return {rmsNorm(x, weight, eps_)};
 }
 
 Tensor Dropout::apply(const Tensor& x) {

@@ -1,8 +1,11 @@
 #include "strata/nn/Module.h"
 
+#include <set>
+
 #include "strata/autograd/Engine.h"
 #include "strata/autograd/GradMode.h"
 #include "strata/autograd/Node.h"
+#include "strata/ops/Ops.h"
 
 namespace strata::nn {
 
@@ -157,6 +160,21 @@ int64_t Module::numParameters() const {
   int64_t n = 0;
   for (auto& [name, t] : namedParameters()) n += t.numel();
   return n;
+}
+
+void Module::castParameters(DType dtype) {
+  NoGradGuard noGrad;
+  std::set<const TensorImpl*> done;
+  for (auto& [name, p] : namedParameters()) {
+    if (p.dtype() == dtype || !done.insert(&p.impl()).second) continue;
+    Tensor converted = ops::to(p.detach(), p.device(), dtype);
+    TensorImpl& impl = p.impl();
+    impl.storage = converted.storage();
+    impl.offset = converted.offset();
+    impl.strides = converted.strides();
+    impl.dtype = dtype;
+    autograd::setGradBuffer(p, Tensor());
+  }
 }
 
 void Module::train(bool on) {

@@ -105,10 +105,7 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
   // geluMlp reads fc's and proj's parameters itself, so it runs as a call of both (NOTE [Module calls]).
   std::vector<Tensor> y =
       fusedCall({fc_.get(), proj_.get()}, {inputs.at(0)}, [&](const std::vector<Tensor>& in) {
-        DType dt = in[0].dtype();
-        return std::vector<Tensor>{
-            geluMlp(in[0], computeParameter(fc_->weight, dt), computeParameter(fc_->bias, dt),
-                    computeParameter(proj_->weight, dt), computeParameter(proj_->bias, dt))};
+        return std::vector<Tensor>{geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias)};
       });
   return {dropout(y[0], config_.dropout, isTraining())};
 }

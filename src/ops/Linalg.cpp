@@ -232,6 +232,40 @@ LinearParamGrads linearParamGrads(const Tensor& x, const Tensor& gy, DType out, 
   return r;
 }
 
+Tensor linearParamGradsInto(const Tensor& x, const Tensor& gy, const Tensor& weight, bool accumulate,
+                            bool withBias, DType biasDtype) {
+  STRATA_CHECK(x.dim() >= 1 && gy.dim() >= 1 && x.device() == gy.device() && x.dtype() == gy.dtype(),
+               "linearParamGradsInto: x {} and gy {} must match in dtype and device", toString(x.shape()),
+               toString(gy.shape()));
+  int64_t K = x.size(-1), N = gy.size(-1);
+  int64_t rows = x.numel() / std::max<int64_t>(K, 1);
+  STRATA_CHECK(gy.numel() == rows * N && weight.shape() == Shape({K, N}) && weight.isContiguous() &&
+                   weight.device() == x.device(),
+               "linearParamGradsInto: x {} and gy {} do not fit the weight gradient {}", toString(x.shape()),
+               toString(gy.shape()), toString(weight.shape()));
+  Tensor g2 = rowsOf(gy, rows, N);
+  Tensor xT = detail::permuteRaw(rowsOf(x, rows, K), {1, 0});
+  if (rows == 0 || K == 0 || N == 0) {
+    if (!accumulate) fill(weight, 0.0);
+    return withBias ? zeros({N}, biasDtype, x.device()) : Tensor();
+  }
+  weight.storage()->bumpVersion();
+  MatrixOperand A = resolve(xT, {}, K, rows), B = resolve(g2, {}, rows, N);  // alive until the launch
+  GemmArgs g = gemmArgs(A, B, weight, K, N, rows);
+  Tensor bias;
+  if (withBias && !accumulate) {
+    // The bias sums come from the GEMM's epilogue, in the weight gradient's dtype.
+    bias = Tensor::empty({N}, weight.dtype(), x.device());
+    g.biasGrad = bias.data();
+    if (kernel<GemmKernel>("gemm", x.device())(g))
+      return bias.dtype() == biasDtype ? bias : to(bias, x.device(), biasDtype);
+    g.biasGrad = nullptr;
+  }
+  g.beta = accumulate ? 1.0f : 0.0f;
+  kernel<GemmKernel>("gemm", x.device())(g);
+  return withBias ? sum(g2, {0}, false, biasDtype) : Tensor();
+}
+
 Tensor matmul(const Tensor& aIn, const Tensor& bIn, std::optional<DType> outDtype) {
   STRATA_CHECK(aIn.device() == bIn.device(), "matmul: operands on different devices ({} and {})",
                toString(aIn.device()), toString(bIn.device()));

@@ -28,6 +28,18 @@ Tensor embeddingBackward(const Tensor& gy, const Tensor& indices, int64_t numEmb
   return to(gw, gy.device(), dtype);
 }
 
+void embeddingBackwardInto(const Tensor& gy, const Tensor& indices, const Tensor& out, bool accumulate) {
+  STRATA_CHECK(gy.dim() == 2 && out.dim() == 2 && gy.size(1) == out.size(1) && out.isContiguous() &&
+                   out.dtype() == statsDType(gy.dtype()) && out.device() == gy.device(),
+               "embeddingBackwardInto: gradient {} {} into {} {} (contiguous, {})", toString(gy.shape()),
+               gy.dtype(), toString(out.shape()), out.dtype(), statsDType(gy.dtype()));
+  if (!accumulate) fill(out, 0.0);
+  out.storage()->bumpVersion();
+  if (indices.numel() > 0)
+    kernel<EmbeddingBackwardKernel>("embedding_backward", gy.device())(contiguous(gy), contiguous(indices),
+                                                                       out);
+}
+
 CrossEntropyResult crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIndex) {
   STRATA_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, V], got {}", toString(logits.shape()));
   STRATA_CHECK(target.dim() == 1 && target.size(0) == logits.size(0),

@@ -69,7 +69,8 @@ NormResult normImpl(const char* op, const Tensor& x, const Tensor& residual, con
 }
 
 NormGrads normBackwardImpl(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
-                           bool needWeight, bool needBias, bool rms, const Tensor& gextra) {
+                           bool needWeight, bool needBias, bool rms, const Tensor& gextra,
+                           std::optional<DType> paramGrads) {
   STRATA_CHECK(gy.shape() == x.shape(), "norm backward: gradient shape {} differs from input shape {}",
                toString(gy.shape()), toString(x.shape()));
   STRATA_CHECK(!gextra.defined() || (gextra.shape() == x.shape() && gextra.dtype() == x.dtype()),
@@ -91,7 +92,7 @@ NormGrads normBackwardImpl(const Tensor& gy, const Tensor& x, const Tensor& weig
     if (gb.defined()) fill(gb, 0.0);
   }
   // Parameter gradients in the parameters' dtype: fp32 masters get the kernel's fp32 sums as they are.
-  DType pd = weight.defined() ? weight.dtype() : x.dtype();
+  DType pd = paramGrads.value_or(weight.defined() ? weight.dtype() : x.dtype());
   if (gw.defined()) grads.weight = gw.dtype() == pd ? gw : to(gw, x.device(), pd);
   if (gb.defined()) grads.bias = gb.dtype() == pd ? gb : to(gb, x.device(), pd);
   return grads;
@@ -145,13 +146,14 @@ NormResult rmsNorm(const Tensor& x, const Tensor& weight, double eps) {
 }
 
 NormGrads layerNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
-                            bool needWeight, bool needBias, const Tensor& gextra) {
-  return normBackwardImpl(gy, x, weight, saved, needWeight, needBias, false, gextra);
+                            bool needWeight, bool needBias, const Tensor& gextra,
+                            std::optional<DType> paramGrads) {
+  return normBackwardImpl(gy, x, weight, saved, needWeight, needBias, false, gextra, paramGrads);
 }
 
 NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
-                          bool needWeight) {
-  return normBackwardImpl(gy, x, weight, saved, needWeight, false, true, Tensor());
+                          bool needWeight, std::optional<DType> paramGrads) {
+  return normBackwardImpl(gy, x, weight, saved, needWeight, false, true, Tensor(), paramGrads);
 }
 
 }  // namespace strata::ops

@@ -7,14 +7,43 @@
 
 namespace strata::optim {
 
+namespace {
+float decayFor(const Tensor& p, double weightDecay) {
+  return p.dim() >= 2 ? float(weightDecay) : 0.0f;
+}
+}  // namespace
+
 AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const AdamWConfig& config)
     : config_(config) {
   for (auto& [name, p] : namedParameters) {
     STRATA_CHECK(p.dtype() == DType::F32, "AdamW keeps fp32 master weights; parameter '{}' is {}", name,
                  p.dtype());
     STRATA_CHECK(p.isContiguous(), "AdamW: parameter '{}' must be contiguous", name);
-    float wd = p.dim() >= 2 ? float(config.weightDecay) : 0.0f;
-    slots_.push_back(Slot{name, p, ops::zerosLike(p), ops::zerosLike(p), wd});
+    slots_.push_back(Slot{name, p, p, ops::zerosLike(p), ops::zerosLike(p), decayFor(p, config.weightDecay)});
+  }
+}
+
+AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config)
+    : config_(config), masters_(std::move(masters)) {
+  const zero::ChunkLayout& layout = chunks.layout();
+  bool own = masters_.empty();
+  STRATA_CHECK(own ? chunks.dtype() == DType::F32 : masters_.size() == chunks.numChunks(),
+               "AdamW: {} chunks need {} fp32 masters, got {}", chunks.dtype(), chunks.numChunks(),
+               masters_.size());
+  for (size_t c = 0; c < chunks.numChunks(); ++c) {
+    Tensor flat = own ? chunks.flat(c) : masters_[c];
+    m_.push_back(ops::zerosLike(flat));
+    v_.push_back(ops::zerosLike(flat));
+    std::vector<Tensor> params = chunks.parameters(c);
+    for (size_t j = 0; j < params.size(); ++j) {
+      const zero::ChunkSlot& slot = layout.slots[size_t(layout.chunks[c].slots[j])];
+      const Tensor& p = params[j];
+      auto view = [&](const Tensor& buffer) {
+        return Tensor::fromStorage(buffer.storage(), p.shape(), p.strides(), slot.offset, DType::F32);
+      };
+      slots_.push_back(Slot{slot.name, p, own ? p : view(flat), view(m_.back()), view(v_.back()),
+                            decayFor(p, config.weightDecay)});
+    }
   }
 }
 
@@ -41,18 +70,13 @@ void AdamW::step(double lr, const Tensor& gradScale) {
       devices.push_back(s.param.device());
       byDevice.emplace_back();
     }
-    // A valid bf16/f16 copy kept for the GEMMs (see CastCache) is rewritten by the same kernel, so it stays
-    // valid and the next forward skips the cast.
-    Tensor copy;
-    const auto& cache = s.param.impl().castCache;
-    if (cache && cache->fresh(s.param.storage()->version())) copy = Tensor(cache->copy);
-    byDevice[d].push_back(ops::AdamWTensors{s.param, g, s.m, s.v, s.weightDecay, copy});
+    // A 16-bit parameter receives its new master, rounded, from the same kernel.
+    Tensor copy = s.master.impl().storage == s.param.impl().storage ? Tensor() : s.param;
+    byDevice[d].push_back(ops::AdamWTensors{s.master, g, s.m, s.v, s.weightDecay, copy});
   }
   for (size_t d = 0; d < devices.size(); ++d) {
     Tensor scale = gradScale.defined() ? ops::to(gradScale, devices[d], DType::F32) : Tensor();
     ops::adamw(byDevice[d], h, scale);
-    for (const auto& t : byDevice[d])
-      if (t.copy.defined()) t.param.impl().castCache->version = t.param.storage()->version();
   }
 }
 
@@ -62,11 +86,30 @@ void AdamW::zeroGrad() {
 
 std::vector<std::pair<std::string, Tensor>> AdamW::namedState() const {
   std::vector<std::pair<std::string, Tensor>> out;
+  if (!m_.empty()) {
+    for (size_t c = 0; c < m_.size(); ++c) {
+      out.emplace_back("exp_avg." + std::to_string(c), m_[c]);
+      out.emplace_back("exp_avg_sq." + std::to_string(c), v_[c]);
+    }
+    return out;
+  }
   for (const auto& s : slots_) {
     out.emplace_back("m." + s.name, s.m);
     out.emplace_back("v." + s.name, s.v);
   }
   return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::namedMasters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& s : slots_) out.emplace_back(s.name, s.master);
+  return out;
+}
+
+void AdamW::writeParameters() {
+  NoGradGuard noGrad;
+  for (const auto& s : slots_)
+    if (s.master.impl().storage != s.param.impl().storage) ops::copy(s.param, s.master);
 }
 
 Tensor gradNorm(const std::vector<Tensor>& parameters, Device device) {

@@ -205,8 +205,6 @@ const std::vector<Field>& schema() {
     f.push_back(floatField(
         "precision.min_loss_scale", [](Config & c) -> auto& { return c.precision.minLossScale; }, 1e-30,
         1e30));
-    f.push_back(boolField(
-        "precision.weight_copies", [](Config & c) -> auto& { return c.precision.weightCopies; }));
     // zero_optimization (DeepSpeed names)
     f.push_back(intField(
         "zero_optimization.stage", [](Config & c) -> auto& { return c.zero.stage; }, 0, 3));
@@ -293,6 +291,13 @@ struct Loader {
   }
 
   [[noreturn]] void unknown(const std::string& key, const std::string& place) {
+    // Keys that existed once, with what replaced them.
+    if (key == "precision.weight_copies")
+      STRATA_USER_FAIL(
+          "{}: precision.weight_copies is gone: parameters are now the compute-dtype weights themselves "
+          "(16-bit views into chunks, their fp32 masters kept by the optimizer), so there is no copy to "
+          "keep; delete the key",
+          place);
     STRATA_USER_FAIL("{}: unknown config key '{}'; did you mean '{}'?", place, key, nearestKey(key));
   }
 

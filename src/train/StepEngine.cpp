@@ -7,6 +7,7 @@
 #include "strata/autograd/Engine.h"
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
+#include "strata/core/Allocator.h"
 #include "strata/core/Generator.h"
 #include "strata/core/Profiler.h"
 #include "strata/ops/Ops.h"
@@ -14,46 +15,53 @@
 namespace strata::train {
 
 LocalStepEngine::LocalStepEngine(nn::CausalLM& model, const Config& c, Device device, DType compute)
-    : model_(model),
-      device_(device),
-      compute_(compute),
-      clipGrad_(c.optimizer.clipGrad),
-      params_(model.parameters()),
-      optimizer_(model.namedParameters(),
-                 optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1],
-                                    c.optimizer.eps, c.optimizer.weightDecay}),
-      chunkBytes_(int64_t(c.zero.chunkSizeMb * double(1 << 20))),
-      weightCopies_(c.precision.weightCopies) {
-  if (compute_ != DType::F32) keepComputeCopies(params_, c.precision.weightCopies);
+    : model_(model), device_(device), compute_(compute), clipGrad_(c.optimizer.clipGrad) {
   if (compute_ == DType::F16)
     scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
         c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
+  layOutChunks(int64_t(c.zero.chunkSizeMb * double(1 << 20)));
+  optimizer_ = std::make_unique<optim::AdamW>(
+      *chunks_, chunks_->takeMasters(),
+      optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
+                         c.optimizer.weightDecay});
+  chunks_->onGradientsComplete([this](size_t chunk) { ++chunkNotices_[chunk]; });
+  chunkNotices_.assign(chunks_->numChunks(), 0);
 }
 
-void LocalStepEngine::layOutChunks(const Tensor& ids, const Tensor& targets) {
-  // One forward in eval mode with the RNG state put back: the trace changes no number of the run.
+void LocalStepEngine::layOutChunks(int64_t chunkBytes) {
+  // The first-use order from one forward of one sequence (token 0 throughout: the order of the module calls
+  // does not depend on the data), in eval mode, without gradients, in the parameters' own dtype, with the
+  // RNG state put back: the trace changes no number of the run.
   GeneratorState rng = defaultGenerator().state();
   bool training = model_.isTraining();
   model_.eval();
-  // One sequence is enough: the order of the module calls does not depend on the batch, and the trace's
-  // transient memory stays small.
-  std::vector<std::string> order = zero::recordFirstUse(model_, [&] {
-    NoGradGuard noGrad;
-    model_.loss(ids.narrow(0, 0, 1).contiguous(), targets.narrow(0, 0, 1).contiguous(), compute_);
-  });
+  auto params = model_.parameters();
+  STRATA_CHECK(!params.empty(), "the model has no parameters");
+  DType source = params.front().dtype();
+  int64_t T = std::max<int64_t>(1, model_.contextLength());
+  Tensor ids = ops::zeros({1, T}, DType::I64, device_);
+  std::vector<std::string> order;
+  try {
+    order = zero::recordFirstUse(model_, [&] {
+      NoGradGuard noGrad;
+      model_.loss(ids, ids, source);
+    });
+  } catch (...) {
+    model_.train(training);
+    defaultGenerator().setState(rng);
+    throw;
+  }
   model_.train(training);
   defaultGenerator().setState(rng);
-  // The trace's 16-bit weight copies belong to the storages the move releases: drop them first.
-  if (compute_ != DType::F32) {
-    keepComputeCopies(params_, false);
-    keepComputeCopies(params_, weightCopies_);
-  }
   auto named = model_.namedParameters();
   std::vector<std::pair<std::string, Tensor>> ordered;
   for (const auto& name : order)
     for (const auto& [n, p] : named)
       if (n == name) ordered.emplace_back(n, p);
-  chunks_ = std::make_unique<zero::ChunkManager>(ordered, chunkBytes_);
+  chunks_ = std::make_unique<zero::ChunkManager>(ordered, chunkBytes, compute_);
+  // The model's old per-parameter storages went back to the caching allocator; return them to the device so
+  // the chunks' layout is what the step's activations see.
+  if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
 }
 
 StepOutcome LocalStepEngine::step(const MicroBatchSource& next, int64_t microBatches, double lr) {
@@ -62,18 +70,24 @@ StepOutcome LocalStepEngine::step(const MicroBatchSource& next, int64_t microBat
   double scale = scaler_ ? scaler_->scale() : 1.0;
   for (int64_t micro = 0; micro < microBatches; ++micro) {
     auto [x, y] = next();
-    if (!chunks_) layOutChunks(x, y);
     profiler::mark("data");
     Tensor loss = model_.loss(x, y, compute_);
     Tensor scaled = microBatches > 1 ? loss * (1.0 / double(microBatches)) : loss;
     // fp16: scale the loss so small gradients stay representable; the update unscales them.
+    chunks_->beginBackward(micro + 1 == microBatches);
     backward(scaler_ ? scaled * scale : scaled);
     NoGradGuard noGrad;
     stepLoss = ops::add(stepLoss, ops::to(scaled.detach(), device_, DType::F32));
     profiler::mark("loss bookkeeping");
   }
   NoGradGuard noGrad;
-  Tensor norm = optim::gradNorm(params_, device_);
+  // NOTE [Chunk gradients complete]: every chunk heard exactly once in the step's last backward.
+  for (size_t c = 0; c < chunkNotices_.size(); ++c) {
+    STRATA_CHECK(chunkNotices_[c] == 1, "chunk {}: {} gradient-complete notices in one step", c,
+                 chunkNotices_[c]);
+    chunkNotices_[c] = 0;
+  }
+  Tensor norm = optim::gradNorm(chunks_->parameters(), device_);
   profiler::mark("grad norm");
   // NOTE [Step-end decision]: one host read decides the step. The next step's data is staged synchronously
   // anyway, so this costs no overlap.
@@ -86,23 +100,24 @@ StepOutcome LocalStepEngine::step(const MicroBatchSource& next, int64_t microBat
       // Unscale and clip in one factor handed to the fused update.
       double coef = 1.0 / scale;
       if (clipGrad_ > 0 && outcome.gradNorm > clipGrad_) coef *= clipGrad_ / (outcome.gradNorm + 1e-6);
-      optimizer_.step(lr, ops::full({}, coef, DType::F32, device_));
+      optimizer_->step(lr, ops::full({}, coef, DType::F32, device_));
       outcome.applied = true;
     }
     outcome.lossScale = scaler_->scale();
   } else if (outcome.finite) {
-    optimizer_.step(lr, clipGrad_ > 0 ? optim::clipCoefficient(norm, clipGrad_) : Tensor());
+    optimizer_->step(lr, clipGrad_ > 0 ? optim::clipCoefficient(norm, clipGrad_) : Tensor());
     outcome.applied = true;
   }
   profiler::mark("optimizer step");
-  optimizer_.zeroGrad();
+  optimizer_->zeroGrad();
+  chunks_->releaseGradients();
   profiler::mark("zero grad");
   return outcome;
 }
 
 StepEngineState LocalStepEngine::state() const {
   StepEngineState s;
-  s.optimizerSteps = optimizer_.stepCount();
+  s.optimizerSteps = optimizer_->stepCount();
   if (scaler_) {
     s.lossScale = scaler_->scale();
     s.lossScaleGoodSteps = scaler_->goodSteps();
@@ -110,8 +125,12 @@ StepEngineState LocalStepEngine::state() const {
   return s;
 }
 
+void LocalStepEngine::mastersLoaded() {
+  optimizer_->writeParameters();
+}
+
 void LocalStepEngine::restore(const StepEngineState& s) {
-  optimizer_.setStepCount(s.optimizerSteps);
+  optimizer_->setStepCount(s.optimizerSteps);
   if (scaler_ && s.lossScale > 0) scaler_->restore(s.lossScale, s.lossScaleGoodSteps);
 }
 

@@ -31,6 +31,13 @@ namespace strata::train {
 
 namespace fs = std::filesystem;
 
+DType computeDTypeFor(const Config& config, Device device) {
+  const std::string& dt = config.precision.dtype;
+  if (dt == "fp16") return DType::F16;
+  if (dt == "bf16" && device.isCuda()) return DType::BF16;
+  return DType::F32;
+}
+
 Device resolveDevice(const std::string& name) {
   if (name == "auto") return cudaAvailable() ? Device::cuda(0) : Device::cpu();
   Device d = Device::parse(name);
@@ -199,13 +206,7 @@ void Trainer::setup() {
   for (auto& [name, p] : model_->namedParameters())
     STRATA_CHECK(p.device() == device_, "parameter '{}' is on {} but train.device is {}", name,
                  toString(p.device()), toString(device_));
-  const std::string& dt = config_.precision.dtype;
-  if (dt == "fp16")
-    compute_ = DType::F16;
-  else if (dt == "bf16" && device_.isCuda())
-    compute_ = DType::BF16;
-  else
-    compute_ = DType::F32;
+  compute_ = computeDTypeFor(config_, device_);
   STRATA_USER_CHECK(
       config_.zero.stage == 0 && config_.zero.offloadParamDevice == "none" &&
           config_.zero.offloadOptimizerDevice == "none",
@@ -255,6 +256,12 @@ std::string Trainer::saveDirectory() const {
   return "";
 }
 
+DType Trainer::modelDType() const {
+  // fp32 before training lays the parameters out in the compute dtype, compute_ after.
+  auto params = model_->parameters();
+  return params.empty() ? compute_ : params.front().dtype();
+}
+
 double Trainer::evaluate(int64_t iters) {
   NoGradGuard noGrad;
   model_->eval();
@@ -262,7 +269,7 @@ double Trainer::evaluate(int64_t iters) {
   Tensor total = ops::zeros({}, DType::F32, device_);
   for (int64_t i = 0; i < iters; ++i) {
     auto [x, y] = data_->batch(Split::Val, i, B, T, config_.train.seed, device_);
-    total = ops::add(total, ops::to(model_->loss(x, y, compute_), device_, DType::F32));
+    total = ops::add(total, ops::to(model_->loss(x, y, modelDType()), device_, DType::F32));
   }
   model_->train();
   return total.item() / double(iters);
@@ -315,7 +322,7 @@ std::unique_ptr<Tokenizer> makeTokenizer(const Config& config) {
 
 std::string Trainer::sample(const std::string& prompt, int64_t length, double temperature, int64_t topK,
                             uint64_t seed) {
-  return sampleText(*model_, *tokenizer_, device_, compute_, prompt, length, temperature, topK, seed);
+  return sampleText(*model_, *tokenizer_, device_, modelDType(), prompt, length, temperature, topK, seed);
 }
 
 TrainResult Trainer::run() {
@@ -331,8 +338,26 @@ TrainResult Trainer::run() {
   defaultGenerator().manualSeed(c.train.seed);
   if (!c.checkpoint.load.empty()) {
     std::string dir = resolveCheckpoint(c.checkpoint.load);
+    if (!c.checkpoint.loadModelOnly) {
+      // The optimizer state is stored per chunk: it resumes into the same layout only.
+      CheckpointState saved = readCheckpointState(dir);
+      const zero::ChunkLayout& now = engine.chunks().layout();
+      bool same =
+          saved.layout.chunks.size() == now.chunks.size() && saved.layout.slots.size() == now.slots.size();
+      for (size_t i = 0; same && i < now.slots.size(); ++i)
+        same = saved.layout.slots[i].name == now.slots[i].name &&
+               saved.layout.slots[i].chunk == now.slots[i].chunk &&
+               saved.layout.slots[i].offset == now.slots[i].offset;
+      STRATA_USER_CHECK(
+          same,
+          "{}: the checkpoint's parameters lie in {} chunks, this run's in {} (another "
+          "zero_optimization.chunk_size_mb?); its optimizer state is stored per chunk, so resume "
+          "with the chunk size it was saved with, or set checkpoint.load_model_only: true",
+          dir, saved.layout.chunks.size(), now.chunks.size());
+    }
     CheckpointState st =
-        loadCheckpoint(dir, model_->namedParameters(), engine.optimizerState(), !c.checkpoint.loadModelOnly);
+        loadCheckpoint(dir, engine.modelState(), engine.optimizerState(), !c.checkpoint.loadModelOnly);
+    engine.mastersLoaded();
     if (c.checkpoint.loadModelOnly) {
       spdlog::info(
           "loaded the model weights of {} (checkpoint.load_model_only: the optimizer, step and data "
@@ -361,8 +386,8 @@ TrainResult Trainer::run() {
     st.dataIndex = dataIndex;
     st.config = c.values;
     st.model = effectiveValues(c, "model.");
-    if (engine.chunks()) st.layout = engine.chunks()->layout();
-    std::string dir = saveCheckpoint(saveDir, model_->namedParameters(), engine.optimizerState(), st);
+    st.layout = engine.chunks().layout();
+    std::string dir = saveCheckpoint(saveDir, engine.modelState(), engine.optimizerState(), st);
     spdlog::info("saved checkpoint {}", dir);
     for (const auto& name : pruneCheckpoints(saveDir, c.checkpoint.keepLast))
       spdlog::info("removed old checkpoint {} (checkpoint.keep_last {})", name, c.checkpoint.keepLast);
@@ -406,9 +431,9 @@ TrainResult Trainer::run() {
         [&] { return data_->batch(Split::Train, dataIndex++, B, T, c.train.seed, device_); }, accum, lr);
     lastNorm = step.gradNorm;
     lastScale = step.lossScale;
-    if (result.chunks == 0 && engine.chunks()) {
-      result.chunks = engine.chunks()->numChunks();
-      const zero::ChunkLayout& layout = engine.chunks()->layout();
+    if (result.chunks == 0) {
+      result.chunks = engine.chunks().numChunks();
+      const zero::ChunkLayout& layout = engine.chunks().layout();
       spdlog::info(
           "parameters in {} chunks of {:.1f} MiB, {:.1f}% filled, in first-use order (strata info lists "
           "them)",

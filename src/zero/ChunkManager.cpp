@@ -2,54 +2,119 @@
 
 #include <set>
 
+#include "strata/autograd/Engine.h"
 #include "strata/autograd/GradMode.h"
+#include "strata/autograd/Node.h"
 #include "strata/nn/Module.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::zero {
 
-ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters,
-                           int64_t chunkBytes) {
+ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
+                           std::optional<DType> compute) {
   STRATA_CHECK(!parameters.empty(), "ChunkManager: no parameters");
-  dtype_ = parameters.front().second.dtype();
+  DType source = parameters.front().second.dtype();
+  DType dtype = compute.value_or(source);
   Device device = parameters.front().second.device();
   std::vector<std::pair<std::string, Shape>> shapes;
   std::vector<Tensor> tensors;
   std::set<std::string> seen;
   for (const auto& [name, p] : parameters) {
-    STRATA_CHECK(p.dtype() == dtype_ && p.device() == device,
+    STRATA_CHECK(p.dtype() == source && p.device() == device,
                  "ChunkManager: parameter '{}' is {} on {}, the first one {} on {}", name, p.dtype(),
-                 toString(p.device()), dtype_, toString(device));
-    STRATA_CHECK(p.isContiguous(), "ChunkManager: parameter '{}' is not contiguous", name);
+                 toString(p.device()), source, toString(device));
+    STRATA_CHECK(p.isContiguous() && p.isLeaf(), "ChunkManager: parameter '{}' is not a contiguous leaf",
+                 name);
     shapes.emplace_back(name, p.shape());
     if (seen.insert(name).second) tensors.push_back(p);
   }
-  layout_ = planChunks(shapes, chunkBytes, dtype_);
+  layout_ = planChunks(shapes, chunkBytes, dtype);
+  // Gradients accumulate in fp32 for 16-bit parameters, else in the parameters' dtype.
+  DType gradType = dtypeSize(dtype) < 4 ? DType::F32 : dtype;
+  bool masters = dtype != source;
+  STRATA_CHECK(!masters || source == DType::F32,
+               "ChunkManager: {} parameters cannot become {} chunks with fp32 "
+               "masters; build the model in fp32",
+               source, dtype);
   // Chunk by chunk: each parameter's old storage is released as soon as it moves, so the move needs one chunk
   // of extra memory, not a second copy of the model.
   NoGradGuard noGrad;
+  grads_ = std::make_shared<Grads>();
+  grads_->dtype = gradType;
+  grads_->device = device;
+  for (const auto& info : layout_.chunks) grads_->used.push_back(info.used);
+  grads_->flat.resize(layout_.chunks.size());
+  params_.resize(layout_.slots.size());
+  chunkOf_.resize(layout_.slots.size());
   for (size_t c = 0; c < layout_.chunks.size(); ++c) {
-    Storage storage = makeStorage(size_t(layout_.chunks[c].used) * dtypeSize(dtype_), device);
+    int64_t used = layout_.chunks[c].used;
+    Storage storage = makeStorage(size_t(used) * dtypeSize(dtype), device);
     storage->setLabel("chunk " + std::to_string(c));
+    Tensor master = masters ? Tensor::empty({used}, source, device) : Tensor();
     for (int64_t k : layout_.chunks[c].slots) {
       const ChunkSlot& slot = layout_.slots[size_t(k)];
       const Tensor& p = tensors[size_t(k)];
-      ops::copy(Tensor::fromStorage(storage, p.shape(), p.strides(), slot.offset, dtype_), p);
+      Tensor home = Tensor::fromStorage(storage, p.shape(), p.strides(), slot.offset, dtype);
+      if (masters) {
+        Tensor m = Tensor::fromStorage(master.storage(), p.shape(), p.strides(), slot.offset, source);
+        ops::copy(m, p);
+        ops::copy(home, m);
+      } else {
+        ops::copy(home, p);
+      }
       TensorImpl& impl = p.impl();
       impl.storage = storage;
       impl.offset = slot.offset;
+      impl.dtype = dtype;
+      // The chunk's gradient buffer is made by the first gradient of a step that reaches it and released
+      // after the update (releaseGradients).
+      std::weak_ptr<Grads> weak = grads_;
+      Shape shape = p.shape(), strides = p.strides();
+      int64_t offset = slot.offset;
+      autograd::setGradHome(p, gradType, [weak, c, shape, strides, offset, gradType] {
+        auto grads = weak.lock();
+        STRATA_CHECK(grads != nullptr, "the chunk manager of this parameter is gone");
+        return Tensor::fromStorage(grads->get(c).storage(), shape, strides, offset, gradType);
+      });
+      params_[size_t(k)] = p;
+      chunkOf_[size_t(k)] = int64_t(c);
     }
     chunks_.push_back(std::move(storage));
+    if (masters) masters_.push_back(master);
   }
+}
+
+Tensor ChunkManager::Grads::get(size_t c) {
+  if (!flat[c].defined()) flat[c] = Tensor::empty({used[c]}, dtype, device);
+  return flat[c];
+}
+
+const Tensor& ChunkManager::gradients(size_t i) const {
+  return grads_->flat[i];
+}
+
+void ChunkManager::releaseGradients() {
+  for (const Tensor& p : params_) p.setGrad(Tensor());
+  for (auto& f : grads_->flat) f = Tensor();
 }
 
 Tensor ChunkManager::flat(size_t i) const {
   int64_t n = layout_.chunks[i].used;
-  return Tensor::fromStorage(chunks_[i], {n}, {1}, 0, dtype_);
+  return Tensor::fromStorage(chunks_[i], {n}, {1}, 0, layout_.dtype);
 }
 
 size_t ChunkManager::bytes(size_t i) const {
-  return size_t(layout_.chunks[i].used) * dtypeSize(dtype_);
+  return size_t(layout_.chunks[i].used) * dtypeSize(layout_.dtype);
+}
+
+std::vector<Tensor> ChunkManager::parameters(size_t i) const {
+  std::vector<Tensor> out;
+  for (int64_t k : layout_.chunks[i].slots) out.push_back(params_[size_t(k)]);
+  return out;
+}
+
+std::vector<Tensor> ChunkManager::takeMasters() {
+  return std::move(masters_);
 }
 
 void ChunkManager::evict(size_t i) {
@@ -59,6 +124,78 @@ void ChunkManager::evict(size_t i) {
 void ChunkManager::repoint(size_t i, void* data, Device device) {
   chunks_[i]->repoint(data, device);
 }
+
+// NOTE [Chunk gradients complete]. Held by the manager and reached from the parameters' hooks through a weak
+// pointer, so a model that outlives its manager never calls into a dead one.
+struct ChunkManager::Notices {
+  std::function<void(size_t)> callback;
+  std::vector<int64_t> expected, heard;
+  std::vector<bool> announced;
+  bool lastMicroBatch = false;
+  uint64_t pass = 0;
+  bool flushQueued = false;
+
+  void announce(size_t chunk) {
+    if (announced[chunk]) return;
+    announced[chunk] = true;
+    callback(chunk);
+  }
+  void flush() {
+    for (size_t c = 0; c < announced.size(); ++c) announce(c);
+    lastMicroBatch = false;
+  }
+  void heardFrom(size_t chunk, const std::shared_ptr<Notices>& self) {
+    uint64_t now = autograd::outermostBackwardPass();
+    if (now != pass) {
+      // A new backward pass: counts start over.
+      pass = now;
+      std::fill(heard.begin(), heard.end(), 0);
+      std::fill(announced.begin(), announced.end(), false);
+      flushQueued = false;
+    }
+    ++heard[chunk];
+    if (!lastMicroBatch) return;
+    if (!flushQueued && autograd::inBackwardPass()) {
+      flushQueued = true;
+      // Queued again from phase 3, so it runs after the callbacks queued during the pass (the module calls'
+      // completion of parameters the graph did not reach).
+      std::weak_ptr<Notices> weak = self;
+      autograd::queueEndOfBackwardCallback(
+          [weak] {
+            autograd::queueEndOfBackwardCallback([weak] {
+              if (auto n = weak.lock()) n->flush();
+            });
+          },
+          /*outermost=*/true);
+    }
+    if (heard[chunk] == expected[chunk]) announce(chunk);
+  }
+};
+
+void ChunkManager::onGradientsComplete(std::function<void(size_t)> callback) {
+  if (notices_) {
+    notices_->callback = std::move(callback);
+    return;
+  }
+  notices_ = std::make_shared<Notices>();
+  notices_->callback = std::move(callback);
+  for (const auto& info : layout_.chunks) notices_->expected.push_back(int64_t(info.slots.size()));
+  notices_->heard.assign(chunks_.size(), 0);
+  notices_->announced.assign(chunks_.size(), false);
+  std::weak_ptr<Notices> weak = notices_;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    size_t chunk = size_t(chunkOf_[k]);
+    params_[k].registerGradCompleteHook([weak, chunk](Tensor&) {
+      if (auto n = weak.lock()) n->heardFrom(chunk, n);
+    });
+  }
+}
+
+void ChunkManager::beginBackward(bool lastMicroBatch) {
+  if (notices_) notices_->lastMicroBatch = lastMicroBatch;
+}
+
+ChunkManager::~ChunkManager() = default;
 
 std::vector<std::string> recordFirstUse(nn::Module& model, const std::function<void()>& forward) {
   std::vector<std::string> order;

@@ -70,25 +70,56 @@ TEST_CASE("a weight evicted while not needed fails loudly when the backward touc
   REQUIRE(error.find("not resident") != std::string::npos);
 }
 
-TEST_CASE("a kept bf16 copy stays valid when its fp32 master moves, and goes stale when it is written",
-          "[autograd][storage][mixed]") {
+TEST_CASE("gradients go into a leaf's fp32 buffer: stored by the first backward, added by the next",
+          "[autograd][grad-buffer]") {
   Generator gen(33);
-  Tensor w = leafCopy(ops::rand({8, 4}, gen, DType::F32, Device::cpu(), -0.5, 0.5));
-  Tensor x = ops::rand({3, 8}, gen, DType::F32, Device::cpu(), -1, 1).to(DType::BF16);
-  keepComputeCopies({w});
-  Tensor y0 = linear(x, w);
-  std::shared_ptr<TensorImpl> copy = w.impl().castCache->copy;
-  REQUIRE(copy);
-  std::vector<float> elsewhere = w.toVector<float>();
-  w.storage()->evict();
-  w.storage()->repoint(elsewhere.data(), Device::cpu());
-  REQUIRE(w.impl().castCache->fresh(w.storage()->version()));
-  Tensor y1 = linear(x, w);
-  REQUIRE(w.impl().castCache->copy == copy);  // reused, not recast
-  REQUIRE(y1.toVector<double>() == y0.toVector<double>());
-  ops::copy(w.detach(), ops::zeros({8, 4}));
-  REQUIRE(!w.impl().castCache->fresh(w.storage()->version()));
-  Tensor y2 = linear(x, w);
-  REQUIRE(w.impl().castCache->copy != copy);
-  REQUIRE(y2.toVector<double>() == std::vector<double>(12, 0.0));
+  auto bf16Leaf = [&](const Shape& shape) {
+    return leafCopy(ops::rand(shape, gen, DType::F32, Device::cpu(), -0.5, 0.5).to(DType::BF16));
+  };
+  Tensor w = bf16Leaf({8, 4}), b = bf16Leaf({4}), table = bf16Leaf({10, 8});
+  // NaN in the buffers: a first write that added instead of storing would show.
+  Tensor gw = ops::full({8, 4}, NAN, DType::F32, Device::cpu());
+  Tensor gb = ops::full({4}, NAN, DType::F32, Device::cpu());
+  Tensor gt = ops::full({10, 8}, NAN, DType::F32, Device::cpu());
+  autograd::setGradBuffer(w, gw);
+  autograd::setGradBuffer(b, gb);
+  autograd::setGradBuffer(table, gt);
+  REQUIRE(autograd::gradDType(w) == DType::F32);
+  REQUIRE(!w.grad().defined());
+  std::vector<int> completes(3, 0);
+  int k = 0;
+  for (Tensor* t : {&w, &b, &table}) {
+    int i = k++;
+    t->registerGradCompleteHook([&completes, i](Tensor&) { ++completes[size_t(i)]; });
+  }
+  // The references: the same backward on fp32 copies of the bf16 values, with plain .grad accumulation.
+  Tensor rw = leafCopy(w.to(DType::F32)), rb = leafCopy(b.to(DType::F32)),
+         rt = leafCopy(table.to(DType::F32));
+  auto micro = [&](uint64_t seed, bool reference) {
+    Tensor ids =
+        Tensor::fromVector<int64_t>({int64_t(seed % 10), int64_t(seed * 3 % 10), int64_t(seed % 10)}, {3});
+    if (reference) return backward(sum(linear(embedding(rt, ids), rw, rb)));
+    backward(sum(linear(embedding(table, ids), w, b).to(DType::F32)));
+  };
+  for (uint64_t s : {1, 2}) {
+    micro(s, false);
+    micro(s, true);
+    REQUIRE(w.grad().storage() == gw.storage());
+    REQUIRE(b.grad().storage() == gb.storage());
+    REQUIRE(table.grad().storage() == gt.storage());
+    test::requireClose(w.grad(), rw.grad(), 1e-2);
+    test::requireClose(b.grad(), rb.grad(), 1e-2);
+    test::requireClose(table.grad(), rt.grad(), 1e-2);
+  }
+  REQUIRE(completes == std::vector<int>{2, 2, 2});
+  // Zeroing marks the buffers empty without touching them; the next backward stores again.
+  for (Tensor* t : {&w, &b, &table}) t->setGrad(Tensor());
+  REQUIRE(!w.grad().defined());
+  for (Tensor* t : {&rw, &rb, &rt}) t->setGrad(Tensor());
+  micro(3, false);
+  micro(3, true);
+  test::requireClose(w.grad(), rw.grad(), 1e-2);
+  test::requireClose(table.grad(), rt.grad(), 1e-2);
+  // A leaf with a buffer takes no foreign gradient tensor.
+  REQUIRE(test::errorOf([&] { w.setGrad(ops::zeros({8, 4})); }).find("setGradHome") != std::string::npos);
 }

@@ -98,27 +98,23 @@ TEST_CASE("hooked modules compute the same gradients as unhooked ones", "[nn][mo
   test::requireClose(hooked.first->weight_.grad(), plain.first->weight_.grad(), 1e-12, 1e-12);
 }
 
-TEST_CASE("mixed-precision Linear returns fp32 master gradients matching the cast path", "[nn]") {
+TEST_CASE("layers compute in their parameters' dtype; castParameters converts a model in place", "[nn]") {
   Generator gen(7);
+  nn::Linear lin(nn::LinearConfig{16, 12, true, 0.02, Device::cpu()}, gen);
   Tensor x = ops::rand({3, 5, 16}, gen, DType::F32, Device::cpu(), -1, 1).to(DType::BF16);
-  Tensor w = ops::rand({16, 12}, gen, DType::F32, Device::cpu(), -0.3, 0.3);
-  Tensor b = ops::rand({12}, gen, DType::F32, Device::cpu(), -0.3, 0.3);
-  Tensor grads[2][2];
-  for (int path = 0; path < 2; ++path) {
-    Tensor wi = w.detach().clone(), bi = b.detach().clone();
-    wi.setRequiresGrad(true);
-    bi.setRequiresGrad(true);
-    // path 0: fused (fp32 gradients from the GEMM); path 1: explicit casts (bf16 gradients cast back).
-    Tensor y = path == 0 ? linear(x, wi, bi)
-                         : linear(x, nn::castParameter(wi, DType::BF16), nn::castParameter(bi, DType::BF16));
-    backward(sum(y.to(DType::F32)));
-    REQUIRE(wi.grad().dtype() == DType::F32);
-    grads[path][0] = wi.grad();
-    grads[path][1] = bi.grad();
-  }
-  // The fused path skips the bf16 rounding of the gradient: equal within bf16 precision.
-  test::requireClose(grads[0][0], grads[1][0], 1e-2, 1e-2);
-  test::requireClose(grads[0][1], grads[1][1], 1e-2, 1e-2);
+  std::string error = test::errorOf([&] { lin.apply(x); });
+  REQUIRE(error.find("castParameters") != std::string::npos);
+  std::vector<double> before = lin.weight.toVector<double>();
+  Tensor handle = lin.weight;  // the same tensor before and after
+  lin.castParameters(DType::BF16);
+  REQUIRE(handle.dtype() == DType::BF16);
+  REQUIRE(lin.weight.dtype() == DType::BF16);
+  REQUIRE(handle.toVector<double>() ==
+          Tensor::fromVector<double>(before, {16, 12}).to(DType::BF16).toVector<double>());
+  Tensor y = lin.apply(x);
+  REQUIRE(y.dtype() == DType::BF16);
+  backward(sum(y.to(DType::F32)));
+  REQUIRE(lin.weight.grad().dtype() == DType::BF16);  // no gradient buffer: the parameter's own dtype
 }
 
 TEST_CASE("a block on a split residual stream equals the block on its sum", "[nn]") {

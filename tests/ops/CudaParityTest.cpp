@@ -485,21 +485,37 @@ TEST_CASE("[cuda] linear with the bias epilogue matches the cpu", "[cuda][parity
   }
 }
 
-TEST_CASE("[cuda] mixed-precision linear (bf16 input, fp32 masters) trains like the cpu", "[cuda][parity]") {
+// bf16 parameters with fp32 gradient buffers, as training lays them out (NOTE [Gradient buffers]): clones of
+// `in` that require grad, with buffers for those from index `firstParam` on.
+std::vector<Tensor> withGradBuffers(const std::vector<Tensor>& in, size_t count, size_t firstParam) {
+  std::vector<Tensor> p;
+  for (size_t i = 0; i < count; ++i) {
+    p.push_back(in[i].detach().clone());
+    p.back().setRequiresGrad(true);
+    if (i >= firstParam)
+      autograd::setGradBuffer(p.back(), ops::full(p.back().shape(), NAN, DType::F32, p.back().device()));
+  }
+  return p;
+}
+
+TEST_CASE("[cuda] bf16 linear accumulates fp32 gradients in its parameters' buffers like the cpu",
+          "[cuda][parity]") {
   STRATA_REQUIRE_CUDA();
-  // The backward writes fp32 weight and bias gradients straight from the GEMM and the column sum.
+  // Two backwards: the weight-gradient GEMM stores (beta 0, bias from the epilogue), then adds (beta 1).
   Tensor x = randomOf({4, 50, 96}, DType::BF16, 140, -1, 1),
-         w = randomOf({96, 80}, DType::F32, 141, -0.2, 0.2);
-  Tensor b = randomOf({80}, DType::F32, 142), g = randomOf({4, 50, 80}, DType::BF16, 143, -1, 1);
-  parity("mixed linear",
+         w = randomOf({96, 80}, DType::BF16, 141, -0.2, 0.2);
+  Tensor b = randomOf({80}, DType::BF16, 142), g = randomOf({4, 50, 80}, DType::BF16, 143, -1, 1);
+  parity("bf16 linear, fp32 gradient buffers",
          [](const std::vector<Tensor>& in) {
-           Tensor xi = in[0].detach().clone(), wi = in[1].detach().clone(), bi = in[2].detach().clone();
-           for (Tensor* t : {&xi, &wi, &bi}) t->setRequiresGrad(true);
-           Tensor y = linear(xi, wi, bi);
-           backward(sum(mul(y.to(DType::F32), in[3].to(DType::F32))));
-           REQUIRE(wi.grad().dtype() == DType::F32);
-           REQUIRE(bi.grad().dtype() == DType::F32);
-           return std::vector<Tensor>{y.detach(), xi.grad(), wi.grad(), bi.grad()};
+           std::vector<Tensor> p = withGradBuffers(in, 3, 1);
+           Tensor y;
+           for (int micro = 0; micro < 2; ++micro) {
+             y = linear(p[0], p[1], p[2]);
+             backward(sum(mul(y.to(DType::F32), in[3].to(DType::F32))));
+           }
+           REQUIRE(p[1].grad().dtype() == DType::F32);
+           REQUIRE(p[2].grad().dtype() == DType::F32);
+           return std::vector<Tensor>{y.detach(), p[0].grad(), p[1].grad(), p[2].grad()};
          },
          {x, w, b, g}, {5e-2, 2e-2});
 }
@@ -531,22 +547,21 @@ TEST_CASE("[cuda] GELU and bias-gradient GEMM epilogues match the cpu", "[cuda][
   }
 }
 
-TEST_CASE("[cuda] mixed-precision GELU MLP (bf16 input, fp32 masters) trains like the cpu",
+TEST_CASE("[cuda] bf16 GELU MLP accumulates fp32 gradients in its parameters' buffers like the cpu",
           "[cuda][parity]") {
   STRATA_REQUIRE_CUDA();
   Tensor x = randomOf({4, 50, 96}, DType::BF16, 160, -1, 1),
          g = randomOf({4, 50, 96}, DType::BF16, 161, -1, 1);
-  Tensor w1 = randomOf({96, 384}, DType::F32, 162, -0.2, 0.2), b1 = randomOf({384}, DType::F32, 163);
-  Tensor w2 = randomOf({384, 96}, DType::F32, 164, -0.1, 0.1), b2 = randomOf({96}, DType::F32, 165);
-  parity("gelu mlp",
+  Tensor w1 = randomOf({96, 384}, DType::BF16, 162, -0.2, 0.2), b1 = randomOf({384}, DType::BF16, 163);
+  Tensor w2 = randomOf({384, 96}, DType::BF16, 164, -0.1, 0.1), b2 = randomOf({96}, DType::BF16, 165);
+  parity("bf16 gelu mlp, fp32 gradient buffers",
          [](const std::vector<Tensor>& in) {
-           std::vector<Tensor> p;
-           for (size_t i = 0; i < 5; ++i) {
-             p.push_back(in[i].detach().clone());
-             p.back().setRequiresGrad(true);
+           std::vector<Tensor> p = withGradBuffers(in, 5, 1);
+           Tensor y;
+           for (int micro = 0; micro < 2; ++micro) {
+             y = geluMlp(p[0], p[1], p[2], p[3], p[4]);
+             backward(sum(mul(y.to(DType::F32), in[5].to(DType::F32))));
            }
-           Tensor y = geluMlp(p[0], p[1], p[2], p[3], p[4]);
-           backward(sum(mul(y.to(DType::F32), in[5].to(DType::F32))));
            for (size_t i = 1; i < 5; ++i) REQUIRE(p[i].grad().dtype() == DType::F32);
            return std::vector<Tensor>{y.detach(),  p[0].grad(), p[1].grad(),
                                       p[2].grad(), p[3].grad(), p[4].grad()};

@@ -87,67 +87,68 @@ TEST_CASE("dynamic loss scaling halves on overflow and grows after a window", "[
   REQUIRE(scaler.scale() == 512.0);
 }
 
-TEST_CASE("bf16 copies of fp32 masters stay in step through AdamW updates and direct writes",
-          "[optim][adamw][mixed]") {
-  // With keepComputeCopies, linear() with bf16 input caches a bf16 copy of each fp32 master; AdamW rewrites
-  // it with every update, and any other write into the master (here a checkpoint-style ops::copy) makes the
-  // next forward recast it.
+TEST_CASE("AdamW over bf16 chunks updates fp32 masters and writes each parameter as its master rounded",
+          "[optim][adamw][chunks]") {
   Generator gen(11);
   Tensor w = ops::rand({16, 8}, gen, DType::F32, Device::cpu(), -0.5, 0.5);
   Tensor b = ops::rand({8}, gen, DType::F32, Device::cpu(), -0.5, 0.5);
-  w.setRequiresGrad(true);
-  b.setRequiresGrad(true);
-  Tensor x = ops::rand({4, 16}, gen, DType::F32, Device::cpu(), -1, 1).to(DType::BF16);
-  optim::AdamW opt({{"w", w}, {"b", b}}, optim::AdamWConfig{0.05, 0.9, 0.95, 1e-8, 0.1});
-  // Without keepComputeCopies nothing is cached.
-  linear(x, w, b);
-  REQUIRE(!w.impl().castCache);
-  keepComputeCopies({w, b});
-  auto requireCopyMatches = [](const Tensor& master) {
-    const auto& cache = master.impl().castCache;
-    REQUIRE(cache);
-    REQUIRE(cache->version == master.storage()->version());
-    Tensor copy(cache->copy);
-    REQUIRE(copy.dtype() == DType::BF16);
-    // Bit for bit what a fresh cast gives.
-    REQUIRE(copy.toVector<double>() == master.to(DType::BF16).toVector<double>());
-  };
-  std::shared_ptr<TensorImpl> last;
+  // The reference: per-parameter AdamW on fp32 tensors with the same values and gradients.
+  Tensor rw = w.clone(), rb = b.clone();
+  for (Tensor* t : {&w, &b, &rw, &rb}) t->setRequiresGrad(true);
+  optim::AdamWConfig cfg{0.05, 0.9, 0.95, 1e-8, 0.1};
+  optim::AdamW ref({{"w", rw}, {"b", rb}}, cfg);
+  zero::ChunkManager chunks({{"w", w}, {"b", b}}, 1 << 20, DType::BF16);
+  REQUIRE(w.dtype() == DType::BF16);
+  REQUIRE(w.storage() == chunks.storage(0));
+  optim::AdamW opt(chunks, chunks.takeMasters(), cfg);
+  REQUIRE(opt.hasMasters());
+  auto masters = opt.namedMasters();
+  REQUIRE(masters.size() == 2);
+  REQUIRE(masters[0].first == "w");
+  REQUIRE(masters[0].second.dtype() == DType::F32);
+  // The masters start as the fp32 values, exactly.
+  REQUIRE(masters[0].second.toVector<float>() == rw.toVector<float>());
   for (int step = 0; step < 3; ++step) {
-    Tensor y = linear(x, w, b);
-    // From the second forward on, the copy AdamW rewrote is reused, not recast.
-    if (step > 0) REQUIRE(w.impl().castCache->copy == last);
-    backward(sum(y.to(DType::F32) * y.to(DType::F32)));
+    for (auto [p, r] : {std::pair{w, rw}, std::pair{b, rb}}) {
+      Tensor g = ops::rand(p.shape(), gen, DType::F32, Device::cpu(), -1, 1);
+      ops::copy(autograd::claimGradBuffer(p).buffer, g);
+      r.setGrad(g);
+    }
     opt.step(0.05);
+    ref.step(0.05);
     opt.zeroGrad();
-    requireCopyMatches(w);
-    requireCopyMatches(b);
-    last = w.impl().castCache->copy;
+    ref.zeroGrad();
+    REQUIRE(!w.grad().defined());
+    REQUIRE(masters[0].second.toVector<float>() == rw.toVector<float>());
+    REQUIRE(masters[1].second.toVector<float>() == rb.toVector<float>());
+    // Bit for bit what a fresh cast gives.
+    REQUIRE(w.toVector<double>() == rw.to(DType::BF16).toVector<double>());
+    REQUIRE(b.toVector<double>() == rb.to(DType::BF16).toVector<double>());
   }
-  // A direct write (as a checkpoint load does) leaves the copy stale until the next forward recasts it.
-  auto before = w.impl().castCache->version;
-  ops::copy(w.detach(), ops::zeros({16, 8}, DType::F32, Device::cpu()));
-  REQUIRE(w.storage()->version() != before);
-  Tensor y = linear(x, w, b);
-  requireCopyMatches(w);
-  REQUIRE(Tensor(w.impl().castCache->copy).toVector<double>() == std::vector<double>(128, 0.0));
-  // The forward with zero weights gives the bias alone.
-  REQUIRE(y.to(DType::F32).toVector<double>()[0] == Approx(b.to(DType::BF16).toVector<double>()[0]));
+  // The state is per chunk.
+  auto state = opt.namedState();
+  REQUIRE(state.size() == 2);
+  REQUIRE(state[0].first == "exp_avg.0");
+  REQUIRE(state[0].second.numel() == chunks.layout().chunks[0].used);
+  // A load writes the masters; writeParameters rounds them into the parameters.
+  ops::copy(masters[0].second, ops::full({16, 8}, 0.3, DType::F32, Device::cpu()));
+  opt.writeParameters();
+  REQUIRE(w.toVector<double>() ==
+          ops::full({16, 8}, 0.3, DType::F32, Device::cpu()).to(DType::BF16).toVector<double>());
 }
 
-TEST_CASE("a backward after an optimizer step rewrote a saved weight copy fails loudly",
-          "[optim][adamw][mixed]") {
+TEST_CASE("a backward after an optimizer step rewrote a saved 16-bit parameter fails loudly",
+          "[optim][adamw][chunks]") {
   Generator gen(12);
   Tensor w = ops::rand({8, 4}, gen, DType::F32, Device::cpu(), -0.5, 0.5);
   w.setRequiresGrad(true);
   Tensor x = ops::rand({3, 8}, gen, DType::F32, Device::cpu(), -1, 1).to(DType::BF16);
   x.setRequiresGrad(true);
-  keepComputeCopies({w});
-  optim::AdamW opt({{"w", w}}, optim::AdamWConfig{});
-  linear(x, w);  // makes the copy
+  zero::ChunkManager chunks({{"w", w}}, 1 << 20, DType::BF16);
+  optim::AdamW opt(chunks, chunks.takeMasters(), optim::AdamWConfig{});
   Tensor loss = sum(linear(x, w).to(DType::F32));
   backward({loss}, {}, /*retainGraph=*/true);
-  opt.step(1e-3);  // rewrites the copy the graph saved
+  opt.step(1e-3);  // rewrites the bf16 weight the graph saved
   std::string message;
   try {
     backward({loss}, {}, true);

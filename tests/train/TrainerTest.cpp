@@ -133,33 +133,26 @@ TEST_CASE("fp16 training skips overflowing steps and lowers the loss scale", "[t
   REQUIRE(r.trainLoss < recs.front()["loss"].get<double>() - 0.5);
 }
 
-TEST_CASE("16-bit weight copies kept by the optimizer train number for number like per-forward casts",
-          "[train][trainer][fp16]") {
-  // fp16 runs as fp16 on the CPU, so the copies AdamW rewrites are exercised here; they must equal the casts.
-  std::vector<nlohmann::json> runs[2];
-  for (int keep = 0; keep < 2; ++keep) {
-    fs::path out = fs::temp_directory_path() / ("strata-trainer-copies-" + std::to_string(keep));
-    fs::remove_all(out);
-    train::Trainer trainer(tinyConfig(
-        out, {"precision.dtype=fp16", "train.train_iters=12", "train.eval_interval=12", "model.dropout=0",
-              std::string("precision.weight_copies=") + (keep ? "true" : "false")}));
-    trainer.run();
-    runs[keep] = records(out);
-    // The knob took effect: every GEMM weight holds a copy in step with it, or none does (wpe only feeds an
-    // embedding gather, which reads fp32 rows, so it never gets one).
-    for (auto& [name, p] : trainer.model().namedParameters()) {
-      if (p.dim() < 2 || name == "wpe.weight") continue;
-      INFO(name);
-      const auto& cache = p.impl().castCache;
-      REQUIRE(bool(cache && cache->fresh(p.storage()->version())) == bool(keep));
-    }
+TEST_CASE("fp16 training holds fp16 parameters in chunks, each its saved fp32 master rounded",
+          "[train][trainer][fp16][chunks]") {
+  // fp16 runs as fp16 on the CPU, so the 16-bit parameters and the fp32 masters are exercised here.
+  fs::path out = test::freshDir("strata-trainer-fp16-chunks");
+  train::Trainer trainer(
+      tinyConfig(out, {"precision.dtype=fp16", "train.train_iters=6", "train.eval_interval=6",
+                       "checkpoint.save=" + (out / "ckpt").string()}));
+  train::TrainResult r = trainer.run();
+  REQUIRE(std::isfinite(r.trainLoss));
+  auto masters = train::loadModelShards(r.checkpoint);
+  for (auto& [name, p] : trainer.model().namedParameters()) {
+    INFO(name);
+    REQUIRE(p.dtype() == DType::F16);
+    REQUIRE(autograd::gradDType(p) == DType::F32);
+    REQUIRE(masters.at(name).dtype() == DType::F32);
+    REQUIRE(p.toVector<double>() == masters.at(name).to(DType::F16).toVector<double>());
   }
-  REQUIRE(runs[0].size() == runs[1].size());
-  for (size_t i = 0; i < runs[0].size(); ++i) {
-    INFO("record " << i);
-    if (runs[0][i].contains("loss"))
-      REQUIRE(runs[0][i]["loss"].get<double>() == runs[1][i]["loss"].get<double>());
-  }
+  // The key of the old per-tensor copies is refused with what replaced it.
+  std::string error = test::errorOf([&] { tinyConfig(out, {"precision.weight_copies=true"}); });
+  REQUIRE(error.find("precision.weight_copies is gone") != std::string::npos);
 }
 
 TEST_CASE("safetensors round-trips tensors and metadata", "[train][checkpoint]") {

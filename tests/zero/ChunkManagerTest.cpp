@@ -1,10 +1,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "TestUtil.h"
 #include "models/Zoo.h"
+#include "models/custom_example/BigramMlp.h"
 #include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
 #include "strata/zero/ChunkManager.h"
@@ -136,4 +138,58 @@ TEST_CASE("training numbers do not depend on the chunk layout", "[zero][chunks][
   REQUIRE(chunkCounts[0] > 1);
   REQUIRE(losses[0] == losses[1]);
   REQUIRE(losses[0] == losses[2]);
+}
+
+namespace {
+// Two micro-batches through `model` with its parameters in small chunks: gradients accumulate in the chunks'
+// flat buffers, and each chunk is announced complete exactly once, in the last micro-batch's backward, after
+// every one of its parameters has heard.
+void requireChunksCompleteOnce(nn::CausalLM& model, int64_t vocab, int64_t seq, int64_t chunkBytes) {
+  zero::ChunkManager chunks(model.namedParameters(), chunkBytes);
+  REQUIRE(chunks.numChunks() > 1);
+  std::vector<std::string> events;
+  std::map<const TensorImpl*, size_t> chunkOf;
+  for (size_t c = 0; c < chunks.numChunks(); ++c)
+    for (const Tensor& p : chunks.parameters(c)) {
+      chunkOf[&p.impl()] = c;
+      p.registerGradCompleteHook([&events, c](Tensor&) { events.push_back("param " + std::to_string(c)); });
+    }
+  chunks.onGradientsComplete([&events](size_t c) { events.push_back("chunk " + std::to_string(c)); });
+  Generator gen(5);
+  for (int micro = 0; micro < 2; ++micro) {
+    Tensor ids = ops::rand({2, seq}, gen, DType::F32, Device::cpu(), 0, double(vocab) - 0.5).to(DType::I64);
+    Tensor loss = model.loss(ids, ids, DType::F32);
+    chunks.beginBackward(micro == 1);
+    events.push_back("backward");
+    backward(loss);
+    // In place: every gradient is a view into its chunk's buffer.
+    for (const Tensor& p : chunks.parameters())
+      if (p.grad().defined()) REQUIRE(p.grad().storage() == chunks.gradients(chunkOf[&p.impl()]).storage());
+  }
+  auto second = std::find(events.begin() + 1, events.end(), "backward");
+  // The first micro-batch announces nothing.
+  REQUIRE(std::count_if(events.begin(), second,
+                        [](const std::string& e) { return e.rfind("chunk", 0) == 0; }) == 0);
+  for (size_t c = 0; c < chunks.numChunks(); ++c) {
+    std::string name = "chunk " + std::to_string(c), param = "param " + std::to_string(c);
+    INFO(name);
+    REQUIRE(std::count(second, events.end(), name) == 1);
+    auto at = std::find(second, events.end(), name);
+    // Announced after all of its parameters heard, none after.
+    REQUIRE(std::count(second, at, param) == int64_t(chunks.parameters(c).size()));
+    REQUIRE(std::count(at, events.end(), param) == 0);
+  }
+}
+}  // namespace
+
+TEST_CASE("each chunk's gradients complete exactly once per step, after the last micro-batch",
+          "[zero][chunks][hooks]") {
+  SECTION("GPT") {
+    auto model = models::buildModel(tinyGptSpec());
+    requireChunksCompleteOnce(*model, tinyGptSpec().vocabSize, 16, 8 << 10);
+  }
+  SECTION("the custom example") {
+    example::BigramMlp model(32, 8, 16, Device::cpu());
+    requireChunksCompleteOnce(model, 32, 16, 1 << 10);
+  }
 }

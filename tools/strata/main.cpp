@@ -100,28 +100,27 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   int64_t L = g.numLayers, C = g.hiddenSize, F = g.ffn();
   int64_t params = g.numParameters();
   double flops = g.flopsPerToken();
-  bool lowPrecision = c.precision.dtype != "fp32";
   std::printf("model          %s: %ld layers, hidden %ld, %ld heads, ffn %ld, seq %ld, vocab %ld\n",
               c.model.arch.c_str(), long(L), long(C), long(c.model.numAttentionHeads), long(F),
               long(c.model.seqLength), long(c.model.vocabSize));
   std::printf("parameters     %ld (%.3f B)\n", long(params), double(params) / 1e9);
   std::printf("FLOPs/token    %.4g (6N + 12 L d s, training)\n", flops);
   std::printf("tokens/iter    %ld\n", long(c.train.globalBatchSize * c.model.seqLength));
-  // Bytes per parameter of each kind of state. The 16-bit copies are kept for the whole run with
-  // precision.weight_copies (rewritten by AdamW), else cast in each forward and alive until the backward:
-  // either way they are part of the peak.
+  // Bytes per parameter of each kind of state, as training lays it out (zero/ChunkManager.h): parameters
+  // in chunks of the compute dtype, fp32 gradient buffers per chunk, and AdamW's fp32 master, m and v per
+  // chunk (a fp32 parameter is its own master).
+  DType compute = train::computeDTypeFor(c, train::resolveDevice(c.train.device));
+  std::string dt = dtypeName(compute);
   struct Kind {
     std::string name;
     double bytesPerParam;
     std::string note;
   };
-  std::vector<Kind> kinds = {{"fp32 parameters (masters)", 4, ""}};
-  if (lowPrecision)
-    kinds.push_back({c.precision.dtype + " weight copies", 2,
-                     c.precision.weightCopies ? "kept, precision.weight_copies" : "cast per forward"});
-  kinds.push_back({"fp32 gradients", 4, ""});
-  kinds.push_back({"AdamW m (fp32)", 4, ""});
-  kinds.push_back({"AdamW v (fp32)", 4, ""});
+  std::vector<Kind> kinds = {{dt + " parameters", double(dtypeSize(compute)), "views into the chunks"}};
+  kinds.push_back({"fp32 gradients", 4, "flat buffer per chunk"});
+  if (compute != DType::F32) kinds.push_back({"fp32 masters (AdamW)", 4, "per chunk"});
+  kinds.push_back({"AdamW m (fp32)", 4, "per chunk"});
+  kinds.push_back({"AdamW v (fp32)", 4, "per chunk"});
   double perParam = 0;
   std::printf("model state by kind:     bytes/param  total\n");
   for (const auto& k : kinds) {
@@ -132,15 +131,14 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   }
   std::printf("  %-28s %4.0f  %10s\n", "model state total", perParam,
               humanBytes(perParam * double(params)).c_str());
-  // The parameters are fp32 tensors today, so chunks are planned in fp32.
   auto shapes = models::parameterShapes(train::modelSpecFrom(c, Device::cpu()));
   int64_t chunkBytes = int64_t(c.zero.chunkSizeMb * double(1 << 20));
-  zero::ChunkLayout layout = zero::planChunks(shapes, chunkBytes, DType::F32);
+  zero::ChunkLayout layout = zero::planChunks(shapes, chunkBytes, compute);
   std::printf("parameter chunks (zero_optimization.chunk_size_mb %g, first-use order): %s",
               c.zero.chunkSizeMb, layout.table().c_str());
-  int64_t best = zero::bestChunkBytes(shapes, DType::F32);
+  int64_t best = zero::bestChunkBytes(shapes, compute);
   if (best != chunkBytes && layout.chunks.size() > 1) {
-    zero::ChunkLayout bestLayout = zero::planChunks(shapes, best, DType::F32);
+    zero::ChunkLayout bestLayout = zero::planChunks(shapes, best, compute);
     std::printf("  chunk_size_mb %ld would fill %.1f%% (%zu chunks)\n", long(best >> 20),
                 100.0 * double(bestLayout.payloadElems()) / double(bestLayout.capacityElems()),
                 bestLayout.chunks.size());
@@ -171,6 +169,7 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
     ops::copy(p, it->second);
   }
   DType compute = device.isCpu() || c.precision.dtype == "fp32" ? DType::F32 : DType::BF16;
+  model->castParameters(compute);  // layers compute in their parameters' dtype
   auto tokenizer = train::makeTokenizer(c);
   std::string text =
       train::sampleText(*model, *tokenizer, device, compute, prompt, tokens, temperature, topK, seed);

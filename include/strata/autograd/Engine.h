@@ -58,10 +58,14 @@ bool inBackwardPass();
 // The id of the innermost backward pass running on this thread; 0 when none runs. Ids increase from 1 and
 // are never reused in a process.
 uint64_t currentBackwardPass();
+// The id of the outermost backward pass running on this thread (the backward() the user called, around any
+// nested recomputation passes); 0 when none runs.
+uint64_t outermostBackwardPass();
 // Runs `callback` at the end of the current (innermost) backward pass, after every node has run and every
 // reachable leaf has been notified (NOTE [Backward passes]). Only valid while a pass runs, i.e. from a hook
 // or a node's backward; throws otherwise.
-void queueEndOfBackwardCallback(std::function<void()> callback);
+// With `outermost`, at the end of the outermost pass instead.
+void queueEndOfBackwardCallback(std::function<void()> callback, bool outermost = false);
 // Declares `leaf`'s gradient complete for the current pass: fires its gradient-complete hooks unless they
 // already fired in this pass (or in a pass nested in it). Outside a backward pass it fires them.
 // AccumulateGrad calls this after adding a gradient; end-of-backward callbacks call it for leaves that got

@@ -76,17 +76,13 @@ Tensor norm(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x [..., in] @ weight [in, out] + bias [out] (undefined for none): one GEMM with the bias in its epilogue.
 // The backward is two GEMMs over the flattened rows; the bias gradient comes out of the weight-gradient GEMM.
+// Parameters have x's dtype (the compute dtype); their gradients come in autograd::gradDType, straight into
+// their gradient buffers when they have them (NOTE [Gradient buffers] in Node.h).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
-// Mixed precision: keep a bf16/f16 copy of each of these fp32 parameters for the GEMMs of linear, geluMlp
-// and linearCrossEntropy, instead of casting them in every forward. The first forward makes each copy;
-// AdamW::step rewrites it in the same pass as the update, and any other write through ops (copy, fill: a
-// checkpoint load) invalidates it, so the next forward recasts. Writes through a raw data() pointer are not
-// seen. Costs 2 bytes per parameter for as long as the parameters live; keep = false drops the copies.
-void keepComputeCopies(const std::vector<Tensor>& parameters, bool keep = true);
 // A Transformer MLP: gelu_tanh(x @ fcWeight + fcBias) @ projWeight + projBias, weights [in, out], biases
 // optional. The GELU runs in the fc GEMM's epilogue and its gradient in the epilogue of the GEMM that forms
 // it (cuBLASLt GELU_AUX_BIAS / DGELU on CUDA), and each bias gradient comes out of its weight-gradient GEMM.
-// Mixed precision as in linear(): fp32 parameters with bf16/f16 input.
+// Parameters and gradients as in linear().
 Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, const Tensor& projWeight,
                const Tensor& projBias = Tensor());
 
@@ -97,7 +93,7 @@ Tensor logSoftmax(const Tensor& x, int64_t dim = -1);
 // softmax(scale * x) over the last dim of [..., S_q, S_k], causally masked when asked (see
 // ops::scaledSoftmax).
 Tensor scaledSoftmax(const Tensor& x, double scale, bool causal);
-// weight/bias in x's dtype, or fp32 masters with bf16/f16 x (read as they are; fp32 gradients).
+// weight/bias in x's dtype or fp32; their gradients come in autograd::gradDType.
 Tensor layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 // A pre-LN residual step in one pass: sum = x + residual and y = layerNorm(sum). Returns {sum, y}; the
 // backward adds sum's gradient into the norm's input gradient in the same pass.
@@ -111,7 +107,7 @@ Tensor crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIn
 // Mean cross-entropy of the logits x @ weight^T against target, without the logits of the whole batch: rows
 // go through in chunks of about 2^27 logits, each chunk's logits GEMM, loss, softmax gradient and the two
 // gradient GEMMs done before the next, so only one chunk's logits exist at a time. x [N, C] in the compute
-// dtype; weight [V, C] (a tied embedding), fp32 master or compute dtype; target [N]. The gradients are formed
+// dtype; weight [V, C] (a tied embedding) in the compute dtype; target [N]. The gradients are formed
 // in the forward (the loss is a scalar) and scaled by the incoming gradient in the backward.
 Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& target,
                           int64_t ignoreIndex = -100, int64_t chunkRows = 0);

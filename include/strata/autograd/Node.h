@@ -101,6 +101,38 @@ class AccumulateGrad final : public Node {
   std::shared_ptr<TensorImpl> leaf_;
 };
 
+// NOTE [Gradient buffers]
+// A leaf may have a gradient home (setGradHome): a gradient dtype and a function that makes the tensor its
+// gradient goes into, called by the first gradient of a step. The chunk manager gives each 16-bit parameter
+// a view into its chunk's flat fp32 gradient buffer, allocated when the chunk's first gradient arrives in
+// backward and released after the optimizer step, so gradients take memory only from backward to update (as
+// per-tensor gradients did) while being one flat buffer per chunk. The first write of a step stores, the
+// next ones add in place, in the home's dtype (gradDType); grad() is the view once written, and
+// Tensor::setGrad(undefined) lets go of it, so zeroing gradients costs no pass.
+// A node may write a leaf's gradient straight into its home from its backward (a weight-gradient GEMM with
+// beta = 0 or 1, Megatron's gradient-accumulation fusion): claimGradBuffer() hands it the buffer and
+// whether to add, and the node returns no gradient for that input. The engine still counts the edge, so
+// the leaf's gradient-complete hooks fire once all its edges are in (NOTE [Backward passes] in Engine.h).
+// A leaf with gradient hooks (Tensor::registerGradHook) is never claimed: its hooks must see the gradient.
+
+// Gives `leaf` a gradient home: `make` returns a tensor of the leaf's shape in `dtype` (floating,
+// contiguous, on the leaf's device). Drops the current gradient. An undefined `make` removes the home.
+void setGradHome(const Tensor& leaf, DType dtype, std::function<Tensor()> make);
+// A home that is always `buffer`.
+void setGradBuffer(const Tensor& leaf, const Tensor& buffer);
+// The dtype `t`'s gradient accumulates in: its gradient home's, else its own.
+DType gradDType(const Tensor& t);
+// A claimed gradient buffer: write into `buffer`, storing when !accumulate and adding when accumulate.
+struct GradSink {
+  Tensor buffer;
+  bool accumulate = false;
+  explicit operator bool() const { return buffer.defined(); }
+};
+// For a leaf with a gradient home and no gradient hooks, called from a backward: the buffer (made when this
+// is the step's first gradient), which becomes the leaf's grad(); the caller must write it. Empty otherwise
+// (return the gradient as usual). evenWithHooks: AccumulateGrad, after running the hooks.
+GradSink claimGradBuffer(const Tensor& t, bool evenWithHooks = false);
+
 // True when t takes part in the graph: a leaf that requires grad, or the output of a recorded op.
 inline bool participates(const Tensor& t) {
   return t.defined() && (t.requiresGrad() || t.gradFn() != nullptr);

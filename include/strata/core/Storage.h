@@ -7,13 +7,13 @@
 // re-read it each time. Touching a storage that is not resident throws, naming the storage's label.
 //
 // NOTE [Content version and residency]
-// A storage counts two things apart. `version()` is its content version: ops that write into it bump it,
-// and autograd (a weight saved for the backward) and the cast caches (a parameter's bf16 copy) compare it
-// to tell a write from no write. `residencyVersion()` counts moves: repoint() and evict() bump it and leave
-// the content version alone, because moving bytes is not writing them. So a weight evicted after the
-// forward and re-pointed at the same values before the backward passes the backward's check, while an
-// ops::copy into it in between still fails it. A caller that re-points a storage at *different* values
-// (loading other weights into place) writes it, and must say so with bumpVersion().
+// A storage counts two things apart. `version()` is its content version: ops that write into it bump it, and
+// autograd (a weight saved for the backward) compares it to tell a write from no write. `residencyVersion()`
+// counts moves: repoint() and evict() bump it and leave the content version alone, because moving bytes is
+// not writing them. So a weight evicted after the forward and re-pointed at the same values before the
+// backward passes the backward's check, while an ops::copy into it in between still fails it. A caller that
+// re-points a storage at *different* values (loading other weights into place) writes it, and must say so
+// with bumpVersion().
 #pragma once
 
 #include <cstddef>

@@ -27,6 +27,13 @@ class Node;
 
 class Tensor;
 
+// Where a leaf's gradients accumulate: a tensor of the leaf's shape in `dtype`, made by `make` when the first
+// gradient of a step arrives.
+struct GradHome {
+  DType dtype;
+  std::function<Tensor()> make;
+};
+
 // Autograd metadata of one tensor. Lives in core so that Tensor can carry it; the autograd layer gives it
 // meaning.
 struct AutogradMeta {
@@ -41,18 +48,10 @@ struct AutogradMeta {
   // Hooks that fire on a leaf once its gradient for this backward pass is complete and accumulated.
   std::vector<std::function<void(Tensor&)>> gradCompleteHooks;
   std::string name;
-};
-
-struct TensorImpl;
-
-// A copy of a tensor in another dtype, valid while its storage's version equals `version`: a mixed-precision
-// parameter's bf16/f16 copy, made by the first forward that casts it and then rewritten in place by the AdamW
-// kernel at every step, so forwards stop paying a cast pass per parameter.
-struct CastCache {
-  std::shared_ptr<TensorImpl> copy;
-  uint64_t version = 0;
-  // True when `copy` still mirrors a storage now at `storageVersion`.
-  bool fresh(uint64_t storageVersion) const { return copy != nullptr && version == storageVersion; }
+  // A leaf's gradient home (NOTE [Gradient buffers] in strata/autograd/Node.h): where its gradient goes,
+  // made on demand by the step's first write (a view into a chunk's flat fp32 gradients for a 16-bit
+  // parameter). grad then holds that view until setGrad(undefined).
+  std::shared_ptr<GradHome> gradHome;
 };
 
 struct TensorImpl {
@@ -62,7 +61,6 @@ struct TensorImpl {
   int64_t offset = 0;  // in elements
   DType dtype = DType::F32;
   AutogradMeta autograd;
-  std::shared_ptr<CastCache> castCache;  // set on parameters only (see CastCache)
 };
 
 class Tensor {
@@ -145,6 +143,9 @@ class Tensor {
   // Marks a leaf as requiring grad. Throws for non-floating dtypes and for non-leaf tensors.
   Tensor& setRequiresGrad(bool on = true);
   bool isLeaf() const { return impl().autograd.gradFn == nullptr; }
+  // A leaf's accumulated gradient; undefined when none was written. With a gradient home
+  // (autograd::setGradHome), setGrad(undefined) lets go of the home's buffer and setGrad takes no other
+  // tensor.
   Tensor grad() const;
   void setGrad(const Tensor& grad) const;
   const std::shared_ptr<autograd::Node>& gradFn() const { return impl().autograd.gradFn; }

@@ -1,6 +1,6 @@
 // y = x W + b with W stored [in, out] (the layout HF's GPT-2 Conv1D uses, so checkpoints map one to one).
-// Parameters are kept in their own dtype (fp32 masters); forward casts them to the input's dtype, so bf16
-// activations run bf16 GEMMs while gradients accumulate in fp32.
+// The parameters are in the compute dtype (bf16 when training in bf16: views into the model's chunks, whose
+// fp32 masters the optimizer keeps); their gradients accumulate in fp32 buffers.
 #pragma once
 
 #include "strata/core/Generator.h"
@@ -27,12 +27,5 @@ class Linear : public Module {
  protected:
   std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
 };
-
-// A parameter cast to `dtype` for use in a forward pass (differentiable; no copy when it already matches).
-Tensor castParameter(const Tensor& parameter, DType dtype);
-// A parameter as the fused functions (linear, geluMlp, layerNorm, ...) take it for `compute` input: fp32
-// masters as they are under bf16/f16 compute (the functions cast them and return fp32 gradients), otherwise
-// castParameter. Undefined stays undefined.
-Tensor computeParameter(const Tensor& parameter, DType compute);
 
 }  // namespace strata::nn

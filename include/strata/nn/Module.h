@@ -100,6 +100,10 @@ class Module {
   std::vector<std::pair<std::string, Module*>> namedModules();
   std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() { return children_; }
   int64_t numParameters() const;
+  // Converts every parameter to `dtype` in place (each tensor keeps its identity; a tied one is converted
+  // once) and drops their gradients. Layers compute in their parameters' dtype, so this is how a model runs
+  // in bf16 outside training (training lays the parameters out in chunks of the compute dtype itself).
+  void castParameters(DType dtype);
 
   void train(bool on = true);
   void eval() { train(false); }

@@ -109,6 +109,11 @@ struct LinearParamGrads {
   Tensor weight, bias;
 };
 LinearParamGrads linearParamGrads(const Tensor& x, const Tensor& gy, DType out, bool withBias);
+// The same into an existing weight gradient: `weight` (contiguous [K, N], fp32 or the operands' dtype) is set
+// to x^T gy, or has it added when `accumulate` (the GEMM's beta = 1: a parameter's gradient buffer filled by
+// micro-batches without a pass of its own). Returns the bias gradient in `biasDtype` when withBias.
+Tensor linearParamGradsInto(const Tensor& x, const Tensor& gy, const Tensor& weight, bool accumulate,
+                            bool withBias, DType biasDtype);
 
 // ---- normalisation and softmax (over the last dimension unless given)
 // ---------------------------------------------
@@ -137,10 +142,12 @@ struct NormGrads {
 };
 // x: the rows that were normalised (the sum, for a fused residual). gextra, if defined, is added to the
 // input gradient in the same pass (the gradient reaching those rows through the residual path).
+// The weight and bias gradients come in `paramGrads` (default: the weight's dtype).
 NormGrads layerNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
-                            bool needWeight, bool needBias, const Tensor& gextra = Tensor());
+                            bool needWeight, bool needBias, const Tensor& gextra = Tensor(),
+                            std::optional<DType> paramGrads = std::nullopt);
 NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weight, const NormResult& saved,
-                          bool needWeight);
+                          bool needWeight, std::optional<DType> paramGrads = std::nullopt);
 
 // ---- fused attention
 // ------------------------------------------------------------------------------------------------
@@ -171,6 +178,9 @@ void flashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
 // C], indices (i32/i64) of any shape -> [..., C].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor embeddingBackward(const Tensor& gy, const Tensor& indices, int64_t numEmbeddings, DType dtype);
+// Adds the rows of gy [N, C] into out [V, C] (contiguous, fp32 for 16-bit gy, else gy's dtype) at indices
+// [N]; with !accumulate, out is zeroed first.
+void embeddingBackwardInto(const Tensor& gy, const Tensor& indices, const Tensor& out, bool accumulate);
 
 struct CrossEntropyResult {
   Tensor loss;     // fp32 scalar: mean over targets that are not ignore_index
@@ -191,8 +201,8 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 // -------------------------------------------------------------------------------------------- AdamW
 // (decoupled weight decay) over a list of tensors on one device, in place. param, m, v and grad: fp32,
 // contiguous. One fused launch on the GPU. `copy` (optional): a contiguous bf16/f16 tensor of param's size
-// that receives the updated param rounded to its dtype in the same pass (the GEMMs' copy of a mixed-precision
-// weight). Bumps each param's storage version.
+// that receives the updated param rounded to its dtype in the same pass (the 16-bit parameter whose fp32
+// master `param` is). Bumps the storage versions of param and copy.
 struct AdamWTensors {
   Tensor param, grad, m, v;
   float weightDecay = 0.0f;

@@ -1,5 +1,12 @@
-// AdamW with fp32 state (m, v) beside each fp32 master parameter, decoupled weight decay, and bias
-// correction. Parameters of rank < 2 (biases, norm gains) get no weight decay, as in GPT-2/nanoGPT.
+// AdamW with fp32 state (m, v) beside each fp32 master, decoupled weight decay, and bias correction.
+// Parameters of rank < 2 (biases, norm gains) get no weight decay, as in GPT-2/nanoGPT.
+//
+// Two ways to hold the state:
+// - per parameter: fp32 parameters that are their own masters, with m and v per tensor;
+// - per chunk (zero/ChunkManager.h): m and v are one flat fp32 buffer per chunk, and for 16-bit chunks the
+//   fp32 masters are too (ChunkManager::takeMasters); each step updates the masters and writes the 16-bit
+//   parameters in the same pass (the kernel rounds the new master into the parameter).
+// Either way a parameter whose gradient is undefined at step() (no gradient in this step) is left alone.
 #pragma once
 
 #include <string>
@@ -7,6 +14,7 @@
 #include <vector>
 
 #include "strata/core/Tensor.h"
+#include "strata/zero/ChunkManager.h"
 
 namespace strata::optim {
 
@@ -21,6 +29,8 @@ struct AdamWConfig {
 class AdamW {
  public:
   AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const AdamWConfig& config);
+  // State per chunk of `chunks`; `masters`: its fp32 masters (takeMasters()), empty for fp32 chunks.
+  AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config);
 
   // One update with learning rate `lr` from each parameter's .grad() times `gradScale` (a device fp32 scalar,
   // e.g. the clipping coefficient; undefined for 1). Parameters without a gradient are skipped.
@@ -30,17 +40,26 @@ class AdamW {
   int64_t stepCount() const { return step_; }
   void setStepCount(int64_t s) { step_ = s; }
   const AdamWConfig& config() const { return config_; }
-  // Optimizer state by name ("m.<param>", "v.<param>"), for checkpoints.
+  // Optimizer state for checkpoints: per chunk "exp_avg.<chunk>" and "exp_avg_sq.<chunk>" (flat fp32), or per
+  // parameter "m.<param>" and "v.<param>".
   std::vector<std::pair<std::string, Tensor>> namedState() const;
+  // The fp32 master of each parameter by name (views into the chunks' masters; the parameters themselves
+  // when they are fp32): what a checkpoint saves as the model.
+  std::vector<std::pair<std::string, Tensor>> namedMasters() const;
+  // Rounds every master into its 16-bit parameter (after the masters were loaded); nothing for fp32.
+  void writeParameters();
+  // Whether the masters are separate from the parameters (16-bit chunks).
+  bool hasMasters() const { return !masters_.empty(); }
 
  private:
   struct Slot {
     std::string name;
-    Tensor param, m, v;
+    Tensor param, master, m, v;  // master: the parameter itself when it is fp32
     float weightDecay;
   };
   AdamWConfig config_;
   std::vector<Slot> slots_;
+  std::vector<Tensor> masters_, m_, v_;  // per chunk (chunked state only)
   int64_t step_ = 0;
 };
 

@@ -76,9 +76,6 @@ struct PrecisionConfig {
   double initialLossScale = 65536.0;  // fp16 only
   int64_t lossScaleWindow = 1000;     // good steps before the scale doubles
   double minLossScale = 1.0;
-  // bf16/fp16: keep a 16-bit copy of the fp32 weights for the GEMMs, rewritten by the optimizer step, instead
-  // of casting every weight in every forward. Faster; costs 2 bytes per parameter of memory.
-  bool weightCopies = true;
 };
 
 struct ZeroConfig {

@@ -62,6 +62,10 @@ class StepEngine {
   virtual ~StepEngine() = default;
   // One step at learning rate `lr` over `microBatches` micro-batches drawn from `next`.
   virtual StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) = 0;
+  // The model's fp32 weights by parameter name (the optimizer's masters; the parameters when fp32): what a
+  // checkpoint saves as the model, and where a checkpoint loads it; call mastersLoaded() after a load.
+  virtual NamedTensors modelState() const = 0;
+  virtual void mastersLoaded() = 0;
   // The optimizer's tensors by name (checkpoints).
   virtual NamedTensors optimizerState() const = 0;
   virtual StepEngineState state() const = 0;
@@ -69,32 +73,34 @@ class StepEngine {
 };
 
 // The single-rank step, all state on the model's device: AdamW, clipping from optimizer.clip_grad, and for
-// fp16 dynamic loss scaling from the precision section. Its first step records the parameters' first-use
-// order with one forward of the first micro-batch (in eval mode, the RNG untouched) and moves them into
-// chunks of zero_optimization.chunk_size_mb (zero/ChunkManager.h); numbers do not depend on the layout.
+// fp16 dynamic loss scaling from the precision section. The constructor records the parameters' first-use
+// order with one forward of one sequence (in eval mode, the RNG untouched) and moves them into chunks of
+// zero_optimization.chunk_size_mb in the compute dtype (zero/ChunkManager.h), with fp32 gradient buffers
+// and, for 16-bit compute, fp32 masters held by AdamW per chunk; numbers do not depend on the layout. The
+// model passed in holds fp32 parameters; afterwards it holds compute-dtype views into the chunks.
 class LocalStepEngine final : public StepEngine {
  public:
   LocalStepEngine(nn::CausalLM& model, const Config& config, Device device, DType compute);
   StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) override;
-  NamedTensors optimizerState() const override { return optimizer_.namedState(); }
+  NamedTensors modelState() const override { return optimizer_->namedMasters(); }
+  void mastersLoaded() override;
+  NamedTensors optimizerState() const override { return optimizer_->namedState(); }
   StepEngineState state() const override;
   void restore(const StepEngineState& state) override;
-  // The chunks, once the first step has laid them out (nullptr before).
-  const zero::ChunkManager* chunks() const { return chunks_.get(); }
+  const zero::ChunkManager& chunks() const { return *chunks_; }
+  const optim::AdamW& optimizer() const { return *optimizer_; }
 
  private:
-  void layOutChunks(const Tensor& ids, const Tensor& targets);
+  void layOutChunks(int64_t chunkBytes);
 
   nn::CausalLM& model_;
   Device device_;
   DType compute_;
   double clipGrad_;
-  std::vector<Tensor> params_;
-  optim::AdamW optimizer_;
-  std::unique_ptr<optim::LossScaler> scaler_;
-  int64_t chunkBytes_;
-  bool weightCopies_;
   std::unique_ptr<zero::ChunkManager> chunks_;
+  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::LossScaler> scaler_;
+  std::vector<int64_t> chunkNotices_;
 };
 
 }  // namespace strata::train

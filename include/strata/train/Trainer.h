@@ -39,6 +39,9 @@ class DivergedError : public Error {
 
 // "auto" -> cuda:0 when a GPU is present, else cpu.
 Device resolveDevice(const std::string& name);
+// The dtype training computes in, and the parameters' dtype once laid out in chunks: precision.dtype, with
+// bf16 on the CPU computing in fp32.
+DType computeDTypeFor(const Config& config, Device device);
 // The zoo's model spec for a config's model section, built on `device` with the config's seed.
 models::ModelSpec modelSpecFrom(const Config& config, Device device);
 
@@ -76,6 +79,7 @@ class Trainer {
   std::string saveDirectory() const;
 
  private:
+  DType modelDType() const;
   void setup();
 
   Config config_;

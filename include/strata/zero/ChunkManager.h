@@ -1,18 +1,38 @@
-// The chunk manager: parameters as views into a few chunk buffers.
+// The chunk manager: parameters as views into a few chunk buffers, with flat gradient buffers beside them.
 //
 // NOTE [Chunk lifetime]
-// The manager moves every parameter, in first-use order, into chunks planned by planChunks
-// (ChunkLayout.h): each chunk is one storage, and each parameter's TensorImpl is re-pointed at its slot of
-// its chunk (storage and offset swapped, values copied once), so the tensors that modules, the optimizer and
-// the checkpoints hold stay the same objects and see the chunk's bytes. A chunk moves as a whole: evict(i)
-// marks its bytes not resident (touching a parameter then throws, naming the chunk), and repoint(i, data,
-// device) points it at bytes elsewhere; moving bytes is not writing them, so neither looks like an in-place
-// write to a backward that saved a parameter (StorageImpl's content version vs residency version). Chunks are
-// allocated at the size their parameters use (not the layout's capacity) until the GPU arena of fixed-size
-// slots exists, so chunking costs no memory.
+// The manager moves every parameter, in first-use order, into chunks planned by planChunks (ChunkLayout.h)
+// in the compute dtype: each chunk is one storage, and each parameter's TensorImpl is re-pointed at its slot
+// of its chunk (storage, offset and dtype swapped), so the tensors that modules, the optimizer and the
+// checkpoints hold stay the same objects and see the chunk's bytes. When the compute dtype is 16-bit the
+// parameters' fp32 values become the chunks' fp32 masters, handed to the optimizer (takeMasters); with an
+// fp32 compute dtype a parameter is its own master. Each chunk also has a flat gradient buffer (fp32, or the
+// parameters' dtype when wider) that its parameters' .grad are views into (NOTE [Gradient buffers] in
+// strata/autograd/Node.h): micro-batches accumulate there without allocating. The buffer is made when the
+// step's first gradient reaches the chunk in backward and released after the update (releaseGradients), so
+// gradients hold memory only while activations are being freed, as per-tensor gradients did. The move goes
+// chunk by chunk, releasing each parameter's old storage as soon as it is copied, so it needs about one chunk
+// of extra memory beyond the final state.
+//
+// A chunk's parameter bytes move as a whole: evict(i) marks them not resident (touching a parameter then
+// throws, naming the chunk), and repoint(i, data, device) points them at bytes elsewhere; moving bytes is not
+// writing them, so neither looks like an in-place write to a backward that saved a parameter (StorageImpl's
+// content version vs residency version). Chunks are allocated at the size their parameters use (not the
+// layout's capacity) until the GPU arena of fixed-size slots exists, so chunking costs no memory.
+//
+// NOTE [Chunk gradients complete]
+// ZeRO reduces a chunk's gradients once they are final for the step. The manager counts its parameters'
+// gradient-complete notices per backward pass (each parameter hears exactly once per pass, used or not:
+// NOTE [Backward passes] in strata/autograd/Engine.h); in the pass of the step's last micro-batch
+// (beginBackward(true)), a chunk whose every parameter has heard is announced to the callback at once, while
+// backward goes on. Chunks still short at the end of that pass (a parameter outside every module call) are
+// announced by an end-of-backward callback, so each chunk completes exactly once per step.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,24 +49,60 @@ namespace strata::zero {
 class ChunkManager {
  public:
   // Moves `parameters` (name and tensor, in first-use order, all of one dtype and device; a repeated name is
-  // placed once) into chunks of `chunkBytes`.
-  ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes);
+  // placed once) into chunks of `chunkBytes` of `compute` dtype (the parameters' own dtype when undefined).
+  ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
+               std::optional<DType> compute = std::nullopt);
+  ~ChunkManager();
+  ChunkManager(const ChunkManager&) = delete;
+  ChunkManager& operator=(const ChunkManager&) = delete;
 
   const ChunkLayout& layout() const { return layout_; }
   size_t numChunks() const { return chunks_.size(); }
+  DType dtype() const { return layout_.dtype; }
   // Chunk i's storage and its elements as one flat tensor (its used length).
   const Storage& storage(size_t i) const { return chunks_[i]; }
   Tensor flat(size_t i) const;
-  // Bytes of chunk i (its used length).
+  // Chunk i's flat gradient buffer (the used length; bytes between parameters are never written), made by
+  // the first gradient of a step that reaches the chunk; undefined before that and after releaseGradients.
+  const Tensor& gradients(size_t i) const;
+  // Drops every parameter's gradient and the chunks' gradient buffers (after the update: their memory goes
+  // back to the allocator until the next backward).
+  void releaseGradients();
+  // Bytes of chunk i's parameters (its used length).
   size_t bytes(size_t i) const;
+  // The parameters of chunk i, in slot order, and every parameter in layout order.
+  std::vector<Tensor> parameters(size_t i) const;
+  const std::vector<Tensor>& parameters() const { return params_; }
+
+  // The fp32 masters of 16-bit chunks, one flat tensor per chunk (empty when the chunks hold fp32); the
+  // first call moves them out, to their owner, the optimizer.
+  std::vector<Tensor> takeMasters();
 
   void evict(size_t i);
   void repoint(size_t i, void* data, Device device);
 
+  // NOTE [Chunk gradients complete]. The callback gets the chunk index.
+  void onGradientsComplete(std::function<void(size_t)> callback);
+  // Call before each micro-batch's backward; lastMicroBatch: the step's gradients are final after it.
+  void beginBackward(bool lastMicroBatch);
+
  private:
+  struct Notices;
+  struct Grads {
+    DType dtype;
+    Device device;
+    std::vector<int64_t> used;
+    std::vector<Tensor> flat;
+    Tensor get(size_t chunk);
+  };
+
   ChunkLayout layout_;
-  DType dtype_;
   std::vector<Storage> chunks_;
+  std::shared_ptr<Grads> grads_;
+  std::vector<Tensor> masters_;
+  std::vector<Tensor> params_;
+  std::vector<int64_t> chunkOf_;  // by parameter, in layout order
+  std::shared_ptr<Notices> notices_;
 };
 
 // The names of `model`'s parameters in the order their modules first run in `forward` (a pass the caller
