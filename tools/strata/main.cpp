@@ -109,7 +109,10 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   // Bytes per parameter of each kind of state, as training lays it out (zero/ChunkManager.h): parameters
   // in chunks of the compute dtype, fp32 gradient buffers per chunk, and AdamW's fp32 master, m and v per
   // chunk (a fp32 parameter is its own master).
-  DType compute = train::computeDTypeFor(c, train::resolveDevice(c.train.device));
+  // The configured device, present or not (info plans; it does not run).
+  Device planned = c.train.device == "auto" ? (cudaAvailable() ? Device::cuda(0) : Device::cpu())
+                                            : Device::parse(c.train.device);
+  DType compute = train::computeDTypeFor(c, planned);
   std::string dt = dtypeName(compute);
   struct Kind {
     std::string name;
