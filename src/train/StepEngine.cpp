@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "strata/autograd/Engine.h"
 #include "strata/autograd/Functions.h"
@@ -13,6 +15,21 @@
 #include "strata/ops/Ops.h"
 
 namespace strata::train {
+
+namespace {
+// STRATA_MEMLOG=1: the device's allocated and peak bytes at the phases of the first steps (where a peak
+// comes from).
+void memlog(Device device, const char* phase, int64_t step) {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_MEMLOG");
+    return e != nullptr && std::string(e) != "0";
+  }();
+  if (!on || step > 2) return;
+  AllocatorStats st = deviceAllocator(device).stats();
+  spdlog::info("memory, step {} {}: allocated {:.2f} GiB, peak {:.2f} GiB", step, phase,
+               double(st.allocatedBytes) / double(1 << 30), double(st.peakAllocatedBytes) / double(1 << 30));
+}
+}  // namespace
 
 LocalStepEngine::LocalStepEngine(nn::CausalLM& model, const Config& c, Device device, DType compute)
     : model_(model), device_(device), compute_(compute), clipGrad_(c.optimizer.clipGrad) {
@@ -26,6 +43,7 @@ LocalStepEngine::LocalStepEngine(nn::CausalLM& model, const Config& c, Device de
                          c.optimizer.weightDecay});
   chunks_->onGradientsComplete([this](size_t chunk) { ++chunkNotices_[chunk]; });
   chunkNotices_.assign(chunks_->numChunks(), 0);
+  memlog(device_, "engine built", 0);
 }
 
 void LocalStepEngine::layOutChunks(int64_t chunkBytes) {
@@ -72,10 +90,12 @@ StepOutcome LocalStepEngine::step(const MicroBatchSource& next, int64_t microBat
     auto [x, y] = next();
     profiler::mark("data");
     Tensor loss = model_.loss(x, y, compute_);
+    memlog(device_, "forward", steps_ + 1);
     Tensor scaled = microBatches > 1 ? loss * (1.0 / double(microBatches)) : loss;
     // fp16: scale the loss so small gradients stay representable; the update unscales them.
     chunks_->beginBackward(micro + 1 == microBatches);
     backward(scaler_ ? scaled * scale : scaled);
+    memlog(device_, "backward", steps_ + 1);
     NoGradGuard noGrad;
     stepLoss = ops::add(stepLoss, ops::to(scaled.detach(), device_, DType::F32));
     profiler::mark("loss bookkeeping");
@@ -112,6 +132,7 @@ StepOutcome LocalStepEngine::step(const MicroBatchSource& next, int64_t microBat
   optimizer_->zeroGrad();
   chunks_->releaseGradients();
   profiler::mark("zero grad");
+  memlog(device_, "update", ++steps_);
   return outcome;
 }
 

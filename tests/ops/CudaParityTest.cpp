@@ -566,7 +566,7 @@ TEST_CASE("[cuda] bf16 GELU MLP accumulates fp32 gradients in its parameters' bu
            return std::vector<Tensor>{y.detach(),  p[0].grad(), p[1].grad(),
                                       p[2].grad(), p[3].grad(), p[4].grad()};
          },
-         {x, w1, b1, w2, b2, g}, {5e-2, 2e-2});
+         {x, w1, b1, w2, b2, g}, {1e-1, 2e-2});  // two backwards: gradients twice the size
 }
 
 TEST_CASE("[cuda] layer norm with a fused residual and fp32 parameters matches the cpu", "[cuda][parity]") {

@@ -101,6 +101,7 @@ class LocalStepEngine final : public StepEngine {
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<optim::LossScaler> scaler_;
   std::vector<int64_t> chunkNotices_;
+  int64_t steps_ = 0;
 };
 
 }  // namespace strata::train
