@@ -1,6 +1,7 @@
 #include "dist/CollectiveCall.h"
 
 #include <cstdio>
+#include <string_view>
 
 #include "strata/core/Error.h"
 
@@ -12,9 +13,11 @@ const char* reduceOpName(ReduceOp op) {
 
 std::string describeCall(const GroupInfo& group, const CollectiveCall& call) {
   std::string op = call.reduce ? detail::format("{}({})", call.op, call.reduce) : std::string(call.op);
-  return detail::format("{} of {} {} elements ({} bytes) on rank {} of group '{}' ({} ranks)", op,
-                        call.elements, dtypeName(call.dtype), call.elements * int64_t(dtypeSize(call.dtype)),
-                        group.rank, group.name, group.size);
+  if (std::string_view(call.op) != "barrier") {
+    op += detail::format(" of {} {} elements ({} bytes)", call.elements, dtypeName(call.dtype),
+                         call.elements * int64_t(dtypeSize(call.dtype)));
+  }
+  return detail::format("{} on rank {} of group '{}' ({} ranks)", op, group.rank, group.name, group.size);
 }
 
 void failCollective(const GroupInfo& group, const CollectiveCall& call, const std::string& reason) {

@@ -17,7 +17,8 @@ struct CollectiveCall {
   DType dtype = DType::U8;
 };
 
-// "allReduce(sum) of 1024 bf16 elements (2048 bytes) on rank 1 of group 'world' (4 ranks)".
+// "allReduce(sum) of 1024 bf16 elements (2048 bytes) on rank 1 of group 'world' (4 ranks)"; a barrier has no
+// sizes.
 std::string describeCall(const GroupInfo& group, const CollectiveCall& call);
 
 // Writes "dist: <description> <reason>" to stderr at once (another rank may abort the job before this one's
