@@ -23,26 +23,45 @@ AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const 
   }
 }
 
-AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config)
-    : config_(config), masters_(std::move(masters)) {
+AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config,
+             std::vector<zero::ShardRange> shards)
+    : config_(config), masters_(std::move(masters)), ranges_(std::move(shards)) {
   const zero::ChunkLayout& layout = chunks.layout();
   bool own = masters_.empty();
   STRATA_CHECK(own ? chunks.dtype() == DType::F32 : masters_.size() == chunks.numChunks(),
                "AdamW: {} chunks need {} fp32 masters, got {}", chunks.dtype(), chunks.numChunks(),
                masters_.size());
+  bool whole = ranges_.empty();
+  if (whole)
+    for (size_t c = 0; c < chunks.numChunks(); ++c) ranges_.push_back({0, chunks.paddedElems(c)});
+  STRATA_CHECK(ranges_.size() == chunks.numChunks(), "AdamW: {} shard ranges for {} chunks", ranges_.size(),
+               chunks.numChunks());
   for (size_t c = 0; c < chunks.numChunks(); ++c) {
-    Tensor flat = own ? chunks.flat(c) : masters_[c];
-    m_.push_back(ops::zerosLike(flat));
-    v_.push_back(ops::zerosLike(flat));
+    zero::ShardRange r = ranges_[c];
+    // The range's fp32 values: the masters (sized to the range), or the fp32 chunk itself.
+    Tensor base = own ? chunks.paddedFlat(c) : masters_[c];
+    int64_t baseOffset = own ? 0 : r.begin;
+    STRATA_CHECK(own || masters_[c].numel() == r.size(),
+                 "AdamW: chunk {}'s master has {} elements, its range {}", c, masters_[c].numel(), r.size());
+    m_.push_back(ops::zeros({r.size()}, DType::F32, base.device()));
+    v_.push_back(ops::zeros({r.size()}, DType::F32, base.device()));
     std::vector<Tensor> params = chunks.parameters(c);
     for (size_t j = 0; j < params.size(); ++j) {
       const zero::ChunkSlot& slot = layout.slots[size_t(layout.chunks[c].slots[j])];
       const Tensor& p = params[j];
-      auto view = [&](const Tensor& buffer) {
-        return Tensor::fromStorage(buffer.storage(), p.shape(), p.strides(), slot.offset, DType::F32);
+      int64_t a = std::max(slot.offset, r.begin), b = std::min(slot.offset + slot.numel, r.end);
+      if (a >= b) continue;
+      // A whole parameter keeps its shape (checkpoints name it); a piece of one is flat.
+      bool full = a == slot.offset && b == slot.offset + slot.numel;
+      Shape shape = full ? p.shape() : Shape{b - a}, strides = full ? p.strides() : Shape{1};
+      auto view = [&](const Tensor& buffer, int64_t offset, DType dt) {
+        return Tensor::fromStorage(buffer.storage(), shape, strides, buffer.offset() + offset, dt);
       };
-      slots_.push_back(Slot{slot.name, p, own ? p : view(flat), view(m_.back()), view(v_.back()),
-                            decayFor(p, config.weightDecay)});
+      Tensor piece = full ? p : view(chunks.paddedFlat(c), a, p.dtype());
+      slots_.push_back(Slot{slot.name, piece, own ? piece : view(base, a - baseOffset, DType::F32),
+                            view(m_.back(), a - r.begin, DType::F32),
+                            view(v_.back(), a - r.begin, DType::F32), decayFor(p, config.weightDecay), c, a,
+                            b});
     }
   }
 }
@@ -50,13 +69,7 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
 void AdamW::step(double lr, const Tensor& gradScale) {
   NoGradGuard noGrad;
   ++step_;
-  ops::AdamWHyper h;
-  h.lr = float(lr);
-  h.beta1 = float(config_.beta1);
-  h.beta2 = float(config_.beta2);
-  h.eps = float(config_.eps);
-  h.biasCorrection1 = float(1.0 - std::pow(config_.beta1, double(step_)));
-  h.biasCorrection2 = float(1.0 - std::pow(config_.beta2, double(step_)));
+  ops::AdamWHyper h = hyper(lr);
   // One fused call per device.
   std::vector<std::vector<ops::AdamWTensors>> byDevice;
   std::vector<Device> devices;
@@ -78,6 +91,51 @@ void AdamW::step(double lr, const Tensor& gradScale) {
     Tensor scale = gradScale.defined() ? ops::to(gradScale, devices[d], DType::F32) : Tensor();
     ops::adamw(byDevice[d], h, scale);
   }
+}
+
+std::vector<Tensor> AdamW::gradientPieces(const std::vector<Tensor>& gradients) const {
+  STRATA_CHECK(gradients.size() == ranges_.size(), "AdamW: {} gradient buffers for {} chunks",
+               gradients.size(), ranges_.size());
+  std::vector<Tensor> pieces;
+  for (const auto& s : slots_) {
+    const Tensor& g = gradients[s.chunk];
+    const zero::ShardRange& r = ranges_[s.chunk];
+    int64_t offset = g.numel() == r.size() ? s.begin - r.begin : s.begin;
+    STRATA_CHECK(g.dtype() == DType::F32 && g.isContiguous() && offset + (s.end - s.begin) <= g.numel(),
+                 "AdamW: chunk {}'s gradients ({} {}) do not cover [{}, {})", s.chunk, toString(g.shape()),
+                 g.dtype(), s.begin, s.end);
+    pieces.push_back(Tensor::fromStorage(g.storage(), s.master.shape(), s.master.strides(),
+                                         g.offset() + offset, DType::F32));
+  }
+  return pieces;
+}
+
+void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale) {
+  NoGradGuard noGrad;
+  STRATA_CHECK(!m_.empty(), "AdamW::stepChunks needs the chunked form");
+  ++step_;
+  ops::AdamWHyper h = hyper(lr);
+  std::vector<Tensor> grads = gradientPieces(gradients);
+  std::vector<ops::AdamWTensors> sets;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    Tensor copy = s.master.impl().storage == s.param.impl().storage ? Tensor() : s.param;
+    sets.push_back(ops::AdamWTensors{s.master, grads[i], s.m, s.v, s.weightDecay, copy});
+  }
+  if (sets.empty()) return;
+  Device dev = sets.front().param.device();
+  ops::adamw(sets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
+}
+
+ops::AdamWHyper AdamW::hyper(double lr) const {
+  ops::AdamWHyper h;
+  h.lr = float(lr);
+  h.beta1 = float(config_.beta1);
+  h.beta2 = float(config_.beta2);
+  h.eps = float(config_.eps);
+  h.biasCorrection1 = float(1.0 - std::pow(config_.beta1, double(step_)));
+  h.biasCorrection2 = float(1.0 - std::pow(config_.beta2, double(step_)));
+  return h;
 }
 
 void AdamW::zeroGrad() {

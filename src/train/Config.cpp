@@ -209,7 +209,8 @@ const std::vector<Field>& schema() {
     f.push_back(intField(
         "zero_optimization.stage", [](Config & c) -> auto& { return c.zero.stage; }, 0, 3));
     f.push_back(floatField(
-        "zero_optimization.chunk_size_mb", [](Config & c) -> auto& { return c.zero.chunkSizeMb; }, 1, 65536));
+        "zero_optimization.chunk_size_mb", [](Config & c) -> auto& { return c.zero.chunkSizeMb; }, 1e-3,
+        65536));
     f.push_back(intField(
         "zero_optimization.prefetch_depth", [](Config & c) -> auto& { return c.zero.prefetchDepth; }, 0, 64));
     f.push_back(stringField("zero_optimization.offload_param.device",
@@ -236,6 +237,9 @@ const std::vector<Field>& schema() {
         "store.host_budget_gb", [](Config & c) -> auto& { return c.store.hostBudgetGb; }));
     f.push_back(stringField(
         "store.nvme_budget_gb", [](Config & c) -> auto& { return c.store.nvmeBudgetGb; }));
+    // dist
+    f.push_back(floatField(
+        "dist.timeout_s", [](Config & c) -> auto& { return c.dist.timeoutS; }, 0.1, 1e7));
     // checkpoint
     f.push_back(stringField(
         "checkpoint.save", [](Config & c) -> auto& { return c.checkpoint.save; }));

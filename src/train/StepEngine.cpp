@@ -4,14 +4,18 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include "strata/autograd/Engine.h"
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
+#include "strata/autograd/Node.h"
 #include "strata/core/Allocator.h"
 #include "strata/core/Generator.h"
 #include "strata/core/Profiler.h"
+#include "strata/core/Stream.h"
+#include "strata/dist/ProcessGroup.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::train {
@@ -31,67 +35,145 @@ void memlog(Device device, const char* phase, int64_t step) {
 }
 }  // namespace
 
-LocalStepEngine::LocalStepEngine(nn::CausalLM& model, const Config& c, Device device, DType compute)
-    : model_(model), device_(device), compute_(compute), clipGrad_(c.optimizer.clipGrad) {
-  if (compute_ == DType::F16)
-    scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
-        c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
-  layOutChunks(int64_t(c.zero.chunkSizeMb * double(1 << 20)));
-  optimizer_ = std::make_unique<optim::AdamW>(
-      *chunks_, chunks_->takeMasters(),
-      optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
-                         c.optimizer.weightDecay});
-  chunks_->onGradientsComplete([this](size_t chunk) { ++chunkNotices_[chunk]; });
-  chunkNotices_.assign(chunks_->numChunks(), 0);
-  memlog(device_, "engine built", 0);
-}
-
-void LocalStepEngine::layOutChunks(int64_t chunkBytes) {
+std::unique_ptr<zero::ChunkManager> layOutModelChunks(nn::CausalLM& model, Device device, DType compute,
+                                                      int64_t chunkBytes, int shards) {
   // The first-use order from one forward of one sequence (token 0 throughout: the order of the module calls
   // does not depend on the data), in eval mode, without gradients, in the parameters' own dtype, with the
   // RNG state put back: the trace changes no number of the run.
   GeneratorState rng = defaultGenerator().state();
-  bool training = model_.isTraining();
-  model_.eval();
-  auto params = model_.parameters();
+  bool training = model.isTraining();
+  model.eval();
+  auto params = model.parameters();
   STRATA_CHECK(!params.empty(), "the model has no parameters");
   DType source = params.front().dtype();
-  int64_t T = std::max<int64_t>(1, model_.contextLength());
-  Tensor ids = ops::zeros({1, T}, DType::I64, device_);
+  int64_t T = std::max<int64_t>(1, model.contextLength());
+  Tensor ids = ops::zeros({1, T}, DType::I64, device);
   std::vector<std::string> order;
   try {
-    order = zero::recordFirstUse(model_, [&] {
+    order = zero::recordFirstUse(model, [&] {
       NoGradGuard noGrad;
-      model_.loss(ids, ids, source);
+      model.loss(ids, ids, source);
     });
   } catch (...) {
-    model_.train(training);
+    model.train(training);
     defaultGenerator().setState(rng);
     throw;
   }
-  model_.train(training);
+  model.train(training);
   defaultGenerator().setState(rng);
-  auto named = model_.namedParameters();
+  auto named = model.namedParameters();
   std::vector<std::pair<std::string, Tensor>> ordered;
   for (const auto& name : order)
     for (const auto& [n, p] : named)
       if (n == name) ordered.emplace_back(n, p);
-  chunks_ = std::make_unique<zero::ChunkManager>(ordered, chunkBytes, compute_);
+  auto chunks = std::make_unique<zero::ChunkManager>(ordered, chunkBytes, compute, shards);
   // The model's old per-parameter storages went back to the caching allocator; return them to the device so
   // the chunks' layout is what the step's activations see.
-  if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
+  if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device))) caching->emptyCache();
+  return chunks;
 }
 
-StepOutcome LocalStepEngine::step(const MicroBatchSource& next, int64_t microBatches, double lr) {
+ZeroStepEngine::ZeroStepEngine(nn::CausalLM& model, const Config& c, Device device, DType compute,
+                               dist::ProcessGroup* group)
+    : model_(model),
+      device_(device),
+      compute_(compute),
+      clipGrad_(c.optimizer.clipGrad),
+      stage_(int(c.zero.stage)),
+      group_(group) {
+  int ranks = group_ ? group_->size() : 1;
+  rank_ = group_ ? group_->rank() : 0;
+  STRATA_USER_CHECK(
+      stage_ <= 2,
+      "{}: zero_optimization.stage {} (parameters sharded) is not available yet; stages 0, 1 and 2 "
+      "are",
+      c.sourcePath, stage_);
+  if (compute_ == DType::F16)
+    scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
+        c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
+  chunks_ =
+      layOutModelChunks(model_, device_, compute_, int64_t(c.zero.chunkSizeMb * double(1 << 20)), ranks);
+  std::vector<Tensor> masters = chunks_->takeMasters();
+  if (ranks > 1) {
+    // Every rank starts from rank 0's weights (they are equal when built from one seed; this makes it so).
+    for (size_t i = 0; i < chunks_->numChunks(); ++i) {
+      if (!masters.empty()) {
+        comm().broadcast(masters[i], 0);
+        ops::copy(chunks_->paddedFlat(i), masters[i]);
+      } else {
+        comm().broadcast(chunks_->paddedFlat(i), 0);
+      }
+    }
+  }
+  std::vector<zero::ShardRange> ranges;
+  if (stage_ >= 1) {
+    // Stages 1 and 2: this rank keeps the masters and moments of its shard of each chunk only.
+    for (size_t i = 0; i < chunks_->numChunks(); ++i) {
+      ranges.push_back(chunks_->shard(i, rank_));
+      if (!masters.empty()) masters[i] = masters[i].narrow(0, ranges[i].begin, ranges[i].size()).clone();
+    }
+    if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
+  } else {
+    for (size_t i = 0; i < chunks_->numChunks(); ++i) ranges.push_back({0, chunks_->paddedElems(i)});
+  }
+  optimizer_ = std::make_unique<optim::AdamW>(
+      *chunks_, std::move(masters),
+      optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
+                         c.optimizer.weightDecay},
+      ranges);
+  shardGrads_.resize(chunks_->numChunks());
+  chunkNotices_.assign(chunks_->numChunks(), 0);
+  chunks_->onGradientsComplete([this](size_t chunk) { gradientsComplete(chunk); });
+  memlog(device_, "engine built", 0);
+}
+
+dist::Communicator& ZeroStepEngine::comm() const {
+  return group_->communicator();
+}
+
+void ZeroStepEngine::gradientsComplete(size_t chunk) {
+  ++chunkNotices_[chunk];
+  NoGradGuard noGrad;
+  // A parameter that got no gradient in the step counts as a zero gradient: every element of the chunk is
+  // then a gradient the update may read (and the ranks agree on what they reduce).
+  for (const Tensor& p : chunks_->parameters(chunk)) {
+    if (p.grad().defined()) continue;
+    autograd::GradSink sink = autograd::claimGradBuffer(p, /*evenWithHooks=*/true);
+    ops::fill(sink.buffer, 0.0);
+  }
+  Tensor grads = chunks_->ensureGradients(chunk);
+  if (!group_ || group_->size() == 1) return;
+  // NOTE [Collective ordering and completion] in dist/Communicator.h: the comm stream waits for the
+  // backward that wrote the gradients.
+  Event ready(device_);
+  ready.record(currentStream(device_));
+  ready.block(deviceStreams(device_).comm);
+  if (stage_ == 2) {
+    // Stage 2: reduce-scatter at once into this rank's fp32 shard; the chunk's full buffer goes back to the
+    // allocator for the next chunk's gradients.
+    zero::ShardRange r = chunks_->shard(chunk, rank_);
+    shardGrads_[chunk] = Tensor::empty({r.size()}, DType::F32, device_);
+    comm().reduceScatter(shardGrads_[chunk], grads);
+    chunks_->releaseGradients(chunk);
+  } else {
+    comm().allReduce(grads);
+  }
+}
+
+StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatches, double lr) {
   StepOutcome outcome;
+  int ranks = group_ ? group_->size() : 1;
   Tensor stepLoss = ops::zeros({}, DType::F32, device_);
   double scale = scaler_ ? scaler_->scale() : 1.0;
+  // Every micro-batch of every rank counts 1 / (micro-batches x ranks): the gradients' sum over ranks is the
+  // global batch's mean gradient.
+  double share = 1.0 / double(microBatches * ranks);
   for (int64_t micro = 0; micro < microBatches; ++micro) {
     auto [x, y] = next();
     profiler::mark("data");
     Tensor loss = model_.loss(x, y, compute_);
     memlog(device_, "forward", steps_ + 1);
-    Tensor scaled = microBatches > 1 ? loss * (1.0 / double(microBatches)) : loss;
+    Tensor scaled = share != 1.0 ? loss * share : loss;
     // fp16: scale the loss so small gradients stay representable; the update unscales them.
     chunks_->beginBackward(micro + 1 == microBatches);
     backward(scaler_ ? scaled * scale : scaled);
@@ -107,7 +189,32 @@ StepOutcome LocalStepEngine::step(const MicroBatchSource& next, int64_t microBat
                  chunkNotices_[c]);
     chunkNotices_[c] = 0;
   }
-  Tensor norm = optim::gradNorm(chunks_->parameters(), device_);
+  // The gradients this rank updates from: the reduced chunks, or (stage 2) the reduced shards.
+  std::vector<Tensor> grads(chunks_->numChunks());
+  for (size_t c = 0; c < grads.size(); ++c)
+    grads[c] = stage_ == 2 && ranks > 1 ? shardGrads_[c] : chunks_->gradients(c);
+  if (ranks > 1) {
+    // The reductions ran on the comm stream: the update's reads wait for them.
+    Event reduced(device_);
+    reduced.record(deviceStreams(device_).comm);
+    reduced.block(currentStream(device_));
+  }
+  // The squared norm over this rank's shard of every chunk (the whole chunks on one rank), summed over the
+  // ranks in rank order: the same pieces, so the same bits, at every stage.
+  Tensor sumSq = shardSquares(grads);
+  if (ranks > 1) {
+    Tensor both = ops::cat({sumSq.view({1}), stepLoss.view({1})}, 0);
+    Event ready(device_);
+    ready.record(currentStream(device_));
+    ready.block(deviceStreams(device_).comm);
+    comm().allReduce(both);
+    Event done(device_);
+    done.record(deviceStreams(device_).comm);
+    done.block(currentStream(device_));
+    sumSq = both.narrow(0, 0, 1).view({});
+    stepLoss = both.narrow(0, 1, 1).view({});
+  }
+  Tensor norm = ops::sqrt(sumSq);
   profiler::mark("grad norm");
   // NOTE [Step-end decision]: one host read decides the step. The next step's data is staged synchronously
   // anyway, so this costs no overlap.
@@ -115,28 +222,153 @@ StepOutcome LocalStepEngine::step(const MicroBatchSource& next, int64_t microBat
   double scaledNorm = norm.item();
   outcome.finite = std::isfinite(outcome.loss) && std::isfinite(scaledNorm);
   outcome.gradNorm = scaledNorm / scale;
+  Tensor coef;
   if (scaler_) {
     if (scaler_->update(outcome.finite ? scaledNorm : NAN)) {
       // Unscale and clip in one factor handed to the fused update.
-      double coef = 1.0 / scale;
-      if (clipGrad_ > 0 && outcome.gradNorm > clipGrad_) coef *= clipGrad_ / (outcome.gradNorm + 1e-6);
-      optimizer_->step(lr, ops::full({}, coef, DType::F32, device_));
+      double c = 1.0 / scale;
+      if (clipGrad_ > 0 && outcome.gradNorm > clipGrad_) c *= clipGrad_ / (outcome.gradNorm + 1e-6);
+      coef = ops::full({}, c, DType::F32, device_);
       outcome.applied = true;
     }
     outcome.lossScale = scaler_->scale();
   } else if (outcome.finite) {
-    optimizer_->step(lr, clipGrad_ > 0 ? optim::clipCoefficient(norm, clipGrad_) : Tensor());
+    if (clipGrad_ > 0) coef = optim::clipCoefficient(norm, clipGrad_);
     outcome.applied = true;
   }
+  if (outcome.applied) {
+    optimizer_->stepChunks(lr, grads, coef);
+    if (stage_ >= 1 && ranks > 1) {
+      // Each rank updated its shard of the 16-bit parameters: gather the chunks whole again.
+      Event updated(device_);
+      updated.record(currentStream(device_));
+      updated.block(deviceStreams(device_).comm);
+      for (size_t c = 0; c < chunks_->numChunks(); ++c) {
+        zero::ShardRange r = chunks_->shard(c, rank_);
+        Tensor full = chunks_->paddedFlat(c);
+        comm().allGather(full, full.narrow(0, r.begin, r.size()));
+      }
+      Event gathered(device_);
+      gathered.record(deviceStreams(device_).comm);
+      gathered.block(currentStream(device_));
+    }
+  }
   profiler::mark("optimizer step");
-  optimizer_->zeroGrad();
   chunks_->releaseGradients();
+  for (auto& g : shardGrads_) g = Tensor();
   profiler::mark("zero grad");
   memlog(device_, "update", ++steps_);
   return outcome;
 }
 
-StepEngineState LocalStepEngine::state() const {
+Tensor ZeroStepEngine::shardSquares(const std::vector<Tensor>& grads) const {
+  // The pieces of the parameters inside this rank's shard of each chunk, in layout order; `grads` holds, per
+  // chunk, the whole (padded) chunk's gradients or just the shard's.
+  std::vector<Tensor> pieces;
+  const zero::ChunkLayout& layout = chunks_->layout();
+  for (size_t c = 0; c < grads.size(); ++c) {
+    zero::ShardRange r = chunks_->shard(c, rank_);
+    int64_t base = grads[c].numel() == r.size() ? r.begin : 0;
+    for (int64_t k : layout.chunks[c].slots) {
+      const zero::ChunkSlot& slot = layout.slots[size_t(k)];
+      int64_t a = std::max(slot.offset, r.begin), b = std::min(slot.offset + slot.numel, r.end);
+      if (a < b) pieces.push_back(grads[c].narrow(0, a - base, b - a));
+    }
+  }
+  return pieces.empty() ? ops::zeros({}, DType::F32, device_) : ops::sumOfSquares(pieces);
+}
+
+NamedTensors ZeroStepEngine::modelState() const {
+  int ranks = group_ ? group_->size() : 1;
+  if (stage_ == 0 || ranks == 1) return optimizer_->namedMasters();
+  const zero::ChunkLayout& layout = chunks_->layout();
+  if (!optimizer_->hasMasters()) {
+    // fp32 chunks are their own masters, whole on every rank.
+    NamedTensors out;
+    for (size_t k = 0; k < layout.slots.size(); ++k)
+      out.emplace_back(layout.slots[k].name, chunks_->parameters()[k]);
+    return out;
+  }
+  // The masters are sharded: gather each chunk's whole (a collective; every rank calls it) and name the
+  // parameters' views into the gathered copies.
+  NamedTensors out;
+  for (size_t c = 0; c < chunks_->numChunks(); ++c) {
+    Tensor full = Tensor::empty({chunks_->paddedElems(c)}, DType::F32, device_);
+    comm().allGather(full, optimizer_->masterFlats()[c]);
+    for (int64_t k : layout.chunks[c].slots) {
+      const zero::ChunkSlot& slot = layout.slots[size_t(k)];
+      Tensor p = chunks_->parameters()[size_t(k)];
+      out.emplace_back(slot.name,
+                       Tensor::fromStorage(full.storage(), p.shape(), p.strides(), slot.offset, DType::F32));
+    }
+  }
+  return out;
+}
+
+NamedTensors ZeroStepEngine::optimizerState() const {
+  // Per chunk, over the chunk's used length (independent of the world size's padding), gathered whole when
+  // sharded.
+  int ranks = group_ ? group_->size() : 1;
+  NamedTensors out;
+  for (size_t c = 0; c < chunks_->numChunks(); ++c) {
+    int64_t used = chunks_->layout().chunks[c].used;
+    for (int which = 0; which < 2; ++which) {
+      const Tensor& local = which == 0 ? optimizer_->firstMoments()[c] : optimizer_->secondMoments()[c];
+      Tensor full = local;
+      if (stage_ >= 1 && ranks > 1) {
+        full = Tensor::empty({chunks_->paddedElems(c)}, DType::F32, device_);
+        comm().allGather(full, local);
+      }
+      out.emplace_back((which == 0 ? "exp_avg." : "exp_avg_sq.") + std::to_string(c),
+                       full.narrow(0, 0, used));
+    }
+  }
+  return out;
+}
+
+void ZeroStepEngine::stateLoaded(const NamedTensors& model, const NamedTensors& optimizer) {
+  NoGradGuard noGrad;
+  int ranks = group_ ? group_->size() : 1;
+  if (stage_ == 0 || ranks == 1) {
+    // The tensors loaded into were this engine's own masters and moments.
+    optimizer_->writeParameters();
+    return;
+  }
+  // Sharded: the checkpoint went into whole gathered copies (modelState(), optimizerState()). Every rank
+  // writes every 16-bit parameter from them and keeps its shard of the masters and moments. (fp32 chunks
+  // are their own masters and were loaded in place.)
+  std::map<std::string, Tensor> byName(model.begin(), model.end());
+  std::map<std::string, Tensor> state(optimizer.begin(), optimizer.end());
+  const zero::ChunkLayout& layout = chunks_->layout();
+  for (size_t c = 0; c < chunks_->numChunks(); ++c) {
+    zero::ShardRange r = chunks_->shard(c, rank_);
+    int64_t padded = chunks_->paddedElems(c);
+    if (optimizer_->hasMasters()) {
+      const Tensor& first = byName.at(layout.slots[size_t(layout.chunks[c].slots.front())].name);
+      Tensor full = Tensor::fromStorage(first.storage(), {padded}, {1}, 0, DType::F32);
+      ops::copy(chunks_->paddedFlat(c), full);
+      ops::copy(optimizer_->masterFlats()[c], full.narrow(0, r.begin, r.size()));
+    }
+    for (int which = 0; which < 2; ++which) {
+      auto it = state.find((which == 0 ? "exp_avg." : "exp_avg_sq.") + std::to_string(c));
+      if (it == state.end()) continue;
+      Tensor whole = Tensor::fromStorage(it->second.storage(), {padded}, {1}, 0, DType::F32);
+      const Tensor& mine = which == 0 ? optimizer_->firstMoments()[c] : optimizer_->secondMoments()[c];
+      ops::copy(mine, whole.narrow(0, r.begin, r.size()));
+    }
+  }
+}
+
+size_t ZeroStepEngine::modelStateBytes() const {
+  size_t bytes = 0;
+  for (size_t c = 0; c < chunks_->numChunks(); ++c) bytes += chunks_->paddedFlat(c).nbytes();
+  for (const auto* flats :
+       {&optimizer_->masterFlats(), &optimizer_->firstMoments(), &optimizer_->secondMoments()})
+    for (const Tensor& t : *flats) bytes += t.nbytes();
+  return bytes;
+}
+
+StepEngineState ZeroStepEngine::state() const {
   StepEngineState s;
   s.optimizerSteps = optimizer_->stepCount();
   if (scaler_) {
@@ -146,11 +378,7 @@ StepEngineState LocalStepEngine::state() const {
   return s;
 }
 
-void LocalStepEngine::mastersLoaded() {
-  optimizer_->writeParameters();
-}
-
-void LocalStepEngine::restore(const StepEngineState& s) {
+void ZeroStepEngine::restore(const StepEngineState& s) {
   optimizer_->setStepCount(s.optimizerSteps);
   if (scaler_ && s.lossScale > 0) scaler_->restore(s.lossScale, s.lossScaleGoodSteps);
 }

@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -183,17 +184,40 @@ void checkModelSection(const std::string& checkpoint, std::map<std::string, std:
 
 }  // namespace
 
-Trainer::Trainer(Config config) : config_(std::move(config)) {
-  device_ = resolveDevice(config_.train.device);
+Trainer::Trainer(Config config, std::shared_ptr<dist::ParallelContext> parallel)
+    : config_(std::move(config)), parallel_(std::move(parallel)) {
+  connect();
   model_ = models::buildModel(modelSpecFrom(config_, device_));
   setup();
 }
 
-Trainer::Trainer(Config config, std::shared_ptr<nn::CausalLM> model)
-    : config_(std::move(config)), model_(std::move(model)) {
-  device_ = resolveDevice(config_.train.device);
+Trainer::Trainer(Config config, std::shared_ptr<nn::CausalLM> model,
+                 std::shared_ptr<dist::ParallelContext> parallel)
+    : config_(std::move(config)), model_(std::move(model)), parallel_(std::move(parallel)) {
+  connect();
   STRATA_CHECK(model_ != nullptr, "Trainer: no model given");
   setup();
+}
+
+void Trainer::connect() {
+  device_ = resolveDevice(config_.train.device);
+  if (!parallel_) {
+    dist::ParallelOptions options;
+    options.timeoutSeconds = config_.dist.timeoutS;
+    options.deviceType = device_.type;
+    parallel_ = std::make_shared<dist::ParallelContext>(options);
+  }
+  // Several ranks on GPUs: each rank's GPU is its local rank's (modulo the GPUs present).
+  if (parallel_->worldSize() > 1 && device_.isCuda()) device_ = parallel_->device();
+  // Rank 0 speaks for the job; the others only warn.
+  if (!parallel_->isMain()) spdlog::set_level(spdlog::level::warn);
+  int64_t ranks = parallel_->worldSize(), micro = config_.train.microBatchSize;
+  STRATA_USER_CHECK(
+      config_.train.globalBatchSize % (micro * ranks) == 0,
+      "{}: train.global_batch_size ({}) must be micro_batch_size ({}) x accumulation steps x ranks "
+      "({}); {} is not a multiple of {} x {} = {}",
+      config_.sourcePath, config_.train.globalBatchSize, micro, ranks, config_.train.globalBatchSize, micro,
+      ranks, micro * ranks);
 }
 
 void Trainer::setup() {
@@ -208,11 +232,12 @@ void Trainer::setup() {
                  toString(p.device()), toString(device_));
   compute_ = computeDTypeFor(config_, device_);
   STRATA_USER_CHECK(
-      config_.zero.stage == 0 && config_.zero.offloadParamDevice == "none" &&
+      config_.zero.stage <= 2 && config_.zero.offloadParamDevice == "none" &&
           config_.zero.offloadOptimizerDevice == "none",
-      "{}: zero_optimization (stage {}, offload) is not available in this build yet; set stage 0 and no "
-      "offload",
-      config_.sourcePath, config_.zero.stage);
+      "{}: zero_optimization stage {} with offload (param {}, optimizer {}) is not available in "
+      "this build yet; stages 0, 1 and 2 without offload are",
+      config_.sourcePath, config_.zero.stage, config_.zero.offloadParamDevice,
+      config_.zero.offloadOptimizerDevice);
   // Everything that would otherwise fail only after training has run is checked before any work.
   ensureWritableDirectory(config_.train.outDir, "train.out_dir");
   if (!saveDirectory().empty()) {
@@ -328,11 +353,13 @@ std::string Trainer::sample(const std::string& prompt, int64_t length, double te
 TrainResult Trainer::run() {
   const auto& c = config_;
   int64_t B = c.train.microBatchSize, T = model_->contextLength();
-  int64_t accum = c.train.globalBatchSize / c.train.microBatchSize;
+  int ranks = parallel_->worldSize(), rank = parallel_->rank();
+  bool main = parallel_->isMain();
+  int64_t accum = c.train.globalBatchSize / (c.train.microBatchSize * ranks);
   optim::LrSchedule schedule{optim::lrStyleFromName(c.lrSchedule.style), c.optimizer.lr, c.optimizer.minLr,
                              c.lrSchedule.warmupIters,
                              c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
-  LocalStepEngine engine(*model_, c, device_, compute_);
+  ZeroStepEngine engine(*model_, c, device_, compute_, ranks > 1 ? &parallel_->world() : nullptr);
 
   int64_t startStep = 0, dataIndex = 0;
   defaultGenerator().manualSeed(c.train.seed);
@@ -344,10 +371,13 @@ TrainResult Trainer::run() {
       const zero::ChunkLayout& now = engine.chunks().layout();
       bool same =
           saved.layout.chunks.size() == now.chunks.size() && saved.layout.slots.size() == now.slots.size();
-      for (size_t i = 0; same && i < now.slots.size(); ++i)
-        same = saved.layout.slots[i].name == now.slots[i].name &&
-               saved.layout.slots[i].chunk == now.slots[i].chunk &&
-               saved.layout.slots[i].offset == now.slots[i].offset;
+      // By name: the manifest need not list the slots in layout order.
+      for (size_t i = 0; same && i < now.slots.size(); ++i) {
+        const zero::ChunkSlot& mine = now.slots[i];
+        auto it = std::find_if(saved.layout.slots.begin(), saved.layout.slots.end(),
+                               [&](const zero::ChunkSlot& s) { return s.name == mine.name; });
+        same = it != saved.layout.slots.end() && it->chunk == mine.chunk && it->offset == mine.offset;
+      }
       STRATA_USER_CHECK(
           same,
           "{}: the checkpoint's parameters lie in {} chunks, this run's in {} (another "
@@ -355,9 +385,9 @@ TrainResult Trainer::run() {
           "with the chunk size it was saved with, or set checkpoint.load_model_only: true",
           dir, saved.layout.chunks.size(), now.chunks.size());
     }
-    CheckpointState st =
-        loadCheckpoint(dir, engine.modelState(), engine.optimizerState(), !c.checkpoint.loadModelOnly);
-    engine.mastersLoaded();
+    NamedTensors modelState = engine.modelState(), optimizerState = engine.optimizerState();
+    CheckpointState st = loadCheckpoint(dir, modelState, optimizerState, !c.checkpoint.loadModelOnly);
+    engine.stateLoaded(modelState, c.checkpoint.loadModelOnly ? NamedTensors() : optimizerState);
     if (c.checkpoint.loadModelOnly) {
       spdlog::info(
           "loaded the model weights of {} (checkpoint.load_model_only: the optimizer, step and data "
@@ -387,15 +417,22 @@ TrainResult Trainer::run() {
     st.config = c.values;
     st.model = effectiveValues(c, "model.");
     st.layout = engine.chunks().layout();
-    std::string dir = saveCheckpoint(saveDir, engine.modelState(), engine.optimizerState(), st);
-    spdlog::info("saved checkpoint {}", dir);
-    for (const auto& name : pruneCheckpoints(saveDir, c.checkpoint.keepLast))
-      spdlog::info("removed old checkpoint {} (checkpoint.keep_last {})", name, c.checkpoint.keepLast);
+    // Every rank takes part in gathering sharded state; rank 0 writes it whole (any world size resumes it).
+    NamedTensors modelState = engine.modelState(), optimizerState = engine.optimizerState();
+    std::string dir = (fs::path(saveDir) / ("step-" + std::to_string(step))).string();
+    if (main) {
+      dir = saveCheckpoint(saveDir, modelState, optimizerState, st);
+      spdlog::info("saved checkpoint {}", dir);
+      for (const auto& name : pruneCheckpoints(saveDir, c.checkpoint.keepLast))
+        spdlog::info("removed old checkpoint {} (checkpoint.keep_last {})", name, c.checkpoint.keepLast);
+    }
+    if (ranks > 1) parallel_->world().communicator().barrier();
     result.checkpoint = dir;
     lastSaved = step;
   };
 
-  MetricsLogger logger(c.train.outDir, startStep);
+  std::unique_ptr<MetricsLogger> logger =
+      main ? std::make_unique<MetricsLogger>(c.train.outDir, startStep) : nullptr;
   spdlog::info("training {} ({} parameters) on {} ({}) in {}: {} iterations of {} sequences x {} tokens{}",
                c.model.arch, model_->numParameters(), toString(device_), deviceName(device_),
                dtypeName(compute_), c.train.trainIters, c.train.globalBatchSize, T,
@@ -418,7 +455,7 @@ TrainResult Trainer::run() {
     std::string svg = (fs::path(c.train.outDir) / "loss.svg").string();
     try {
       std::string title = c.sourcePath.empty() ? c.model.arch : fs::path(c.sourcePath).stem().string();
-      if (writeLossPlot(logger.jsonlPath(), svg, title)) spdlog::info("loss curves: {}", svg);
+      if (logger && writeLossPlot(logger->jsonlPath(), svg, title)) spdlog::info("loss curves: {}", svg);
     } catch (const std::exception& e) {
       spdlog::warn("could not draw {}: {}", svg, e.what());
     }
@@ -427,8 +464,11 @@ TrainResult Trainer::run() {
   for (int64_t iter = startStep; iter < c.train.trainIters; ++iter) {
     if (iter == profileFrom) profiler::start(device_);
     double lr = schedule.at(iter);
+    // This rank's slice of the global batch: the same windows a single rank would draw, in the same order.
+    int64_t micro = 0, first = dataIndex + int64_t(rank) * accum;
     StepOutcome step = engine.step(
-        [&] { return data_->batch(Split::Train, dataIndex++, B, T, c.train.seed, device_); }, accum, lr);
+        [&] { return data_->batch(Split::Train, first + micro++, B, T, c.train.seed, device_); }, accum, lr);
+    dataIndex += accum * ranks;
     lastNorm = step.gradNorm;
     lastScale = step.lossScale;
     if (result.chunks == 0) {
@@ -509,7 +549,18 @@ TrainResult Trainer::run() {
         r.memoryGb["gpu_peak"] = gib(gpu.peakAllocatedBytes);
       }
       r.memoryGb["host"] = gib(cpuAllocator().stats().allocatedBytes);
-      logger.train(r);
+      r.memoryGb["model_state"] = gib(engine.modelStateBytes());
+      if (ranks > 1) {
+        // Per rank; the log line and metrics show the largest.
+        std::vector<double> values;
+        for (const auto& [tier, gb] : r.memoryGb) values.push_back(gb);
+        Tensor t = Tensor::fromVector<double>(values, {int64_t(values.size())});
+        parallel_->world().communicator().allReduce(t, dist::ReduceOp::Max);
+        std::vector<double> maxima = t.toVector<double>();
+        size_t i = 0;
+        for (auto& [tier, gb] : r.memoryGb) gb = maxima[i++];
+      }
+      if (logger) logger->train(r);
       result.trainLoss = r.loss;
       result.last = r;
       intervalLoss = 0;
@@ -519,7 +570,7 @@ TrainResult Trainer::run() {
     if (c.train.evalInterval > 0 && (done % c.train.evalInterval == 0 || last) && signal == 0) {
       result.valLoss = evaluate(c.train.evalIters);
       ++result.evaluations;
-      logger.eval(done, result.valLoss);
+      if (logger) logger->eval(done, result.valLoss);
       if (!std::isfinite(result.valLoss))
         spdlog::warn("iteration {}: the validation loss is not finite ({})", done, result.valLoss);
       intervalStart = std::chrono::steady_clock::now();  // evaluation time is not training time
@@ -548,7 +599,7 @@ TrainResult Trainer::run() {
     }
   }
   plotLoss();
-  if (c.train.sampleLength > 0) {
+  if (c.train.sampleLength > 0 && main) {
     result.sample = sample(c.train.samplePrompt, c.train.sampleLength, 0.8, 40, c.train.seed);
     spdlog::info("sample:\n{}{}", c.train.samplePrompt, result.sample);
   }

@@ -12,7 +12,9 @@
 namespace strata::zero {
 
 ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
-                           std::optional<DType> compute) {
+                           std::optional<DType> compute, int shards)
+    : shards_(shards) {
+  STRATA_CHECK(shards >= 1, "ChunkManager: {} shards", shards);
   STRATA_CHECK(!parameters.empty(), "ChunkManager: no parameters");
   DType source = parameters.front().second.dtype();
   DType dtype = compute.value_or(source);
@@ -45,15 +47,20 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
   grads_ = std::make_shared<Grads>();
   grads_->dtype = gradType;
   grads_->device = device;
-  for (const auto& info : layout_.chunks) grads_->used.push_back(info.used);
+  for (const auto& info : layout_.chunks) grads_->used.push_back(padTo(info.used));
   grads_->flat.resize(layout_.chunks.size());
   params_.resize(layout_.slots.size());
   chunkOf_.resize(layout_.slots.size());
   for (size_t c = 0; c < layout_.chunks.size(); ++c) {
-    int64_t used = layout_.chunks[c].used;
-    Storage storage = makeStorage(size_t(used) * dtypeSize(dtype), device);
+    int64_t used = layout_.chunks[c].used, padded = padTo(used);
+    Storage storage = makeStorage(size_t(padded) * dtypeSize(dtype), device);
     storage->setLabel("chunk " + std::to_string(c));
-    Tensor master = masters ? Tensor::empty({used}, source, device) : Tensor();
+    Tensor master = masters ? Tensor::empty({padded}, source, device) : Tensor();
+    // The padding that makes equal shards holds zeros (it is gathered, never read as a parameter).
+    if (padded > used) {
+      ops::fill(Tensor::fromStorage(storage, {padded - used}, {1}, used, dtype), 0.0);
+      if (masters) ops::fill(master.narrow(0, used, padded - used), 0.0);
+    }
     for (int64_t k : layout_.chunks[c].slots) {
       const ChunkSlot& slot = layout_.slots[size_t(k)];
       const Tensor& p = tensors[size_t(k)];
@@ -100,6 +107,15 @@ const Tensor& ChunkManager::gradients(size_t i) const {
   return grads_->flat[i];
 }
 
+void ChunkManager::releaseGradients(size_t i) {
+  for (const Tensor& p : parameters(i)) p.setGrad(Tensor());
+  grads_->flat[i] = Tensor();
+}
+
+Tensor ChunkManager::ensureGradients(size_t i) {
+  return grads_->get(i);
+}
+
 void ChunkManager::releaseGradients() {
   for (const Tensor& p : params_) p.setGrad(Tensor());
   for (auto& f : grads_->flat) f = Tensor();
@@ -108,6 +124,23 @@ void ChunkManager::releaseGradients() {
 Tensor ChunkManager::flat(size_t i) const {
   int64_t n = layout_.chunks[i].used;
   return Tensor::fromStorage(chunks_[i], {n}, {1}, 0, layout_.dtype);
+}
+
+Tensor ChunkManager::paddedFlat(size_t i) const {
+  return Tensor::fromStorage(chunks_[i], {paddedElems(i)}, {1}, 0, layout_.dtype);
+}
+
+int64_t ChunkManager::padTo(int64_t used) const {
+  return (used + shards_ - 1) / shards_ * shards_;
+}
+
+int64_t ChunkManager::paddedElems(size_t i) const {
+  return padTo(layout_.chunks[i].used);
+}
+
+ShardRange ChunkManager::shard(size_t i, int rank) const {
+  int64_t size = paddedElems(i) / shards_;
+  return ShardRange{int64_t(rank) * size, int64_t(rank + 1) * size};
 }
 
 size_t ChunkManager::bytes(size_t i) const {

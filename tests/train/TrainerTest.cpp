@@ -423,7 +423,7 @@ TEST_CASE("the step engine applies finite steps and leaves non-finite ones untou
   fs::remove_all(out);
   train::Config config = tinyConfig(out, {"model.dropout=0"});
   auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
-  train::LocalStepEngine engine(*model, config, Device::cpu(), DType::F32);
+  train::ZeroStepEngine engine(*model, config, Device::cpu(), DType::F32);
   auto data = train::TokenDataset::random(256, 4096, 3, 0.0);
   int64_t index = 0;
   auto next = [&] { return data.batch(train::Split::Train, index++, 4, 32, 1, Device::cpu()); };

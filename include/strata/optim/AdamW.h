@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "strata/core/Tensor.h"
+#include "strata/ops/Ops.h"
 #include "strata/zero/ChunkManager.h"
 
 namespace strata::optim {
@@ -29,12 +30,22 @@ struct AdamWConfig {
 class AdamW {
  public:
   AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const AdamWConfig& config);
-  // State per chunk of `chunks`; `masters`: its fp32 masters (takeMasters()), empty for fp32 chunks.
-  AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config);
+  // State per chunk of `chunks`; `masters`: its fp32 masters (takeMasters()), empty for fp32 chunks. With
+  // `shards` (ZeRO stage >= 1: one range per chunk), this optimizer updates only elements [begin, end) of
+  // each chunk, and `masters` and the moments cover that range alone; an empty `shards` is every chunk whole.
+  AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config,
+        std::vector<zero::ShardRange> shards = {});
 
   // One update with learning rate `lr` from each parameter's .grad() times `gradScale` (a device fp32 scalar,
   // e.g. the clipping coefficient; undefined for 1). Parameters without a gradient are skipped.
   void step(double lr, const Tensor& gradScale = Tensor());
+  // The chunked form's update from flat fp32 gradients, one per chunk: either the chunk's whole (padded)
+  // gradient buffer or just its shard's range. Every element of the range is updated.
+  void stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale = Tensor());
+  // Each chunk's gradients over this optimizer's range in `gradients` (as stepChunks takes them), one flat
+  // view per parameter piece in layout order: the global gradient norm's terms, in an order that does not
+  // depend on how the parameters are split into shards (only on where the shard boundaries fall).
+  std::vector<Tensor> gradientPieces(const std::vector<Tensor>& gradients) const;
   void zeroGrad();
 
   int64_t stepCount() const { return step_; }
@@ -50,16 +61,27 @@ class AdamW {
   void writeParameters();
   // Whether the masters are separate from the parameters (16-bit chunks).
   bool hasMasters() const { return !masters_.empty(); }
+  // The chunked form's flat buffers, per chunk over its range: masters (empty without), m and v; the ranges.
+  const std::vector<Tensor>& masterFlats() const { return masters_; }
+  const std::vector<Tensor>& firstMoments() const { return m_; }
+  const std::vector<Tensor>& secondMoments() const { return v_; }
+  const std::vector<zero::ShardRange>& ranges() const { return ranges_; }
 
  private:
+  ops::AdamWHyper hyper(double lr) const;
   struct Slot {
     std::string name;
     Tensor param, master, m, v;  // master: the parameter itself when it is fp32
     float weightDecay;
+    // Chunked form: the piece [begin, end) of chunk `chunk` (a whole parameter, or the part of one inside the
+    // range); param is then the piece's 16-bit view.
+    size_t chunk = 0;
+    int64_t begin = 0, end = 0;
   };
   AdamWConfig config_;
   std::vector<Slot> slots_;
   std::vector<Tensor> masters_, m_, v_;  // per chunk (chunked state only)
+  std::vector<zero::ShardRange> ranges_;
   int64_t step_ = 0;
 };
 

@@ -95,6 +95,11 @@ struct StoreConfig {
   std::string gpuBudgetGb = "auto", hostBudgetGb = "auto", nvmeBudgetGb = "auto";
 };
 
+struct DistConfig {
+  // How long one collective may take before the run stops with an error naming it (all ranks stop).
+  double timeoutS = 300;
+};
+
 struct CheckpointConfig {
   std::string save;  // directory to write checkpoints to ("" = out_dir/checkpoints when save_interval > 0)
   std::string load;  // checkpoint directory (or its parent with a `latest` file) to resume from
@@ -114,6 +119,7 @@ struct Config {
   PrecisionConfig precision;
   ZeroConfig zero;
   StoreConfig store;
+  DistConfig dist;
   CheckpointConfig checkpoint;
   std::string sourcePath;  // the YAML file it came from
   // Problems that do not stop a run (e.g. a warm-up longer than the run); the trainer logs them.

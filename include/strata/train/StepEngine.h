@@ -3,8 +3,9 @@
 // The training loop (Trainer) owns data, the schedule, logging, evaluation and checkpoints; a StepEngine owns
 // everything inside a step: forward and backward per micro-batch, the global gradient norm, the decision that
 // the step may be applied (finite loss and norm; fp16's loss scale), the update with its clipping
-// coefficient, and zeroing the gradients. LocalStepEngine is the single-rank step with all state on the
-// model's device; the ZeRO, store and pipelined-optimizer engines implement the same interface.
+// coefficient, and zeroing the gradients. ZeroStepEngine is the step over chunks on N ranks (N = 1 included)
+// with all state on the ranks' devices; the store and pipelined-optimizer engines implement the same
+// interface.
 //
 // NOTE [Step-end decision]
 // Clipping needs the global gradient norm and fp16 needs to know whether any gradient overflowed; both are
@@ -36,6 +37,11 @@
 #include "strata/train/Config.h"
 #include "strata/zero/ChunkManager.h"
 
+namespace strata::dist {
+class Communicator;
+class ProcessGroup;
+}  // namespace strata::dist
+
 namespace strata::train {
 
 // What one step did, read on the host.
@@ -60,46 +66,73 @@ using MicroBatchSource = std::function<std::pair<Tensor, Tensor>()>;
 class StepEngine {
  public:
   virtual ~StepEngine() = default;
-  // One step at learning rate `lr` over `microBatches` micro-batches drawn from `next`.
+  // One step at learning rate `lr` over `microBatches` micro-batches drawn from `next` (this rank's share of
+  // the global batch).
   virtual StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) = 0;
-  // The model's fp32 weights by parameter name (the optimizer's masters; the parameters when fp32): what a
-  // checkpoint saves as the model, and where a checkpoint loads it; call mastersLoaded() after a load.
+  // The model's fp32 weights by parameter name (the optimizer's masters; the parameters when fp32), whole:
+  // what a checkpoint saves as the model and where it loads it. The optimizer's tensors by name, likewise.
+  // With sharded state these are gathered copies (collectives: every rank calls them, in this order).
+  // After loading into them, call stateLoaded() with the same tensors.
   virtual NamedTensors modelState() const = 0;
-  virtual void mastersLoaded() = 0;
-  // The optimizer's tensors by name (checkpoints).
   virtual NamedTensors optimizerState() const = 0;
+  virtual void stateLoaded(const NamedTensors& model, const NamedTensors& optimizer) = 0;
   virtual StepEngineState state() const = 0;
   virtual void restore(const StepEngineState& state) = 0;
+  virtual const zero::ChunkManager& chunks() const = 0;
+  // Bytes of model state this rank holds between steps: parameters, masters and optimizer moments.
+  virtual size_t modelStateBytes() const = 0;
 };
 
-// The single-rank step, all state on the model's device: AdamW, clipping from optimizer.clip_grad, and for
-// fp16 dynamic loss scaling from the precision section. The constructor records the parameters' first-use
-// order with one forward of one sequence (in eval mode, the RNG untouched) and moves them into chunks of
-// zero_optimization.chunk_size_mb in the compute dtype (zero/ChunkManager.h), with fp32 gradient buffers
-// and, for 16-bit compute, fp32 masters held by AdamW per chunk; numbers do not depend on the layout. The
-// model passed in holds fp32 parameters; afterwards it holds compute-dtype views into the chunks.
-class LocalStepEngine final : public StepEngine {
+// Moves `model`'s parameters into chunks of `chunkBytes` of `compute` dtype (padded for `shards` ranks), in
+// the first-use order that one traced forward of one sequence records (in eval mode, the RNG untouched).
+std::unique_ptr<zero::ChunkManager> layOutModelChunks(nn::CausalLM& model, Device device, DType compute,
+                                                      int64_t chunkBytes, int shards = 1);
+
+// The step over the model's chunks on the ranks of `group` (null: one rank): ZeRO stage
+// zero_optimization.stage over chunks, AdamW, clipping from optimizer.clip_grad, and for fp16 dynamic loss
+// scaling from the precision section. One rank is the same path with N = 1.
+// - The constructor lays the model out in chunks (layOutModelChunks) in the compute dtype, padded to equal
+//   shards, with fp32 gradient buffers and, for 16-bit compute, fp32 masters; every rank starts from rank 0's
+//   weights. Numbers do not depend on the layout. The model passed in holds fp32 parameters; afterwards it
+//   holds compute-dtype views into the chunks.
+// - Stage 0: every rank keeps all optimizer state; each chunk's gradients are all-reduced as soon as they
+//   are complete in the step's last backward (NOTE [Chunk gradients complete]), overlapping the rest of it.
+// - Stage 1: each rank keeps the masters and moments of its shard of every chunk, updates that shard and
+//   all-gathers the 16-bit chunks after the update.
+// - Stage 2: as 1, and each chunk's gradients are reduce-scattered into this rank's fp32 shard as soon as
+//   they are complete, and the chunk's full gradient buffer is released at once.
+// The norm is summed over each rank's shard pieces in a fixed order, so stages 0, 1 and 2 give the same
+// numbers bit for bit at one world size (CPU; NCCL's sums have an order of their own).
+class ZeroStepEngine final : public StepEngine {
  public:
-  LocalStepEngine(nn::CausalLM& model, const Config& config, Device device, DType compute);
+  ZeroStepEngine(nn::CausalLM& model, const Config& config, Device device, DType compute,
+                 dist::ProcessGroup* group = nullptr);
   StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) override;
-  NamedTensors modelState() const override { return optimizer_->namedMasters(); }
-  void mastersLoaded() override;
-  NamedTensors optimizerState() const override { return optimizer_->namedState(); }
+  NamedTensors modelState() const override;
+  NamedTensors optimizerState() const override;
+  void stateLoaded(const NamedTensors& model, const NamedTensors& optimizer) override;
   StepEngineState state() const override;
   void restore(const StepEngineState& state) override;
-  const zero::ChunkManager& chunks() const { return *chunks_; }
+  const zero::ChunkManager& chunks() const override { return *chunks_; }
+  size_t modelStateBytes() const override;
   const optim::AdamW& optimizer() const { return *optimizer_; }
 
  private:
-  void layOutChunks(int64_t chunkBytes);
+  dist::Communicator& comm() const;
+  void gradientsComplete(size_t chunk);
+  Tensor shardSquares(const std::vector<Tensor>& grads) const;
 
   nn::CausalLM& model_;
   Device device_;
   DType compute_;
   double clipGrad_;
+  int stage_ = 0;
+  dist::ProcessGroup* group_ = nullptr;
+  int rank_ = 0;
   std::unique_ptr<zero::ChunkManager> chunks_;
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<optim::LossScaler> scaler_;
+  std::vector<Tensor> shardGrads_;  // stage 2: this rank's reduced fp32 shard of each chunk's gradients
   std::vector<int64_t> chunkNotices_;
   int64_t steps_ = 0;
 };

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "models/Zoo.h"
+#include "strata/dist/ParallelContext.h"
 #include "strata/nn/CausalLM.h"
 #include "strata/optim/AdamW.h"
 #include "strata/train/Config.h"
@@ -52,12 +53,18 @@ std::string sampleText(nn::CausalLM& model, const Tokenizer& tokenizer, Device d
 // The tokenizer a config names (byte, or gpt2 from data.vocab_file and data.merges_file).
 std::unique_ptr<Tokenizer> makeTokenizer(const Config& config);
 
+// Training runs on the ranks of a dist::ParallelContext: one made from the process environment (mpirun's, or
+// a single rank; dist.timeout_s) unless one is given. Every rank trains its slice of each global batch
+// (train.global_batch_size = micro_batch_size x accumulation steps x ranks) through a ZeroStepEngine at
+// zero_optimization.stage; rank 0 alone logs, writes metrics and checkpoints; memory figures are the
+// maximum over the ranks.
 class Trainer {
  public:
   // Builds config.model.arch from the zoo.
-  explicit Trainer(Config config);
+  explicit Trainer(Config config, std::shared_ptr<dist::ParallelContext> parallel = nullptr);
   // Trains `model` (already built on the config's device) with the config's data, optimizer and schedule.
-  Trainer(Config config, std::shared_ptr<nn::CausalLM> model);
+  Trainer(Config config, std::shared_ptr<nn::CausalLM> model,
+          std::shared_ptr<dist::ParallelContext> parallel = nullptr);
 
   // Trains. SIGINT and SIGTERM during run() finish the current step, save a checkpoint when saving is
   // configured, and return with interruptSignal set; a second SIGINT aborts at once (exit status 130).
@@ -80,12 +87,14 @@ class Trainer {
 
  private:
   DType modelDType() const;
+  void connect();
   void setup();
 
   Config config_;
   Device device_;
   DType compute_ = DType::F32;
   std::shared_ptr<nn::CausalLM> model_;
+  std::shared_ptr<dist::ParallelContext> parallel_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<TokenDataset> data_;
   std::function<void(int64_t)> onIteration_;

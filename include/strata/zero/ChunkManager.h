@@ -46,12 +46,20 @@ class Module;
 
 namespace strata::zero {
 
+// Elements [begin, end) of a chunk: one rank's shard.
+struct ShardRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
 class ChunkManager {
  public:
   // Moves `parameters` (name and tensor, in first-use order, all of one dtype and device; a repeated name is
   // placed once) into chunks of `chunkBytes` of `compute` dtype (the parameters' own dtype when undefined).
+  // With `shards` > 1 (ZeRO over that many ranks) each chunk's storage, masters and gradient buffer are
+  // padded with zeros to a multiple of `shards` elements, so the chunk splits into equal shards.
   ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
-               std::optional<DType> compute = std::nullopt);
+               std::optional<DType> compute = std::nullopt, int shards = 1);
   ~ChunkManager();
   ChunkManager(const ChunkManager&) = delete;
   ChunkManager& operator=(const ChunkManager&) = delete;
@@ -62,12 +70,20 @@ class ChunkManager {
   // Chunk i's storage and its elements as one flat tensor (its used length).
   const Storage& storage(size_t i) const { return chunks_[i]; }
   Tensor flat(size_t i) const;
-  // Chunk i's flat gradient buffer (the used length; bytes between parameters are never written), made by
+  // The same over the padded length, and that length; shard `rank` of chunk i.
+  Tensor paddedFlat(size_t i) const;
+  int64_t paddedElems(size_t i) const;
+  int shards() const { return shards_; }
+  ShardRange shard(size_t i, int rank) const;
+  // Chunk i's flat gradient buffer (the padded length; bytes between parameters are never written), made by
   // the first gradient of a step that reaches the chunk; undefined before that and after releaseGradients.
   const Tensor& gradients(size_t i) const;
   // Drops every parameter's gradient and the chunks' gradient buffers (after the update: their memory goes
   // back to the allocator until the next backward).
   void releaseGradients();
+  // Chunk i's alone; and its gradient buffer, made now if no gradient has reached it yet.
+  void releaseGradients(size_t i);
+  Tensor ensureGradients(size_t i);
   // Bytes of chunk i's parameters (its used length).
   size_t bytes(size_t i) const;
   // The parameters of chunk i, in slot order, and every parameter in layout order.
@@ -96,6 +112,9 @@ class ChunkManager {
     Tensor get(size_t chunk);
   };
 
+  int64_t padTo(int64_t used) const;
+
+  int shards_ = 1;
   ChunkLayout layout_;
   std::vector<Storage> chunks_;
   std::shared_ptr<Grads> grads_;
