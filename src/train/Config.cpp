@@ -393,6 +393,7 @@ struct Loader {
     STRATA_USER_CHECK(c.model.hiddenSize % c.model.numAttentionHeads == 0,
                       "{}: 'model.hidden_size' ({}) must be divisible by 'model.num_attention_heads' ({})",
                       place("model.hidden_size"), c.model.hiddenSize, c.model.numAttentionHeads);
+    c.train.globalBatchSizeSet = c.train.globalBatchSize != 0;
     if (c.train.globalBatchSize == 0) c.train.globalBatchSize = c.train.microBatchSize;
     STRATA_USER_CHECK(
         c.train.globalBatchSize % c.train.microBatchSize == 0,

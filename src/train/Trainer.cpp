@@ -212,6 +212,8 @@ void Trainer::connect() {
   // Rank 0 speaks for the job; the others only warn.
   if (!parallel_->isMain()) spdlog::set_level(spdlog::level::warn);
   int64_t ranks = parallel_->worldSize(), micro = config_.train.microBatchSize;
+  // Unset, the global batch is one micro-batch per rank.
+  if (!config_.train.globalBatchSizeSet) config_.train.globalBatchSize = micro * ranks;
   STRATA_USER_CHECK(
       config_.train.globalBatchSize % (micro * ranks) == 0,
       "{}: train.global_batch_size ({}) must be micro_batch_size ({}) x accumulation steps x ranks "

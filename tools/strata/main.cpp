@@ -31,6 +31,8 @@ int runTrain(const std::string& configPath, const std::vector<std::string>& over
   train::Config config = train::loadConfig(configPath, overrides);
   train::Trainer trainer(config);
   train::TrainResult r = trainer.run();
+  if (!trainer.parallel().isMain())
+    return r.interruptSignal != 0 ? 128 + r.interruptSignal : 0;  // rank 0 reports
   std::string val = r.evaluations > 0 ? fmt::format(", val loss {:.4f}", r.valLoss) : std::string();
   std::string skipped =
       r.skippedSteps > 0 ? fmt::format(" ({} steps skipped)", r.skippedSteps) : std::string();

@@ -37,7 +37,8 @@ struct DataConfig {
 struct TrainLoopConfig {
   std::string device = "auto";  // auto, cpu, cuda, cuda:N
   int64_t microBatchSize = 16;
-  int64_t globalBatchSize = 0;  // 0: micro_batch_size (no accumulation)
+  int64_t globalBatchSize = 0;      // 0: micro_batch_size x ranks (no accumulation)
+  bool globalBatchSizeSet = false;  // whether the config gave it (else the trainer scales it with the ranks)
   int64_t trainIters = 1000;
   int64_t exitInterval = 0;  // stop (after saving) once the iteration count is a multiple of this (0: never)
   uint64_t seed = 1234;

@@ -79,6 +79,7 @@ class Trainer {
                      uint64_t seed = 1);
 
   nn::CausalLM& model() { return *model_; }
+  const dist::ParallelContext& parallel() const { return *parallel_; }
   const Config& config() const { return config_; }
   Device device() const { return device_; }
   DType computeDType() const { return compute_; }
