@@ -24,7 +24,7 @@ AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const 
 }
 
 AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config,
-             std::vector<zero::ShardRange> shards)
+             std::vector<zero::ShardRange> shards, std::vector<Tensor> parameterShards)
     : config_(config), masters_(std::move(masters)), ranges_(std::move(shards)) {
   const zero::ChunkLayout& layout = chunks.layout();
   bool own = masters_.empty();
@@ -38,9 +38,13 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
                chunks.numChunks());
   for (size_t c = 0; c < chunks.numChunks(); ++c) {
     zero::ShardRange r = ranges_[c];
-    // The range's fp32 values: the masters (sized to the range), or the fp32 chunk itself.
-    Tensor base = own ? chunks.paddedFlat(c) : masters_[c];
-    int64_t baseOffset = own ? 0 : r.begin;
+    // Where the range's parameter values live: the chunk, or the parameter shard that replaces it.
+    bool sharded = !parameterShards.empty();
+    Tensor paramBase = sharded ? parameterShards[c] : chunks.paddedFlat(c);
+    int64_t paramOffset = sharded ? r.begin : 0;
+    // The range's fp32 values: the masters (sized to the range), or the fp32 parameters themselves.
+    Tensor base = own ? paramBase : masters_[c];
+    int64_t baseOffset = own ? paramOffset : r.begin;
     STRATA_CHECK(own || masters_[c].numel() == r.size(),
                  "AdamW: chunk {}'s master has {} elements, its range {}", c, masters_[c].numel(), r.size());
     m_.push_back(ops::zeros({r.size()}, DType::F32, base.device()));
@@ -57,7 +61,7 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
       auto view = [&](const Tensor& buffer, int64_t offset, DType dt) {
         return Tensor::fromStorage(buffer.storage(), shape, strides, buffer.offset() + offset, dt);
       };
-      Tensor piece = full ? p : view(chunks.paddedFlat(c), a, p.dtype());
+      Tensor piece = full && !sharded ? p : view(paramBase, a - paramOffset, p.dtype());
       slots_.push_back(Slot{slot.name, piece, own ? piece : view(base, a - baseOffset, DType::F32),
                             view(m_.back(), a - r.begin, DType::F32),
                             view(v_.back(), a - r.begin, DType::F32), decayFor(p, config.weightDecay), c, a,

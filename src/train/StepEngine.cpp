@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -83,11 +84,6 @@ ZeroStepEngine::ZeroStepEngine(nn::CausalLM& model, const Config& c, Device devi
       group_(group) {
   int ranks = group_ ? group_->size() : 1;
   rank_ = group_ ? group_->rank() : 0;
-  STRATA_USER_CHECK(
-      stage_ <= 2,
-      "{}: zero_optimization.stage {} (parameters sharded) is not available yet; stages 0, 1 and 2 "
-      "are",
-      c.sourcePath, stage_);
   if (compute_ == DType::F16)
     scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
         c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
@@ -116,11 +112,21 @@ ZeroStepEngine::ZeroStepEngine(nn::CausalLM& model, const Config& c, Device devi
   } else {
     for (size_t i = 0; i < chunks_->numChunks(); ++i) ranges.push_back({0, chunks_->paddedElems(i)});
   }
+  if (stage_ == 3) {
+    // Stage 3: each rank keeps only its shard of the parameters too; a chunk is gathered whole into a slot
+    // while a module that uses it runs, forward and backward (NOTE [Parameter gathering]).
+    for (size_t i = 0; i < chunks_->numChunks(); ++i)
+      paramShards_.push_back(chunks_->paddedFlat(i).narrow(0, ranges[i].begin, ranges[i].size()).clone());
+    slots_.resize(chunks_->numChunks());
+    for (size_t i = 0; i < chunks_->numChunks(); ++i) chunks_->evict(i);
+    if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
+    hookModules();
+  }
   optimizer_ = std::make_unique<optim::AdamW>(
       *chunks_, std::move(masters),
       optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
                          c.optimizer.weightDecay},
-      ranges);
+      ranges, paramShards_);
   shardGrads_.resize(chunks_->numChunks());
   chunkNotices_.assign(chunks_->numChunks(), 0);
   chunks_->onGradientsComplete([this](size_t chunk) { gradientsComplete(chunk); });
@@ -148,9 +154,9 @@ void ZeroStepEngine::gradientsComplete(size_t chunk) {
   Event ready(device_);
   ready.record(currentStream(device_));
   ready.block(deviceStreams(device_).comm);
-  if (stage_ == 2) {
-    // Stage 2: reduce-scatter at once into this rank's fp32 shard; the chunk's full buffer goes back to the
-    // allocator for the next chunk's gradients.
+  if (stage_ >= 2) {
+    // Stages 2 and 3: reduce-scatter at once into this rank's fp32 shard; the chunk's full buffer goes back
+    // to the allocator for the next chunk's gradients.
     zero::ShardRange r = chunks_->shard(chunk, rank_);
     shardGrads_[chunk] = Tensor::empty({r.size()}, DType::F32, device_);
     comm().reduceScatter(shardGrads_[chunk], grads);
@@ -172,11 +178,13 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
     auto [x, y] = next();
     profiler::mark("data");
     Tensor loss = model_.loss(x, y, compute_);
+    if (stage_ == 3) releaseAll();  // backward gathers again, module by module
     memlog(device_, "forward", steps_ + 1);
     Tensor scaled = share != 1.0 ? loss * share : loss;
     // fp16: scale the loss so small gradients stay representable; the update unscales them.
     chunks_->beginBackward(micro + 1 == microBatches);
     backward(scaler_ ? scaled * scale : scaled);
+    if (stage_ == 3) releaseAll();
     memlog(device_, "backward", steps_ + 1);
     NoGradGuard noGrad;
     stepLoss = ops::add(stepLoss, ops::to(scaled.detach(), device_, DType::F32));
@@ -192,7 +200,7 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   // The gradients this rank updates from: the reduced chunks, or (stage 2) the reduced shards.
   std::vector<Tensor> grads(chunks_->numChunks());
   for (size_t c = 0; c < grads.size(); ++c)
-    grads[c] = stage_ == 2 && ranks > 1 ? shardGrads_[c] : chunks_->gradients(c);
+    grads[c] = stage_ >= 2 && ranks > 1 ? shardGrads_[c] : chunks_->gradients(c);
   if (ranks > 1) {
     // The reductions ran on the comm stream: the update's reads wait for them.
     Event reduced(device_);
@@ -238,7 +246,7 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   }
   if (outcome.applied) {
     optimizer_->stepChunks(lr, grads, coef);
-    if (stage_ >= 1 && ranks > 1) {
+    if ((stage_ == 1 || stage_ == 2) && ranks > 1) {
       // Each rank updated its shard of the 16-bit parameters: gather the chunks whole again.
       Event updated(device_);
       updated.record(currentStream(device_));
@@ -282,7 +290,7 @@ NamedTensors ZeroStepEngine::modelState() const {
   int ranks = group_ ? group_->size() : 1;
   if (stage_ == 0 || ranks == 1) return optimizer_->namedMasters();
   const zero::ChunkLayout& layout = chunks_->layout();
-  if (!optimizer_->hasMasters()) {
+  if (!optimizer_->hasMasters() && stage_ < 3) {
     // fp32 chunks are their own masters, whole on every rank.
     NamedTensors out;
     for (size_t k = 0; k < layout.slots.size(); ++k)
@@ -294,7 +302,8 @@ NamedTensors ZeroStepEngine::modelState() const {
   NamedTensors out;
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     Tensor full = Tensor::empty({chunks_->paddedElems(c)}, DType::F32, device_);
-    comm().allGather(full, optimizer_->masterFlats()[c]);
+    // The fp32 values: the masters' shards, or (fp32 chunks at stage 3) the parameters' shards.
+    comm().allGather(full, optimizer_->hasMasters() ? optimizer_->masterFlats()[c] : paramShards_[c]);
     for (int64_t k : layout.chunks[c].slots) {
       const zero::ChunkSlot& slot = layout.slots[size_t(k)];
       Tensor p = chunks_->parameters()[size_t(k)];
@@ -343,11 +352,15 @@ void ZeroStepEngine::stateLoaded(const NamedTensors& model, const NamedTensors& 
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     zero::ShardRange r = chunks_->shard(c, rank_);
     int64_t padded = chunks_->paddedElems(c);
-    if (optimizer_->hasMasters()) {
+    if (optimizer_->hasMasters() || stage_ == 3) {
       const Tensor& first = byName.at(layout.slots[size_t(layout.chunks[c].slots.front())].name);
       Tensor full = Tensor::fromStorage(first.storage(), {padded}, {1}, 0, DType::F32);
-      ops::copy(chunks_->paddedFlat(c), full);
-      ops::copy(optimizer_->masterFlats()[c], full.narrow(0, r.begin, r.size()));
+      if (stage_ == 3)
+        ops::copy(paramShards_[c], full.narrow(0, r.begin, r.size()));
+      else
+        ops::copy(chunks_->paddedFlat(c), full);
+      if (optimizer_->hasMasters())
+        ops::copy(optimizer_->masterFlats()[c], full.narrow(0, r.begin, r.size()));
     }
     for (int which = 0; which < 2; ++which) {
       auto it = state.find((which == 0 ? "exp_avg." : "exp_avg_sq.") + std::to_string(c));
@@ -361,11 +374,90 @@ void ZeroStepEngine::stateLoaded(const NamedTensors& model, const NamedTensors& 
 
 size_t ZeroStepEngine::modelStateBytes() const {
   size_t bytes = 0;
-  for (size_t c = 0; c < chunks_->numChunks(); ++c) bytes += chunks_->paddedFlat(c).nbytes();
+  for (size_t c = 0; c < chunks_->numChunks(); ++c)
+    bytes += stage_ == 3 ? paramShards_[c].nbytes() : chunks_->paddedFlat(c).nbytes();
   for (const auto* flats :
        {&optimizer_->masterFlats(), &optimizer_->firstMoments(), &optimizer_->secondMoments()})
     for (const Tensor& t : *flats) bytes += t.nbytes();
   return bytes;
+}
+
+// NOTE [Parameter gathering]
+// At stage 3 a chunk's storage is not resident except while gathered into a slot. A module's forward
+// pre-hook gathers the chunks that hold its own parameters; outside backward it first releases the gathered
+// chunks that neither it nor a module still running (its callers) needs, so a forward holds the chunks of a
+// few modules at a time. In backward a module's pre-backward hook gathers its chunks again, and a chunk is
+// released as soon as every one of its parameters has its gradient for the pass (nothing later in the pass
+// reads it). The step releases everything after each forward and each backward. Gathers run on the comm
+// stream; compute waits on an event before the module runs.
+void ZeroStepEngine::hookModules() {
+  std::map<const TensorImpl*, size_t> chunkOf;
+  for (size_t c = 0; c < chunks_->numChunks(); ++c)
+    for (const Tensor& p : chunks_->parameters(c)) chunkOf[&p.impl()] = c;
+  for (auto& [name, module] : model_.namedModules()) {
+    std::vector<size_t> own;
+    for (const auto& [n, p] : module->namedParameters(/*recurse=*/false)) {
+      size_t c = chunkOf.at(&p.impl());
+      if (std::find(own.begin(), own.end(), c) == own.end()) own.push_back(c);
+    }
+    if (own.empty()) {
+      module->addForwardPreHook([this](nn::Module& m, const std::vector<Tensor>&) { active_.push_back(&m); });
+    } else {
+      module->addForwardPreHook([this, own](nn::Module& m, const std::vector<Tensor>&) {
+        if (!autograd::inBackwardPass()) {
+          // Release what no running module needs (in backward, recomputation must not release).
+          std::vector<bool> keep(slots_.size(), false);
+          for (size_t c : own) keep[c] = true;
+          for (nn::Module* a : active_)
+            for (size_t c : moduleChunks_[a]) keep[c] = true;
+          for (size_t c = 0; c < slots_.size(); ++c)
+            if (!keep[c]) release(c);
+        }
+        for (size_t c : own) gather(c);
+        active_.push_back(&m);
+      });
+      module->addBackwardPreHook([this, own](nn::Module&) {
+        for (size_t c : own) gather(c);
+      });
+    }
+    moduleChunks_[module] = own;
+    module->addForwardHook([this](nn::Module& m, const std::vector<Tensor>&, const std::vector<Tensor>&) {
+      auto it = std::find(active_.rbegin(), active_.rend(), &m);
+      if (it != active_.rend()) active_.erase(std::next(it).base());
+    });
+  }
+  chunks_->onPassGradientsComplete([this](size_t chunk) { release(chunk); });
+}
+
+void ZeroStepEngine::gather(size_t chunk) {
+  if (slots_[chunk].defined()) return;
+  NoGradGuard noGrad;
+  Tensor slot = Tensor::empty({chunks_->paddedElems(chunk)}, chunks_->dtype(), device_);
+  int ranks = group_ ? group_->size() : 1;
+  if (ranks > 1) {
+    Event ready(device_);
+    ready.record(currentStream(device_));
+    ready.block(deviceStreams(device_).comm);
+    comm().allGather(slot, paramShards_[chunk]);
+    Event gathered(device_);
+    gathered.record(deviceStreams(device_).comm);
+    gathered.block(currentStream(device_));
+  } else {
+    ops::copy(slot, paramShards_[chunk]);
+  }
+  chunks_->repoint(chunk, slot.data(), device_);
+  slots_[chunk] = slot;
+}
+
+void ZeroStepEngine::release(size_t chunk) {
+  if (!slots_[chunk].defined()) return;
+  chunks_->evict(chunk);
+  slots_[chunk] = Tensor();
+}
+
+void ZeroStepEngine::releaseAll() {
+  for (size_t c = 0; c < slots_.size(); ++c) release(c);
+  active_.clear();
 }
 
 StepEngineState ZeroStepEngine::state() const {

@@ -234,10 +234,9 @@ void Trainer::setup() {
                  toString(p.device()), toString(device_));
   compute_ = computeDTypeFor(config_, device_);
   STRATA_USER_CHECK(
-      config_.zero.stage <= 2 && config_.zero.offloadParamDevice == "none" &&
-          config_.zero.offloadOptimizerDevice == "none",
+      config_.zero.offloadParamDevice == "none" && config_.zero.offloadOptimizerDevice == "none",
       "{}: zero_optimization stage {} with offload (param {}, optimizer {}) is not available in "
-      "this build yet; stages 0, 1 and 2 without offload are",
+      "this build yet; stages 0 to 3 without offload are",
       config_.sourcePath, config_.zero.stage, config_.zero.offloadParamDevice,
       config_.zero.offloadOptimizerDevice);
   // Everything that would otherwise fail only after training has run is checked before any work.

@@ -169,6 +169,7 @@ void ChunkManager::repoint(size_t i, void* data, Device device) {
 // pointer, so a model that outlives its manager never calls into a dead one.
 struct ChunkManager::Notices {
   std::function<void(size_t)> callback;
+  std::function<void(size_t)> passCallback;
   std::vector<int64_t> expected, heard;
   std::vector<bool> announced;
   bool lastMicroBatch = false;
@@ -194,6 +195,7 @@ struct ChunkManager::Notices {
       flushQueued = false;
     }
     ++heard[chunk];
+    if (heard[chunk] == expected[chunk] && passCallback) passCallback(chunk);
     if (!lastMicroBatch) return;
     if (!flushQueued && autograd::inBackwardPass()) {
       flushQueued = true;
@@ -213,12 +215,19 @@ struct ChunkManager::Notices {
 };
 
 void ChunkManager::onGradientsComplete(std::function<void(size_t)> callback) {
-  if (notices_) {
-    notices_->callback = std::move(callback);
-    return;
-  }
-  notices_ = std::make_shared<Notices>();
+  listen();
   notices_->callback = std::move(callback);
+}
+
+void ChunkManager::onPassGradientsComplete(std::function<void(size_t)> callback) {
+  listen();
+  notices_->passCallback = std::move(callback);
+}
+
+void ChunkManager::listen() {
+  if (notices_) return;
+  notices_ = std::make_shared<Notices>();
+  notices_->callback = [](size_t) {};
   for (const auto& info : layout_.chunks) notices_->expected.push_back(int64_t(info.slots.size()));
   notices_->heard.assign(chunks_.size(), 0);
   notices_->announced.assign(chunks_.size(), false);

@@ -33,8 +33,10 @@ class AdamW {
   // State per chunk of `chunks`; `masters`: its fp32 masters (takeMasters()), empty for fp32 chunks. With
   // `shards` (ZeRO stage >= 1: one range per chunk), this optimizer updates only elements [begin, end) of
   // each chunk, and `masters` and the moments cover that range alone; an empty `shards` is every chunk whole.
+  // `parameterShards` (ZeRO-3: the parameters themselves are sharded): per chunk, the 16-bit (or fp32) tensor
+  // holding the range's parameter values, written by the update instead of the chunk.
   AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config,
-        std::vector<zero::ShardRange> shards = {});
+        std::vector<zero::ShardRange> shards = {}, std::vector<Tensor> parameterShards = {});
 
   // One update with learning rate `lr` from each parameter's .grad() times `gradScale` (a device fp32 scalar,
   // e.g. the clipping coefficient; undefined for 1). Parameters without a gradient are skipped.

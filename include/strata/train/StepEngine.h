@@ -27,6 +27,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <utility>
 
@@ -101,6 +102,8 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(nn::CausalLM& model, Devic
 //   all-gathers the 16-bit chunks after the update.
 // - Stage 2: as 1, and each chunk's gradients are reduce-scattered into this rank's fp32 shard as soon as
 //   they are complete, and the chunk's full gradient buffer is released at once.
+// - Stage 3: as 2, and each rank keeps only its shard of the parameters as well; chunks are gathered whole
+//   while the modules that use them run (NOTE [Parameter gathering] in StepEngine.cpp).
 // The norm is summed over each rank's shard pieces in a fixed order, so stages 0, 1 and 2 give the same
 // numbers bit for bit at one world size (CPU; NCCL's sums have an order of their own).
 class ZeroStepEngine final : public StepEngine {
@@ -121,6 +124,11 @@ class ZeroStepEngine final : public StepEngine {
   dist::Communicator& comm() const;
   void gradientsComplete(size_t chunk);
   Tensor shardSquares(const std::vector<Tensor>& grads) const;
+  // Stage 3 (NOTE [Parameter gathering] in StepEngine.cpp).
+  void hookModules();
+  void gather(size_t chunk);
+  void release(size_t chunk);
+  void releaseAll();
 
   nn::CausalLM& model_;
   Device device_;
@@ -132,7 +140,12 @@ class ZeroStepEngine final : public StepEngine {
   std::unique_ptr<zero::ChunkManager> chunks_;
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<optim::LossScaler> scaler_;
-  std::vector<Tensor> shardGrads_;  // stage 2: this rank's reduced fp32 shard of each chunk's gradients
+  std::vector<Tensor> shardGrads_;   // stages 2, 3: this rank's reduced fp32 shard of each chunk's gradients
+  std::vector<Tensor> paramShards_;  // stage 3: this rank's shard of each chunk's parameters
+  std::vector<Tensor> slots_;        // stage 3: each chunk's gathered parameters while it is resident
+  std::map<nn::Module*, std::vector<size_t>>
+      moduleChunks_;                 // stage 3: the chunks of each module's own parameters
+  std::vector<nn::Module*> active_;  // stage 3: modules whose forward is running
   std::vector<int64_t> chunkNotices_;
   int64_t steps_ = 0;
 };

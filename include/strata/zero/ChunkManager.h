@@ -99,11 +99,15 @@ class ChunkManager {
 
   // NOTE [Chunk gradients complete]. The callback gets the chunk index.
   void onGradientsComplete(std::function<void(size_t)> callback);
+  // Every backward pass (each micro-batch), as soon as every parameter of a chunk has heard in it: the
+  // chunk's parameters are not needed again in this pass (ZeRO-3 releases the chunk).
+  void onPassGradientsComplete(std::function<void(size_t)> callback);
   // Call before each micro-batch's backward; lastMicroBatch: the step's gradients are final after it.
   void beginBackward(bool lastMicroBatch);
 
  private:
   struct Notices;
+  void listen();
   struct Grads {
     DType dtype;
     Device device;

@@ -1,4 +1,4 @@
-// ZeRO stages 0, 1 and 2 training a small GPT on N CPU ranks (mpirun -np 2 and -np 4 through CTest), against
+// ZeRO stages 0 to 3 training a small GPT on N CPU ranks (mpirun -np 2 and -np 4 through CTest), against
 // the same run on one rank. Every rank runs every training run (they are collectives); rank 0 reads the
 // metrics and checks. Checks use CHECK, not REQUIRE, so no rank leaves early and strands the others.
 #include <unistd.h>
@@ -89,17 +89,17 @@ double worstRelative(const std::vector<double>& a, const std::vector<double>& b)
 
 }  // namespace
 
-TEST_CASE("ZeRO stages 0, 1 and 2 on N ranks train like one rank", "[dist][zero]") {
+TEST_CASE("ZeRO stages 0 to 3 on N ranks train like one rank", "[dist][zero]") {
   auto ctx = world();
   int ranks = ctx->worldSize();
   // The reference: every rank trains the whole global batch alone (rank 0's is the one compared).
   Run reference = trainRun(alone(), "one-rank-" + std::to_string(ctx->rank()), 0);
   std::map<int, Run> stages;
-  for (int stage : {0, 1, 2}) stages[stage] = trainRun(ctx, "stage" + std::to_string(stage), stage);
+  for (int stage : {0, 1, 2, 3}) stages[stage] = trainRun(ctx, "stage" + std::to_string(stage), stage);
   if (!ctx->isMain()) return;
   INFO(ranks << " ranks");
   CHECK(reference.losses.size() == 20);
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     INFO("stage " << stage);
     CHECK(stages[stage].losses.size() == 20);
     // The stages differ only in where state lives: the same sums in the same order, bit for bit.
@@ -109,28 +109,33 @@ TEST_CASE("ZeRO stages 0, 1 and 2 on N ranks train like one rank", "[dist][zero]
     CHECK(worstRelative(stages[stage].losses, reference.losses) < 1e-5);
   }
   // Model state per rank: stages 1 and 2 keep 1/N of the moments (fp32 on the CPU: the parameters, 4 bytes,
-  // stay whole; m and v, 8 bytes, are sharded).
+  // stay whole; m and v, 8 bytes, are sharded); stage 3 keeps 1/N of everything (up to the chunks' padding).
   double whole = stages[0].modelStateGb.back(), params = whole / 3.0;
   for (int stage : {1, 2}) {
     double expected = params + 2.0 * params / double(ranks);
     CHECK(stages[stage].modelStateGb.back() == Approx(expected).epsilon(0.02));
   }
+  CHECK(stages[3].modelStateGb.back() == Approx(whole / double(ranks)).epsilon(0.02));
 }
 
-TEST_CASE("ZeRO stage 2 resumes exactly from its checkpoint, at this world size and at one rank",
+TEST_CASE("ZeRO stages 2 and 3 resume exactly from their checkpoints, at this world size and at one rank",
           "[dist][zero][checkpoint]") {
   auto ctx = world();
   std::string tag = std::to_string(ctx->rank());
-  // Straight through 20 steps, saving at 10.
-  Run straight = trainRun(ctx, "resume-straight", 2, {"checkpoint.save_interval=10"});
-  fs::path saved = fs::path(straight.checkpoint).parent_path() / "step-10";
-  // 10 more steps from the step-10 checkpoint, on N ranks, then on one rank.
-  Run resumed = trainRun(ctx, "resume-again", 2, {"checkpoint.load=" + saved.string()});
-  Run single = trainRun(alone(), "resume-single-" + tag, 0, {"checkpoint.load=" + saved.string()});
-  if (!ctx->isMain()) return;
-  CHECK(straight.losses.size() == 20);
-  CHECK(resumed.losses.size() == 10);
-  std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
-  CHECK(resumed.losses == tail);
-  CHECK(worstRelative(single.losses, tail) < 1e-5);
+  for (int stage : {2, 3}) {
+    std::string name = "resume-stage" + std::to_string(stage);
+    // Straight through 20 steps, saving at 10.
+    Run straight = trainRun(ctx, name + "-straight", stage, {"checkpoint.save_interval=10"});
+    fs::path saved = fs::path(straight.checkpoint).parent_path() / "step-10";
+    // 10 more steps from the step-10 checkpoint, on N ranks, then on one rank.
+    Run resumed = trainRun(ctx, name + "-again", stage, {"checkpoint.load=" + saved.string()});
+    Run single = trainRun(alone(), name + "-single-" + tag, 0, {"checkpoint.load=" + saved.string()});
+    if (!ctx->isMain()) continue;
+    INFO("stage " << stage);
+    CHECK(straight.losses.size() == 20);
+    CHECK(resumed.losses.size() == 10);
+    std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
+    CHECK(resumed.losses == tail);
+    CHECK(worstRelative(single.losses, tail) < 1e-5);
+  }
 }
