@@ -188,6 +188,23 @@ Tensor gelu(const Tensor& x, GeluApprox approx) {
   return out;
 }
 
+Tensor gatedGelu(const Tensor& gate, const Tensor& up) {
+  STRATA_CHECK(gate.shape() == up.shape() && gate.dtype() == up.dtype(),
+               "gatedGelu: gate and up must have one shape and dtype, got {} {} and {} {}",
+               toString(gate.shape()), gate.dtype(), toString(up.shape()), up.dtype());
+  Tensor act = ops::geluTanh(gate);
+  Tensor out = ops::mul(act, up);
+  bool ng = participates(gate), nu = participates(up);
+  // Saves gate and up only: gelu(gate) is recomputed in the backward rather than kept.
+  Tensor sg = saved(gate), su = ng ? saved(up) : Tensor();
+  recordFunction("GatedGeluBackward", {gate, up}, {out}, [=](const Grads& g) {
+    Tensor dGate = ng ? ops::geluTanhBackward(ops::mul(g[0], su), sg) : Tensor();
+    Tensor dUp = nu ? ops::mul(g[0], ops::geluTanh(sg)) : Tensor();
+    return Grads{dGate, dUp};
+  });
+  return out;
+}
+
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = ops::where(cond, a, b);
   Tensor sc = saved(cond);

@@ -5,19 +5,20 @@
 namespace strata::nn {
 
 Attention::Attention(const AttentionConfig& config, Generator& gen) : config_(config) {
-  STRATA_CHECK(config.numHeads > 0 && config.hiddenSize % config.numHeads == 0,
+  STRATA_CHECK(config.numHeads > 0 && (config.headDim > 0 || config.hiddenSize % config.numHeads == 0),
                "attention: hidden size {} is not divisible by {} heads", config.hiddenSize, config.numHeads);
-  int64_t C = config.hiddenSize;
+  int64_t C = config.hiddenSize, I = config.innerSize();
   auto linear = [&](int64_t out, double std) {
     return std::make_shared<Linear>(LinearConfig{C, out, config.bias, std, config.device}, gen);
   };
   if (config.cross) {
-    q_ = registerModule("q", linear(C, config.initStd));
-    kv_ = registerModule("kv", linear(2 * C, config.initStd));
+    q_ = registerModule("q", linear(I, config.initStd));
+    kv_ = registerModule("kv", linear(2 * I, config.initStd));
   } else {
-    qkv_ = registerModule("qkv", linear(3 * C, config.initStd));
+    qkv_ = registerModule("qkv", linear(3 * I, config.initStd));
   }
-  proj_ = registerModule("proj", linear(C, config.outInitStd));
+  proj_ = registerModule("proj", std::make_shared<Linear>(
+                                     LinearConfig{I, C, config.bias, config.outInitStd, config.device}, gen));
 }
 
 Tensor Attention::apply(const Tensor& x, const Tensor& memory, const AttentionMask& extra) {
@@ -40,7 +41,9 @@ std::vector<Tensor> Attention::forwardImpl(const std::vector<Tensor>& inputs) {
 Tensor Attention::compute(const Tensor& x, const Tensor& memory, const AttentionMask& extra) {
   STRATA_CHECK(x.dim() == 3 && x.size(2) == config_.hiddenSize, "attention: input must be [B, S, {}], got {}",
                config_.hiddenSize, toString(x.shape()));
-  int64_t B = x.size(0), S = x.size(1), C = config_.hiddenSize, H = config_.numHeads, D = C / H;
+  int64_t B = x.size(0), S = x.size(1), H = config_.numHeads, D = config_.headWidth();
+  int64_t C = H * D;  // the attention's inner width (the model width unless headDim says otherwise)
+  double scale = config_.scale;
   bool plainMask = !extra.keyPadding.defined() && !extra.bias.defined();
   auto heads = [&](const Tensor& t, int64_t len, int64_t parts) {
     // [B, len, parts * C] -> parts tensors [B, H, len, D], each contiguous: one copy here lets every
@@ -53,7 +56,7 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
   auto composed = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
     AttentionMask mask = extra;
     mask.causal = config_.causal;
-    Tensor y = scaledDotProductAttention(q, k, v, mask, config_.dropout, isTraining());
+    Tensor y = scaledDotProductAttention(q, k, v, mask, config_.dropout, isTraining(), scale);
     return y.permute({0, 2, 1, 3}).reshape({B, S, C});
   };
   // The fused kernel reads q, k and v as strided views of the projections and writes [B, S, H, D], already
@@ -67,7 +70,7 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
     Tensor kv = kvp.view({B, Sk, 2, H, D});
     Tensor k = kv.select(2, 0), v = kv.select(2, 1);
     if (plainMask && flashAttentionUsable(q, k, v, config_.dropout, isTraining())) {
-      y = flashAttention(q, k, v, config_.causal).reshape({B, S, C});
+      y = flashAttention(q, k, v, config_.causal, scale).reshape({B, S, C});
     } else {
       auto kvHeads = heads(kvp, Sk, 2);
       y = composed(heads(qp, S, 1)[0], kvHeads[0], kvHeads[1]);
@@ -77,7 +80,7 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
     // A raw view (no autograd node): only its shape, dtype and device are asked about.
     Tensor probe = detail::narrowRaw(detail::viewRaw(qkv, {B, S, 3 * H, D}), 2, 0, H);
     if (plainMask && flashAttentionUsable(probe, probe, probe, config_.dropout, isTraining())) {
-      y = flashAttentionPacked(qkv, H, config_.causal);
+      y = flashAttentionPacked(qkv, H, config_.causal, scale);
     } else {
       auto parts = heads(qkv, S, 3);
       y = composed(parts[0], parts[1], parts[2]);
@@ -87,14 +90,19 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
 }
 
 Mlp::Mlp(const MlpConfig& config, Generator& gen) : config_(config) {
-  fc_ =
-      registerModule("fc", std::make_shared<Linear>(LinearConfig{config.hiddenSize, config.ffnHiddenSize,
-                                                                 config.bias, config.initStd, config.device},
-                                                    gen));
-  proj_ = registerModule(
-      "proj", std::make_shared<Linear>(LinearConfig{config.ffnHiddenSize, config.hiddenSize, config.bias,
-                                                    config.outInitStd, config.device},
-                                       gen));
+  STRATA_CHECK(!config.gated || config.activation == Activation::GeluTanh,
+               "mlp: only the tanh GELU is gated (T5 v1.1's gated-gelu)");
+  auto linear = [&](int64_t in, int64_t out, double std) {
+    return std::make_shared<Linear>(LinearConfig{in, out, config.bias, std, config.device}, gen);
+  };
+  int64_t C = config.hiddenSize, F = config.ffnHiddenSize;
+  if (config.gated) {
+    gate_ = registerModule("gate", linear(C, F, config.initStd));
+    up_ = registerModule("up", linear(C, F, config.initStd));
+  } else {
+    fc_ = registerModule("fc", linear(C, F, config.initStd));
+  }
+  proj_ = registerModule("proj", linear(F, C, config.outInitStd));
 }
 
 Tensor Mlp::apply(const Tensor& x) {
@@ -102,12 +110,21 @@ Tensor Mlp::apply(const Tensor& x) {
 }
 
 std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
-  // geluMlp reads fc's and proj's parameters itself, so it runs as a call of both (NOTE [Module calls]).
-  std::vector<Tensor> y =
-      fusedCall({fc_.get(), proj_.get()}, {inputs.at(0)}, [&](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias)};
-      });
-  return {dropout(y[0], config_.dropout, isTraining())};
+  const Tensor& x = inputs.at(0);
+  Tensor y;
+  if (config_.gated) {
+    y = proj_->apply(gatedGelu(gate_->apply(x), up_->apply(x)));
+  } else if (config_.activation == Activation::GeluTanh) {
+    // geluMlp reads fc's and proj's parameters itself, so it runs as a call of both (NOTE [Module calls]).
+    y = fusedCall({fc_.get(), proj_.get()}, {x}, [&](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias)};
+    })[0];
+  } else {
+    Tensor h = fc_->apply(x);
+    h = config_.activation == Activation::Relu ? relu(h) : gelu(h, GeluApprox::None);
+    y = proj_->apply(h);
+  }
+  return {dropout(y, config_.dropout, isTraining())};
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& config, Generator& gen) {

@@ -46,6 +46,9 @@ Tensor relu(const Tensor& x);
 Tensor silu(const Tensor& x);
 enum class GeluApprox { None, Tanh };
 Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::Tanh);
+// T5 v1.1's gated GELU: gelu_tanh(gate) * up, elementwise over one shape (gate = x W_i0, up = x W_i1). The
+// backward keeps gate and up and recomputes gelu(gate).
+Tensor gatedGelu(const Tensor& gate, const Tensor& up);
 // cond != 0 ? a : b (cond any dtype; broadcast).
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // x where mask == 0, value where mask != 0.

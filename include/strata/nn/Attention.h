@@ -20,12 +20,22 @@ struct AttentionConfig {
   double initStd = 0.02;
   double outInitStd = 0.02;  // GPT-2 scales the residual projection by 1/sqrt(2 * layers)
   Device device = Device::cpu();
+  // Per-head width; 0 means hiddenSize / numHeads. T5 v1.1 sets it apart from the model width (t5-v1_1-small:
+  // 6 heads of 64 on a 512-wide model), so the projections are hiddenSize -> numHeads * headDim and back.
+  int64_t headDim = 0;
+  // Multiplies q k^T; 0 means 1/sqrt(headDim). T5 uses 1 (its q projection's initialisation carries the
+  // scale).
+  double scale = 0.0;
+
+  int64_t headWidth() const { return headDim > 0 ? headDim : hiddenSize / numHeads; }
+  int64_t innerSize() const { return numHeads * headWidth(); }
 };
 
 class Attention : public Module {
  public:
   Attention(const AttentionConfig& config, Generator& gen);
-  // forward inputs: x [B, S, C], then optionally memory [B, S_k, C] (cross), key padding [B, S_k], bias.
+  // forward inputs: x [B, S, C], then optionally memory [B, S_k, C] (cross), key padding [B, S_k] (non-zero:
+  // ignore that key), bias (broadcastable to [B, H, S, S_k]).
   // apply(x, memory, extra) is forward({x, memory, extra.keyPadding, extra.bias}); extra.causal is ignored
   // (config.causal decides).
   Tensor apply(const Tensor& x, const Tensor& memory = Tensor(), const AttentionMask& extra = {});

@@ -6,6 +6,12 @@
 
 namespace strata::nn {
 
+enum class Activation {
+  GeluTanh,  // GPT-2's and T5 v1.1's gelu_new
+  GeluErf,   // BERT's exact gelu
+  Relu,      // T5 v1.0
+};
+
 struct MlpConfig {
   int64_t hiddenSize = 0;
   int64_t ffnHiddenSize = 0;
@@ -14,8 +20,13 @@ struct MlpConfig {
   double initStd = 0.02;
   double outInitStd = 0.02;
   Device device = Device::cpu();
+  Activation activation = Activation::GeluTanh;
+  // Gated (T5 v1.1): act(x W_gate) * (x W_up), then W_proj; modules "gate", "up", "proj" instead of "fc",
+  // "proj". Only GeluTanh is gated.
+  bool gated = false;
 };
 
+// act(x W_fc + b_fc) W_proj + b_proj, or the gated form above.
 class Mlp : public Module {
  public:
   Mlp(const MlpConfig& config, Generator& gen);
@@ -28,7 +39,7 @@ class Mlp : public Module {
 
  private:
   MlpConfig config_;
-  std::shared_ptr<Linear> fc_, proj_;
+  std::shared_ptr<Linear> fc_, gate_, up_, proj_;
 };
 
 struct TransformerBlockConfig {

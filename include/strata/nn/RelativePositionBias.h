@@ -1,0 +1,51 @@
+// T5's relative position bias: a learned scalar per (bucket of key - query distance, head), added to the
+// attention scores. One module per stack (encoder, decoder); its bias is computed once per forward and shared
+// by every layer of the stack, as HF's T5 does (only block 0 holds the table there).
+#pragma once
+
+#include "strata/core/Generator.h"
+#include "strata/nn/Module.h"
+
+namespace strata::nn {
+
+struct RelativePositionBiasConfig {
+  int64_t numHeads = 0;
+  int64_t numBuckets = 32;
+  int64_t maxDistance = 128;
+  // Encoder: keys before and after a query get separate buckets. Decoder: only keys at or before it count
+  // (later ones share bucket 0; the causal mask hides them anyway).
+  bool bidirectional = true;
+  double initStd = 0.02;
+  Device device = Device::cpu();
+};
+
+// The bucket of each relative position key - query, exactly as HF's T5Attention._relative_position_bucket:
+// half the buckets (of the direction's share) hold exact distances, the rest grow logarithmically up to
+// maxDistance, beyond which everything shares the last bucket. The logarithm is taken in fp32, as torch does.
+int64_t relativePositionBucket(int64_t relativePosition, bool bidirectional, int64_t numBuckets,
+                               int64_t maxDistance);
+// The buckets of every (query i, key j) pair with key - query = j - i + (queryOffset): i64 [queryLen, keyLen]
+// on `device`. queryOffset is the position of the first query (a decoder extending a cache).
+Tensor relativePositionBuckets(int64_t queryLen, int64_t keyLen, bool bidirectional, int64_t numBuckets,
+                               int64_t maxDistance, Device device, int64_t queryOffset = 0);
+
+class RelativePositionBias : public Module {
+ public:
+  RelativePositionBias(const RelativePositionBiasConfig& config, Generator& gen);
+  // The additive attention bias [1, H, queryLen, keyLen] in `dtype` (the table's dtype: the compute dtype).
+  Tensor apply(int64_t queryLen, int64_t keyLen, DType dtype);
+
+  // [numBuckets, numHeads]: HF's relative_attention_bias.weight, same layout.
+  Tensor weight;
+
+  const RelativePositionBiasConfig& config() const { return config_; }
+
+ protected:
+  // forward({buckets i64 [Sq, Sk]}) -> {[1, H, Sq, Sk]}.
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
+
+ private:
+  RelativePositionBiasConfig config_;
+};
+
+}  // namespace strata::nn
