@@ -1,10 +1,41 @@
 #include "models/Zoo.h"
 
+#include <algorithm>
+
+#include "models/bert/Bert.h"
 #include "models/gpt/Gpt.h"
+#include "models/t5/T5.h"
 
 namespace strata::models {
+namespace {
+
+[[noreturn]] void unknownArch(const std::string& arch) {
+  STRATA_USER_FAIL("unknown model.arch '{}' (available: gpt, bert, t5)", arch);
+}
+
+nn::Activation activationOf(const ModelSpec& s, nn::Activation fallback) {
+  if (s.activation == "default") return fallback;
+  if (s.activation == "gelu") return nn::Activation::GeluErf;
+  if (s.activation == "gelu_tanh") return nn::Activation::GeluTanh;
+  if (s.activation == "relu") return nn::Activation::Relu;
+  STRATA_USER_FAIL("model.activation '{}' does not apply to model.arch '{}'", s.activation, s.arch);
+}
+
+}  // namespace
+
+Objective objective(const std::string& arch) {
+  if (arch == "gpt") return Objective::CausalLM;
+  if (arch == "bert") return Objective::MaskedLM;
+  if (arch == "t5") return Objective::SpanCorruption;
+  unknownArch(arch);
+}
 
 GptConfig gptConfig(const ModelSpec& s) {
+  STRATA_USER_CHECK(s.activation == "default" || s.activation == "gelu_tanh",
+                    "model.activation '{}': gpt uses gelu_tanh", s.activation);
+  STRATA_USER_CHECK(s.kvChannels == 0,
+                    "gpt's heads are hidden_size / num_attention_heads wide: leave "
+                    "model.kv_channels at 0");
   GptConfig c;
   c.numLayers = s.numLayers;
   c.hiddenSize = s.hiddenSize;
@@ -21,13 +52,82 @@ GptConfig gptConfig(const ModelSpec& s) {
   return c;
 }
 
+BertConfig bertConfig(const ModelSpec& s) {
+  STRATA_USER_CHECK(s.bias, "bert always has biases (model.bias = false is not supported)");
+  STRATA_USER_CHECK(s.kvChannels == 0,
+                    "bert's heads are hidden_size / num_attention_heads wide: leave "
+                    "model.kv_channels at 0");
+  BertConfig c;
+  c.numLayers = s.numLayers;
+  c.hiddenSize = s.hiddenSize;
+  c.numHeads = s.numHeads;
+  c.ffnHiddenSize = s.ffnHiddenSize;
+  c.seqLength = s.seqLength;
+  c.vocabSize = s.vocabSize;
+  c.typeVocabSize = s.numTokentypes;
+  c.dropout = s.dropout;
+  c.layerNormEps = s.layerNormEps;
+  c.initStd = s.initStd;
+  c.activation = activationOf(s, nn::Activation::GeluErf);
+  c.nspHead = s.bertBinaryHead;
+  c.seed = s.seed;
+  c.device = s.device;
+  return c;
+}
+
+T5Config t5Config(const ModelSpec& s) {
+  T5Config c;
+  c.numLayers = s.numLayers;
+  c.numDecoderLayers = s.decoderNumLayers;
+  c.hiddenSize = s.hiddenSize;
+  c.numHeads = s.numHeads;
+  c.headDim = s.kvChannels > 0 ? s.kvChannels : 64;
+  c.ffnHiddenSize = s.ffnHiddenSize > 0 ? s.ffnHiddenSize : 4 * s.hiddenSize;
+  c.vocabSize = s.vocabSize;
+  c.relativeAttentionNumBuckets = s.relativeAttentionNumBuckets;
+  c.relativeAttentionMaxDistance = s.relativeAttentionMaxDistance;
+  c.seqLength = s.seqLength;
+  c.decoderSeqLength = s.decoderSeqLength > 0 ? s.decoderSeqLength : std::max<int64_t>(1, s.seqLength / 4);
+  c.dropout = s.dropout;
+  c.layerNormEps = s.layerNormEps;
+  c.gatedGelu = s.activation == "gated_gelu";
+  STRATA_USER_CHECK(c.gatedGelu || s.activation == "default" || s.activation == "relu",
+                    "model.activation '{}': t5 uses relu (v1.0) or gated_gelu (v1.1)", s.activation);
+  c.tieWordEmbeddings = !s.untieEmbeddingsAndOutputWeights;
+  STRATA_USER_CHECK(!s.bias, "t5 has no biases: set model.bias = false");
+  c.seed = s.seed;
+  c.device = s.device;
+  return c;
+}
+
+std::shared_ptr<nn::Module> buildModule(const ModelSpec& s) {
+  switch (objective(s.arch)) {
+    case Objective::CausalLM:
+      return std::make_shared<Gpt>(gptConfig(s));
+    case Objective::MaskedLM:
+      return std::make_shared<Bert>(bertConfig(s));
+    case Objective::SpanCorruption:
+      return std::make_shared<T5>(t5Config(s));
+  }
+  unknownArch(s.arch);
+}
+
 std::shared_ptr<nn::CausalLM> buildModel(const ModelSpec& s) {
-  if (s.arch == "gpt") return std::make_shared<Gpt>(gptConfig(s));
-  STRATA_FAIL("unknown model.arch '{}' (available: gpt)", s.arch);
+  STRATA_USER_CHECK(objective(s.arch) == Objective::CausalLM,
+                    "model.arch '{}' is not a causal LM ({} objective): build it with models::buildModule",
+                    s.arch, s.arch == "bert" ? "masked-LM" : "span-corruption");
+  return std::make_shared<Gpt>(gptConfig(s));
 }
 
 std::vector<std::pair<std::string, Shape>> parameterShapes(const ModelSpec& s) {
-  STRATA_USER_CHECK(s.arch == "gpt", "unknown model.arch '{}' (available: gpt)", s.arch);
+  switch (objective(s.arch)) {
+    case Objective::MaskedLM:
+      return bertConfig(s).parameterShapes();
+    case Objective::SpanCorruption:
+      return t5Config(s).parameterShapes();
+    case Objective::CausalLM:
+      break;
+  }
   GptConfig g = gptConfig(s);
   int64_t C = g.hiddenSize, F = g.ffn();
   std::vector<std::pair<std::string, Shape>> out{{"wte.weight", {g.vocabSize, C}},
@@ -54,7 +154,31 @@ std::vector<std::pair<std::string, Shape>> parameterShapes(const ModelSpec& s) {
 }
 
 std::vector<std::string> architectures() {
-  return {"gpt"};
+  return {"gpt", "bert", "t5"};
+}
+
+int64_t numParameters(const ModelSpec& s) {
+  switch (objective(s.arch)) {
+    case Objective::CausalLM:
+      return gptConfig(s).numParameters();
+    case Objective::MaskedLM:
+      return bertConfig(s).numParameters();
+    case Objective::SpanCorruption:
+      return t5Config(s).numParameters();
+  }
+  unknownArch(s.arch);
+}
+
+double flopsPerToken(const ModelSpec& s) {
+  switch (objective(s.arch)) {
+    case Objective::CausalLM:
+      return gptConfig(s).flopsPerToken();
+    case Objective::MaskedLM:
+      return bertConfig(s).flopsPerToken();
+    case Objective::SpanCorruption:
+      return t5Config(s).flopsPerToken();
+  }
+  unknownArch(s.arch);
 }
 
 }  // namespace strata::models

@@ -1,4 +1,9 @@
 // The model zoo: builds a model by architecture name from one spec shared by the architectures.
+//
+// Architectures and what they are trained on:
+// - gpt: next-token prediction (nn::CausalLM: the trainer's interface);
+// - bert: masked LM, optionally with next-sentence prediction (models::Bert::mlmLoss / pretrainingLoss);
+// - t5: span corruption, encoder-decoder (models::T5::loss).
 #pragma once
 
 #include <memory>
@@ -17,13 +22,39 @@ struct ModelSpec {
   bool bias = true;
   uint64_t seed = 1234;
   Device device = Device::cpu();
+  // Encoder and encoder-decoder architectures (config keys in parentheses; 0 or "default": the arch's own).
+  int64_t kvChannels = 0;        // per-head width (model.kv_channels); T5's d_kv, default 64
+  int64_t decoderNumLayers = 0;  // T5 decoder layers (model.decoder_num_layers); default num_layers
+  int64_t decoderSeqLength = 0;  // T5 target length (model.decoder_seq_length); default seq_length / 4
+  int64_t numTokentypes = 2;     // BERT segments (model.num_tokentypes)
+  int64_t relativeAttentionNumBuckets = 32, relativeAttentionMaxDistance = 128;  // T5
+  // "gelu" (exact), "gelu_tanh", "relu", "gated_gelu" (model.activation); default: gpt gelu_tanh, bert gelu,
+  // t5 relu (v1.0; v1.1 is gated_gelu with untied embeddings).
+  std::string activation = "default";
+  bool untieEmbeddingsAndOutputWeights = false;  // T5 v1.1's own lm_head
+  bool bertBinaryHead = false;                   // BERT's pooler and NSP head
 };
 
+// What an architecture is trained on.
+enum class Objective { CausalLM, MaskedLM, SpanCorruption };
+Objective objective(const std::string& arch);
+
+// Any architecture: Gpt (an nn::CausalLM), Bert or T5.
+std::shared_ptr<nn::Module> buildModule(const ModelSpec& spec);
+// The causal LMs only (what the trainer drives today); an encoder arch is refused, naming its objective.
 std::shared_ptr<nn::CausalLM> buildModel(const ModelSpec& spec);
 struct GptConfig;
-// The GPT architecture's config for a spec (what buildModel builds for arch "gpt").
+struct BertConfig;
+struct T5Config;
+// Each architecture's config for a spec (what buildModule builds).
 GptConfig gptConfig(const ModelSpec& spec);
+BertConfig bertConfig(const ModelSpec& spec);
+T5Config t5Config(const ModelSpec& spec);
 std::vector<std::string> architectures();
+// Parameters and training FLOPs per token of the model a spec builds, from the architecture's own formula,
+// without building it.
+int64_t numParameters(const ModelSpec& spec);
+double flopsPerToken(const ModelSpec& spec);
 // Every parameter of the model a spec builds, by name and shape, in first-use order (the order a forward
 // touches them; a tied tensor once), without building it: `strata info` plans chunks of models that would not
 // fit here. A test checks it against the built model.

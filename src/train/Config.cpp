@@ -95,7 +95,8 @@ const std::vector<Field>& schema() {
   static const std::vector<Field> fields = [] {
     std::vector<Field> f;
     // model
-    f.push_back(stringField("model.arch", [](Config & c) -> auto& { return c.model.arch; }, {"gpt"}));
+    f.push_back(
+        stringField("model.arch", [](Config & c) -> auto& { return c.model.arch; }, {"gpt", "bert", "t5"}));
     f.push_back(intField(
         "model.num_layers", [](Config & c) -> auto& { return c.model.numLayers; }, 1));
     f.push_back(intField(
@@ -116,6 +117,27 @@ const std::vector<Field>& schema() {
         "model.bias", [](Config & c) -> auto& { return c.model.bias; }));
     f.push_back(floatField(
         "model.init_std", [](Config & c) -> auto& { return c.model.initStd; }, 0, 10));
+    f.push_back(intField(
+        "model.kv_channels", [](Config & c) -> auto& { return c.model.kvChannels; }, 0));
+    f.push_back(intField(
+        "model.decoder_num_layers", [](Config & c) -> auto& { return c.model.decoderNumLayers; }, 0));
+    f.push_back(intField(
+        "model.decoder_seq_length", [](Config & c) -> auto& { return c.model.decoderSeqLength; }, 0));
+    f.push_back(intField(
+        "model.num_tokentypes", [](Config & c) -> auto& { return c.model.numTokentypes; }, 1));
+    f.push_back(intField(
+        "model.relative_attention_num_buckets",
+        [](Config & c) -> auto& { return c.model.relativeAttentionNumBuckets; }, 4));
+    f.push_back(intField(
+        "model.relative_attention_max_distance",
+        [](Config & c) -> auto& { return c.model.relativeAttentionMaxDistance; }, 1));
+    f.push_back(stringField("model.activation", [](Config & c) -> auto& { return c.model.activation; },
+                            {"default", "gelu", "gelu_tanh", "relu", "gated_gelu"}));
+    f.push_back(boolField(
+        "model.untie_embeddings_and_output_weights",
+        [](Config & c) -> auto& { return c.model.untieEmbeddingsAndOutputWeights; }));
+    f.push_back(boolField(
+        "model.bert_binary_head", [](Config & c) -> auto& { return c.model.bertBinaryHead; }));
     // data
     f.push_back(stringField(
         "data.path", [](Config & c) -> auto& { return c.data.path; }));
@@ -390,7 +412,8 @@ struct Loader {
 
   void validate() {
     Config& c = config;
-    STRATA_USER_CHECK(c.model.hiddenSize % c.model.numAttentionHeads == 0,
+    // T5's heads have a width of their own (model.kv_channels) and need not divide the model's.
+    STRATA_USER_CHECK(c.model.arch == "t5" || c.model.hiddenSize % c.model.numAttentionHeads == 0,
                       "{}: 'model.hidden_size' ({}) must be divisible by 'model.num_attention_heads' ({})",
                       place("model.hidden_size"), c.model.hiddenSize, c.model.numAttentionHeads);
     c.train.globalBatchSizeSet = c.train.globalBatchSize != 0;

@@ -24,6 +24,16 @@ struct ModelConfig {
   double layerNormEps = 1e-5;
   bool bias = true;
   double initStd = 0.02;
+  // Encoder (bert) and encoder-decoder (t5) architectures; see models::ModelSpec for what each means.
+  int64_t kvChannels = 0;
+  int64_t decoderNumLayers = 0;
+  int64_t decoderSeqLength = 0;
+  int64_t numTokentypes = 2;
+  int64_t relativeAttentionNumBuckets = 32;
+  int64_t relativeAttentionMaxDistance = 128;
+  std::string activation = "default";
+  bool untieEmbeddingsAndOutputWeights = false;
+  bool bertBinaryHead = false;
 };
 
 struct DataConfig {

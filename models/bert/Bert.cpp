@@ -1,0 +1,193 @@
+#include "models/bert/Bert.h"
+
+#include "strata/autograd/Functions.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::models {
+
+std::vector<std::pair<std::string, Shape>> BertConfig::parameterShapes() const {
+  int64_t C = hiddenSize, F = ffn();
+  std::vector<std::pair<std::string, Shape>> out{{"embeddings.word.weight", {vocabSize, C}},
+                                                 {"embeddings.position.weight", {seqLength, C}},
+                                                 {"embeddings.token_type.weight", {typeVocabSize, C}},
+                                                 {"embeddings.ln.weight", {C}},
+                                                 {"embeddings.ln.bias", {C}}};
+  auto linear = [&](const std::string& name, int64_t in, int64_t n) {
+    out.emplace_back(name + ".weight", Shape{in, n});
+    out.emplace_back(name + ".bias", Shape{n});
+  };
+  auto norm = [&](const std::string& name) {
+    out.emplace_back(name + ".weight", Shape{C});
+    out.emplace_back(name + ".bias", Shape{C});
+  };
+  for (int64_t i = 0; i < numLayers; ++i) {
+    std::string l = "layer." + std::to_string(i) + ".";
+    linear(l + "attn.qkv", C, 3 * C);
+    linear(l + "attn.proj", C, C);
+    norm(l + "ln_1");
+    linear(l + "mlp.fc", C, F);
+    linear(l + "mlp.proj", F, C);
+    norm(l + "ln_2");
+  }
+  // The head's own bias is registered before its submodules, so namedParameters() lists it first.
+  out.emplace_back("cls.bias", Shape{vocabSize});
+  linear("cls.transform", C, C);
+  norm("cls.ln");
+  if (nspHead) {
+    linear("pooler", C, C);
+    linear("nsp", C, 2);
+  }
+  return out;
+}
+
+int64_t BertConfig::numParameters() const {
+  int64_t n = 0;
+  for (auto& [name, shape] : parameterShapes()) n += numelOf(shape);
+  return n;
+}
+
+double BertConfig::flopsPerToken() const {
+  double C = double(hiddenSize), F = double(ffn()), V = double(vocabSize), L = double(numLayers);
+  double layer = 4 * C * C + 2 * C * F;  // qkv, proj, fc, proj (biases and norms are negligible)
+  double perToken = L * layer + C * C + V * C;
+  double perSequence = nspHead ? C * C + 2 * C : 0.0;
+  return 6.0 * (perToken + perSequence / double(seqLength)) + 12.0 * L * C * double(seqLength);
+}
+
+Bert::Bert(const BertConfig& config) : config_(config) {
+  STRATA_USER_CHECK(config.numLayers > 0, "model.num_layers must be positive, got {}", config.numLayers);
+  STRATA_USER_CHECK(config.numHeads > 0 && config.hiddenSize % config.numHeads == 0,
+                    "model.hidden_size ({}) must be divisible by model.num_attention_heads ({})",
+                    config.hiddenSize, config.numHeads);
+  STRATA_USER_CHECK(config.typeVocabSize > 0, "model.num_tokentypes must be positive, got {}",
+                    config.typeVocabSize);
+  Generator gen(config.seed);
+  int64_t C = config.hiddenSize;
+  auto embedding = [&](int64_t n) {
+    return std::make_shared<nn::Embedding>(nn::EmbeddingConfig{n, C, config.initStd, config.device}, gen);
+  };
+  // Registration order is first-use order (the chunk layout packs parameters in it).
+  words_ = registerModule("embeddings.word", embedding(config.vocabSize));
+  positions_ = registerModule("embeddings.position", embedding(config.seqLength));
+  tokenTypes_ = registerModule("embeddings.token_type", embedding(config.typeVocabSize));
+  embeddingLn_ = registerModule("embeddings.ln", std::make_shared<nn::LayerNorm>(nn::NormConfig{
+                                                     C, config.layerNormEps, true, config.device}));
+  layers_ = registerModule("layer", std::make_shared<nn::ModuleList>());
+  for (int64_t i = 0; i < config.numLayers; ++i) {
+    BertLayerConfig l;
+    l.attention = nn::AttentionConfig{C,
+                                      config.numHeads,
+                                      false,
+                                      false,
+                                      true,
+                                      config.dropout,
+                                      config.initStd,
+                                      config.initStd,
+                                      config.device};
+    l.mlp = nn::MlpConfig{C,
+                          config.ffn(),
+                          true,
+                          config.dropout,
+                          config.initStd,
+                          config.initStd,
+                          config.device,
+                          config.activation};
+    l.layerNormEps = config.layerNormEps;
+    layers_->append(std::make_shared<BertLayer>(l, gen));
+  }
+  mlm_ = registerModule("cls", std::make_shared<BertMlmHead>(
+                                   BertMlmHeadConfig{C, config.vocabSize, config.activation,
+                                                     config.layerNormEps, config.initStd, config.device},
+                                   words_, gen));
+  if (config.nspHead) {
+    auto linear = [&](int64_t out) {
+      return std::make_shared<nn::Linear>(nn::LinearConfig{C, out, true, config.initStd, config.device}, gen);
+    };
+    pooler_ = registerModule("pooler", linear(C));
+    nsp_ = registerModule("nsp", linear(2));
+  }
+}
+
+Tensor Bert::hidden(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask, DType compute) {
+  STRATA_CHECK(ids.dim() == 2, "bert: token ids must be [batch, seq], got {}", toString(ids.shape()));
+  int64_t B = ids.size(0), S = ids.size(1);
+  STRATA_USER_CHECK(S <= config_.seqLength, "bert: sequence of {} tokens exceeds model.seq_length {}", S,
+                    config_.seqLength);
+  for (const Tensor* t : {&tokenTypes, &attentionMask})
+    STRATA_CHECK(!t->defined() || t->shape() == ids.shape(),
+                 "bert: token types and attention mask must be shaped like the ids {}, got {}",
+                 toString(ids.shape()), toString(t->shape()));
+  Device dev = ids.device();
+  Tensor types = tokenTypes.defined() ? tokenTypes : ops::zeros({B, S}, DType::I64, dev);
+  Tensor pos = ops::arange(0, double(S), 1, DType::I64, dev);
+  Tensor x =
+      words_->apply(ids, compute) + positions_->apply(pos, compute) + tokenTypes_->apply(types, compute);
+  x = dropout(embeddingLn_->apply(x), config_.dropout, isTraining());
+  // HF's 1 = token, 0 = padding becomes the attention's non-zero = ignore.
+  Tensor keyPadding;
+  if (attentionMask.defined())
+    keyPadding = ops::eq(attentionMask.to(DType::F32), ops::zeros({}, DType::F32, attentionMask.device()));
+  for (size_t i = 0; i < layers_->size(); ++i)
+    x = static_cast<BertLayer&>(layers_->at(i)).apply(x, keyPadding);
+  return x;
+}
+
+Tensor Bert::nspFromHidden(const Tensor& hidden) {
+  STRATA_CHECK(config_.nspHead, "bert: the NSP head needs model.bert_binary_head = true");
+  return nsp_->apply(tanh(pooler_->apply(hidden.select(1, 0))));
+}
+
+Tensor Bert::encode(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask, DType compute) {
+  return call({ids, tokenTypes, attentionMask}, [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{hidden(in[0], in[1], in[2], compute)};
+  })[0];
+}
+
+Tensor Bert::mlmLogits(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask,
+                       DType compute) {
+  return call({ids, tokenTypes, attentionMask}, [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{mlm_->apply(hidden(in[0], in[1], in[2], compute))};
+  })[0];
+}
+
+namespace {
+Tensor mlmCrossEntropy(const Tensor& logits, const Tensor& labels) {
+  STRATA_CHECK(labels.numel() * logits.size(-1) == logits.numel(),
+               "bert: MLM labels {} do not match the logits {}", toString(labels.shape()),
+               toString(logits.shape()));
+  return crossEntropy(logits.reshape({-1, logits.size(-1)}), labels.reshape({-1}), -100);
+}
+}  // namespace
+
+Tensor Bert::mlmLoss(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask,
+                     const Tensor& labels, DType compute) {
+  return call({ids, tokenTypes, attentionMask, labels}, [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{mlmCrossEntropy(mlm_->apply(hidden(in[0], in[1], in[2], compute)), in[3])};
+  })[0];
+}
+
+Tensor Bert::nspLogits(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask,
+                       DType compute) {
+  return call({ids, tokenTypes, attentionMask}, [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{nspFromHidden(hidden(in[0], in[1], in[2], compute))};
+  })[0];
+}
+
+Tensor Bert::pretrainingLoss(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask,
+                             const Tensor& mlmLabels, const Tensor& nspLabels, DType compute) {
+  return call({ids, tokenTypes, attentionMask, mlmLabels, nspLabels}, [&](const std::vector<Tensor>& in) {
+    Tensor h = hidden(in[0], in[1], in[2], compute);
+    Tensor mlm = mlmCrossEntropy(mlm_->apply(h), in[3]);
+    Tensor nsp = crossEntropy(nspFromHidden(h), in[4].reshape({-1}), -100);
+    return std::vector<Tensor>{mlm + nsp};
+  })[0];
+}
+
+std::vector<Tensor> Bert::forwardImpl(const std::vector<Tensor>& inputs) {
+  auto at = [&](size_t i) { return i < inputs.size() ? inputs[i] : Tensor(); };
+  Tensor h = hidden(inputs.at(0), at(1), at(2), words_->weight.dtype());
+  if (inputs.size() > 3 && inputs[3].defined()) return {mlmCrossEntropy(mlm_->apply(h), inputs[3])};
+  return {h};
+}
+
+}  // namespace strata::models

@@ -1,0 +1,142 @@
+#include <map>
+
+#include "TestUtil.h"
+#include "models/bert/Bert.h"
+#include "models/bert/BertHf.h"
+#include "models/gpt/Gpt.h"
+
+using namespace strata;
+
+namespace {
+models::BertConfig tiny(bool nsp = false) {
+  models::BertConfig c;
+  c.numLayers = 2;
+  c.hiddenSize = 32;
+  c.numHeads = 4;
+  c.seqLength = 16;
+  c.vocabSize = 50;
+  c.dropout = 0.0;
+  c.nspHead = nsp;
+  return c;
+}
+
+models::ModelSpec tinySpec() {
+  models::ModelSpec s;
+  s.arch = "bert";
+  s.numLayers = 2;
+  s.hiddenSize = 32;
+  s.numHeads = 4;
+  s.seqLength = 16;
+  s.vocabSize = 50;
+  s.bertBinaryHead = true;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("BERT's parameters: names, shapes and first-use order match the spec's list", "[models][bert]") {
+  models::ModelSpec spec = tinySpec();
+  auto model = models::buildModule(spec);
+  auto named = model->namedParameters();
+  auto shapes = models::parameterShapes(spec);
+  REQUIRE(named.size() == shapes.size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    INFO(named[i].first);
+    REQUIRE(named[i].first == shapes[i].first);
+    REQUIRE(named[i].second.shape() == shapes[i].second);
+  }
+  REQUIRE(model->numParameters() == models::numParameters(spec));
+  REQUIRE(named.front().first == "embeddings.word.weight");
+  REQUIRE(named.back().first == "nsp.bias");
+  // Its own FLOPs formula: above 6 N of the non-embedding layers, and not GPT's (no word table lookup cost).
+  REQUIRE(models::flopsPerToken(spec) != models::gptConfig(spec).flopsPerToken());
+  REQUIRE(models::objective("bert") == models::Objective::MaskedLM);
+  REQUIRE(test::errorOf([&] { models::buildModel(spec); }).find("masked-LM") != std::string::npos);
+}
+
+TEST_CASE("BERT padding: padded keys change nothing at the real positions", "[models][bert]") {
+  models::Bert bert(tiny());
+  bert.eval();
+  Tensor ids = Tensor::fromVector<int64_t>({5, 6, 7, 0, 0}, {1, 5});
+  Tensor other = Tensor::fromVector<int64_t>({5, 6, 7, 30, 31}, {1, 5});
+  Tensor mask = Tensor::fromVector<int64_t>({1, 1, 1, 0, 0}, {1, 5});
+  Tensor types = Tensor::fromVector<int64_t>({0, 0, 1, 1, 1}, {1, 5});
+  Tensor a = bert.encode(ids, types, mask, DType::F32).narrow(1, 0, 3);
+  Tensor b = bert.encode(other, types, mask, DType::F32).narrow(1, 0, 3);
+  test::requireClose(a, b, 1e-6, 1e-5);
+  // The same as the unpadded sequence alone.
+  Tensor alone = bert.encode(ids.narrow(1, 0, 3), types.narrow(1, 0, 3), Tensor(), DType::F32);
+  test::requireClose(a, alone, 1e-6, 1e-5);
+  // Without the mask the padding is attended to.
+  Tensor unmasked = bert.encode(other, types, Tensor(), DType::F32).narrow(1, 0, 3);
+  REQUIRE(test::closeness(unmasked.contiguous().toVector<double>(), a.contiguous().toVector<double>(), 1e-6,
+                          1e-5) > 1.0);
+  // Token types matter.
+  Tensor zeroTypes = bert.encode(ids, Tensor(), mask, DType::F32).narrow(1, 0, 3);
+  REQUIRE(test::closeness(zeroTypes.contiguous().toVector<double>(), a.contiguous().toVector<double>(), 1e-6,
+                          1e-5) > 1.0);
+}
+
+TEST_CASE("BERT MLM loss is the cross-entropy of the MLM logits at the labelled positions",
+          "[models][bert]") {
+  models::Bert bert(tiny(true));
+  Tensor ids = Tensor::fromVector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
+  Tensor mask = Tensor::fromVector<int64_t>({1, 1, 1, 1, 1, 1, 1, 0}, {2, 4});
+  Tensor labels = Tensor::fromVector<int64_t>({-100, 9, -100, -100, 11, -100, 12, -100}, {2, 4});
+  Tensor logits = bert.mlmLogits(ids, Tensor(), mask, DType::F32);
+  REQUIRE(logits.shape() == Shape({2, 4, 50}));
+  // Hand-computed mean of -log softmax at (0,1)->9, (1,0)->11, (1,2)->12.
+  std::vector<float> l = logits.contiguous().toVector<float>();
+  double expected = 0;
+  for (auto [row, label] : std::vector<std::pair<int, int>>{{1, 9}, {4, 11}, {6, 12}}) {
+    double mx = -1e30, z = 0;
+    for (int v = 0; v < 50; ++v) mx = std::max(mx, double(l[size_t(row * 50 + v)]));
+    for (int v = 0; v < 50; ++v) z += std::exp(double(l[size_t(row * 50 + v)]) - mx);
+    expected += (std::log(z) + mx - double(l[size_t(row * 50 + label)])) / 3.0;
+  }
+  Tensor loss = bert.mlmLoss(ids, Tensor(), mask, labels, DType::F32);
+  REQUIRE(loss.item() == Approx(expected).epsilon(1e-5));
+  // Pre-training adds the NSP loss; every parameter gets a gradient (tied decoder, pooler and NSP included).
+  Tensor nspLabels = Tensor::fromVector<int64_t>({0, 1}, {2});
+  Tensor total = bert.pretrainingLoss(ids, Tensor(), mask, labels, nspLabels, DType::F32);
+  REQUIRE(total.item() > loss.item());
+  REQUIRE(bert.nspLogits(ids, Tensor(), mask, DType::F32).shape() == Shape({2, 2}));
+  backward(total);
+  for (auto& [name, p] : bert.namedParameters()) {
+    INFO(name);
+    REQUIRE(p.grad().defined());
+    REQUIRE(ops::sum(ops::mul(p.grad(), p.grad())).item() > 0.0);
+  }
+}
+
+TEST_CASE("BERT HF layout: bert.* / cls.* names, q/k/v split and transposed, round trip",
+          "[models][bert][hf]") {
+  models::BertConfig c = tiny(true);
+  models::Bert a(c);
+  models::checkHfLayoutCovers(a, models::bertHfLayout(c));
+  auto hf = models::exportHf(a, models::bertHfLayout(c));
+  std::map<std::string, Tensor> byName(hf.begin(), hf.end());
+  REQUIRE(byName.count("bert.embeddings.word_embeddings.weight"));
+  REQUIRE(byName.count("cls.predictions.transform.LayerNorm.bias"));
+  REQUIRE(byName.count("cls.seq_relationship.weight"));
+  REQUIRE(byName.at("bert.encoder.layer.1.intermediate.dense.weight").shape() == Shape({128, 32}));
+  // key = columns [C, 2C) of the packed qkv, as [out, in].
+  Tensor key = byName.at("bert.encoder.layer.0.attention.self.key.weight");
+  Tensor qkv;
+  for (auto& [n, p] : a.namedParameters())
+    if (n == "layer.0.attn.qkv.weight") qkv = p;
+  test::requireClose(key, qkv.detach().narrow(1, 32, 32).transpose(0, 1).contiguous(), 0, 0);
+  // Import into a differently seeded model reproduces every parameter and the outputs.
+  c.seed = 99;
+  models::Bert b(c);
+  std::vector<std::string> unused;
+  byName["cls.predictions.decoder.weight"] = byName.at("bert.embeddings.word_embeddings.weight");
+  models::importHf(b, models::bertHfLayout(c), byName, &unused);
+  REQUIRE(unused == std::vector<std::string>{"cls.predictions.decoder.weight"});
+  auto pa = a.namedParameters(), pb = b.namedParameters();
+  for (size_t i = 0; i < pa.size(); ++i) test::requireClose(pb[i].second, pa[i].second, 0, 0);
+  byName.erase("bert.pooler.dense.bias");
+  REQUIRE(test::errorOf([&] {
+            models::importHf(b, models::bertHfLayout(c), byName);
+          }).find("bert.pooler.dense.bias") != std::string::npos);
+  REQUIRE(models::bertHfConfigJson(c).find("\"BertForPreTraining\"") != std::string::npos);
+}
