@@ -118,6 +118,9 @@ ZeroStepEngine::ZeroStepEngine(nn::CausalLM& model, const Config& c, Device devi
     for (size_t i = 0; i < chunks_->numChunks(); ++i)
       paramShards_.push_back(chunks_->paddedFlat(i).narrow(0, ranges[i].begin, ranges[i].size()).clone());
     slots_.resize(chunks_->numChunks());
+    for (size_t i = 0; i < chunks_->numChunks(); ++i) gathered_.push_back(std::make_unique<Event>(device_));
+    prefetched_.assign(chunks_->numChunks(), false);
+    prefetchDepth_ = c.zero.prefetchDepth;
     for (size_t i = 0; i < chunks_->numChunks(); ++i) chunks_->evict(i);
     if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
     hookModules();
@@ -178,13 +181,19 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
     auto [x, y] = next();
     profiler::mark("data");
     Tensor loss = model_.loss(x, y, compute_);
-    if (stage_ == 3) releaseAll();  // backward gathers again, module by module
+    // Backward gathers again, module by module (what was prefetched for it stays).
+    if (stage_ == 3) releaseAll(/*prefetchedToo=*/false);
     memlog(device_, "forward", steps_ + 1);
     Tensor scaled = share != 1.0 ? loss * share : loss;
     // fp16: scale the loss so small gradients stay representable; the update unscales them.
     chunks_->beginBackward(micro + 1 == microBatches);
     backward(scaler_ ? scaled * scale : scaled);
-    if (stage_ == 3) releaseAll();
+    if (stage_ == 3) {
+      releaseAll(/*prefetchedToo=*/true);
+      // The first micro-batch's forward and backward recorded the order the later ones prefetch in.
+      if (recording_) recording_ = false;
+      cursor_ = 0;
+    }
     memlog(device_, "backward", steps_ + 1);
     NoGradGuard noGrad;
     stepLoss = ops::add(stepLoss, ops::to(scaled.detach(), device_, DType::F32));
@@ -389,7 +398,9 @@ size_t ZeroStepEngine::modelStateBytes() const {
 // few modules at a time. In backward a module's pre-backward hook gathers its chunks again, and a chunk is
 // released as soon as every one of its parameters has its gradient for the pass (nothing later in the pass
 // reads it). The step releases everything after each forward and each backward. Gathers run on the comm
-// stream; compute waits on an event before the module runs.
+// stream, and compute waits on the chunk's event only when a module needs it. The first micro-batch records
+// the order of the gathers (forward and backward); from then on each gather also starts the next
+// zero_optimization.prefetch_depth chunks of that order, which no release touches until they are used.
 void ZeroStepEngine::hookModules() {
   std::map<const TensorImpl*, size_t> chunkOf;
   for (size_t c = 0; c < chunks_->numChunks(); ++c)
@@ -430,33 +441,66 @@ void ZeroStepEngine::hookModules() {
 }
 
 void ZeroStepEngine::gather(size_t chunk) {
-  if (slots_[chunk].defined()) return;
+  if (recording_) {
+    order_.push_back(chunk);
+  } else if (!order_.empty()) {
+    // Where the recorded order has reached: the next use of this chunk from the cursor on (else from the
+    // start: a pass that went otherwise, such as an evaluation).
+    size_t n = order_.size();
+    size_t at = n;
+    for (size_t k = 0; k < n && at == n; ++k)
+      if (order_[(cursor_ + k) % n] == chunk) at = (cursor_ + k) % n;
+    if (at != n) {
+      cursor_ = at + 1;
+      // The next prefetch_depth chunks in the order go ahead on the comm stream.
+      for (size_t k = 0; k < size_t(prefetchDepth_) && cursor_ + k < n; ++k) {
+        size_t next = order_[cursor_ + k];
+        if (!slots_[next].defined()) {
+          startGather(next);
+          prefetched_[next] = true;
+        }
+      }
+    }
+  }
+  if (!slots_[chunk].defined()) startGather(chunk);
+  prefetched_[chunk] = false;
+  // Use-time wait: compute waits for this chunk's gather only now.
+  gathered_[chunk]->block(currentStream(device_));
+}
+
+void ZeroStepEngine::startGather(size_t chunk) {
   NoGradGuard noGrad;
+  // Allocated on the compute stream, written on the comm stream once compute has reached this point (the
+  // block may come from memory compute used just before).
   Tensor slot = Tensor::empty({chunks_->paddedElems(chunk)}, chunks_->dtype(), device_);
+  const Stream& commStream = deviceStreams(device_).comm;
+  Event ready(device_);
+  ready.record(currentStream(device_));
+  ready.block(commStream);
   int ranks = group_ ? group_->size() : 1;
   if (ranks > 1) {
-    Event ready(device_);
-    ready.record(currentStream(device_));
-    ready.block(deviceStreams(device_).comm);
     comm().allGather(slot, paramShards_[chunk]);
-    Event gathered(device_);
-    gathered.record(deviceStreams(device_).comm);
-    gathered.block(currentStream(device_));
   } else {
+    StreamGuard onComm(commStream);
     ops::copy(slot, paramShards_[chunk]);
+    slot.storage()->recordStream(commStream);
   }
+  gathered_[chunk]->record(commStream);
   chunks_->repoint(chunk, slot.data(), device_);
   slots_[chunk] = slot;
 }
 
 void ZeroStepEngine::release(size_t chunk) {
-  if (!slots_[chunk].defined()) return;
+  if (!slots_[chunk].defined() || prefetched_[chunk]) return;
   chunks_->evict(chunk);
   slots_[chunk] = Tensor();
 }
 
-void ZeroStepEngine::releaseAll() {
-  for (size_t c = 0; c < slots_.size(); ++c) release(c);
+void ZeroStepEngine::releaseAll(bool prefetchedToo) {
+  for (size_t c = 0; c < slots_.size(); ++c) {
+    if (prefetchedToo) prefetched_[c] = false;
+    release(c);
+  }
   active_.clear();
 }
 

@@ -31,6 +31,7 @@
 #include <memory>
 #include <utility>
 
+#include "strata/core/Stream.h"
 #include "strata/nn/CausalLM.h"
 #include "strata/optim/AdamW.h"
 #include "strata/optim/LossScaler.h"
@@ -127,8 +128,9 @@ class ZeroStepEngine final : public StepEngine {
   // Stage 3 (NOTE [Parameter gathering] in StepEngine.cpp).
   void hookModules();
   void gather(size_t chunk);
+  void startGather(size_t chunk);
   void release(size_t chunk);
-  void releaseAll();
+  void releaseAll(bool prefetchedToo);
 
   nn::CausalLM& model_;
   Device device_;
@@ -144,8 +146,14 @@ class ZeroStepEngine final : public StepEngine {
   std::vector<Tensor> paramShards_;  // stage 3: this rank's shard of each chunk's parameters
   std::vector<Tensor> slots_;        // stage 3: each chunk's gathered parameters while it is resident
   std::map<nn::Module*, std::vector<size_t>>
-      moduleChunks_;                 // stage 3: the chunks of each module's own parameters
-  std::vector<nn::Module*> active_;  // stage 3: modules whose forward is running
+      moduleChunks_;                              // stage 3: the chunks of each module's own parameters
+  std::vector<nn::Module*> active_;               // stage 3: modules whose forward is running
+  std::vector<std::unique_ptr<Event>> gathered_;  // stage 3: each chunk's last gather, on the comm stream
+  std::vector<bool> prefetched_;                  // stage 3: gathered ahead and not used yet
+  std::vector<size_t> order_;  // stage 3: the chunks in the order the first micro-batch gathered them
+  size_t cursor_ = 0;          // stage 3: how far this pass has come in order_
+  bool recording_ = true;
+  int64_t prefetchDepth_ = 2;
   std::vector<int64_t> chunkNotices_;
   int64_t steps_ = 0;
 };
