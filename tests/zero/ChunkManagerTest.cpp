@@ -16,6 +16,28 @@ namespace fs = std::filesystem;
 
 using test::tinyGptSpec;
 
+namespace {
+// A small repetitive corpus in `dir`.
+fs::path writeCorpus(const fs::path& dir) {
+  fs::path corpus = dir / "corpus.txt";
+  std::ofstream text(corpus);
+  for (int i = 0; i < 300; ++i) text << "to be or not to be, that is the question " << i % 5 << "\n";
+  return corpus;
+}
+
+// The losses of a run's metrics.jsonl in order: training records' loss, evaluations' val_loss.
+std::vector<double> recordedLosses(const fs::path& outDir) {
+  std::vector<double> l;
+  std::ifstream in(outDir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    l.push_back(j.contains("loss") ? j["loss"].get<double>() : j["val_loss"].get<double>());
+  }
+  return l;
+}
+}  // namespace
+
 TEST_CASE("parameters become views into chunks with their values, and the module sees the chunk's bytes",
           "[zero][chunks]") {
   auto model = models::buildModel(tinyGptSpec());
@@ -103,11 +125,7 @@ TEST_CASE("training numbers do not depend on the chunk layout", "[zero][chunks][
   std::vector<size_t> chunkCounts;
   for (const char* mb : {"1", "4", "64"}) {
     fs::path out = test::freshDir(std::string("strata-chunk-layout-") + mb);
-    fs::path corpus = out / "corpus.txt";
-    {
-      std::ofstream text(corpus);
-      for (int i = 0; i < 300; ++i) text << "to be or not to be, that is the question " << i % 5 << "\n";
-    }
+    fs::path corpus = writeCorpus(out);
     auto config = train::parseConfig(
         "", "test",
         {"data.path=" + corpus.string(), "train.out_dir=" + out.string(), "train.device=cpu",
@@ -128,10 +146,7 @@ TEST_CASE("training numbers do not depend on the chunk layout", "[zero][chunks][
       REQUIRE(slot.shape == p.shape());
       REQUIRE(slot.numel == p.numel());
     }
-    std::vector<double> l;
-    std::ifstream in(out / "metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line)) l.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    std::vector<double> l = recordedLosses(out);  // eval_interval 0: training records only
     REQUIRE(l.size() == 20);
     losses.push_back(l);
   }
@@ -200,11 +215,7 @@ TEST_CASE("one rank trains the same numbers at ZeRO stages 0 to 3", "[zero][chun
   std::vector<std::vector<double>> losses;
   for (int stage = 0; stage <= 3; ++stage) {
     fs::path out = test::freshDir("strata-one-rank-stage" + std::to_string(stage));
-    fs::path corpus = out / "corpus.txt";
-    {
-      std::ofstream text(corpus);
-      for (int i = 0; i < 300; ++i) text << "to be or not to be, that is the question " << i % 5 << "\n";
-    }
+    fs::path corpus = writeCorpus(out);
     auto config = train::parseConfig(
         "", "test",
         {"data.path=" + corpus.string(), "train.out_dir=" + out.string(), "train.device=cpu",
@@ -213,13 +224,7 @@ TEST_CASE("one rank trains the same numbers at ZeRO stages 0 to 3", "[zero][chun
          "train.log_interval=1", "train.eval_interval=4", "train.eval_iters=2", "train.sample_length=0",
          "zero_optimization.chunk_size_mb=0.02", "zero_optimization.stage=" + std::to_string(stage)});
     train::Trainer(config).run();
-    std::vector<double> l;
-    std::ifstream in(out / "metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line)) {
-      auto j = nlohmann::json::parse(line);
-      l.push_back(j.contains("loss") ? j["loss"].get<double>() : j["val_loss"].get<double>());
-    }
+    std::vector<double> l = recordedLosses(out);
     REQUIRE(l.size() == 10);  // 8 steps and 2 evaluations
     losses.push_back(l);
   }
