@@ -441,6 +441,9 @@ void ZeroStepEngine::hookModules() {
 }
 
 void ZeroStepEngine::gather(size_t chunk) {
+  // This chunk's gather first: the prefetches queue behind it on the comm stream.
+  if (!slots_[chunk].defined()) startGather(chunk);
+  prefetched_[chunk] = false;
   if (recording_) {
     order_.push_back(chunk);
   } else if (!order_.empty()) {
@@ -462,8 +465,6 @@ void ZeroStepEngine::gather(size_t chunk) {
       }
     }
   }
-  if (!slots_[chunk].defined()) startGather(chunk);
-  prefetched_[chunk] = false;
   // Use-time wait: compute waits for this chunk's gather only now.
   gathered_[chunk]->block(currentStream(device_));
 }
