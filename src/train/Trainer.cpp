@@ -292,12 +292,33 @@ double Trainer::evaluate(int64_t iters) {
   NoGradGuard noGrad;
   model_->eval();
   int64_t B = config_.train.microBatchSize, T = model_->contextLength();
-  Tensor total = ops::zeros({}, DType::F32, device_);
-  for (int64_t i = 0; i < iters; ++i) {
-    auto [x, y] = data_->batch(Split::Val, i, B, T, config_.train.seed, device_);
-    total = ops::add(total, ops::to(model_->loss(x, y, modelDType()), device_, DType::F32));
+  Tensor total = ops::zeros({1}, DType::F32, device_);
+  // Each rank evaluates its share of the batches (batch i on rank i mod N); the sums meet in one all-reduce.
+  // Every rank runs the same number of forwards (ZeRO-3's forwards are collectives): a rank whose last round
+  // has no batch left runs one that does not count.
+  int ranks = parallel_->worldSize();
+  int64_t rounds = (iters + ranks - 1) / ranks;
+  for (int64_t k = 0; k < rounds; ++k) {
+    int64_t i = k * ranks + parallel_->rank();
+    auto [x, y] = data_->batch(Split::Val, i < iters ? i : i % iters, B, T, config_.train.seed, device_);
+    Tensor loss = ops::to(model_->loss(x, y, modelDType()), device_, DType::F32).view({1});
+    if (i < iters) total = ops::add(total, loss);
   }
   model_->train();
+  if (ranks > 1) {
+    if (device_.isCuda()) {
+      // NOTE [Collective ordering and completion] in dist/Communicator.h.
+      Event ready(device_);
+      ready.record(currentStream(device_));
+      ready.block(deviceStreams(device_).comm);
+      parallel_->world().communicator().allReduce(total);
+      Event done(device_);
+      done.record(deviceStreams(device_).comm);
+      done.block(currentStream(device_));
+    } else {
+      parallel_->world().communicator().allReduce(total);
+    }
+  }
   return total.item() / double(iters);
 }
 
@@ -522,6 +543,12 @@ TrainResult Trainer::run() {
     int64_t done = iter + 1;
     if (onIteration_) onIteration_(done);
     int signal = interrupts.pending();
+    if (ranks > 1) {
+      // The ranks stop together: at the first iteration after which any of them saw a signal.
+      Tensor flag = Tensor::fromVector<int32_t>({signal}, {1});
+      parallel_->world().communicator().allReduce(flag, dist::ReduceOp::Max);
+      signal = int(flag.item());
+    }
     bool exiting = c.train.exitInterval > 0 && done % c.train.exitInterval == 0 && done < c.train.trainIters;
     bool last = done == c.train.trainIters || exiting || signal != 0;
     if (done % c.train.logInterval == 0 || last) {
@@ -600,9 +627,10 @@ TrainResult Trainer::run() {
     }
   }
   plotLoss();
-  if (c.train.sampleLength > 0 && main) {
+  if (c.train.sampleLength > 0) {
+    // Every rank samples the same tokens (ZeRO-3's forwards are collectives); rank 0 shows them.
     result.sample = sample(c.train.samplePrompt, c.train.sampleLength, 0.8, 40, c.train.seed);
-    spdlog::info("sample:\n{}{}", c.train.samplePrompt, result.sample);
+    if (main) spdlog::info("sample:\n{}{}", c.train.samplePrompt, result.sample);
   }
   return result;
 }

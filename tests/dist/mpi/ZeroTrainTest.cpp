@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Run {
-  std::vector<double> losses;
+  std::vector<double> losses, valLosses;
   std::vector<double> modelStateGb;
   std::string checkpoint;
 };
@@ -49,7 +49,8 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
       "train.out_dir=" + out.string(), "train.device=cpu", "train.threads=1", "model.num_layers=2",
       "model.hidden_size=32", "model.num_attention_heads=2", "model.seq_length=32", "model.dropout=0",
       "train.micro_batch_size=2", "train.global_batch_size=8", "train.train_iters=20", "train.log_interval=1",
-      "train.eval_interval=0", "train.sample_length=0", "lr_schedule.warmup_iters=2", "optimizer.lr=3e-3",
+      "train.eval_interval=10", "train.eval_iters=6", "train.sample_length=8", "lr_schedule.warmup_iters=2",
+      "optimizer.lr=3e-3",
       // Small chunks, so each has several parameters and several split across shard boundaries.
       "zero_optimization.chunk_size_mb=0.02", "model.vocab_size=256",
       "zero_optimization.stage=" + std::to_string(stage)};
@@ -63,6 +64,7 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
   std::string line;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) run.valLosses.push_back(j["val_loss"].get<double>());
     if (!j.contains("loss")) continue;
     run.losses.push_back(j["loss"].get<double>());
     run.modelStateGb.push_back(j["mem_model_state_gb"].get<double>());
@@ -104,6 +106,10 @@ TEST_CASE("ZeRO stages 0 to 3 on N ranks train like one rank", "[dist][zero]") {
     CHECK(stages[stage].losses.size() == 20);
     // The stages differ only in where state lives: the same sums in the same order, bit for bit.
     CHECK(stages[stage].losses == stages[0].losses);
+    // Evaluation splits its batches over the ranks and sums them in one all-reduce.
+    CHECK(stages[stage].valLosses.size() == 2);
+    CHECK(stages[stage].valLosses == stages[0].valLosses);
+    CHECK(worstRelative(stages[stage].valLosses, reference.valLosses) < 1e-5);
     // Against one rank the micro-batches' gradients are summed in another order (per rank, then across
     // ranks), so the curves agree to rounding, not bitwise.
     CHECK(worstRelative(stages[stage].losses, reference.losses) < 1e-5);
