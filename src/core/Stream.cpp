@@ -208,4 +208,10 @@ void synchronizeDevice(Device device) {
 #endif
 }
 
+void streamWaits(const Stream& waiter, const Stream& producer, Device device) {
+  Event done(device);
+  done.record(producer);
+  done.block(waiter);
+}
+
 }  // namespace strata

@@ -154,9 +154,7 @@ void ZeroStepEngine::gradientsComplete(size_t chunk) {
   if (!group_ || group_->size() == 1) return;
   // NOTE [Collective ordering and completion] in dist/Communicator.h: the comm stream waits for the
   // backward that wrote the gradients.
-  Event ready(device_);
-  ready.record(currentStream(device_));
-  ready.block(deviceStreams(device_).comm);
+  streamWaits(deviceStreams(device_).comm, currentStream(device_), device_);
   if (stage_ >= 2) {
     // Stages 2 and 3: reduce-scatter at once into this rank's fp32 shard; the chunk's full buffer goes back
     // to the allocator for the next chunk's gradients.
@@ -212,22 +210,16 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
     grads[c] = stage_ >= 2 && ranks > 1 ? shardGrads_[c] : chunks_->gradients(c);
   if (ranks > 1) {
     // The reductions ran on the comm stream: the update's reads wait for them.
-    Event reduced(device_);
-    reduced.record(deviceStreams(device_).comm);
-    reduced.block(currentStream(device_));
+    streamWaits(currentStream(device_), deviceStreams(device_).comm, device_);
   }
   // The squared norm over this rank's shard of every chunk (the whole chunks on one rank), summed over the
   // ranks in rank order: the same pieces, so the same bits, at every stage.
   Tensor sumSq = shardSquares(grads);
   if (ranks > 1) {
     Tensor both = ops::cat({sumSq.view({1}), stepLoss.view({1})}, 0);
-    Event ready(device_);
-    ready.record(currentStream(device_));
-    ready.block(deviceStreams(device_).comm);
+    streamWaits(deviceStreams(device_).comm, currentStream(device_), device_);
     comm().allReduce(both);
-    Event done(device_);
-    done.record(deviceStreams(device_).comm);
-    done.block(currentStream(device_));
+    streamWaits(currentStream(device_), deviceStreams(device_).comm, device_);
     sumSq = both.narrow(0, 0, 1).view({});
     stepLoss = both.narrow(0, 1, 1).view({});
   }
@@ -257,17 +249,13 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
     optimizer_->stepChunks(lr, grads, coef);
     if ((stage_ == 1 || stage_ == 2) && ranks > 1) {
       // Each rank updated its shard of the 16-bit parameters: gather the chunks whole again.
-      Event updated(device_);
-      updated.record(currentStream(device_));
-      updated.block(deviceStreams(device_).comm);
+      streamWaits(deviceStreams(device_).comm, currentStream(device_), device_);
       for (size_t c = 0; c < chunks_->numChunks(); ++c) {
         zero::ShardRange r = chunks_->shard(c, rank_);
         Tensor full = chunks_->paddedFlat(c);
         comm().allGather(full, full.narrow(0, r.begin, r.size()));
       }
-      Event gathered(device_);
-      gathered.record(deviceStreams(device_).comm);
-      gathered.block(currentStream(device_));
+      streamWaits(currentStream(device_), deviceStreams(device_).comm, device_);
     }
   }
   profiler::mark("optimizer step");
@@ -475,9 +463,7 @@ void ZeroStepEngine::startGather(size_t chunk) {
   // block may come from memory compute used just before).
   Tensor slot = Tensor::empty({chunks_->paddedElems(chunk)}, chunks_->dtype(), device_);
   const Stream& commStream = deviceStreams(device_).comm;
-  Event ready(device_);
-  ready.record(currentStream(device_));
-  ready.block(commStream);
+  streamWaits(commStream, currentStream(device_), device_);
   int ranks = group_ ? group_->size() : 1;
   if (ranks > 1) {
     comm().allGather(slot, paramShards_[chunk]);

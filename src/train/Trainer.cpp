@@ -306,18 +306,11 @@ double Trainer::evaluate(int64_t iters) {
   }
   model_->train();
   if (ranks > 1) {
-    if (device_.isCuda()) {
-      // NOTE [Collective ordering and completion] in dist/Communicator.h.
-      Event ready(device_);
-      ready.record(currentStream(device_));
-      ready.block(deviceStreams(device_).comm);
-      parallel_->world().communicator().allReduce(total);
-      Event done(device_);
-      done.record(deviceStreams(device_).comm);
-      done.block(currentStream(device_));
-    } else {
-      parallel_->world().communicator().allReduce(total);
-    }
+    // NOTE [Collective ordering and completion] in dist/Communicator.h.
+    const Stream& comm = deviceStreams(device_).comm;
+    streamWaits(comm, currentStream(device_), device_);
+    parallel_->world().communicator().allReduce(total);
+    streamWaits(currentStream(device_), comm, device_);
   }
   return total.item() / double(iters);
 }

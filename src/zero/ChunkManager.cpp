@@ -47,7 +47,7 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
   grads_ = std::make_shared<Grads>();
   grads_->dtype = gradType;
   grads_->device = device;
-  for (const auto& info : layout_.chunks) grads_->used.push_back(padTo(info.used));
+  for (const auto& info : layout_.chunks) grads_->elems.push_back(padTo(info.used));
   grads_->flat.resize(layout_.chunks.size());
   params_.resize(layout_.slots.size());
   chunkOf_.resize(layout_.slots.size());
@@ -99,7 +99,7 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
 }
 
 Tensor ChunkManager::Grads::get(size_t c) {
-  if (!flat[c].defined()) flat[c] = Tensor::empty({used[c]}, dtype, device);
+  if (!flat[c].defined()) flat[c] = Tensor::empty({elems[c]}, dtype, device);
   return flat[c];
 }
 

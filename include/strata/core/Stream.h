@@ -72,6 +72,10 @@ class Event {
   std::atomic<int64_t> hostTimeNs_{0};  // steady clock at the last record(), for CPU timing
 };
 
+// Makes later work on `waiter` wait for the work enqueued on `producer` so far (an event recorded on one,
+// blocking the other). Both streams are on `device`'s side; on the CPU this does nothing that waits.
+void streamWaits(const Stream& waiter, const Stream& producer, Device device);
+
 struct DeviceStreams {
   Stream compute, h2d, d2h, comm;
   // Four new streams on `device` (on the CPU, `compute` is the default CPU stream).

@@ -111,7 +111,7 @@ class ChunkManager {
   struct Grads {
     DType dtype;
     Device device;
-    std::vector<int64_t> used;
+    std::vector<int64_t> elems;  // each chunk's padded length
     std::vector<Tensor> flat;
     Tensor get(size_t chunk);
   };
