@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "AtomicFile.h"
@@ -21,7 +22,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kManifestVersion = 2;
+constexpr int kManifestVersion = 3;  // 3: chunk pieces (NOTE [Sharded chunk checkpoints])
 
 const char* safetensorsType(DType t) {
   switch (t) {
@@ -73,32 +74,27 @@ int64_t firstNonFinite(const void* data, DType dtype, size_t n) {
   }
 }
 
-// Writes `parts` to a new file and fsyncs it; returns its size and CRC32C.
-FileDigest writeFileSynced(const std::string& path, const std::vector<const std::string*>& parts) {
+// Writes `text` to a new file and fsyncs it; returns its size and CRC32C.
+FileDigest writeTextSynced(const std::string& path, const std::string& text) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   STRATA_USER_CHECK(fd >= 0, "cannot create {}: {}", path, std::strerror(errno));
-  FileDigest digest;
   auto fail = [&](const char* what) {
     int err = errno;
     ::close(fd);
     STRATA_USER_FAIL("{} of {} failed: {}", what, path, std::strerror(err));
   };
-  for (const std::string* part : parts) {
-    const char* p = part->data();
-    size_t n = part->size();
-    digest.crc32c = crc32c(p, n, digest.crc32c);
-    digest.bytes += n;
-    while (n > 0) {
-      ssize_t w = ::write(fd, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail("write");
-      p += w;
-      n -= size_t(w);
-    }
+  const char* p = text.data();
+  size_t n = text.size();
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail("write");
+    p += w;
+    n -= size_t(w);
   }
   if (::fsync(fd) != 0) fail("fsync");
   if (::close(fd) != 0) STRATA_USER_FAIL("closing {} failed: {}", path, std::strerror(errno));
-  return digest;
+  return FileDigest{text.size(), crc32c(text.data(), text.size())};
 }
 
 void fsyncDir(const std::string& dir) {
@@ -107,10 +103,6 @@ void fsyncDir(const std::string& dir) {
     ::fsync(fd);
     ::close(fd);
   }
-}
-
-FileDigest writeTextSynced(const std::string& path, const std::string& text) {
-  return writeFileSynced(path, {&text});
 }
 
 json readManifest(const std::string& dir) {
@@ -129,26 +121,39 @@ json readManifest(const std::string& dir) {
   return manifest;
 }
 
-// Checks every file the manifest lists against its recorded size and CRC32C. Manifests written before
-// checksums existed (format 1) list none and pass unchecked.
+// Checks one checkpoint file against the size and CRC32C its manifest recorded.
+// (The size alone with `crc` false: cheap, and enough to trust a file's header.)
+void verifyFile(const std::string& dir, const std::string& name, const FileDigest& expected,
+                bool crc = true) {
+  fs::path path = fs::path(dir) / name;
+  STRATA_USER_CHECK(fs::exists(path), "checkpoint {}: file {} is missing", dir, name);
+  STRATA_USER_CHECK(fs::file_size(path) == expected.bytes,
+                    "checkpoint file {} has {} bytes, its manifest says {}", path.string(),
+                    fs::file_size(path), expected.bytes);
+  if (!crc) return;
+  uint32_t actual = crc32cFile(path.string());
+  auto hex = [](uint32_t v) {
+    char buf[16];
+    std::snprintf(buf, sizeof(buf), "%08x", v);
+    return std::string(buf);
+  };
+  STRATA_USER_CHECK(actual == expected.crc32c,
+                    "checkpoint file {} is corrupted: its CRC32C is {}, the manifest recorded {}",
+                    path.string(), hex(actual), hex(expected.crc32c));
+}
+
+// The sizes and CRC32Cs the manifest lists, by file name (none in manifests written before checksums).
+std::map<std::string, FileDigest> digestsOf(const json& manifest) {
+  std::map<std::string, FileDigest> out;
+  if (manifest.contains("files"))
+    for (auto& [name, info] : manifest["files"].items())
+      out[name] = FileDigest{info.at("bytes").get<uint64_t>(), info.at("crc32c").get<uint32_t>()};
+  return out;
+}
+
+// Checks every file the manifest lists.
 void verifyFiles(const std::string& dir, const json& manifest) {
-  if (!manifest.contains("files")) return;
-  for (auto& [name, info] : manifest["files"].items()) {
-    fs::path path = fs::path(dir) / name;
-    STRATA_USER_CHECK(fs::exists(path), "checkpoint {}: file {} is missing", dir, name);
-    uint64_t bytes = info.at("bytes").get<uint64_t>();
-    STRATA_USER_CHECK(fs::file_size(path) == bytes, "checkpoint file {} has {} bytes, its manifest says {}",
-                      path.string(), fs::file_size(path), bytes);
-    uint32_t expected = info.at("crc32c").get<uint32_t>(), actual = crc32cFile(path.string());
-    auto hex = [](uint32_t v) {
-      char buf[16];
-      std::snprintf(buf, sizeof(buf), "%08x", v);
-      return std::string(buf);
-    };
-    STRATA_USER_CHECK(actual == expected,
-                      "checkpoint file {} is corrupted: its CRC32C is {}, the manifest recorded {}",
-                      path.string(), hex(actual), hex(expected));
-  }
+  for (const auto& [name, digest] : digestsOf(manifest)) verifyFile(dir, name, digest);
 }
 
 std::string joinNames(const std::vector<std::string>& names, size_t limit = 8) {
@@ -213,33 +218,42 @@ zero::ChunkLayout layoutFromJson(const json& j, const std::string& where) {
 
 FileDigest writeSafetensors(const std::string& path, const NamedTensors& tensors,
                             const std::map<std::string, std::string>& metadata, bool requireFinite) {
+  // The header first, from the shapes; then one tensor at a time through a reused host buffer, so a shard
+  // of any size is written with one tensor's worth of host memory. A refused tensor leaves no file.
   json header = json::object();
-  std::vector<std::string> blobs;
-  size_t offset = 0;
+  uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    std::string bytes(t.nbytes(), '\0');
-    t.copyToHost(bytes.data(), t.dtype());
-    if (requireFinite) {
-      int64_t bad = firstNonFinite(bytes.data(), t.dtype(), size_t(t.numel()));
-      STRATA_USER_CHECK(bad < 0, "refusing to write {}: tensor '{}' holds a non-finite value (element {})",
-                        path, name, bad);
-    }
     header[name] = {{"dtype", safetensorsType(t.dtype())},
                     {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + bytes.size()}}};
-    offset += bytes.size();
-    blobs.push_back(std::move(bytes));
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
   while ((text.size() + 8) % 8 != 0) text.push_back(' ');
   uint64_t len = text.size();
-  std::string prefix(8, '\0');
-  std::memcpy(prefix.data(), &len, 8);
-  prefix += text;
-  std::vector<const std::string*> parts{&prefix};
-  for (const auto& b : blobs) parts.push_back(&b);
-  return writeFileSynced(path, parts);
+  FileDigest digest;
+  AtomicFileWriter out(path);
+  auto put = [&](const void* p, size_t n) {
+    digest.crc32c = crc32c(p, n, digest.crc32c);
+    digest.bytes += n;
+    out.write(p, n);
+  };
+  put(&len, 8);
+  put(text.data(), text.size());
+  std::vector<char> buffer;
+  for (const auto& [name, t] : tensors) {
+    buffer.resize(t.nbytes());
+    t.copyToHost(buffer.data(), t.dtype());
+    if (requireFinite) {
+      int64_t bad = firstNonFinite(buffer.data(), t.dtype(), size_t(t.numel()));
+      STRATA_USER_CHECK(bad < 0, "refusing to write {}: tensor '{}' holds a non-finite value (element {})",
+                        path, name, bad);
+    }
+    put(buffer.data(), buffer.size());
+  }
+  out.commit();
+  return digest;
 }
 
 std::vector<SafetensorsEntry> readSafetensorsHeader(const std::string& path,
@@ -391,6 +405,7 @@ std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model
                     {"data_index", state.dataIndex},
                     {"loss_scale", {{"scale", state.lossScale}, {"good_steps", state.lossScaleGoodSteps}}},
                     {"world_size", group.worldSize},
+                    {"chunked", state.chunked},
                     {"shards", shards},
                     {"files", files},
                     {"model", state.model},
@@ -431,6 +446,7 @@ CheckpointState stateFromManifest(const json& manifest, const std::string& dir) 
       state.lossScaleGoodSteps = manifest["loss_scale"].at("good_steps").get<int64_t>();
     }
     state.worldSize = manifest.value("world_size", 1);
+    state.chunked = manifest.value("chunked", false);
     state.config = manifest["config"].get<std::map<std::string, std::string>>();
     if (manifest.contains("model")) state.model = manifest["model"].get<std::map<std::string, std::string>>();
     if (manifest.contains("layout") && manifest["layout"].is_object())
@@ -448,46 +464,220 @@ CheckpointState readCheckpointState(const std::string& path) {
   return stateFromManifest(readManifest(dir), dir);
 }
 
-std::map<std::string, Tensor> loadModelShards(const std::string& path) {
-  std::string dir = resolveCheckpoint(path);
-  json manifest = readManifest(dir);
-  verifyFiles(dir, manifest);
-  std::map<std::string, Tensor> merged;
+std::string chunkPieceName(const std::string& kind, int64_t chunk, int64_t begin) {
+  return kind + "." + std::to_string(chunk) + "@" + std::to_string(begin);
+}
+
+namespace {
+
+// Parses a chunk piece's name: "<kind>.<chunk>@<begin>", or the older whole-chunk moments "exp_avg.<chunk>"
+// and "exp_avg_sq.<chunk>" (begin 0). Parameter names never match: their kinds are not these.
+bool parsePiece(const std::string& name, std::string* kind, int64_t* chunk, int64_t* begin) {
+  size_t dot = name.find('.');
+  if (dot == std::string::npos) return false;
+  std::string k = name.substr(0, dot);
+  if (k != "param" && k != "exp_avg" && k != "exp_avg_sq") return false;
+  size_t at = name.find('@', dot);
+  auto digits = [](const std::string& t) {
+    return !t.empty() && std::all_of(t.begin(), t.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  };
+  std::string c = name.substr(dot + 1, at == std::string::npos ? std::string::npos : at - dot - 1);
+  std::string b = at == std::string::npos ? "0" : name.substr(at + 1);
+  if (!digits(c) || !digits(b) || (at == std::string::npos && k == "param")) return false;
+  *kind = k;
+  *chunk = std::stoll(c);
+  *begin = std::stoll(b);
+  return true;
+}
+
+}  // namespace
+
+ChunkCheckpointReader::ChunkCheckpointReader(const std::string& path) : dir_(resolveCheckpoint(path)) {
+  json manifest = readManifest(dir_);
+  state_ = stateFromManifest(manifest, dir_);
+  chunked_ = state_.chunked;
+  digests_ = digestsOf(manifest);
+  STRATA_USER_CHECK(manifest["shards"].is_array() && !manifest["shards"].empty(),
+                    "{}/manifest.json is corrupted: no shards", dir_);
+  STRATA_USER_CHECK(!chunked_ || !state_.layout.slots.empty(),
+                    "{}/manifest.json is corrupted: its tensors are chunk pieces but it has no layout", dir_);
   for (const auto& shard : manifest["shards"]) {
-    for (auto& [name, t] : readSafetensors((fs::path(dir) / shard["model"].get<std::string>()).string())) {
-      STRATA_USER_CHECK(!merged.count(name), "checkpoint {}: tensor '{}' appears in two shards", dir, name);
-      merged[name] = t;
+    for (const char* key : {"model", "optimizer"}) {
+      if (!shard.contains(key)) continue;
+      std::string name = shard[key].get<std::string>(), filePath = (fs::path(dir_) / name).string();
+      if (digests_.count(name)) verifyFile(dir_, name, digests_.at(name), /*crc=*/false);
+      size_t f = files_.size();
+      files_.push_back(name);
+      int fd = ::open(filePath.c_str(), O_RDONLY | O_CLOEXEC);
+      STRATA_USER_CHECK(fd >= 0, "checkpoint {}: cannot open {}: {}", dir_, name, std::strerror(errno));
+      fds_.push_back(fd);
+      verified_.push_back(!digests_.count(name));
+      std::vector<SafetensorsEntry> entries;
+      try {
+        entries = readSafetensorsHeader(filePath);
+      } catch (const Error&) {
+        // A header that does not parse is most likely damage the checksum names.
+        if (digests_.count(name)) verifyFile(dir_, name, digests_.at(name));
+        throw;
+      }
+      for (auto& e : entries) {
+        std::string kind;
+        int64_t chunk = 0, begin = 0;
+        if (parsePiece(e.name, &kind, &chunk, &begin)) {
+          STRATA_USER_CHECK(e.dtype == DType::F32 && e.shape.size() == 1,
+                            "{} is corrupted: chunk piece '{}' is not a flat fp32 tensor", filePath, e.name);
+          pieces_[kind][chunk].push_back(Piece{begin, begin + e.shape[0], f, e.begin});
+        } else if (std::string(key) == "model") {
+          STRATA_USER_CHECK(!wholeParams_.count(e.name), "checkpoint {}: tensor '{}' appears in two shards",
+                            dir_, e.name);
+          params_[e.name] = Parameter{e.shape, e.dtype};
+          wholeParams_[e.name] = {f, e};
+        }
+      }
     }
   }
-  return merged;
+  for (auto& [kind, chunks] : pieces_)
+    for (auto& [chunk, list] : chunks) {
+      std::sort(list.begin(), list.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+      for (size_t i = 1; i < list.size(); ++i)
+        STRATA_USER_CHECK(list[i - 1].end <= list[i].begin,
+                          "checkpoint {} is corrupted: two ranks hold element {} of {} chunk {}", dir_,
+                          list[i].begin, kind, chunk);
+    }
+  if (chunked_)
+    for (const auto& slot : state_.layout.slots) params_[slot.name] = Parameter{slot.shape, DType::F32};
+}
+
+ChunkCheckpointReader::~ChunkCheckpointReader() {
+  for (int fd : fds_) ::close(fd);
+}
+
+bool ChunkCheckpointReader::hasOptimizer() const {
+  return pieces_.count("exp_avg") && pieces_.count("exp_avg_sq");
+}
+
+void ChunkCheckpointReader::readBytes(size_t file, uint64_t offset, size_t bytes, void* dst) {
+  if (!verified_[file]) {
+    verifyFile(dir_, files_[file], digests_.at(files_[file]));
+    verified_[file] = true;
+  }
+  char* p = static_cast<char*>(dst);
+  while (bytes > 0) {
+    ssize_t got = ::pread(fds_[file], p, std::min<size_t>(bytes, size_t(1) << 30), off_t(offset));
+    if (got < 0 && errno == EINTR) continue;
+    STRATA_USER_CHECK(got > 0, "checkpoint {}: reading {} failed: {}", dir_, files_[file],
+                      got < 0 ? std::strerror(errno) : "the file is truncated");
+    p += got;
+    offset += uint64_t(got);
+    bytes -= size_t(got);
+  }
+}
+
+void ChunkCheckpointReader::readParameterRange(const std::string& kind, const std::string& name,
+                                               int64_t begin, int64_t end, float* dst) {
+  if (kind == "param" && !chunked_) {
+    auto it = wholeParams_.find(name);
+    STRATA_USER_CHECK(it != wholeParams_.end(), "checkpoint {} has no parameter '{}'", dir_, name);
+    const SafetensorsEntry& e = it->second.second;
+    STRATA_USER_CHECK(e.dtype == DType::F32, "checkpoint {}: parameter '{}' is saved as {}, not fp32", dir_,
+                      name, dtypeName(e.dtype));
+    readBytes(it->second.first, e.begin + uint64_t(begin) * 4, size_t(end - begin) * 4, dst);
+    return;
+  }
+  auto slot = std::find_if(state_.layout.slots.begin(), state_.layout.slots.end(),
+                           [&](const zero::ChunkSlot& s) { return s.name == name; });
+  STRATA_USER_CHECK(slot != state_.layout.slots.end(), "checkpoint {} has no parameter '{}'", dir_, name);
+  int64_t a = slot->offset + begin, b = slot->offset + end, covered = 0;
+  auto kindIt = pieces_.find(kind);
+  STRATA_USER_CHECK(kindIt != pieces_.end(), "checkpoint {} holds no {} state", dir_, kind);
+  auto chunkIt = kindIt->second.find(slot->chunk);
+  if (chunkIt != kindIt->second.end())
+    for (const Piece& piece : chunkIt->second) {
+      int64_t lo = std::max(a, piece.begin), hi = std::min(b, piece.end);
+      if (lo >= hi) continue;
+      readBytes(piece.file, piece.offset + uint64_t(lo - piece.begin) * 4, size_t(hi - lo) * 4,
+                dst + (lo - a));
+      covered += hi - lo;
+    }
+  STRATA_USER_CHECK(covered == b - a,
+                    "checkpoint {} is incomplete: its shards hold {} of the {} elements of '{}' ({} state)",
+                    dir_, covered, b - a, name, kind);
+}
+
+void ChunkCheckpointReader::readParameter(const std::string& name, void* dst) {
+  auto it = params_.find(name);
+  STRATA_USER_CHECK(it != params_.end(), "checkpoint {} has no parameter '{}'", dir_, name);
+  if (!chunked_) {
+    const auto& [file, e] = wholeParams_.at(name);
+    readBytes(file, e.begin, size_t(e.end - e.begin), dst);
+    return;
+  }
+  readParameterRange("param", name, 0, numelOf(it->second.shape), static_cast<float*>(dst));
+}
+
+void ChunkCheckpointReader::readChunkRange(const zero::ChunkLayout& layout, const std::string& kind,
+                                           int64_t chunk, int64_t begin, int64_t end, float* dst) {
+  std::fill(dst, dst + (end - begin), 0.0f);
+  for (int64_t k : layout.chunks[size_t(chunk)].slots) {
+    const zero::ChunkSlot& s = layout.slots[size_t(k)];
+    int64_t lo = std::max(s.offset, begin), hi = std::min(s.offset + s.numel, end);
+    if (lo < hi) readParameterRange(kind, s.name, lo - s.offset, hi - s.offset, dst + (lo - begin));
+  }
+}
+
+void ChunkCheckpointReader::checkParameters(const zero::ChunkLayout& layout) const {
+  std::vector<std::string> missing, mismatched, unused;
+  std::set<std::string> mine;
+  for (const auto& slot : layout.slots) {
+    mine.insert(slot.name);
+    auto it = params_.find(slot.name);
+    if (it == params_.end())
+      missing.push_back(slot.name);
+    else if (it->second.shape != slot.shape)
+      mismatched.push_back(detail::format("'{}' is {} there and {} here", slot.name,
+                                          toString(it->second.shape), toString(slot.shape)));
+  }
+  for (const auto& [name, p] : params_)
+    if (!mine.count(name)) unused.push_back(name);
+  STRATA_USER_CHECK(mismatched.empty(), "checkpoint {} does not fit this model: {}", dir_,
+                    joinNames(mismatched, 4));
+  STRATA_USER_CHECK(missing.empty(), "checkpoint {} lacks {} parameters of this model: {}", dir_,
+                    missing.size(), joinNames(missing));
+  STRATA_USER_CHECK(unused.empty(), "checkpoint {} holds {} parameters this model does not have: {}", dir_,
+                    unused.size(), joinNames(unused));
+}
+
+std::map<std::string, Tensor> loadModelShards(const std::string& path) {
+  ChunkCheckpointReader reader(path);
+  std::map<std::string, Tensor> out;
+  std::vector<char> buffer;
+  for (const auto& [name, p] : reader.parameters()) {
+    size_t n = size_t(numelOf(p.shape));
+    buffer.resize(n * dtypeSize(p.dtype));
+    reader.readParameter(name, buffer.data());
+    out[name] = Tensor::fromHost(buffer.data(), p.dtype, n, p.shape, Device::cpu());
+  }
+  return out;
 }
 
 MergeStats mergeModelShards(const std::string& path, const std::string& output,
                             const std::function<std::string(const std::string&)>& rename,
                             const std::map<std::string, std::string>& metadata) {
-  std::string dir = resolveCheckpoint(path);
-  json manifest = readManifest(dir);
-  verifyFiles(dir, manifest);
-  struct Source {
-    std::string file;
-    SafetensorsEntry entry;
-  };
-  std::map<std::string, Source> tensors;  // output name -> where its bytes are
-  for (const auto& shard : manifest["shards"]) {
-    std::string file = (fs::path(dir) / shard["model"].get<std::string>()).string();
-    for (auto& e : readSafetensorsHeader(file)) {
-      std::string name = rename ? rename(e.name) : e.name;
-      STRATA_USER_CHECK(!tensors.count(name), "checkpoint {}: tensor '{}' appears in two shards", dir, name);
-      tensors[name] = Source{file, std::move(e)};
-    }
+  ChunkCheckpointReader reader(path);
+  std::map<std::string, std::string> sources;  // output name -> saved name, in output-name order
+  for (const auto& [name, p] : reader.parameters()) {
+    std::string renamed = rename ? rename(name) : name;
+    STRATA_USER_CHECK(!sources.count(renamed), "checkpoint {}: '{}' and '{}' are both renamed '{}'",
+                      reader.directory(), sources[renamed], name, renamed);
+    sources[renamed] = name;
   }
   json header = json::object();
   uint64_t offset = 0;
-  for (const auto& [name, src] : tensors) {
-    uint64_t bytes = src.entry.end - src.entry.begin;
-    header[name] = {{"dtype", safetensorsType(src.entry.dtype)},
-                    {"shape", src.entry.shape},
-                    {"data_offsets", {offset, offset + bytes}}};
+  for (const auto& [name, saved] : sources) {
+    const auto& p = reader.parameters().at(saved);
+    uint64_t bytes = uint64_t(numelOf(p.shape)) * dtypeSize(p.dtype);
+    header[name] = {
+        {"dtype", safetensorsType(p.dtype)}, {"shape", p.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -499,15 +689,13 @@ MergeStats mergeModelShards(const std::string& path, const std::string& output,
   out.write(text.data(), text.size());
   MergeStats stats;
   std::vector<char> buffer;
-  for (const auto& [name, src] : tensors) {
-    uint64_t bytes = src.entry.end - src.entry.begin;
+  for (const auto& [name, saved] : sources) {
+    const auto& p = reader.parameters().at(saved);
+    uint64_t bytes = uint64_t(numelOf(p.shape)) * dtypeSize(p.dtype);
     buffer.resize(bytes);
     buffer.shrink_to_fit();
     stats.peakBufferBytes = std::max<uint64_t>(stats.peakBufferBytes, bytes);
-    std::ifstream in(src.file, std::ios::binary);
-    in.seekg(std::streamoff(src.entry.begin));
-    in.read(buffer.data(), std::streamsize(bytes));
-    STRATA_USER_CHECK(in.good(), "{}: truncated data for '{}'", src.file, src.entry.name);
+    reader.readParameter(saved, buffer.data());
     out.write(buffer.data(), bytes);
     stats.bytes += bytes;
     ++stats.tensors;

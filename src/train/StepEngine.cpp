@@ -283,88 +283,71 @@ Tensor ZeroStepEngine::shardSquares(const std::vector<Tensor>& grads) const {
   return pieces.empty() ? ops::zeros({}, DType::F32, device_) : ops::sumOfSquares(pieces);
 }
 
-NamedTensors ZeroStepEngine::modelState() const {
-  int ranks = group_ ? group_->size() : 1;
-  if (stage_ == 0 || ranks == 1) return optimizer_->namedMasters();
-  const zero::ChunkLayout& layout = chunks_->layout();
-  if (!optimizer_->hasMasters() && stage_ < 3) {
-    // fp32 chunks are their own masters, whole on every rank.
-    NamedTensors out;
-    for (size_t k = 0; k < layout.slots.size(); ++k)
-      out.emplace_back(layout.slots[k].name, chunks_->parameters()[k]);
-    return out;
-  }
-  // The masters are sharded: gather each chunk's whole (a collective; every rank calls it) and name the
-  // parameters' views into the gathered copies.
-  NamedTensors out;
-  for (size_t c = 0; c < chunks_->numChunks(); ++c) {
-    Tensor full = Tensor::empty({chunks_->paddedElems(c)}, DType::F32, device_);
-    // The fp32 values: the masters' shards, or (fp32 chunks at stage 3) the parameters' shards.
-    comm().allGather(full, optimizer_->hasMasters() ? optimizer_->masterFlats()[c] : paramShards_[c]);
-    for (int64_t k : layout.chunks[c].slots) {
-      const zero::ChunkSlot& slot = layout.slots[size_t(k)];
-      Tensor p = chunks_->parameters()[size_t(k)];
-      out.emplace_back(slot.name,
-                       Tensor::fromStorage(full.storage(), p.shape(), p.strides(), slot.offset, DType::F32));
-    }
-  }
-  return out;
+namespace {
+
+// Elements [a, b) of chunk state `t`: the whole padded chunk, or the shard `r` of it.
+Tensor chunkRange(const Tensor& t, zero::ShardRange r, int64_t a, int64_t b) {
+  int64_t base = t.numel() == r.size() ? r.begin : 0;
+  return t.narrow(0, a - base, b - a);
 }
 
-NamedTensors ZeroStepEngine::optimizerState() const {
-  // Per chunk, over the chunk's used length (independent of the world size's padding), gathered whole when
-  // sharded.
-  int ranks = group_ ? group_->size() : 1;
-  NamedTensors out;
-  for (size_t c = 0; c < chunks_->numChunks(); ++c) {
-    int64_t used = chunks_->layout().chunks[c].used;
-    for (int which = 0; which < 2; ++which) {
-      const Tensor& local = which == 0 ? optimizer_->firstMoments()[c] : optimizer_->secondMoments()[c];
-      Tensor full = local;
-      if (stage_ >= 1 && ranks > 1) {
-        full = Tensor::empty({chunks_->paddedElems(c)}, DType::F32, device_);
-        comm().allGather(full, local);
-      }
-      out.emplace_back((which == 0 ? "exp_avg." : "exp_avg_sq.") + std::to_string(c),
-                       full.narrow(0, 0, used));
-    }
-  }
-  return out;
-}
+}  // namespace
 
-void ZeroStepEngine::stateLoaded(const NamedTensors& model, const NamedTensors& optimizer) {
-  NoGradGuard noGrad;
-  int ranks = group_ ? group_->size() : 1;
-  if (stage_ == 0 || ranks == 1) {
-    // The tensors loaded into were this engine's own masters and moments.
-    optimizer_->writeParameters();
-    return;
-  }
-  // Sharded: the checkpoint went into whole gathered copies (modelState(), optimizerState()). Every rank
-  // writes every 16-bit parameter from them and keeps its shard of the masters and moments. (fp32 chunks
-  // are their own masters and were loaded in place.)
-  std::map<std::string, Tensor> byName(model.begin(), model.end());
-  std::map<std::string, Tensor> state(optimizer.begin(), optimizer.end());
-  const zero::ChunkLayout& layout = chunks_->layout();
+NamedTensors ZeroStepEngine::checkpointModel() const {
+  // The fp32 values: the masters, or fp32 chunks' own parameters (their shard at stage 3).
+  NamedTensors out;
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     zero::ShardRange r = chunks_->shard(c, rank_);
-    int64_t padded = chunks_->paddedElems(c);
-    if (optimizer_->hasMasters() || stage_ == 3) {
-      const Tensor& first = byName.at(layout.slots[size_t(layout.chunks[c].slots.front())].name);
-      Tensor full = Tensor::fromStorage(first.storage(), {padded}, {1}, 0, DType::F32);
-      if (stage_ == 3)
-        ops::copy(paramShards_[c], full.narrow(0, r.begin, r.size()));
-      else
-        ops::copy(chunks_->paddedFlat(c), full);
-      if (optimizer_->hasMasters())
-        ops::copy(optimizer_->masterFlats()[c], full.narrow(0, r.begin, r.size()));
-    }
-    for (int which = 0; which < 2; ++which) {
-      auto it = state.find((which == 0 ? "exp_avg." : "exp_avg_sq.") + std::to_string(c));
-      if (it == state.end()) continue;
-      Tensor whole = Tensor::fromStorage(it->second.storage(), {padded}, {1}, 0, DType::F32);
-      const Tensor& mine = which == 0 ? optimizer_->firstMoments()[c] : optimizer_->secondMoments()[c];
-      ops::copy(mine, whole.narrow(0, r.begin, r.size()));
+    int64_t end = std::min(r.end, chunks_->layout().chunks[c].used);
+    if (r.begin >= end) continue;
+    const Tensor& values = optimizer_->hasMasters() ? optimizer_->masterFlats()[c]
+                           : stage_ == 3            ? paramShards_[c]
+                                                    : chunks_->paddedFlat(c);
+    out.emplace_back(chunkPieceName("param", int64_t(c), r.begin), chunkRange(values, r, r.begin, end));
+  }
+  return out;
+}
+
+NamedTensors ZeroStepEngine::checkpointOptimizer() const {
+  NamedTensors out;
+  for (size_t c = 0; c < chunks_->numChunks(); ++c) {
+    zero::ShardRange r = chunks_->shard(c, rank_);
+    int64_t end = std::min(r.end, chunks_->layout().chunks[c].used);
+    if (r.begin >= end) continue;
+    out.emplace_back(chunkPieceName("exp_avg", int64_t(c), r.begin),
+                     chunkRange(optimizer_->firstMoments()[c], r, r.begin, end));
+    out.emplace_back(chunkPieceName("exp_avg_sq", int64_t(c), r.begin),
+                     chunkRange(optimizer_->secondMoments()[c], r, r.begin, end));
+  }
+  return out;
+}
+
+void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
+  NoGradGuard noGrad;
+  const zero::ChunkLayout& layout = chunks_->layout();
+  reader.checkParameters(layout);
+  STRATA_USER_CHECK(
+      !optimizer || reader.hasOptimizer(),
+      "checkpoint {} holds no optimizer state; set checkpoint.load_model_only: true to start the "
+      "optimizer fresh from its weights",
+      reader.directory());
+  // Each piece of state reads the range of its chunk it covers (the whole padded chunk, or this rank's
+  // shard), as fp32, and converts on the way in: a 16-bit parameter becomes its master rounded.
+  std::vector<float> host;
+  auto fill = [&](const Tensor& t, size_t c, const char* kind) {
+    zero::ShardRange r = chunks_->shard(c, rank_);
+    int64_t begin = t.numel() == r.size() ? r.begin : 0;
+    int64_t end = std::min(begin + t.numel(), layout.chunks[c].used);
+    host.assign(size_t(t.numel()), 0.0f);
+    if (begin < end) reader.readChunkRange(layout, kind, int64_t(c), begin, end, host.data());
+    ops::copy(t, Tensor::fromHost(host.data(), DType::F32, host.size(), {t.numel()}, t.device()));
+  };
+  for (size_t c = 0; c < chunks_->numChunks(); ++c) {
+    fill(stage_ == 3 ? paramShards_[c] : chunks_->paddedFlat(c), c, "param");
+    if (optimizer_->hasMasters()) fill(optimizer_->masterFlats()[c], c, "param");
+    if (optimizer) {
+      fill(optimizer_->firstMoments()[c], c, "exp_avg");
+      fill(optimizer_->secondMoments()[c], c, "exp_avg_sq");
     }
   }
 }

@@ -354,6 +354,32 @@ std::string sampleText(nn::CausalLM& model, const Tokenizer& tokenizer, Device d
   return tokenizer.decode(std::vector<int32_t>(ids.begin() + std::ptrdiff_t(promptLen), ids.end()));
 }
 
+// The ranks of `comm` as the group that saves a checkpoint together.
+static CheckpointGroup checkpointGroup(dist::Communicator& comm) {
+  if (comm.size() == 1) return CheckpointGroup::single();
+  CheckpointGroup g;
+  g.rank = comm.rank();
+  g.worldSize = comm.size();
+  g.barrier = [&comm] { comm.barrier(); };
+  g.allGather = [&comm](const std::string& text) {
+    // The lengths, then the texts padded to the longest, through the CPU (MPI) path.
+    int n = comm.size();
+    Tensor lengths = Tensor::empty({n}, DType::I64, Device::cpu());
+    comm.allGather(lengths, Tensor::fromVector(std::vector<int64_t>{int64_t(text.size())}, {1}));
+    std::vector<int64_t> len = lengths.toVector<int64_t>();
+    int64_t longest = std::max<int64_t>(1, *std::max_element(len.begin(), len.end()));
+    std::string padded = text;
+    padded.resize(size_t(longest), '\0');
+    Tensor all = Tensor::empty({n * longest}, DType::U8, Device::cpu());
+    comm.allGather(all, Tensor::fromHost(padded.data(), DType::U8, padded.size(), {longest}, Device::cpu()));
+    std::vector<std::string> out;
+    const char* bytes = static_cast<const char*>(all.data());
+    for (int r = 0; r < n; ++r) out.emplace_back(bytes + r * longest, size_t(len[size_t(r)]));
+    return out;
+  };
+  return g;
+}
+
 std::unique_ptr<Tokenizer> makeTokenizer(const Config& config) {
   if (config.data.tokenizer == "gpt2")
     return std::make_unique<Gpt2Tokenizer>(config.data.vocabFile, config.data.mergesFile);
@@ -379,30 +405,12 @@ TrainResult Trainer::run() {
   int64_t startStep = 0, dataIndex = 0;
   defaultGenerator().manualSeed(c.train.seed);
   if (!c.checkpoint.load.empty()) {
-    std::string dir = resolveCheckpoint(c.checkpoint.load);
-    if (!c.checkpoint.loadModelOnly) {
-      // The optimizer state is stored per chunk: it resumes into the same layout only.
-      CheckpointState saved = readCheckpointState(dir);
-      const zero::ChunkLayout& now = engine.chunks().layout();
-      bool same =
-          saved.layout.chunks.size() == now.chunks.size() && saved.layout.slots.size() == now.slots.size();
-      // By name: the manifest need not list the slots in layout order.
-      for (size_t i = 0; same && i < now.slots.size(); ++i) {
-        const zero::ChunkSlot& mine = now.slots[i];
-        auto it = std::find_if(saved.layout.slots.begin(), saved.layout.slots.end(),
-                               [&](const zero::ChunkSlot& s) { return s.name == mine.name; });
-        same = it != saved.layout.slots.end() && it->chunk == mine.chunk && it->offset == mine.offset;
-      }
-      STRATA_USER_CHECK(
-          same,
-          "{}: the checkpoint's parameters lie in {} chunks, this run's in {} (another "
-          "zero_optimization.chunk_size_mb?); its optimizer state is stored per chunk, so resume "
-          "with the chunk size it was saved with, or set checkpoint.load_model_only: true",
-          dir, saved.layout.chunks.size(), now.chunks.size());
-    }
-    NamedTensors modelState = engine.modelState(), optimizerState = engine.optimizerState();
-    CheckpointState st = loadCheckpoint(dir, modelState, optimizerState, !c.checkpoint.loadModelOnly);
-    engine.stateLoaded(modelState, c.checkpoint.loadModelOnly ? NamedTensors() : optimizerState);
+    // Every rank reads the parts of the checkpoint its own state covers, whatever the world size and chunk
+    // size that wrote it (NOTE [Sharded chunk checkpoints]).
+    ChunkCheckpointReader reader(c.checkpoint.load);
+    std::string dir = reader.directory();
+    const CheckpointState& st = reader.state();
+    engine.loadState(reader, !c.checkpoint.loadModelOnly);
     if (c.checkpoint.loadModelOnly) {
       spdlog::info(
           "loaded the model weights of {} (checkpoint.load_model_only: the optimizer, step and data "
@@ -432,16 +440,15 @@ TrainResult Trainer::run() {
     st.config = c.values;
     st.model = effectiveValues(c, "model.");
     st.layout = engine.chunks().layout();
-    // Every rank takes part in gathering sharded state; rank 0 writes it whole (any world size resumes it).
-    NamedTensors modelState = engine.modelState(), optimizerState = engine.optimizerState();
-    std::string dir = (fs::path(saveDir) / ("step-" + std::to_string(step))).string();
+    st.chunked = true;
+    // Each rank writes the pieces of state its shards hold, nothing gathered; rank 0 the manifest.
+    std::string dir = saveCheckpoint(saveDir, engine.checkpointModel(), engine.checkpointOptimizer(), st,
+                                     checkpointGroup(parallel_->world().communicator()));
     if (main) {
-      dir = saveCheckpoint(saveDir, modelState, optimizerState, st);
       spdlog::info("saved checkpoint {}", dir);
       for (const auto& name : pruneCheckpoints(saveDir, c.checkpoint.keepLast))
         spdlog::info("removed old checkpoint {} (checkpoint.keep_last {})", name, c.checkpoint.keepLast);
     }
-    if (ranks > 1) parallel_->world().communicator().barrier();
     result.checkpoint = dir;
     lastSaved = step;
   };

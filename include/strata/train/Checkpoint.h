@@ -67,7 +67,8 @@ struct CheckpointState {
   // Where each parameter lives: its chunk, offset, numel, shape and the chunks' dtype (empty when the run
   // had not laid out chunks yet).
   zero::ChunkLayout layout;
-  int worldSize = 1;  // ranks that wrote the checkpoint
+  int worldSize = 1;     // ranks that wrote the checkpoint
+  bool chunked = false;  // the tensors are chunk pieces (NOTE [Sharded chunk checkpoints])
 };
 
 // The ranks that save one checkpoint together, and the two collectives the save needs. single() is one rank;
@@ -114,6 +115,71 @@ MergeStats mergeModelShards(const std::string& path, const std::string& output,
                             const std::map<std::string, std::string>& metadata = {});
 // The step directory `path` refers to.
 std::string resolveCheckpoint(const std::string& path);
+
+// NOTE [Sharded chunk checkpoints]
+// The trainer saves the model state as pieces of its chunks (zero/ChunkLayout.h), without gathering anything:
+// each rank writes, for every chunk, the elements its ZeRO shard covers, cut at the chunk's used length, in
+// fp32 — "param.<c>@<begin>" (the fp32 masters, or fp32 parameters) in model-rank<r>.safetensors, and
+// "exp_avg.<c>@<begin>", "exp_avg_sq.<c>@<begin>" in optimizer-rank<r>.safetensors. A save so moves every
+// byte once and holds nothing beyond the rank's own state; the manifest's layout says where each parameter
+// lies. ChunkCheckpointReader finds any range of any parameter among all the ranks' pieces, so a checkpoint
+// loads at any world size and any chunk size (resharding by parameter name), and `strata convert` streams it
+// one parameter at a time. Checkpoints of the older form (whole per-parameter tensors, whole per-chunk
+// moments "exp_avg.<c>") read through the same reader.
+std::string chunkPieceName(const std::string& kind, int64_t chunk, int64_t begin);
+
+class ChunkCheckpointReader {
+ public:
+  // Reads the manifest and the safetensors headers of the checkpoint `path` refers to. Each file's CRC32C is
+  // verified the first time one of its bytes is needed.
+  explicit ChunkCheckpointReader(const std::string& path);
+  ~ChunkCheckpointReader();
+  ChunkCheckpointReader(const ChunkCheckpointReader&) = delete;
+  ChunkCheckpointReader& operator=(const ChunkCheckpointReader&) = delete;
+
+  const std::string& directory() const { return dir_; }
+  const CheckpointState& state() const { return state_; }
+  // True when the checkpoint holds the optimizer's moments.
+  bool hasOptimizer() const;
+  // The saved parameters, by name: shape and dtype (fp32 for chunk pieces).
+  struct Parameter {
+    Shape shape;
+    DType dtype = DType::F32;
+  };
+  const std::map<std::string, Parameter>& parameters() const { return params_; }
+  // The raw bytes of parameter `name` (kind "param"), whole, in its saved dtype.
+  void readParameter(const std::string& name, void* dst);
+  // fp32 values of elements [begin, end) of chunk `chunk` of `layout` (this run's layout, of any chunk size)
+  // for `kind` ("param", "exp_avg" or "exp_avg_sq"): each parameter's part is read by name from wherever the
+  // checkpoint holds it, and the gaps between parameters are zero.
+  void readChunkRange(const zero::ChunkLayout& layout, const std::string& kind, int64_t chunk, int64_t begin,
+                      int64_t end, float* dst);
+  // Refuses a `layout` whose parameters differ from the saved ones (missing, extra or reshaped; all listed).
+  void checkParameters(const zero::ChunkLayout& layout) const;
+
+ private:
+  struct Piece {
+    int64_t begin = 0, end = 0;  // elements of the saved chunk
+    size_t file = 0;
+    uint64_t offset = 0;  // of element `begin` in the file
+  };
+  // Elements [begin, end) of parameter `name`'s flat values, of `kind`, as fp32.
+  void readParameterRange(const std::string& kind, const std::string& name, int64_t begin, int64_t end,
+                          float* dst);
+  void readBytes(size_t file, uint64_t offset, size_t bytes, void* dst);
+
+  std::string dir_;
+  CheckpointState state_;
+  bool chunked_ = false;
+  std::vector<std::string> files_;
+  std::vector<int> fds_;
+  std::vector<bool> verified_;
+  std::map<std::string, FileDigest> digests_;  // by file name, from the manifest
+  std::map<std::string, Parameter> params_;
+  // Chunk pieces by kind and saved chunk (sorted by begin); whole parameter tensors of the older form.
+  std::map<std::string, std::map<int64_t, std::vector<Piece>>> pieces_;
+  std::map<std::string, std::pair<size_t, SafetensorsEntry>> wholeParams_;
+};
 
 // Removes what failed saves left in `saveDir` (step-<N>.tmp directories, latest.tmp); returns their names.
 std::vector<std::string> removeStaleTemporaries(const std::string& saveDir);

@@ -71,13 +71,14 @@ class StepEngine {
   // One step at learning rate `lr` over `microBatches` micro-batches drawn from `next` (this rank's share of
   // the global batch).
   virtual StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) = 0;
-  // The model's fp32 weights by parameter name (the optimizer's masters; the parameters when fp32), whole:
-  // what a checkpoint saves as the model and where it loads it. The optimizer's tensors by name, likewise.
-  // With sharded state these are gathered copies (collectives: every rank calls them, in this order).
-  // After loading into them, call stateLoaded() with the same tensors.
-  virtual NamedTensors modelState() const = 0;
-  virtual NamedTensors optimizerState() const = 0;
-  virtual void stateLoaded(const NamedTensors& model, const NamedTensors& optimizer) = 0;
+  // This rank's part of the model state and of the optimizer state as checkpoint pieces (NOTE [Sharded
+  // chunk checkpoints] in train/Checkpoint.h): views into the live state, no collective; every rank saves
+  // its own.
+  virtual NamedTensors checkpointModel() const = 0;
+  virtual NamedTensors checkpointOptimizer() const = 0;
+  // Loads this rank's state from a checkpoint of any world size and chunk size with the same parameters:
+  // the parameters and masters, and the optimizer's moments when `optimizer`. No collective.
+  virtual void loadState(ChunkCheckpointReader& reader, bool optimizer) = 0;
   virtual StepEngineState state() const = 0;
   virtual void restore(const StepEngineState& state) = 0;
   virtual const zero::ChunkManager& chunks() const = 0;
@@ -112,9 +113,9 @@ class ZeroStepEngine final : public StepEngine {
   ZeroStepEngine(nn::CausalLM& model, const Config& config, Device device, DType compute,
                  dist::ProcessGroup* group = nullptr);
   StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) override;
-  NamedTensors modelState() const override;
-  NamedTensors optimizerState() const override;
-  void stateLoaded(const NamedTensors& model, const NamedTensors& optimizer) override;
+  NamedTensors checkpointModel() const override;
+  NamedTensors checkpointOptimizer() const override;
+  void loadState(ChunkCheckpointReader& reader, bool optimizer) override;
   StepEngineState state() const override;
   void restore(const StepEngineState& state) override;
   const zero::ChunkManager& chunks() const override { return *chunks_; }

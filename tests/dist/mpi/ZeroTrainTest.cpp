@@ -138,6 +138,17 @@ TEST_CASE("ZeRO stages 2 and 3 resume exactly from their checkpoints, at this wo
     Run single = trainRun(alone(), name + "-single-" + tag, 0, {"checkpoint.load=" + saved.string()});
     if (!ctx->isMain()) continue;
     INFO("stage " << stage);
+    // Each rank wrote its own pieces of the state, nothing gathered: about 1/N of it each.
+    uint64_t total = 0, largest = 0;
+    for (int r = 0; r < ctx->worldSize(); ++r)
+      for (const char* kind : {"model", "optimizer"}) {
+        fs::path file = saved / (std::string(kind) + "-rank" + std::to_string(r) + ".safetensors");
+        REQUIRE(fs::exists(file));
+        total += fs::file_size(file);
+        largest = std::max<uint64_t>(largest, fs::file_size(file));
+      }
+    // The state is 3 fp32 values per element (parameter, m, v); an optimizer file holds 2 of them for 1/N.
+    CHECK(double(largest) < 1.1 * double(total) * 2.0 / (3.0 * ctx->worldSize()));
     CHECK(straight.losses.size() == 20);
     CHECK(resumed.losses.size() == 10);
     std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
