@@ -567,7 +567,7 @@ TrainResult Trainer::run() {
       trainingSeconds += seconds;
       r.msPerIter = 1000.0 * seconds / double(intervalSteps);
       r.tokensPerSec = double(intervalSteps * c.train.globalBatchSize * T) / seconds;
-      r.tflops = r.tokensPerSec * flopsPerToken / 1e12;
+      r.tflops = r.tokensPerSec * flopsPerToken / 1e12 / double(ranks);  // per GPU (per rank)
       r.mfu = peak > 0 ? r.tflops * 1e12 / peak : 0.0;
       r.elapsedSeconds = std::chrono::duration<double>(now - runStart).count();
       r.etaSeconds = trainingSeconds / double(done - startStep) * double(c.train.trainIters - done);
