@@ -24,24 +24,38 @@ AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const 
 }
 
 AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config,
-             std::vector<zero::ShardRange> shards, std::vector<Tensor> parameterShards)
-    : config_(config), masters_(std::move(masters)), ranges_(std::move(shards)) {
+             std::vector<zero::ShardRange> shards, std::vector<Tensor> parameterShards,
+             std::vector<bool> stateOnHost)
+    : config_(config),
+      masters_(std::move(masters)),
+      ranges_(std::move(shards)),
+      onHost_(std::move(stateOnHost)) {
   const zero::ChunkLayout& layout = chunks.layout();
-  bool own = masters_.empty();
-  STRATA_CHECK(own ? chunks.dtype() == DType::F32 : masters_.size() == chunks.numChunks(),
+  STRATA_CHECK(masters_.empty() ? chunks.dtype() == DType::F32 : masters_.size() == chunks.numChunks(),
                "AdamW: {} chunks need {} fp32 masters, got {}", chunks.dtype(), chunks.numChunks(),
                masters_.size());
+  masters_.resize(chunks.numChunks());
+  onHost_.resize(chunks.numChunks(), false);
   bool whole = ranges_.empty();
   if (whole)
     for (size_t c = 0; c < chunks.numChunks(); ++c) ranges_.push_back({0, chunks.paddedElems(c)});
   STRATA_CHECK(ranges_.size() == chunks.numChunks(), "AdamW: {} shard ranges for {} chunks", ranges_.size(),
                chunks.numChunks());
+  slotsOf_.resize(chunks.numChunks());
   for (size_t c = 0; c < chunks.numChunks(); ++c) {
     zero::ShardRange r = ranges_[c];
     // Where the range's parameter values live: the chunk, or the parameter shard that replaces it.
     bool sharded = !parameterShards.empty();
     Tensor paramBase = sharded ? parameterShards[c] : chunks.paddedFlat(c);
     int64_t paramOffset = sharded ? r.begin : 0;
+    paramFlats_.push_back(paramBase.narrow(0, r.begin - paramOffset, r.size()));
+    if (onHost_[c]) {
+      // Host-homed state (NOTE [Store placement] in zero/Store.h): the master moves to the host, or an fp32
+      // chunk's parameters are copied there to be its master.
+      masters_[c] =
+          ops::to(masters_[c].defined() ? masters_[c] : paramFlats_.back(), Device::cpu(), DType::F32);
+    }
+    bool own = !masters_[c].defined();
     // The range's fp32 values: the masters (sized to the range), or the fp32 parameters themselves.
     Tensor base = own ? paramBase : masters_[c];
     int64_t baseOffset = own ? paramOffset : r.begin;
@@ -62,6 +76,7 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
         return Tensor::fromStorage(buffer.storage(), shape, strides, buffer.offset() + offset, dt);
       };
       Tensor piece = full && !sharded ? p : view(paramBase, a - paramOffset, p.dtype());
+      slotsOf_[c].push_back(slots_.size());
       slots_.push_back(Slot{slot.name, piece, own ? piece : view(base, a - baseOffset, DType::F32),
                             view(m_.back(), a - r.begin, DType::F32),
                             view(v_.back(), a - r.begin, DType::F32), decayFor(p, config.weightDecay), c, a,
@@ -121,14 +136,50 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
   ops::AdamWHyper h = hyper(lr);
   std::vector<Tensor> grads = gradientPieces(gradients);
   std::vector<ops::AdamWTensors> sets;
+  bool anyOnHost = false;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
+    if (onHost_[s.chunk]) {
+      anyOnHost = true;
+      continue;
+    }
     Tensor copy = s.master.impl().storage == s.param.impl().storage ? Tensor() : s.param;
     sets.push_back(ops::AdamWTensors{s.master, grads[i], s.m, s.v, s.weightDecay, copy});
   }
-  if (sets.empty()) return;
-  Device dev = sets.front().param.device();
-  ops::adamw(sets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
+  if (!sets.empty()) {
+    Device dev = sets.front().param.device();
+    ops::adamw(sets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
+  }
+  if (!anyOnHost) return;
+  Tensor hostScale = gradScale.defined() ? ops::to(gradScale, Device::cpu(), DType::F32) : Tensor();
+  for (size_t c = 0; c < onHost_.size(); ++c)
+    if (onHost_[c]) stepHostChunk(c, h, gradients, hostScale);
+}
+
+void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
+                          const Tensor& hostScale) {
+  // A plain CPU update: the range's gradients come to the host, the CPU kernel updates the master and
+  // moments in place and rounds the new values into a host copy of the range's parameters, which goes back
+  // to the device in one copy. (The pipelined optimizer overlaps this with backward and with the device's
+  // update: optim's next step.)
+  const zero::ShardRange& r = ranges_[c];
+  const Tensor& g = gradients[c];
+  Tensor range = g.numel() == r.size() ? g : g.narrow(0, r.begin, r.size());
+  Tensor hostGrads = ops::to(range, Device::cpu(), DType::F32);
+  const Tensor& params = paramFlats_[c];
+  // Zeros between the parameters, as the chunk holds.
+  Tensor hostParams = ops::zeros({r.size()}, params.dtype(), Device::cpu());
+  std::vector<ops::AdamWTensors> sets;
+  for (size_t i : slotsOf_[c]) {
+    const Slot& s = slots_[i];
+    auto at = [&](const Tensor& flat) {
+      return Tensor::fromStorage(flat.storage(), s.master.shape(), s.master.strides(),
+                                 flat.offset() + (s.begin - r.begin), flat.dtype());
+    };
+    sets.push_back(ops::AdamWTensors{s.master, at(hostGrads), s.m, s.v, s.weightDecay, at(hostParams)});
+  }
+  if (!sets.empty()) ops::adamw(sets, h, hostScale);
+  ops::copy(params, hostParams);
 }
 
 ops::AdamWHyper AdamW::hyper(double lr) const {

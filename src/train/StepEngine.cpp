@@ -74,6 +74,12 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(nn::CausalLM& model, Devic
   return chunks;
 }
 
+namespace {
+uint64_t bytesOf(const Tensor& t) {
+  return t.defined() ? uint64_t(t.nbytes()) : 0;
+}
+}  // namespace
+
 ZeroStepEngine::ZeroStepEngine(nn::CausalLM& model, const Config& c, Device device, DType compute,
                                dist::ProcessGroup* group)
     : model_(model),
@@ -125,11 +131,42 @@ ZeroStepEngine::ZeroStepEngine(nn::CausalLM& model, const Config& c, Device devi
     if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
     hookModules();
   }
+  // The store's placement (NOTE [Store placement] in zero/Store.h): the parameters stay on the device; each
+  // chunk's optimizer state goes to the device while its budget lasts, then to host memory.
+  uint64_t parameterBytes = 0;
+  std::vector<uint64_t> optimizerBytes;
+  for (size_t i = 0; i < chunks_->numChunks(); ++i) {
+    parameterBytes += stage_ == 3 ? paramShards_[i].nbytes() : chunks_->paddedFlat(i).nbytes();
+    optimizerBytes.push_back(uint64_t(ranges[i].size()) * 4 * 3);  // master, m, v (fp32)
+  }
+  zero::StoreBudgets budgets;
+  budgets.device = c.zero.offloadOptimizerDevice == "cpu"
+                       ? parameterBytes
+                       : zero::parseBudgetGb(c.store.gpuBudgetGb, zero::kUnlimited, "store.gpu_budget_gb");
+  uint64_t available = zero::availableHostBytes();
+  budgets.host = zero::parseBudgetGb(c.store.hostBudgetGb,
+                                     available == zero::kUnlimited ? available : available / 10 * 9,
+                                     "store.host_budget_gb");
+  placement_ = zero::placeModelState(parameterBytes, optimizerBytes, budgets);
+  std::vector<bool> onHost;
+  for (zero::Tier t : placement_.optimizerTier) onHost.push_back(t == zero::Tier::Host);
   optimizer_ = std::make_unique<optim::AdamW>(
       *chunks_, std::move(masters),
       optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
                          c.optimizer.weightDecay},
-      ranges, paramShards_);
+      ranges, paramShards_, onHost);
+  // The bytes as they are: an fp32 chunk's state on the device has no separate master.
+  for (uint64_t& b : placement_.bytes) b = 0;
+  for (size_t i = 0; i < chunks_->numChunks(); ++i) {
+    uint64_t state = bytesOf(optimizer_->firstMoments()[i]) + bytesOf(optimizer_->secondMoments()[i]) +
+                     bytesOf(optimizer_->masterFlats()[i]);
+    placement_.optimizerBytes[i] = state;
+    placement_.bytes[int(placement_.optimizerTier[i])] += state;
+  }
+  placement_.bytes[int(zero::Tier::Device)] += parameterBytes;
+  STRATA_CHECK(placement_.total() == modelStateBytes(),
+               "the store holds {} bytes across its tiers, {} of model state", placement_.total(),
+               modelStateBytes());
   shardGrads_.resize(chunks_->numChunks());
   chunkNotices_.assign(chunks_->numChunks(), 0);
   chunks_->onGradientsComplete([this](size_t chunk) { gradientsComplete(chunk); });
@@ -300,7 +337,7 @@ NamedTensors ZeroStepEngine::checkpointModel() const {
     zero::ShardRange r = chunks_->shard(c, rank_);
     int64_t end = std::min(r.end, chunks_->layout().chunks[c].used);
     if (r.begin >= end) continue;
-    const Tensor& values = optimizer_->hasMasters() ? optimizer_->masterFlats()[c]
+    const Tensor& values = optimizer_->hasMaster(c) ? optimizer_->masterFlats()[c]
                            : stage_ == 3            ? paramShards_[c]
                                                     : chunks_->paddedFlat(c);
     out.emplace_back(chunkPieceName("param", int64_t(c), r.begin), chunkRange(values, r, r.begin, end));
@@ -344,7 +381,7 @@ void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
   };
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     fill(stage_ == 3 ? paramShards_[c] : chunks_->paddedFlat(c), c, "param");
-    if (optimizer_->hasMasters()) fill(optimizer_->masterFlats()[c], c, "param");
+    if (optimizer_->hasMaster(c)) fill(optimizer_->masterFlats()[c], c, "param");
     if (optimizer) {
       fill(optimizer_->firstMoments()[c], c, "exp_avg");
       fill(optimizer_->secondMoments()[c], c, "exp_avg_sq");
@@ -358,7 +395,7 @@ size_t ZeroStepEngine::modelStateBytes() const {
     bytes += stage_ == 3 ? paramShards_[c].nbytes() : chunks_->paddedFlat(c).nbytes();
   for (const auto* flats :
        {&optimizer_->masterFlats(), &optimizer_->firstMoments(), &optimizer_->secondMoments()})
-    for (const Tensor& t : *flats) bytes += t.nbytes();
+    for (const Tensor& t : *flats) bytes += bytesOf(t);
   return bytes;
 }
 

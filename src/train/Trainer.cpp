@@ -234,11 +234,11 @@ void Trainer::setup() {
                  toString(p.device()), toString(device_));
   compute_ = computeDTypeFor(config_, device_);
   STRATA_USER_CHECK(
-      config_.zero.offloadParamDevice == "none" && config_.zero.offloadOptimizerDevice == "none",
-      "{}: zero_optimization stage {} with offload (param {}, optimizer {}) is not available in "
-      "this build yet; stages 0 to 3 without offload are",
-      config_.sourcePath, config_.zero.stage, config_.zero.offloadParamDevice,
-      config_.zero.offloadOptimizerDevice);
+      config_.zero.offloadParamDevice == "none" && config_.zero.offloadOptimizerDevice != "nvme",
+      "{}: zero_optimization offload (param {}, optimizer {}) is not available in this build yet; the "
+      "optimizer state offloads to the host (offload_optimizer.device: cpu, or a store.gpu_budget_gb), the "
+      "SSD tier and parameter offload come next",
+      config_.sourcePath, config_.zero.offloadParamDevice, config_.zero.offloadOptimizerDevice);
   // Everything that would otherwise fail only after training has run is checked before any work.
   ensureWritableDirectory(config_.train.outDir, "train.out_dir");
   if (!saveDirectory().empty()) {
@@ -401,6 +401,8 @@ TrainResult Trainer::run() {
                              c.lrSchedule.warmupIters,
                              c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
   ZeroStepEngine engine(*model_, c, device_, compute_, ranks > 1 ? &parallel_->world() : nullptr);
+  if (main && engine.placement().bytes[int(zero::Tier::Device)] != engine.placement().total())
+    spdlog::info("{}", engine.placement().table());
 
   int64_t startStep = 0, dataIndex = 0;
   defaultGenerator().manualSeed(c.train.seed);
@@ -578,6 +580,9 @@ TrainResult Trainer::run() {
       }
       r.memoryGb["host"] = gib(cpuAllocator().stats().allocatedBytes);
       r.memoryGb["model_state"] = gib(engine.modelStateBytes());
+      // The store's tiers (NOTE [Store placement]); together they are model_state.
+      for (int t = 0; t < zero::kNumTiers; ++t)
+        r.memoryGb[std::string("state_") + zero::tierName(zero::Tier(t))] = gib(engine.placement().bytes[t]);
       if (ranks > 1) {
         // Per rank; the log line and metrics show the largest.
         std::vector<double> values;

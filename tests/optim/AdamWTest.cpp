@@ -101,7 +101,7 @@ TEST_CASE("AdamW over bf16 chunks updates fp32 masters and writes each parameter
   REQUIRE(w.dtype() == DType::BF16);
   REQUIRE(w.storage() == chunks.storage(0));
   optim::AdamW opt(chunks, chunks.takeMasters(), cfg);
-  REQUIRE(opt.hasMasters());
+  REQUIRE(opt.hasMaster(0));
   auto masters = opt.namedMasters();
   REQUIRE(masters.size() == 2);
   REQUIRE(masters[0].first == "w");

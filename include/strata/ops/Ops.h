@@ -200,7 +200,7 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 // ---- optimizer updates
 // -------------------------------------------------------------------------------------------- AdamW
 // (decoupled weight decay) over a list of tensors on one device, in place. param, m, v and grad: fp32,
-// contiguous. One fused launch on the GPU. `copy` (optional): a contiguous bf16/f16 tensor of param's size
+// contiguous. One fused launch on the GPU. `copy` (optional): a contiguous bf16/f16 (on the CPU also f32) tensor of param's size
 // that receives the updated param rounded to its dtype in the same pass (the 16-bit parameter whose fp32
 // master `param` is). Bumps the storage versions of param and copy.
 struct AdamWTensors {

@@ -35,8 +35,13 @@ class AdamW {
   // each chunk, and `masters` and the moments cover that range alone; an empty `shards` is every chunk whole.
   // `parameterShards` (ZeRO-3: the parameters themselves are sharded): per chunk, the 16-bit (or fp32) tensor
   // holding the range's parameter values, written by the update instead of the chunk.
+  // `stateOnHost` (per chunk; empty: none) puts a chunk's masters and moments in host memory
+  // (zero/Store.h): the CPU updates them, from the chunk's gradients copied to the host, and the new
+  // parameter values are copied back into the chunk. An fp32 chunk homed on the host gets an fp32 master
+  // there, its parameters being the device's copy.
   AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config,
-        std::vector<zero::ShardRange> shards = {}, std::vector<Tensor> parameterShards = {});
+        std::vector<zero::ShardRange> shards = {}, std::vector<Tensor> parameterShards = {},
+        std::vector<bool> stateOnHost = {});
 
   // One update with learning rate `lr` from each parameter's .grad() times `gradScale` (a device fp32 scalar,
   // e.g. the clipping coefficient; undefined for 1). Parameters without a gradient are skipped.
@@ -61,9 +66,11 @@ class AdamW {
   std::vector<std::pair<std::string, Tensor>> namedMasters() const;
   // Rounds every master into its 16-bit parameter (after the masters were loaded); nothing for fp32.
   void writeParameters();
-  // Whether the masters are separate from the parameters (16-bit chunks).
-  bool hasMasters() const { return !masters_.empty(); }
-  // The chunked form's flat buffers, per chunk over its range: masters (empty without), m and v; the ranges.
+  // Whether chunk c's fp32 values are separate from its parameters (16-bit chunks, or state on the host).
+  bool hasMaster(size_t c) const { return c < masters_.size() && masters_[c].defined(); }
+  bool stateOnHost(size_t c) const { return c < onHost_.size() && onHost_[c]; }
+  // The chunked form's flat buffers, per chunk over its range: masters (undefined where the parameters are
+  // their own), m and v; the ranges.
   const std::vector<Tensor>& masterFlats() const { return masters_; }
   const std::vector<Tensor>& firstMoments() const { return m_; }
   const std::vector<Tensor>& secondMoments() const { return v_; }
@@ -82,8 +89,14 @@ class AdamW {
   };
   AdamWConfig config_;
   std::vector<Slot> slots_;
+  // The host-homed chunks' update: gradients to the host, the CPU kernel, parameters back.
+  void stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
+                     const Tensor& hostScale);
   std::vector<Tensor> masters_, m_, v_;  // per chunk (chunked state only)
   std::vector<zero::ShardRange> ranges_;
+  std::vector<bool> onHost_;        // per chunk
+  std::vector<Tensor> paramFlats_;  // per chunk: the range's parameter values (device), for host chunks
+  std::vector<std::vector<size_t>> slotsOf_;  // per chunk: its slots
   int64_t step_ = 0;
 };
 

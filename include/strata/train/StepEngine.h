@@ -38,6 +38,7 @@
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
 #include "strata/zero/ChunkManager.h"
+#include "strata/zero/Store.h"
 
 namespace strata::dist {
 class Communicator;
@@ -120,6 +121,8 @@ class ZeroStepEngine final : public StepEngine {
   void restore(const StepEngineState& state) override;
   const zero::ChunkManager& chunks() const override { return *chunks_; }
   size_t modelStateBytes() const override;
+  // Where this rank's model state lives, bytes per tier (NOTE [Store placement] in zero/Store.h).
+  const zero::StorePlacement& placement() const { return placement_; }
   const optim::AdamW& optimizer() const { return *optimizer_; }
 
  private:
@@ -145,7 +148,8 @@ class ZeroStepEngine final : public StepEngine {
   std::unique_ptr<optim::LossScaler> scaler_;
   std::vector<Tensor> shardGrads_;   // stages 2, 3: this rank's reduced fp32 shard of each chunk's gradients
   std::vector<Tensor> paramShards_;  // stage 3: this rank's shard of each chunk's parameters
-  std::vector<Tensor> slots_;        // stage 3: each chunk's gathered parameters while it is resident
+  zero::StorePlacement placement_;
+  std::vector<Tensor> slots_;  // stage 3: each chunk's gathered parameters while it is resident
   std::map<nn::Module*, std::vector<size_t>>
       moduleChunks_;                              // stage 3: the chunks of each module's own parameters
   std::vector<nn::Module*> active_;               // stage 3: modules whose forward is running

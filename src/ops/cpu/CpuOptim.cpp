@@ -30,6 +30,10 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
         BFloat16* out = static_cast<BFloat16*>(s.copy.data());
 #pragma omp parallel for if (n > kParallelGrain)
         for (int64_t i = 0; i < n; ++i) out[i] = BFloat16(p[i]);
+      } else if (s.copy.dtype() == DType::F32) {
+        float* out = static_cast<float*>(s.copy.data());
+#pragma omp parallel for simd if (n > kParallelGrain)
+        for (int64_t i = 0; i < n; ++i) out[i] = p[i];
       } else {
         Half* out = static_cast<Half*>(s.copy.data());
 #pragma omp parallel for if (n > kParallelGrain)

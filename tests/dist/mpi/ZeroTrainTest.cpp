@@ -156,3 +156,18 @@ TEST_CASE("ZeRO stages 2 and 3 resume exactly from their checkpoints, at this wo
     CHECK(worstRelative(single.losses, tail) < 1e-5);
   }
 }
+
+TEST_CASE("optimizer state offloaded to the host trains like state on the device, at stages 1 and 3",
+          "[dist][zero][store]") {
+  auto ctx = world();
+  for (int stage : {1, 3}) {
+    std::string name = "offload-stage" + std::to_string(stage);
+    Run device = trainRun(ctx, name + "-device", stage);
+    Run host = trainRun(ctx, name + "-host", stage, {"zero_optimization.offload_optimizer.device=cpu"});
+    if (!ctx->isMain()) continue;
+    INFO("stage " << stage);
+    REQUIRE(device.losses.size() == 20);
+    CHECK(host.losses == device.losses);
+    CHECK(host.valLosses == device.valLosses);
+  }
+}

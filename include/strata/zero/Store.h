@@ -1,0 +1,61 @@
+// The model-state store: every piece of model state has one home tier (the compute device, host memory or
+// the SSD), and the bytes across the tiers add up to the model state, each piece counted once.
+//
+// NOTE [Store placement]
+// The pieces are a rank's 16-bit (or fp32) parameter chunks (or their shards at ZeRO-3) and, per chunk, the
+// optimizer state of the rank's range: fp32 master (16-bit chunks only), AdamW's m and v. Parameters are the
+// hottest state (every forward and backward reads them) and stay on the device. The optimizer state of a
+// chunk is read once per step; it goes to the device while the device budget lasts, in chunk order, then to
+// host memory, which the CPU updates in place (optim/AdamW.h). A placement that needs more host memory than
+// the host budget is refused before any work, with the figures. The SSD tier (store.nvme_budget_gb) and the
+// memory tracer that sizes the device budget from a warm-up step come next; until then `auto` means "all of
+// it": the device keeps everything unless zero_optimization.offload_optimizer.device is cpu or
+// store.gpu_budget_gb is a number.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace strata::zero {
+
+enum class Tier { Device, Host, Nvme };
+const char* tierName(Tier tier);
+constexpr int kNumTiers = 3;
+
+constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
+
+// Byte budgets of model state per tier; kUnlimited: no limit.
+struct StoreBudgets {
+  uint64_t device = kUnlimited;
+  uint64_t host = kUnlimited;
+  uint64_t nvme = 0;
+};
+
+// Parses a budget in GiB ("auto", or a number >= 0); `autoValue` stands for "auto". `key` names the setting
+// in errors.
+uint64_t parseBudgetGb(const std::string& text, uint64_t autoValue, const std::string& key);
+// Host memory this process may still use: MemAvailable from /proc/meminfo (kUnlimited when unreadable).
+uint64_t availableHostBytes();
+
+// Where a rank's model state lives.
+struct StorePlacement {
+  uint64_t parameterBytes = 0;            // on the device
+  std::vector<uint64_t> optimizerBytes;   // per chunk
+  std::vector<Tier> optimizerTier;        // per chunk
+  uint64_t bytes[kNumTiers] = {0, 0, 0};  // per tier, parameters included
+
+  uint64_t total() const { return bytes[0] + bytes[1] + bytes[2]; }
+  size_t chunksOn(Tier tier) const;
+  // A table: one row per tier (bytes, chunks' optimizer state), for the log and `strata info`.
+  std::string table() const;
+};
+
+// Places the optimizer state of each chunk (bytes per chunk, in chunk order) beside `parameterBytes` of
+// device-resident parameters, within `budgets` (NOTE [Store placement]). Throws a user error naming the
+// figures when the state does not fit.
+StorePlacement placeModelState(uint64_t parameterBytes, const std::vector<uint64_t>& optimizerBytes,
+                               const StoreBudgets& budgets);
+
+}  // namespace strata::zero

@@ -1,0 +1,113 @@
+#include "strata/zero/Store.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "strata/core/Error.h"
+
+namespace strata::zero {
+
+namespace {
+
+std::string gib(uint64_t bytes) {
+  if (bytes == kUnlimited) return "unlimited";
+  if (bytes > 0 && bytes < (1ull << 30)) return fmt::format("{:.1f} MiB", double(bytes) / double(1ull << 20));
+  return fmt::format("{:.2f} GiB", double(bytes) / double(1ull << 30));
+}
+
+}  // namespace
+
+const char* tierName(Tier tier) {
+  switch (tier) {
+    case Tier::Device:
+      return "device";
+    case Tier::Host:
+      return "host";
+    case Tier::Nvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+uint64_t parseBudgetGb(const std::string& text, uint64_t autoValue, const std::string& key) {
+  if (text.empty() || text == "auto") return autoValue;
+  double gb = 0;
+  size_t used = 0;
+  try {
+    gb = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  STRATA_USER_CHECK(used == text.size() && gb >= 0, "{} is '{}': give a number of GiB (>= 0) or auto", key,
+                    text);
+  return uint64_t(gb * double(1ull << 30));
+}
+
+uint64_t availableHostBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return kUnlimited;
+}
+
+size_t StorePlacement::chunksOn(Tier tier) const {
+  size_t n = 0;
+  for (Tier t : optimizerTier) n += t == tier;
+  return n;
+}
+
+std::string StorePlacement::table() const {
+  std::ostringstream out;
+  out << detail::format("model state {} on {} chunks:", gib(total()), optimizerTier.size());
+  for (int t = 0; t < kNumTiers; ++t) {
+    Tier tier = Tier(t);
+    out << fmt::format("\n  {:<6} {:>12}", tierName(tier), gib(bytes[t]));
+    std::string what;
+    if (tier == Tier::Device) what = detail::format("parameters ({})", gib(parameterBytes));
+    size_t n = chunksOn(tier);
+    if (n > 0)
+      what +=
+          detail::format("{}optimizer state of {} chunk{}", what.empty() ? "" : ", ", n, n == 1 ? "" : "s");
+    if (!what.empty()) out << "  " << what;
+  }
+  return out.str();
+}
+
+StorePlacement placeModelState(uint64_t parameterBytes, const std::vector<uint64_t>& optimizerBytes,
+                               const StoreBudgets& budgets) {
+  StorePlacement p;
+  p.parameterBytes = parameterBytes;
+  p.optimizerBytes = optimizerBytes;
+  STRATA_USER_CHECK(budgets.device == kUnlimited || parameterBytes <= budgets.device,
+                    "the parameters alone need {} on the device, over store.gpu_budget_gb ({}); the SSD and "
+                    "host tiers hold optimizer state only, for now",
+                    gib(parameterBytes), gib(budgets.device));
+  p.bytes[int(Tier::Device)] = parameterBytes;
+  uint64_t deviceLeft = budgets.device == kUnlimited ? kUnlimited : budgets.device - parameterBytes;
+  for (uint64_t b : optimizerBytes) {
+    Tier tier = Tier::Host;
+    if (deviceLeft == kUnlimited || b <= deviceLeft) {
+      tier = Tier::Device;
+      if (deviceLeft != kUnlimited) deviceLeft -= b;
+    } else {
+      deviceLeft = 0;  // in chunk order: once one chunk goes to the host, the rest follow
+    }
+    p.optimizerTier.push_back(tier);
+    p.bytes[int(tier)] += b;
+  }
+  uint64_t host = p.bytes[int(Tier::Host)];
+  STRATA_USER_CHECK(
+      budgets.host == kUnlimited || host <= budgets.host,
+      "the optimizer state needs {} of host memory beside {} on the device, over the host budget "
+      "of {} (store.host_budget_gb; auto is the memory available now); raise store.gpu_budget_gb "
+      "or use more ranks (the SSD tier is not in yet)",
+      gib(host), gib(p.bytes[int(Tier::Device)]), gib(budgets.host));
+  return p;
+}
+
+}  // namespace strata::zero

@@ -1,0 +1,47 @@
+#include "strata/zero/Store.h"
+
+#include "TestUtil.h"
+
+using namespace strata;
+using zero::Tier;
+
+namespace {
+constexpr uint64_t kGiB = 1ull << 30;
+}
+
+TEST_CASE("the store places optimizer state on the device while its budget lasts, then on the host",
+          "[zero][store]") {
+  std::vector<uint64_t> chunks = {3 * kGiB, 3 * kGiB, 3 * kGiB, 3 * kGiB};
+  // Unlimited: everything on the device.
+  zero::StorePlacement all = zero::placeModelState(2 * kGiB, chunks, {});
+  REQUIRE(all.chunksOn(Tier::Device) == 4);
+  REQUIRE(all.bytes[int(Tier::Device)] == 14 * kGiB);
+  REQUIRE(all.total() == 14 * kGiB);
+  // 9 GiB on the device: the parameters (2) and two chunks' state (6); the rest on the host, in chunk order.
+  zero::StorePlacement split = zero::placeModelState(2 * kGiB, chunks, {9 * kGiB, zero::kUnlimited, 0});
+  REQUIRE(split.optimizerTier == std::vector<Tier>{Tier::Device, Tier::Device, Tier::Host, Tier::Host});
+  REQUIRE(split.bytes[int(Tier::Device)] == 8 * kGiB);
+  REQUIRE(split.bytes[int(Tier::Host)] == 6 * kGiB);
+  REQUIRE(split.total() == 14 * kGiB);  // one copy of each piece
+  REQUIRE(split.table().find("host") != std::string::npos);
+  // Offload: the device budget is the parameters alone.
+  zero::StorePlacement off = zero::placeModelState(2 * kGiB, chunks, {2 * kGiB, 20 * kGiB, 0});
+  REQUIRE(off.chunksOn(Tier::Host) == 4);
+  // Over the host budget: refused with the figures.
+  std::string e = test::errorOf([&] { zero::placeModelState(2 * kGiB, chunks, {2 * kGiB, 10 * kGiB, 0}); });
+  REQUIRE(e.find("12.00 GiB of host memory") != std::string::npos);
+  REQUIRE(e.find("10.00 GiB") != std::string::npos);
+  e = test::errorOf([&] { zero::placeModelState(2 * kGiB, chunks, {kGiB, zero::kUnlimited, 0}); });
+  REQUIRE(e.find("parameters alone") != std::string::npos);
+}
+
+TEST_CASE("store budgets parse as GiB or auto", "[zero][store]") {
+  REQUIRE(zero::parseBudgetGb("auto", 7, "store.gpu_budget_gb") == 7);
+  REQUIRE(zero::parseBudgetGb("1.5", 7, "store.gpu_budget_gb") == 3 * kGiB / 2);
+  REQUIRE(zero::parseBudgetGb("0", 7, "store.gpu_budget_gb") == 0);
+  REQUIRE(test::errorOf([] {
+            zero::parseBudgetGb("lots", 7, "store.host_budget_gb");
+          }).find("store.host_budget_gb is 'lots'") != std::string::npos);
+  REQUIRE(test::errorOf([] { zero::parseBudgetGb("-1", 7, "store.host_budget_gb"); }).size() > 0);
+  REQUIRE(zero::availableHostBytes() > 0);
+}
