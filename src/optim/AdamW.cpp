@@ -165,10 +165,19 @@ void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<
   const zero::ShardRange& r = ranges_[c];
   const Tensor& g = gradients[c];
   Tensor range = g.numel() == r.size() ? g : g.narrow(0, r.begin, r.size());
-  Tensor hostGrads = ops::to(range, Device::cpu(), DType::F32);
   const Tensor& params = paramFlats_[c];
+  if (!staging_) {
+    // One range's gradients and parameters at a time: the largest host chunk's, plus alignment slack.
+    size_t need = 0;
+    for (size_t k = 0; k < onHost_.size(); ++k)
+      if (onHost_[k]) need = std::max(need, size_t(ranges_[k].size()) * (4 + dtypeSize(params.dtype())));
+    staging_ = std::make_unique<PinnedHostPool>(need + (4u << 20));
+  }
+  Tensor hostGrads = staged({r.size()}, DType::F32);
+  ops::copy(hostGrads, range);
   // Zeros between the parameters, as the chunk holds.
-  Tensor hostParams = ops::zeros({r.size()}, params.dtype(), Device::cpu());
+  Tensor hostParams = staged({r.size()}, params.dtype());
+  ops::fill(hostParams, 0.0);
   std::vector<ops::AdamWTensors> sets;
   for (size_t i : slotsOf_[c]) {
     const Slot& s = slots_[i];
@@ -180,6 +189,11 @@ void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<
   }
   if (!sets.empty()) ops::adamw(sets, h, hostScale);
   ops::copy(params, hostParams);
+}
+
+Tensor AdamW::staged(const Shape& shape, DType dtype) {
+  auto storage = std::make_shared<StorageImpl>(size_t(numelOf(shape)) * dtypeSize(dtype), *staging_);
+  return Tensor::fromStorage(std::move(storage), shape, contiguousStrides(shape), 0, dtype);
 }
 
 ops::AdamWHyper AdamW::hyper(double lr) const {

@@ -9,10 +9,12 @@
 // Either way a parameter whose gradient is undefined at step() (no gradient in this step) is left alone.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "strata/core/Allocator.h"
 #include "strata/core/Tensor.h"
 #include "strata/ops/Ops.h"
 #include "strata/zero/ChunkManager.h"
@@ -97,6 +99,10 @@ class AdamW {
   std::vector<bool> onHost_;        // per chunk
   std::vector<Tensor> paramFlats_;  // per chunk: the range's parameter values (device), for host chunks
   std::vector<std::vector<size_t>> slotsOf_;  // per chunk: its slots
+  // Page-locked staging for the host chunks' transfers (gradients out, parameters back), bounded: one chunk
+  // range's worth, made on first use.
+  std::unique_ptr<PinnedHostPool> staging_;
+  Tensor staged(const Shape& shape, DType dtype);
   int64_t step_ = 0;
 };
 
