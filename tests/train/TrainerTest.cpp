@@ -423,10 +423,14 @@ TEST_CASE("the step engine applies finite steps and leaves non-finite ones untou
   fs::remove_all(out);
   train::Config config = tinyConfig(out, {"model.dropout=0"});
   auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
-  train::ZeroStepEngine engine(*model, config, Device::cpu(), DType::F32);
+  train::CausalLmObjective objective(model, nullptr);
+  train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
   auto data = train::TokenDataset::random(256, 4096, 3, 0.0);
   int64_t index = 0;
-  auto next = [&] { return data.batch(train::Split::Train, index++, 4, 32, 1, Device::cpu()); };
+  auto next = [&] {
+    auto [ids, targets] = data.batch(train::Split::Train, index, 4, 32, 1, Device::cpu());
+    return train::TokenBatch{ids, targets, index++};
+  };
   train::StepOutcome ok = engine.step(next, 2, 1e-3);
   REQUIRE(ok.applied);
   REQUIRE(ok.finite);
