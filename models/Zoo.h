@@ -38,6 +38,8 @@ struct ModelSpec {
 // What an architecture is trained on.
 enum class Objective { CausalLM, MaskedLM, SpanCorruption };
 Objective objective(const std::string& arch);
+// "next token", "masked LM", "span corruption".
+std::string objectiveName(Objective objective);
 
 // Any architecture: Gpt (an nn::CausalLM), Bert or T5.
 std::shared_ptr<nn::Module> buildModule(const ModelSpec& spec);
@@ -55,6 +57,10 @@ std::vector<std::string> architectures();
 // without building it.
 int64_t numParameters(const ModelSpec& spec);
 double flopsPerToken(const ModelSpec& spec);
+// One line of the spec's shape in the architecture's own terms ("4 layers, hidden 256, ...").
+std::string describeShape(const ModelSpec& spec);
+// How flopsPerToken counts, in a few words ("6N + 12 L d s"), and what a token is for it.
+std::string flopsFormula(const ModelSpec& spec);
 // Every parameter of the model a spec builds, by name and shape, in first-use order (the order a forward
 // touches them; a tied tensor once), without building it: `strata info` plans chunks of models that would not
 // fit here. A test checks it against the built model.

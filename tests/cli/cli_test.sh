@@ -76,6 +76,11 @@ run "resume into another model is refused" 1 "model.num_layers: 1 in the checkpo
   train "$cfg" "${tiny[@]}" --set model.num_layers=2 --set "checkpoint.load=$work/run/ckpt" \
   --set "train.out_dir=$work/run2"
 
+# The zoo: each architecture counted by its own formula.
+run "info bert-mini counts BERT's parameters" 0 "^parameters +3325956 " info configs/zoo/bert-mini.yaml
+run "info t5-mini counts T5's parameters" 0 "^parameters +7280384 " info configs/zoo/t5-mini.yaml
+run "info zoo lists the architectures and sizes" 0 "^configs/zoo/t5-base.yaml +t5 +span corruption +222.9M" info zoo
+
 # Tokenizing a corpus: the byte tokenizer's ids are the bytes.
 run "tokenize" 0 "wrote [0-9]+ byte tokens" tokenize "$work/corpus.txt" "$work/corpus.bin" --tokenizer byte --threads 2
 [ "$(od -An -v -tu1 "$work/corpus.txt" | tr -s ' \n' ' ')" = "$(od -An -v -tu2 "$work/corpus.bin" | tr -s ' \n' ' ')" ] ||

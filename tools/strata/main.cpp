@@ -96,17 +96,14 @@ std::string humanBytes(double b) {
 
 int runInfo(const std::string& configPath, const std::vector<std::string>& overrides) {
   train::Config c = train::loadConfig(configPath, overrides, /*requireData=*/false);
-  // Counted from the architecture's formula, so `info` answers instantly even for models that would not fit
-  // here.
-  models::GptConfig g = models::gptConfig(train::modelSpecFrom(c, Device::cpu()));
-  int64_t L = g.numLayers, C = g.hiddenSize, F = g.ffn();
-  int64_t params = g.numParameters();
-  double flops = g.flopsPerToken();
-  std::printf("model          %s: %ld layers, hidden %ld, %ld heads, ffn %ld, seq %ld, vocab %ld\n",
-              c.model.arch.c_str(), long(L), long(C), long(c.model.numAttentionHeads), long(F),
-              long(c.model.seqLength), long(c.model.vocabSize));
+  // Counted from the architecture's own formula, so `info` answers instantly even for models that would not
+  // fit here.
+  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
+  int64_t params = models::numParameters(spec);
+  double flops = models::flopsPerToken(spec);
+  std::printf("model          %s: %s\n", c.model.arch.c_str(), models::describeShape(spec).c_str());
   std::printf("parameters     %ld (%.3f B)\n", long(params), double(params) / 1e9);
-  std::printf("FLOPs/token    %.4g (6N + 12 L d s, training)\n", flops);
+  std::printf("FLOPs/token    %.4g (%s, training)\n", flops, models::flopsFormula(spec).c_str());
   std::printf("tokens/iter    %ld\n", long(c.train.globalBatchSize * c.model.seqLength));
   // Bytes per parameter of each kind of state, as training lays it out (zero/ChunkManager.h): parameters
   // in chunks of the compute dtype, fp32 gradient buffers per chunk, and AdamW's fp32 master, m and v per
@@ -148,6 +145,66 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
                 100.0 * double(bestLayout.payloadElems()) / double(bestLayout.capacityElems()),
                 bestLayout.chunks.size());
   }
+  return 0;
+}
+
+// The configs folder: ./configs when there is one, else the source tree's this binary was built from.
+std::filesystem::path configsDirectory() {
+  namespace fs = std::filesystem;
+  if (fs::is_directory("configs/zoo")) return "configs";
+  STRATA_USER_CHECK(fs::is_directory(fs::path(STRATA_CONFIGS_DIR) / "zoo"),
+                    "info zoo: no configs/zoo here nor in {} (run it from the Strata checkout)",
+                    STRATA_CONFIGS_DIR);
+  return STRATA_CONFIGS_DIR;
+}
+
+std::string humanCount(double n) {
+  const char* units[] = {"", "K", "M", "B", "T"};
+  int u = 0;
+  while (n >= 1000 && u < 4) {
+    n /= 1000;
+    ++u;
+  }
+  return fmt::format("{:.1f}{}", n, units[u]);
+}
+
+// Every architecture and size the configs folder holds (its own configs and configs/zoo), with parameters and
+// training FLOPs per token from each architecture's own formula.
+int runInfoZoo() {
+  namespace fs = std::filesystem;
+  fs::path dir = configsDirectory();
+  struct Row {
+    std::string config, arch, objective, shape;
+    int64_t params;
+    double flops;
+  };
+  std::vector<Row> rows;
+  for (const fs::path& folder : {dir, dir / "zoo"}) {
+    for (const auto& entry : fs::directory_iterator(folder)) {
+      if (entry.path().extension() != ".yaml") continue;
+      train::Config c = train::loadConfig(entry.path().string(), {}, /*requireData=*/false);
+      models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
+      rows.push_back(
+          {fs::relative(entry.path(), dir.parent_path().empty() ? "." : dir.parent_path()).string(),
+           c.model.arch, models::objectiveName(models::objective(c.model.arch)), models::describeShape(spec),
+           models::numParameters(spec), models::flopsPerToken(spec)});
+    }
+  }
+  auto archRank = [](const std::string& arch) {
+    auto all = models::architectures();
+    return std::find(all.begin(), all.end(), arch) - all.begin();
+  };
+  std::sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
+    return archRank(a.arch) != archRank(b.arch) ? archRank(a.arch) < archRank(b.arch) : a.params < b.params;
+  });
+  std::printf("%-27s %-5s %-16s %10s %12s  %s\n", "config", "arch", "objective", "parameters", "FLOPs/token",
+              "shape");
+  for (const Row& r : rows)
+    std::printf("%-27s %-5s %-16s %10s %12.4g  %s\n", r.config.c_str(), r.arch.c_str(), r.objective.c_str(),
+                humanCount(double(r.params)).c_str(), r.flops, r.shape.c_str());
+  std::printf(
+      "(parameters and training FLOPs per token from each architecture's formula: strata info CONFIG "
+      "says which)\n");
   return 0;
 }
 
@@ -321,8 +378,11 @@ int main(int argc, char** argv) {
   bench->add_option("--iters", benchIters, "measured iterations (after as many warm-up iterations)");
   bench->add_flag("--profile", benchProfile, "also print the step profile (STRATA_PROFILE)");
 
-  auto* info = app.add_subcommand("info", "parameters, FLOPs per token and bytes per component of a config");
-  info->add_option("config", config, "YAML config file")->required();
+  auto* info = app.add_subcommand(
+      "info",
+      "parameters, FLOPs per token and bytes per component of a config (`info zoo`: of every config)");
+  info->add_option("config", config, "YAML config file, or `zoo` for every architecture and size")
+      ->required();
   info->add_option("--set", overrides, "override a config key");
 
   std::string checkpoint, prompt = "\n", device = "auto";
@@ -374,7 +434,8 @@ int main(int argc, char** argv) {
   }
   try {
     if (*train) return runTrain(config, overrides);
-    if (*info) return runInfo(config, overrides);
+    if (*info)
+      return config == "zoo" && !std::filesystem::exists(config) ? runInfoZoo() : runInfo(config, overrides);
     if (*bench) return runBench(config, overrides, benchIters, benchProfile);
     if (*generate) return runGenerate(checkpoint, prompt, tokens, temperature, topK, seed, device);
     if (*convert) return runConvert(checkpoint, output, hf);
