@@ -54,6 +54,12 @@ Tensor SpanCorruptionObjective::loss(const TokenBatch& batch, DType compute) {
   return model_->loss(corrupted.inputIds, Tensor(), Tensor(), corrupted.labels, compute);
 }
 
+int64_t SpanCorruptionObjective::firstSentinelId() const {
+  // Every id above the tokenizer's is a sentinel (not only those a training window uses): a model decodes the
+  // same whatever model.decoder_seq_length says.
+  return kFirstDataId + (tokenizer_ ? tokenizer_->vocabSize() : dataVocab_);
+}
+
 std::string SpanCorruptionObjective::decodeIds(const std::vector<int64_t>& ids) const {
   // Runs of data tokens decode together (a byte tokenizer's UTF-8 spans several ids).
   std::string out;
@@ -62,14 +68,14 @@ std::string SpanCorruptionObjective::decodeIds(const std::vector<int64_t>& ids) 
     if (!run.empty() && tokenizer_) out += tokenizer_->decode(run);
     run.clear();
   };
-  int64_t V = model_->config().vocabSize;
+  int64_t V = model_->config().vocabSize, sentinels = firstSentinelId();
   for (int64_t id : ids) {
-    if (id >= kFirstDataId && id < kFirstDataId + dataVocab_) {
+    if (id >= kFirstDataId && id < sentinels) {
       run.push_back(int32_t(id - kFirstDataId));
       continue;
     }
     flush();
-    if (id >= kFirstDataId + dataVocab_ && id < V) out += detail::format("<extra_id_{}>", V - 1 - id);
+    if (id >= sentinels && id < V) out += detail::format("<extra_id_{}>", V - 1 - id);
     if (id == kUnkId) out += "<unk>";
   }
   flush();
@@ -98,7 +104,7 @@ std::optional<Generation> SpanCorruptionObjective::generate(const std::string& p
       if (!digits.empty() && digits.size() < 6 && std::all_of(digits.begin(), digits.end(), ::isdigit))
         n = std::stoll(digits);
     }
-    if (n < 0 || V - 1 - n < kFirstDataId + dataVocab_) {
+    if (n < 0 || V - 1 - n < firstSentinelId()) {
       // No (valid) marker from here: the rest up to the next candidate is text.
       size_t end = at == std::string::npos ? prompt.size() : at + open.size();
       encode(prompt.substr(from, end - from));

@@ -220,9 +220,10 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
   std::string dir = train::resolveCheckpoint(checkpoint);
   train::Config c = checkpointConfig(dir);
   Device device = train::resolveDevice(deviceName);
-  auto model = models::buildModel(train::modelSpecFrom(c, device));
+  std::shared_ptr<train::Objective> objective = train::makeObjective(c, device);
+  nn::Module& model = objective->model();
   auto weights = train::loadModelShards(dir);
-  for (auto& [name, p] : model->namedParameters()) {
+  for (auto& [name, p] : model.namedParameters()) {
     auto it = weights.find(name);
     STRATA_USER_CHECK(it != weights.end(), "checkpoint {} has no tensor '{}'", dir, name);
     STRATA_USER_CHECK(it->second.shape() == p.shape(),
@@ -231,11 +232,12 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
     ops::copy(p, it->second);
   }
   DType compute = device.isCpu() || c.precision.dtype == "fp32" ? DType::F32 : DType::BF16;
-  model->castParameters(compute);  // layers compute in their parameters' dtype
-  auto tokenizer = train::makeTokenizer(c);
-  std::string text =
-      train::sampleText(*model, *tokenizer, device, compute, prompt, tokens, temperature, topK, seed);
-  std::printf("%s%s\n", prompt.c_str(), text.c_str());
+  model.castParameters(compute);  // layers compute in their parameters' dtype
+  std::optional<train::Generation> g =
+      objective->generate(prompt, train::GenerateOptions{tokens, temperature, topK, seed}, compute);
+  STRATA_USER_CHECK(g.has_value(), "model.arch {} {}; --prompt '{}' gives it nothing to do", c.model.arch,
+                    objective->generateUsage(), prompt);
+  std::printf("%s\n", g->display(prompt).c_str());
   return 0;
 }
 
@@ -389,14 +391,21 @@ int main(int argc, char** argv) {
   int64_t tokens = 200, topK = 40;
   double temperature = 0.8;
   uint64_t seed = 1;
-  auto* generate = app.add_subcommand("generate", "sample text from a checkpoint");
+  auto* generate = app.add_subcommand(
+      "generate",
+      "what a checkpoint's model makes of a prompt: GPT continues it, T5 decodes from it, BERT fills "
+      "each [MASK] in it");
   generate->add_option("checkpoint", checkpoint, "checkpoint directory (or a save directory with `latest`)")
       ->required();
   generate->add_option("--prompt", prompt, "text to continue");
-  generate->add_option("--tokens", tokens, "tokens to sample")->check(CLI::PositiveNumber);
-  generate->add_option("--temperature", temperature, "sampling temperature (0: greedy)")
-      ->check(CLI::NonNegativeNumber);
-  generate->add_option("--top-k", topK, "sample among the k most likely tokens (0: all)")
+  generate->add_option("--tokens", tokens, "tokens to produce at most")->check(CLI::PositiveNumber);
+  auto* temperatureOption =
+      generate
+          ->add_option("--temperature", temperature, "sampling temperature (0: greedy; default 0.8, T5 0)")
+          ->check(CLI::NonNegativeNumber);
+  generate
+      ->add_option("--top-k", topK,
+                   "sample among the k most likely tokens (0: all); BERT lists as many (<= 10)")
       ->check(CLI::NonNegativeNumber);
   generate->add_option("--seed", seed, "sampling seed");
   generate->add_option("--device", device, "auto, cpu or cuda[:N]");
@@ -437,7 +446,9 @@ int main(int argc, char** argv) {
     if (*info)
       return config == "zoo" && !std::filesystem::exists(config) ? runInfoZoo() : runInfo(config, overrides);
     if (*bench) return runBench(config, overrides, benchIters, benchProfile);
-    if (*generate) return runGenerate(checkpoint, prompt, tokens, temperature, topK, seed, device);
+    if (*generate)
+      return runGenerate(checkpoint, prompt, tokens, temperatureOption->count() > 0 ? temperature : -1.0,
+                         topK, seed, device);
     if (*convert) return runConvert(checkpoint, output, hf);
     if (*tokenize)
       return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile,

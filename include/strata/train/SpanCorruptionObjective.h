@@ -43,6 +43,7 @@ class SpanCorruptionObjective final : public Objective {
 
  private:
   std::string decodeIds(const std::vector<int64_t>& ids) const;
+  int64_t firstSentinelId() const;
 
   std::shared_ptr<models::T5> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
