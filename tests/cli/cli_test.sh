@@ -96,6 +96,21 @@ run "bert without a [MASK] says what it does" 1 "^error: model.arch bert fills e
 run "t5 decodes from the prompt" 0 "." generate "$work/t5/ckpt" --prompt "the quick <extra_id_0> fox" --tokens 4 \
   --device cpu
 
+# HF export and import, every architecture: the imported checkpoint generates exactly what the original did.
+declare -A prompts=([gpt]="the " [bert]="the quick [MASK]rown" [t5]="the quick <extra_id_0> fox")
+declare -A classes=([gpt]=GPT2LMHeadModel [bert]=BertForMaskedLM [t5]=T5ForConditionalGeneration)
+for arch in gpt bert t5; do
+  from=$work/$arch/ckpt
+  [ "$arch" = gpt ] && from=$work/run/ckpt
+  run "convert --hf $arch" 0 "config.json \(HF ${classes[$arch]}" convert "$from" "$work/$arch-hf" --hf
+  run "convert --from-hf $arch" 0 "^wrote .*/step-0: " convert --from-hf "$work/$arch-hf" "$work/$arch-back"
+  before=$("$strata" generate "$from" --prompt "${prompts[$arch]}" --tokens 4 --device cpu 2>&1)
+  after=$("$strata" generate "$work/$arch-back" --prompt "${prompts[$arch]}" --tokens 4 --device cpu 2>&1)
+  [ -n "$before" ] && [ "$before" = "$after" ] || fail "$arch: imported from HF it generates '$after', not '$before'"
+done
+run "convert --from-hf names a missing config.json" 1 "^error: convert --from-hf: no .*/nothing/config.json" \
+  convert --from-hf "$work/nothing" "$work/nothing-back"
+
 # Tokenizing a corpus: the byte tokenizer's ids are the bytes.
 run "tokenize" 0 "wrote [0-9]+ byte tokens" tokenize "$work/corpus.txt" "$work/corpus.bin" --tokenizer byte --threads 2
 [ "$(od -An -v -tu1 "$work/corpus.txt" | tr -s ' \n' ' ')" = "$(od -An -v -tu2 "$work/corpus.bin" | tr -s ' \n' ' ')" ] ||

@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "models/Zoo.h"
-#include "models/gpt/Gpt.h"
-#include "models/gpt/GptHf.h"
+#include "models/ZooHf.h"
 #include "strata/strata.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
@@ -241,8 +241,9 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
   return 0;
 }
 
-// With --hf, OUTPUT is a directory that GPT2LMHeadModel.from_pretrained loads: model.safetensors and
-// config.json. A path ending in .safetensors is written as named, with config.json beside it.
+// With --hf, OUTPUT is a directory that HF's from_pretrained loads (GPT2LMHeadModel, BertForMaskedLM or
+// BertForPreTraining, T5ForConditionalGeneration): model.safetensors and config.json. A path ending in
+// .safetensors is written as named, with config.json beside it.
 int runConvert(const std::string& checkpoint, const std::string& output, bool hf) {
   namespace fs = std::filesystem;
   std::string dir = train::resolveCheckpoint(checkpoint);
@@ -251,31 +252,97 @@ int runConvert(const std::string& checkpoint, const std::string& output, bool hf
   STRATA_USER_CHECK(hf || toFile,
                     "convert: OUTPUT must end in .safetensors (or pass --hf to write an HF directory)");
   fs::path file = toFile ? fs::path(output) : fs::path(output) / "model.safetensors";
+  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
   std::string configJson;
+  models::HfLayout layout;
   if (hf) {
-    STRATA_USER_CHECK(c.model.arch == "gpt", "--hf export knows the gpt architecture, not '{}'",
-                      c.model.arch);
-    models::GptConfig g = models::gptConfig(train::modelSpecFrom(c, Device::cpu()));
-    configJson = models::gptHfConfigJson(g, c.data.tokenizer == "gpt2" ? 50256 : -1);
+    configJson = models::hfConfigJson(spec, c.data.tokenizer == "gpt2" ? 50256 : -1);
+    layout = models::hfLayout(spec);
   }
   if (!file.parent_path().empty()) fs::create_directories(file.parent_path());
-  std::function<std::string(const std::string&)> rename;
-  if (hf) rename = models::gptNameToHf;
-  train::MergeStats stats =
-      train::mergeModelShards(dir, file.string(), rename, {{"format", "pt"}, {"source", dir}});
-  std::printf("wrote %zu tensors (%s) from %s to %s, streaming (at most %s in memory)\n", stats.tensors,
-              humanBytes(double(stats.bytes)).c_str(), dir.c_str(), file.c_str(),
-              humanBytes(double(stats.peakBufferBytes)).c_str());
+  std::map<std::string, std::string> metadata{{"format", "pt"}, {"source", dir}};
+  if (!hf || models::isRenameOnly(layout)) {
+    // Tensor by tensor, renamed: the model is never whole in memory.
+    std::map<std::string, std::string> names;
+    for (const models::HfTensor& t : layout) names[t.param] = t.hfName;
+    std::function<std::string(const std::string&)> rename;
+    if (hf)
+      rename = [&](const std::string& name) {
+        auto it = names.find(name);
+        STRATA_USER_CHECK(it != names.end(), "{}: tensor '{}' has no {} counterpart", dir, name,
+                          models::hfModelClass(spec));
+        return it->second;
+      };
+    train::MergeStats stats = train::mergeModelShards(dir, file.string(), rename, metadata);
+    std::printf("wrote %zu tensors (%s) from %s to %s, streaming (at most %s in memory)\n", stats.tensors,
+                humanBytes(double(stats.bytes)).c_str(), dir.c_str(), file.c_str(),
+                humanBytes(double(stats.peakBufferBytes)).c_str());
+  } else {
+    // HF splits or transposes some parameters: build the model, then cut its tensors HF's way.
+    std::shared_ptr<nn::Module> model = models::buildModule(spec);
+    auto weights = train::loadModelShards(dir);
+    for (auto& [name, p] : model->namedParameters()) {
+      auto it = weights.find(name);
+      STRATA_USER_CHECK(it != weights.end(), "checkpoint {} has no tensor '{}'", dir, name);
+      ops::copy(p, it->second);
+    }
+    auto tensors = models::exportHf(*model, layout);
+    size_t bytes = 0;
+    for (const auto& [name, t] : tensors) bytes += t.nbytes();
+    train::writeSafetensors(file.string(), tensors, metadata);
+    std::printf("wrote %zu tensors (%s) from %s to %s\n", tensors.size(), humanBytes(double(bytes)).c_str(),
+                dir.c_str(), file.c_str());
+  }
   if (hf) {
     fs::path cfg = file.parent_path() / "config.json";
     std::ofstream(cfg) << configJson;
     STRATA_USER_CHECK(fs::exists(cfg), "cannot write {}", cfg.string());
-    std::printf("wrote %s (HF GPT2LMHeadModel; lm_head is tied to transformer.wte)%s\n", cfg.c_str(),
+    std::printf("wrote %s (HF %s; tied tensors are left to from_pretrained)%s\n", cfg.c_str(),
+                models::hfModelClass(spec).c_str(),
                 file.filename() == "model.safetensors"
                     ? ""
                     : "; from_pretrained looks for model.safetensors, so rename the weights or convert to a "
                       "directory");
   }
+  return 0;
+}
+
+// An HF transformers directory (config.json, model.safetensors) -> a Strata checkpoint under the save
+// directory OUTPUT (step-0 and `latest`), which `strata generate` runs and `checkpoint.load` (with
+// checkpoint.load_model_only) trains on from.
+int runConvertFromHf(const std::string& hfDir, const std::string& output) {
+  namespace fs = std::filesystem;
+  fs::path configPath = fs::path(hfDir) / "config.json", weightsPath = fs::path(hfDir) / "model.safetensors";
+  if (fs::is_regular_file(hfDir) && fs::path(hfDir).extension() == ".safetensors") {
+    weightsPath = hfDir;
+    configPath = fs::path(hfDir).parent_path() / "config.json";
+  }
+  STRATA_USER_CHECK(fs::is_regular_file(configPath), "convert --from-hf: no {}", configPath.string());
+  STRATA_USER_CHECK(fs::is_regular_file(weightsPath),
+                    "convert --from-hf: no {} (sharded or .bin checkpoints: save them with "
+                    "save_pretrained(safe_serialization=True, max_shard_size=\"100GB\") first)",
+                    weightsPath.string());
+  std::ifstream in(configPath);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::map<std::string, std::string> values = models::modelConfigFromHf(text.str());
+  std::vector<std::string> overrides;
+  for (const auto& [key, value] : values) overrides.push_back(key + "=" + value);
+  train::Config c = train::parseConfig("", configPath.string(), overrides, /*requireData=*/false);
+  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
+  std::shared_ptr<nn::Module> model = models::buildModule(spec);
+  std::vector<std::string> unused;
+  models::importHf(*model, models::hfLayout(spec), train::readSafetensors(weightsPath.string()), &unused);
+  train::CheckpointState state;
+  state.config = values;
+  state.model = train::effectiveValues(c, "model.");
+  train::NamedTensors tensors = model->namedParameters();
+  std::string dir = train::saveCheckpoint(output, tensors, {}, state);
+  std::string ignored;
+  for (const auto& name : unused) ignored += (ignored.empty() ? "" : ", ") + name;
+  std::printf("wrote %s: %s (%ld parameters) from %s%s\n", dir.c_str(), models::describeShape(spec).c_str(),
+              long(model->numParameters()), weightsPath.c_str(),
+              unused.empty() ? "" : (" (not kept: " + ignored + ")").c_str());
   return 0;
 }
 
@@ -412,15 +479,22 @@ int main(int argc, char** argv) {
 
   std::string output;
   bool hf = false;
-  auto* convert =
-      app.add_subcommand("convert", "merge a checkpoint's model shards into one safetensors file");
-  convert->add_option("checkpoint", checkpoint, "checkpoint directory (or a save directory with `latest`)")
-      ->required();
-  convert
-      ->add_option("output", output,
-                   "the .safetensors file to write; with --hf, a directory for from_pretrained")
-      ->required();
-  convert->add_flag("--hf", hf, "HF transformers names (GPT2LMHeadModel) plus config.json");
+  auto* convert = app.add_subcommand(
+      "convert",
+      "merge a checkpoint's model shards into one safetensors file (--hf: an HF directory); "
+      "--from-hf HF_DIR OUTPUT: an HF model into a checkpoint");
+  std::string fromHf;
+  convert->add_option("checkpoint", checkpoint, "checkpoint directory (or a save directory with `latest`)");
+  convert->add_option("output", output,
+                      "the .safetensors file to write; with --hf, a directory for from_pretrained");
+  convert->add_flag(
+      "--hf", hf,
+      "HF transformers names (GPT2LMHeadModel, BertForMaskedLM, T5ForConditionalGeneration) plus "
+      "config.json");
+  convert->add_option(
+      "--from-hf", fromHf,
+      "import: an HF directory (config.json and model.safetensors) into a checkpoint under the "
+      "save directory OUTPUT");
 
   std::string tokenizeInput, tokenizeOutput, tokenizerKind = "gpt2", vocabFile, mergesFile;
   int tokenizeThreads = 0;
@@ -449,7 +523,16 @@ int main(int argc, char** argv) {
     if (*generate)
       return runGenerate(checkpoint, prompt, tokens, temperatureOption->count() > 0 ? temperature : -1.0,
                          topK, seed, device);
-    if (*convert) return runConvert(checkpoint, output, hf);
+    if (*convert) {
+      if (!fromHf.empty()) {
+        // `convert --from-hf HF_DIR OUTPUT`: the one positional given is the output.
+        STRATA_USER_CHECK(!hf, "convert: --hf exports and --from-hf imports; give one of them");
+        STRATA_USER_CHECK(output.empty(), "convert --from-hf HF_DIR OUTPUT takes one positional argument");
+        return runConvertFromHf(fromHf, checkpoint);
+      }
+      STRATA_USER_CHECK(!checkpoint.empty() && !output.empty(), "convert: give CHECKPOINT and OUTPUT");
+      return runConvert(checkpoint, output, hf);
+    }
     if (*tokenize)
       return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile,
                          tokenizeThreads);
