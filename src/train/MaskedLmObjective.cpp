@@ -72,6 +72,12 @@ int64_t MaskedLmObjective::windowLength() const {
 }
 
 Tensor MaskedLmObjective::loss(const TokenBatch& batch, DType compute) {
+  MlmInputs in = inputs(batch);
+  if (!model_->config().nspHead) return model_->mlmLoss(in.ids, Tensor(), Tensor(), in.labels, compute);
+  return model_->pretrainingLoss(in.ids, in.tokenTypes, Tensor(), in.labels, in.nspLabels, compute);
+}
+
+MlmInputs MaskedLmObjective::inputs(const TokenBatch& batch) const {
   const Tensor& windows = batch.ids;
   STRATA_CHECK(windows.dim() == 2, "bert: a batch of windows must be [batch, tokens], got {}",
                toString(windows.shape()));
@@ -108,10 +114,12 @@ Tensor MaskedLmObjective::loss(const TokenBatch& batch, DType compute) {
   Device device = windows.device();
   Tensor sequences = Tensor::fromVector<int64_t>(ids, {B, S}, device);
   MlmBatch masked = mlmMask(sequences, masking_, key, uint64_t(batch.index) * uint64_t(B * S));
-  if (!nsp) return model_->mlmLoss(masked.inputIds, Tensor(), Tensor(), masked.labels, compute);
-  return model_->pretrainingLoss(masked.inputIds, Tensor::fromVector<int64_t>(types, {B, S}, device),
-                                 Tensor(), masked.labels, Tensor::fromVector<int64_t>(nspLabels, {B}, device),
-                                 compute);
+  MlmInputs out{masked.inputIds, masked.labels, Tensor(), Tensor()};
+  if (nsp) {
+    out.tokenTypes = Tensor::fromVector<int64_t>(types, {B, S}, device);
+    out.nspLabels = Tensor::fromVector<int64_t>(nspLabels, {B}, device);
+  }
+  return out;
 }
 
 std::string MaskedLmObjective::tokenText(int64_t id) const {

@@ -41,6 +41,11 @@ SpanCorruptionObjective::SpanCorruptionObjective(std::shared_ptr<models::T5> mod
 }
 
 Tensor SpanCorruptionObjective::loss(const TokenBatch& batch, DType compute) {
+  SpanCorruptionBatch in = inputs(batch);
+  return model_->loss(in.inputIds, Tensor(), Tensor(), in.labels, compute);
+}
+
+SpanCorruptionBatch SpanCorruptionObjective::inputs(const TokenBatch& batch) const {
   const Tensor& windows = batch.ids;
   STRATA_CHECK(windows.dim() == 2, "t5: a batch of windows must be [batch, tokens], got {}",
                toString(windows.shape()));
@@ -48,10 +53,8 @@ Tensor SpanCorruptionObjective::loss(const TokenBatch& batch, DType compute) {
   std::vector<int64_t> ids = windows.to(Device::cpu(), DType::I64).contiguous().toVector<int64_t>();
   for (int64_t& id : ids) id += kFirstDataId;
   // Two Philox counters per token (the noise and gap segmentations).
-  SpanCorruptionBatch corrupted =
-      spanCorrupt(Tensor::fromVector<int64_t>(ids, {B, T}, windows.device()), corruption_,
-                  corruptionSeed(seed_, batch.split), uint64_t(batch.index) * uint64_t(2 * B * T));
-  return model_->loss(corrupted.inputIds, Tensor(), Tensor(), corrupted.labels, compute);
+  return spanCorrupt(Tensor::fromVector<int64_t>(ids, {B, T}, windows.device()), corruption_,
+                     corruptionSeed(seed_, batch.split), uint64_t(batch.index) * uint64_t(2 * B * T));
 }
 
 int64_t SpanCorruptionObjective::firstSentinelId() const {

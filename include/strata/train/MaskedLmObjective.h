@@ -22,6 +22,14 @@ struct BertSpecialTokens {
   int64_t pad = -1, cls = -1, sep = -1, mask = -1;
 };
 
+// What a micro-batch becomes: the model's inputs and labels, i64 on the batch's device.
+struct MlmInputs {
+  Tensor ids;         // [B, S]: [CLS] ... [SEP] with 15% of the tokens chosen and replaced 80/10/10
+  Tensor labels;      // [B, S]: the original id where chosen, -100 elsewhere
+  Tensor tokenTypes;  // [B, S]: 0 for [CLS] A [SEP], 1 for B [SEP] (undefined without the NSP head)
+  Tensor nspLabels;   // [B]: 0 when B follows A, 1 when it is another row's (undefined without the NSP head)
+};
+
 class MaskedLmObjective final : public Objective {
  public:
   // `tokenizer` may be null when nothing is generated (the special tokens are then appended ones).
@@ -34,6 +42,8 @@ class MaskedLmObjective final : public Objective {
   int64_t tokensPerSequence() const override { return model_->contextLength(); }
   double flopsPerToken() const override { return model_->flopsPerToken(); }
   Tensor loss(const TokenBatch& batch, DType compute) override;
+  // A pure function of the batch's windows, index and split, and the seed.
+  MlmInputs inputs(const TokenBatch& batch) const;
   // Nothing without a [MASK] in the prompt; else the prompt with each [MASK] filled by its likeliest token,
   // then one line per [MASK] with its options.topK (at most 10) likeliest tokens and their probabilities.
   std::optional<Generation> generate(const std::string& prompt, const GenerateOptions& options,

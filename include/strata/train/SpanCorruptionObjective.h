@@ -33,6 +33,9 @@ class SpanCorruptionObjective final : public Objective {
   int64_t tokensPerSequence() const override { return model_->config().seqLength; }
   double flopsPerToken() const override { return model_->flopsPerToken(); }
   Tensor loss(const TokenBatch& batch, DType compute) override;
+  // The encoder inputs and decoder labels of a micro-batch: a pure function of the batch's windows, index and
+  // split, and the seed.
+  SpanCorruptionBatch inputs(const TokenBatch& batch) const;
   std::optional<Generation> generate(const std::string& prompt, const GenerateOptions& options,
                                      DType compute) override;
   std::string generateUsage() const override {
