@@ -1,9 +1,11 @@
 // The model zoo: builds a model by architecture name from one spec shared by the architectures.
 //
-// Architectures and what they are trained on:
-// - gpt: next-token prediction (nn::CausalLM: the trainer's interface);
-// - bert: masked LM, optionally with next-sentence prediction (models::Bert::mlmLoss / pretrainingLoss);
-// - t5: span corruption, encoder-decoder (models::T5::loss).
+// Architectures and what they are trained on (the trainer's train::Objective for each, NOTE [Training
+// objectives] in strata/train/Objective.h):
+// - gpt: next-token prediction (nn::CausalLM; train::CausalLmObjective);
+// - bert: masked LM, optionally with next-sentence prediction (models::Bert::mlmLoss / pretrainingLoss;
+//   train::MaskedLmObjective);
+// - t5: span corruption, encoder-decoder (models::T5::loss; train::SpanCorruptionObjective).
 #pragma once
 
 #include <memory>
@@ -43,7 +45,7 @@ std::string objectiveName(Objective objective);
 
 // Any architecture: Gpt (an nn::CausalLM), Bert or T5.
 std::shared_ptr<nn::Module> buildModule(const ModelSpec& spec);
-// The causal LMs only (what the trainer drives today); an encoder arch is refused, naming its objective.
+// The causal LMs only (an nn::CausalLM); an encoder arch is refused, naming its objective.
 std::shared_ptr<nn::CausalLM> buildModel(const ModelSpec& spec);
 struct GptConfig;
 struct BertConfig;
