@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "strata/core/Error.h"
+
 #include "models/bert/Bert.h"
 #include "models/gpt/Gpt.h"
 #include "models/t5/T5.h"
@@ -28,6 +30,18 @@ Objective objective(const std::string& arch) {
   if (arch == "bert") return Objective::MaskedLM;
   if (arch == "t5") return Objective::SpanCorruption;
   unknownArch(arch);
+}
+
+std::string objectiveName(Objective o) {
+  switch (o) {
+    case Objective::CausalLM:
+      return "next token";
+    case Objective::MaskedLM:
+      return "masked LM";
+    case Objective::SpanCorruption:
+      return "span corruption";
+  }
+  return "?";
 }
 
 GptConfig gptConfig(const ModelSpec& s) {
@@ -177,6 +191,43 @@ double flopsPerToken(const ModelSpec& s) {
       return bertConfig(s).flopsPerToken();
     case Objective::SpanCorruption:
       return t5Config(s).flopsPerToken();
+  }
+  unknownArch(s.arch);
+}
+
+std::string describeShape(const ModelSpec& s) {
+  switch (objective(s.arch)) {
+    case Objective::CausalLM: {
+      GptConfig g = gptConfig(s);
+      return detail::format("{} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {}", g.numLayers,
+                            g.hiddenSize, g.numHeads, g.ffn(), g.seqLength, g.vocabSize);
+    }
+    case Objective::MaskedLM: {
+      BertConfig b = bertConfig(s);
+      return detail::format("{} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {}{}", b.numLayers,
+                            b.hiddenSize, b.numHeads, b.ffn(), b.seqLength, b.vocabSize,
+                            b.nspHead ? ", NSP head" : "");
+    }
+    case Objective::SpanCorruption: {
+      T5Config t = t5Config(s);
+      return detail::format(
+          "{} + {} layers, hidden {}, {} heads of {}, ffn {} ({}), seq {} -> {}, vocab {}{}", t.numLayers,
+          t.decoderLayers(), t.hiddenSize, t.numHeads, t.headDim, t.ffnHiddenSize,
+          t.gatedGelu ? "gated GELU" : "ReLU", t.seqLength, t.decoderSeqLength, t.vocabSize,
+          t.tieWordEmbeddings ? "" : ", untied head");
+    }
+  }
+  unknownArch(s.arch);
+}
+
+std::string flopsFormula(const ModelSpec& s) {
+  switch (objective(s.arch)) {
+    case Objective::CausalLM:
+      return "6N + 12 L d s";
+    case Objective::MaskedLM:
+      return "6 x (layers + MLM head over the vocabulary) + 12 L d s";
+    case Objective::SpanCorruption:
+      return "6 x (encoder S_e + decoder and head S_d) + attention, per input token";
   }
   unknownArch(s.arch);
 }

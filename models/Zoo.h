@@ -1,9 +1,11 @@
 // The model zoo: builds a model by architecture name from one spec shared by the architectures.
 //
-// Architectures and what they are trained on:
-// - gpt: next-token prediction (nn::CausalLM: the trainer's interface);
-// - bert: masked LM, optionally with next-sentence prediction (models::Bert::mlmLoss / pretrainingLoss);
-// - t5: span corruption, encoder-decoder (models::T5::loss).
+// Architectures and what they are trained on (the trainer's train::Objective for each, NOTE [Training
+// objectives] in strata/train/Objective.h):
+// - gpt: next-token prediction (nn::CausalLM; train::CausalLmObjective);
+// - bert: masked LM, optionally with next-sentence prediction (models::Bert::mlmLoss / pretrainingLoss;
+//   train::MaskedLmObjective);
+// - t5: span corruption, encoder-decoder (models::T5::loss; train::SpanCorruptionObjective).
 #pragma once
 
 #include <memory>
@@ -38,10 +40,12 @@ struct ModelSpec {
 // What an architecture is trained on.
 enum class Objective { CausalLM, MaskedLM, SpanCorruption };
 Objective objective(const std::string& arch);
+// "next token", "masked LM", "span corruption".
+std::string objectiveName(Objective objective);
 
 // Any architecture: Gpt (an nn::CausalLM), Bert or T5.
 std::shared_ptr<nn::Module> buildModule(const ModelSpec& spec);
-// The causal LMs only (what the trainer drives today); an encoder arch is refused, naming its objective.
+// The causal LMs only (an nn::CausalLM); an encoder arch is refused, naming its objective.
 std::shared_ptr<nn::CausalLM> buildModel(const ModelSpec& spec);
 struct GptConfig;
 struct BertConfig;
@@ -55,6 +59,10 @@ std::vector<std::string> architectures();
 // without building it.
 int64_t numParameters(const ModelSpec& spec);
 double flopsPerToken(const ModelSpec& spec);
+// One line of the spec's shape in the architecture's own terms ("4 layers, hidden 256, ...").
+std::string describeShape(const ModelSpec& spec);
+// How flopsPerToken counts, in a few words ("6N + 12 L d s"), and what a token is for it.
+std::string flopsFormula(const ModelSpec& spec);
 // Every parameter of the model a spec builds, by name and shape, in first-use order (the order a forward
 // touches them; a tied tensor once), without building it: `strata info` plans chunks of models that would not
 // fit here. A test checks it against the built model.

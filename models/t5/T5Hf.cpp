@@ -59,6 +59,7 @@ std::string t5HfConfigJson(const T5Config& c) {
                    {"num_heads", c.numHeads},
                    {"relative_attention_num_buckets", c.relativeAttentionNumBuckets},
                    {"relative_attention_max_distance", c.relativeAttentionMaxDistance},
+                   {"n_positions", c.seqLength},
                    {"dropout_rate", c.dropout},
                    {"layer_norm_epsilon", c.layerNormEps},
                    {"initializer_factor", c.initFactor},

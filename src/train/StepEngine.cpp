@@ -36,24 +36,25 @@ void memlog(Device device, const char* phase, int64_t step) {
 }
 }  // namespace
 
-std::unique_ptr<zero::ChunkManager> layOutModelChunks(nn::CausalLM& model, Device device, DType compute,
+std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Device device, DType compute,
                                                       int64_t chunkBytes, int shards) {
-  // The first-use order from one forward of one sequence (token 0 throughout: the order of the module calls
+  // The first-use order from one loss of one sequence (token 0 throughout: the order of the module calls
   // does not depend on the data), in eval mode, without gradients, in the parameters' own dtype, with the
   // RNG state put back: the trace changes no number of the run.
+  nn::Module& model = objective.model();
   GeneratorState rng = defaultGenerator().state();
   bool training = model.isTraining();
   model.eval();
   auto params = model.parameters();
   STRATA_CHECK(!params.empty(), "the model has no parameters");
   DType source = params.front().dtype();
-  int64_t T = std::max<int64_t>(1, model.contextLength());
+  int64_t T = std::max<int64_t>(1, objective.windowLength());
   Tensor ids = ops::zeros({1, T}, DType::I64, device);
   std::vector<std::string> order;
   try {
     order = zero::recordFirstUse(model, [&] {
       NoGradGuard noGrad;
-      model.loss(ids, ids, source);
+      objective.loss(TokenBatch{ids, ids}, source);
     });
   } catch (...) {
     model.train(training);
@@ -80,9 +81,10 @@ uint64_t bytesOf(const Tensor& t) {
 }
 }  // namespace
 
-ZeroStepEngine::ZeroStepEngine(nn::CausalLM& model, const Config& c, Device device, DType compute,
+ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device device, DType compute,
                                dist::ProcessGroup* group)
-    : model_(model),
+    : objective_(objective),
+      model_(objective.model()),
       device_(device),
       compute_(compute),
       clipGrad_(c.optimizer.clipGrad),
@@ -94,7 +96,7 @@ ZeroStepEngine::ZeroStepEngine(nn::CausalLM& model, const Config& c, Device devi
     scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
         c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
   chunks_ =
-      layOutModelChunks(model_, device_, compute_, int64_t(c.zero.chunkSizeMb * double(1 << 20)), ranks);
+      layOutModelChunks(objective_, device_, compute_, int64_t(c.zero.chunkSizeMb * double(1 << 20)), ranks);
   std::vector<Tensor> masters = chunks_->takeMasters();
   if (ranks > 1) {
     // Every rank starts from rank 0's weights (they are equal when built from one seed; this makes it so).
@@ -213,9 +215,9 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   // global batch's mean gradient.
   double share = 1.0 / double(microBatches * ranks);
   for (int64_t micro = 0; micro < microBatches; ++micro) {
-    auto [x, y] = next();
+    TokenBatch batch = next();
     profiler::mark("data");
-    Tensor loss = model_.loss(x, y, compute_);
+    Tensor loss = objective_.loss(batch, compute_);
     // Backward gathers again, module by module (what was prefetched for it stays).
     if (stage_ == 3) releaseAll(/*prefetchedToo=*/false);
     memlog(device_, "forward", steps_ + 1);

@@ -64,6 +64,15 @@ models::ModelSpec modelSpecFrom(const Config& c, Device device) {
   s.layerNormEps = c.model.layerNormEps;
   s.initStd = c.model.initStd;
   s.bias = c.model.bias;
+  s.kvChannels = c.model.kvChannels;
+  s.decoderNumLayers = c.model.decoderNumLayers;
+  s.decoderSeqLength = c.model.decoderSeqLength;
+  s.numTokentypes = c.model.numTokentypes;
+  s.relativeAttentionNumBuckets = c.model.relativeAttentionNumBuckets;
+  s.relativeAttentionMaxDistance = c.model.relativeAttentionMaxDistance;
+  s.activation = c.model.activation;
+  s.untieEmbeddingsAndOutputWeights = c.model.untieEmbeddingsAndOutputWeights;
+  s.bertBinaryHead = c.model.bertBinaryHead;
   s.seed = c.train.seed;
   s.device = device;
   return s;
@@ -144,8 +153,11 @@ class InterruptGuard {
 // Keys of the model section that change a tensor's shape: a checkpoint differing in one of them can never be
 // loaded. The others (dropout, layer_norm_eps) only warn, and init_std does not matter after the first step.
 bool isShapeKey(const std::string& key) {
-  for (const char* k : {"model.arch", "model.num_layers", "model.hidden_size", "model.num_attention_heads",
-                        "model.ffn_hidden_size", "model.seq_length", "model.vocab_size", "model.bias"})
+  for (const char* k :
+       {"model.arch", "model.num_layers", "model.hidden_size", "model.num_attention_heads",
+        "model.ffn_hidden_size", "model.seq_length", "model.vocab_size", "model.bias", "model.kv_channels",
+        "model.decoder_num_layers", "model.num_tokentypes", "model.relative_attention_num_buckets",
+        "model.activation", "model.untie_embeddings_and_output_weights", "model.bert_binary_head"})
     if (key == k) return true;
   return false;
 }
@@ -184,18 +196,37 @@ void checkModelSection(const std::string& checkpoint, std::map<std::string, std:
 
 }  // namespace
 
+std::shared_ptr<Objective> makeObjective(const Config& config, Device device) {
+  std::shared_ptr<const Tokenizer> tokenizer = makeTokenizer(config);
+  return makeObjective(config.model.arch, models::buildModule(modelSpecFrom(config, device)),
+                       std::move(tokenizer), config.train.seed);
+}
+
 Trainer::Trainer(Config config, std::shared_ptr<dist::ParallelContext> parallel)
     : config_(std::move(config)), parallel_(std::move(parallel)) {
   connect();
-  model_ = models::buildModel(modelSpecFrom(config_, device_));
+  tokenizer_ = makeTokenizer(config_);
+  objective_ = makeObjective(config_.model.arch, models::buildModule(modelSpecFrom(config_, device_)),
+                             tokenizer_, config_.train.seed);
   setup();
 }
 
 Trainer::Trainer(Config config, std::shared_ptr<nn::CausalLM> model,
                  std::shared_ptr<dist::ParallelContext> parallel)
-    : config_(std::move(config)), model_(std::move(model)), parallel_(std::move(parallel)) {
+    : config_(std::move(config)), parallel_(std::move(parallel)) {
   connect();
-  STRATA_CHECK(model_ != nullptr, "Trainer: no model given");
+  STRATA_CHECK(model != nullptr, "Trainer: no model given");
+  tokenizer_ = makeTokenizer(config_);
+  objective_ = std::make_shared<CausalLmObjective>(std::move(model), tokenizer_);
+  setup();
+}
+
+Trainer::Trainer(Config config, std::shared_ptr<Objective> objective,
+                 std::shared_ptr<dist::ParallelContext> parallel)
+    : config_(std::move(config)), objective_(std::move(objective)), parallel_(std::move(parallel)) {
+  connect();
+  STRATA_CHECK(objective_ != nullptr, "Trainer: no objective given");
+  tokenizer_ = makeTokenizer(config_);
   setup();
 }
 
@@ -229,7 +260,7 @@ void Trainer::setup() {
     omp_set_num_threads(int(config_.train.threads));
   else if (std::getenv("OMP_NUM_THREADS") == nullptr)
     omp_set_num_threads(physicalCpuCores());
-  for (auto& [name, p] : model_->namedParameters())
+  for (auto& [name, p] : model().namedParameters())
     STRATA_CHECK(p.device() == device_, "parameter '{}' is on {} but train.device is {}", name,
                  toString(p.device()), toString(device_));
   compute_ = computeDTypeFor(config_, device_);
@@ -246,20 +277,30 @@ void Trainer::setup() {
     for (const auto& name : removeStaleTemporaries(saveDirectory()))
       spdlog::info("removed {} left by an interrupted save in {}", name, saveDirectory());
   }
-  tokenizer_ = makeTokenizer(config_);
   std::string cacheDir = (fs::path(config_.train.outDir) / "cache").string();
   if (config_.data.format == "random") {
     // 16M tokens: enough distinct windows for any benchmark length; drawn from the run's seed.
-    data_ = std::make_unique<TokenDataset>(TokenDataset::random(
-        model_->vocabSize(), int64_t(1) << 24, uint64_t(config_.train.seed), config_.data.valFraction));
+    data_ = std::make_unique<TokenDataset>(TokenDataset::random(objective_->dataVocabSize(), int64_t(1) << 24,
+                                                                uint64_t(config_.train.seed),
+                                                                config_.data.valFraction));
   } else {
     data_ = std::make_unique<TokenDataset>(TokenDataset::open(
         config_.data.path, config_.data.format, *tokenizer_, cacheDir, config_.data.valFraction));
   }
   int64_t maxToken = data_->maxToken();
-  STRATA_USER_CHECK(maxToken < model_->vocabSize(), "{} holds token id {} but model.vocab_size is {}",
-                    config_.data.path, maxToken, model_->vocabSize());
-  int64_t window = model_->contextLength() + 1;
+  if (objective_->dataVocabSize() == config_.model.vocabSize)
+    STRATA_USER_CHECK(maxToken < objective_->dataVocabSize(),
+                      "{} holds token id {} but model.vocab_size is {}", config_.data.path, maxToken,
+                      config_.model.vocabSize);
+  else
+    STRATA_USER_CHECK(
+        maxToken < objective_->dataVocabSize(),
+        "{} holds token id {} but model.arch {} with model.vocab_size {} takes data ids below {} "
+        "(the ids above are its special tokens)",
+        config_.data.path, maxToken, config_.model.arch, config_.model.vocabSize,
+        objective_->dataVocabSize());
+  // The data's windows: the objective's length, plus the next-token targets' one.
+  int64_t window = objective_->windowLength() + 1;
   STRATA_USER_CHECK(data_->splitSize(Split::Train) > window,
                     "the training split of {} has {} tokens, fewer than one window of {} (model.seq_length + "
                     "1); use more data or a shorter model.seq_length",
@@ -282,16 +323,21 @@ std::string Trainer::saveDirectory() const {
   return "";
 }
 
-DType Trainer::modelDType() const {
+DType Trainer::modelDType() {
   // fp32 before training lays the parameters out in the compute dtype, compute_ after.
-  auto params = model_->parameters();
+  auto params = model().parameters();
   return params.empty() ? compute_ : params.front().dtype();
+}
+
+TokenBatch Trainer::batch(Split split, int64_t index) const {
+  auto [ids, targets] = data_->batch(split, index, config_.train.microBatchSize, objective_->windowLength(),
+                                     config_.train.seed, device_);
+  return TokenBatch{ids, targets, index, split};
 }
 
 double Trainer::evaluate(int64_t iters) {
   NoGradGuard noGrad;
-  model_->eval();
-  int64_t B = config_.train.microBatchSize, T = model_->contextLength();
+  model().eval();
   Tensor total = ops::zeros({1}, DType::F32, device_);
   // Each rank evaluates its share of the batches (batch i on rank i mod N); the sums meet in one all-reduce.
   // Every rank runs the same number of forwards (ZeRO-3's forwards are collectives): a rank whose last round
@@ -300,11 +346,12 @@ double Trainer::evaluate(int64_t iters) {
   int64_t rounds = (iters + ranks - 1) / ranks;
   for (int64_t k = 0; k < rounds; ++k) {
     int64_t i = k * ranks + parallel_->rank();
-    auto [x, y] = data_->batch(Split::Val, i < iters ? i : i % iters, B, T, config_.train.seed, device_);
-    Tensor loss = ops::to(model_->loss(x, y, modelDType()), device_, DType::F32).view({1});
+    Tensor loss = ops::to(objective_->loss(batch(Split::Val, i < iters ? i : i % iters), modelDType()),
+                          device_, DType::F32)
+                      .view({1});
     if (i < iters) total = ops::add(total, loss);
   }
-  model_->train();
+  model().train();
   if (ranks > 1) {
     // NOTE [Collective ordering and completion] in dist/Communicator.h.
     const Stream& comm = deviceStreams(device_).comm;
@@ -313,45 +360,6 @@ double Trainer::evaluate(int64_t iters) {
     streamWaits(currentStream(device_), comm, device_);
   }
   return total.item() / double(iters);
-}
-
-std::string sampleText(nn::CausalLM& model, const Tokenizer& tokenizer, Device device, DType compute,
-                       const std::string& prompt, int64_t length, double temperature, int64_t topK,
-                       uint64_t seed) {
-  NoGradGuard noGrad;
-  bool wasTraining = model.isTraining();
-  model.eval();
-  std::vector<int32_t> ids = tokenizer.encode(prompt.empty() ? std::string("\n") : prompt);
-  size_t promptLen = ids.size();
-  int64_t V = model.vocabSize(), ctx = model.contextLength();
-  for (int64_t step = 0; step < length; ++step) {
-    size_t start = ids.size() > size_t(ctx) ? ids.size() - size_t(ctx) : 0;
-    std::vector<int64_t> window(ids.begin() + std::ptrdiff_t(start), ids.end());
-    Tensor x = Tensor::fromVector(window, {1, int64_t(window.size())}, device);
-    Tensor logits = model.logits(x, compute);
-    std::vector<float> last =
-        logits.select(1, logits.size(1) - 1).to(Device::cpu(), DType::F32).toVector<float>();
-    // Temperature, top-k, then a Philox draw.
-    std::vector<std::pair<float, int32_t>> scored;
-    for (int64_t v = 0; v < V; ++v)
-      scored.emplace_back(last[size_t(v)] / float(std::max(temperature, 1e-6)), int32_t(v));
-    std::sort(scored.begin(), scored.end(), [](auto& a, auto& b) { return a.first > b.first; });
-    if (topK > 0 && topK < V) scored.resize(size_t(topK));
-    double mx = scored[0].first, z = 0;
-    for (auto& s : scored) z += std::exp(double(s.first) - mx);
-    double u = double(philoxUniform(seed, uint64_t(step))) * z, acc = 0;
-    int32_t next = scored.back().second;
-    for (auto& s : scored) {
-      acc += std::exp(double(s.first) - mx);
-      if (acc >= u) {
-        next = s.second;
-        break;
-      }
-    }
-    ids.push_back(next);
-  }
-  model.train(wasTraining);
-  return tokenizer.decode(std::vector<int32_t>(ids.begin() + std::ptrdiff_t(promptLen), ids.end()));
 }
 
 // The ranks of `comm` as the group that saves a checkpoint together.
@@ -388,19 +396,21 @@ std::unique_ptr<Tokenizer> makeTokenizer(const Config& config) {
 
 std::string Trainer::sample(const std::string& prompt, int64_t length, double temperature, int64_t topK,
                             uint64_t seed) {
-  return sampleText(*model_, *tokenizer_, device_, modelDType(), prompt, length, temperature, topK, seed);
+  std::optional<Generation> g =
+      objective_->generate(prompt, GenerateOptions{length, temperature, topK, seed}, modelDType());
+  return g ? g->text : std::string();
 }
 
 TrainResult Trainer::run() {
   const auto& c = config_;
-  int64_t B = c.train.microBatchSize, T = model_->contextLength();
+  int64_t T = objective_->tokensPerSequence();
   int ranks = parallel_->worldSize(), rank = parallel_->rank();
   bool main = parallel_->isMain();
   int64_t accum = c.train.globalBatchSize / (c.train.microBatchSize * ranks);
   optim::LrSchedule schedule{optim::lrStyleFromName(c.lrSchedule.style), c.optimizer.lr, c.optimizer.minLr,
                              c.lrSchedule.warmupIters,
                              c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
-  ZeroStepEngine engine(*model_, c, device_, compute_, ranks > 1 ? &parallel_->world() : nullptr);
+  ZeroStepEngine engine(*objective_, c, device_, compute_, ranks > 1 ? &parallel_->world() : nullptr);
   if (main && engine.placement().bytes[int(zero::Tier::Device)] != engine.placement().total())
     spdlog::info("{}", engine.placement().table());
 
@@ -458,18 +468,18 @@ TrainResult Trainer::run() {
   std::unique_ptr<MetricsLogger> logger =
       main ? std::make_unique<MetricsLogger>(c.train.outDir, startStep) : nullptr;
   spdlog::info("training {} ({} parameters) on {} ({}) in {}: {} iterations of {} sequences x {} tokens{}",
-               c.model.arch, model_->numParameters(), toString(device_), deviceName(device_),
+               c.model.arch, model().numParameters(), toString(device_), deviceName(device_),
                dtypeName(compute_), c.train.trainIters, c.train.globalBatchSize, T,
                device_.isCpu() ? fmt::format(", {} CPU threads", omp_get_max_threads()) : std::string());
 
-  model_->train();
+  model().train();
   double lastNorm = 0, lastScale = 1;
   double intervalLoss = 0;
   int64_t intervalSteps = 0, intervalCounted = 0, intervalSkipped = 0, nonfiniteRun = 0;
   auto runStart = std::chrono::steady_clock::now();
   auto intervalStart = runStart;
   double trainingSeconds = 0;  // measured step time since the start (evals and saves excluded), for the ETA
-  double flopsPerToken = model_->flopsPerToken(), peak = peakFlops(device_, compute_);
+  double flopsPerToken = objective_->flopsPerToken(), peak = peakFlops(device_, compute_);
   // STRATA_PROFILE=1: profile a few steps after warm-up and print where the time went (core/Profiler.h).
   const char* profileEnv = std::getenv("STRATA_PROFILE");
   int64_t profileFrom = profileEnv && std::string(profileEnv) != "0" ? startStep + 3 : -1;
@@ -490,8 +500,7 @@ TrainResult Trainer::run() {
     double lr = schedule.at(iter);
     // This rank's slice of the global batch: the same windows a single rank would draw, in the same order.
     int64_t micro = 0, first = dataIndex + int64_t(rank) * accum;
-    StepOutcome step = engine.step(
-        [&] { return data_->batch(Split::Train, first + micro++, B, T, c.train.seed, device_); }, accum, lr);
+    StepOutcome step = engine.step([&] { return batch(Split::Train, first + micro++); }, accum, lr);
     dataIndex += accum * ranks;
     lastNorm = step.gradNorm;
     lastScale = step.lossScale;
@@ -633,9 +642,14 @@ TrainResult Trainer::run() {
   }
   plotLoss();
   if (c.train.sampleLength > 0) {
-    // Every rank samples the same tokens (ZeRO-3's forwards are collectives); rank 0 shows them.
-    result.sample = sample(c.train.samplePrompt, c.train.sampleLength, 0.8, 40, c.train.seed);
-    if (main) spdlog::info("sample:\n{}{}", c.train.samplePrompt, result.sample);
+    // Every rank samples the same tokens (ZeRO-3's forwards are collectives); rank 0 shows them. An
+    // objective that makes nothing of the prompt (BERT without a [MASK]) shows nothing.
+    std::optional<Generation> g = objective_->generate(
+        c.train.samplePrompt, GenerateOptions{c.train.sampleLength, -1, 40, c.train.seed}, modelDType());
+    if (g) {
+      result.sample = g->text;
+      if (main) spdlog::info("sample:\n{}", g->display(c.train.samplePrompt));
+    }
   }
   return result;
 }

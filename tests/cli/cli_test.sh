@@ -76,6 +76,41 @@ run "resume into another model is refused" 1 "model.num_layers: 1 in the checkpo
   train "$cfg" "${tiny[@]}" --set model.num_layers=2 --set "checkpoint.load=$work/run/ckpt" \
   --set "train.out_dir=$work/run2"
 
+# The zoo: each architecture counted by its own formula.
+run "info bert-mini counts BERT's parameters" 0 "^parameters +3325956 " info configs/zoo/bert-mini.yaml
+run "info t5-mini counts T5's parameters" 0 "^parameters +7280384 " info configs/zoo/t5-mini.yaml
+run "info zoo lists the architectures and sizes" 0 "^configs/zoo/t5-base.yaml +t5 +span corruption +222.9M" info zoo
+# bert-mini and t5-mini through train and generate (tiny shapes, a few steps).
+zoo=(--set "data.path=$work/corpus.txt" --set train.device=cpu --set model.num_layers=1 --set model.hidden_size=32
+  --set model.num_attention_heads=2 --set model.ffn_hidden_size=64 --set model.seq_length=32
+  --set train.micro_batch_size=4 --set train.train_iters=3 --set train.log_interval=1 --set train.eval_interval=3
+  --set train.eval_iters=1 --set train.sample_length=4 --set lr_schedule.warmup_iters=0)
+for arch in bert t5; do
+  run "train $arch-mini" 0 "finished 3 iterations: train loss [0-9.]+, val loss" train "configs/zoo/$arch-mini.yaml" \
+    "${zoo[@]}" --set "train.out_dir=$work/$arch" --set "checkpoint.save=$work/$arch/ckpt"
+done
+run "bert fills each [MASK]" 0 "^\[MASK\] 2:( '[^']+' 0\.[0-9]+){3}$" generate "$work/bert/ckpt" \
+  --prompt "the quick [MASK]rown fox [MASK]umps" --top-k 3 --device cpu
+run "bert without a [MASK] says what it does" 1 "^error: model.arch bert fills each \[MASK\]" generate \
+  "$work/bert/ckpt" --prompt "the quick" --device cpu
+run "t5 decodes from the prompt" 0 "." generate "$work/t5/ckpt" --prompt "the quick <extra_id_0> fox" --tokens 4 \
+  --device cpu
+
+# HF export and import, every architecture: the imported checkpoint generates exactly what the original did.
+declare -A prompts=([gpt]="the " [bert]="the quick [MASK]rown" [t5]="the quick <extra_id_0> fox")
+declare -A classes=([gpt]=GPT2LMHeadModel [bert]=BertForMaskedLM [t5]=T5ForConditionalGeneration)
+for arch in gpt bert t5; do
+  from=$work/$arch/ckpt
+  [ "$arch" = gpt ] && from=$work/run/ckpt
+  run "convert --hf $arch" 0 "config.json \(HF ${classes[$arch]}" convert "$from" "$work/$arch-hf" --hf
+  run "convert --from-hf $arch" 0 "^wrote .*/step-0: " convert --from-hf "$work/$arch-hf" "$work/$arch-back"
+  before=$("$strata" generate "$from" --prompt "${prompts[$arch]}" --tokens 4 --device cpu 2>&1)
+  after=$("$strata" generate "$work/$arch-back" --prompt "${prompts[$arch]}" --tokens 4 --device cpu 2>&1)
+  [ -n "$before" ] && [ "$before" = "$after" ] || fail "$arch: imported from HF it generates '$after', not '$before'"
+done
+run "convert --from-hf names a missing config.json" 1 "^error: convert --from-hf: no .*/nothing/config.json" \
+  convert --from-hf "$work/nothing" "$work/nothing-back"
+
 # Tokenizing a corpus: the byte tokenizer's ids are the bytes.
 run "tokenize" 0 "wrote [0-9]+ byte tokens" tokenize "$work/corpus.txt" "$work/corpus.bin" --tokenizer byte --threads 2
 [ "$(od -An -v -tu1 "$work/corpus.txt" | tr -s ' \n' ' ')" = "$(od -An -v -tu2 "$work/corpus.bin" | tr -s ' \n' ' ')" ] ||

@@ -434,10 +434,14 @@ TEST_CASE("the step engine applies finite steps and leaves non-finite ones untou
   fs::remove_all(out);
   train::Config config = tinyConfig(out, {"model.dropout=0"});
   auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
-  train::ZeroStepEngine engine(*model, config, Device::cpu(), DType::F32);
+  train::CausalLmObjective objective(model, nullptr);
+  train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
   auto data = train::TokenDataset::random(256, 4096, 3, 0.0);
   int64_t index = 0;
-  auto next = [&] { return data.batch(train::Split::Train, index++, 4, 32, 1, Device::cpu()); };
+  auto next = [&] {
+    auto [ids, targets] = data.batch(train::Split::Train, index, 4, 32, 1, Device::cpu());
+    return train::TokenBatch{ids, targets, index++};
+  };
   train::StepOutcome ok = engine.step(next, 2, 1e-3);
   REQUIRE(ok.applied);
   REQUIRE(ok.finite);
@@ -495,7 +499,8 @@ TEST_CASE("optimizer state offloaded to the host trains bit for bit like state o
   train::Config config = tinyConfig(base / "engine", {"zero_optimization.offload_optimizer.device=cpu",
                                                       "zero_optimization.chunk_size_mb=0.02"});
   auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
-  train::ZeroStepEngine engine(*model, config, Device::cpu(), DType::F32);
+  train::CausalLmObjective objective(model, nullptr);
+  train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
   const zero::StorePlacement& placement = engine.placement();
   REQUIRE(placement.chunksOn(zero::Tier::Host) == engine.chunks().numChunks());
   REQUIRE(placement.bytes[int(zero::Tier::Host)] > 0);

@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "models/Zoo.h"
-#include "models/gpt/Gpt.h"
-#include "models/gpt/GptHf.h"
+#include "models/ZooHf.h"
 #include "strata/strata.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
@@ -96,17 +96,14 @@ std::string humanBytes(double b) {
 
 int runInfo(const std::string& configPath, const std::vector<std::string>& overrides) {
   train::Config c = train::loadConfig(configPath, overrides, /*requireData=*/false);
-  // Counted from the architecture's formula, so `info` answers instantly even for models that would not fit
-  // here.
-  models::GptConfig g = models::gptConfig(train::modelSpecFrom(c, Device::cpu()));
-  int64_t L = g.numLayers, C = g.hiddenSize, F = g.ffn();
-  int64_t params = g.numParameters();
-  double flops = g.flopsPerToken();
-  std::printf("model          %s: %ld layers, hidden %ld, %ld heads, ffn %ld, seq %ld, vocab %ld\n",
-              c.model.arch.c_str(), long(L), long(C), long(c.model.numAttentionHeads), long(F),
-              long(c.model.seqLength), long(c.model.vocabSize));
+  // Counted from the architecture's own formula, so `info` answers instantly even for models that would not
+  // fit here.
+  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
+  int64_t params = models::numParameters(spec);
+  double flops = models::flopsPerToken(spec);
+  std::printf("model          %s: %s\n", c.model.arch.c_str(), models::describeShape(spec).c_str());
   std::printf("parameters     %ld (%.3f B)\n", long(params), double(params) / 1e9);
-  std::printf("FLOPs/token    %.4g (6N + 12 L d s, training)\n", flops);
+  std::printf("FLOPs/token    %.4g (%s, training)\n", flops, models::flopsFormula(spec).c_str());
   std::printf("tokens/iter    %ld\n", long(c.train.globalBatchSize * c.model.seqLength));
   // Bytes per parameter of each kind of state, as training lays it out (zero/ChunkManager.h): parameters
   // in chunks of the compute dtype, fp32 gradient buffers per chunk, and AdamW's fp32 master, m and v per
@@ -151,6 +148,66 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   return 0;
 }
 
+// The configs folder: ./configs when there is one, else the source tree's this binary was built from.
+std::filesystem::path configsDirectory() {
+  namespace fs = std::filesystem;
+  if (fs::is_directory("configs/zoo")) return "configs";
+  STRATA_USER_CHECK(fs::is_directory(fs::path(STRATA_CONFIGS_DIR) / "zoo"),
+                    "info zoo: no configs/zoo here nor in {} (run it from the Strata checkout)",
+                    STRATA_CONFIGS_DIR);
+  return STRATA_CONFIGS_DIR;
+}
+
+std::string humanCount(double n) {
+  const char* units[] = {"", "K", "M", "B", "T"};
+  int u = 0;
+  while (n >= 1000 && u < 4) {
+    n /= 1000;
+    ++u;
+  }
+  return fmt::format("{:.1f}{}", n, units[u]);
+}
+
+// Every architecture and size the configs folder holds (its own configs and configs/zoo), with parameters and
+// training FLOPs per token from each architecture's own formula.
+int runInfoZoo() {
+  namespace fs = std::filesystem;
+  fs::path dir = configsDirectory();
+  struct Row {
+    std::string config, arch, objective, shape;
+    int64_t params;
+    double flops;
+  };
+  std::vector<Row> rows;
+  for (const fs::path& folder : {dir, dir / "zoo"}) {
+    for (const auto& entry : fs::directory_iterator(folder)) {
+      if (entry.path().extension() != ".yaml") continue;
+      train::Config c = train::loadConfig(entry.path().string(), {}, /*requireData=*/false);
+      models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
+      rows.push_back(
+          {fs::relative(entry.path(), dir.parent_path().empty() ? "." : dir.parent_path()).string(),
+           c.model.arch, models::objectiveName(models::objective(c.model.arch)), models::describeShape(spec),
+           models::numParameters(spec), models::flopsPerToken(spec)});
+    }
+  }
+  auto archRank = [](const std::string& arch) {
+    auto all = models::architectures();
+    return std::find(all.begin(), all.end(), arch) - all.begin();
+  };
+  std::sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
+    return archRank(a.arch) != archRank(b.arch) ? archRank(a.arch) < archRank(b.arch) : a.params < b.params;
+  });
+  std::printf("%-27s %-5s %-16s %10s %12s  %s\n", "config", "arch", "objective", "parameters", "FLOPs/token",
+              "shape");
+  for (const Row& r : rows)
+    std::printf("%-27s %-5s %-16s %10s %12.4g  %s\n", r.config.c_str(), r.arch.c_str(), r.objective.c_str(),
+                humanCount(double(r.params)).c_str(), r.flops, r.shape.c_str());
+  std::printf(
+      "(parameters and training FLOPs per token from each architecture's formula: strata info CONFIG "
+      "says which)\n");
+  return 0;
+}
+
 // The config a checkpoint was trained with, from its manifest.
 train::Config checkpointConfig(const std::string& dir) {
   std::vector<std::string> overrides;
@@ -163,9 +220,10 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
   std::string dir = train::resolveCheckpoint(checkpoint);
   train::Config c = checkpointConfig(dir);
   Device device = train::resolveDevice(deviceName);
-  auto model = models::buildModel(train::modelSpecFrom(c, device));
+  std::shared_ptr<train::Objective> objective = train::makeObjective(c, device);
+  nn::Module& model = objective->model();
   auto weights = train::loadModelShards(dir);
-  for (auto& [name, p] : model->namedParameters()) {
+  for (auto& [name, p] : model.namedParameters()) {
     auto it = weights.find(name);
     STRATA_USER_CHECK(it != weights.end(), "checkpoint {} has no tensor '{}'", dir, name);
     STRATA_USER_CHECK(it->second.shape() == p.shape(),
@@ -174,16 +232,18 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
     ops::copy(p, it->second);
   }
   DType compute = device.isCpu() || c.precision.dtype == "fp32" ? DType::F32 : DType::BF16;
-  model->castParameters(compute);  // layers compute in their parameters' dtype
-  auto tokenizer = train::makeTokenizer(c);
-  std::string text =
-      train::sampleText(*model, *tokenizer, device, compute, prompt, tokens, temperature, topK, seed);
-  std::printf("%s%s\n", prompt.c_str(), text.c_str());
+  model.castParameters(compute);  // layers compute in their parameters' dtype
+  std::optional<train::Generation> g =
+      objective->generate(prompt, train::GenerateOptions{tokens, temperature, topK, seed}, compute);
+  STRATA_USER_CHECK(g.has_value(), "model.arch {} {}; --prompt '{}' gives it nothing to do", c.model.arch,
+                    objective->generateUsage(), prompt);
+  std::printf("%s\n", g->display(prompt).c_str());
   return 0;
 }
 
-// With --hf, OUTPUT is a directory that GPT2LMHeadModel.from_pretrained loads: model.safetensors and
-// config.json. A path ending in .safetensors is written as named, with config.json beside it.
+// With --hf, OUTPUT is a directory that HF's from_pretrained loads (GPT2LMHeadModel, BertForMaskedLM or
+// BertForPreTraining, T5ForConditionalGeneration): model.safetensors and config.json. A path ending in
+// .safetensors is written as named, with config.json beside it.
 int runConvert(const std::string& checkpoint, const std::string& output, bool hf) {
   namespace fs = std::filesystem;
   std::string dir = train::resolveCheckpoint(checkpoint);
@@ -192,31 +252,97 @@ int runConvert(const std::string& checkpoint, const std::string& output, bool hf
   STRATA_USER_CHECK(hf || toFile,
                     "convert: OUTPUT must end in .safetensors (or pass --hf to write an HF directory)");
   fs::path file = toFile ? fs::path(output) : fs::path(output) / "model.safetensors";
+  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
   std::string configJson;
+  models::HfLayout layout;
   if (hf) {
-    STRATA_USER_CHECK(c.model.arch == "gpt", "--hf export knows the gpt architecture, not '{}'",
-                      c.model.arch);
-    models::GptConfig g = models::gptConfig(train::modelSpecFrom(c, Device::cpu()));
-    configJson = models::gptHfConfigJson(g, c.data.tokenizer == "gpt2" ? 50256 : -1);
+    configJson = models::hfConfigJson(spec, c.data.tokenizer == "gpt2" ? 50256 : -1);
+    layout = models::hfLayout(spec);
   }
   if (!file.parent_path().empty()) fs::create_directories(file.parent_path());
-  std::function<std::string(const std::string&)> rename;
-  if (hf) rename = models::gptNameToHf;
-  train::MergeStats stats =
-      train::mergeModelShards(dir, file.string(), rename, {{"format", "pt"}, {"source", dir}});
-  std::printf("wrote %zu tensors (%s) from %s to %s, streaming (at most %s in memory)\n", stats.tensors,
-              humanBytes(double(stats.bytes)).c_str(), dir.c_str(), file.c_str(),
-              humanBytes(double(stats.peakBufferBytes)).c_str());
+  std::map<std::string, std::string> metadata{{"format", "pt"}, {"source", dir}};
+  if (!hf || models::isRenameOnly(layout)) {
+    // Tensor by tensor, renamed: the model is never whole in memory.
+    std::map<std::string, std::string> names;
+    for (const models::HfTensor& t : layout) names[t.param] = t.hfName;
+    std::function<std::string(const std::string&)> rename;
+    if (hf)
+      rename = [&](const std::string& name) {
+        auto it = names.find(name);
+        STRATA_USER_CHECK(it != names.end(), "{}: tensor '{}' has no {} counterpart", dir, name,
+                          models::hfModelClass(spec));
+        return it->second;
+      };
+    train::MergeStats stats = train::mergeModelShards(dir, file.string(), rename, metadata);
+    std::printf("wrote %zu tensors (%s) from %s to %s, streaming (at most %s in memory)\n", stats.tensors,
+                humanBytes(double(stats.bytes)).c_str(), dir.c_str(), file.c_str(),
+                humanBytes(double(stats.peakBufferBytes)).c_str());
+  } else {
+    // HF splits or transposes some parameters: build the model, then cut its tensors HF's way.
+    std::shared_ptr<nn::Module> model = models::buildModule(spec);
+    auto weights = train::loadModelShards(dir);
+    for (auto& [name, p] : model->namedParameters()) {
+      auto it = weights.find(name);
+      STRATA_USER_CHECK(it != weights.end(), "checkpoint {} has no tensor '{}'", dir, name);
+      ops::copy(p, it->second);
+    }
+    auto tensors = models::exportHf(*model, layout);
+    size_t bytes = 0;
+    for (const auto& [name, t] : tensors) bytes += t.nbytes();
+    train::writeSafetensors(file.string(), tensors, metadata);
+    std::printf("wrote %zu tensors (%s) from %s to %s\n", tensors.size(), humanBytes(double(bytes)).c_str(),
+                dir.c_str(), file.c_str());
+  }
   if (hf) {
     fs::path cfg = file.parent_path() / "config.json";
     std::ofstream(cfg) << configJson;
     STRATA_USER_CHECK(fs::exists(cfg), "cannot write {}", cfg.string());
-    std::printf("wrote %s (HF GPT2LMHeadModel; lm_head is tied to transformer.wte)%s\n", cfg.c_str(),
+    std::printf("wrote %s (HF %s; tied tensors are left to from_pretrained)%s\n", cfg.c_str(),
+                models::hfModelClass(spec).c_str(),
                 file.filename() == "model.safetensors"
                     ? ""
                     : "; from_pretrained looks for model.safetensors, so rename the weights or convert to a "
                       "directory");
   }
+  return 0;
+}
+
+// An HF transformers directory (config.json, model.safetensors) -> a Strata checkpoint under the save
+// directory OUTPUT (step-0 and `latest`), which `strata generate` runs and `checkpoint.load` (with
+// checkpoint.load_model_only) trains on from.
+int runConvertFromHf(const std::string& hfDir, const std::string& output) {
+  namespace fs = std::filesystem;
+  fs::path configPath = fs::path(hfDir) / "config.json", weightsPath = fs::path(hfDir) / "model.safetensors";
+  if (fs::is_regular_file(hfDir) && fs::path(hfDir).extension() == ".safetensors") {
+    weightsPath = hfDir;
+    configPath = fs::path(hfDir).parent_path() / "config.json";
+  }
+  STRATA_USER_CHECK(fs::is_regular_file(configPath), "convert --from-hf: no {}", configPath.string());
+  STRATA_USER_CHECK(fs::is_regular_file(weightsPath),
+                    "convert --from-hf: no {} (sharded or .bin checkpoints: save them with "
+                    "save_pretrained(safe_serialization=True, max_shard_size=\"100GB\") first)",
+                    weightsPath.string());
+  std::ifstream in(configPath);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::map<std::string, std::string> values = models::modelConfigFromHf(text.str());
+  std::vector<std::string> overrides;
+  for (const auto& [key, value] : values) overrides.push_back(key + "=" + value);
+  train::Config c = train::parseConfig("", configPath.string(), overrides, /*requireData=*/false);
+  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
+  std::shared_ptr<nn::Module> model = models::buildModule(spec);
+  std::vector<std::string> unused;
+  models::importHf(*model, models::hfLayout(spec), train::readSafetensors(weightsPath.string()), &unused);
+  train::CheckpointState state;
+  state.config = values;
+  state.model = train::effectiveValues(c, "model.");
+  train::NamedTensors tensors = model->namedParameters();
+  std::string dir = train::saveCheckpoint(output, tensors, {}, state);
+  std::string ignored;
+  for (const auto& name : unused) ignored += (ignored.empty() ? "" : ", ") + name;
+  std::printf("wrote %s: %s (%ld parameters) from %s%s\n", dir.c_str(), models::describeShape(spec).c_str(),
+              long(model->numParameters()), weightsPath.c_str(),
+              unused.empty() ? "" : (" (not kept: " + ignored + ")").c_str());
   return 0;
 }
 
@@ -321,37 +447,54 @@ int main(int argc, char** argv) {
   bench->add_option("--iters", benchIters, "measured iterations (after as many warm-up iterations)");
   bench->add_flag("--profile", benchProfile, "also print the step profile (STRATA_PROFILE)");
 
-  auto* info = app.add_subcommand("info", "parameters, FLOPs per token and bytes per component of a config");
-  info->add_option("config", config, "YAML config file")->required();
+  auto* info = app.add_subcommand(
+      "info",
+      "parameters, FLOPs per token and bytes per component of a config (`info zoo`: of every config)");
+  info->add_option("config", config, "YAML config file, or `zoo` for every architecture and size")
+      ->required();
   info->add_option("--set", overrides, "override a config key");
 
   std::string checkpoint, prompt = "\n", device = "auto";
   int64_t tokens = 200, topK = 40;
   double temperature = 0.8;
   uint64_t seed = 1;
-  auto* generate = app.add_subcommand("generate", "sample text from a checkpoint");
+  auto* generate = app.add_subcommand(
+      "generate",
+      "what a checkpoint's model makes of a prompt: GPT continues it, T5 decodes from it, BERT fills "
+      "each [MASK] in it");
   generate->add_option("checkpoint", checkpoint, "checkpoint directory (or a save directory with `latest`)")
       ->required();
   generate->add_option("--prompt", prompt, "text to continue");
-  generate->add_option("--tokens", tokens, "tokens to sample")->check(CLI::PositiveNumber);
-  generate->add_option("--temperature", temperature, "sampling temperature (0: greedy)")
-      ->check(CLI::NonNegativeNumber);
-  generate->add_option("--top-k", topK, "sample among the k most likely tokens (0: all)")
+  generate->add_option("--tokens", tokens, "tokens to produce at most")->check(CLI::PositiveNumber);
+  auto* temperatureOption =
+      generate
+          ->add_option("--temperature", temperature, "sampling temperature (0: greedy; default 0.8, T5 0)")
+          ->check(CLI::NonNegativeNumber);
+  generate
+      ->add_option("--top-k", topK,
+                   "sample among the k most likely tokens (0: all); BERT lists as many (<= 10)")
       ->check(CLI::NonNegativeNumber);
   generate->add_option("--seed", seed, "sampling seed");
   generate->add_option("--device", device, "auto, cpu or cuda[:N]");
 
   std::string output;
   bool hf = false;
-  auto* convert =
-      app.add_subcommand("convert", "merge a checkpoint's model shards into one safetensors file");
-  convert->add_option("checkpoint", checkpoint, "checkpoint directory (or a save directory with `latest`)")
-      ->required();
-  convert
-      ->add_option("output", output,
-                   "the .safetensors file to write; with --hf, a directory for from_pretrained")
-      ->required();
-  convert->add_flag("--hf", hf, "HF transformers names (GPT2LMHeadModel) plus config.json");
+  auto* convert = app.add_subcommand(
+      "convert",
+      "merge a checkpoint's model shards into one safetensors file (--hf: an HF directory); "
+      "--from-hf HF_DIR OUTPUT: an HF model into a checkpoint");
+  std::string fromHf;
+  convert->add_option("checkpoint", checkpoint, "checkpoint directory (or a save directory with `latest`)");
+  convert->add_option("output", output,
+                      "the .safetensors file to write; with --hf, a directory for from_pretrained");
+  convert->add_flag(
+      "--hf", hf,
+      "HF transformers names (GPT2LMHeadModel, BertForMaskedLM, T5ForConditionalGeneration) plus "
+      "config.json");
+  convert->add_option(
+      "--from-hf", fromHf,
+      "import: an HF directory (config.json and model.safetensors) into a checkpoint under the "
+      "save directory OUTPUT");
 
   std::string tokenizeInput, tokenizeOutput, tokenizerKind = "gpt2", vocabFile, mergesFile;
   int tokenizeThreads = 0;
@@ -374,10 +517,22 @@ int main(int argc, char** argv) {
   }
   try {
     if (*train) return runTrain(config, overrides);
-    if (*info) return runInfo(config, overrides);
+    if (*info)
+      return config == "zoo" && !std::filesystem::exists(config) ? runInfoZoo() : runInfo(config, overrides);
     if (*bench) return runBench(config, overrides, benchIters, benchProfile);
-    if (*generate) return runGenerate(checkpoint, prompt, tokens, temperature, topK, seed, device);
-    if (*convert) return runConvert(checkpoint, output, hf);
+    if (*generate)
+      return runGenerate(checkpoint, prompt, tokens, temperatureOption->count() > 0 ? temperature : -1.0,
+                         topK, seed, device);
+    if (*convert) {
+      if (!fromHf.empty()) {
+        // `convert --from-hf HF_DIR OUTPUT`: the one positional given is the output.
+        STRATA_USER_CHECK(!hf, "convert: --hf exports and --from-hf imports; give one of them");
+        STRATA_USER_CHECK(output.empty(), "convert --from-hf HF_DIR OUTPUT takes one positional argument");
+        return runConvertFromHf(fromHf, checkpoint);
+      }
+      STRATA_USER_CHECK(!checkpoint.empty() && !output.empty(), "convert: give CHECKPOINT and OUTPUT");
+      return runConvert(checkpoint, output, hf);
+    }
     if (*tokenize)
       return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile,
                          tokenizeThreads);

@@ -32,11 +32,12 @@
 #include <utility>
 
 #include "strata/core/Stream.h"
-#include "strata/nn/CausalLM.h"
+#include "strata/nn/Module.h"
 #include "strata/optim/AdamW.h"
 #include "strata/optim/LossScaler.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
+#include "strata/train/Objective.h"
 #include "strata/zero/ChunkManager.h"
 #include "strata/zero/Store.h"
 
@@ -63,8 +64,8 @@ struct StepEngineState {
   int64_t lossScaleGoodSteps = 0;
 };
 
-// Hands out the micro-batches of one step, (ids, targets) each, in order.
-using MicroBatchSource = std::function<std::pair<Tensor, Tensor>()>;
+// Hands out the micro-batches of one step, in order.
+using MicroBatchSource = std::function<TokenBatch()>;
 
 class StepEngine {
  public:
@@ -87,12 +88,14 @@ class StepEngine {
   virtual size_t modelStateBytes() const = 0;
 };
 
-// Moves `model`'s parameters into chunks of `chunkBytes` of `compute` dtype (padded for `shards` ranks), in
-// the first-use order that one traced forward of one sequence records (in eval mode, the RNG untouched).
-std::unique_ptr<zero::ChunkManager> layOutModelChunks(nn::CausalLM& model, Device device, DType compute,
+// Moves the objective's model's parameters into chunks of `chunkBytes` of `compute` dtype (padded for
+// `shards` ranks), in the first-use order that one traced loss of one sequence records (in eval mode, the
+// RNG untouched).
+std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Device device, DType compute,
                                                       int64_t chunkBytes, int shards = 1);
 
-// The step over the model's chunks on the ranks of `group` (null: one rank): ZeRO stage
+// The step over the chunks of the objective's model on the ranks of `group` (null: one rank), each
+// micro-batch's loss from the objective (NOTE [Training objectives] in Objective.h): ZeRO stage
 // zero_optimization.stage over chunks, AdamW, clipping from optimizer.clip_grad, and for fp16 dynamic loss
 // scaling from the precision section. One rank is the same path with N = 1.
 // - The constructor lays the model out in chunks (layOutModelChunks) in the compute dtype, padded to equal
@@ -111,7 +114,7 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(nn::CausalLM& model, Devic
 // numbers bit for bit at one world size (CPU; NCCL's sums have an order of their own).
 class ZeroStepEngine final : public StepEngine {
  public:
-  ZeroStepEngine(nn::CausalLM& model, const Config& config, Device device, DType compute,
+  ZeroStepEngine(Objective& objective, const Config& config, Device device, DType compute,
                  dist::ProcessGroup* group = nullptr);
   StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) override;
   NamedTensors checkpointModel() const override;
@@ -136,7 +139,8 @@ class ZeroStepEngine final : public StepEngine {
   void release(size_t chunk);
   void releaseAll(bool prefetchedToo);
 
-  nn::CausalLM& model_;
+  Objective& objective_;
+  nn::Module& model_;  // objective_.model()
   Device device_;
   DType compute_;
   double clipGrad_;

@@ -1,7 +1,9 @@
 // The training loop: data, model, AdamW with a schedule and clipping, gradient accumulation, evaluation,
 // metrics, checkpoints and a text sample at the end. Before any work it checks that the output and save
-// directories are writable and that the data holds a batch of each split it will read. Works with any
-// nn::CausalLM, so a user's own model trains through the same loop (see models/custom_example).
+// directories are writable and that the data holds a batch of each split it will read. It trains an
+// Objective (NOTE [Training objectives] in Objective.h): the zoo architecture's (next tokens, masked LM,
+// span corruption), or next tokens for any nn::CausalLM, so a user's own model trains through the same loop
+// (see models/custom_example).
 #pragma once
 
 #include <functional>
@@ -12,9 +14,11 @@
 #include "strata/dist/ParallelContext.h"
 #include "strata/nn/CausalLM.h"
 #include "strata/optim/AdamW.h"
+#include "strata/train/CausalLmObjective.h"
 #include "strata/train/Config.h"
 #include "strata/train/Data.h"
 #include "strata/train/Metrics.h"
+#include "strata/train/Objective.h"
 
 namespace strata::train {
 
@@ -46,12 +50,11 @@ DType computeDTypeFor(const Config& config, Device device);
 // The zoo's model spec for a config's model section, built on `device` with the config's seed.
 models::ModelSpec modelSpecFrom(const Config& config, Device device);
 
-// Samples `length` tokens after `prompt` from `model` with temperature and top-k (0 = all), decoded to text.
-std::string sampleText(nn::CausalLM& model, const Tokenizer& tokenizer, Device device, DType compute,
-                       const std::string& prompt, int64_t length, double temperature = 0.8, int64_t topK = 40,
-                       uint64_t seed = 1);
 // The tokenizer a config names (byte, or gpt2 from data.vocab_file and data.merges_file).
 std::unique_ptr<Tokenizer> makeTokenizer(const Config& config);
+// The objective of config.model.arch (models::buildModule's model for it, on `device`) with the config's
+// tokenizer: what `strata train` trains and `strata generate` runs.
+std::shared_ptr<Objective> makeObjective(const Config& config, Device device);
 
 // Training runs on the ranks of a dist::ParallelContext: one made from the process environment (mpirun's, or
 // a single rank; dist.timeout_s) unless one is given. Every rank trains its slice of each global batch
@@ -60,10 +63,14 @@ std::unique_ptr<Tokenizer> makeTokenizer(const Config& config);
 // maximum over the ranks.
 class Trainer {
  public:
-  // Builds config.model.arch from the zoo.
+  // Builds config.model.arch from the zoo and trains it on its objective.
   explicit Trainer(Config config, std::shared_ptr<dist::ParallelContext> parallel = nullptr);
-  // Trains `model` (already built on the config's device) with the config's data, optimizer and schedule.
+  // Trains `model` (already built on the config's device) on next tokens with the config's data, optimizer
+  // and schedule.
   Trainer(Config config, std::shared_ptr<nn::CausalLM> model,
+          std::shared_ptr<dist::ParallelContext> parallel = nullptr);
+  // Trains an objective of the user's own (its model already built on the config's device).
+  Trainer(Config config, std::shared_ptr<Objective> objective,
           std::shared_ptr<dist::ParallelContext> parallel = nullptr);
 
   // Trains. SIGINT and SIGTERM during run() finish the current step, save a checkpoint when saving is
@@ -74,11 +81,14 @@ class Trainer {
   void onIteration(std::function<void(int64_t)> callback) { onIteration_ = std::move(callback); }
   // Mean loss over `iters` validation batches (deterministic: the same batches every time).
   double evaluate(int64_t iters);
-  // Samples `length` tokens after `prompt` with temperature and top-k (0 = all), decoded to text.
+  // What the objective makes of `prompt` (Objective::generate: a continuation of `length` tokens sampled
+  // with temperature and top-k, 0 = all; T5's decoding, BERT's mask fillers); "" when it makes nothing.
+  // temperature < 0: the objective's default.
   std::string sample(const std::string& prompt, int64_t length, double temperature = 0.8, int64_t topK = 40,
                      uint64_t seed = 1);
 
-  nn::CausalLM& model() { return *model_; }
+  nn::Module& model() { return objective_->model(); }
+  Objective& objective() { return *objective_; }
   const dist::ParallelContext& parallel() const { return *parallel_; }
   const Config& config() const { return config_; }
   Device device() const { return device_; }
@@ -87,16 +97,17 @@ class Trainer {
   std::string saveDirectory() const;
 
  private:
-  DType modelDType() const;
+  DType modelDType();
   void connect();
   void setup();
+  TokenBatch batch(Split split, int64_t index) const;
 
   Config config_;
   Device device_;
   DType compute_ = DType::F32;
-  std::shared_ptr<nn::CausalLM> model_;
+  std::shared_ptr<Objective> objective_;
   std::shared_ptr<dist::ParallelContext> parallel_;
-  std::unique_ptr<Tokenizer> tokenizer_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<TokenDataset> data_;
   std::function<void(int64_t)> onIteration_;
 };

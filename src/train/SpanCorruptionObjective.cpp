@@ -1,0 +1,143 @@
+#include "strata/train/SpanCorruptionObjective.h"
+
+#include <algorithm>
+
+#include "strata/autograd/GradMode.h"
+
+namespace strata::train {
+
+SpanCorruptionObjective::SpanCorruptionObjective(std::shared_ptr<models::T5> model,
+                                                 std::shared_ptr<const Tokenizer> tokenizer, uint64_t seed,
+                                                 const SpanCorruptionOptions& corruption)
+    : model_(std::move(model)), tokenizer_(std::move(tokenizer)), seed_(seed), corruption_(corruption) {
+  STRATA_CHECK(model_ != nullptr, "SpanCorruptionObjective: no model given");
+  const models::T5Config& c = model_->config();
+  corruption_.vocabSize = c.vocabSize;
+  corruption_.eosTokenId = kEosId;
+  // The longest window whose corruption fits both stacks' lengths (HF's compute_input_and_target_lengths).
+  int64_t sentinels = 0;
+  for (int64_t length = 2; length <= 2 * c.seqLength + 16; ++length) {
+    SpanCorruptionLengths l = spanCorruptionLengths(length, corruption_);
+    if (l.inputLength > c.seqLength || l.targetLength > c.decoderSeqLength) continue;
+    window_ = length;
+    // inputs + targets = length + 2 x spans + 2 (each span's sentinel on both sides, EOS on both)
+    sentinels = (l.inputLength + l.targetLength - length - 2) / 2;
+  }
+  STRATA_USER_CHECK(
+      window_ >= 2,
+      "t5: model.seq_length {} and model.decoder_seq_length {} are too short for span corruption",
+      c.seqLength, c.decoderSeqLength);
+  dataVocab_ = c.vocabSize - kFirstDataId - sentinels;
+  STRATA_USER_CHECK(
+      dataVocab_ > 0,
+      "t5: model.vocab_size ({}) leaves no ids for data beside [PAD] [EOS] [UNK] and {} sentinels",
+      c.vocabSize, sentinels);
+  if (tokenizer_)
+    STRATA_USER_CHECK(
+        tokenizer_->vocabSize() <= dataVocab_,
+        "t5: the tokenizer's {} tokens (ids from 3), [PAD] [EOS] [UNK] and the {} sentinels of a "
+        "window of {} tokens need model.vocab_size {} at least (it is {})",
+        tokenizer_->vocabSize(), sentinels, window_, tokenizer_->vocabSize() + 3 + sentinels, c.vocabSize);
+}
+
+Tensor SpanCorruptionObjective::loss(const TokenBatch& batch, DType compute) {
+  SpanCorruptionBatch in = inputs(batch);
+  return model_->loss(in.inputIds, Tensor(), Tensor(), in.labels, compute);
+}
+
+SpanCorruptionBatch SpanCorruptionObjective::inputs(const TokenBatch& batch) const {
+  const Tensor& windows = batch.ids;
+  STRATA_CHECK(windows.dim() == 2, "t5: a batch of windows must be [batch, tokens], got {}",
+               toString(windows.shape()));
+  int64_t B = windows.size(0), T = windows.size(1);
+  std::vector<int64_t> ids = windows.to(Device::cpu(), DType::I64).contiguous().toVector<int64_t>();
+  for (int64_t& id : ids) id += kFirstDataId;
+  // Two Philox counters per token (the noise and gap segmentations).
+  return spanCorrupt(Tensor::fromVector<int64_t>(ids, {B, T}, windows.device()), corruption_,
+                     corruptionSeed(seed_, batch.split), uint64_t(batch.index) * uint64_t(2 * B * T));
+}
+
+int64_t SpanCorruptionObjective::firstSentinelId() const {
+  // Every id above the tokenizer's is a sentinel (not only those a training window uses): a model decodes the
+  // same whatever model.decoder_seq_length says.
+  return kFirstDataId + (tokenizer_ ? tokenizer_->vocabSize() : dataVocab_);
+}
+
+std::string SpanCorruptionObjective::decodeIds(const std::vector<int64_t>& ids) const {
+  // Runs of data tokens decode together (a byte tokenizer's UTF-8 spans several ids).
+  std::string out;
+  std::vector<int32_t> run;
+  auto flush = [&] {
+    if (!run.empty() && tokenizer_) out += tokenizer_->decode(run);
+    run.clear();
+  };
+  int64_t V = model_->config().vocabSize, sentinels = firstSentinelId();
+  for (int64_t id : ids) {
+    if (id >= kFirstDataId && id < sentinels) {
+      run.push_back(int32_t(id - kFirstDataId));
+      continue;
+    }
+    flush();
+    if (id >= sentinels && id < V) out += detail::format("<extra_id_{}>", V - 1 - id);
+    if (id == kUnkId) out += "<unk>";
+  }
+  flush();
+  return out;
+}
+
+std::optional<Generation> SpanCorruptionObjective::generate(const std::string& prompt,
+                                                            const GenerateOptions& o, DType compute) {
+  STRATA_CHECK(tokenizer_ != nullptr, "SpanCorruptionObjective: generating needs a tokenizer");
+  int64_t V = model_->config().vocabSize;
+  // The encoder's input: the prompt's tokens with each "<extra_id_N>" as sentinel N, then EOS.
+  std::vector<int64_t> input;
+  auto encode = [&](const std::string& text) {
+    if (!text.empty())
+      for (int32_t id : tokenizer_->encode(text)) input.push_back(int64_t(id) + kFirstDataId);
+  };
+  const std::string open = "<extra_id_";
+  size_t from = 0;
+  while (from < prompt.size()) {
+    size_t at = prompt.find(open, from), close = std::string::npos;
+    int64_t n = -1;
+    if (at != std::string::npos) {
+      close = prompt.find('>', at);
+      std::string digits =
+          close == std::string::npos ? "" : prompt.substr(at + open.size(), close - at - open.size());
+      if (!digits.empty() && digits.size() < 6 && std::all_of(digits.begin(), digits.end(), ::isdigit))
+        n = std::stoll(digits);
+    }
+    if (n < 0 || V - 1 - n < firstSentinelId()) {
+      // No (valid) marker from here: the rest up to the next candidate is text.
+      size_t end = at == std::string::npos ? prompt.size() : at + open.size();
+      encode(prompt.substr(from, end - from));
+      from = end;
+      continue;
+    }
+    encode(prompt.substr(from, at - from));
+    input.push_back(V - 1 - n);
+    from = close + 1;
+  }
+  input.push_back(kEosId);
+  NoGradGuard noGrad;
+  bool wasTraining = model_->isTraining();
+  model_->eval();
+  Device device = model_->parameters().front().device();
+  Tensor x = Tensor::fromVector<int64_t>(input, {1, int64_t(input.size())}, device);
+  // Greedy unless asked otherwise (temperature < 0: the default).
+  double temperature = o.temperature < 0 ? 0.0 : o.temperature;
+  std::vector<int64_t> decoded{kPadId};
+  for (int64_t step = 0; step < o.length; ++step) {
+    Tensor y = Tensor::fromVector<int64_t>(decoded, {1, int64_t(decoded.size())}, device);
+    Tensor logits = model_->logits(x, Tensor(), y, compute);
+    std::vector<float> last =
+        logits.select(1, logits.size(1) - 1).to(Device::cpu(), DType::F32).contiguous().toVector<float>();
+    int64_t next = pickToken(last, temperature, o.topK, o.seed, uint64_t(step));
+    if (next == kEosId) break;
+    decoded.push_back(next);
+  }
+  model_->train(wasTraining);
+  return Generation{decodeIds(std::vector<int64_t>(decoded.begin() + 1, decoded.end())), false};
+}
+
+}  // namespace strata::train
