@@ -19,29 +19,33 @@ AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const 
     STRATA_CHECK(p.dtype() == DType::F32, "AdamW keeps fp32 master weights; parameter '{}' is {}", name,
                  p.dtype());
     STRATA_CHECK(p.isContiguous(), "AdamW: parameter '{}' must be contiguous", name);
-    slots_.push_back(Slot{name, p, p, ops::zerosLike(p), ops::zerosLike(p), decayFor(p, config.weightDecay)});
+    slots_.push_back(Slot{name, p, p, ops::zerosLike(p), ops::zerosLike(p), decayFor(p, config.weightDecay),
+                          0, 0, p.numel(), p.shape(), p.strides()});
   }
 }
 
 AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config,
              std::vector<zero::ShardRange> shards, std::vector<Tensor> parameterShards,
-             std::vector<bool> stateOnHost)
+             std::vector<zero::Tier> homes, zero::NvmeTier* nvme)
     : config_(config),
       masters_(std::move(masters)),
       ranges_(std::move(shards)),
-      onHost_(std::move(stateOnHost)) {
+      homes_(std::move(homes)),
+      nvme_(nvme) {
   const zero::ChunkLayout& layout = chunks.layout();
   STRATA_CHECK(masters_.empty() ? chunks.dtype() == DType::F32 : masters_.size() == chunks.numChunks(),
                "AdamW: {} chunks need {} fp32 masters, got {}", chunks.dtype(), chunks.numChunks(),
                masters_.size());
   masters_.resize(chunks.numChunks());
-  onHost_.resize(chunks.numChunks(), false);
+  homes_.resize(chunks.numChunks(), zero::Tier::Device);
   bool whole = ranges_.empty();
   if (whole)
     for (size_t c = 0; c < chunks.numChunks(); ++c) ranges_.push_back({0, chunks.paddedElems(c)});
   STRATA_CHECK(ranges_.size() == chunks.numChunks(), "AdamW: {} shard ranges for {} chunks", ranges_.size(),
                chunks.numChunks());
   slotsOf_.resize(chunks.numChunks());
+  m_.resize(chunks.numChunks());
+  v_.resize(chunks.numChunks());
   for (size_t c = 0; c < chunks.numChunks(); ++c) {
     zero::ShardRange r = ranges_[c];
     // Where the range's parameter values live: the chunk, or the parameter shard that replaces it.
@@ -49,20 +53,33 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
     Tensor paramBase = sharded ? parameterShards[c] : chunks.paddedFlat(c);
     int64_t paramOffset = sharded ? r.begin : 0;
     paramFlats_.push_back(paramBase.narrow(0, r.begin - paramOffset, r.size()));
-    if (onHost_[c]) {
-      // Host-homed state (NOTE [Store placement] in zero/Store.h): the master moves to the host, or an fp32
-      // chunk's parameters are copied there to be its master.
-      masters_[c] =
+    zero::Tier home = homes_[c];
+    if (home != zero::Tier::Device) {
+      // State off the device (NOTE [Store placement] in zero/Store.h): the master moves to the host, or an
+      // fp32 chunk's parameters are copied there to be its master; the SSD keeps them in its file.
+      Tensor master =
           ops::to(masters_[c].defined() ? masters_[c] : paramFlats_.back(), Device::cpu(), DType::F32);
+      masters_[c] = master;
+      m_[c] = ops::zeros({r.size()}, DType::F32, Device::cpu());
+      v_[c] = ops::zeros({r.size()}, DType::F32, Device::cpu());
+      if (home == zero::Tier::Nvme) {
+        STRATA_CHECK(nvme_ != nullptr, "AdamW: chunk {} is placed on the SSD tier, which is missing", c);
+        nvme_->write(c, zero::NvmeTier::Master, master.data<float>());
+        nvme_->write(c, zero::NvmeTier::FirstMoment, m_[c].data<float>());
+        nvme_->write(c, zero::NvmeTier::SecondMoment, v_[c].data<float>());
+        masters_[c] = m_[c] = v_[c] = Tensor();
+      }
     }
-    bool own = !masters_[c].defined();
+    bool own = !masters_[c].defined() && home == zero::Tier::Device;
     // The range's fp32 values: the masters (sized to the range), or the fp32 parameters themselves.
     Tensor base = own ? paramBase : masters_[c];
     int64_t baseOffset = own ? paramOffset : r.begin;
-    STRATA_CHECK(own || masters_[c].numel() == r.size(),
+    STRATA_CHECK(own || !masters_[c].defined() || masters_[c].numel() == r.size(),
                  "AdamW: chunk {}'s master has {} elements, its range {}", c, masters_[c].numel(), r.size());
-    m_.push_back(ops::zeros({r.size()}, DType::F32, base.device()));
-    v_.push_back(ops::zeros({r.size()}, DType::F32, base.device()));
+    if (home == zero::Tier::Device) {
+      m_[c] = ops::zeros({r.size()}, DType::F32, base.device());
+      v_[c] = ops::zeros({r.size()}, DType::F32, base.device());
+    }
     std::vector<Tensor> params = chunks.parameters(c);
     for (size_t j = 0; j < params.size(); ++j) {
       const zero::ChunkSlot& slot = layout.slots[size_t(layout.chunks[c].slots[j])];
@@ -73,14 +90,15 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
       bool full = a == slot.offset && b == slot.offset + slot.numel;
       Shape shape = full ? p.shape() : Shape{b - a}, strides = full ? p.strides() : Shape{1};
       auto view = [&](const Tensor& buffer, int64_t offset, DType dt) {
-        return Tensor::fromStorage(buffer.storage(), shape, strides, buffer.offset() + offset, dt);
+        return buffer.defined()
+                   ? Tensor::fromStorage(buffer.storage(), shape, strides, buffer.offset() + offset, dt)
+                   : Tensor();
       };
       Tensor piece = full && !sharded ? p : view(paramBase, a - paramOffset, p.dtype());
       slotsOf_[c].push_back(slots_.size());
       slots_.push_back(Slot{slot.name, piece, own ? piece : view(base, a - baseOffset, DType::F32),
-                            view(m_.back(), a - r.begin, DType::F32),
-                            view(v_.back(), a - r.begin, DType::F32), decayFor(p, config.weightDecay), c, a,
-                            b});
+                            view(m_[c], a - r.begin, DType::F32), view(v_[c], a - r.begin, DType::F32),
+                            decayFor(p, config.weightDecay), c, a, b, shape, strides});
     }
   }
 }
@@ -123,8 +141,7 @@ std::vector<Tensor> AdamW::gradientPieces(const std::vector<Tensor>& gradients) 
     STRATA_CHECK(g.dtype() == DType::F32 && g.isContiguous() && offset + (s.end - s.begin) <= g.numel(),
                  "AdamW: chunk {}'s gradients ({} {}) do not cover [{}, {})", s.chunk, toString(g.shape()),
                  g.dtype(), s.begin, s.end);
-    pieces.push_back(Tensor::fromStorage(g.storage(), s.master.shape(), s.master.strides(),
-                                         g.offset() + offset, DType::F32));
+    pieces.push_back(Tensor::fromStorage(g.storage(), s.shape, s.strides, g.offset() + offset, DType::F32));
   }
   return pieces;
 }
@@ -136,11 +153,11 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
   ops::AdamWHyper h = hyper(lr);
   std::vector<Tensor> grads = gradientPieces(gradients);
   std::vector<ops::AdamWTensors> sets;
-  bool anyOnHost = false;
+  bool anyOffDevice = false;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
-    if (onHost_[s.chunk]) {
-      anyOnHost = true;
+    if (homes_[s.chunk] != zero::Tier::Device) {
+      anyOffDevice = true;
       continue;
     }
     Tensor copy = s.master.impl().storage == s.param.impl().storage ? Tensor() : s.param;
@@ -150,27 +167,49 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
     Device dev = sets.front().param.device();
     ops::adamw(sets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
   }
-  if (!anyOnHost) return;
+  if (!anyOffDevice) return;
   Tensor hostScale = gradScale.defined() ? ops::to(gradScale, Device::cpu(), DType::F32) : Tensor();
-  for (size_t c = 0; c < onHost_.size(); ++c)
-    if (onHost_[c]) stepHostChunk(c, h, gradients, hostScale);
+  for (size_t c = 0; c < homes_.size(); ++c)
+    if (homes_[c] != zero::Tier::Device) stepHostChunk(c, h, gradients, hostScale);
+}
+
+AdamW::HostState AdamW::hostState(size_t c) {
+  if (homes_[c] == zero::Tier::Host) return HostState{masters_[c], m_[c], v_[c]};
+  // SSD: read into work buffers (bounded: one chunk range's worth, reused).
+  int64_t n = ranges_[c].size();
+  if (!work_[0].defined() || work_[0].numel() < n)
+    for (Tensor& t : work_) t = Tensor::empty({n}, DType::F32, Device::cpu());
+  HostState st{work_[0].narrow(0, 0, n), work_[1].narrow(0, 0, n), work_[2].narrow(0, 0, n)};
+  nvme_->read(c, zero::NvmeTier::Master, st.master.data<float>());
+  nvme_->read(c, zero::NvmeTier::FirstMoment, st.m.data<float>());
+  nvme_->read(c, zero::NvmeTier::SecondMoment, st.v.data<float>());
+  return st;
+}
+
+void AdamW::storeHostState(size_t c, const HostState& st, bool moments) {
+  if (homes_[c] != zero::Tier::Nvme) return;
+  nvme_->write(c, zero::NvmeTier::Master, st.master.data<float>());
+  if (!moments) return;
+  nvme_->write(c, zero::NvmeTier::FirstMoment, st.m.data<float>());
+  nvme_->write(c, zero::NvmeTier::SecondMoment, st.v.data<float>());
 }
 
 void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
                           const Tensor& hostScale) {
   // A plain CPU update: the range's gradients come to the host, the CPU kernel updates the master and
-  // moments in place and rounds the new values into a host copy of the range's parameters, which goes back
-  // to the device in one copy. (The pipelined optimizer overlaps this with backward and with the device's
-  // update: optim's next step.)
+  // moments in place (read from and written back to the SSD for its chunks) and rounds the new values into a
+  // host copy of the range's parameters, which goes back to the device in one copy. (The pipelined optimizer
+  // overlaps this with backward and with the device's update: optim's next step.)
   const zero::ShardRange& r = ranges_[c];
   const Tensor& g = gradients[c];
   Tensor range = g.numel() == r.size() ? g : g.narrow(0, r.begin, r.size());
   const Tensor& params = paramFlats_[c];
   if (!staging_) {
-    // One range's gradients and parameters at a time: the largest host chunk's, plus alignment slack.
+    // One range's gradients and parameters at a time: the largest off-device chunk's, plus alignment slack.
     size_t need = 0;
-    for (size_t k = 0; k < onHost_.size(); ++k)
-      if (onHost_[k]) need = std::max(need, size_t(ranges_[k].size()) * (4 + dtypeSize(params.dtype())));
+    for (size_t k = 0; k < homes_.size(); ++k)
+      if (homes_[k] != zero::Tier::Device)
+        need = std::max(need, size_t(ranges_[k].size()) * (4 + dtypeSize(params.dtype())));
     staging_ = std::make_unique<PinnedHostPool>(need + (4u << 20));
   }
   Tensor hostGrads = staged({r.size()}, DType::F32);
@@ -178,16 +217,19 @@ void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<
   // Zeros between the parameters, as the chunk holds.
   Tensor hostParams = staged({r.size()}, params.dtype());
   ops::fill(hostParams, 0.0);
+  HostState st = hostState(c);
   std::vector<ops::AdamWTensors> sets;
   for (size_t i : slotsOf_[c]) {
     const Slot& s = slots_[i];
     auto at = [&](const Tensor& flat) {
-      return Tensor::fromStorage(flat.storage(), s.master.shape(), s.master.strides(),
-                                 flat.offset() + (s.begin - r.begin), flat.dtype());
+      return Tensor::fromStorage(flat.storage(), s.shape, s.strides, flat.offset() + (s.begin - r.begin),
+                                 flat.dtype());
     };
-    sets.push_back(ops::AdamWTensors{s.master, at(hostGrads), s.m, s.v, s.weightDecay, at(hostParams)});
+    sets.push_back(
+        ops::AdamWTensors{at(st.master), at(hostGrads), at(st.m), at(st.v), s.weightDecay, at(hostParams)});
   }
   if (!sets.empty()) ops::adamw(sets, h, hostScale);
+  storeHostState(c, st, /*moments=*/true);
   ops::copy(params, hostParams);
 }
 
@@ -235,8 +277,18 @@ std::vector<std::pair<std::string, Tensor>> AdamW::namedMasters() const {
 
 void AdamW::writeParameters() {
   NoGradGuard noGrad;
-  for (const auto& s : slots_)
-    if (s.master.impl().storage != s.param.impl().storage) ops::copy(s.param, s.master);
+  for (size_t c = 0; c < slotsOf_.size(); ++c) {
+    HostState st;
+    if (homes_[c] == zero::Tier::Nvme) st = hostState(c);
+    for (size_t i : slotsOf_[c]) {
+      const Slot& s = slots_[i];
+      Tensor master = s.master.defined() ? s.master
+                                         : Tensor::fromStorage(
+                                               st.master.storage(), s.shape, s.strides,
+                                               st.master.offset() + (s.begin - ranges_[c].begin), DType::F32);
+      if (master.impl().storage != s.param.impl().storage) ops::copy(s.param, master);
+    }
+  }
 }
 
 Tensor gradNorm(const std::vector<Tensor>& parameters, Device device) {

@@ -216,17 +216,29 @@ zero::ChunkLayout layoutFromJson(const json& j, const std::string& where) {
 
 }  // namespace
 
+SaveTensors toSave(const NamedTensors& tensors) {
+  SaveTensors out;
+  for (const auto& [name, t] : tensors)
+    out.push_back(SaveTensor{name, t.shape(), t.dtype(), [t = t] { return t; }});
+  return out;
+}
+
 FileDigest writeSafetensors(const std::string& path, const NamedTensors& tensors,
+                            const std::map<std::string, std::string>& metadata, bool requireFinite) {
+  return writeSafetensors(path, toSave(tensors), metadata, requireFinite);
+}
+
+FileDigest writeSafetensors(const std::string& path, const SaveTensors& tensors,
                             const std::map<std::string, std::string>& metadata, bool requireFinite) {
   // The header first, from the shapes; then one tensor at a time through a reused host buffer, so a shard
   // of any size is written with one tensor's worth of host memory. A refused tensor leaves no file.
   json header = json::object();
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", safetensorsType(t.dtype())},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
+  for (const auto& t : tensors) {
+    uint64_t bytes = uint64_t(numelOf(t.shape)) * dtypeSize(t.dtype);
+    header[t.name] = {
+        {"dtype", safetensorsType(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
@@ -242,7 +254,11 @@ FileDigest writeSafetensors(const std::string& path, const NamedTensors& tensors
   put(&len, 8);
   put(text.data(), text.size());
   std::vector<char> buffer;
-  for (const auto& [name, t] : tensors) {
+  for (const auto& entry : tensors) {
+    const std::string& name = entry.name;
+    Tensor t = entry.value();
+    STRATA_CHECK(t.shape() == entry.shape && t.dtype() == entry.dtype, "writeSafetensors: '{}' changed shape",
+                 name);
     buffer.resize(t.nbytes());
     t.copyToHost(buffer.data(), t.dtype());
     if (requireFinite) {
@@ -342,6 +358,11 @@ CheckpointGroup CheckpointGroup::single() {
 std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model,
                            const NamedTensors& optimizer, const CheckpointState& state,
                            const CheckpointGroup& group) {
+  return saveCheckpoint(saveDir, toSave(model), toSave(optimizer), state, group);
+}
+
+std::string saveCheckpoint(const std::string& saveDir, const SaveTensors& model, const SaveTensors& optimizer,
+                           const CheckpointState& state, const CheckpointGroup& group) {
   STRATA_CHECK(group.rank >= 0 && group.rank < group.worldSize && group.barrier && group.allGather,
                "saveCheckpoint: rank {} of {} with {} barrier / all-gather", group.rank, group.worldSize,
                group.barrier && group.allGather ? "a" : "no");

@@ -259,6 +259,9 @@ const std::vector<Field>& schema() {
         "store.host_budget_gb", [](Config & c) -> auto& { return c.store.hostBudgetGb; }));
     f.push_back(stringField(
         "store.nvme_budget_gb", [](Config & c) -> auto& { return c.store.nvmeBudgetGb; }));
+    f.push_back(stringField("store.nvme_state_dtype",
+                            [](Config & c) -> auto& { return c.store.nvmeStateDType; },
+                            {"fp32", "bf16", "fp16"}));
     // dist
     f.push_back(floatField(
         "dist.timeout_s", [](Config & c) -> auto& { return c.dist.timeoutS; }, 0.1, 1e7));

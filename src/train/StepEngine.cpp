@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
 
@@ -142,26 +143,46 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
     optimizerBytes.push_back(uint64_t(ranges[i].size()) * 4 * 3);  // master, m, v (fp32)
   }
   zero::StoreBudgets budgets;
-  budgets.device = c.zero.offloadOptimizerDevice == "cpu"
+  const std::string& offload = c.zero.offloadOptimizerDevice;
+  budgets.device = offload != "none"
                        ? parameterBytes
                        : zero::parseBudgetGb(c.store.gpuBudgetGb, zero::kUnlimited, "store.gpu_budget_gb");
   uint64_t available = zero::availableHostBytes();
-  budgets.host = zero::parseBudgetGb(c.store.hostBudgetGb,
-                                     available == zero::kUnlimited ? available : available / 10 * 9,
-                                     "store.host_budget_gb");
+  budgets.host = offload == "nvme"
+                     ? 0
+                     : zero::parseBudgetGb(c.store.hostBudgetGb,
+                                           available == zero::kUnlimited ? available : available / 10 * 9,
+                                           "store.host_budget_gb");
+  uint64_t freeDisk = 0;
+  if (!c.zero.nvmePath.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(c.zero.nvmePath, ec);
+    auto space = std::filesystem::space(c.zero.nvmePath, ec);
+    if (!ec) freeDisk = space.available / 10 * 9;
+  }
+  budgets.nvme = zero::parseBudgetGb(c.store.nvmeBudgetGb, freeDisk, "store.nvme_budget_gb");
   placement_ = zero::placeModelState(parameterBytes, optimizerBytes, budgets);
-  std::vector<bool> onHost;
-  for (zero::Tier t : placement_.optimizerTier) onHost.push_back(t == zero::Tier::Host);
+  std::vector<int64_t> nvmeElems(chunks_->numChunks(), 0);
+  for (size_t i = 0; i < chunks_->numChunks(); ++i)
+    if (placement_.optimizerTier[i] == zero::Tier::Nvme) nvmeElems[i] = ranges[i].size();
+  if (placement_.chunksOn(zero::Tier::Nvme) > 0)
+    nvme_ = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, rank_, nvmeElems,
+                                             c.store.nvmeStateDType == "bf16"   ? DType::BF16
+                                             : c.store.nvmeStateDType == "fp16" ? DType::F16
+                                                                                : DType::F32);
   optimizer_ = std::make_unique<optim::AdamW>(
       *chunks_, std::move(masters),
       optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
                          c.optimizer.weightDecay},
-      ranges, paramShards_, onHost);
-  // The bytes as they are: an fp32 chunk's state on the device has no separate master.
+      ranges, paramShards_, placement_.optimizerTier, nvme_.get());
+  // The bytes as they are: an fp32 chunk's state on the device has no separate master, and the SSD may keep
+  // m and v in half precision.
   for (uint64_t& b : placement_.bytes) b = 0;
   for (size_t i = 0; i < chunks_->numChunks(); ++i) {
     uint64_t state = bytesOf(optimizer_->firstMoments()[i]) + bytesOf(optimizer_->secondMoments()[i]) +
                      bytesOf(optimizer_->masterFlats()[i]);
+    if (placement_.optimizerTier[i] == zero::Tier::Nvme)
+      state = uint64_t(nvmeElems[i]) * (4 + 2 * dtypeSize(nvme_->stateDType()));
     placement_.optimizerBytes[i] = state;
     placement_.bytes[int(placement_.optimizerTier[i])] += state;
   }
@@ -332,31 +353,50 @@ Tensor chunkRange(const Tensor& t, zero::ShardRange r, int64_t a, int64_t b) {
 
 }  // namespace
 
-NamedTensors ZeroStepEngine::checkpointModel() const {
-  // The fp32 values: the masters, or fp32 chunks' own parameters (their shard at stage 3).
-  NamedTensors out;
+SaveTensor ZeroStepEngine::savePiece(const char* kind, size_t c, int field) const {
+  zero::ShardRange r = chunks_->shard(c, rank_);
+  int64_t end = std::min(r.end, chunks_->layout().chunks[c].used);
+  std::string name = chunkPieceName(kind, int64_t(c), r.begin);
+  if (optimizer_->home(c) == zero::Tier::Nvme) {
+    // Read from the SSD when the writer reaches it: one piece in memory at a time.
+    zero::NvmeTier* nvme = nvme_.get();
+    int64_t offset = r.begin - optimizer_->ranges()[c].begin;
+    return SaveTensor{name,
+                      {end - r.begin},
+                      DType::F32,
+                      [nvme, c, field, offset, n = end - r.begin, whole = optimizer_->ranges()[c].size()] {
+                        Tensor all = Tensor::empty({whole}, DType::F32, Device::cpu());
+                        nvme->read(c, zero::NvmeTier::Field(field), all.data<float>());
+                        return all.narrow(0, offset, n);
+                      }};
+  }
+  // The fp32 values: the masters, or fp32 chunks' own parameters (their shard at stage 3); m; v.
+  const Tensor& values = field == zero::NvmeTier::FirstMoment    ? optimizer_->firstMoments()[c]
+                         : field == zero::NvmeTier::SecondMoment ? optimizer_->secondMoments()[c]
+                         : optimizer_->hasMaster(c)              ? optimizer_->masterFlats()[c]
+                         : stage_ == 3                           ? paramShards_[c]
+                                                                 : chunks_->paddedFlat(c);
+  Tensor t = chunkRange(values, r, r.begin, end);
+  return SaveTensor{name, t.shape(), t.dtype(), [t] { return t; }};
+}
+
+SaveTensors ZeroStepEngine::checkpointModel() const {
+  SaveTensors out;
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     zero::ShardRange r = chunks_->shard(c, rank_);
-    int64_t end = std::min(r.end, chunks_->layout().chunks[c].used);
-    if (r.begin >= end) continue;
-    const Tensor& values = optimizer_->hasMaster(c) ? optimizer_->masterFlats()[c]
-                           : stage_ == 3            ? paramShards_[c]
-                                                    : chunks_->paddedFlat(c);
-    out.emplace_back(chunkPieceName("param", int64_t(c), r.begin), chunkRange(values, r, r.begin, end));
+    if (r.begin < std::min(r.end, chunks_->layout().chunks[c].used))
+      out.push_back(savePiece("param", c, zero::NvmeTier::Master));
   }
   return out;
 }
 
-NamedTensors ZeroStepEngine::checkpointOptimizer() const {
-  NamedTensors out;
+SaveTensors ZeroStepEngine::checkpointOptimizer() const {
+  SaveTensors out;
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     zero::ShardRange r = chunks_->shard(c, rank_);
-    int64_t end = std::min(r.end, chunks_->layout().chunks[c].used);
-    if (r.begin >= end) continue;
-    out.emplace_back(chunkPieceName("exp_avg", int64_t(c), r.begin),
-                     chunkRange(optimizer_->firstMoments()[c], r, r.begin, end));
-    out.emplace_back(chunkPieceName("exp_avg_sq", int64_t(c), r.begin),
-                     chunkRange(optimizer_->secondMoments()[c], r, r.begin, end));
+    if (r.begin >= std::min(r.end, chunks_->layout().chunks[c].used)) continue;
+    out.push_back(savePiece("exp_avg", c, zero::NvmeTier::FirstMoment));
+    out.push_back(savePiece("exp_avg_sq", c, zero::NvmeTier::SecondMoment));
   }
   return out;
 }
@@ -373,16 +413,37 @@ void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
   // Each piece of state reads the range of its chunk it covers (the whole padded chunk, or this rank's
   // shard), as fp32, and converts on the way in: a 16-bit parameter becomes its master rounded.
   std::vector<float> host;
-  auto fill = [&](const Tensor& t, size_t c, const char* kind) {
+  // `numel` values from the chunk's element `begin` (-1: the shard's first when `numel` is the shard's size,
+  // else 0).
+  auto read = [&](int64_t numel, size_t c, const char* kind, int64_t begin = -1) {
     zero::ShardRange r = chunks_->shard(c, rank_);
-    int64_t begin = t.numel() == r.size() ? r.begin : 0;
-    int64_t end = std::min(begin + t.numel(), layout.chunks[c].used);
-    host.assign(size_t(t.numel()), 0.0f);
+    if (begin < 0) begin = numel == r.size() ? r.begin : 0;
+    int64_t end = std::min(begin + numel, layout.chunks[c].used);
+    host.assign(size_t(numel), 0.0f);
     if (begin < end) reader.readChunkRange(layout, kind, int64_t(c), begin, end, host.data());
+  };
+  auto fill = [&](const Tensor& t, size_t c, const char* kind) {
+    read(t.numel(), c, kind);
     ops::copy(t, Tensor::fromHost(host.data(), DType::F32, host.size(), {t.numel()}, t.device()));
   };
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     fill(stage_ == 3 ? paramShards_[c] : chunks_->paddedFlat(c), c, "param");
+    if (optimizer_->home(c) == zero::Tier::Nvme) {
+      // The SSD's fields cover the optimizer's range.
+      zero::ShardRange range = optimizer_->ranges()[c];
+      int64_t n = range.size();
+      read(n, c, "param", range.begin);
+      nvme_->write(c, zero::NvmeTier::Master, host.data());
+      for (auto [kind, field] : {std::pair{"exp_avg", zero::NvmeTier::FirstMoment},
+                                 std::pair{"exp_avg_sq", zero::NvmeTier::SecondMoment}}) {
+        if (optimizer)
+          read(n, c, kind, range.begin);
+        else
+          host.assign(size_t(n), 0.0f);
+        nvme_->write(c, field, host.data());
+      }
+      continue;
+    }
     if (optimizer_->hasMaster(c)) fill(optimizer_->masterFlats()[c], c, "param");
     if (optimizer) {
       fill(optimizer_->firstMoments()[c], c, "exp_avg");
@@ -398,6 +459,7 @@ size_t ZeroStepEngine::modelStateBytes() const {
   for (const auto* flats :
        {&optimizer_->masterFlats(), &optimizer_->firstMoments(), &optimizer_->secondMoments()})
     for (const Tensor& t : *flats) bytes += bytesOf(t);
+  if (nvme_) bytes += nvme_->stateBytes();
   return bytes;
 }
 

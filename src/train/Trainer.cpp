@@ -264,12 +264,10 @@ void Trainer::setup() {
     STRATA_CHECK(p.device() == device_, "parameter '{}' is on {} but train.device is {}", name,
                  toString(p.device()), toString(device_));
   compute_ = computeDTypeFor(config_, device_);
-  STRATA_USER_CHECK(
-      config_.zero.offloadParamDevice == "none" && config_.zero.offloadOptimizerDevice != "nvme",
-      "{}: zero_optimization offload (param {}, optimizer {}) is not available in this build yet; the "
-      "optimizer state offloads to the host (offload_optimizer.device: cpu, or a store.gpu_budget_gb), the "
-      "SSD tier and parameter offload come next",
-      config_.sourcePath, config_.zero.offloadParamDevice, config_.zero.offloadOptimizerDevice);
+  STRATA_USER_CHECK(config_.zero.offloadParamDevice == "none",
+                    "{}: zero_optimization.offload_param (device {}) is not available in this build yet: the "
+                    "parameters stay on the device; offload_optimizer (cpu, nvme) and the store budgets are",
+                    config_.sourcePath, config_.zero.offloadParamDevice);
   // Everything that would otherwise fail only after training has run is checked before any work.
   ensureWritableDirectory(config_.train.outDir, "train.out_dir");
   if (!saveDirectory().empty()) {

@@ -89,24 +89,26 @@ StorePlacement placeModelState(uint64_t parameterBytes, const std::vector<uint64
                     gib(parameterBytes), gib(budgets.device));
   p.bytes[int(Tier::Device)] = parameterBytes;
   uint64_t deviceLeft = budgets.device == kUnlimited ? kUnlimited : budgets.device - parameterBytes;
+  uint64_t hostLeft = budgets.host;
+  // In chunk order: the device while its budget lasts, then the host, then the SSD; once a chunk goes to a
+  // colder tier the rest follow, so each tier holds a run of chunks.
+  int tier = int(Tier::Device);
   for (uint64_t b : optimizerBytes) {
-    Tier tier = Tier::Host;
-    if (deviceLeft == kUnlimited || b <= deviceLeft) {
-      tier = Tier::Device;
-      if (deviceLeft != kUnlimited) deviceLeft -= b;
-    } else {
-      deviceLeft = 0;  // in chunk order: once one chunk goes to the host, the rest follow
-    }
-    p.optimizerTier.push_back(tier);
-    p.bytes[int(tier)] += b;
+    if (tier == int(Tier::Device) && deviceLeft != kUnlimited && b > deviceLeft) tier = int(Tier::Host);
+    if (tier == int(Tier::Host) && hostLeft != kUnlimited && b > hostLeft) tier = int(Tier::Nvme);
+    if (tier == int(Tier::Device) && deviceLeft != kUnlimited) deviceLeft -= b;
+    if (tier == int(Tier::Host) && hostLeft != kUnlimited) hostLeft -= b;
+    p.optimizerTier.push_back(Tier(tier));
+    p.bytes[tier] += b;
   }
-  uint64_t host = p.bytes[int(Tier::Host)];
+  uint64_t nvme = p.bytes[int(Tier::Nvme)];
   STRATA_USER_CHECK(
-      budgets.host == kUnlimited || host <= budgets.host,
-      "the optimizer state needs {} of host memory beside {} on the device, over the host budget "
-      "of {} (store.host_budget_gb; auto is the memory available now); raise store.gpu_budget_gb "
-      "or use more ranks (the SSD tier is not in yet)",
-      gib(host), gib(p.bytes[int(Tier::Device)]), gib(budgets.host));
+      nvme <= budgets.nvme,
+      "the model state needs {} beside {} on the device and {} of host memory (store.gpu_budget_gb "
+      "{}, store.host_budget_gb {}); the SSD tier's budget is {} (store.nvme_budget_gb, with "
+      "zero_optimization.nvme_path): raise a budget, or use more ranks",
+      gib(nvme), gib(p.bytes[int(Tier::Device)]), gib(p.bytes[int(Tier::Host)]), gib(budgets.device),
+      gib(budgets.host), gib(budgets.nvme));
   return p;
 }
 

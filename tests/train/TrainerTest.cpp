@@ -451,7 +451,7 @@ TEST_CASE("the step engine applies finite steps and leaves non-finite ones untou
   // Poison one weight: the loss goes NaN, the step is skipped and nothing moves.
   Tensor w = model->namedParameters()[0].second;
   std::vector<float> before = w.toVector<float>();
-  auto moment = engine.checkpointOptimizer()[0].second.toVector<float>();
+  auto moment = engine.checkpointOptimizer()[0].value().toVector<float>();
   Tensor poisoned = w.clone();
   float* p = poisoned.data<float>();
   p[0] = NAN;
@@ -460,7 +460,7 @@ TEST_CASE("the step engine applies finite steps and leaves non-finite ones untou
   REQUIRE(!bad.finite);
   REQUIRE(!bad.applied);
   REQUIRE(engine.state().optimizerSteps == 1);
-  REQUIRE(engine.checkpointOptimizer()[0].second.toVector<float>() == moment);
+  REQUIRE(engine.checkpointOptimizer()[0].value().toVector<float>() == moment);
   std::vector<float> after = w.toVector<float>();
   REQUIRE(std::isnan(after[0]));
   REQUIRE(std::equal(after.begin() + 1, after.end(), before.begin() + 1));
@@ -512,4 +512,58 @@ TEST_CASE("optimizer state offloaded to the host trains bit for bit like state o
   auto tail = records(base / "resumed");
   requireSameCurves(std::vector<nlohmann::json>(device.end() - std::ptrdiff_t(tail.size()), device.end()),
                     tail);
+}
+
+TEST_CASE("state across the device, host and SSD tiers trains bit for bit like state in memory, and resumes",
+          "[train][trainer][store][nvme]") {
+  fs::path base = test::freshDir("strata-store-tiers");
+  std::vector<std::string> common = {"model.dropout=0", "zero_optimization.chunk_size_mb=0.02"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return extra;
+  };
+  train::Trainer(tinyConfig(base / "memory", with({}))).run();
+  // Budgets tight enough to put a chunk's state on the device, a few in host memory and the rest on the SSD.
+  std::vector<std::string> tiers = {"store.gpu_budget_gb=0.0002", "store.host_budget_gb=0.0002",
+                                    "zero_optimization.nvme_path=" + (base / "nvme").string(),
+                                    "store.nvme_state_dtype=fp32"};
+  std::vector<std::string> saving = tiers;
+  saving.push_back("checkpoint.save=" + (base / "ckpt").string());
+  saving.push_back("checkpoint.save_interval=10");
+  train::Trainer(tinyConfig(base / "tiers", with(saving))).run();
+  auto memory = records(base / "memory");
+  requireSameCurves(memory, records(base / "tiers"));
+  nlohmann::json last;
+  for (const auto& r : records(base / "tiers"))
+    if (r.contains("loss")) last = r;
+  REQUIRE(last["mem_state_nvme_gb"].get<double>() > 0);
+  REQUIRE(last["mem_state_host_gb"].get<double>() > 0);
+  REQUIRE(last["mem_state_device_gb"].get<double>() > 0);
+  REQUIRE(last["mem_state_device_gb"].get<double>() + last["mem_state_host_gb"].get<double>() +
+              last["mem_state_nvme_gb"].get<double>() ==
+          Approx(last["mem_model_state_gb"].get<double>()).margin(1e-6));
+  REQUIRE(fs::is_empty(base / "nvme"));  // the SSD tier's file goes with the run
+  // A checkpoint saved from the SSD tier resumes exactly, into the tiers again.
+  std::vector<std::string> resume = tiers;
+  resume.push_back("checkpoint.load=" + (base / "ckpt" / "step-10").string());
+  train::Trainer(tinyConfig(base / "resumed", with(resume))).run();
+  auto tail = records(base / "resumed");
+  requireSameCurves(std::vector<nlohmann::json>(memory.end() - std::ptrdiff_t(tail.size()), memory.end()),
+                    tail);
+  // m and v in bf16 on the SSD: the curve departs a little from fp32 state (measured: see BENCHMARKS.md).
+  std::vector<std::string> half = tiers;
+  half.back() = "store.nvme_state_dtype=bf16";
+  train::Trainer(tinyConfig(base / "half", with(half))).run();
+  auto h = records(base / "half");
+  double worst = 0;
+  for (size_t i = 0; i < h.size(); ++i)
+    if (h[i].contains("loss"))
+      worst = std::max(worst, std::abs(h[i]["loss"].get<double>() - memory[i]["loss"].get<double>()));
+  INFO("largest loss difference with bf16 m and v on the SSD: " << worst);
+  REQUIRE(worst < 0.05);
+  // An SSD budget too small for what the other tiers cannot hold is refused with the figures.
+  std::vector<std::string> tooSmall = tiers;
+  tooSmall.push_back("store.nvme_budget_gb=0.00001");
+  std::string e = test::errorOf([&] { train::Trainer(tinyConfig(base / "small", with(tooSmall))).run(); });
+  REQUIRE(e.find("store.nvme_budget_gb") != std::string::npos);
 }

@@ -27,10 +27,15 @@ TEST_CASE("the store places optimizer state on the device while its budget lasts
   // Offload: the device budget is the parameters alone.
   zero::StorePlacement off = zero::placeModelState(2 * kGiB, chunks, {2 * kGiB, 20 * kGiB, 0});
   REQUIRE(off.chunksOn(Tier::Host) == 4);
-  // Over the host budget: refused with the figures.
-  std::string e = test::errorOf([&] { zero::placeModelState(2 * kGiB, chunks, {2 * kGiB, 10 * kGiB, 0}); });
-  REQUIRE(e.find("12.00 GiB of host memory") != std::string::npos);
-  REQUIRE(e.find("10.00 GiB") != std::string::npos);
+  // Over the host budget: the rest goes to the SSD, while its budget lasts.
+  zero::StorePlacement ssd = zero::placeModelState(2 * kGiB, chunks, {5 * kGiB, 7 * kGiB, 6 * kGiB});
+  REQUIRE(ssd.optimizerTier == std::vector<Tier>{Tier::Device, Tier::Host, Tier::Host, Tier::Nvme});
+  REQUIRE(ssd.bytes[int(Tier::Nvme)] == 3 * kGiB);
+  REQUIRE(ssd.total() == 14 * kGiB);
+  // Over every budget: refused with the figures.
+  std::string e = test::errorOf([&] { zero::placeModelState(2 * kGiB, chunks, {2 * kGiB, 7 * kGiB, 0}); });
+  REQUIRE(e.find("needs 6.00 GiB beside 2.00 GiB on the device and 6.00 GiB of host memory") !=
+          std::string::npos);
   e = test::errorOf([&] { zero::placeModelState(2 * kGiB, chunks, {kGiB, zero::kUnlimited, 0}); });
   REQUIRE(e.find("parameters alone") != std::string::npos);
 }

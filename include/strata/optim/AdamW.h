@@ -18,6 +18,8 @@
 #include "strata/core/Tensor.h"
 #include "strata/ops/Ops.h"
 #include "strata/zero/ChunkManager.h"
+#include "strata/zero/NvmeTier.h"
+#include "strata/zero/Store.h"
 
 namespace strata::optim {
 
@@ -37,13 +39,14 @@ class AdamW {
   // each chunk, and `masters` and the moments cover that range alone; an empty `shards` is every chunk whole.
   // `parameterShards` (ZeRO-3: the parameters themselves are sharded): per chunk, the 16-bit (or fp32) tensor
   // holding the range's parameter values, written by the update instead of the chunk.
-  // `stateOnHost` (per chunk; empty: none) puts a chunk's masters and moments in host memory
-  // (zero/Store.h): the CPU updates them, from the chunk's gradients copied to the host, and the new
-  // parameter values are copied back into the chunk. An fp32 chunk homed on the host gets an fp32 master
-  // there, its parameters being the device's copy.
+  // `homes` (per chunk; empty: all on the device) is each chunk's optimizer-state tier (zero/Store.h). Off
+  // the device the CPU updates the state, from the chunk's gradients copied to the host, and the new
+  // parameter values are copied back into the chunk: host state lives in host memory, SSD state in `nvme`'s
+  // file and passes through a work buffer of one chunk range. An fp32 chunk off the device gets an fp32
+  // master there, its parameters being the device's copy.
   AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config,
         std::vector<zero::ShardRange> shards = {}, std::vector<Tensor> parameterShards = {},
-        std::vector<bool> stateOnHost = {});
+        std::vector<zero::Tier> homes = {}, zero::NvmeTier* nvme = nullptr);
 
   // One update with learning rate `lr` from each parameter's .grad() times `gradScale` (a device fp32 scalar,
   // e.g. the clipping coefficient; undefined for 1). Parameters without a gradient are skipped.
@@ -70,9 +73,9 @@ class AdamW {
   void writeParameters();
   // Whether chunk c's fp32 values are separate from its parameters (16-bit chunks, or state on the host).
   bool hasMaster(size_t c) const { return c < masters_.size() && masters_[c].defined(); }
-  bool stateOnHost(size_t c) const { return c < onHost_.size() && onHost_[c]; }
+  zero::Tier home(size_t c) const { return c < homes_.size() ? homes_[c] : zero::Tier::Device; }
   // The chunked form's flat buffers, per chunk over its range: masters (undefined where the parameters are
-  // their own), m and v; the ranges.
+  // their own), m and v (all three undefined for chunks on the SSD); the ranges.
   const std::vector<Tensor>& masterFlats() const { return masters_; }
   const std::vector<Tensor>& firstMoments() const { return m_; }
   const std::vector<Tensor>& secondMoments() const { return v_; }
@@ -88,15 +91,25 @@ class AdamW {
     // range); param is then the piece's 16-bit view.
     size_t chunk = 0;
     int64_t begin = 0, end = 0;
+    Shape shape, strides;  // of the piece (the parameter's, or flat)
   };
   AdamWConfig config_;
   std::vector<Slot> slots_;
   // The host-homed chunks' update: gradients to the host, the CPU kernel, parameters back.
   void stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
                      const Tensor& hostScale);
+  // An off-device chunk's master, m and v as host tensors: its own (host tier), or read from the SSD into
+  // the work buffers; storeHostState writes SSD state back (the master alone without `moments`).
+  struct HostState {
+    Tensor master, m, v;
+  };
+  HostState hostState(size_t c);
+  void storeHostState(size_t c, const HostState& st, bool moments);
   std::vector<Tensor> masters_, m_, v_;  // per chunk (chunked state only)
   std::vector<zero::ShardRange> ranges_;
-  std::vector<bool> onHost_;        // per chunk
+  std::vector<zero::Tier> homes_;  // per chunk
+  zero::NvmeTier* nvme_ = nullptr;
+  Tensor work_[3];                  // SSD chunks' master, m and v while one is updated
   std::vector<Tensor> paramFlats_;  // per chunk: the range's parameter values (device), for host chunks
   std::vector<std::vector<size_t>> slotsOf_;  // per chunk: its slots
   // Page-locked staging for the host chunks' transfers (gradients out, parameters back), bounded: one chunk

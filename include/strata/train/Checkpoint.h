@@ -33,12 +33,25 @@ struct FileDigest {
   uint32_t crc32c = 0;
 };
 
+// A tensor a save writes, produced only when the writer reaches it: a live tensor, or state read from the
+// SSD tier then, so a save holds one tensor in memory at a time.
+struct SaveTensor {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::F32;
+  std::function<Tensor()> value;
+};
+using SaveTensors = std::vector<SaveTensor>;
+SaveTensors toSave(const NamedTensors& tensors);
+
 // safetensors: 8-byte little-endian header length, a JSON header (dtype, shape, data_offsets per tensor, plus
 // string "__metadata__"), then the raw bytes. The file is fsynced. With requireFinite, a floating tensor
 // holding a NaN or an infinity stops the write before the file is created, naming the tensor.
 FileDigest writeSafetensors(const std::string& path, const NamedTensors& tensors,
                             const std::map<std::string, std::string>& metadata = {},
                             bool requireFinite = false);
+FileDigest writeSafetensors(const std::string& path, const SaveTensors& tensors,
+                            const std::map<std::string, std::string>& metadata, bool requireFinite);
 // Reads every tensor to `device`; fills `metadata` when given. A malformed file is an error naming it.
 std::map<std::string, Tensor> readSafetensors(const std::string& path, Device device = Device::cpu(),
                                               std::map<std::string, std::string>* metadata = nullptr);
@@ -88,6 +101,9 @@ struct CheckpointGroup {
 // disk) fails the save on every rank with the same message and leaves the previous checkpoints as they were.
 std::string saveCheckpoint(const std::string& saveDir, const NamedTensors& model,
                            const NamedTensors& optimizer, const CheckpointState& state,
+                           const CheckpointGroup& group = CheckpointGroup::single());
+std::string saveCheckpoint(const std::string& saveDir, const SaveTensors& model, const SaveTensors& optimizer,
+                           const CheckpointState& state,
                            const CheckpointGroup& group = CheckpointGroup::single());
 
 // The saved state of the checkpoint `path` refers to (manifest only; no tensor is read).

@@ -104,6 +104,7 @@ struct ZeroConfig {
 
 struct StoreConfig {
   std::string gpuBudgetGb = "auto", hostBudgetGb = "auto", nvmeBudgetGb = "auto";
+  std::string nvmeStateDType = "fp32";  // how m and v are stored on the SSD: fp32, bf16, fp16
 };
 
 struct DistConfig {

@@ -39,6 +39,7 @@
 #include "strata/train/Config.h"
 #include "strata/train/Objective.h"
 #include "strata/zero/ChunkManager.h"
+#include "strata/zero/NvmeTier.h"
 #include "strata/zero/Store.h"
 
 namespace strata::dist {
@@ -76,8 +77,8 @@ class StepEngine {
   // This rank's part of the model state and of the optimizer state as checkpoint pieces (NOTE [Sharded
   // chunk checkpoints] in train/Checkpoint.h): views into the live state, no collective; every rank saves
   // its own.
-  virtual NamedTensors checkpointModel() const = 0;
-  virtual NamedTensors checkpointOptimizer() const = 0;
+  virtual SaveTensors checkpointModel() const = 0;
+  virtual SaveTensors checkpointOptimizer() const = 0;
   // Loads this rank's state from a checkpoint of any world size and chunk size with the same parameters:
   // the parameters and masters, and the optimizer's moments when `optimizer`. No collective.
   virtual void loadState(ChunkCheckpointReader& reader, bool optimizer) = 0;
@@ -117,13 +118,15 @@ class ZeroStepEngine final : public StepEngine {
   ZeroStepEngine(Objective& objective, const Config& config, Device device, DType compute,
                  dist::ProcessGroup* group = nullptr);
   StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) override;
-  NamedTensors checkpointModel() const override;
-  NamedTensors checkpointOptimizer() const override;
+  SaveTensors checkpointModel() const override;
+  SaveTensors checkpointOptimizer() const override;
   void loadState(ChunkCheckpointReader& reader, bool optimizer) override;
   StepEngineState state() const override;
   void restore(const StepEngineState& state) override;
   const zero::ChunkManager& chunks() const override { return *chunks_; }
   size_t modelStateBytes() const override;
+  // One checkpoint piece of chunk c: its fp32 values (field Master), m or v over this rank's shard.
+  SaveTensor savePiece(const char* kind, size_t c, int field) const;
   // Where this rank's model state lives, bytes per tier (NOTE [Store placement] in zero/Store.h).
   const zero::StorePlacement& placement() const { return placement_; }
   const optim::AdamW& optimizer() const { return *optimizer_; }
@@ -153,7 +156,8 @@ class ZeroStepEngine final : public StepEngine {
   std::vector<Tensor> shardGrads_;   // stages 2, 3: this rank's reduced fp32 shard of each chunk's gradients
   std::vector<Tensor> paramShards_;  // stage 3: this rank's shard of each chunk's parameters
   zero::StorePlacement placement_;
-  std::vector<Tensor> slots_;  // stage 3: each chunk's gathered parameters while it is resident
+  std::unique_ptr<zero::NvmeTier> nvme_;  // the SSD tier, when the placement uses it
+  std::vector<Tensor> slots_;             // stage 3: each chunk's gathered parameters while it is resident
   std::map<nn::Module*, std::vector<size_t>>
       moduleChunks_;                              // stage 3: the chunks of each module's own parameters
   std::vector<nn::Module*> active_;               // stage 3: modules whose forward is running

@@ -5,12 +5,13 @@
 // The pieces are a rank's 16-bit (or fp32) parameter chunks (or their shards at ZeRO-3) and, per chunk, the
 // optimizer state of the rank's range: fp32 master (16-bit chunks only), AdamW's m and v. Parameters are the
 // hottest state (every forward and backward reads them) and stay on the device. The optimizer state of a
-// chunk is read once per step; it goes to the device while the device budget lasts, in chunk order, then to
-// host memory, which the CPU updates in place (optim/AdamW.h). A placement that needs more host memory than
-// the host budget is refused before any work, with the figures. The SSD tier (store.nvme_budget_gb) and the
-// memory tracer that sizes the device budget from a warm-up step come next; until then `auto` means "all of
-// it": the device keeps everything unless zero_optimization.offload_optimizer.device is cpu or
-// store.gpu_budget_gb is a number.
+// chunk is read once per step; in chunk order it goes to the device while the device budget lasts, then to
+// host memory while the host budget lasts, then to the SSD. The CPU updates the host and SSD chunks
+// (optim/AdamW.h). A placement over the SSD budget is refused before any work, with the figures. Budgets:
+// store.gpu_budget_gb, store.host_budget_gb (auto: 90% of the memory available at start),
+// store.nvme_budget_gb (auto: the free space of zero_optimization.nvme_path; none without a path). Until the
+// memory tracer sizes the device budget from a warm-up step, the device's `auto` means "all of it" unless
+// zero_optimization.offload_optimizer.device is cpu or nvme.
 #pragma once
 
 #include <cstdint>

@@ -22,7 +22,7 @@ namespace {
 
 struct Run {
   std::vector<double> losses, valLosses;
-  std::vector<double> modelStateGb;
+  std::vector<double> modelStateGb, stateHostGb, stateNvmeGb;
   std::string checkpoint;
   std::string sample;
 };
@@ -70,6 +70,8 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
     if (!j.contains("loss")) continue;
     run.losses.push_back(j["loss"].get<double>());
     run.modelStateGb.push_back(j["mem_model_state_gb"].get<double>());
+    run.stateHostGb.push_back(j["mem_state_host_gb"].get<double>());
+    run.stateNvmeGb.push_back(j["mem_state_nvme_gb"].get<double>());
   }
   return run;
 }
@@ -159,18 +161,29 @@ TEST_CASE("ZeRO stages 2 and 3 resume exactly from their checkpoints, at this wo
   }
 }
 
-TEST_CASE("optimizer state offloaded to the host trains like state on the device, at stages 1 and 3",
+TEST_CASE("optimizer state on the host and SSD tiers trains like state on the device, at stages 1 and 3",
           "[dist][zero][store]") {
   auto ctx = world();
   for (int stage : {1, 3}) {
     std::string name = "offload-stage" + std::to_string(stage);
     Run device = trainRun(ctx, name + "-device", stage);
     Run host = trainRun(ctx, name + "-host", stage, {"zero_optimization.offload_optimizer.device=cpu"});
+    // All three tiers: each rank's SSD file under its own directory.
+    fs::path nvme = fs::temp_directory_path() /
+                    ("strata-zero-nvme-" + std::to_string(::getppid()) + "-" + std::to_string(ctx->rank()));
+    Run tiers = trainRun(ctx, name + "-tiers", stage,
+                         {"store.gpu_budget_gb=0.00015", "store.host_budget_gb=0.00003",
+                          "zero_optimization.nvme_path=" + nvme.string()});
+    CHECK(fs::is_empty(nvme));
     if (!ctx->isMain()) continue;
     INFO("stage " << stage);
     REQUIRE(device.losses.size() == 20);
     CHECK(host.losses == device.losses);
     CHECK(host.valLosses == device.valLosses);
+    CHECK(tiers.losses == device.losses);
+    CHECK(tiers.valLosses == device.valLosses);
+    CHECK(tiers.stateNvmeGb.back() > 0);
+    CHECK(tiers.stateHostGb.back() > 0);
   }
 }
 
