@@ -46,6 +46,10 @@ class CpuAllocator final : public Allocator {
     return stats_;
   }
   std::string name() const override { return "cpu"; }
+  void resetPeakStats() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peakAllocatedBytes = stats_.peakReservedBytes = stats_.allocatedBytes;
+  }
 
  private:
   mutable std::mutex mutex_;

@@ -173,6 +173,29 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
     if (homes_[c] != zero::Tier::Device) stepHostChunk(c, h, gradients, hostScale);
 }
 
+void AdamW::moveToDevice(size_t c, Device device) {
+  NoGradGuard noGrad;
+  if (homes_[c] == zero::Tier::Device) return;
+  HostState st = hostState(c);
+  const zero::ShardRange& r = ranges_[c];
+  bool own = paramFlats_[c].dtype() == DType::F32;
+  if (own) ops::copy(paramFlats_[c], st.master);  // already equal: the parameters were written from it
+  masters_[c] = own ? Tensor() : ops::to(st.master, device, DType::F32);
+  m_[c] = ops::to(st.m, device, DType::F32);
+  v_[c] = ops::to(st.v, device, DType::F32);
+  homes_[c] = zero::Tier::Device;
+  for (size_t i : slotsOf_[c]) {
+    Slot& s = slots_[i];
+    auto at = [&](const Tensor& flat) {
+      return Tensor::fromStorage(flat.storage(), s.shape, s.strides, flat.offset() + (s.begin - r.begin),
+                                 DType::F32);
+    };
+    s.master = own ? s.param : at(masters_[c]);
+    s.m = at(m_[c]);
+    s.v = at(v_[c]);
+  }
+}
+
 AdamW::HostState AdamW::hostState(size_t c) {
   if (homes_[c] == zero::Tier::Host) return HostState{masters_[c], m_[c], v_[c]};
   // SSD: read into work buffers (bounded: one chunk range's worth, reused).

@@ -161,6 +161,21 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
     if (!ec) freeDisk = space.available / 10 * 9;
   }
   budgets.nvme = zero::parseBudgetGb(c.store.nvmeBudgetGb, freeDisk, "store.nvme_budget_gb");
+  // NOTE [Memory tracer] in zero/Store.h: a model whose state would crowd the device starts with its
+  // optimizer state off it, and the first step decides how much comes back.
+  const char* memoryOverride = std::getenv("STRATA_DEVICE_MEMORY_GB");
+  deviceMemory_ = memoryOverride ? zero::parseBudgetGb(memoryOverride, 0, "STRATA_DEVICE_MEMORY_GB")
+                                 : deviceMemoryBytes(device_);
+  bool autoDevice = offload == "none" && (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto");
+  if (autoDevice && deviceMemory_ > 0 && (!device_.isCpu() || memoryOverride)) {
+    uint64_t estimate = parameterBytes;
+    for (size_t i = 0; i < chunks_->numChunks(); ++i)
+      estimate += optimizerBytes[i] + uint64_t(chunks_->paddedElems(i)) * 4;  // state, gradient buffers
+    if (double(estimate) > 0.8 * double(deviceMemory_)) {
+      budgets.device = parameterBytes;
+      trace_ = true;
+    }
+  }
   placement_ = zero::placeModelState(parameterBytes, optimizerBytes, budgets);
   std::vector<int64_t> nvmeElems(chunks_->numChunks(), 0);
   for (size_t i = 0; i < chunks_->numChunks(); ++i)
@@ -227,7 +242,47 @@ void ZeroStepEngine::gradientsComplete(size_t chunk) {
   }
 }
 
+void ZeroStepEngine::promoteTracedState() {
+  synchronizeDevice(device_);
+  AllocatorStats stats = deviceAllocator(device_).stats();
+  uint64_t peak = stats.peakAllocatedBytes;
+  if (device_.isCpu())
+    peak -= std::min(peak, placement_.bytes[int(zero::Tier::Host)]);  // one pool on the CPU
+  uint64_t margin = std::min<uint64_t>(1ull << 30, deviceMemory_ / 16);
+  uint64_t limit = uint64_t(0.92 * double(deviceMemory_));
+  uint64_t room = limit > peak + margin ? limit - peak - margin : 0;
+  std::vector<uint64_t> deviceBytes;
+  for (size_t c = 0; c < chunks_->numChunks(); ++c) {
+    uint64_t elems = uint64_t(optimizer_->ranges()[c].size());
+    deviceBytes.push_back(elems * (chunks_->dtype() == DType::F32 ? 8 : 12));
+  }
+  std::vector<size_t> moved = zero::chunksToPromote(placement_, deviceBytes, room);
+  uint64_t movedBytes = 0;
+  for (size_t c : moved) {
+    zero::Tier from = placement_.optimizerTier[c];
+    optimizer_->moveToDevice(c, device_);
+    if (from == zero::Tier::Nvme) nvme_->release(c);
+    placement_.bytes[int(from)] -= placement_.optimizerBytes[c];
+    placement_.optimizerBytes[c] = deviceBytes[c];
+    placement_.optimizerTier[c] = zero::Tier::Device;
+    placement_.bytes[int(zero::Tier::Device)] += deviceBytes[c];
+    movedBytes += deviceBytes[c];
+  }
+  STRATA_CHECK(placement_.total() == modelStateBytes(),
+               "the store holds {} bytes across its tiers, {} of model state", placement_.total(),
+               modelStateBytes());
+  if (rank_ == 0) {
+    auto gib = [](uint64_t b) { return double(b) / double(1ull << 30); };
+    spdlog::info(
+        "memory tracer: the first step peaked at {:.2f} GiB of the device's {:.2f} GiB; moved the "
+        "optimizer state of {} chunk{} ({:.2f} GiB) onto the device\n{}",
+        gib(peak), gib(deviceMemory_), moved.size(), moved.size() == 1 ? "" : "s", gib(movedBytes),
+        placement_.table());
+  }
+}
+
 StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatches, double lr) {
+  if (trace_ && steps_ == 0) deviceAllocator(device_).resetPeakStats();
   StepOutcome outcome;
   int ranks = group_ ? group_->size() : 1;
   Tensor stepLoss = ops::zeros({}, DType::F32, device_);
@@ -323,6 +378,7 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   for (auto& g : shardGrads_) g = Tensor();
   profiler::mark("zero grad");
   memlog(device_, "update", ++steps_);
+  if (trace_ && steps_ == 1) promoteTracedState();
   return outcome;
 }
 

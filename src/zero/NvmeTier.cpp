@@ -82,6 +82,12 @@ NvmeTier::~NvmeTier() {
   std::free(buffer_);
 }
 
+void NvmeTier::release(size_t chunk) {
+  if (chunk >= elems_.size() || elems_[chunk] == 0) return;
+  for (int f = 0; f < 3; ++f) stateBytes_ -= fieldBytes(chunk, Field(f));
+  elems_[chunk] = 0;  // its offsets stay; nothing reads it again
+}
+
 size_t NvmeTier::fieldBytes(size_t chunk, Field f) const {
   return size_t(elems_[chunk]) * (f == Master ? 4 : dtypeSize(stateDType_));
 }

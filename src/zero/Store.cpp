@@ -112,4 +112,17 @@ StorePlacement placeModelState(uint64_t parameterBytes, const std::vector<uint64
   return p;
 }
 
+std::vector<size_t> chunksToPromote(const StorePlacement& placement, const std::vector<uint64_t>& deviceBytes,
+                                    uint64_t room) {
+  std::vector<size_t> out;
+  uint64_t used = 0;
+  for (size_t c = 0; c < placement.optimizerTier.size(); ++c) {
+    if (placement.optimizerTier[c] == Tier::Device) continue;
+    if (used + deviceBytes[c] > room) break;
+    used += deviceBytes[c];
+    out.push_back(c);
+  }
+  return out;
+}
+
 }  // namespace strata::zero

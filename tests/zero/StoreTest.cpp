@@ -50,3 +50,13 @@ TEST_CASE("store budgets parse as GiB or auto", "[zero][store]") {
   REQUIRE(test::errorOf([] { zero::parseBudgetGb("-1", 7, "store.host_budget_gb"); }).size() > 0);
   REQUIRE(zero::availableHostBytes() > 0);
 }
+
+TEST_CASE("the memory tracer moves chunks onto the device in order while the room lasts", "[zero][store]") {
+  std::vector<uint64_t> chunks = {3 * kGiB, 3 * kGiB, 3 * kGiB, 3 * kGiB};
+  zero::StorePlacement p = zero::placeModelState(2 * kGiB, chunks, {5 * kGiB, 7 * kGiB, 6 * kGiB});
+  // Chunk 0 is on the device already; 1 and 2 on the host, 3 on the SSD.
+  std::vector<uint64_t> deviceBytes = {3 * kGiB, 3 * kGiB, 3 * kGiB, 3 * kGiB};
+  REQUIRE(zero::chunksToPromote(p, deviceBytes, 7 * kGiB) == std::vector<size_t>{1, 2});
+  REQUIRE(zero::chunksToPromote(p, deviceBytes, 2 * kGiB).empty());
+  REQUIRE(zero::chunksToPromote(p, deviceBytes, 100 * kGiB) == std::vector<size_t>{1, 2, 3});
+}

@@ -70,6 +70,8 @@ class Allocator {
   // NOTE [Stream-ordered reuse]). The default does nothing: for memory that no stream reads asynchronously
   // (cpuAllocator's pageable memory: copyAsync refuses it).
   virtual void recordStream(void* ptr, const Stream& stream) {}
+  // Restarts the peak figures from the bytes held now (the memory tracer's window).
+  virtual void resetPeakStats() {}
 };
 
 // True for page-locked host memory that the GPU reads and writes by DMA (cudaHostAlloc, cudaHostRegister, a
@@ -125,7 +127,7 @@ class CachingAllocator final : public Allocator {
   // Waits for the fences of pending blocks (blocking the host), then returns every cached block to the raw
   // allocator. Blocks still handed out are untouched.
   void emptyCache();
-  void resetPeakStats();
+  void resetPeakStats() override;
   // True when allocate(bytes) on the current stream would be served from the cache.
   bool hasCachedFit(size_t bytes) const;
   // Sizes are rounded up so that blocks are reusable across slightly different requests.

@@ -37,6 +37,8 @@ inline bool cudaAvailable() {
 }
 // The device's marketing name ("NVIDIA H200", or "cpu").
 std::string deviceName(Device d);
+// The device's memory in bytes (a GPU's total; for the CPU, MemTotal), or 0 when it cannot be read.
+uint64_t deviceMemoryBytes(Device d);
 // True when this build was compiled with CUDA support.
 bool builtWithCuda();
 // Physical CPU cores among the CPUs this process may run on (its affinity mask), counting each hyperthread

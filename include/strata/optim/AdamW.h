@@ -73,6 +73,10 @@ class AdamW {
   void writeParameters();
   // Whether chunk c's fp32 values are separate from its parameters (16-bit chunks, or state on the host).
   bool hasMaster(size_t c) const { return c < masters_.size() && masters_[c].defined(); }
+  // Moves chunk c's optimizer state from the host or the SSD to `device` (the memory tracer's promotion):
+  // its master, m and v become device tensors updated by the device's kernel. An fp32 chunk's parameters
+  // become their own master again.
+  void moveToDevice(size_t c, Device device);
   zero::Tier home(size_t c) const { return c < homes_.size() ? homes_[c] : zero::Tier::Device; }
   // The chunked form's flat buffers, per chunk over its range: masters (undefined where the parameters are
   // their own), m and v (all three undefined for chunks on the SSD); the ranges.

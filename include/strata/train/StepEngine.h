@@ -157,7 +157,11 @@ class ZeroStepEngine final : public StepEngine {
   std::vector<Tensor> paramShards_;  // stage 3: this rank's shard of each chunk's parameters
   zero::StorePlacement placement_;
   std::unique_ptr<zero::NvmeTier> nvme_;  // the SSD tier, when the placement uses it
-  std::vector<Tensor> slots_;             // stage 3: each chunk's gathered parameters while it is resident
+  // NOTE [Memory tracer]: the first step is traced, then optimizer state moves onto the device.
+  bool trace_ = false;
+  uint64_t deviceMemory_ = 0;
+  void promoteTracedState();
+  std::vector<Tensor> slots_;  // stage 3: each chunk's gathered parameters while it is resident
   std::map<nn::Module*, std::vector<size_t>>
       moduleChunks_;                              // stage 3: the chunks of each module's own parameters
   std::vector<nn::Module*> active_;               // stage 3: modules whose forward is running

@@ -35,6 +35,8 @@ class NvmeTier {
   // Writes `src` (elems fp32 values) as field `f` of chunk `chunk`.
   void write(size_t chunk, Field f, const float* src);
 
+  // Chunk `chunk` left the SSD (moved to the device): its extent is no longer state.
+  void release(size_t chunk);
   const std::string& path() const { return path_; }
   uint64_t fileBytes() const { return fileBytes_; }
   // Bytes of state this tier holds (the fields' payload, without the alignment padding).

@@ -59,4 +59,17 @@ struct StorePlacement {
 StorePlacement placeModelState(uint64_t parameterBytes, const std::vector<uint64_t>& optimizerBytes,
                                const StoreBudgets& budgets);
 
+// NOTE [Memory tracer]
+// When store.gpu_budget_gb is auto and the model state with its gradient buffers would take more than 80% of
+// the device, the optimizer state starts off the device (host, then SSD) and the first step is traced: the
+// device allocator's peak over it is everything but that state. The tracer then moves chunks' optimizer state
+// onto the device, in chunk order, while the traced peak plus the moved bytes stays within 92% of the device
+// less a margin (1 GiB, or 1/16 of a smaller device). STRATA_DEVICE_MEMORY_GB overrides the device's size
+// (to share a GPU, or to test the tracer on a small budget).
+
+// The chunks (in order) whose optimizer state moves to the device within `room` bytes: those not there yet,
+// each costing `deviceBytes[c]` there, until the next one does not fit.
+std::vector<size_t> chunksToPromote(const StorePlacement& placement, const std::vector<uint64_t>& deviceBytes,
+                                    uint64_t room);
+
 }  // namespace strata::zero
