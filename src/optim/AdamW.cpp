@@ -1,5 +1,6 @@
 #include "strata/optim/AdamW.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "strata/autograd/GradMode.h"
@@ -167,10 +168,13 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
     Device dev = sets.front().param.device();
     ops::adamw(sets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
   }
+  offDeviceSeconds_ = 0;
   if (!anyOffDevice) return;
+  auto start = std::chrono::steady_clock::now();
   Tensor hostScale = gradScale.defined() ? ops::to(gradScale, Device::cpu(), DType::F32) : Tensor();
   for (size_t c = 0; c < homes_.size(); ++c)
     if (homes_[c] != zero::Tier::Device) stepHostChunk(c, h, gradients, hostScale);
+  offDeviceSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void AdamW::moveToDevice(size_t c, Device device) {

@@ -60,9 +60,9 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   // Several writers of one process in one second (tests, repeated runs) get distinct files.
   static std::atomic<int> serial{0};
   int n = serial++;
-  path_ = (std::filesystem::path(dir) /
-           ("events.out.tfevents." + std::to_string(int64_t(wallTime())) + "." + host + "." +
-            std::to_string(getpid()) + (n > 0 ? "." + std::to_string(n) : std::string())))
+  path_ = (std::filesystem::path(dir) / fmt::format("events.out.tfevents.{}.{}.{}{}", int64_t(wallTime()),
+                                                    std::string(host), getpid(),
+                                                    n > 0 ? fmt::format(".{}", n) : std::string()))
               .string();
   out_.open(path_, std::ios::binary);
   STRATA_USER_CHECK(out_.good(), "cannot create TensorBoard event file {}: {}", path_, std::strerror(errno));
@@ -186,13 +186,15 @@ void MetricsLogger::train(const TrainRecord& r) {
                    {"tflops", r.tflops},
                    {"mfu", r.mfu},
                    {"elapsed_s", r.elapsedSeconds},
-                   {"skipped_steps", r.skippedSteps}};
+                   {"skipped_steps", r.skippedSteps},
+                   {"offload_ms", r.offloadMs}};
   for (const auto& [tier, gb] : r.memoryGb) {
     j["mem_" + tier + "_gb"] = gb;
     mem += fmt::format(" | mem {} {:.2f} GiB", tier, gb);
   }
   writeLine(j.dump());
   std::string skipped = r.skippedSteps > 0 ? fmt::format(" | skipped {}", r.skippedSteps) : std::string();
+  if (r.offloadMs > 0) skipped += fmt::format(" | offload wait {:.1f} ms", r.offloadMs);
   spdlog::info(
       "iteration {:>6}/{:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | loss scale {:.0f}{} | {:.1f} "
       "ms/iter | {:.0f} tokens/s | {:.2f} TFLOP/s | MFU {:.1f}%{} | elapsed {} | ETA {}",

@@ -362,6 +362,7 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   }
   if (outcome.applied) {
     optimizer_->stepChunks(lr, grads, coef);
+    outcome.offloadSeconds = optimizer_->offDeviceSeconds();
     if ((stage_ == 1 || stage_ == 2) && ranks > 1) {
       // Each rank updated its shard of the 16-bit parameters: gather the chunks whole again.
       streamWaits(deviceStreams(device_).comm, currentStream(device_), device_);

@@ -474,6 +474,7 @@ TrainResult Trainer::run() {
   double lastNorm = 0, lastScale = 1;
   double intervalLoss = 0;
   int64_t intervalSteps = 0, intervalCounted = 0, intervalSkipped = 0, nonfiniteRun = 0;
+  double intervalOffload = 0;
   auto runStart = std::chrono::steady_clock::now();
   auto intervalStart = runStart;
   double trainingSeconds = 0;  // measured step time since the start (evals and saves excluded), for the ETA
@@ -502,6 +503,7 @@ TrainResult Trainer::run() {
     dataIndex += accum * ranks;
     lastNorm = step.gradNorm;
     lastScale = step.lossScale;
+    intervalOffload += step.offloadSeconds;
     if (result.chunks == 0) {
       result.chunks = engine.chunks().numChunks();
       const zero::ChunkLayout& layout = engine.chunks().layout();
@@ -570,6 +572,7 @@ TrainResult Trainer::run() {
       r.lr = lr;
       r.lossScale = lastScale;
       r.skippedSteps = intervalSkipped;
+      r.offloadMs = 1000.0 * intervalOffload / double(intervalSteps);
       synchronizeDevice(device_);  // the interval's time covers all of its work
       auto now = std::chrono::steady_clock::now();
       double seconds = std::chrono::duration<double>(now - intervalStart).count();
@@ -605,6 +608,7 @@ TrainResult Trainer::run() {
       result.last = r;
       intervalLoss = 0;
       intervalSteps = intervalCounted = intervalSkipped = 0;
+      intervalOffload = 0;
       intervalStart = std::chrono::steady_clock::now();
     }
     if (c.train.evalInterval > 0 && (done % c.train.evalInterval == 0 || last) && signal == 0) {

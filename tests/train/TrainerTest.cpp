@@ -538,6 +538,8 @@ TEST_CASE("state across the device, host and SSD tiers trains bit for bit like s
     if (r.contains("loss")) last = r;
   REQUIRE(last["mem_state_nvme_gb"].get<double>() > 0);
   REQUIRE(last["mem_state_host_gb"].get<double>() > 0);
+  REQUIRE(last["offload_ms"].get<double>() > 0);  // the time the device waited for the off-device update
+  REQUIRE(records(base / "memory").back().value("offload_ms", 0.0) == 0.0);
   REQUIRE(last["mem_state_device_gb"].get<double>() > 0);
   REQUIRE(last["mem_state_device_gb"].get<double>() + last["mem_state_host_gb"].get<double>() +
               last["mem_state_nvme_gb"].get<double>() ==

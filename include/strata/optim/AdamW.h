@@ -61,6 +61,8 @@ class AdamW {
   void zeroGrad();
 
   int64_t stepCount() const { return step_; }
+  // Wall seconds the last stepChunks spent on chunks off the device.
+  double offDeviceSeconds() const { return offDeviceSeconds_; }
   void setStepCount(int64_t s) { step_ = s; }
   const AdamWConfig& config() const { return config_; }
   // Optimizer state for checkpoints: per chunk "exp_avg.<chunk>" and "exp_avg_sq.<chunk>" (flat fp32), or per
@@ -121,6 +123,7 @@ class AdamW {
   std::unique_ptr<PinnedHostPool> staging_;
   Tensor staged(const Shape& shape, DType dtype);
   int64_t step_ = 0;
+  double offDeviceSeconds_ = 0;
 };
 
 // The global L2 norm of the gradients, as an fp32 scalar on `device` (no host sync).

@@ -34,7 +34,8 @@ struct TrainRecord {
   double msPerIter = 0, tokensPerSec = 0, tflops = 0, mfu = 0;
   double elapsedSeconds = 0, etaSeconds = 0;  // since the run (or the resume) started; to the last iteration
   int64_t skippedSteps = 0;                   // in this interval: fp16 overflows and non-finite steps
-  std::map<std::string, double> memoryGb;     // tier -> GiB in use (gpu, host)
+  double offloadMs = 0;  // per step: the update of optimizer state off the device, which the device waits for
+  std::map<std::string, double> memoryGb;  // tier -> GiB in use (gpu, host)
 };
 
 class MetricsLogger {

@@ -56,6 +56,9 @@ struct StepOutcome {
   bool finite = true;    // loss and gradient norm were finite
   bool applied = false;  // the update ran (false: skipped, every state untouched)
   double lossScale = 1;  // fp16's loss scale after the step (1 otherwise)
+  // Seconds the step spent updating optimizer state off the device (gradients out, the CPU update, SSD reads
+  // and writes, parameters back): the device waits for all of it until the pipelined optimizer.
+  double offloadSeconds = 0;
 };
 
 // The engine's counters a checkpoint keeps, beside its tensors.
