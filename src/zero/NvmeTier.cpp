@@ -113,46 +113,48 @@ void NvmeTier::transfer(bool write, uint64_t offset, size_t bytes) {
   (write ? bytesWritten_ : bytesRead_) += bytes;
 }
 
-void NvmeTier::read(size_t chunk, Field f, float* dst) {
+template <class Body>
+void NvmeTier::forEachPiece(size_t chunk, Field f, Body&& body) {
   STRATA_CHECK(chunk < elems_.size() && elems_[chunk] > 0, "chunk {} has no extent on the SSD tier", chunk);
   DType dt = f == Master ? DType::F32 : stateDType_;
   size_t esize = dtypeSize(dt), perPiece = kPieceBytes / esize;
   uint64_t base = offsetOf(chunk, f);
   for (int64_t first = 0; first < elems_[chunk]; first += int64_t(perPiece)) {
     size_t n = size_t(std::min<int64_t>(int64_t(perPiece), elems_[chunk] - first));
-    transfer(false, base + uint64_t(first) * esize, size_t(alignUp(n * esize)));
+    body(size_t(first), n, dt, base + uint64_t(first) * esize, size_t(alignUp(n * esize)));
+  }
+}
+
+void NvmeTier::read(size_t chunk, Field f, float* dst) {
+  forEachPiece(chunk, f, [&](size_t first, size_t n, DType dt, uint64_t offset, size_t bytes) {
+    transfer(false, offset, bytes);
     if (dt == DType::F32) {
       std::memcpy(dst + first, buffer_, n * 4);
     } else if (dt == DType::BF16) {
       const BFloat16* s = static_cast<const BFloat16*>(buffer_);
-      for (size_t i = 0; i < n; ++i) dst[size_t(first) + i] = float(s[i]);
+      for (size_t i = 0; i < n; ++i) dst[first + i] = float(s[i]);
     } else {
       const Half* s = static_cast<const Half*>(buffer_);
-      for (size_t i = 0; i < n; ++i) dst[size_t(first) + i] = float(s[i]);
+      for (size_t i = 0; i < n; ++i) dst[first + i] = float(s[i]);
     }
-  }
+  });
 }
 
 void NvmeTier::write(size_t chunk, Field f, const float* src) {
-  STRATA_CHECK(chunk < elems_.size() && elems_[chunk] > 0, "chunk {} has no extent on the SSD tier", chunk);
-  DType dt = f == Master ? DType::F32 : stateDType_;
-  size_t esize = dtypeSize(dt), perPiece = kPieceBytes / esize;
-  uint64_t base = offsetOf(chunk, f);
-  for (int64_t first = 0; first < elems_[chunk]; first += int64_t(perPiece)) {
-    size_t n = size_t(std::min<int64_t>(int64_t(perPiece), elems_[chunk] - first));
-    size_t bytes = size_t(alignUp(n * esize));
+  forEachPiece(chunk, f, [&](size_t first, size_t n, DType dt, uint64_t offset, size_t bytes) {
     if (dt == DType::F32) {
       std::memcpy(buffer_, src + first, n * 4);
     } else if (dt == DType::BF16) {
       BFloat16* d = static_cast<BFloat16*>(buffer_);
-      for (size_t i = 0; i < n; ++i) d[i] = BFloat16(src[size_t(first) + i]);
+      for (size_t i = 0; i < n; ++i) d[i] = BFloat16(src[first + i]);
     } else {
       Half* d = static_cast<Half*>(buffer_);
-      for (size_t i = 0; i < n; ++i) d[i] = Half(src[size_t(first) + i]);
+      for (size_t i = 0; i < n; ++i) d[i] = Half(src[first + i]);
     }
-    std::memset(static_cast<char*>(buffer_) + n * esize, 0, bytes - n * esize);
-    transfer(true, base + uint64_t(first) * esize, bytes);
-  }
+    size_t payload = n * dtypeSize(dt);
+    std::memset(static_cast<char*>(buffer_) + payload, 0, bytes - payload);
+    transfer(true, offset, bytes);
+  });
 }
 
 }  // namespace strata::zero

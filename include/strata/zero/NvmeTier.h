@@ -50,6 +50,9 @@ class NvmeTier {
   uint64_t offsetOf(size_t chunk, Field f) const;
   size_t fieldBytes(size_t chunk, Field f) const;
   void transfer(bool write, uint64_t offset, size_t bytes);
+  // Calls body(first element, count, stored dtype, file offset, aligned bytes) per 16 MiB piece of a field.
+  template <class Body>
+  void forEachPiece(size_t chunk, Field f, Body&& body);
 
   std::string path_;
   int fd_ = -1;
