@@ -77,6 +77,23 @@ std::string deviceName(Device d) {
   return toString(d);
 }
 
+uint64_t deviceMemoryBytes(Device d) {
+  if (d.isCpu()) {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kb = 0;
+    while (in >> key >> kb >> unit)
+      if (key == "MemTotal:") return kb * 1024;
+    return 0;
+  }
+#if STRATA_CUDA
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, d.index) == cudaSuccess) return uint64_t(prop.totalGlobalMem);
+  cudaGetLastError();
+#endif
+  return 0;
+}
+
 int cudaDeviceCount() {
 #if STRATA_CUDA
   static const int count = [] {
