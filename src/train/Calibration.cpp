@@ -296,18 +296,18 @@ namespace {
 
 // Pinned host memory <-> device, one 1 GiB copy each way, median of 5.
 void measureTransfers(Calibration& c, Device gpu) {
-  const int64_t n = int64_t(1) << 30;
-  PinnedHostPool pool(size_t(n) + (4u << 20));
-  auto storage = std::make_shared<StorageImpl>(size_t(n), pool);
-  Tensor host = Tensor::fromStorage(std::move(storage), {n}, {1}, 0, DType::U8);
+  const int64_t bytes = int64_t(1) << 30, n = bytes / 4;
+  PinnedHostPool pool(size_t(bytes) + (4u << 20));
+  auto storage = std::make_shared<StorageImpl>(size_t(bytes), pool);
+  Tensor host = Tensor::fromStorage(std::move(storage), {n}, {1}, 0, DType::F32);
   ops::fill(host, 1.0);
-  Tensor device = Tensor::empty({n}, DType::U8, gpu);
+  Tensor device = Tensor::empty({n}, DType::F32, gpu);
   double h2d = medianMs(
       gpu, [&] { ops::copy(device, host); }, 5);
   double d2h = medianMs(
       gpu, [&] { ops::copy(host, device); }, 5);
-  c.h2dGBs = double(n) / (h2d * 1e-3) / 1e9;
-  c.d2hGBs = double(n) / (d2h * 1e-3) / 1e9;
+  c.h2dGBs = double(bytes) / (h2d * 1e-3) / 1e9;
+  c.d2hGBs = double(bytes) / (d2h * 1e-3) / 1e9;
 }
 
 // The four GEMMs of a GPT-6.7B layer's forward at 8192 tokens (B16 x seq 512): qkv, attention output, fc1,
