@@ -55,7 +55,11 @@ Tensor Gpt::hidden(const Tensor& ids, DType compute) {
   STRATA_CHECK(T <= config_.seqLength, "gpt: sequence of {} tokens exceeds model.seq_length {}", T,
                config_.seqLength);
   Tensor pos = ops::arange(0, double(T), 1, DType::I64, ids.device());
-  Tensor x = wte_->apply(ids, compute) + wpe_->apply(pos, compute);
+  // Two statements, not one sum: the operands of + are evaluated in an unspecified order (g++ takes wpe
+  // first), and the chunk layout follows the order of first use, which models::parameterShapes lists as wte,
+  // then wpe.
+  Tensor x = wte_->apply(ids, compute);
+  x = x + wpe_->apply(pos, compute);
   x = dropout(x, config_.dropout, isTraining());
   // The residual stream travels as (x, pending) so each block's closing add fuses into the next norm; the
   // first block starts with no pending part.

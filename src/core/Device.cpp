@@ -88,7 +88,7 @@ uint64_t deviceMemoryBytes(Device d) {
   }
 #if STRATA_CUDA
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, d.index) == cudaSuccess) return prop.totalGlobalMem;
+  if (cudaGetDeviceProperties(&prop, d.index) == cudaSuccess) return uint64_t(prop.totalGlobalMem);
   cudaGetLastError();
 #endif
   return 0;

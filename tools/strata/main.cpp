@@ -1,8 +1,9 @@
-// The `strata` command: train, bench, info, generate, convert.
+// The `strata` command: train, bench, info, plan, generate, convert, tokenize.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -10,13 +11,16 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "models/Zoo.h"
 #include "models/ZooHf.h"
 #include "strata/strata.h"
+#include "strata/train/Calibration.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
+#include "strata/train/Plan.h"
 #include "strata/train/Tokenize.h"
 #include "strata/train/Trainer.h"
 #include "strata/zero/ChunkLayout.h"
@@ -25,7 +29,7 @@ using namespace strata;
 
 namespace {
 
-const char* kCommands[] = {"train", "bench", "info", "generate", "convert", "tokenize"};
+const char* kCommands[] = {"train", "bench", "info", "plan", "generate", "convert", "tokenize"};
 
 int runTrain(const std::string& configPath, const std::vector<std::string>& overrides) {
   train::Config config = train::loadConfig(configPath, overrides);
@@ -146,6 +150,95 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
                 bestLayout.chunks.size());
   }
   return 0;
+}
+
+std::string optionalFigure(const std::optional<double>& value, const char* format) {
+  return value ? fmt::format(fmt::runtime(format), *value) : std::string("-");
+}
+
+std::string optionalBytes(const std::optional<uint64_t>& value) {
+  return value ? humanBytes(double(*value)) : std::string("-");
+}
+
+// `strata bench --calibrate`: this machine's rates and sizes, for `strata plan` (train/Calibration.h).
+int runCalibrate(const std::string& outPath, const std::string& nvmePath, double nvmeGb) {
+  std::string path = outPath.empty() ? train::defaultCalibrationPath() : outPath;
+  std::string dir = nvmePath.empty() ? std::filesystem::temp_directory_path().string() : nvmePath;
+  auto start = std::chrono::steady_clock::now();
+  train::Calibration c = train::calibrate(dir, uint64_t(nvmeGb * double(1ull << 30)));
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  train::writeCalibration(c, path);
+  std::printf("\n%-34s %s\n", "what", "measured");
+  std::printf("%-34s %s\n", "device", c.deviceName.value_or("none (no GPU: GPU fields left out)").c_str());
+  std::printf("%-34s %s\n", "device memory", optionalBytes(c.deviceMemoryBytes).c_str());
+  std::printf("%-34s %s\n", "PCIe pinned H2D", optionalFigure(c.h2dGBs, "{:.1f} GB/s").c_str());
+  std::printf("%-34s %s\n", "PCIe pinned D2H", optionalFigure(c.d2hGBs, "{:.1f} GB/s").c_str());
+  std::printf("%-34s %s%s\n", "bf16 GEMM", optionalFigure(c.gemmTflops, "{:.0f} TFLOP/s").c_str(),
+              c.gemmTflops ? (" (" + c.gemmShape + ")").c_str() : "");
+  std::printf("%-34s %s\n", "host memory (total / available)",
+              (optionalBytes(c.hostMemoryBytes) + " / " + optionalBytes(c.hostAvailableBytes)).c_str());
+  std::printf(
+      "%-34s %s (%d threads)\n", "CPU AdamW (fp32 state, bf16 out)",
+      optionalFigure(c.cpuAdamwElemsPerS ? std::optional<double>(*c.cpuAdamwElemsPerS / 1e9) : std::nullopt,
+                     "{:.2f} G elements/s")
+          .c_str(),
+      c.cpuThreads);
+  std::printf("%-34s %s write, %s read%s\n", "SSD, 16 MiB blocks",
+              optionalFigure(c.nvmeWriteGBs, "{:.2f} GB/s").c_str(),
+              optionalFigure(c.nvmeReadGBs, "{:.2f} GB/s").c_str(),
+              !c.nvmeWriteGBs ? " (too little free space to measure)"
+              : c.nvmeDirect  ? " (O_DIRECT)"
+                              : " (the file system refused O_DIRECT: buffered, fdatasync)");
+  std::printf("%-34s %s (%s free)\n", "SSD path", c.nvmePath.c_str(), optionalBytes(c.nvmeFreeBytes).c_str());
+  std::printf(
+      "\nwrote %s in %.1f s; `strata plan CONFIG` reads it (STRATA_CALIBRATION or --calibration pick "
+      "another)\n",
+      path.c_str(), seconds);
+  return 0;
+}
+
+// `strata plan CONFIG`: where the model state will live, the activations and the predicted step time
+// (NOTE [Plan model] in train/Plan.h); a config that does not fit is refused with the largest model of its
+// family that does.
+int runPlan(const std::string& configPath, const std::vector<std::string>& overrides, int ranks,
+            const std::string& calibrationPath) {
+  STRATA_USER_CHECK(ranks >= 1, "plan: --ranks must be at least 1, got {}", ranks);
+  train::Config c = train::loadConfig(configPath, overrides, /*requireData=*/false);
+  train::PlanOptions options;
+  options.ranks = ranks;
+  options.calibrationSource = calibrationPath.empty() ? train::defaultCalibrationPath() : calibrationPath;
+  options.calibration = train::readCalibration(options.calibrationSource);
+  STRATA_USER_CHECK(options.calibration || calibrationPath.empty(), "plan: no calibration file {}",
+                    calibrationPath);
+  train::ModelStatePlan plan = train::planModelState(c, options);
+  std::printf("%s", train::formatPlan(plan).c_str());
+  std::fflush(stdout);
+  if (!options.calibration)
+    std::printf(
+        "  - no calibration file (%s): the figures are DESIGN.md's measured H200; write one with "
+        "`strata bench --calibrate` on the training machine\n",
+        options.calibrationSource.c_str());
+  std::fflush(stdout);
+  if (plan.fits) return 0;
+  std::optional<train::Config> largest = train::largestFittingModel(c, options);
+  std::string advice;
+  if (largest) {
+    models::ModelSpec spec = train::modelSpecFrom(*largest, Device::cpu());
+    advice = fmt::format(
+        "the largest model of its family that fits here: {:.2f} B parameters ({}): --set "
+        "model.num_layers={} --set model.hidden_size={} --set model.num_attention_heads={}",
+        double(models::numParameters(spec)) / 1e9, models::describeShape(spec), largest->model.numLayers,
+        largest->model.hiddenSize, largest->model.numAttentionHeads);
+    if (largest->model.decoderNumLayers > 0)
+      advice += fmt::format(" --set model.decoder_num_layers={}", largest->model.decoderNumLayers);
+    if (largest->model.ffnHiddenSize > 0)
+      advice += fmt::format(" --set model.ffn_hidden_size={}", largest->model.ffnHiddenSize);
+  } else {
+    advice =
+        "no model of its family fits at this micro-batch and sequence length; lower "
+        "train.micro_batch_size or model.seq_length";
+  }
+  STRATA_USER_FAIL("{} does not fit: {}.\n{}", configPath, plan.refusal, advice);
 }
 
 // The configs folder: ./configs when there is one, else the source tree's this binary was built from.
@@ -440,12 +533,39 @@ int main(int argc, char** argv) {
   train->add_option("--set", overrides, "override a config key: --set train.train_iters=100");
 
   int64_t benchIters = 20;
-  bool benchProfile = false;
-  auto* bench = app.add_subcommand("bench", "training speed of a config on random tokens (no data needed)");
-  bench->add_option("config", config, "YAML config file")->required();
+  bool benchProfile = false, calibrate = false;
+  std::string calibrationOut, nvmePath;
+  double nvmeGb = 2;
+  auto* bench = app.add_subcommand(
+      "bench",
+      "training speed of a config on random tokens (no data needed); --calibrate: this machine's rates for "
+      "`strata plan`");
+  bench->add_option("config", config, "YAML config file (not with --calibrate)");
   bench->add_option("--set", overrides, "override a config key: --set train.micro_batch_size=16");
   bench->add_option("--iters", benchIters, "measured iterations (after as many warm-up iterations)");
   bench->add_flag("--profile", benchProfile, "also print the step profile (STRATA_PROFILE)");
+  bench->add_flag("--calibrate", calibrate,
+                  "measure PCIe, GEMM, CPU AdamW and SSD rates and memory sizes into a calibration file");
+  bench->add_option("--out", calibrationOut,
+                    "with --calibrate: the file to write (default $STRATA_CALIBRATION or "
+                    "~/.cache/strata/calibration.json)");
+  bench->add_option("--nvme-path", nvmePath,
+                    "with --calibrate: the directory the SSD is measured in (default: "
+                    "the temp directory)");
+  bench->add_option("--nvme-gb", nvmeGb, "with --calibrate: GiB written and read back on the SSD (default 2)")
+      ->check(CLI::PositiveNumber);
+
+  int planRanks = 1;
+  std::string calibrationPath;
+  auto* plan = app.add_subcommand(
+      "plan",
+      "where each byte of model state will live (GPU, host, SSD), activation memory and the predicted step "
+      "time, without a GPU; refuses a config that cannot fit");
+  plan->add_option("config", config, "YAML config file")->required();
+  plan->add_option("--set", overrides, "override a config key");
+  plan->add_option("--ranks", planRanks, "ranks (GPUs) to plan for (default 1)")->check(CLI::PositiveNumber);
+  plan->add_option("--calibration", calibrationPath,
+                   "calibration file (default $STRATA_CALIBRATION or ~/.cache/strata/calibration.json)");
 
   auto* info = app.add_subcommand(
       "info",
@@ -519,7 +639,16 @@ int main(int argc, char** argv) {
     if (*train) return runTrain(config, overrides);
     if (*info)
       return config == "zoo" && !std::filesystem::exists(config) ? runInfoZoo() : runInfo(config, overrides);
-    if (*bench) return runBench(config, overrides, benchIters, benchProfile);
+    if (*bench) {
+      if (calibrate) {
+        STRATA_USER_CHECK(config.empty() && overrides.empty(),
+                          "bench --calibrate measures the machine and takes no CONFIG or --set");
+        return runCalibrate(calibrationOut, nvmePath, nvmeGb);
+      }
+      STRATA_USER_CHECK(!config.empty(), "bench: give a CONFIG (or --calibrate)");
+      return runBench(config, overrides, benchIters, benchProfile);
+    }
+    if (*plan) return runPlan(config, overrides, planRanks, calibrationPath);
     if (*generate)
       return runGenerate(checkpoint, prompt, tokens, temperatureOption->count() > 0 ? temperature : -1.0,
                          topK, seed, device);

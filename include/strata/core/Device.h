@@ -37,7 +37,8 @@ inline bool cudaAvailable() {
 }
 // The device's marketing name ("NVIDIA H200", or "cpu").
 std::string deviceName(Device d);
-// The device's memory in bytes (a GPU's total; for the CPU, MemTotal), or 0 when it cannot be read.
+// Total memory of the device in bytes: a GPU's global memory (0 when it cannot be queried), or the host's
+// MemTotal for the CPU (0 when /proc/meminfo is unreadable).
 uint64_t deviceMemoryBytes(Device d);
 // True when this build was compiled with CUDA support.
 bool builtWithCuda();

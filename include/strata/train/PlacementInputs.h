@@ -1,0 +1,55 @@
+// The inputs of the store's placement (NOTE [Store placement] in zero/Store.h) for a config, from the
+// architecture's parameter shapes alone: what ZeroStepEngine's constructor computes from its real chunks,
+// without building a tensor, so `strata plan` answers for a 20B model on a laptop. The chunk layout is the
+// one the engine records (models::parameterShapes lists the parameters in the first-use order the engine's
+// trace finds; a test checks it against the built model), padded to equal shards as ChunkManager pads it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/core/DType.h"
+#include "strata/train/Config.h"
+#include "strata/zero/ChunkLayout.h"
+#include "strata/zero/Store.h"
+
+namespace strata::train {
+
+struct ModelStateInputs {
+  DType compute = DType::BF16;
+  int ranks = 1;
+  int stage = 0;
+  zero::ChunkLayout layout;
+  std::vector<int64_t> paddedElems;  // per chunk: its length padded to a multiple of the ranks
+  std::vector<int64_t> rangeElems;   // per chunk: the elements whose optimizer state this rank keeps
+  // This rank's parameters on the device: the padded chunks, or their shards at stage 3.
+  uint64_t parameterBytes = 0;
+  // Per chunk: this rank's range x 12 bytes (fp32 master, m, v), as the engine asks the placement.
+  std::vector<uint64_t> optimizerBytes;
+  // fp32 gradient buffers on the device: every padded chunk's (what backward accumulates into, across the
+  // micro-batches of a step), and this rank's shards of them (stage >= 2 on several ranks: what is left
+  // after the last backward's reduce-scatter).
+  uint64_t gradientBytes = 0;
+  uint64_t gradientShardBytes = 0;
+  int64_t largestChunkElems = 0;  // padded
+  // Stage 3: the slots whole chunks are gathered into (the one in use and prefetch_depth ahead).
+  uint64_t gatherBytes = 0;
+
+  int64_t rangeElemsTotal() const;
+};
+
+// The placement inputs of `config` on `ranks` ranks computing in `compute` (train::computeDTypeFor).
+ModelStateInputs modelStateInputs(const Config& config, int ranks, DType compute);
+
+// The store's budgets as the engine reads them: offload_optimizer.device cpu (or nvme) leaves the device the
+// parameters only, else store.gpu_budget_gb (auto: `deviceAuto`); store.host_budget_gb (auto: 90% of
+// `hostAvailable`); store.nvme_budget_gb (auto: 90% of `nvmeFree`, the free space of
+// zero_optimization.nvme_path, 0 without one). offload_optimizer.device nvme leaves the host nothing.
+zero::StoreBudgets storeBudgets(const Config& config, uint64_t parameterBytes, uint64_t deviceAuto,
+                                uint64_t hostAvailable, uint64_t nvmeFree);
+
+// Free bytes of the file system holding `path` (or its nearest existing parent); 0 when none can be read.
+uint64_t freeDiskBytes(const std::string& path);
+
+}  // namespace strata::train

@@ -1,0 +1,77 @@
+#include "strata/train/PlacementInputs.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+#include "models/Zoo.h"
+#include "strata/core/Device.h"
+#include "strata/train/Trainer.h"
+
+namespace strata::train {
+
+int64_t ModelStateInputs::rangeElemsTotal() const {
+  int64_t n = 0;
+  for (int64_t r : rangeElems) n += r;
+  return n;
+}
+
+ModelStateInputs modelStateInputs(const Config& c, int ranks, DType compute) {
+  ModelStateInputs in;
+  in.compute = compute;
+  in.ranks = std::max(1, ranks);
+  in.stage = int(c.zero.stage);
+  auto shapes = models::parameterShapes(modelSpecFrom(c, Device::cpu()));
+  in.layout = zero::planChunks(shapes, int64_t(c.zero.chunkSizeMb * double(1 << 20)), compute);
+  uint64_t elemBytes = dtypeSize(compute);
+  int64_t largest = 0;
+  for (const zero::ChunkInfo& chunk : in.layout.chunks) {
+    // ChunkManager::padTo: the used length, rounded up to equal shards.
+    int64_t padded = (chunk.used + in.ranks - 1) / in.ranks * in.ranks;
+    int64_t range = in.stage >= 1 ? padded / in.ranks : padded;
+    in.paddedElems.push_back(padded);
+    in.rangeElems.push_back(range);
+    in.parameterBytes += uint64_t(in.stage == 3 ? range : padded) * elemBytes;
+    in.optimizerBytes.push_back(uint64_t(range) * 4 * 3);
+    largest = std::max(largest, padded);
+  }
+  // Gradients accumulate in fp32 for 16-bit parameters (ChunkManager), in the parameters' dtype otherwise.
+  uint64_t gradBytes = std::max<uint64_t>(elemBytes, 4);
+  for (int64_t padded : in.paddedElems) in.gradientBytes += uint64_t(padded) * gradBytes;
+  in.gradientShardBytes = uint64_t(in.rangeElemsTotal()) * 4;
+  in.largestChunkElems = largest;
+  if (in.stage == 3)
+    in.gatherBytes = uint64_t(1 + std::max<int64_t>(0, c.zero.prefetchDepth)) * uint64_t(largest) * elemBytes;
+  return in;
+}
+
+zero::StoreBudgets storeBudgets(const Config& c, uint64_t parameterBytes, uint64_t deviceAuto,
+                                uint64_t hostAvailable, uint64_t nvmeFree) {
+  zero::StoreBudgets b;
+  const std::string& offload = c.zero.offloadOptimizerDevice;
+  b.device = offload == "cpu" || offload == "nvme"
+                 ? parameterBytes
+                 : zero::parseBudgetGb(c.store.gpuBudgetGb, deviceAuto, "store.gpu_budget_gb");
+  b.host = offload == "nvme" ? 0
+                             : zero::parseBudgetGb(
+                                   c.store.hostBudgetGb,
+                                   hostAvailable == zero::kUnlimited ? hostAvailable : hostAvailable / 10 * 9,
+                                   "store.host_budget_gb");
+  b.nvme = zero::parseBudgetGb(c.store.nvmeBudgetGb, c.zero.nvmePath.empty() ? 0 : nvmeFree / 10 * 9,
+                               "store.nvme_budget_gb");
+  return b;
+}
+
+uint64_t freeDiskBytes(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec);
+  while (!p.empty() && !fs::exists(p, ec)) {
+    if (p == p.parent_path()) break;
+    p = p.parent_path();
+  }
+  fs::space_info space = fs::space(p, ec);
+  return ec ? 0 : uint64_t(space.available);
+}
+
+}  // namespace strata::train

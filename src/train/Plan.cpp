@@ -1,0 +1,476 @@
+#include "strata/train/Plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "models/bert/Bert.h"
+#include "models/gpt/Gpt.h"
+#include "models/t5/T5.h"
+#include "strata/core/Error.h"
+#include "strata/train/Trainer.h"
+
+namespace strata::train {
+
+namespace {
+
+std::string gib(uint64_t bytes) {
+  if (bytes == zero::kUnlimited) return "unlimited";
+  if (bytes < (1ull << 30)) return fmt::format("{:.1f} MiB", double(bytes) / double(1ull << 20));
+  return fmt::format("{:.2f} GiB", double(bytes) / double(1ull << 30));
+}
+
+std::string seconds(double s) {
+  if (s < 1e-3) return fmt::format("{:.0f} us", s * 1e6);
+  if (s < 1) return fmt::format("{:.1f} ms", s * 1e3);
+  return fmt::format("{:.2f} s", s);
+}
+
+bool flashHeadDim(int64_t d) {
+  return d == 64 || d == 80 || d == 128;
+}
+
+// One transformer block's kept activations over `tokens` tokens (NOTE [Plan model]).
+uint64_t blockBytes(uint64_t e, int64_t tokens, int64_t hidden, int64_t inner, int64_t ffn) {
+  return e * uint64_t(tokens) * uint64_t(4 * hidden + 4 * inner + 2 * ffn);
+}
+
+// The S_q x S_k probabilities the composed attention keeps, per layer: once, twice with dropout.
+uint64_t scoresBytes(uint64_t e, int64_t batch, int64_t heads, int64_t sq, int64_t sk, bool dropout) {
+  return e * uint64_t(batch * heads) * uint64_t(sq) * uint64_t(sk) * (dropout ? 2 : 1);
+}
+
+// linearCrossEntropy: the head's input and its gradient, the fp32 weight gradient formed in the forward, and
+// one chunk of 2^27 logits with its fp32 softmax.
+uint64_t chunkedHeadBytes(uint64_t e, int64_t tokens, int64_t hidden, int64_t vocab) {
+  uint64_t rows = uint64_t(tokens), chunkLogits = std::min<uint64_t>(1ull << 27, rows * uint64_t(vocab));
+  return 2 * e * rows * uint64_t(hidden) + 4 * uint64_t(vocab) * uint64_t(hidden) + chunkLogits * (e + 4);
+}
+
+}  // namespace
+
+const char* stateKindName(StateKind kind, DType compute) {
+  switch (kind) {
+    case kParameters:
+      return compute == DType::F32 ? "fp32 parameters" : "16-bit parameters";
+    case kMasters:
+      return "fp32 masters";
+    case kFirstMoments:
+      return "AdamW m (fp32)";
+    case kSecondMoments:
+      return "AdamW v (fp32)";
+    default:
+      return "?";
+  }
+}
+
+ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b, DType compute, bool onGpu) {
+  ActivationEstimate a;
+  uint64_t e = dtypeSize(compute);
+  a.assumptions.push_back(
+      fmt::format("{} activations, micro-batch {}, no activation checkpointing (the zoo has "
+                  "no setting for it)",
+                  dtypeName(compute), b));
+  auto attentionNote = [&](bool fused, const std::string& why) {
+    a.assumptions.push_back(fused ? "fused attention: no S x S scores kept"
+                                  : "composed attention keeps the S x S probabilities (" + why + ")");
+  };
+  auto composedReason = [&](double dropout, int64_t headDim, const char* extra) {
+    std::string why;
+    if (!onGpu)
+      why = "CPU";
+    else if (dropout > 0)
+      why = fmt::format("dropout {} while training", dropout);
+    else if (!flashHeadDim(headDim))
+      why = fmt::format("head dim {}", headDim);
+    if (extra != nullptr) why += std::string(why.empty() ? "" : ", ") + extra;
+    return why;
+  };
+  switch (models::objective(spec.arch)) {
+    case models::Objective::CausalLM: {
+      models::GptConfig g = models::gptConfig(spec);
+      int64_t t = b * g.seqLength, headDim = g.hiddenSize / g.numHeads;
+      bool fused = onGpu && g.dropout == 0 && flashHeadDim(headDim);
+      uint64_t layer = blockBytes(e, t, g.hiddenSize, g.hiddenSize, g.ffn());
+      uint64_t scores = fused ? 0 : scoresBytes(e, b, g.numHeads, g.seqLength, g.seqLength, g.dropout > 0);
+      a.terms.push_back({fmt::format("{} blocks x {}", g.numLayers, gib(layer + scores)),
+                         uint64_t(g.numLayers) * (layer + scores)});
+      a.terms.push_back({"final norm, chunked LM head and loss",
+                         e * uint64_t(t * g.hiddenSize) + chunkedHeadBytes(e, t, g.hiddenSize, g.vocabSize)});
+      attentionNote(fused, composedReason(g.dropout, headDim, nullptr));
+      break;
+    }
+    case models::Objective::MaskedLM: {
+      models::BertConfig c = models::bertConfig(spec);
+      int64_t t = b * c.seqLength, headDim = c.hiddenSize / c.numHeads;
+      bool fused = onGpu && c.dropout == 0 && flashHeadDim(headDim);
+      uint64_t layer = blockBytes(e, t, c.hiddenSize, c.hiddenSize, c.ffn());
+      uint64_t scores = fused ? 0 : scoresBytes(e, b, c.numHeads, c.seqLength, c.seqLength, c.dropout > 0);
+      a.terms.push_back({fmt::format("{} blocks x {}", c.numLayers, gib(layer + scores)),
+                         uint64_t(c.numLayers) * (layer + scores)});
+      // The MLM transform (dense, GELU, LayerNorm) and the logits at every position, kept by the loss, with
+      // the fp32 gradient its backward forms.
+      a.terms.push_back({"MLM head and full logits",
+                         4 * e * uint64_t(t * c.hiddenSize) + (e + 4) * uint64_t(t) * uint64_t(c.vocabSize)});
+      attentionNote(fused, composedReason(c.dropout, headDim, nullptr));
+      break;
+    }
+    case models::Objective::SpanCorruption: {
+      models::T5Config c = models::t5Config(spec);
+      int64_t te = b * c.seqLength, td = b * c.decoderSeqLength, inner = c.innerSize();
+      int64_t ffn = c.gatedGelu ? 2 * c.ffnHiddenSize : c.ffnHiddenSize;
+      bool dropout = c.dropout > 0;
+      bool crossFused = onGpu && !dropout && flashHeadDim(c.headDim);
+      // Self-attention carries the relative position bias: always the composed path.
+      uint64_t enc = blockBytes(e, te, c.hiddenSize, inner, ffn) +
+                     scoresBytes(e, b, c.numHeads, c.seqLength, c.seqLength, dropout);
+      uint64_t dec =
+          blockBytes(e, td, c.hiddenSize, inner, ffn) +
+          scoresBytes(e, b, c.numHeads, c.decoderSeqLength, c.decoderSeqLength, dropout) +
+          // cross-attention: its norm and q input, q, the encoder's k and v, the output
+          e * uint64_t(td * (2 * c.hiddenSize + 2 * inner) + 2 * te * inner) +
+          (crossFused ? 0 : scoresBytes(e, b, c.numHeads, c.decoderSeqLength, c.seqLength, dropout));
+      a.terms.push_back(
+          {fmt::format("{} encoder blocks x {}", c.numLayers, gib(enc)), uint64_t(c.numLayers) * enc});
+      a.terms.push_back({fmt::format("{} decoder blocks x {}", c.decoderLayers(), gib(dec)),
+                         uint64_t(c.decoderLayers()) * dec});
+      a.terms.push_back(
+          {"final norms, chunked LM head and loss",
+           e * uint64_t((te + td) * c.hiddenSize) + chunkedHeadBytes(e, td, c.hiddenSize, c.vocabSize)});
+      a.assumptions.push_back(
+          "self-attention with T5's relative position bias runs composed: S x S probabilities kept");
+      if (!crossFused)
+        attentionNote(false, "cross-attention: " + composedReason(c.dropout, c.headDim, nullptr));
+      break;
+    }
+  }
+  for (const ActivationTerm& t : a.terms) a.bytes += t.bytes;
+  return a;
+}
+
+ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
+  ModelStatePlan p;
+  p.ranks = std::max(1, options.ranks);
+  // The machine: the calibration's figures, DESIGN.md's H200 for any it lacks.
+  Calibration h200 = measuredH200();
+  p.machine = options.calibration.value_or(h200);
+  auto fill = [&](auto& field, const auto& fallback, const char* what) {
+    if (field) return;
+    field = fallback;
+    if (options.calibration)
+      p.notes.push_back(
+          fmt::format("{}: not in {}; DESIGN.md's H200 figure", what, options.calibrationSource));
+  };
+  fill(p.machine.deviceName, h200.deviceName, "device");
+  fill(p.machine.deviceMemoryBytes, h200.deviceMemoryBytes, "device memory");
+  fill(p.machine.h2dGBs, h200.h2dGBs, "H2D bandwidth");
+  fill(p.machine.d2hGBs, h200.d2hGBs, "D2H bandwidth");
+  fill(p.machine.gemmTflops, h200.gemmTflops, "GEMM rate");
+  fill(p.machine.hostMemoryBytes, h200.hostMemoryBytes, "host memory");
+  fill(p.machine.cpuAdamwElemsPerS, h200.cpuAdamwElemsPerS, "CPU AdamW rate");
+  fill(p.machine.nvmeWriteGBs, h200.nvmeWriteGBs, "SSD write bandwidth");
+  fill(p.machine.nvmeReadGBs, h200.nvmeReadGBs, "SSD read bandwidth");
+  fill(p.machine.nvmeFreeBytes, h200.nvmeFreeBytes, "SSD free space");
+  const Calibration& m = p.machine;
+
+  // The device training runs on: train.device, with auto meaning the GPU the plan is for.
+  p.onGpu = c.train.device == "auto" || Device::parse(c.train.device).isCuda();
+  p.compute = computeDTypeFor(c, p.onGpu ? Device::cuda(0) : Device::cpu());
+  p.spec = modelSpecFrom(c, Device::cpu());
+  p.parameters = models::numParameters(p.spec);
+  p.microBatch = c.train.microBatchSize;
+  p.globalBatch = c.train.globalBatchSizeSet ? c.train.globalBatchSize : c.train.microBatchSize * p.ranks;
+  if (p.globalBatch % (p.microBatch * p.ranks) != 0) {
+    p.fits = false;
+    p.refusal = fmt::format("train.global_batch_size {} is not a multiple of micro_batch_size {} x {} ranks",
+                            p.globalBatch, p.microBatch, p.ranks);
+  }
+  p.accumulation = std::max<int64_t>(1, p.globalBatch / (p.microBatch * p.ranks));
+
+  p.inputs = modelStateInputs(c, p.ranks, p.compute);
+  const ModelStateInputs& in = p.inputs;
+  p.activations = estimateActivations(p.spec, p.microBatch, p.compute, p.onGpu);
+  // Gradient buffers: every chunk's while backward accumulates; after the last backward's reduce-scatter
+  // (stage >= 2, several ranks) only the shards and two chunks in flight.
+  bool shardedGrads = in.stage >= 2 && p.ranks > 1;
+  uint64_t inFlight = std::min<uint64_t>(2, in.layout.chunks.size()) * uint64_t(in.largestChunkElems) * 4;
+  uint64_t gradientsAtUpdate = shardedGrads ? in.gradientShardBytes + inFlight : in.gradientBytes;
+  // NOTE [Plan model]: with accumulation the gradients of earlier micro-batches live through later forwards.
+  uint64_t working = p.accumulation > 1 ? p.activations.bytes + in.gradientBytes
+                                        : std::max(p.activations.bytes, gradientsAtUpdate);
+  p.gradientPeakBytes = p.accumulation > 1 ? in.gradientBytes : gradientsAtUpdate;
+  p.workspaceBytes = (p.onGpu ? kDeviceWorkspaceBytes : 0) + in.gatherBytes;
+  uint64_t nonModel = working + p.workspaceBytes;
+  p.deviceCapacityBytes = p.onGpu ? *m.deviceMemoryBytes : *m.hostMemoryBytes;
+
+  // Budgets, as the engine reads them (storeBudgets), with auto on the device being what the memory tracer
+  // will measure: the device less the step's non-model memory.
+  uint64_t deviceAuto = p.deviceCapacityBytes > nonModel ? p.deviceCapacityBytes - nonModel : 0;
+  uint64_t hostAvailable = m.hostAvailableBytes.value_or(*m.hostMemoryBytes);
+  p.budgets = storeBudgets(c, in.parameterBytes, p.onGpu ? deviceAuto : zero::kUnlimited, hostAvailable,
+                           c.zero.nvmePath.empty() ? 0 : *m.nvmeFreeBytes);
+  if (!p.onGpu) {
+    p.notes.push_back("train.device cpu: the device tier is host memory too; no step time is predicted");
+  } else if (c.zero.offloadOptimizerDevice == "none" &&
+             (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto")) {
+    p.notes.push_back(fmt::format(
+        "store.gpu_budget_gb auto: the device's {} less {} of non-model memory (what the memory tracer is to "
+        "measure; today's engine keeps all optimizer state on the device under auto: set "
+        "store.gpu_budget_gb={:.1f} for this placement)",
+        gib(p.deviceCapacityBytes), gib(nonModel), double(p.budgets.device) / double(1ull << 30)));
+  }
+  p.notes.push_back(fmt::format("host budget: {} (store.host_budget_gb {}; auto is 90% of the {} available)",
+                                gib(p.budgets.host), c.store.hostBudgetGb, gib(hostAvailable)));
+  if (p.budgets.nvme > 0)
+    p.notes.push_back(fmt::format("SSD budget: {} in {} (store.nvme_budget_gb {})", gib(p.budgets.nvme),
+                                  c.zero.nvmePath, c.store.nvmeBudgetGb));
+
+  // The placement: the store's own function, with the SSD tier bridged here until it lands there (chunks in
+  // order past the host budget go to the SSD).
+  try {
+    zero::StoreBudgets deviceAndHost = p.budgets;
+    deviceAndHost.host = zero::kUnlimited;
+    p.placement = zero::placeModelState(in.parameterBytes, in.optimizerBytes, deviceAndHost);
+    uint64_t hostLeft = p.budgets.host;
+    bool spilling = false;
+    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
+      if (p.placement.optimizerTier[i] != zero::Tier::Host) continue;
+      uint64_t b = in.optimizerBytes[i];
+      if (!spilling && (hostLeft == zero::kUnlimited || b <= hostLeft)) {
+        if (hostLeft != zero::kUnlimited) hostLeft -= b;
+        continue;
+      }
+      spilling = true;
+      p.placement.optimizerTier[i] = zero::Tier::Nvme;
+      p.placement.bytes[int(zero::Tier::Host)] -= b;
+      p.placement.bytes[int(zero::Tier::Nvme)] += b;
+    }
+    uint64_t nvme = p.placement.bytes[int(zero::Tier::Nvme)];
+    if (nvme > p.budgets.nvme && p.fits) {
+      p.fits = false;
+      p.refusal = fmt::format(
+          "the optimizer state needs {} beyond the device's {} and the host budget of {}, over the SSD "
+          "budget of {}{}",
+          gib(nvme), gib(p.placement.bytes[int(zero::Tier::Device)]), gib(p.budgets.host),
+          gib(p.budgets.nvme),
+          c.zero.nvmePath.empty() ? " (no zero_optimization.nvme_path: no SSD tier)"
+                                  : " (store.nvme_budget_gb)");
+    }
+  } catch (const Error& e) {
+    p.placement = zero::StorePlacement{};
+    p.placement.parameterBytes = in.parameterBytes;
+    if (p.fits) {
+      p.fits = false;
+      p.refusal = e.message();
+    }
+  }
+  // Bytes by kind and tier: an fp32 chunk whose state stays on the device has no separate master (the engine
+  // counts it so too).
+  p.kindBytes[kParameters][int(zero::Tier::Device)] = in.parameterBytes;
+  for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
+    int tier = int(p.placement.optimizerTier[i]);
+    uint64_t range = uint64_t(in.rangeElems[i]) * 4;
+    bool master = p.compute != DType::F32 || p.placement.optimizerTier[i] != zero::Tier::Device;
+    if (master) p.kindBytes[kMasters][tier] += range;
+    p.kindBytes[kFirstMoments][tier] += range;
+    p.kindBytes[kSecondMoments][tier] += range;
+    if (!master) {
+      p.placement.bytes[tier] -= range;
+      p.placement.optimizerBytes[i] -= range;
+    }
+  }
+
+  p.devicePeakBytes = p.placement.bytes[int(zero::Tier::Device)] + nonModel;
+  if (p.placement.optimizerTier.empty()) p.devicePeakBytes = in.parameterBytes + nonModel;
+  if (p.onGpu && p.fits && p.devicePeakBytes > p.deviceCapacityBytes) {
+    p.fits = false;
+    p.refusal = fmt::format(
+        "the device needs {} at its peak (parameters {}, optimizer state {}, activations {}, gradient "
+        "buffers "
+        "{}, workspace {}), over its {}",
+        gib(p.devicePeakBytes), gib(in.parameterBytes),
+        gib(p.placement.bytes[int(zero::Tier::Device)] - in.parameterBytes), gib(p.activations.bytes),
+        gib(p.gradientPeakBytes), gib(p.workspaceBytes), gib(p.deviceCapacityBytes));
+  }
+
+  // Step time.
+  double tokens = double(p.globalBatch) * double(p.spec.seqLength);
+  p.flopsPerStep = models::flopsPerToken(p.spec) * tokens / double(p.ranks);
+  if (!p.onGpu) return p;
+  double gemm = *m.gemmTflops * 1e12;
+  p.terms.push_back({"compute", p.flopsPerStep / (gemm * kComputeEfficiency),
+                     fmt::format("{:.3g} FLOP / ({:.0f} TFLOP/s GEMM x {:.2f} efficiency)", p.flopsPerStep,
+                                 *m.gemmTflops, kComputeEfficiency),
+                     false});
+  int64_t deviceElems = 0, offElems = 0;
+  for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
+    (p.placement.optimizerTier[i] == zero::Tier::Device ? deviceElems : offElems) += in.rangeElems[i];
+  if (deviceElems > 0)
+    p.terms.push_back({"device update",
+                       double(deviceElems) * kDeviceUpdateBytesPerElem / (kDeviceUpdateGBs * 1e9),
+                       fmt::format("{:.3g} elements x {:.0f} B at {:.1f} TB/s", double(deviceElems),
+                                   kDeviceUpdateBytesPerElem, kDeviceUpdateGBs / 1000),
+                       false});
+  if (p.ranks > 1) {
+    // Per rank, a ring moves (N-1)/N of the buffer per pass: all-reduce two passes of fp32 gradients (stage
+    // 0); reduce-scatter of fp32 gradients and all-gather of the 16-bit parameters (1 and 2); stage 3 also
+    // gathers the parameters in each micro-batch's forward and backward.
+    double share = double(p.ranks - 1) / double(p.ranks), paramBytes = 0;
+    for (int64_t padded : in.paddedElems) paramBytes += double(padded) * double(dtypeSize(p.compute));
+    double gradBytes = double(in.gradientBytes);
+    double moved = in.stage == 0 ? 2 * gradBytes : gradBytes + paramBytes;
+    if (in.stage == 3) moved += 2 * paramBytes * double(p.accumulation);
+    p.terms.push_back(
+        {"collectives", moved * share / (kCollectiveBusGBs * 1e9),
+         fmt::format("{:.3g} B over NVLink at {:.0f} GB/s bus bandwidth", moved * share, kCollectiveBusGBs),
+         true});
+  }
+  if (offElems > 0) {
+    double down = double(offElems) * 4, up = double(offElems) * double(dtypeSize(p.compute));
+    p.terms.push_back({"PCIe", down / (*m.d2hGBs * 1e9) + up / (*m.h2dGBs * 1e9),
+                       fmt::format("fp32 gradients out {} at {:.0f} GB/s, parameters in {} at {:.0f} GB/s",
+                                   gib(uint64_t(down)), *m.d2hGBs, gib(uint64_t(up)), *m.h2dGBs),
+                       true});
+    // Ranks on one machine share its cores.
+    double elems = double(offElems) * double(p.ranks);
+    p.terms.push_back({"CPU AdamW", elems / *m.cpuAdamwElemsPerS,
+                       fmt::format("{:.3g} elements at {:.2f} G/s{}", elems, *m.cpuAdamwElemsPerS / 1e9,
+                                   p.ranks > 1 ? " (all ranks share the CPU)" : ""),
+                       true});
+  }
+  if (uint64_t nvme = p.placement.bytes[int(zero::Tier::Nvme)]; nvme > 0) {
+    double bytes = double(nvme) * double(p.ranks);
+    p.terms.push_back(
+        {"SSD", bytes / (*m.nvmeReadGBs * 1e9) + bytes / (*m.nvmeWriteGBs * 1e9),
+         fmt::format("read and write back {} at {:.2f} / {:.2f} GB/s{}", gib(uint64_t(bytes)), *m.nvmeReadGBs,
+                     *m.nvmeWriteGBs, p.ranks > 1 ? " (all ranks share it)" : ""),
+         true});
+  }
+  if (p.terms.front().seconds < 0.05)
+    p.notes.push_back(
+        "a step this short is bound by kernel launches and small GEMMs, which the plan does not "
+        "model: read its compute time as a lower bound");
+  double gpu = 0;
+  for (const StepTerm& t : p.terms) {
+    p.serialSeconds += t.seconds;
+    if (!t.overlappable) gpu += t.seconds;
+  }
+  p.overlappedSeconds = gpu;
+  p.bound = "compute";
+  for (const StepTerm& t : p.terms)
+    if (t.overlappable && t.seconds > p.overlappedSeconds) {
+      p.overlappedSeconds = t.seconds;
+      p.bound = t.name;
+    }
+  return p;
+}
+
+std::optional<Config> largestFittingModel(const Config& c, const PlanOptions& options) {
+  const ModelConfig& m0 = c.model;
+  int64_t h0 = m0.hiddenSize,
+          headWidth = std::max<int64_t>(1, h0 / std::max<int64_t>(1, m0.numAttentionHeads));
+  for (int64_t h = h0 / headWidth * headWidth; h >= headWidth; h -= headWidth) {
+    double scale = double(h) / double(h0);
+    Config s = c;
+    s.model.hiddenSize = h;
+    s.model.numAttentionHeads = std::max<int64_t>(1, h / headWidth);
+    s.model.numLayers = std::max<int64_t>(1, std::llround(double(m0.numLayers) * scale));
+    if (m0.decoderNumLayers > 0)
+      s.model.decoderNumLayers = std::max<int64_t>(1, std::llround(double(m0.decoderNumLayers) * scale));
+    if (m0.ffnHiddenSize > 0)
+      s.model.ffnHiddenSize = std::max<int64_t>(1, std::llround(double(m0.ffnHiddenSize) * scale));
+    if (planModelState(s, options).fits) return s;
+  }
+  return std::nullopt;
+}
+
+std::string formatPlan(const ModelStatePlan& p) {
+  std::ostringstream out;
+  out << fmt::format("model          {}: {}, {:.3f} B parameters\n", p.spec.arch,
+                     models::describeShape(p.spec), double(p.parameters) / 1e9);
+  out << fmt::format("machine        {}, {} device memory, {} host memory{}\n", *p.machine.deviceName,
+                     gib(*p.machine.deviceMemoryBytes), gib(*p.machine.hostMemoryBytes),
+                     p.machine.host == "DESIGN.md"
+                         ? " (no calibration file: DESIGN.md's measured H200)"
+                         : fmt::format(" (calibrated on {} {})", p.machine.host, p.machine.date));
+  out << fmt::format(
+      "run            {} on {}, {} rank{}, ZeRO stage {}, micro-batch {} x {} accumulation = global batch "
+      "{}\n",
+      dtypeName(p.compute), p.onGpu ? "the GPU" : "the CPU", p.ranks, p.ranks == 1 ? "" : "s", p.inputs.stage,
+      p.microBatch, p.accumulation, p.globalBatch);
+  out << fmt::format("chunks         {} of {} (zero_optimization.chunk_size_mb; the largest {})\n",
+                     p.inputs.layout.chunks.size(),
+                     gib(uint64_t(p.inputs.layout.chunkElems) * dtypeSize(p.compute)),
+                     gib(uint64_t(p.inputs.largestChunkElems) * dtypeSize(p.compute)));
+
+  out << "\nmodel state per rank, by tier:\n";
+  out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "", "device", "host", "ssd");
+  uint64_t total[zero::kNumTiers] = {};
+  for (int k = 0; k < kNumStateKinds; ++k) {
+    out << fmt::format("  {:<22}", stateKindName(StateKind(k), p.compute));
+    for (int t = 0; t < zero::kNumTiers; ++t) {
+      out << fmt::format(" {:>12}", p.kindBytes[k][t] ? gib(p.kindBytes[k][t]) : "-");
+      total[t] += p.kindBytes[k][t];
+    }
+    out << "\n";
+  }
+  auto orDash = [](uint64_t b) { return b ? gib(b) : std::string("-"); };
+  out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "model state", orDash(total[0]), orDash(total[1]),
+                     orDash(total[2]));
+  out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "budget", orDash(p.budgets.device),
+                     orDash(p.budgets.host), orDash(p.budgets.nvme));
+  size_t chunksOn[zero::kNumTiers] = {};
+  for (zero::Tier t : p.placement.optimizerTier) ++chunksOn[int(t)];
+  out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "optimizer chunks", chunksOn[0], chunksOn[1],
+                     chunksOn[2]);
+  out << "working memory on the " << (p.onGpu ? "device" : "host") << " (not model state):\n";
+  out << fmt::format("  {:<22} {:>12}  fp32, {}\n", "gradient buffers", gib(p.gradientPeakBytes),
+                     p.accumulation > 1                   ? "every chunk, kept across the micro-batches"
+                     : p.inputs.stage >= 2 && p.ranks > 1 ? "this rank's shards and two chunks in flight"
+                                                          : "every chunk, from backward to the update");
+  out << fmt::format("  {:<22} {:>12}  one micro-batch of {}\n", "activations", gib(p.activations.bytes),
+                     p.microBatch);
+  for (const ActivationTerm& t : p.activations.terms)
+    out << fmt::format("    {:<44} {:>12}\n", t.what, gib(t.bytes));
+  if (p.workspaceBytes > 0)
+    out << fmt::format("  {:<22} {:>12}  {}\n", "workspace", gib(p.workspaceBytes),
+                       p.inputs.gatherBytes > 0
+                           ? "CUDA context, cuBLASLt, allocator slack, stage-3 gather slots"
+                           : "CUDA context, cuBLASLt, allocator slack");
+  if (p.onGpu)
+    out << fmt::format(
+        "  {:<22} {:>12}  of {} ({:.0f}%)\n", "device peak", gib(p.devicePeakBytes),
+        gib(p.deviceCapacityBytes),
+        100.0 * double(p.devicePeakBytes) / double(std::max<uint64_t>(1, p.deviceCapacityBytes)));
+  out << "  assumptions: ";
+  for (size_t i = 0; i < p.activations.assumptions.size(); ++i)
+    out << (i ? "; " : "") << p.activations.assumptions[i];
+  out << "\n";
+
+  if (!p.terms.empty()) {
+    out << "\npredicted step time per rank:\n";
+    for (const StepTerm& t : p.terms)
+      out << fmt::format("  {:<14} {:>10}  {}\n", t.name, seconds(t.seconds), t.detail);
+    double tokens = double(p.globalBatch) * double(p.spec.seqLength);
+    auto rate = [&](double s) {
+      return fmt::format("{:.0f} tokens/s, {:.0f} TFLOP/s per GPU", tokens / s, p.flopsPerStep / s / 1e12);
+    };
+    bool offloaded = p.serialSeconds > p.overlappedSeconds * 1.0001;
+    out << fmt::format("  step           {:>10}  {}{}\n", seconds(p.serialSeconds), rate(p.serialSeconds),
+                       offloaded ? " (today's engine: the host update follows the backward)" : "");
+    if (offloaded)
+      out << fmt::format("  overlapped     {:>10}  {} (a pipelined optimizer: bound by {})\n",
+                         seconds(p.overlappedSeconds), rate(p.overlappedSeconds), p.bound);
+    else
+      out << "  bound by       compute\n";
+  }
+  if (!p.notes.empty()) {
+    out << "\nnotes:\n";
+    for (const std::string& n : p.notes) out << "  - " << n << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace strata::train

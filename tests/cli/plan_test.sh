@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `strata plan` on every config in configs/ and configs/zoo/, on the CPU, with DESIGN.md's H200 figures (no
+# calibration file): each one either plans (exit 0, the tier table and a predicted step) or is refused with
+# one clear error that names the largest model of its family that fits (exit 1).
+# Usage: plan_test.sh STRATA_BINARY CONFIGS_DIR
+set -uo pipefail
+strata=$1
+configs=$2
+export STRATA_CALIBRATION=/nonexistent/strata-calibration.json
+failures=0
+for config in "$configs"/*.yaml "$configs"/zoo/*.yaml; do
+  out=$("$strata" plan "$config" 2>&1)
+  rc=$?
+  if [ "$rc" -eq 0 ]; then
+    echo "$out" | grep -q "model state per rank, by tier" && echo "$out" | grep -q "activations" &&
+      echo "$out" | grep -Eq "^  step " || { echo "FAIL: $config: plan lacks its tables" >&2; failures=$((failures + 1)); }
+    echo "ok: $config plans"
+  elif [ "$rc" -eq 1 ]; then
+    echo "$out" | grep -q "^error: .*does not fit" && echo "$out" | grep -q "largest model of its family" ||
+      { echo "FAIL: $config: refused without the largest model: $(echo "$out" | tail -2)" >&2; failures=$((failures + 1)); }
+    echo "ok: $config refused"
+  else
+    echo "FAIL: $config: exit status $rc: $(echo "$out" | tail -3)" >&2
+    failures=$((failures + 1))
+  fi
+  if echo "$out" | grep -q "terminate called"; then echo "FAIL: $config: terminate called" >&2; failures=$((failures + 1)); fi
+done
+# A config that fits only with the SSD tier plans its SSD term; --ranks plans collectives.
+out=$("$strata" plan "$configs/gpt3-13b.yaml" --set model.seq_length=512 --set train.global_batch_size=4 \
+  --set zero_optimization.nvme_path=/tmp --set store.host_budget_gb=40 2>&1)
+echo "$out" | grep -Eq "^  SSD " || { echo "FAIL: no SSD term: $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
+out=$("$strata" plan "$configs/gpt3-1.3b.yaml" --ranks 2 --set zero_optimization.stage=2 2>&1)
+echo "$out" | grep -Eq "^  collectives " ||
+  { echo "FAIL: no collectives term at 2 ranks: $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
+exit $((failures > 0))

@@ -1,0 +1,180 @@
+#include <filesystem>
+#include <fstream>
+
+#include "TestUtil.h"
+#include "strata/train/Objective.h"
+#include "strata/train/Plan.h"
+#include "strata/train/StepEngine.h"
+#include "strata/train/Trainer.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+train::Config configFile(const std::string& name, std::vector<std::string> overrides = {}) {
+  return train::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/" + name, overrides,
+                           /*requireData=*/false);
+}
+
+// A machine with round figures, so the step-time terms can be checked by hand.
+train::PlanOptions roundMachine() {
+  train::Calibration m;
+  m.host = "test";
+  m.deviceName = "test GPU";
+  m.deviceMemoryBytes = 140ull << 30;
+  m.h2dGBs = 50;
+  m.d2hGBs = 25;
+  m.gemmTflops = 1000;
+  m.hostMemoryBytes = 1000ull << 30;
+  m.cpuAdamwElemsPerS = 1e9;
+  m.nvmeWriteGBs = 1;
+  m.nvmeReadGBs = 2;
+  m.nvmeFreeBytes = 1000ull << 30;
+  train::PlanOptions options;
+  options.calibration = m;
+  options.calibrationSource = "test";
+  return options;
+}
+
+const train::StepTerm* term(const train::ModelStatePlan& p, const std::string& name) {
+  for (const auto& t : p.terms)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+fs::path corpus() {
+  fs::path p = fs::temp_directory_path() / "strata-plan-corpus.txt";
+  if (!fs::exists(p)) std::ofstream(p) << "the quick brown fox jumps over the lazy dog\n";
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("the plan's placement inputs are the engine's, without building the model", "[train][plan]") {
+  // A tiny GPT on the CPU with a device budget that splits the optimizer state between the tiers.
+  train::Config c = train::parseConfig(
+      "", "test",
+      {"data.path=" + corpus().string(), "train.device=cpu", "model.num_layers=2", "model.hidden_size=32",
+       "model.num_attention_heads=2", "model.seq_length=32", "train.micro_batch_size=2",
+       "zero_optimization.chunk_size_mb=0.02", "store.gpu_budget_gb=0.0003", "zero_optimization.stage=1"});
+  auto model = models::buildModel(train::modelSpecFrom(c, Device::cpu()));
+  train::CausalLmObjective objective(model, nullptr);
+  train::ZeroStepEngine engine(objective, c, Device::cpu(), DType::F32);
+  const zero::StorePlacement& real = engine.placement();
+
+  train::ModelStatePlan p = train::planModelState(c, roundMachine());
+  REQUIRE(p.fits);
+  REQUIRE(p.inputs.layout.chunks.size() == engine.chunks().numChunks());
+  REQUIRE(p.placement.parameterBytes == real.parameterBytes);
+  REQUIRE(p.placement.optimizerTier == real.optimizerTier);
+  REQUIRE(real.chunksOn(zero::Tier::Device) > 0);
+  REQUIRE(real.chunksOn(zero::Tier::Host) > 0);
+  for (int t = 0; t < zero::kNumTiers; ++t) {
+    INFO(zero::tierName(zero::Tier(t)));
+    REQUIRE(p.placement.bytes[t] == real.bytes[t]);
+    uint64_t kinds = 0;
+    for (int k = 0; k < train::kNumStateKinds; ++k) kinds += p.kindBytes[k][t];
+    REQUIRE(kinds == real.bytes[t]);
+  }
+
+  // Two ranks: chunks padded to equal shards, each rank's range of them, as ChunkManager pads them.
+  auto chunks = train::layOutModelChunks(objective, Device::cpu(), DType::F32, int64_t(0.02 * (1 << 20)), 2);
+  for (int stage : {1, 3}) {
+    train::Config staged = c;
+    staged.zero.stage = stage;
+    train::ModelStateInputs in = train::modelStateInputs(staged, 2, DType::F32);
+    uint64_t params = 0;
+    for (size_t i = 0; i < chunks->numChunks(); ++i) {
+      REQUIRE(in.paddedElems[i] == chunks->paddedElems(i));
+      REQUIRE(in.rangeElems[i] == chunks->shard(i, 0).size());
+      params += uint64_t(stage == 3 ? chunks->shard(i, 0).size() : chunks->paddedElems(i)) * 4;
+    }
+    REQUIRE(in.parameterBytes == params);
+  }
+}
+
+TEST_CASE("plan: GPT-6.7B with its optimizer on the host", "[train][plan]") {
+  train::Config c = configFile("gpt3-6.7b.yaml", {"zero_optimization.offload_optimizer.device=cpu"});
+  train::PlanOptions options = roundMachine();
+  train::ModelStatePlan p = train::planModelState(c, options);
+  REQUIRE(p.fits);
+  const int device = int(zero::Tier::Device), host = int(zero::Tier::Host);
+  uint64_t elems = uint64_t(p.inputs.rangeElemsTotal());
+  REQUIRE(p.kindBytes[train::kParameters][device] == 2 * elems);
+  REQUIRE(p.kindBytes[train::kMasters][device] == 0);
+  for (int k : {train::kMasters, train::kFirstMoments, train::kSecondMoments})
+    REQUIRE(p.kindBytes[k][host] == 4 * elems);
+  // The step-time terms from the machine's figures.
+  REQUIRE(term(p, "compute")->seconds ==
+          Approx(p.flopsPerStep / (1000e12 * train::kComputeEfficiency)).epsilon(1e-12));
+  REQUIRE(term(p, "PCIe")->seconds == Approx(4.0 * double(elems) / 25e9 + 2.0 * double(elems) / 50e9));
+  REQUIRE(term(p, "CPU AdamW")->seconds == Approx(double(elems) / 1e9));
+  REQUIRE(term(p, "SSD") == nullptr);
+  REQUIRE(p.serialSeconds > p.overlappedSeconds);
+  REQUIRE(p.bound == "CPU AdamW");  // 6.7 s of CPU update against 4.4 s of compute
+  // B4 x 8 micro-batches: the gradients of all chunks live beside one micro-batch's activations.
+  REQUIRE(p.accumulation == 8);
+  REQUIRE(p.devicePeakBytes == p.inputs.parameterBytes + p.inputs.gradientBytes + p.activations.bytes +
+                                   train::kDeviceWorkspaceBytes);
+  std::string text = train::formatPlan(p);
+  REQUIRE(text.find("CPU AdamW") != std::string::npos);
+  REQUIRE(text.find("fp32 masters") != std::string::npos);
+}
+
+TEST_CASE("plan: the activation estimate matches the measured GPT-6.7B forward", "[train][plan]") {
+  // BENCHMARKS.md (issue 9, run 3-5): B8 x seq 512, 86.96 GiB after the engine was built, 103.8 after the
+  // forward: 16.84 GiB of activations.
+  train::Config c = configFile("gpt3-6.7b.yaml", {"model.seq_length=512", "train.micro_batch_size=8"});
+  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
+  train::ActivationEstimate a = train::estimateActivations(spec, 8, DType::BF16, /*onGpu=*/true);
+  REQUIRE(double(a.bytes) / double(1ull << 30) == Approx(16.84).epsilon(0.05));
+  // The composed attention (dropout) keeps S x S probabilities on top.
+  spec.dropout = 0.1;
+  REQUIRE(train::estimateActivations(spec, 8, DType::BF16, true).bytes > a.bytes + (1ull << 30));
+}
+
+TEST_CASE("plan: state past the host budget goes to the SSD, and a config too big is refused",
+          "[train][plan]") {
+  train::PlanOptions options = roundMachine();
+  options.calibration->hostMemoryBytes = 100ull << 30;  // a 90 GiB host budget
+  options.calibration->nvmeFreeBytes = 100ull << 30;    // a 90 GiB SSD budget
+  train::Config c = configFile(
+      "gpt3-13b.yaml", {"model.seq_length=512", "train.micro_batch_size=4", "train.global_batch_size=4",
+                        "zero_optimization.nvme_path=/x", "zero_optimization.offload_optimizer.device=cpu"});
+  train::ModelStatePlan p = train::planModelState(c, options);
+  REQUIRE(p.fits);
+  const int host = int(zero::Tier::Host), nvme = int(zero::Tier::Nvme);
+  REQUIRE(p.placement.bytes[host] <= p.budgets.host);
+  REQUIRE(p.placement.bytes[nvme] > 0);
+  REQUIRE(p.placement.bytes[host] + p.placement.bytes[nvme] == 12 * uint64_t(p.inputs.rangeElemsTotal()));
+  // Chunk order: the SSD holds the tail.
+  bool seenNvme = false;
+  for (zero::Tier t : p.placement.optimizerTier) {
+    if (seenNvme) REQUIRE(t == zero::Tier::Nvme);
+    seenNvme = seenNvme || t == zero::Tier::Nvme;
+  }
+  double ssd = double(p.placement.bytes[nvme]);
+  REQUIRE(term(p, "SSD")->seconds == Approx(ssd / 2e9 + ssd / 1e9));
+  REQUIRE(p.bound == "SSD");
+
+  // Without an nvme_path there is no SSD tier: refused, and the largest model of the family that fits is
+  // smaller, fits, and keeps the head width.
+  c.zero.nvmePath.clear();
+  train::ModelStatePlan refused = train::planModelState(c, options);
+  REQUIRE(!refused.fits);
+  REQUIRE(refused.refusal.find("SSD") != std::string::npos);
+  std::optional<train::Config> largest = train::largestFittingModel(c, options);
+  REQUIRE(largest.has_value());
+  REQUIRE(train::planModelState(*largest, options).fits);
+  REQUIRE(largest->model.hiddenSize < c.model.hiddenSize);
+  REQUIRE(largest->model.hiddenSize / largest->model.numAttentionHeads == 128);
+  REQUIRE(models::numParameters(train::modelSpecFrom(*largest, Device::cpu())) > 5'000'000'000);
+
+  // A device too small for the parameters, gradients and activations is refused too, naming them.
+  c.zero.nvmePath = "/x";
+  options.calibration->deviceMemoryBytes = 40ull << 30;
+  train::ModelStatePlan small = train::planModelState(c, options);
+  REQUIRE(!small.fits);
+  REQUIRE(small.refusal.find("activations") != std::string::npos);
+}
