@@ -17,6 +17,7 @@
 #include "strata/strata.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
+#include "strata/train/SentenceEmbedder.h"
 #include "strata/train/Tokenize.h"
 #include "strata/train/Trainer.h"
 #include "strata/zero/ChunkLayout.h"
@@ -25,7 +26,7 @@ using namespace strata;
 
 namespace {
 
-const char* kCommands[] = {"train", "bench", "info", "generate", "convert", "tokenize"};
+const char* kCommands[] = {"train", "bench", "info", "generate", "convert", "tokenize", "embed"};
 
 int runTrain(const std::string& configPath, const std::vector<std::string>& overrides) {
   train::Config config = train::loadConfig(configPath, overrides);
@@ -377,6 +378,34 @@ int runTokenize(const std::string& input, const std::string& output, const std::
   return 0;
 }
 
+// Mean-pooled, L2-normalised sentence embeddings (train/SentenceEmbedder.h): one line per text, its floats
+// separated by spaces, in the order given (--text values first, then the file's non-empty lines).
+int runEmbed(const std::string& modelDir, const std::vector<std::string>& texts, const std::string& file,
+             const std::string& deviceName, int64_t batchSize, int64_t maxSeqLength) {
+  std::vector<std::string> all = texts;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    STRATA_USER_CHECK(in.good(), "embed: cannot read --file {}", file);
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (!line.empty()) all.push_back(line);
+    }
+  }
+  STRATA_USER_CHECK(!all.empty(), "embed: no text given (--text TEXT, or --file with one text per line)");
+  train::SentenceEmbedderOptions options;
+  options.device = train::resolveDevice(deviceName);
+  options.batchSize = batchSize;
+  options.maxSeqLength = maxSeqLength;
+  train::SentenceEmbedder embedder(modelDir, options);
+  std::string line;
+  for (const std::vector<float>& e : embedder.embed(all)) {
+    line.clear();
+    for (size_t i = 0; i < e.size(); ++i) line += fmt::format("{}{:.9g}", i == 0 ? "" : " ", e[i]);
+    std::printf("%s\n", line.c_str());
+  }
+  return 0;
+}
+
 // `strata trian` -> "unknown command 'trian'; did you mean 'train'?" (CLI11 alone says only that the
 // argument was not expected).
 bool reportUnknownCommand(int argc, char** argv) {
@@ -509,6 +538,25 @@ int main(int argc, char** argv) {
   tokenize->add_option("--threads", tokenizeThreads, "threads (default: the physical cores)")
       ->check(CLI::NonNegativeNumber);
 
+  std::string embedModel, embedFile;
+  std::vector<std::string> embedTexts;
+  int64_t embedBatch = 32, embedMaxSeq = 0;
+  auto* embed = app.add_subcommand(
+      "embed",
+      "sentence embeddings of a BERT sentence-transformers model (all-MiniLM-L6-v2): mean-pooled, "
+      "L2-normalised, one line of floats per text");
+  embed->add_option("model_dir", embedModel, "config.json, model.safetensors and vocab.txt")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  embed->add_option("--text", embedTexts, "a text to embed (repeatable)");
+  embed->add_option("--file", embedFile, "a file of texts, one per line")->check(CLI::ExistingFile);
+  embed->add_option("--device", device, "auto, cpu or cuda[:N]");
+  embed->add_option("--batch-size", embedBatch, "texts per forward")->check(CLI::PositiveNumber);
+  embed
+      ->add_option("--max-seq-length", embedMaxSeq,
+                   "tokens per text, [CLS] and [SEP] included (default: sentence_bert_config.json's)")
+      ->check(CLI::NonNegativeNumber);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -533,6 +581,7 @@ int main(int argc, char** argv) {
       STRATA_USER_CHECK(!checkpoint.empty() && !output.empty(), "convert: give CHECKPOINT and OUTPUT");
       return runConvert(checkpoint, output, hf);
     }
+    if (*embed) return runEmbed(embedModel, embedTexts, embedFile, device, embedBatch, embedMaxSeq);
     if (*tokenize)
       return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile,
                          tokenizeThreads);
