@@ -2,6 +2,7 @@
 // reports feeding its model is what its loss is computed from, the logits give that loss, the gradients come
 // out under HF names cut as the layout says, and the micro-batches Trainer::batch hands out are the ones
 // `strata train` trains on.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -122,7 +123,8 @@ TEST_CASE("traceBatch: inputs, logits, loss and HF-named gradients of bert and t
       REQUIRE(key.shape() == Shape{32, 32});
       Tensor qkv = params.at("layer.1.attn.qkv.weight").grad();
       test::requireClose(key, qkv.narrow(1, 32, 32).transpose(0, 1).contiguous(), 0, 0);
-      REQUIRE(key.abs().max().item() > 0);
+      std::vector<float> values = key.toVector<float>();
+      REQUIRE(std::any_of(values.begin(), values.end(), [](float v) { return v != 0.0f; }));
     }
     // A second trace needs fresh gradients.
     REQUIRE(
