@@ -53,6 +53,8 @@ SentenceEmbedder::SentenceEmbedder(const std::string& modelDir, const SentenceEm
   std::vector<std::string> overrides;
   for (const auto& [key, value] : models::modelConfigFromHf(configText))
     overrides.push_back(key + "=" + value);
+  // No data: the vocabulary is vocab.txt's, not the byte tokenizer's the config would otherwise check for.
+  overrides.push_back("data.format=random");
   STRATA_USER_CHECK(nlohmann::json::parse(configText).value("model_type", "") == "bert",
                     "embed: {} holds a {} model; sentence embeddings take a BERT", modelDir,
                     nlohmann::json::parse(configText).value("model_type", "?"));
