@@ -169,8 +169,10 @@ std::vector<std::string> WordPieceTokenizer::basicTokens(const std::string& text
     if (isWhitespace(c)) {
       flush();
     } else if (isCjk(c) || isPunctuation(c)) {
+      // A word of its own, normalised as HF normalises every word (a CJK compatibility ideograph becomes the
+      // unified one, U+037E the semicolon).
       flush();
-      appendUtf8(word, c);
+      appendNormalized(word, c, options_.lowerCase);
       flush();
     } else {
       appendNormalized(word, c, options_.lowerCase);

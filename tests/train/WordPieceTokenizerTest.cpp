@@ -58,6 +58,7 @@ TEST_CASE("WordPiece basic tokenizer: lower-case, accents, punctuation, CJK, con
   REQUIRE(t.basicTokens("\xe3\x81\xa7\xe3\x81\x99") == Toks{"\xe3\x81\xa6\xe3\x81\x99"});
   REQUIRE(t.basicTokens("\xed\x95\x9c") == Toks{"\xe1\x84\x92\xe1\x85\xa1\xe1\x86\xab"});
   REQUIRE(t.basicTokens("\xef\xa4\x80") == Toks{"\xe8\xb1\x88"});
+  REQUIRE(t.basicTokens("a\xcd\xbe") == Toks{"a", ";"});  // U+037E, Greek question mark: NFD ';'
   REQUIRE(t.basicTokens("\xe2\x85\xab\xe2\x92\xb6") == Toks{"\xe2\x85\xbb\xe2\x93\x90"});
   // Cased: nothing is lower-cased or stripped.
   WordPieceOptions cased;
