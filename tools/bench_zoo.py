@@ -15,7 +15,8 @@ sequence lengths, the same number of MLM labels and the same heads.
 Throughput counts what Strata's trainer counts: B x model.seq_length tokens per step (the encoder's 512 for T5), and
 TFLOP/s = tokens/s x the architecture's own training FLOPs per token (`strata info` prints it: BERT 6 x the
 multiplied parameters + 12 L d s; T5 per encoder token, with the decoder's and cross-attention's work at 128 targets),
-the same number for both sides. Peak memory: torch.cuda.max_memory_allocated for HF, Strata's own allocator peak.
+the same number for both sides. (T5's span corruption fills 114 of the 128 decoder positions at these lengths, and
+the formula counts 128: both sides' TFLOP/s carry the same few percent of credit for it.) Peak memory: torch.cuda.max_memory_allocated for HF, Strata's own allocator peak.
 
 Usage: python3 tools/bench_zoo.py [--models bert-large,t5-base] [--iters 20] [--skip-compile]
 About 4-5 minutes on one H200 with torch.compile (the compiles take most of it), under 2 without.
@@ -47,7 +48,9 @@ def strata_info(binary, config, batch):
 def strata_batch(parity_binary, config, batch, tmp):
     """One micro-batch as Strata's objective makes it for the config (model inputs by HF argument names)."""
     path = os.path.join(tmp, "batch.safetensors")
-    subprocess.run([parity_binary, "--config", config, "--set", "train.device=cpu", "--set",
+    # The inputs do not depend on the depth: one layer per stack builds fast on the CPU.
+    subprocess.run([parity_binary, "--config", config, "--set", "train.device=cpu", "--set", "model.num_layers=1",
+                    "--set", "model.decoder_num_layers=1", "--set",
                     f"train.micro_batch_size={batch}", "--set", f"train.out_dir={os.path.join(tmp, 'parity')}",
                     "--inputs", path, "--batches", "1"], check=True, stdout=subprocess.DEVNULL)
     return {k[:-2]: v.cuda() for k, v in load_file(path).items()}  # "input_ids.0" -> "input_ids"
