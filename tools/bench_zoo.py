@@ -137,7 +137,11 @@ def main():
         flops, params = strata_info(args.binary, config, batch)
         inputs = strata_batch(args.parity_binary, config, batch, tmp)
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
-        s = strata_bench(args.binary, config, batch, args.iters, tmp)
+        try:
+            s = strata_bench(args.binary, config, batch, args.iters, tmp)
+        except subprocess.CalledProcessError as err:  # the other model's row still comes
+            print(f"{name}: strata bench failed ({err.returncode}); rerun it by hand to see why", flush=True)
+            continue
         e = hf_bench(name, inputs, batch, seq, flops, args.iters, False)
         c = hf_bench(name, inputs, batch, seq, flops, args.iters, True) if not args.skip_compile else None
         print(f"{name}: {params / 1e6:.0f}M parameters (HF {e['params'] / 1e6:.0f}M), {flops:.4g} FLOPs/token; "
