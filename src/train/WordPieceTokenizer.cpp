@@ -168,14 +168,35 @@ std::vector<std::string> WordPieceTokenizer::basicTokens(const std::string& text
     if (c == 0 || c == 0xFFFD || isControl(c)) continue;
     if (isWhitespace(c)) {
       flush();
-    } else if (isCjk(c) || isPunctuation(c)) {
-      // A word of its own, normalised as HF normalises every word (a CJK compatibility ideograph becomes the
-      // unified one, U+037E the semicolon).
+    } else if (isCjk(c)) {
+      // A word of its own (HF spaces CJK ideographs out before anything else), normalised as every word is
+      // (a CJK compatibility ideograph becomes the unified one).
       flush();
       appendNormalized(word, c, options_.lowerCase);
       flush();
+    } else if (c < 0x80) {
+      if (isPunctuation(c)) {
+        flush();
+        word += char(c);
+        flush();
+      } else {
+        appendNormalized(word, c, options_.lowerCase);
+      }
     } else {
-      appendNormalized(word, c, options_.lowerCase);
+      // HF splits off punctuation after lower-casing and stripping accents, so what the character becomes
+      // decides: U+037E becomes ';' and U+2260 '=' (its stroke is a combining mark), each a word of its own.
+      std::string normalized;
+      appendNormalized(normalized, c, options_.lowerCase);
+      for (size_t k = 0; k < normalized.size();) {
+        char32_t n = nextCodePoint(normalized, k);
+        if (isPunctuation(n)) {
+          flush();
+          appendUtf8(word, n);
+          flush();
+        } else {
+          appendUtf8(word, n);
+        }
+      }
     }
   }
   flush();

@@ -59,6 +59,9 @@ TEST_CASE("WordPiece basic tokenizer: lower-case, accents, punctuation, CJK, con
   REQUIRE(t.basicTokens("\xed\x95\x9c") == Toks{"\xe1\x84\x92\xe1\x85\xa1\xe1\x86\xab"});
   REQUIRE(t.basicTokens("\xef\xa4\x80") == Toks{"\xe8\xb1\x88"});
   REQUIRE(t.basicTokens("a\xcd\xbe") == Toks{"a", ";"});  // U+037E, Greek question mark: NFD ';'
+  // Punctuation is split off after normalising: U+2260 (not equal) loses its stroke, a combining mark.
+  REQUIRE(t.basicTokens("a\xe2\x89\xa0"
+                        "b") == Toks{"a", "=", "b"});
   REQUIRE(t.basicTokens("\xe2\x85\xab\xe2\x92\xb6") == Toks{"\xe2\x85\xbb\xe2\x93\x90"});
   // Cased: nothing is lower-cased or stripped.
   WordPieceOptions cased;

@@ -20,6 +20,7 @@
 #include "strata/train/SentenceEmbedder.h"
 #include "strata/train/Tokenize.h"
 #include "strata/train/Trainer.h"
+#include "strata/train/WordPieceTokenizer.h"
 #include "strata/zero/ChunkLayout.h"
 
 using namespace strata;
@@ -349,9 +350,14 @@ int runConvertFromHf(const std::string& hfDir, const std::string& output) {
 
 // Raw text -> a nanoGPT .bin of token ids, on every physical core, with a progress line on stderr.
 int runTokenize(const std::string& input, const std::string& output, const std::string& kind,
-                const std::string& vocabFile, const std::string& mergesFile, int threads) {
+                const std::string& vocabFile, const std::string& mergesFile, bool cased, int threads) {
   std::unique_ptr<train::Tokenizer> tokenizer;
-  if (kind == "gpt2") {
+  if (kind == "wordpiece") {
+    STRATA_USER_CHECK(!vocabFile.empty(), "tokenize: the wordpiece tokenizer needs --vocab-file (vocab.txt)");
+    train::WordPieceOptions options;
+    options.lowerCase = !cased;
+    tokenizer = std::make_unique<train::WordPieceTokenizer>(vocabFile, options);
+  } else if (kind == "gpt2") {
     STRATA_USER_CHECK(!vocabFile.empty() && !mergesFile.empty(),
                       "tokenize: the gpt2 tokenizer needs --vocab-file and --merges-file");
     tokenizer = std::make_unique<train::Gpt2Tokenizer>(vocabFile, mergesFile);
@@ -531,9 +537,12 @@ int main(int argc, char** argv) {
       app.add_subcommand("tokenize", "tokenize a text file into a nanoGPT .bin (uint16 ids), on every core");
   tokenize->add_option("input", tokenizeInput, "the text file")->required()->check(CLI::ExistingFile);
   tokenize->add_option("output", tokenizeOutput, "the .bin to write")->required();
-  tokenize->add_option("--tokenizer", tokenizerKind, "gpt2 (default) or byte")
-      ->check(CLI::IsMember({"gpt2", "byte"}));
-  tokenize->add_option("--vocab-file", vocabFile, "GPT-2's vocab.json");
+  bool tokenizeCased = false;
+  tokenize->add_option("--tokenizer", tokenizerKind, "gpt2 (default), byte or wordpiece")
+      ->check(CLI::IsMember({"gpt2", "byte", "wordpiece"}));
+  tokenize->add_option("--vocab-file", vocabFile, "GPT-2's vocab.json, or BERT's vocab.txt for wordpiece");
+  tokenize->add_flag("--cased", tokenizeCased,
+                     "wordpiece: keep case and accents (default: lower-case, strip)");
   tokenize->add_option("--merges-file", mergesFile, "GPT-2's merges.txt");
   tokenize->add_option("--threads", tokenizeThreads, "threads (default: the physical cores)")
       ->check(CLI::NonNegativeNumber);
@@ -583,7 +592,7 @@ int main(int argc, char** argv) {
     }
     if (*embed) return runEmbed(embedModel, embedTexts, embedFile, device, embedBatch, embedMaxSeq);
     if (*tokenize)
-      return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile,
+      return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile, tokenizeCased,
                          tokenizeThreads);
   } catch (const std::exception& e) {
     return reportError(e);
