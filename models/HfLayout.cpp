@@ -41,7 +41,11 @@ const Tensor& find(const std::map<std::string, Tensor>& params, const HfTensor& 
 }  // namespace
 
 std::vector<std::pair<std::string, Tensor>> exportHf(const nn::Module& model, const HfLayout& layout) {
-  auto params = parametersByName(model);
+  return exportHf(parametersByName(model), layout);
+}
+
+std::vector<std::pair<std::string, Tensor>> exportHf(const std::map<std::string, Tensor>& params,
+                                                     const HfLayout& layout) {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const HfTensor& t : layout)
     out.emplace_back(t.hfName, ops::contiguous(hfView(find(params, t), t).to(Device::cpu(), DType::F32)));

@@ -25,6 +25,9 @@ using HfLayout = std::vector<HfTensor>;
 
 // The HF tensors of `model` (fp32, contiguous, on the CPU) in layout order.
 std::vector<std::pair<std::string, Tensor>> exportHf(const nn::Module& model, const HfLayout& layout);
+// The same cut of any tensors shaped as the model's parameters, by parameter name: their gradients, say.
+std::vector<std::pair<std::string, Tensor>> exportHf(const std::map<std::string, Tensor>& byParameter,
+                                                     const HfLayout& layout);
 // Copies the HF tensors named by `layout` from `hf` into the model's parameters (converting dtype and
 // device). Throws on a missing tensor or a wrong shape, naming it. Tensors of `hf` that the layout does not
 // name are ignored (tied copies, HF's buffers); `unused`, if given, receives their names.

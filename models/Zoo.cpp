@@ -25,6 +25,19 @@ nn::Activation activationOf(const ModelSpec& s, nn::Activation fallback) {
 
 }  // namespace
 
+std::string activationName(const ModelSpec& spec) {
+  if (spec.activation != "default") return spec.activation;
+  switch (objective(spec.arch)) {
+    case Objective::CausalLM:
+      return "gelu_tanh";
+    case Objective::MaskedLM:
+      return "gelu";
+    case Objective::SpanCorruption:
+      return "relu";
+  }
+  return spec.activation;
+}
+
 Objective objective(const std::string& arch) {
   if (arch == "gpt") return Objective::CausalLM;
   if (arch == "bert") return Objective::MaskedLM;

@@ -55,6 +55,9 @@ GptConfig gptConfig(const ModelSpec& spec);
 BertConfig bertConfig(const ModelSpec& spec);
 T5Config t5Config(const ModelSpec& spec);
 std::vector<std::string> architectures();
+// model.activation with "default" replaced by the architecture's own (gpt gelu_tanh, bert gelu, t5 relu): two
+// specs of one architecture build the same layers when these agree (a checkpoint's "gelu" is bert's default).
+std::string activationName(const ModelSpec& spec);
 // Parameters and training FLOPs per token of the model a spec builds, from the architecture's own formula,
 // without building it.
 int64_t numParameters(const ModelSpec& spec);

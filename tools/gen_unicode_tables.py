@@ -41,8 +41,12 @@ def c_string(s):
     return '"' + "".join("\\x%02x" % b for b in s.encode("utf-8")) + '"'
 
 
+# Every code point from U+0080 up, but the Hangul syllables (U+AC00..U+D7A3), whose NFD is arithmetic and done in
+# code (WordPieceTokenizer.cpp), and the surrogates.
 mapping = []
-for cp in list(range(0x80, 0x2000)) + list(range(0x1E00, 0x2000)) + list(range(0xFF21, 0xFF3B)):
+for cp in range(0x80, 0x110000):
+    if 0xAC00 <= cp <= 0xD7A3 or 0xD800 <= cp <= 0xDFFF:
+        continue
     ch = chr(cp)
     if unicodedata.category(ch) == "Mn":
         continue
@@ -65,7 +69,7 @@ w("// Categories Cc and Cf (HF's _is_control, except \\t \\n \\r).\n")
 w(table("kControl", ranges(lambda cp: cat(cp) in ("Cc", "Cf"))))
 w("// Category Mn: what accent stripping removes after NFD.\n")
 w(table("kNonspacingMark", ranges(lambda cp: cat(cp) == "Mn")))
-w("// lower() then NFD minus Mn, for U+0080..U+1FFF and fullwidth A-Z where it changes the character.\n")
+w("// lower() then NFD minus Mn, from U+0080 up (Hangul syllables aside) where it changes the character.\n")
 w("inline constexpr LowerStrip kLowerStrip[] = {")
 w(", ".join("{0x%X, %s}" % (cp, c_string(m)) for cp, m in mapping))
 w("};\n\n}  // namespace strata::train::unicode\n// clang-format on\n")

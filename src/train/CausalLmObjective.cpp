@@ -14,6 +14,15 @@ Tensor CausalLmObjective::loss(const TokenBatch& batch, DType compute) {
   return model_->loss(batch.ids, batch.targets, compute);
 }
 
+std::vector<std::pair<std::string, Tensor>> CausalLmObjective::modelInputs(const TokenBatch& batch) const {
+  return {{"input_ids", batch.ids}, {"target_ids", batch.targets}};
+}
+
+std::vector<std::pair<std::string, Tensor>> CausalLmObjective::logits(const TokenBatch& batch,
+                                                                      DType compute) {
+  return {{"logits", model_->logits(batch.ids, compute)}};
+}
+
 std::optional<Generation> CausalLmObjective::generate(const std::string& prompt, const GenerateOptions& o,
                                                       DType compute) {
   STRATA_CHECK(tokenizer_ != nullptr, "CausalLmObjective: generating needs a tokenizer");

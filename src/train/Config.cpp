@@ -435,7 +435,8 @@ struct Loader {
           "{}: 'lr_schedule.warmup_iters' ({}) exceeds 'train.train_iters' ({}): the learning rate never "
           "reaches 'optimizer.lr'",
           place("lr_schedule.warmup_iters"), c.lrSchedule.warmupIters, c.train.trainIters));
-    if (c.data.tokenizer == "byte")
+    // Random tokens (benches, and models described without data: `strata embed`) never meet the tokenizer.
+    if (c.data.tokenizer == "byte" && c.data.format != "random")
       STRATA_USER_CHECK(c.model.vocabSize >= 256,
                         "{}: 'model.vocab_size' ({}) is too small for the byte tokenizer (256)",
                         place("model.vocab_size"), c.model.vocabSize);

@@ -122,6 +122,23 @@ MlmInputs MaskedLmObjective::inputs(const TokenBatch& batch) const {
   return out;
 }
 
+std::vector<std::pair<std::string, Tensor>> MaskedLmObjective::modelInputs(const TokenBatch& batch) const {
+  MlmInputs in = inputs(batch);
+  if (!model_->config().nspHead) return {{"input_ids", in.ids}, {"labels", in.labels}};
+  return {{"input_ids", in.ids},
+          {"token_type_ids", in.tokenTypes},
+          {"labels", in.labels},
+          {"next_sentence_label", in.nspLabels}};
+}
+
+std::vector<std::pair<std::string, Tensor>> MaskedLmObjective::logits(const TokenBatch& batch,
+                                                                      DType compute) {
+  MlmInputs in = inputs(batch);
+  if (!model_->config().nspHead) return {{"logits", model_->mlmLogits(in.ids, Tensor(), Tensor(), compute)}};
+  return {{"prediction_logits", model_->mlmLogits(in.ids, in.tokenTypes, Tensor(), compute)},
+          {"seq_relationship_logits", model_->nspLogits(in.ids, in.tokenTypes, Tensor(), compute)}};
+}
+
 std::string MaskedLmObjective::tokenText(int64_t id) const {
   if (id == special_.pad) return "[PAD]";
   if (id == special_.cls) return "[CLS]";

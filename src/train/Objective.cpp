@@ -39,6 +39,14 @@ std::shared_ptr<Objective> makeObjective(const std::string& arch, std::shared_pt
   STRATA_USER_FAIL("model.arch '{}' has no training objective", arch);
 }
 
+std::vector<std::pair<std::string, Tensor>> Objective::modelInputs(const TokenBatch&) const {
+  STRATA_USER_FAIL("this training objective does not expose its model inputs (Objective::modelInputs)");
+}
+
+std::vector<std::pair<std::string, Tensor>> Objective::logits(const TokenBatch&, DType) {
+  STRATA_USER_FAIL("this training objective does not expose its model's logits (Objective::logits)");
+}
+
 int64_t pickToken(const std::vector<float>& logits, double temperature, int64_t topK, uint64_t seed,
                   uint64_t step) {
   STRATA_CHECK(!logits.empty(), "pickToken: no logits");

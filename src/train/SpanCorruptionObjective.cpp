@@ -57,6 +57,18 @@ SpanCorruptionBatch SpanCorruptionObjective::inputs(const TokenBatch& batch) con
                      corruptionSeed(seed_, batch.split), uint64_t(batch.index) * uint64_t(2 * B * T));
 }
 
+std::vector<std::pair<std::string, Tensor>> SpanCorruptionObjective::modelInputs(
+    const TokenBatch& batch) const {
+  SpanCorruptionBatch in = inputs(batch);
+  return {{"input_ids", in.inputIds}, {"labels", in.labels}};
+}
+
+std::vector<std::pair<std::string, Tensor>> SpanCorruptionObjective::logits(const TokenBatch& batch,
+                                                                            DType compute) {
+  SpanCorruptionBatch in = inputs(batch);
+  return {{"logits", model_->logits(in.inputIds, Tensor(), models::t5ShiftRight(in.labels), compute)}};
+}
+
 int64_t SpanCorruptionObjective::firstSentinelId() const {
   // Every id above the tokenizer's is a sentinel (not only those a training window uses): a model decodes the
   // same whatever model.decoder_seq_length says.

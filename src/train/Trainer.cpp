@@ -171,12 +171,25 @@ void checkModelSection(const std::string& checkpoint, std::map<std::string, std:
   if (saved.empty())
     for (const auto& [key, value] : readCheckpointState(checkpoint).config)
       if (key.rfind("model.", 0) == 0) saved[key] = value;
-  // ffn_hidden_size 0 means 4 * hidden_size.
+  // ffn_hidden_size 0 means 4 * hidden_size, decoder_seq_length 0 a quarter of seq_length, activation default
+  // the architecture's own (`convert --from-hf` writes what HF's config.json says).
   for (auto* m : {&saved, &current}) {
     auto ffn = m->find("model.ffn_hidden_size");
     auto hidden = m->find("model.hidden_size");
     if (ffn != m->end() && hidden != m->end() && sameConfigValue(ffn->second, "0"))
       ffn->second = std::to_string(4 * std::stoll(hidden->second));
+    auto decoder = m->find("model.decoder_seq_length");
+    auto seq = m->find("model.seq_length");
+    if (decoder != m->end() && seq != m->end() && sameConfigValue(decoder->second, "0"))
+      decoder->second = std::to_string(std::max<int64_t>(1, std::stoll(seq->second) / 4));
+    auto activation = m->find("model.activation");
+    auto arch = m->find("model.arch");
+    if (activation != m->end() && arch != m->end()) {
+      models::ModelSpec spec;
+      spec.arch = arch->second;
+      spec.activation = activation->second;
+      activation->second = models::activationName(spec);
+    }
   }
   std::vector<std::string> shape, other;
   for (const auto& [key, value] : saved) {

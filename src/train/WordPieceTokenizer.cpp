@@ -95,6 +95,14 @@ void appendNormalized(std::string& out, char32_t c, bool lower) {
     return;
   }
   if (inRanges(unicode::kNonspacingMark, c)) return;
+  if (c >= 0xAC00 && c <= 0xD7A3) {
+    // A Hangul syllable's NFD is its conjoining jamo, by arithmetic (Unicode's 3.12), not by table.
+    uint32_t s = uint32_t(c - 0xAC00);
+    appendUtf8(out, char32_t(0x1100 + s / 588));
+    appendUtf8(out, char32_t(0x1161 + (s % 588) / 28));
+    if (s % 28 != 0) appendUtf8(out, char32_t(0x11A7 + s % 28));
+    return;
+  }
   auto it = std::lower_bound(std::begin(unicode::kLowerStrip), std::end(unicode::kLowerStrip), c,
                              [](const unicode::LowerStrip& e, char32_t v) { return e.cp < v; });
   if (it != std::end(unicode::kLowerStrip) && it->cp == c) {
@@ -139,7 +147,7 @@ WordPieceTokenizer::WordPieceTokenizer(std::vector<std::string> vocab, const Wor
   unkId_ = tokenId(options.unkToken);
   STRATA_USER_CHECK(unkId_ >= 0, "the WordPiece vocabulary has no unknown token '{}'", options.unkToken);
   STRATA_USER_CHECK(options.maxCharsPerWord > 0, "WordPiece: maxCharsPerWord must be positive");
-  identity_ = "wordpiece:" + hex8(crc32c(all.data(), all.size())) + ":" +
+  identity_ = "wordpiece2:" + hex8(crc32c(all.data(), all.size())) + ":" +
               (options.lowerCase ? "lower" : "cased") + ":" + std::to_string(options.maxCharsPerWord);
 }
 
@@ -160,12 +168,35 @@ std::vector<std::string> WordPieceTokenizer::basicTokens(const std::string& text
     if (c == 0 || c == 0xFFFD || isControl(c)) continue;
     if (isWhitespace(c)) {
       flush();
-    } else if (isCjk(c) || isPunctuation(c)) {
+    } else if (isCjk(c)) {
+      // A word of its own (HF spaces CJK ideographs out before anything else), normalised as every word is
+      // (a CJK compatibility ideograph becomes the unified one).
       flush();
-      appendUtf8(word, c);
-      flush();
-    } else {
       appendNormalized(word, c, options_.lowerCase);
+      flush();
+    } else if (c < 0x80) {
+      if (isPunctuation(c)) {
+        flush();
+        word += char(c);
+        flush();
+      } else {
+        appendNormalized(word, c, options_.lowerCase);
+      }
+    } else {
+      // HF splits off punctuation after lower-casing and stripping accents, so what the character becomes
+      // decides: U+037E becomes ';' and U+2260 '=' (its stroke is a combining mark), each a word of its own.
+      std::string normalized;
+      appendNormalized(normalized, c, options_.lowerCase);
+      for (size_t k = 0; k < normalized.size();) {
+        char32_t n = nextCodePoint(normalized, k);
+        if (isPunctuation(n)) {
+          flush();
+          appendUtf8(word, n);
+          flush();
+        } else {
+          appendUtf8(word, n);
+        }
+      }
     }
   }
   flush();

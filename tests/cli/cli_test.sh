@@ -111,6 +111,23 @@ done
 run "convert --from-hf names a missing config.json" 1 "^error: convert --from-hf: no .*/nothing/config.json" \
   convert --from-hf "$work/nothing" "$work/nothing-back"
 
+# Sentence embeddings from the exported BERT with a vocab.txt beside it (BertForMaskedLM's "bert." names): one
+# line of hidden-size floats per text, each of unit length.
+{
+  printf '%s\n' "[PAD]" "[UNK]" "[CLS]" "[SEP]" "[MASK]" the quick brown fox jumps over lazy dog
+  for i in $(seq 13 259); do echo "tok$i"; done
+} >"$work/bert-hf/vocab.txt"
+printf 'the quick brown fox\nthe lazy dog jumps\n' >"$work/texts.txt"
+run "embed texts" 0 "^-?[0-9]" embed "$work/bert-hf" --text "The QUICK fox" --file "$work/texts.txt" --device cpu
+embeddings=$("$strata" embed "$work/bert-hf" --text "The QUICK fox" --file "$work/texts.txt" --device cpu 2>&1)
+echo "$embeddings" | awk 'NF != 32 { bad = 1 } { s = 0; for (i = 1; i <= NF; i++) s += $i * $i; if (s < 0.9999 || s > 1.0001) bad = 1 }
+  END { exit bad || NR != 3 }' || fail "embed: expected 3 lines of 32 floats of unit length: $(echo "$embeddings" | cut -c1-80)"
+run "embed without a text says how to give one" 1 "^error: embed: no text given" embed "$work/bert-hf" --device cpu
+run "tokenize wordpiece" 0 "wrote 8 wordpiece tokens" tokenize "$work/texts.txt" "$work/texts.bin" --tokenizer wordpiece \
+  --vocab-file "$work/bert-hf/vocab.txt" --threads 1
+[ "$(od -An -v -tu2 "$work/texts.bin" | tr -s ' \n' ' ')" = " 5 6 7 8 5 11 12 9 " ] ||
+  fail "tokenize wordpiece: ids $(od -An -v -tu2 "$work/texts.bin" | tr -s ' \n' ' '), expected 5 6 7 8 5 11 12 9"
+
 # Tokenizing a corpus: the byte tokenizer's ids are the bytes.
 run "tokenize" 0 "wrote [0-9]+ byte tokens" tokenize "$work/corpus.txt" "$work/corpus.bin" --tokenizer byte --threads 2
 [ "$(od -An -v -tu1 "$work/corpus.txt" | tr -s ' \n' ' ')" = "$(od -An -v -tu2 "$work/corpus.bin" | tr -s ' \n' ' ')" ] ||

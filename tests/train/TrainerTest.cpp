@@ -366,6 +366,9 @@ TEST_CASE("resuming into a different model is refused with the differing keys",
   REQUIRE(e.find("model.num_attention_heads") != std::string::npos);
   REQUIRE(errorOf({"model.num_layers=1", "checkpoint.load_model_only=true"}).find("model.num_layers") !=
           std::string::npos);
+  // Defaults spelt out are the same model: gpt's default activation is gelu_tanh (`convert --from-hf` writes
+  // the activation HF's config.json names).
+  REQUIRE(errorOf({"model.activation=gelu_tanh"}).empty());
   // Fine-tuning: the weights with another optimizer setup start a fresh run.
   REQUIRE(errorOf({"checkpoint.load_model_only=true", "optimizer.lr=0.0001"}).empty());
   fs::path tune = fs::temp_directory_path() / "strata-trainer-finetune";

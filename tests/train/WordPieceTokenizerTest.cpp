@@ -53,6 +53,16 @@ TEST_CASE("WordPiece basic tokenizer: lower-case, accents, punctuation, CJK, con
           Toks{"a", "\xe2\x80\x94", "b", "\xe2\x80\x9c", "hello", "\xe2\x80\x9d"});
   // Greek and Cyrillic lower-case and lose their marks: Ά -> α, Й -> и.
   REQUIRE(t.basicTokens("\xce\x86\xce\x92 \xd0\x99\xd0\x90") == Toks{"\xce\xb1\xce\xb2", "\xd0\xb8\xd0\xb0"});
+  // Beyond U+1FFF, as Python's NFD: kana lose their dakuten (de su -> te su), a Hangul syllable becomes its
+  // jamo, a CJK compatibility ideograph the unified one, and circled and Roman-numeral letters lower-case.
+  REQUIRE(t.basicTokens("\xe3\x81\xa7\xe3\x81\x99") == Toks{"\xe3\x81\xa6\xe3\x81\x99"});
+  REQUIRE(t.basicTokens("\xed\x95\x9c") == Toks{"\xe1\x84\x92\xe1\x85\xa1\xe1\x86\xab"});
+  REQUIRE(t.basicTokens("\xef\xa4\x80") == Toks{"\xe8\xb1\x88"});
+  REQUIRE(t.basicTokens("a\xcd\xbe") == Toks{"a", ";"});  // U+037E, Greek question mark: NFD ';'
+  // Punctuation is split off after normalising: U+2260 (not equal) loses its stroke, a combining mark.
+  REQUIRE(t.basicTokens("a\xe2\x89\xa0"
+                        "b") == Toks{"a", "=", "b"});
+  REQUIRE(t.basicTokens("\xe2\x85\xab\xe2\x92\xb6") == Toks{"\xe2\x85\xbb\xe2\x93\x90"});
   // Cased: nothing is lower-cased or stripped.
   WordPieceOptions cased;
   cased.lowerCase = false;

@@ -21,15 +21,17 @@
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
 #include "strata/train/Plan.h"
+#include "strata/train/SentenceEmbedder.h"
 #include "strata/train/Tokenize.h"
 #include "strata/train/Trainer.h"
+#include "strata/train/WordPieceTokenizer.h"
 #include "strata/zero/ChunkLayout.h"
 
 using namespace strata;
 
 namespace {
 
-const char* kCommands[] = {"train", "bench", "info", "plan", "generate", "convert", "tokenize"};
+const char* kCommands[] = {"train", "bench", "info", "plan", "generate", "convert", "tokenize", "embed"};
 
 int runTrain(const std::string& configPath, const std::vector<std::string>& overrides) {
   train::Config config = train::loadConfig(configPath, overrides);
@@ -441,9 +443,14 @@ int runConvertFromHf(const std::string& hfDir, const std::string& output) {
 
 // Raw text -> a nanoGPT .bin of token ids, on every physical core, with a progress line on stderr.
 int runTokenize(const std::string& input, const std::string& output, const std::string& kind,
-                const std::string& vocabFile, const std::string& mergesFile, int threads) {
+                const std::string& vocabFile, const std::string& mergesFile, bool cased, int threads) {
   std::unique_ptr<train::Tokenizer> tokenizer;
-  if (kind == "gpt2") {
+  if (kind == "wordpiece") {
+    STRATA_USER_CHECK(!vocabFile.empty(), "tokenize: the wordpiece tokenizer needs --vocab-file (vocab.txt)");
+    train::WordPieceOptions options;
+    options.lowerCase = !cased;
+    tokenizer = std::make_unique<train::WordPieceTokenizer>(vocabFile, options);
+  } else if (kind == "gpt2") {
     STRATA_USER_CHECK(!vocabFile.empty() && !mergesFile.empty(),
                       "tokenize: the gpt2 tokenizer needs --vocab-file and --merges-file");
     tokenizer = std::make_unique<train::Gpt2Tokenizer>(vocabFile, mergesFile);
@@ -467,6 +474,34 @@ int runTokenize(const std::string& input, const std::string& output, const std::
   train::TokenizeResult r = train::tokenizeFile(input, output, *tokenizer, options);
   std::printf("wrote %ld %s tokens from %ld bytes to %s in %.1f s on %d threads\n", long(r.tokens),
               kind.c_str(), long(r.bytes), output.c_str(), r.seconds, options.threads);
+  return 0;
+}
+
+// Mean-pooled, L2-normalised sentence embeddings (train/SentenceEmbedder.h): one line per text, its floats
+// separated by spaces, in the order given (--text values first, then the file's non-empty lines).
+int runEmbed(const std::string& modelDir, const std::vector<std::string>& texts, const std::string& file,
+             const std::string& deviceName, int64_t batchSize, int64_t maxSeqLength) {
+  std::vector<std::string> all = texts;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    STRATA_USER_CHECK(in.good(), "embed: cannot read --file {}", file);
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (!line.empty()) all.push_back(line);
+    }
+  }
+  STRATA_USER_CHECK(!all.empty(), "embed: no text given (--text TEXT, or --file with one text per line)");
+  train::SentenceEmbedderOptions options;
+  options.device = train::resolveDevice(deviceName);
+  options.batchSize = batchSize;
+  options.maxSeqLength = maxSeqLength;
+  train::SentenceEmbedder embedder(modelDir, options);
+  std::string line;
+  for (const std::vector<float>& e : embedder.embed(all)) {
+    line.clear();
+    for (size_t i = 0; i < e.size(); ++i) line += fmt::format("{}{:.9g}", i == 0 ? "" : " ", e[i]);
+    std::printf("%s\n", line.c_str());
+  }
   return 0;
 }
 
@@ -622,11 +657,33 @@ int main(int argc, char** argv) {
       app.add_subcommand("tokenize", "tokenize a text file into a nanoGPT .bin (uint16 ids), on every core");
   tokenize->add_option("input", tokenizeInput, "the text file")->required()->check(CLI::ExistingFile);
   tokenize->add_option("output", tokenizeOutput, "the .bin to write")->required();
-  tokenize->add_option("--tokenizer", tokenizerKind, "gpt2 (default) or byte")
-      ->check(CLI::IsMember({"gpt2", "byte"}));
-  tokenize->add_option("--vocab-file", vocabFile, "GPT-2's vocab.json");
+  bool tokenizeCased = false;
+  tokenize->add_option("--tokenizer", tokenizerKind, "gpt2 (default), byte or wordpiece")
+      ->check(CLI::IsMember({"gpt2", "byte", "wordpiece"}));
+  tokenize->add_option("--vocab-file", vocabFile, "GPT-2's vocab.json, or BERT's vocab.txt for wordpiece");
+  tokenize->add_flag("--cased", tokenizeCased,
+                     "wordpiece: keep case and accents (default: lower-case, strip)");
   tokenize->add_option("--merges-file", mergesFile, "GPT-2's merges.txt");
   tokenize->add_option("--threads", tokenizeThreads, "threads (default: the physical cores)")
+      ->check(CLI::NonNegativeNumber);
+
+  std::string embedModel, embedFile;
+  std::vector<std::string> embedTexts;
+  int64_t embedBatch = 32, embedMaxSeq = 0;
+  auto* embed = app.add_subcommand(
+      "embed",
+      "sentence embeddings of a BERT sentence-transformers model (all-MiniLM-L6-v2): mean-pooled, "
+      "L2-normalised, one line of floats per text");
+  embed->add_option("model_dir", embedModel, "config.json, model.safetensors and vocab.txt")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  embed->add_option("--text", embedTexts, "a text to embed (repeatable)");
+  embed->add_option("--file", embedFile, "a file of texts, one per line")->check(CLI::ExistingFile);
+  embed->add_option("--device", device, "auto, cpu or cuda[:N]");
+  embed->add_option("--batch-size", embedBatch, "texts per forward")->check(CLI::PositiveNumber);
+  embed
+      ->add_option("--max-seq-length", embedMaxSeq,
+                   "tokens per text, [CLS] and [SEP] included (default: sentence_bert_config.json's)")
       ->check(CLI::NonNegativeNumber);
 
   try {
@@ -662,8 +719,9 @@ int main(int argc, char** argv) {
       STRATA_USER_CHECK(!checkpoint.empty() && !output.empty(), "convert: give CHECKPOINT and OUTPUT");
       return runConvert(checkpoint, output, hf);
     }
+    if (*embed) return runEmbed(embedModel, embedTexts, embedFile, device, embedBatch, embedMaxSeq);
     if (*tokenize)
-      return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile,
+      return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile, tokenizeCased,
                          tokenizeThreads);
   } catch (const std::exception& e) {
     return reportError(e);

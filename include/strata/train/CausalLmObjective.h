@@ -24,6 +24,9 @@ class CausalLmObjective final : public Objective {
   std::optional<Generation> generate(const std::string& prompt, const GenerateOptions& options,
                                      DType compute) override;
   std::string generateUsage() const override { return "samples a continuation of the prompt"; }
+  // {"input_ids", "target_ids"}: the window and the same window one token on.
+  std::vector<std::pair<std::string, Tensor>> modelInputs(const TokenBatch& batch) const override;
+  std::vector<std::pair<std::string, Tensor>> logits(const TokenBatch& batch, DType compute) override;
 
  private:
   std::shared_ptr<nn::CausalLM> model_;

@@ -44,6 +44,11 @@ class MaskedLmObjective final : public Objective {
   Tensor loss(const TokenBatch& batch, DType compute) override;
   // A pure function of the batch's windows, index and split, and the seed.
   MlmInputs inputs(const TokenBatch& batch) const;
+  // inputs() as BertForMaskedLM's {"input_ids", "labels"}, or BertForPreTraining's {"input_ids",
+  // "token_type_ids", "labels", "next_sentence_label"} with the NSP head.
+  std::vector<std::pair<std::string, Tensor>> modelInputs(const TokenBatch& batch) const override;
+  // {"logits"}, or {"prediction_logits", "seq_relationship_logits"} with the NSP head.
+  std::vector<std::pair<std::string, Tensor>> logits(const TokenBatch& batch, DType compute) override;
   // Nothing without a [MASK] in the prompt; else the prompt with each [MASK] filled by its likeliest token,
   // then one line per [MASK] with its options.topK (at most 10) likeliest tokens and their probabilities.
   std::optional<Generation> generate(const std::string& prompt, const GenerateOptions& options,

@@ -68,6 +68,16 @@ class Objective {
                                              DType compute) = 0;
   // One line saying what generate() does with a prompt (for `strata generate` and its errors).
   virtual std::string generateUsage() const = 0;
+
+  // The micro-batch as the model sees it, so that another implementation of the same model can be fed
+  // exactly what loss() feeds this one (tools/hf_parity_zoo.py; train/BatchTrace.h): the inputs by HF
+  // transformers' forward-argument names where the model has one ("input_ids", "token_type_ids", "labels",
+  // "next_sentence_label"; a causal LM's "target_ids" are its labels already shifted, which HF's GPT-2 would
+  // shift again), i64 on the batch's device. The base class has no such view of a user's objective.
+  virtual std::vector<std::pair<std::string, Tensor>> modelInputs(const TokenBatch& batch) const;
+  // The model's output logits on modelInputs(batch), by HF's output names ("logits"; BERT with the NSP head
+  // "prediction_logits" and "seq_relationship_logits"), in `compute`, through the model's calls.
+  virtual std::vector<std::pair<std::string, Tensor>> logits(const TokenBatch& batch, DType compute);
 };
 
 // The objective models::objective(arch) names, over `model` as models::buildModule built it for `arch`.

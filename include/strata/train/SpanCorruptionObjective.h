@@ -36,6 +36,11 @@ class SpanCorruptionObjective final : public Objective {
   // The encoder inputs and decoder labels of a micro-batch: a pure function of the batch's windows, index and
   // split, and the seed.
   SpanCorruptionBatch inputs(const TokenBatch& batch) const;
+  // inputs() as T5ForConditionalGeneration's {"input_ids", "labels"} (its decoder input is the labels shifted
+  // right, models::t5ShiftRight, on both sides).
+  std::vector<std::pair<std::string, Tensor>> modelInputs(const TokenBatch& batch) const override;
+  // {"logits"} [B, S_d, vocab] of the decoder.
+  std::vector<std::pair<std::string, Tensor>> logits(const TokenBatch& batch, DType compute) override;
   std::optional<Generation> generate(const std::string& prompt, const GenerateOptions& options,
                                      DType compute) override;
   std::string generateUsage() const override {

@@ -95,12 +95,15 @@ class Trainer {
   DType computeDType() const { return compute_; }
   // Where checkpoints go: checkpoint.save, else <out_dir>/checkpoints when save_interval is set, else "".
   std::string saveDirectory() const;
+  // The micro-batch number `index` of a split, as run() and evaluate() draw it (one rank's micro-batches of
+  // global batch g are g x accumulation x ranks + rank x accumulation + 0, 1, ...): what a check against
+  // another implementation feeds it (train/BatchTrace.h).
+  TokenBatch batch(Split split, int64_t index) const;
 
  private:
   DType modelDType();
   void connect();
   void setup();
-  TokenBatch batch(Split split, int64_t index) const;
 
   Config config_;
   Device device_;
