@@ -19,6 +19,7 @@
 #include "strata/core/Stream.h"
 #include "strata/dist/ProcessGroup.h"
 #include "strata/ops/Ops.h"
+#include "strata/train/PlacementInputs.h"
 
 namespace strata::train {
 
@@ -142,25 +143,14 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
     parameterBytes += stage_ == 3 ? paramShards_[i].nbytes() : chunks_->paddedFlat(i).nbytes();
     optimizerBytes.push_back(uint64_t(ranges[i].size()) * 4 * 3);  // master, m, v (fp32)
   }
-  zero::StoreBudgets budgets;
+  // The budgets as `strata plan` reads them (train/PlacementInputs.h), so the two place alike.
   const std::string& offload = c.zero.offloadOptimizerDevice;
-  budgets.device = offload != "none"
-                       ? parameterBytes
-                       : zero::parseBudgetGb(c.store.gpuBudgetGb, zero::kUnlimited, "store.gpu_budget_gb");
-  uint64_t available = zero::availableHostBytes();
-  budgets.host = offload == "nvme"
-                     ? 0
-                     : zero::parseBudgetGb(c.store.hostBudgetGb,
-                                           available == zero::kUnlimited ? available : available / 10 * 9,
-                                           "store.host_budget_gb");
-  uint64_t freeDisk = 0;
   if (!c.zero.nvmePath.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(c.zero.nvmePath, ec);
-    auto space = std::filesystem::space(c.zero.nvmePath, ec);
-    if (!ec) freeDisk = space.available / 10 * 9;
   }
-  budgets.nvme = zero::parseBudgetGb(c.store.nvmeBudgetGb, freeDisk, "store.nvme_budget_gb");
+  zero::StoreBudgets budgets = storeBudgets(c, parameterBytes, zero::kUnlimited, zero::availableHostBytes(),
+                                            freeDiskBytes(c.zero.nvmePath));
   // NOTE [Memory tracer] in zero/Store.h: a model whose state would crowd the device starts with its
   // optimizer state off it, and the first step decides how much comes back.
   const char* memoryOverride = std::getenv("STRATA_DEVICE_MEMORY_GB");

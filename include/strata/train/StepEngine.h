@@ -128,13 +128,13 @@ class ZeroStepEngine final : public StepEngine {
   void restore(const StepEngineState& state) override;
   const zero::ChunkManager& chunks() const override { return *chunks_; }
   size_t modelStateBytes() const override;
-  // One checkpoint piece of chunk c: its fp32 values (field Master), m or v over this rank's shard.
-  SaveTensor savePiece(const char* kind, size_t c, int field) const;
   // Where this rank's model state lives, bytes per tier (NOTE [Store placement] in zero/Store.h).
   const zero::StorePlacement& placement() const { return placement_; }
   const optim::AdamW& optimizer() const { return *optimizer_; }
 
  private:
+  // One checkpoint piece of chunk c: its fp32 values (field Master), m or v over this rank's shard.
+  SaveTensor savePiece(const char* kind, size_t c, int field) const;
   dist::Communicator& comm() const;
   void gradientsComplete(size_t chunk);
   Tensor shardSquares(const std::vector<Tensor>& grads) const;

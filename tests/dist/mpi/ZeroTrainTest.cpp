@@ -175,7 +175,7 @@ TEST_CASE("optimizer state on the host and SSD tiers trains like state on the de
         trainRun(ctx, name + "-tiers", stage,
                  // The parameters and a little state on the device (stage 3 shards the parameters).
                  {"store.gpu_budget_gb=" + std::to_string(stage == 3 ? 0.00016 / ctx->worldSize() : 0.00015),
-                  "store.host_budget_gb=0.00003", "zero_optimization.nvme_path=" + nvme.string()});
+                  "store.host_budget_gb=0.00006", "zero_optimization.nvme_path=" + nvme.string()});
     CHECK(fs::is_empty(nvme));
     if (!ctx->isMain()) continue;
     INFO("stage " << stage);
