@@ -1,8 +1,10 @@
 #include "strata/core/Stream.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <unordered_map>
+#include <vector>
 
 #include "core/cuda/CudaContext.h"
 #include "strata/core/Error.h"
@@ -212,6 +214,22 @@ void streamWaits(const Stream& waiter, const Stream& producer, Device device) {
   Event done(device);
   done.record(producer);
   done.block(waiter);
+}
+
+double medianEventMs(Device device, const std::function<void()>& fn, int warmup, int repeats) {
+  for (int i = 0; i < warmup; ++i) fn();
+  Stream stream = currentStream(device);
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) {
+    Event start(device, true), stop(device, true);
+    start.record(stream);
+    fn();
+    stop.record(stream);
+    stop.synchronize();
+    times.push_back(start.elapsedMs(stop));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
 }
 
 }  // namespace strata

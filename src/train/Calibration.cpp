@@ -55,23 +55,6 @@ void get(const Json& j, const char* key, std::optional<T>& value, const std::str
   }
 }
 
-// Median milliseconds of `fn` on `device`'s current stream, after one untimed run.
-double medianMs(Device device, const std::function<void()>& fn, int repeats) {
-  fn();
-  Stream stream = currentStream(device);
-  std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) {
-    Event start(device, true), stop(device, true);
-    start.record(stream);
-    fn();
-    stop.record(stream);
-    stop.synchronize();
-    times.push_back(start.elapsedMs(stop));
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
 struct AlignedFree {
   void operator()(void* p) const { std::free(p); }
 };
@@ -302,10 +285,10 @@ void measureTransfers(Calibration& c, Device gpu) {
   Tensor host = Tensor::fromStorage(std::move(storage), {n}, {1}, 0, DType::F32);
   ops::fill(host, 1.0);
   Tensor device = Tensor::empty({n}, DType::F32, gpu);
-  double h2d = medianMs(
-      gpu, [&] { ops::copy(device, host); }, 5);
-  double d2h = medianMs(
-      gpu, [&] { ops::copy(host, device); }, 5);
+  double h2d = medianEventMs(
+      gpu, [&] { ops::copy(device, host); }, 1, 5);
+  double d2h = medianEventMs(
+      gpu, [&] { ops::copy(host, device); }, 1, 5);
   c.h2dGBs = double(bytes) / (h2d * 1e-3) / 1e9;
   c.d2hGBs = double(bytes) / (d2h * 1e-3) / 1e9;
 }
@@ -319,8 +302,8 @@ void measureGemm(Calibration& c, Device gpu) {
   for (auto [k, n] : kn) {
     Tensor a = ops::full({tokens, k}, 0.01, DType::BF16, gpu), b = ops::full({k, n}, 0.01, DType::BF16, gpu);
     Tensor out;
-    ms += medianMs(
-        gpu, [&] { out = ops::matmul(a, b); }, 20);
+    ms += medianEventMs(
+        gpu, [&] { out = ops::matmul(a, b); }, 1, 20);
     flops += 2.0 * double(tokens) * double(k) * double(n);
   }
   c.gemmTflops = flops / (ms * 1e-3) / 1e12;

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "strata/core/Device.h"
@@ -105,5 +106,9 @@ class StreamGuard {
 
 // Waits for all work on every stream of `device`.
 void synchronizeDevice(Device device);
+
+// Median milliseconds of `fn` over `repeats` runs timed with events on `device`'s current stream, after
+// `warmup` untimed ones (the benches' and the calibration's timer).
+double medianEventMs(Device device, const std::function<void()>& fn, int warmup, int repeats);
 
 }  // namespace strata
