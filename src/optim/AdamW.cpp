@@ -184,9 +184,15 @@ void AdamW::moveToDevice(size_t c, Device device) {
   const zero::ShardRange& r = ranges_[c];
   bool own = paramFlats_[c].dtype() == DType::F32;
   if (own) ops::copy(paramFlats_[c], st.master);  // already equal: the parameters were written from it
-  masters_[c] = own ? Tensor() : ops::to(st.master, device, DType::F32);
-  m_[c] = ops::to(st.m, device, DType::F32);
-  v_[c] = ops::to(st.v, device, DType::F32);
+  // SSD state was read into the shared work buffers: on a CPU "device" ops::to would hand those back, so the
+  // chunk takes copies of its own.
+  auto take = [&](const Tensor& t) {
+    Tensor moved = ops::to(t, device, DType::F32);
+    return homes_[c] == zero::Tier::Nvme && moved.storage() == t.storage() ? moved.clone() : moved;
+  };
+  masters_[c] = own ? Tensor() : take(st.master);
+  m_[c] = take(st.m);
+  v_[c] = take(st.v);
   homes_[c] = zero::Tier::Device;
   for (size_t i : slotsOf_[c]) {
     Slot& s = slots_[i];

@@ -216,9 +216,9 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   } else if (c.zero.offloadOptimizerDevice == "none" &&
              (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto")) {
     p.notes.push_back(fmt::format(
-        "store.gpu_budget_gb auto: the device's {} less {} of non-model memory (what the memory tracer is to "
-        "measure; today's engine keeps all optimizer state on the device under auto: set "
-        "store.gpu_budget_gb={:.1f} for this placement)",
+        "store.gpu_budget_gb auto: the device's {} less {} of non-model memory (estimated here; the engine's "
+        "memory tracer measures it in the first step, then brings the SSD's and the host's state onto the "
+        "device while it fits; store.gpu_budget_gb={:.1f} fixes this placement)",
         gib(p.deviceCapacityBytes), gib(nonModel), double(p.budgets.device) / double(1ull << 30)));
   }
   p.notes.push_back(fmt::format("host budget: {} (store.host_budget_gb {}; auto is 90% of the {} available)",
@@ -227,37 +227,13 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
     p.notes.push_back(fmt::format("SSD budget: {} in {} (store.nvme_budget_gb {})", gib(p.budgets.nvme),
                                   c.zero.nvmePath, c.store.nvmeBudgetGb));
 
-  // The placement: the store's own function, with the SSD tier bridged here until it lands there (chunks in
-  // order past the host budget go to the SSD).
+  // The placement: the store's own function, as the engine calls it (m and v on the SSD in
+  // store.nvme_state_dtype).
+  uint64_t nvmeMomentBytes = c.store.nvmeStateDType == "fp32" ? 4 : 2;
   try {
-    zero::StoreBudgets deviceAndHost = p.budgets;
-    deviceAndHost.host = zero::kUnlimited;
-    p.placement = zero::placeModelState(in.parameterBytes, in.optimizerBytes, deviceAndHost);
-    uint64_t hostLeft = p.budgets.host;
-    bool spilling = false;
-    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
-      if (p.placement.optimizerTier[i] != zero::Tier::Host) continue;
-      uint64_t b = in.optimizerBytes[i];
-      if (!spilling && (hostLeft == zero::kUnlimited || b <= hostLeft)) {
-        if (hostLeft != zero::kUnlimited) hostLeft -= b;
-        continue;
-      }
-      spilling = true;
-      p.placement.optimizerTier[i] = zero::Tier::Nvme;
-      p.placement.bytes[int(zero::Tier::Host)] -= b;
-      p.placement.bytes[int(zero::Tier::Nvme)] += b;
-    }
-    uint64_t nvme = p.placement.bytes[int(zero::Tier::Nvme)];
-    if (nvme > p.budgets.nvme && p.fits) {
-      p.fits = false;
-      p.refusal = fmt::format(
-          "the optimizer state needs {} beyond the device's {} and the host budget of {}, over the SSD "
-          "budget of {}{}",
-          gib(nvme), gib(p.placement.bytes[int(zero::Tier::Device)]), gib(p.budgets.host),
-          gib(p.budgets.nvme),
-          c.zero.nvmePath.empty() ? " (no zero_optimization.nvme_path: no SSD tier)"
-                                  : " (store.nvme_budget_gb)");
-    }
+    std::vector<uint64_t> nvmeBytes;
+    for (int64_t range : in.rangeElems) nvmeBytes.push_back(uint64_t(range) * (4 + 2 * nvmeMomentBytes));
+    p.placement = zero::placeModelState(in.parameterBytes, in.optimizerBytes, p.budgets, nvmeBytes);
   } catch (const Error& e) {
     p.placement = zero::StorePlacement{};
     p.placement.parameterBytes = in.parameterBytes;
@@ -272,10 +248,11 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
     int tier = int(p.placement.optimizerTier[i]);
     uint64_t range = uint64_t(in.rangeElems[i]) * 4;
+    uint64_t moments = p.placement.optimizerTier[i] == zero::Tier::Nvme ? range / 4 * nvmeMomentBytes : range;
     bool master = p.compute != DType::F32 || p.placement.optimizerTier[i] != zero::Tier::Device;
     if (master) p.kindBytes[kMasters][tier] += range;
-    p.kindBytes[kFirstMoments][tier] += range;
-    p.kindBytes[kSecondMoments][tier] += range;
+    p.kindBytes[kFirstMoments][tier] += moments;
+    p.kindBytes[kSecondMoments][tier] += moments;
     if (!master) {
       p.placement.bytes[tier] -= range;
       p.placement.optimizerBytes[i] -= range;

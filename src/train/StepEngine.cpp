@@ -156,25 +156,31 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   const char* memoryOverride = std::getenv("STRATA_DEVICE_MEMORY_GB");
   deviceMemory_ = memoryOverride ? zero::parseBudgetGb(memoryOverride, 0, "STRATA_DEVICE_MEMORY_GB")
                                  : deviceMemoryBytes(device_);
+  // On the SSD, m and v may be kept in half precision (the master stays fp32).
+  DType nvmeDType = c.store.nvmeStateDType == "bf16"   ? DType::BF16
+                    : c.store.nvmeStateDType == "fp16" ? DType::F16
+                                                       : DType::F32;
+  std::vector<uint64_t> nvmeBytes;
+  for (size_t i = 0; i < chunks_->numChunks(); ++i)
+    nvmeBytes.push_back(uint64_t(ranges[i].size()) * (4 + 2 * dtypeSize(nvmeDType)));
   bool autoDevice = offload == "none" && (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto");
   if (autoDevice && deviceMemory_ > 0 && (!device_.isCpu() || memoryOverride)) {
     uint64_t estimate = parameterBytes;
     for (size_t i = 0; i < chunks_->numChunks(); ++i)
       estimate += optimizerBytes[i] + uint64_t(chunks_->paddedElems(i)) * 4;  // state, gradient buffers
     if (double(estimate) > 0.8 * double(deviceMemory_)) {
-      budgets.device = parameterBytes;
+      // Off the device what the host and the SSD can hold; the first step measures what may come back.
+      uint64_t least = zero::smallestDeviceBudget(parameterBytes, optimizerBytes, budgets, nvmeBytes);
+      if (least != zero::kUnlimited) budgets.device = least;
       trace_ = true;
     }
   }
-  placement_ = zero::placeModelState(parameterBytes, optimizerBytes, budgets);
+  placement_ = zero::placeModelState(parameterBytes, optimizerBytes, budgets, nvmeBytes);
   std::vector<int64_t> nvmeElems(chunks_->numChunks(), 0);
   for (size_t i = 0; i < chunks_->numChunks(); ++i)
     if (placement_.optimizerTier[i] == zero::Tier::Nvme) nvmeElems[i] = ranges[i].size();
   if (placement_.chunksOn(zero::Tier::Nvme) > 0)
-    nvme_ = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, rank_, nvmeElems,
-                                             c.store.nvmeStateDType == "bf16"   ? DType::BF16
-                                             : c.store.nvmeStateDType == "fp16" ? DType::F16
-                                                                                : DType::F32);
+    nvme_ = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, rank_, nvmeElems, nvmeDType);
   optimizer_ = std::make_unique<optim::AdamW>(
       *chunks_, std::move(masters),
       optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,

@@ -78,8 +78,33 @@ std::string StorePlacement::table() const {
   return out.str();
 }
 
+namespace {
+
+// Tiers for the chunks in order from `first` on, past the device's chunks: the host while its budget lasts,
+// then the SSD; the SSD bytes they take, or kUnlimited past its budget.
+uint64_t placeOffDevice(const std::vector<uint64_t>& optimizerBytes, const std::vector<uint64_t>& nvmeBytes,
+                        size_t first, const StoreBudgets& budgets, std::vector<Tier>* tiers) {
+  uint64_t hostLeft = budgets.host, nvme = 0;
+  bool host = true;
+  for (size_t c = first; c < optimizerBytes.size(); ++c) {
+    uint64_t b = optimizerBytes[c];
+    if (host && hostLeft != kUnlimited && b > hostLeft) host = false;
+    if (host) {
+      if (hostLeft != kUnlimited) hostLeft -= b;
+    } else {
+      nvme += nvmeBytes.empty() ? b : nvmeBytes[c];
+    }
+    if (tiers) tiers->push_back(host ? Tier::Host : Tier::Nvme);
+  }
+  return nvme;
+}
+
+}  // namespace
+
 StorePlacement placeModelState(uint64_t parameterBytes, const std::vector<uint64_t>& optimizerBytes,
-                               const StoreBudgets& budgets) {
+                               const StoreBudgets& budgets, const std::vector<uint64_t>& nvmeBytes) {
+  STRATA_CHECK(nvmeBytes.empty() || nvmeBytes.size() == optimizerBytes.size(),
+               "placeModelState: {} SSD sizes for {} chunks", nvmeBytes.size(), optimizerBytes.size());
   StorePlacement p;
   p.parameterBytes = parameterBytes;
   p.optimizerBytes = optimizerBytes;
@@ -88,18 +113,21 @@ StorePlacement placeModelState(uint64_t parameterBytes, const std::vector<uint64
                     "host tiers hold optimizer state only, for now",
                     gib(parameterBytes), gib(budgets.device));
   p.bytes[int(Tier::Device)] = parameterBytes;
-  uint64_t deviceLeft = budgets.device == kUnlimited ? kUnlimited : budgets.device - parameterBytes;
-  uint64_t hostLeft = budgets.host;
   // In chunk order: the device while its budget lasts, then the host, then the SSD; once a chunk goes to a
   // colder tier the rest follow, so each tier holds a run of chunks.
-  int tier = int(Tier::Device);
-  for (uint64_t b : optimizerBytes) {
-    if (tier == int(Tier::Device) && deviceLeft != kUnlimited && b > deviceLeft) tier = int(Tier::Host);
-    if (tier == int(Tier::Host) && hostLeft != kUnlimited && b > hostLeft) tier = int(Tier::Nvme);
-    if (tier == int(Tier::Device) && deviceLeft != kUnlimited) deviceLeft -= b;
-    if (tier == int(Tier::Host) && hostLeft != kUnlimited) hostLeft -= b;
-    p.optimizerTier.push_back(Tier(tier));
-    p.bytes[tier] += b;
+  uint64_t deviceLeft = budgets.device == kUnlimited ? kUnlimited : budgets.device - parameterBytes;
+  size_t onDevice = 0;
+  for (; onDevice < optimizerBytes.size(); ++onDevice) {
+    uint64_t b = optimizerBytes[onDevice];
+    if (deviceLeft != kUnlimited && b > deviceLeft) break;
+    if (deviceLeft != kUnlimited) deviceLeft -= b;
+    p.optimizerTier.push_back(Tier::Device);
+    p.bytes[int(Tier::Device)] += b;
+  }
+  placeOffDevice(optimizerBytes, nvmeBytes, onDevice, budgets, &p.optimizerTier);
+  for (size_t c = onDevice; c < optimizerBytes.size(); ++c) {
+    if (p.optimizerTier[c] == Tier::Nvme && !nvmeBytes.empty()) p.optimizerBytes[c] = nvmeBytes[c];
+    p.bytes[int(p.optimizerTier[c])] += p.optimizerBytes[c];
   }
   uint64_t nvme = p.bytes[int(Tier::Nvme)];
   STRATA_USER_CHECK(
@@ -112,16 +140,27 @@ StorePlacement placeModelState(uint64_t parameterBytes, const std::vector<uint64
   return p;
 }
 
+uint64_t smallestDeviceBudget(uint64_t parameterBytes, const std::vector<uint64_t>& optimizerBytes,
+                              const StoreBudgets& budgets, const std::vector<uint64_t>& nvmeBytes) {
+  uint64_t device = parameterBytes;
+  for (size_t first = 0; first <= optimizerBytes.size(); ++first) {
+    if (placeOffDevice(optimizerBytes, nvmeBytes, first, budgets, nullptr) <= budgets.nvme) return device;
+    if (first < optimizerBytes.size()) device += optimizerBytes[first];
+  }
+  return kUnlimited;
+}
+
 std::vector<size_t> chunksToPromote(const StorePlacement& placement, const std::vector<uint64_t>& deviceBytes,
                                     uint64_t room) {
   std::vector<size_t> out;
   uint64_t used = 0;
-  for (size_t c = 0; c < placement.optimizerTier.size(); ++c) {
-    if (placement.optimizerTier[c] == Tier::Device) continue;
-    if (used + deviceBytes[c] > room) break;
-    used += deviceBytes[c];
-    out.push_back(c);
-  }
+  for (Tier from : {Tier::Nvme, Tier::Host})
+    for (size_t c = 0; c < placement.optimizerTier.size(); ++c) {
+      if (placement.optimizerTier[c] != from) continue;
+      if (used + deviceBytes[c] > room) return out;
+      used += deviceBytes[c];
+      out.push_back(c);
+    }
   return out;
 }
 

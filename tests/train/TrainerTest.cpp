@@ -517,6 +517,61 @@ TEST_CASE("optimizer state offloaded to the host trains bit for bit like state o
                     tail);
 }
 
+TEST_CASE("the memory tracer starts off the device and brings the SSD's state back first, bit for bit",
+          "[train][trainer][store][nvme][tracer]") {
+  fs::path base = test::freshDir("strata-store-tracer");
+  std::vector<std::string> common = {"model.dropout=0",          "zero_optimization.chunk_size_mb=0.02",
+                                     "model.hidden_size=128",    "model.seq_length=16",
+                                     "train.micro_batch_size=2", "train.global_batch_size=2",
+                                     "train.train_iters=6",      "train.eval_interval=0"};
+  train::Trainer(tinyConfig(base / "memory", common)).run();
+  auto memory = records(base / "memory");
+  // A "device" of 1.9x the model state: the state with its gradient buffers (20 of its 12 bytes per
+  // parameter) would crowd it, so the run starts traced, its optimizer state on the host (1 MiB) and the SSD.
+  double state = memory.back()["mem_model_state_gb"].get<double>();
+  std::string saved = std::getenv("STRATA_DEVICE_MEMORY_GB") ? std::getenv("STRATA_DEVICE_MEMORY_GB") : "";
+  setenv("STRATA_DEVICE_MEMORY_GB", std::to_string(1.9 * state).c_str(), 1);
+  std::vector<std::string> traced = common;
+  traced.insert(traced.end(), {"store.host_budget_gb=0.001", "store.nvme_state_dtype=fp32",
+                               "zero_optimization.nvme_path=" + (base / "nvme").string()});
+  zero::StorePlacement start;
+  auto restore = [&] {
+    saved.empty() ? unsetenv("STRATA_DEVICE_MEMORY_GB") : setenv("STRATA_DEVICE_MEMORY_GB", saved.c_str(), 1);
+  };
+  try {
+    {
+      // The placement the first step runs with: the parameters alone on the device, the host (its budget)
+      // and the SSD hold the optimizer state.
+      train::Config config = tinyConfig(base / "engine", traced);
+      auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
+      train::CausalLmObjective objective(model, nullptr);
+      train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
+      start = engine.placement();
+    }
+    train::Trainer(tinyConfig(base / "traced", traced)).run();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+  INFO(start.table());
+  REQUIRE(start.chunksOn(zero::Tier::Device) == 0);
+  REQUIRE(start.bytes[int(zero::Tier::Host)] > 0);
+  REQUIRE(start.bytes[int(zero::Tier::Nvme)] > 0);
+  // The traced run is the in-memory run, number for number, though its state moved after the first step.
+  auto tracedRecords = records(base / "traced");
+  requireSameCurves(memory, tracedRecords);
+  const nlohmann::json& last = tracedRecords.back();
+  double device = last["mem_state_device_gb"].get<double>(), host = last["mem_state_host_gb"].get<double>(),
+         nvme = last["mem_state_nvme_gb"].get<double>();
+  INFO("after the first step: device " << device << " host " << host << " nvme " << nvme);
+  constexpr double kGiB = double(1ull << 30);
+  REQUIRE(device * kGiB > double(start.bytes[int(zero::Tier::Device)]));
+  // The SSD's chunks come back first (chunksToPromote): the host keeps its state while the SSD has some.
+  if (nvme > 0) REQUIRE(host * kGiB == Approx(double(start.bytes[int(zero::Tier::Host)])));
+  REQUIRE(device + host + nvme == Approx(last["mem_model_state_gb"].get<double>()).margin(1e-6));
+}
+
 TEST_CASE("state across the device, host and SSD tiers trains bit for bit like state in memory, and resumes",
           "[train][trainer][store][nvme]") {
   fs::path base = test::freshDir("strata-store-tiers");

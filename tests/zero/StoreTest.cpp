@@ -56,7 +56,40 @@ TEST_CASE("the memory tracer moves chunks onto the device in order while the roo
   zero::StorePlacement p = zero::placeModelState(2 * kGiB, chunks, {5 * kGiB, 7 * kGiB, 6 * kGiB});
   // Chunk 0 is on the device already; 1 and 2 on the host, 3 on the SSD.
   std::vector<uint64_t> deviceBytes = {3 * kGiB, 3 * kGiB, 3 * kGiB, 3 * kGiB};
-  REQUIRE(zero::chunksToPromote(p, deviceBytes, 7 * kGiB) == std::vector<size_t>{1, 2});
+  // The SSD's chunk first (it costs a disk read and write per step), then the host's in order.
+  REQUIRE(zero::chunksToPromote(p, deviceBytes, 7 * kGiB) == std::vector<size_t>{3, 1});
   REQUIRE(zero::chunksToPromote(p, deviceBytes, 2 * kGiB).empty());
-  REQUIRE(zero::chunksToPromote(p, deviceBytes, 100 * kGiB) == std::vector<size_t>{1, 2, 3});
+  REQUIRE(zero::chunksToPromote(p, deviceBytes, 100 * kGiB) == std::vector<size_t>{3, 1, 2});
+}
+
+TEST_CASE("the SSD tier counts its chunks at the size their stored dtype takes", "[zero][store]") {
+  // 12 bytes per element on the device and the host; 8 on the SSD with bf16 m and v.
+  std::vector<uint64_t> chunks = {3 * kGiB, 3 * kGiB, 3 * kGiB, 3 * kGiB};
+  std::vector<uint64_t> ssd = {2 * kGiB, 2 * kGiB, 2 * kGiB, 2 * kGiB};
+  // At full size two chunks would need 6 GiB of a 4 GiB SSD budget; at their SSD size they fit.
+  REQUIRE(test::errorOf([&] {
+            zero::placeModelState(2 * kGiB, chunks, {2 * kGiB, 6 * kGiB, 4 * kGiB});
+          }).find("SSD tier's budget") != std::string::npos);
+  zero::StorePlacement p = zero::placeModelState(2 * kGiB, chunks, {2 * kGiB, 6 * kGiB, 4 * kGiB}, ssd);
+  REQUIRE(p.optimizerTier == std::vector<Tier>{Tier::Host, Tier::Host, Tier::Nvme, Tier::Nvme});
+  REQUIRE(p.bytes[int(Tier::Nvme)] == 4 * kGiB);
+  REQUIRE(p.optimizerBytes[3] == 2 * kGiB);
+  REQUIRE(p.total() == 2 * kGiB + 6 * kGiB + 4 * kGiB);
+}
+
+TEST_CASE("a traced start keeps on the device only what the host and the SSD cannot hold", "[zero][store]") {
+  std::vector<uint64_t> chunks = {3 * kGiB, 3 * kGiB, 3 * kGiB, 3 * kGiB};
+  std::vector<uint64_t> ssd = {2 * kGiB, 2 * kGiB, 2 * kGiB, 2 * kGiB};
+  zero::StoreBudgets budgets{zero::kUnlimited, 6 * kGiB, 2 * kGiB};
+  // Host 2 chunks, SSD 1 at its SSD size: one chunk's state must stay on the device.
+  uint64_t device = zero::smallestDeviceBudget(2 * kGiB, chunks, budgets, ssd);
+  REQUIRE(device == 5 * kGiB);
+  budgets.device = device;
+  zero::StorePlacement p = zero::placeModelState(2 * kGiB, chunks, budgets, ssd);
+  REQUIRE(p.optimizerTier == std::vector<Tier>{Tier::Device, Tier::Host, Tier::Host, Tier::Nvme});
+  // Everything fits off the device: the parameters alone.
+  REQUIRE(zero::smallestDeviceBudget(2 * kGiB, chunks, {zero::kUnlimited, 6 * kGiB, 4 * kGiB}, ssd) ==
+          2 * kGiB);
+  // Nothing off the device at all: every chunk on it.
+  REQUIRE(zero::smallestDeviceBudget(2 * kGiB, chunks, {zero::kUnlimited, 0, 0}) == 14 * kGiB);
 }

@@ -54,21 +54,30 @@ struct StorePlacement {
 };
 
 // Places the optimizer state of each chunk (bytes per chunk, in chunk order) beside `parameterBytes` of
-// device-resident parameters, within `budgets` (NOTE [Store placement]). Throws a user error naming the
-// figures when the state does not fit.
+// device-resident parameters, within `budgets` (NOTE [Store placement]). `nvmeBytes`: what each chunk's
+// state takes on the SSD, where m and v may be kept in half precision (empty: as `optimizerBytes`). Throws a
+// user error naming the figures when the state does not fit.
 StorePlacement placeModelState(uint64_t parameterBytes, const std::vector<uint64_t>& optimizerBytes,
-                               const StoreBudgets& budgets);
+                               const StoreBudgets& budgets, const std::vector<uint64_t>& nvmeBytes = {});
+
+// The smallest device budget (the parameters, and the optimizer state of the first chunks) with which the
+// rest of the optimizer state fits the host and SSD budgets: where a traced start (NOTE [Memory tracer])
+// begins when the host and the SSD cannot hold all of it. kUnlimited when no device share makes it fit.
+uint64_t smallestDeviceBudget(uint64_t parameterBytes, const std::vector<uint64_t>& optimizerBytes,
+                              const StoreBudgets& budgets, const std::vector<uint64_t>& nvmeBytes = {});
 
 // NOTE [Memory tracer]
 // When store.gpu_budget_gb is auto and the model state with its gradient buffers would take more than 80% of
-// the device, the optimizer state starts off the device (host, then SSD) and the first step is traced: the
-// device allocator's peak over it is everything but that state. The tracer then moves chunks' optimizer state
-// onto the device, in chunk order, while the traced peak plus the moved bytes stays within 92% of the device
-// less a margin (1 GiB, or 1/16 of a smaller device). STRATA_DEVICE_MEMORY_GB overrides the device's size
-// (to share a GPU, or to test the tracer on a small budget).
+// the device, the optimizer state starts off the device (host, then SSD; only the share those cannot hold
+// stays on it: smallestDeviceBudget) and the first step is traced: the device allocator's peak over it is
+// everything but that state. The tracer then moves chunks' optimizer state onto the device while the traced
+// peak plus the moved bytes stays within 92% of the device less a margin (1 GiB, or 1/16 of a smaller
+// device): the SSD's chunks first, as each costs a read and a write of the disk per step, then the host's,
+// each in chunk order. STRATA_DEVICE_MEMORY_GB overrides the device's size (to share a GPU, or to test the
+// tracer on a small budget).
 
-// The chunks (in order) whose optimizer state moves to the device within `room` bytes: those not there yet,
-// each costing `deviceBytes[c]` there, until the next one does not fit.
+// The chunks whose optimizer state moves to the device within `room` bytes, each costing `deviceBytes[c]`
+// there: the SSD's in chunk order, then the host's, until the next one does not fit.
 std::vector<size_t> chunksToPromote(const StorePlacement& placement, const std::vector<uint64_t>& deviceBytes,
                                     uint64_t room);
 
