@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libeigen3-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-  liburing-dev catch2 libopenmpi-dev openmpi-bin
+  liburing-dev libsentencepiece-dev catch2 libopenmpi-dev openmpi-bin
 )
 
 missing=()

@@ -144,7 +144,7 @@ const std::vector<Field>& schema() {
     f.push_back(stringField("data.format", [](Config & c) -> auto& { return c.data.format; },
                             {"text", "nanogpt", "megatron", "random"}));
     f.push_back(stringField("data.tokenizer", [](Config & c) -> auto& { return c.data.tokenizer; },
-                            {"byte", "gpt2"}));
+                            {"byte", "gpt2", "sentencepiece"}));
     f.push_back(stringField(
         "data.vocab_file", [](Config & c) -> auto& { return c.data.vocabFile; }));
     f.push_back(stringField(
@@ -443,6 +443,10 @@ struct Loader {
     if (c.data.tokenizer == "gpt2")
       STRATA_USER_CHECK(!c.data.vocabFile.empty() && !c.data.mergesFile.empty(),
                         "{}: the gpt2 tokenizer needs 'data.vocab_file' and 'data.merges_file'",
+                        place("data.tokenizer"));
+    if (c.data.tokenizer == "sentencepiece")
+      STRATA_USER_CHECK(!c.data.vocabFile.empty(),
+                        "{}: the sentencepiece tokenizer needs 'data.vocab_file' (a .model file)",
                         place("data.tokenizer"));
     for (const char* key : {"store.gpu_budget_gb", "store.host_budget_gb", "store.nvme_budget_gb"}) {
       auto it = c.values.find(key);

@@ -26,6 +26,7 @@
 #include "strata/train/Checkpoint.h"
 #include "strata/train/LossPlot.h"
 #include "strata/train/Metrics.h"
+#include "strata/train/SentencePieceTokenizer.h"
 #include "strata/train/StepEngine.h"
 
 namespace strata::train {
@@ -402,6 +403,8 @@ static CheckpointGroup checkpointGroup(dist::Communicator& comm) {
 std::unique_ptr<Tokenizer> makeTokenizer(const Config& config) {
   if (config.data.tokenizer == "gpt2")
     return std::make_unique<Gpt2Tokenizer>(config.data.vocabFile, config.data.mergesFile);
+  if (config.data.tokenizer == "sentencepiece")
+    return std::make_unique<SentencePieceTokenizer>(config.data.vocabFile);
   return std::make_unique<ByteTokenizer>();
 }
 

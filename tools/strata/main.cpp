@@ -22,6 +22,7 @@
 #include "strata/train/Config.h"
 #include "strata/train/Plan.h"
 #include "strata/train/SentenceEmbedder.h"
+#include "strata/train/SentencePieceTokenizer.h"
 #include "strata/train/Tokenize.h"
 #include "strata/train/Trainer.h"
 #include "strata/train/WordPieceTokenizer.h"
@@ -450,6 +451,11 @@ int runTokenize(const std::string& input, const std::string& output, const std::
     train::WordPieceOptions options;
     options.lowerCase = !cased;
     tokenizer = std::make_unique<train::WordPieceTokenizer>(vocabFile, options);
+  } else if (kind == "sentencepiece") {
+    STRATA_USER_CHECK(!vocabFile.empty(),
+                      "tokenize: the sentencepiece tokenizer needs --vocab-file (a .model file, e.g. T5's "
+                      "spiece.model)");
+    tokenizer = std::make_unique<train::SentencePieceTokenizer>(vocabFile);
   } else if (kind == "gpt2") {
     STRATA_USER_CHECK(!vocabFile.empty() && !mergesFile.empty(),
                       "tokenize: the gpt2 tokenizer needs --vocab-file and --merges-file");
@@ -658,9 +664,10 @@ int main(int argc, char** argv) {
   tokenize->add_option("input", tokenizeInput, "the text file")->required()->check(CLI::ExistingFile);
   tokenize->add_option("output", tokenizeOutput, "the .bin to write")->required();
   bool tokenizeCased = false;
-  tokenize->add_option("--tokenizer", tokenizerKind, "gpt2 (default), byte or wordpiece")
-      ->check(CLI::IsMember({"gpt2", "byte", "wordpiece"}));
-  tokenize->add_option("--vocab-file", vocabFile, "GPT-2's vocab.json, or BERT's vocab.txt for wordpiece");
+  tokenize->add_option("--tokenizer", tokenizerKind, "gpt2 (default), byte, wordpiece or sentencepiece")
+      ->check(CLI::IsMember({"gpt2", "byte", "wordpiece", "sentencepiece"}));
+  tokenize->add_option("--vocab-file", vocabFile,
+                       "GPT-2's vocab.json, BERT's vocab.txt for wordpiece, a .model for sentencepiece");
   tokenize->add_flag("--cased", tokenizeCased,
                      "wordpiece: keep case and accents (default: lower-case, strip)");
   tokenize->add_option("--merges-file", mergesFile, "GPT-2's merges.txt");
