@@ -174,7 +174,8 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
     nvme_ = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, rank_, nvmeElems,
                                              c.store.nvmeStateDType == "bf16"   ? DType::BF16
                                              : c.store.nvmeStateDType == "fp16" ? DType::F16
-                                                                                : DType::F32);
+                                                                                : DType::F32,
+                                             zero::NvmeIoConfig{c.zero.aioBlockSize, c.zero.aioQueueDepth});
   optimizer_ = std::make_unique<optim::AdamW>(
       *chunks_, std::move(masters),
       optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
