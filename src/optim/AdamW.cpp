@@ -163,8 +163,9 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
     if (homes_[c] == zero::Tier::Nvme) ssdOrder.push_back(c);
   struct DrainOnError {
     zero::NvmeTier* nvme;
+    int uncaught = std::uncaught_exceptions();
     ~DrainOnError() {
-      if (nvme != nullptr && std::uncaught_exceptions() > 0) nvme->drain();
+      if (nvme != nullptr && std::uncaught_exceptions() > uncaught) nvme->drain();
     }
   } drainOnError{ssdOrder.empty() ? nullptr : nvme_};
   std::vector<zero::NvmeTier::Ticket> reads(ssdOrder.size(), 0);

@@ -292,3 +292,35 @@ TEST_CASE("AdamW's SSD read-ahead and write-behind update bit for bit like readi
     }
   }
 }
+
+TEST_CASE("an SSD read that fails inside AdamW's step stops it, naming the file",
+          "[optim][adamw][store][nvme]") {
+  fs::path dir = test::freshDir("strata-adamw-ssd-error");
+  std::vector<zero::NvmeBackend> backends = {zero::NvmeBackend::Threads};
+  if (zero::NvmeTier::uringBuilt()) backends.push_back(zero::NvmeBackend::Uring);
+  for (zero::NvmeBackend backend : backends) {
+    Generator g(2);
+    std::vector<std::pair<std::string, Tensor>> ps;
+    for (const char* name : {"a", "b", "c"}) {
+      Tensor t = ops::rand({64, 32}, g, DType::F32, Device::cpu(), -0.5, 0.5);
+      t.setRequiresGrad(true);
+      ps.emplace_back(name, t);
+    }
+    zero::ChunkManager chunks(ps, 64 * 32 * 2, DType::BF16);
+    std::vector<int64_t> elems;
+    for (size_t c = 0; c < chunks.numChunks(); ++c) elems.push_back(chunks.paddedElems(c));
+    zero::NvmeTier nvme(dir.string(), 0, elems, DType::F32, zero::NvmeIoConfig{4096, 2, backend});
+    optim::AdamW opt(chunks, chunks.takeMasters(), {0.01, 0.9, 0.95, 1e-8, 0.1}, {}, {},
+                     std::vector<zero::Tier>(chunks.numChunks(), zero::Tier::Nvme), &nvme);
+    std::vector<Tensor> grads;
+    for (size_t c = 0; c < chunks.numChunks(); ++c)
+      grads.push_back(ops::rand({chunks.paddedElems(c)}, g, DType::F32, Device::cpu(), -1, 1));
+    opt.stepChunks(0.01, grads);
+    // The file cut short under the optimizer: the next step's first read meets its end.
+    fs::resize_file(nvme.path(), 4096);
+    std::string e = test::errorOf([&] { opt.stepChunks(0.01, grads); });
+    INFO(nvme.backendName() << ": " << e);
+    REQUIRE(e.find("the SSD tier's read of") != std::string::npos);
+    REQUIRE(e.find(nvme.path()) != std::string::npos);
+  }
+}
