@@ -1,7 +1,9 @@
 #include "strata/optim/AdamW.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 
 #include "strata/autograd/GradMode.h"
 #include "strata/ops/Ops.h"
@@ -65,9 +67,9 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
       v_[c] = ops::zeros({r.size()}, DType::F32, Device::cpu());
       if (home == zero::Tier::Nvme) {
         STRATA_CHECK(nvme_ != nullptr, "AdamW: chunk {} is placed on the SSD tier, which is missing", c);
-        nvme_->write(c, zero::NvmeTier::Master, master.data<float>());
-        nvme_->write(c, zero::NvmeTier::FirstMoment, m_[c].data<float>());
-        nvme_->write(c, zero::NvmeTier::SecondMoment, v_[c].data<float>());
+        nvme_->wait(nvme_->writeAsync(c, {{zero::NvmeTier::Master, master.data<float>()},
+                                          {zero::NvmeTier::FirstMoment, m_[c].data<float>()},
+                                          {zero::NvmeTier::SecondMoment, v_[c].data<float>()}}));
         masters_[c] = m_[c] = v_[c] = Tensor();
       }
     }
@@ -153,7 +155,36 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
   ++step_;
   ops::AdamWHyper h = hyper(lr);
   std::vector<Tensor> grads = gradientPieces(gradients);
-  std::vector<ops::AdamWTensors> sets;
+  // NOTE [SSD tier] in zero/NvmeTier.h: the SSD chunks' state is read ahead in use order, into two buffer
+  // sets that take turns, and written back behind the update. The first read starts before the device's
+  // update; any transfer left in flight by an error ends before the buffers can go.
+  std::vector<size_t> ssdOrder;
+  for (size_t c = 0; c < homes_.size(); ++c)
+    if (homes_[c] == zero::Tier::Nvme) ssdOrder.push_back(c);
+  struct DrainOnError {
+    zero::NvmeTier* nvme;
+    int uncaught = std::uncaught_exceptions();
+    ~DrainOnError() {
+      if (nvme != nullptr && std::uncaught_exceptions() > uncaught) nvme->drain();
+    }
+  } drainOnError{ssdOrder.empty() ? nullptr : nvme_};
+  std::vector<zero::NvmeTier::Ticket> reads(ssdOrder.size(), 0);
+  size_t sets = readAhead_ ? 2 : 1;
+  int64_t largest = 0;
+  for (size_t c : ssdOrder) largest = std::max(largest, ranges_[c].size());
+  // Reads chunks ssdOrder[k] for every k < `upTo` not yet asked for, each into set k % sets.
+  size_t readsIssued = 0;
+  auto readUpTo = [&](size_t upTo) {
+    for (; readsIssued < std::min(upTo, ssdOrder.size()); ++readsIssued) {
+      size_t c = ssdOrder[readsIssued];
+      HostState st = ssdBuffers(readsIssued % sets, ranges_[c].size(), largest);
+      reads[readsIssued] = nvme_->readAsync(c, {{zero::NvmeTier::Master, st.master.data<float>()},
+                                                {zero::NvmeTier::FirstMoment, st.m.data<float>()},
+                                                {zero::NvmeTier::SecondMoment, st.v.data<float>()}});
+    }
+  };
+  readUpTo(sets - 1);
+  std::vector<ops::AdamWTensors> deviceSets;
   bool anyOffDevice = false;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
@@ -162,18 +193,32 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
       continue;
     }
     Tensor copy = s.master.impl().storage == s.param.impl().storage ? Tensor() : s.param;
-    sets.push_back(ops::AdamWTensors{s.master, grads[i], s.m, s.v, s.weightDecay, copy});
+    deviceSets.push_back(ops::AdamWTensors{s.master, grads[i], s.m, s.v, s.weightDecay, copy});
   }
-  if (!sets.empty()) {
-    Device dev = sets.front().param.device();
-    ops::adamw(sets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
+  if (!deviceSets.empty()) {
+    Device dev = deviceSets.front().param.device();
+    ops::adamw(deviceSets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
   }
   offDeviceSeconds_ = 0;
   if (!anyOffDevice) return;
   auto start = std::chrono::steady_clock::now();
   Tensor hostScale = gradScale.defined() ? ops::to(gradScale, Device::cpu(), DType::F32) : Tensor();
-  for (size_t c = 0; c < homes_.size(); ++c)
-    if (homes_[c] != zero::Tier::Device) stepHostChunk(c, h, gradients, hostScale);
+  size_t k = 0;  // the SSD chunks updated so far
+  zero::NvmeTier::Ticket written = 0;
+  for (size_t c = 0; c < homes_.size(); ++c) {
+    if (homes_[c] == zero::Tier::Host) stepHostChunk(c, h, gradients, hostScale, hostState(c));
+    if (homes_[c] != zero::Tier::Nvme) continue;
+    // The next read goes behind the write of the chunk that last used its set (issue order: NOTE [SSD tier]).
+    readUpTo(k + sets);
+    nvme_->wait(reads[k]);
+    HostState st = ssdBuffers(k % sets, ranges_[c].size(), largest);
+    stepHostChunk(c, h, gradients, hostScale, st);
+    written = nvme_->writeAsync(c, {{zero::NvmeTier::Master, st.master.data<float>()},
+                                    {zero::NvmeTier::FirstMoment, st.m.data<float>()},
+                                    {zero::NvmeTier::SecondMoment, st.v.data<float>()}});
+    ++k;
+  }
+  if (written != 0) nvme_->wait(written);
   offDeviceSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -206,33 +251,29 @@ void AdamW::moveToDevice(size_t c, Device device) {
   }
 }
 
+AdamW::HostState AdamW::ssdBuffers(size_t set, int64_t n, int64_t largest) {
+  Tensor* buffers = ssdBuffers_[set];
+  if (!buffers[0].defined() || buffers[0].numel() < std::max(n, largest))
+    for (int f = 0; f < 3; ++f) buffers[f] = Tensor::empty({std::max(n, largest)}, DType::F32, Device::cpu());
+  return HostState{buffers[0].narrow(0, 0, n), buffers[1].narrow(0, 0, n), buffers[2].narrow(0, 0, n)};
+}
+
 AdamW::HostState AdamW::hostState(size_t c) {
   if (homes_[c] == zero::Tier::Host) return HostState{masters_[c], m_[c], v_[c]};
-  // SSD: read into work buffers (bounded: one chunk range's worth, reused).
-  int64_t n = ranges_[c].size();
-  if (!work_[0].defined() || work_[0].numel() < n)
-    for (Tensor& t : work_) t = Tensor::empty({n}, DType::F32, Device::cpu());
-  HostState st{work_[0].narrow(0, 0, n), work_[1].narrow(0, 0, n), work_[2].narrow(0, 0, n)};
-  nvme_->read(c, zero::NvmeTier::Master, st.master.data<float>());
-  nvme_->read(c, zero::NvmeTier::FirstMoment, st.m.data<float>());
-  nvme_->read(c, zero::NvmeTier::SecondMoment, st.v.data<float>());
+  // SSD, outside a step (nothing in flight): read into the first buffer set.
+  HostState st = ssdBuffers(0, ranges_[c].size(), 0);
+  nvme_->wait(nvme_->readAsync(c, {{zero::NvmeTier::Master, st.master.data<float>()},
+                                   {zero::NvmeTier::FirstMoment, st.m.data<float>()},
+                                   {zero::NvmeTier::SecondMoment, st.v.data<float>()}}));
   return st;
 }
 
-void AdamW::storeHostState(size_t c, const HostState& st, bool moments) {
-  if (homes_[c] != zero::Tier::Nvme) return;
-  nvme_->write(c, zero::NvmeTier::Master, st.master.data<float>());
-  if (!moments) return;
-  nvme_->write(c, zero::NvmeTier::FirstMoment, st.m.data<float>());
-  nvme_->write(c, zero::NvmeTier::SecondMoment, st.v.data<float>());
-}
-
 void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
-                          const Tensor& hostScale) {
+                          const Tensor& hostScale, const HostState& st) {
   // A plain CPU update: the range's gradients come to the host, the CPU kernel updates the master and
-  // moments in place (read from and written back to the SSD for its chunks) and rounds the new values into a
-  // host copy of the range's parameters, which goes back to the device in one copy. (The pipelined optimizer
-  // overlaps this with backward and with the device's update: optim's next step.)
+  // moments in place (host memory, or an SSD buffer set that the caller reads and writes back) and rounds
+  // the new values into a host copy of the range's parameters, which goes back to the device in one copy.
+  // (The pipelined optimizer overlaps this with backward and with the device's update: optim's next step.)
   const zero::ShardRange& r = ranges_[c];
   const Tensor& g = gradients[c];
   Tensor range = g.numel() == r.size() ? g : g.narrow(0, r.begin, r.size());
@@ -250,7 +291,6 @@ void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<
   // Zeros between the parameters, as the chunk holds.
   Tensor hostParams = staged({r.size()}, params.dtype());
   ops::fill(hostParams, 0.0);
-  HostState st = hostState(c);
   std::vector<ops::AdamWTensors> sets;
   for (size_t i : slotsOf_[c]) {
     const Slot& s = slots_[i];
@@ -262,7 +302,6 @@ void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<
         ops::AdamWTensors{at(st.master), at(hostGrads), at(st.m), at(st.v), s.weightDecay, at(hostParams)});
   }
   if (!sets.empty()) ops::adamw(sets, h, hostScale);
-  storeHostState(c, st, /*moments=*/true);
   ops::copy(params, hostParams);
 }
 

@@ -180,7 +180,8 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   for (size_t i = 0; i < chunks_->numChunks(); ++i)
     if (placement_.optimizerTier[i] == zero::Tier::Nvme) nvmeElems[i] = ranges[i].size();
   if (placement_.chunksOn(zero::Tier::Nvme) > 0)
-    nvme_ = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, rank_, nvmeElems, nvmeDType);
+    nvme_ = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, rank_, nvmeElems, nvmeDType,
+                                             zero::NvmeIoConfig{c.zero.aioBlockSize, c.zero.aioQueueDepth});
   optimizer_ = std::make_unique<optim::AdamW>(
       *chunks_, std::move(masters),
       optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,

@@ -9,9 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
+#include "NvmeIo.h"
 #include "strata/core/Error.h"
-#include "strata/core/Half.h"
 
 namespace strata::zero {
 
@@ -20,17 +21,46 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr uint64_t kAlign = 4096;
-constexpr size_t kPieceBytes = size_t(16) << 20;
+// More threads than this give a disk nothing.
+constexpr int64_t kMaxThreads = 64;
 
 uint64_t alignUp(uint64_t v) {
   return (v + kAlign - 1) / kAlign * kAlign;
 }
 
+NvmeBackend backendFromEnvironment() {
+  const char* name = std::getenv("STRATA_NVME_BACKEND");
+  if (name == nullptr || *name == 0) return NvmeBackend::Auto;
+  std::string s = name;
+  if (s == "uring" || s == "io_uring") return NvmeBackend::Uring;
+  if (s == "threads") return NvmeBackend::Threads;
+  STRATA_USER_FAIL("STRATA_NVME_BACKEND is '{}': use uring or threads", s);
+}
+
+// The backend in use, in the log once per process and backend.
+void logBackend(const std::string& line) {
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (said.insert(line).second) spdlog::info("{}", line);
+}
+
 }  // namespace
 
 NvmeTier::NvmeTier(const std::string& directory, int rank, const std::vector<int64_t>& elems,
-                   DType stateDType)
+                   DType stateDType, const NvmeIoConfig& io)
     : stateDType_(stateDType), elems_(elems) {
+  STRATA_USER_CHECK(io.blockBytes >= int64_t(kAlign) && io.blockBytes <= (int64_t(1) << 30),
+                    "zero_optimization.aio.block_size must be from 4096 bytes to 1 GiB, not {}",
+                    io.blockBytes);
+  STRATA_USER_CHECK(io.queueDepth >= 1 && io.queueDepth <= 4096,
+                    "zero_optimization.aio.queue_depth must be from 1 to 4096, not {}", io.queueDepth);
+  NvmeBackend backend = io.backend == NvmeBackend::Auto ? backendFromEnvironment() : io.backend;
+  STRATA_USER_CHECK(
+      backend != NvmeBackend::Uring || uringBuilt(),
+      "the SSD tier's io_uring backend was asked for (STRATA_NVME_BACKEND=uring), but this build "
+      "has no liburing: install liburing-dev (or pass its folder in CMAKE_PREFIX_PATH) and "
+      "rebuild, or use STRATA_NVME_BACKEND=threads");
   STRATA_USER_CHECK(stateDType == DType::F32 || stateDType == DType::BF16 || stateDType == DType::F16,
                     "store.nvme_state_dtype must be fp32, bf16 or fp16");
   STRATA_USER_CHECK(
@@ -71,15 +101,55 @@ NvmeTier::NvmeTier(const std::string& directory, int rank, const std::vector<int
           fileBytes_, path_, std::strerror(err));
     }
   }
-  STRATA_CHECK(::posix_memalign(&buffer_, kAlign, kPieceBytes) == 0, "cannot allocate the SSD tier's buffer");
+  blockBytes_ = size_t(io.blockBytes) / kAlign * kAlign;
+  // The staging buffers need be no larger than the largest field.
+  uint64_t largestField = 0;
+  for (size_t c = 0; c < elems_.size(); ++c)
+    for (int f = 0; f < 3; ++f) largestField = std::max(largestField, alignUp(fieldBytes(c, Field(f))));
+  size_t pieceBytes = std::max<size_t>(kAlign, std::min<size_t>(blockBytes_, largestField));
+  int depth = int(io.queueDepth);
+  std::string why;
+  if (backend != NvmeBackend::Threads) {
+    backend_ = detail::makeUringBackend(fd_, path_, depth, pieceBytes, why);
+    if (!backend_ && backend == NvmeBackend::Uring)
+      spdlog::warn("the SSD tier cannot use io_uring ({}); it uses a pread/pwrite thread pool", why);
+  }
+  if (!backend_) {
+    depth = int(std::min<int64_t>(depth, kMaxThreads));
+    backend_ = detail::makeThreadsBackend(fd_, path_, depth, pieceBytes);
+  }
+  logBackend(strata::detail::format(
+      "SSD tier: {} backend, {} transfers of up to {} KiB in flight{}", backend_->name(), depth,
+      pieceBytes / 1024, why.empty() || backend == NvmeBackend::Threads ? std::string() : " (" + why + ")"));
+  ioThread_ = std::thread([this] { ioLoop(); });
 }
 
 NvmeTier::~NvmeTier() {
+  if (ioThread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    queued_.notify_all();
+    ioThread_.join();  // after the jobs queued before it
+  }
+  backend_.reset();
   if (fd_ >= 0) {
     ::close(fd_);
     ::unlink(path_.c_str());
   }
-  std::free(buffer_);
+}
+
+bool NvmeTier::uringBuilt() {
+#if STRATA_HAVE_LIBURING
+  return true;
+#else
+  return false;
+#endif
+}
+
+const char* NvmeTier::backendName() const {
+  return backend_->name();
 }
 
 void NvmeTier::release(size_t chunk) {
@@ -98,63 +168,82 @@ uint64_t NvmeTier::offsetOf(size_t chunk, Field f) const {
   return o;
 }
 
-void NvmeTier::transfer(bool write, uint64_t offset, size_t bytes) {
-  char* p = static_cast<char*>(buffer_);
-  size_t done = 0;
-  while (done < bytes) {
-    ssize_t n = write ? ::pwrite(fd_, p + done, bytes - done, off_t(offset + done))
-                      : ::pread(fd_, p + done, bytes - done, off_t(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    STRATA_USER_CHECK(n > 0, "the SSD tier's {} of {} bytes at offset {} of {} failed: {}",
-                      write ? "write" : "read", bytes - done, offset + done, path_,
-                      n < 0 ? std::strerror(errno) : "end of file");
-    done += size_t(n);
+NvmeTier::Ticket NvmeTier::submit(bool write, size_t chunk, const std::vector<FieldValues>& fields) {
+  STRATA_CHECK(chunk < elems_.size() && elems_[chunk] > 0, "chunk {} has no extent on the SSD tier", chunk);
+  Job job{0, write, {}};
+  for (const FieldValues& fv : fields) {
+    DType dt = fv.field == Master ? DType::F32 : stateDType_;
+    size_t esize = dtypeSize(dt), perPiece = blockBytes_ / esize;
+    uint64_t base = offsetOf(chunk, fv.field);
+    for (int64_t first = 0; first < elems_[chunk]; first += int64_t(perPiece)) {
+      size_t n = size_t(std::min<int64_t>(int64_t(perPiece), elems_[chunk] - first));
+      job.pieces.push_back(detail::IoPiece{base + uint64_t(first) * esize, size_t(alignUp(n * esize)), n, dt,
+                                           fv.values + first});
+    }
   }
-  (write ? bytesWritten_ : bytesRead_) += bytes;
+  std::lock_guard<std::mutex> lock(mutex_);
+  job.ticket = ++issued_;
+  jobs_.push_back(std::move(job));
+  queued_.notify_one();
+  return issued_;
 }
 
-template <class Body>
-void NvmeTier::forEachPiece(size_t chunk, Field f, Body&& body) {
-  STRATA_CHECK(chunk < elems_.size() && elems_[chunk] > 0, "chunk {} has no extent on the SSD tier", chunk);
-  DType dt = f == Master ? DType::F32 : stateDType_;
-  size_t esize = dtypeSize(dt), perPiece = kPieceBytes / esize;
-  uint64_t base = offsetOf(chunk, f);
-  for (int64_t first = 0; first < elems_[chunk]; first += int64_t(perPiece)) {
-    size_t n = size_t(std::min<int64_t>(int64_t(perPiece), elems_[chunk] - first));
-    body(size_t(first), n, dt, base + uint64_t(first) * esize, size_t(alignUp(n * esize)));
+void NvmeTier::ioLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    queued_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;  // stopping, with nothing left
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    bool skip = failedAt_ != 0;  // after a failure nothing more is moved
+    lock.unlock();
+    std::exception_ptr failure;
+    if (!skip) {
+      try {
+        backend_->run(job.write, job.pieces);
+        uint64_t bytes = 0;
+        for (const auto& p : job.pieces) bytes += p.bytes;
+        (job.write ? bytesWritten_ : bytesRead_) += bytes;
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    lock.lock();
+    if (failure) {
+      failedAt_ = job.ticket;
+      failure_ = failure;
+    }
+    done_ = job.ticket;
+    ended_.notify_all();
   }
+}
+
+NvmeTier::Ticket NvmeTier::readAsync(size_t chunk, const std::vector<FieldValues>& fields) {
+  return submit(false, chunk, fields);
+}
+
+NvmeTier::Ticket NvmeTier::writeAsync(size_t chunk, const std::vector<FieldValues>& fields) {
+  return submit(true, chunk, fields);
+}
+
+void NvmeTier::wait(Ticket ticket) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  ended_.wait(lock, [&] { return done_ >= ticket; });
+  if (failedAt_ != 0 && failedAt_ <= ticket) std::rethrow_exception(failure_);
+}
+
+void NvmeTier::drain() noexcept {
+  std::unique_lock<std::mutex> lock(mutex_);
+  ended_.wait(lock, [&] { return done_ >= issued_; });
 }
 
 void NvmeTier::read(size_t chunk, Field f, float* dst) {
-  forEachPiece(chunk, f, [&](size_t first, size_t n, DType dt, uint64_t offset, size_t bytes) {
-    transfer(false, offset, bytes);
-    if (dt == DType::F32) {
-      std::memcpy(dst + first, buffer_, n * 4);
-    } else if (dt == DType::BF16) {
-      const BFloat16* s = static_cast<const BFloat16*>(buffer_);
-      for (size_t i = 0; i < n; ++i) dst[first + i] = float(s[i]);
-    } else {
-      const Half* s = static_cast<const Half*>(buffer_);
-      for (size_t i = 0; i < n; ++i) dst[first + i] = float(s[i]);
-    }
-  });
+  wait(readAsync(chunk, {{f, dst}}));
 }
 
 void NvmeTier::write(size_t chunk, Field f, const float* src) {
-  forEachPiece(chunk, f, [&](size_t first, size_t n, DType dt, uint64_t offset, size_t bytes) {
-    if (dt == DType::F32) {
-      std::memcpy(buffer_, src + first, n * 4);
-    } else if (dt == DType::BF16) {
-      BFloat16* d = static_cast<BFloat16*>(buffer_);
-      for (size_t i = 0; i < n; ++i) d[i] = BFloat16(src[first + i]);
-    } else {
-      Half* d = static_cast<Half*>(buffer_);
-      for (size_t i = 0; i < n; ++i) d[i] = Half(src[first + i]);
-    }
-    size_t payload = n * dtypeSize(dt);
-    std::memset(static_cast<char*>(buffer_) + payload, 0, bytes - payload);
-    transfer(true, offset, bytes);
-  });
+  // The values are only read: the write encodes them into the staging buffers.
+  wait(writeAsync(chunk, {{f, const_cast<float*>(src)}}));
 }
 
 }  // namespace strata::zero

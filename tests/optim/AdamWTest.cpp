@@ -214,3 +214,113 @@ TEST_CASE(
     REQUIRE(tiered.masterFlats()[c].toVector<float>() == onDevice.masterFlats()[c].toVector<float>());
   }
 }
+
+TEST_CASE("AdamW's SSD read-ahead and write-behind update bit for bit like reading each chunk when it comes",
+          "[optim][adamw][chunks][store][nvme]") {
+  // Six bf16 chunks, the SSD ones interleaved with a host one and a device one so the read-ahead crosses
+  // them: the read-ahead run (two buffer sets) must equal the synchronous one (one set) step by step, for
+  // each backend and each stored dtype of m and v, and with fp32 m and v also equal state in host memory.
+  fs::path dir = test::freshDir("strata-adamw-readahead");
+  auto make = [](Generator& g) {
+    std::vector<std::pair<std::string, Tensor>> ps;
+    for (int k = 0; k < 6; ++k) {
+      Tensor t = ops::rand({80 + 10 * k, 32}, g, DType::F32, Device::cpu(), -0.5, 0.5);
+      t.setRequiresGrad(true);
+      ps.emplace_back("p" + std::to_string(k), t);
+    }
+    return ps;
+  };
+  using zero::Tier;
+  std::vector<Tier> homes = {Tier::Nvme, Tier::Host, Tier::Nvme, Tier::Device, Tier::Nvme, Tier::Nvme};
+  std::vector<zero::NvmeBackend> backends = {zero::NvmeBackend::Threads};
+  if (zero::NvmeTier::uringBuilt()) backends.push_back(zero::NvmeBackend::Uring);
+  optim::AdamWConfig cfg{0.01, 0.9, 0.95, 1e-8, 0.1};
+  for (zero::NvmeBackend backend : backends) {
+    for (DType stateDType : {DType::F32, DType::BF16}) {
+      INFO((backend == zero::NvmeBackend::Uring ? "io_uring " : "threads ") << dtypeName(stateDType));
+      Generator g0(11), g1(11), g2(11), gen(3);
+      auto ps0 = make(g0), ps1 = make(g1), ps2 = make(g2);
+      int64_t chunkBytes = 130 * 32 * 2;  // one parameter per chunk: any two are larger
+      zero::ChunkManager c0(ps0, chunkBytes, DType::BF16), c1(ps1, chunkBytes, DType::BF16),
+          c2(ps2, chunkBytes, DType::BF16);
+      REQUIRE(c1.numChunks() == 6);
+      std::vector<int64_t> elems;
+      for (size_t c = 0; c < 6; ++c) elems.push_back(homes[c] == Tier::Nvme ? c1.paddedElems(c) : 0);
+      // Small blocks: each chunk's fields are several pieces.
+      zero::NvmeIoConfig io{8192, 3, backend};
+      zero::NvmeTier nvme1(dir.string(), 1, elems, stateDType, io),
+          nvme2(dir.string(), 2, elems, stateDType, io);
+      std::vector<Tier> inMemory = homes;
+      for (Tier& t : inMemory)
+        if (t == Tier::Nvme) t = Tier::Host;
+      optim::AdamW memory(c0, c0.takeMasters(), cfg, {}, {}, inMemory);
+      optim::AdamW ahead(c1, c1.takeMasters(), cfg, {}, {}, homes, &nvme1);
+      optim::AdamW oneByOne(c2, c2.takeMasters(), cfg, {}, {}, homes, &nvme2);
+      oneByOne.setSsdReadAhead(false);
+      for (int step = 0; step < 4; ++step) {
+        std::vector<Tensor> g0s, g1s, g2s;
+        for (size_t c = 0; c < 6; ++c) {
+          Tensor g = ops::rand({c1.paddedElems(c)}, gen, DType::F32, Device::cpu(), -1, 1);
+          g0s.push_back(g);
+          g1s.push_back(g.clone());
+          g2s.push_back(g.clone());
+        }
+        memory.stepChunks(0.01, g0s);
+        ahead.stepChunks(0.01, g1s);
+        oneByOne.stepChunks(0.01, g2s);
+        INFO("step " << step);
+        for (size_t k = 0; k < 6; ++k) {
+          std::vector<double> a = ps1[k].second.toVector<double>();
+          REQUIRE(a == ps2[k].second.toVector<double>());
+          // fp32 m and v on the SSD are the state in memory exactly; bf16 ones depart from it.
+          if (stateDType == DType::F32) REQUIRE(a == ps0[k].second.toVector<double>());
+        }
+      }
+      // The state on the SSD after the last write-behind: the same bytes from both.
+      for (size_t c = 0; c < 6; ++c) {
+        if (homes[c] != Tier::Nvme) continue;
+        for (auto f : {zero::NvmeTier::Master, zero::NvmeTier::FirstMoment, zero::NvmeTier::SecondMoment}) {
+          std::vector<float> a(size_t(elems[c])), b(size_t(elems[c]));
+          nvme1.read(c, f, a.data());
+          nvme2.read(c, f, b.data());
+          REQUIRE(a == b);
+          if (stateDType == DType::F32 && f == zero::NvmeTier::FirstMoment)
+            REQUIRE(a == memory.firstMoments()[c].toVector<float>());
+        }
+      }
+      REQUIRE(nvme1.bytesRead() > 0);
+    }
+  }
+}
+
+TEST_CASE("an SSD read that fails inside AdamW's step stops it, naming the file",
+          "[optim][adamw][store][nvme]") {
+  fs::path dir = test::freshDir("strata-adamw-ssd-error");
+  std::vector<zero::NvmeBackend> backends = {zero::NvmeBackend::Threads};
+  if (zero::NvmeTier::uringBuilt()) backends.push_back(zero::NvmeBackend::Uring);
+  for (zero::NvmeBackend backend : backends) {
+    Generator g(2);
+    std::vector<std::pair<std::string, Tensor>> ps;
+    for (const char* name : {"a", "b", "c"}) {
+      Tensor t = ops::rand({64, 32}, g, DType::F32, Device::cpu(), -0.5, 0.5);
+      t.setRequiresGrad(true);
+      ps.emplace_back(name, t);
+    }
+    zero::ChunkManager chunks(ps, 64 * 32 * 2, DType::BF16);
+    std::vector<int64_t> elems;
+    for (size_t c = 0; c < chunks.numChunks(); ++c) elems.push_back(chunks.paddedElems(c));
+    zero::NvmeTier nvme(dir.string(), 0, elems, DType::F32, zero::NvmeIoConfig{4096, 2, backend});
+    optim::AdamW opt(chunks, chunks.takeMasters(), {0.01, 0.9, 0.95, 1e-8, 0.1}, {}, {},
+                     std::vector<zero::Tier>(chunks.numChunks(), zero::Tier::Nvme), &nvme);
+    std::vector<Tensor> grads;
+    for (size_t c = 0; c < chunks.numChunks(); ++c)
+      grads.push_back(ops::rand({chunks.paddedElems(c)}, g, DType::F32, Device::cpu(), -1, 1));
+    opt.stepChunks(0.01, grads);
+    // The file cut short under the optimizer: the next step's first read meets its end.
+    fs::resize_file(nvme.path(), 4096);
+    std::string e = test::errorOf([&] { opt.stepChunks(0.01, grads); });
+    INFO(nvme.backendName() << ": " << e);
+    REQUIRE(e.find("the SSD tier's read of") != std::string::npos);
+    REQUIRE(e.find(nvme.path()) != std::string::npos);
+  }
+}

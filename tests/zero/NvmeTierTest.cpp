@@ -2,7 +2,9 @@
 
 #include <sys/resource.h>
 
+#include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 
 #include "TestUtil.h"
@@ -10,6 +12,32 @@
 
 using namespace strata;
 namespace fs = std::filesystem;
+
+namespace {
+
+// The backends this build has: the thread pool always, io_uring where liburing was found.
+std::vector<zero::NvmeBackend> backends() {
+  std::vector<zero::NvmeBackend> out = {zero::NvmeBackend::Threads};
+  if (zero::NvmeTier::uringBuilt()) out.push_back(zero::NvmeBackend::Uring);
+  return out;
+}
+
+const char* nameOf(zero::NvmeBackend backend) {
+  return backend == zero::NvmeBackend::Uring ? "io_uring" : "threads";
+}
+
+// Whether the tier runs the backend asked for (a kernel may refuse io_uring: the tier then uses threads).
+bool runs(const zero::NvmeTier& tier, zero::NvmeBackend backend) {
+  if (std::string(tier.backendName()) == nameOf(backend)) return true;
+  WARN("the kernel refuses io_uring here: " << tier.backendName() << " ran instead");
+  return false;
+}
+
+float storedAs(DType dt, float x) {
+  return dt == DType::F32 ? x : dt == DType::BF16 ? float(BFloat16(x)) : float(Half(x));
+}
+
+}  // namespace
 
 TEST_CASE("the SSD tier keeps each chunk's fields in its own file, fp32 exactly and m, v in half precision",
           "[zero][store][nvme]") {
@@ -60,14 +88,161 @@ TEST_CASE("an SSD tier that cannot get its space says so, naming the file", "[ze
   struct rlimit small = before;
   small.rlim_cur = 1 << 20;
   setrlimit(RLIMIT_FSIZE, &small);
-  std::string e = test::errorOf([&] { zero::NvmeTier(dir.string(), 0, {int64_t(1) << 20}, DType::F32); });
+  std::vector<std::string> errors;
+  for (zero::NvmeBackend backend : backends())
+    errors.push_back(test::errorOf([&] {
+      zero::NvmeTier(dir.string(), 0, {int64_t(1) << 20}, DType::F32, zero::NvmeIoConfig{4096, 4, backend});
+    }));
   setrlimit(RLIMIT_FSIZE, &before);
   std::signal(SIGXFSZ, previous);
-  REQUIRE(e.find("cannot reserve") != std::string::npos);
-  REQUIRE(e.find(dir.string()) != std::string::npos);
+  for (const std::string& e : errors) {
+    REQUIRE(e.find("cannot reserve") != std::string::npos);
+    REQUIRE(e.find(dir.string()) != std::string::npos);
+  }
   REQUIRE(fs::is_empty(dir));  // nothing left behind
   // No directory: the key to set is named.
   REQUIRE(test::errorOf([] {
             zero::NvmeTier("", 0, {16}, DType::F32);
           }).find("zero_optimization.nvme_path") != std::string::npos);
+}
+
+TEST_CASE("both SSD backends read back exactly what they wrote, in every state dtype, many pieces in flight",
+          "[zero][store][nvme]") {
+  fs::path dir = test::freshDir("strata-nvme-backends");
+  // 64 KiB blocks: chunk 2 is dozens of pieces per field, more than the queue depth of 4; chunk 3 is one
+  // element (a piece mostly padding).
+  std::vector<int64_t> elems = {5000, 0, 300001, 1};
+  std::vector<std::vector<float>> values(elems.size());
+  for (size_t c = 0; c < elems.size(); ++c)
+    for (int64_t i = 0; i < elems[c]; ++i)
+      values[c].push_back(std::sin(float(i) * 0.01f + float(c)) * 3.0f + 1e-4f * float(i % 97));
+  for (zero::NvmeBackend backend : backends()) {
+    for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+      INFO(nameOf(backend) << " " << dtypeName(dt));
+      zero::NvmeTier tier(dir.string(), 0, elems, dt, zero::NvmeIoConfig{64 << 10, 4, backend});
+      if (!runs(tier, backend)) continue;
+      // Each chunk's master, m (values + 1) and v (values * values) written behind one another, no wait.
+      std::vector<std::vector<float>> m(elems.size()), v(elems.size());
+      zero::NvmeTier::Ticket last = 0;
+      for (size_t c = 0; c < elems.size(); ++c) {
+        if (elems[c] == 0) continue;
+        for (float x : values[c]) {
+          m[c].push_back(x + 1.0f);
+          v[c].push_back(x * x);
+        }
+        last = tier.writeAsync(c, {{zero::NvmeTier::Master, values[c].data()},
+                                   {zero::NvmeTier::FirstMoment, m[c].data()},
+                                   {zero::NvmeTier::SecondMoment, v[c].data()}});
+      }
+      // Reads issued before the writes ended see them: one I/O thread, issue order.
+      std::vector<std::vector<float>> master(elems.size()), m2(elems.size()), v2(elems.size());
+      std::vector<zero::NvmeTier::Ticket> reads(elems.size(), 0);
+      for (size_t c = 0; c < elems.size(); ++c) {
+        if (elems[c] == 0) continue;
+        for (auto* f : {&master[c], &m2[c], &v2[c]}) f->assign(size_t(elems[c]), -1.0f);
+        reads[c] = tier.readAsync(c, {{zero::NvmeTier::Master, master[c].data()},
+                                      {zero::NvmeTier::FirstMoment, m2[c].data()},
+                                      {zero::NvmeTier::SecondMoment, v2[c].data()}});
+      }
+      REQUIRE(reads.back() > last);
+      for (size_t c = 0; c < elems.size(); ++c) {
+        if (elems[c] == 0) continue;
+        tier.wait(reads[c]);
+        REQUIRE(master[c] == values[c]);  // the master is always fp32
+        for (size_t i = 0; i < values[c].size(); ++i) {
+          if (m2[c][i] != storedAs(dt, m[c][i]) || v2[c][i] != storedAs(dt, v[c][i])) {
+            INFO("chunk " << c << " element " << i);
+            REQUIRE(m2[c][i] == storedAs(dt, m[c][i]));
+            REQUIRE(v2[c][i] == storedAs(dt, v[c][i]));
+          }
+        }
+      }
+      // The synchronous calls go the same way.
+      std::vector<float> back(values[2].size());
+      tier.write(2, zero::NvmeTier::FirstMoment, values[2].data());
+      tier.read(2, zero::NvmeTier::FirstMoment, back.data());
+      for (size_t i = 0; i < back.size(); ++i)
+        if (back[i] != storedAs(dt, values[2][i])) REQUIRE(back[i] == storedAs(dt, values[2][i]));
+      uint64_t payload = 0;
+      for (int64_t n : elems) payload += uint64_t(n) * (4 + 2 * dtypeSize(dt));
+      REQUIRE(tier.bytesWritten() >= payload);
+      REQUIRE(tier.bytesRead() >= payload);
+    }
+  }
+  REQUIRE(fs::is_empty(dir));
+}
+
+TEST_CASE(
+    "a failed SSD write or read stops with an error naming the file and the operation, on both backends",
+    "[zero][store][nvme]") {
+  fs::path dir = test::freshDir("strata-nvme-errors");
+  std::vector<int64_t> elems = {int64_t(1) << 18, int64_t(1) << 18};  // 1 MiB per fp32 field
+  std::vector<float> values(size_t(elems[0]), 0.5f);
+  for (zero::NvmeBackend backend : backends()) {
+    INFO(nameOf(backend));
+    zero::NvmeTier tier(dir.string(), 0, elems, DType::F32, zero::NvmeIoConfig{256 << 10, 4, backend});
+    if (!runs(tier, backend)) continue;
+    tier.write(0, zero::NvmeTier::Master, values.data());
+    // A file-size limit below the second field makes its write fail as a full disk would (EFBIG here).
+    struct rlimit before {};
+    getrlimit(RLIMIT_FSIZE, &before);
+    auto previous = std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit small = before;
+    small.rlim_cur = 1 << 20;
+    setrlimit(RLIMIT_FSIZE, &small);
+    zero::NvmeTier::Ticket failing = tier.writeAsync(1, {{zero::NvmeTier::FirstMoment, values.data()}});
+    std::string e = test::errorOf([&] { tier.wait(failing); });
+    setrlimit(RLIMIT_FSIZE, &before);
+    std::signal(SIGXFSZ, previous);
+    INFO(e);
+    REQUIRE(e.find("the SSD tier's write of") != std::string::npos);
+    REQUIRE(e.find(tier.path()) != std::string::npos);
+    // Training stops: every later transfer fails with the same error.
+    std::vector<float> back(values.size());
+    REQUIRE(test::errorOf([&] { tier.read(0, zero::NvmeTier::Master, back.data()); }) == e);
+  }
+  for (zero::NvmeBackend backend : backends()) {
+    INFO(nameOf(backend));
+    zero::NvmeTier tier(dir.string(), 0, elems, DType::BF16, zero::NvmeIoConfig{256 << 10, 4, backend});
+    if (!runs(tier, backend)) continue;
+    // A file cut short (as a failing disk may leave it): the read meets its end.
+    fs::resize_file(tier.path(), 4096);
+    std::vector<float> back(values.size());
+    std::string e = test::errorOf([&] { tier.read(1, zero::NvmeTier::SecondMoment, back.data()); });
+    INFO(e);
+    REQUIRE(e.find("the SSD tier's read of") != std::string::npos);
+    REQUIRE(e.find(tier.path()) != std::string::npos);
+    REQUIRE(e.find("end of file") != std::string::npos);
+  }
+  REQUIRE(fs::is_empty(dir));
+}
+
+TEST_CASE("STRATA_NVME_BACKEND picks the SSD tier's backend", "[zero][store][nvme]") {
+  fs::path dir = test::freshDir("strata-nvme-env");
+  const char* before = std::getenv("STRATA_NVME_BACKEND");
+  std::string saved = before ? before : "";
+  ::setenv("STRATA_NVME_BACKEND", "threads", 1);
+  std::string threads = zero::NvmeTier(dir.string(), 0, {16}, DType::F32).backendName();
+  ::setenv("STRATA_NVME_BACKEND", "disk", 1);
+  std::string bad = test::errorOf([&] { zero::NvmeTier(dir.string(), 0, {16}, DType::F32); });
+  ::setenv("STRATA_NVME_BACKEND", "uring", 1);
+  std::string uring;
+  std::string uringError =
+      test::errorOf([&] { uring = zero::NvmeTier(dir.string(), 0, {16}, DType::F32).backendName(); });
+  if (before)
+    ::setenv("STRATA_NVME_BACKEND", saved.c_str(), 1);
+  else
+    ::unsetenv("STRATA_NVME_BACKEND");
+  REQUIRE(threads == "threads");
+  REQUIRE(bad.find("STRATA_NVME_BACKEND") != std::string::npos);
+  if (zero::NvmeTier::uringBuilt()) {
+    REQUIRE(uringError.empty());
+    REQUIRE((uring == "io_uring" || uring == "threads"));  // threads where the kernel refuses io_uring
+  } else {
+    REQUIRE(uringError.find("no liburing") != std::string::npos);
+  }
+  // The default: io_uring where built.
+  std::string byDefault = zero::NvmeTier(dir.string(), 0, {16}, DType::F32, {}).backendName();
+  if (!before && !zero::NvmeTier::uringBuilt()) REQUIRE(byDefault == "threads");
+  REQUIRE(fs::is_empty(dir));
 }

@@ -42,8 +42,9 @@ class AdamW {
   // `homes` (per chunk; empty: all on the device) is each chunk's optimizer-state tier (zero/Store.h). Off
   // the device the CPU updates the state, from the chunk's gradients copied to the host, and the new
   // parameter values are copied back into the chunk: host state lives in host memory, SSD state in `nvme`'s
-  // file and passes through a work buffer of one chunk range. An fp32 chunk off the device gets an fp32
-  // master there, its parameters being the device's copy.
+  // file and passes through two buffer sets of one chunk range, read ahead and written behind (NOTE [SSD
+  // tier] in zero/NvmeTier.h). An fp32 chunk off the device gets an fp32 master there, its parameters being
+  // the device's copy.
   AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config,
         std::vector<zero::ShardRange> shards = {}, std::vector<Tensor> parameterShards = {},
         std::vector<zero::Tier> homes = {}, zero::NvmeTier* nvme = nullptr);
@@ -64,6 +65,9 @@ class AdamW {
   // Wall seconds the last stepChunks spent on chunks off the device.
   double offDeviceSeconds() const { return offDeviceSeconds_; }
   void setStepCount(int64_t s) { step_ = s; }
+  // Whether stepChunks reads the next SSD chunk's state while it updates the current one (the default), or
+  // reads each when it comes to it, through one buffer set (the same values, for tests and measurements).
+  void setSsdReadAhead(bool on) { readAhead_ = on; }
   const AdamWConfig& config() const { return config_; }
   // Optimizer state for checkpoints: per chunk "exp_avg.<chunk>" and "exp_avg_sq.<chunk>" (flat fp32), or per
   // parameter "m.<param>" and "v.<param>".
@@ -102,20 +106,22 @@ class AdamW {
   AdamWConfig config_;
   std::vector<Slot> slots_;
   // The host-homed chunks' update: gradients to the host, the CPU kernel, parameters back.
-  void stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
-                     const Tensor& hostScale);
-  // An off-device chunk's master, m and v as host tensors: its own (host tier), or read from the SSD into
-  // the work buffers; storeHostState writes SSD state back (the master alone without `moments`).
+  // An off-device chunk's master, m and v as host tensors.
   struct HostState {
     Tensor master, m, v;
   };
+  void stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
+                     const Tensor& hostScale, const HostState& st);
+  // Chunk c's state: its own (host tier), or read from the SSD into the first buffer set (outside a step).
   HostState hostState(size_t c);
-  void storeHostState(size_t c, const HostState& st, bool moments);
+  // The first n elements of buffer set `set`, made (or remade) to hold at least max(n, largest).
+  HostState ssdBuffers(size_t set, int64_t n, int64_t largest);
   std::vector<Tensor> masters_, m_, v_;  // per chunk (chunked state only)
   std::vector<zero::ShardRange> ranges_;
   std::vector<zero::Tier> homes_;  // per chunk
   zero::NvmeTier* nvme_ = nullptr;
-  Tensor work_[3];                  // SSD chunks' master, m and v while one is updated
+  Tensor ssdBuffers_[2][3];  // two sets of an SSD chunk's master, m and v (NOTE [SSD tier])
+  bool readAhead_ = true;
   std::vector<Tensor> paramFlats_;  // per chunk: the range's parameter values (device), for host chunks
   std::vector<std::vector<size_t>> slotsOf_;  // per chunk: its slots
   // Page-locked staging for the host chunks' transfers (gradients out, parameters back), bounded: one chunk

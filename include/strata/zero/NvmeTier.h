@@ -5,25 +5,71 @@
 // fallocate, so a full disk is found before training) and removed at the end. Each chunk placed here has an
 // extent of 4 KiB-aligned fields: its fp32 master, then m and v in store.nvme_state_dtype (fp32, bf16 or
 // fp16; the master stays fp32, as rounding it would lose the updates smaller than its last bit). The file is
-// opened with O_DIRECT and moved in 16 MiB pieces through 4 KiB-aligned buffers, so the page cache neither
-// doubles the host memory nor hides the disk's speed (file systems without O_DIRECT, like some tmpfs, fall
-// back to buffered I/O, said once in the log). A failed read or write (ENOSPC, EIO) is an error that names
-// the file and the operation; the state of other tiers and the checkpoints are untouched by it.
+// opened with O_DIRECT, so the page cache neither doubles the host memory nor hides the disk's speed (file
+// systems without O_DIRECT, like some tmpfs, fall back to buffered I/O, said once in the log).
+//
+// I/O. A field moves in pieces of zero_optimization.aio.block_size bytes (default 16 MiB, rounded down to
+// 4 KiB), up to zero_optimization.aio.queue_depth pieces (default 8) in flight, each through a 4 KiB-aligned
+// staging buffer where it is converted between fp32 and the stored dtype. Two backends move them: io_uring
+// (liburing, where the build found it: STRATA_HAVE_LIBURING) with one ring of queue_depth entries, and a
+// pool of queue_depth threads (at most 64) doing pread/pwrite. STRATA_NVME_BACKEND=uring|threads picks
+// one (default io_uring where built; a kernel that refuses io_uring falls back to the threads, said in the
+// log); the log names the backend once. Staging: at most queue_depth buffers of one piece (one block, or
+// the largest field when that is smaller), made on first use.
+//
+// Order. Every transfer, synchronous or not, runs on the tier's one I/O thread in the order it was issued,
+// so a read of a field sees every write of it issued before; a synchronous read or write is an asynchronous
+// one waited on at once. The asynchronous calls are what the optimizer's read-ahead and write-behind use
+// (optim/AdamW.cpp, stepChunks): while the CPU updates the k-th SSD chunk of the step, in its buffer set,
+// the I/O thread writes back chunk k-1 and then reads chunk k+1 into the other set (the one chunk k-1's
+// write came from, which the order makes safe). The read-ahead stays inside a step (its first read starts
+// before the device's update): between steps no buffer holds state, so checkpoints, the memory tracer's
+// moves and loads see the file alone. Memory: two sets of three fp32 buffers of the largest SSD chunk
+// range, 2 x 3 x 4 = 24 bytes per element of it (a 64 MB bf16 chunk whole on one rank: 32 Mi elements,
+// 768 MiB; the one set before was 384 MiB), plus the staging (by default at most 8 x 16 MiB = 128 MiB).
+// The thread pool converts on its threads; io_uring converts on the I/O thread as pieces complete.
+//
+// Errors. A failed read or write (ENOSPC, EIO, a short file) is an error that names the operation, the
+// bytes, the offset and the file; it is thrown by the wait for that transfer or any later one, and every
+// transfer issued after it fails with it too, so training stops. The state of other tiers and the
+// checkpoints are untouched by it.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/core/DType.h"
 
 namespace strata::zero {
 
+namespace detail {
+class IoBackend;
+struct IoPiece;
+}  // namespace detail
+
+enum class NvmeBackend { Auto, Uring, Threads };
+
+// How the tier moves its bytes (NOTE [SSD tier]).
+struct NvmeIoConfig {
+  int64_t blockBytes = int64_t(16) << 20;   // zero_optimization.aio.block_size
+  int64_t queueDepth = 8;                   // zero_optimization.aio.queue_depth
+  NvmeBackend backend = NvmeBackend::Auto;  // Auto: STRATA_NVME_BACKEND, else io_uring where built
+};
+
 class NvmeTier {
  public:
   // A file for `rank` under `directory` with an extent per entry of `elems` (elements per chunk; 0: the
   // chunk is not on the SSD). `stateDType` is how m and v are stored.
-  NvmeTier(const std::string& directory, int rank, const std::vector<int64_t>& elems, DType stateDType);
+  NvmeTier(const std::string& directory, int rank, const std::vector<int64_t>& elems, DType stateDType,
+           const NvmeIoConfig& io = {});
   ~NvmeTier();
   NvmeTier(const NvmeTier&) = delete;
   NvmeTier& operator=(const NvmeTier&) = delete;
@@ -34,6 +80,25 @@ class NvmeTier {
   void read(size_t chunk, Field f, float* dst);
   // Writes `src` (elems fp32 values) as field `f` of chunk `chunk`.
   void write(size_t chunk, Field f, const float* src);
+
+  // Asynchronous transfers of fields of one chunk, in issue order (NOTE [SSD tier]). Each field's values
+  // (elems fp32) must stay untouched until the ticket was waited on.
+  struct FieldValues {
+    Field field;
+    float* values;
+  };
+  using Ticket = uint64_t;
+  Ticket readAsync(size_t chunk, const std::vector<FieldValues>& fields);
+  Ticket writeAsync(size_t chunk, const std::vector<FieldValues>& fields);
+  // Waits for `ticket` and every transfer issued before it; throws the first failure among them.
+  void wait(Ticket ticket);
+  // Waits for every transfer issued so far, throwing nothing (a failure stays for the next wait): what an
+  // owner of buffers in flight calls before it frees them on an error path.
+  void drain() noexcept;
+  // The backend moving the bytes: "io_uring" or "threads".
+  const char* backendName() const;
+  // Whether this build has the io_uring backend.
+  static bool uringBuilt();
 
   // Chunk `chunk` left the SSD (moved to the device): its extent is no longer state.
   void release(size_t chunk);
@@ -49,10 +114,9 @@ class NvmeTier {
  private:
   uint64_t offsetOf(size_t chunk, Field f) const;
   size_t fieldBytes(size_t chunk, Field f) const;
-  void transfer(bool write, uint64_t offset, size_t bytes);
-  // Calls body(first element, count, stored dtype, file offset, aligned bytes) per 16 MiB piece of a field.
-  template <class Body>
-  void forEachPiece(size_t chunk, Field f, Body&& body);
+  // Queues the pieces of `fields` of `chunk` for the I/O thread.
+  Ticket submit(bool write, size_t chunk, const std::vector<FieldValues>& fields);
+  void ioLoop();
 
   std::string path_;
   int fd_ = -1;
@@ -61,8 +125,23 @@ class NvmeTier {
   std::vector<int64_t> elems_;
   std::vector<uint64_t> offsets_;  // per chunk: the extent's first byte
   uint64_t fileBytes_ = 0, stateBytes_ = 0;
-  uint64_t bytesRead_ = 0, bytesWritten_ = 0;
-  void* buffer_ = nullptr;  // 4 KiB-aligned I/O buffer of kPieceBytes
+  std::atomic<uint64_t> bytesRead_{0}, bytesWritten_{0};
+  size_t blockBytes_ = 0;  // a piece's most bytes: aio.block_size rounded down to 4 KiB
+  std::unique_ptr<detail::IoBackend> backend_;
+  // The I/O thread's queue: jobs run in ticket order; `done_` is the last ticket that ended, `failedAt_`
+  // the first that failed (0: none) and `failure_` its error.
+  struct Job {
+    Ticket ticket;
+    bool write;
+    std::vector<detail::IoPiece> pieces;
+  };
+  std::mutex mutex_;
+  std::condition_variable queued_, ended_;
+  std::deque<Job> jobs_;
+  Ticket issued_ = 0, done_ = 0, failedAt_ = 0;
+  std::exception_ptr failure_;
+  bool stop_ = false;
+  std::thread ioThread_;
 };
 
 }  // namespace strata::zero

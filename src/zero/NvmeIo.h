@@ -1,0 +1,51 @@
+// The SSD tier's I/O backends (NOTE [SSD tier] in strata/zero/NvmeTier.h): io_uring, and a pread/pwrite
+// thread pool where liburing is absent or the kernel refuses io_uring. Both move a list of pieces with up to
+// a queue depth of them in flight, through 4 KiB-aligned staging buffers of their own, and convert between
+// the stored dtype and fp32 on the way (the same conversion for both, so both store the same bytes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/DType.h"
+
+namespace strata::zero::detail {
+
+// One transfer between `count` fp32 values and the file: `bytes` (a 4 KiB multiple: the payload in `dtype`,
+// then zeros) at `offset`.
+struct IoPiece {
+  uint64_t offset = 0;
+  size_t bytes = 0;
+  size_t count = 0;
+  DType dtype = DType::F32;
+  float* values = nullptr;
+};
+
+// The stored bytes of a piece from its values (zeros after the payload), and its values from stored bytes.
+void encodePiece(const IoPiece& piece, void* buffer);
+void decodePiece(const IoPiece& piece, const void* buffer);
+
+// A failed transfer, as the user sees it: the operation, the bytes, the offset and the file. `error` is an
+// errno value, or 0 for a read that met the end of the file.
+[[noreturn]] void ioFailed(const std::string& path, bool write, size_t bytes, uint64_t offset, int error);
+
+class IoBackend {
+ public:
+  virtual ~IoBackend() = default;
+  virtual const char* name() const = 0;
+  // Writes every piece (each encoded into a staging buffer first) or reads it (decoded after), up to the
+  // queue depth in flight, in any order. Returns when all have ended; once one fails no new one starts, and
+  // the first failure is thrown when none is in flight any more.
+  virtual void run(bool write, const std::vector<IoPiece>& pieces) = 0;
+};
+
+// `depth` transfers in flight, each through a buffer of `pieceBytes` (a 4 KiB multiple: the largest piece).
+std::unique_ptr<IoBackend> makeThreadsBackend(int fd, const std::string& path, int depth, size_t pieceBytes);
+// Null where liburing was not built in or the kernel refuses a ring; `why` then says which.
+std::unique_ptr<IoBackend> makeUringBackend(int fd, const std::string& path, int depth, size_t pieceBytes,
+                                            std::string& why);
+
+}  // namespace strata::zero::detail
