@@ -78,9 +78,6 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
 }
 
 namespace {
-// The chunks stage 3 holds at once beyond the prefetched ones (ZeroStepEngine::arenaSlotsFor).
-constexpr size_t kArenaSlotsBeyondPrefetch = 4;
-
 uint64_t bytesOf(const Tensor& t) {
   return t.defined() ? uint64_t(t.nbytes()) : 0;
 }
@@ -143,7 +140,7 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
       for (size_t i = 0; i < chunks_->numChunks(); ++i) largest = std::max(largest, chunks_->paddedElems(i));
       arena_ = std::make_unique<zero::ChunkArena>(deviceAllocator(device_),
                                                   size_t(largest) * dtypeSize(chunks_->dtype()),
-                                                  arenaSlotsFor(chunks_->numChunks(), prefetchDepth_));
+                                                  zero::chunkArenaSlots(chunks_->numChunks(), prefetchDepth_));
       arena_->recordStream(deviceStreams(device_).comm);
     }
     hookModules();
@@ -655,15 +652,6 @@ void ZeroStepEngine::releaseAll(bool prefetchedToo) {
     release(c);
   }
   active_.clear();
-}
-
-size_t ZeroStepEngine::arenaSlotsFor(size_t numChunks, int64_t prefetchDepth) {
-  // What NOTE [Parameter gathering] holds at once: the prefetched chunks, plus the chunks of the running
-  // modules and, in backward, those still waiting for their gradients (the tied embedding's from the head to
-  // the end of the pass, and the chunks a module straddles). Counted (peakGatheredChunks) in
-  // tests/train/StepEngineTest.cpp: GPT, BERT and T5 with evaluations peak at 4, 5, 5 and 6 chunks at
-  // prefetch depths 0, 1, 2 and 4, never above depth + 4.
-  return std::min(numChunks, size_t(std::max<int64_t>(prefetchDepth, 0)) + kArenaSlotsBeyondPrefetch);
 }
 
 StepEngineState ZeroStepEngine::state() const {

@@ -10,6 +10,16 @@
 
 namespace strata::zero {
 
+size_t chunkArenaSlots(size_t numChunks, int64_t prefetchDepth) {
+  // What NOTE [Parameter gathering] (train/StepEngine.cpp) holds at once: the prefetched chunks, plus the
+  // chunks of the running modules and, in backward, those still waiting for their gradients (the tied
+  // embedding's from the head to the end of the pass, and the chunks a module straddles). Counted
+  // (ZeroStepEngine::peakGatheredChunks) in tests/train/StepEngineTest.cpp: GPT, BERT and T5 with evaluations
+  // peak at 4, 5, 5 and 6 chunks at prefetch depths 0, 1, 2 and 4, never above depth + 4.
+  constexpr size_t kBeyondPrefetch = 4;
+  return std::min(numChunks, size_t(std::max<int64_t>(prefetchDepth, 0)) + kBeyondPrefetch);
+}
+
 ChunkArena::ChunkArena(Allocator& backing, size_t slotBytes, size_t numSlots, bool grow)
     : backing_(backing), slotBytes_((slotBytes + 255) / 256 * 256), grow_(grow) {
   STRATA_CHECK(slotBytes > 0 && numSlots > 0, "chunk arena needs a positive slot size and count, got {} x {}",

@@ -10,6 +10,7 @@
 #include "TestUtil.h"
 #include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
+#include "strata/zero/ChunkArena.h"
 
 using namespace strata;
 namespace fs = std::filesystem;
@@ -97,7 +98,7 @@ TEST_CASE("stage 3 trains bit for bit alike with and without the chunk arena, in
       REQUIRE(with.gatheredPeak > 0);
       REQUIRE(with.gatheredPeak == without.gatheredPeak);
       REQUIRE(without.arenaSlots == -1);
-      REQUIRE(with.arenaSlots == int64_t(train::ZeroStepEngine::arenaSlotsFor(with.chunks, depth)));
+      REQUIRE(with.arenaSlots == int64_t(zero::chunkArenaSlots(with.chunks, depth)));
       REQUIRE(with.gatheredPeak <= with.arenaSlots);
     }
   }

@@ -136,8 +136,6 @@ class ZeroStepEngine final : public StepEngine {
   // stage 3 or with store.arena off). NOTE [Chunk arena] in zero/ChunkArena.h.
   size_t peakGatheredChunks() const { return peakGathered_; }
   const zero::ChunkArena* arena() const { return arena_.get(); }
-  // The arena's slots for a stage-3 run that gathers `numChunks` chunks with `prefetchDepth`.
-  static size_t arenaSlotsFor(size_t numChunks, int64_t prefetchDepth);
 
  private:
   // One checkpoint piece of chunk c: its fp32 values (field Master), m or v over this rank's shard.

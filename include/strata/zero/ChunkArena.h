@@ -8,8 +8,8 @@
 // core/Allocator.h). The arena takes the memory once instead: one reservation of K slots, each the size of
 // the largest padded chunk, handed out by index and never given back until the arena is destroyed, so
 // gathering chunks in and out never fragments the device. K is what the engine holds at once: the chunks of
-// the running modules, those whose backward is not complete, and the prefetched ones
-// (ZeroStepEngine::arenaSlotsFor). A moment that needs more than K slots either grows the arena by one more
+// the running modules, those whose backward is not complete, and the prefetched ones (chunkArenaSlots,
+// which `strata plan` counts too). A moment that needs more than K slots either grows the arena by one more
 // reservation of one slot (the default: never freed either, so it still cannot fragment, and bounded, since
 // a chunk holds one slot at most, by the number of chunks; the growth is logged with its numbers and
 // counted) or, with `grow` off, fails naming the numbers.
@@ -33,6 +33,9 @@ struct ChunkArenaStats {
   size_t slotBytes = 0;
   size_t reservedBytes() const { return slots * slotBytes; }
 };
+
+// K for stage 3 over `numChunks` chunks at zero_optimization.prefetch_depth `prefetchDepth`.
+size_t chunkArenaSlots(size_t numChunks, int64_t prefetchDepth);
 
 class ChunkArena {
  public:
