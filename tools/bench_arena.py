@@ -4,8 +4,9 @@ zero_optimization.stage=3 --set store.arena=true`, then the same with `store.are
 neither inherits the other's allocator cache). Prints a Markdown table, one row per run as soon as it is measured:
 step time, peak allocated and peak reserved device memory, fragmentation (reserved but unused when the reserve
 peaked: NOTE [Fragmentation] in include/strata/core/Allocator.h), failed cudaMalloc calls and flushes of the cache to
-retry them, the most chunks gathered at once and the arena's slots. The memory figures cover the bench's warm-up
-and measured steps; the step time only the measured ones.
+retry them, the most chunks gathered at once, and the arena's slots and bytes (part of the allocated bytes: each
+slot is sized for the largest chunk, in use or not). The memory figures cover the bench's warm-up and measured
+steps; the step time only the measured ones.
 
 Usage: python3 tools/bench_arena.py [CONFIG] [--iters 10] [--set key=value ...] [--binary build/strata]
            [--timeout 600] [--dry-run]
@@ -70,8 +71,8 @@ def main():
           + (f", {' '.join(args.set)}" if args.set else ""))
     print()
     print("| store.arena | ms/iter | tokens/s | peak allocated GiB | peak reserved GiB | fragmentation GiB | "
-          "failed cudaMalloc | cache flushes | chunks gathered at most | arena slots |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "failed cudaMalloc | cache flushes | chunks gathered at most | arena slots | arena GiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     sys.stdout.flush()
     failed = False
     for arena in (True, False):
@@ -91,14 +92,14 @@ def main():
             failed = True
             why = "timed out" if status is None else f"exit status {status}"
             tail = [line for line in output.splitlines() if line.strip()][-3:]
-            print(f"| {str(arena).lower()} | failed ({why}; {' / '.join(tail)}) |||||||||")
+            print(f"| {str(arena).lower()} | failed ({why}; {' / '.join(tail)}) ||||||||||")
             sys.stdout.flush()
             continue
         g, c = r["gib"], r["counts"]
         print(f"| {str(arena).lower()} | {r['ms']:.1f} | {r['tokens']:.0f} | {cell(g.get('gpu_peak'))} | "
               f"{cell(g.get('reserved_peak'))} | {cell(g.get('frag'))} | {cell(c.get('alloc_failures'), '{}')} | "
               f"{cell(c.get('alloc_retries'), '{}')} | {cell(c.get('gathered_peak'), '{}')} | "
-              f"{cell(c.get('arena_slots'), '{}') if arena else '-'} |")
+              f"{cell(c.get('arena_slots'), '{}') if arena else '-'} | {cell(g.get('arena')) if arena else '-'} |")
         sys.stdout.flush()
         print(f"<!-- {' '.join(cmd)}: {time.time() - start:.0f} s -->", file=sys.stderr)
     return 1 if failed else 0

@@ -609,7 +609,11 @@ TrainResult Trainer::run() {
       }
       if (c.zero.stage == 3) {
         r.counts["gathered_peak"] = int64_t(engine.peakGatheredChunks());
-        if (engine.arena()) r.counts["arena_slots"] = int64_t(engine.arena()->stats().slots);
+        if (const zero::ChunkArena* arena = engine.arena()) {
+          // Part of the allocated bytes: slots sized for the largest chunk, whether in use or not.
+          r.counts["arena_slots"] = int64_t(arena->stats().slots);
+          r.memoryGb["arena"] = gib(arena->stats().reservedBytes());
+        }
       }
       r.memoryGb["host"] = gib(cpuAllocator().stats().allocatedBytes);
       r.memoryGb["model_state"] = gib(engine.modelStateBytes());
