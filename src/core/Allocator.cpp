@@ -17,15 +17,22 @@ class CpuAllocator final : public Allocator {
   void* allocate(size_t bytes) override {
     size_t rounded = (std::max<size_t>(bytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     void* p = std::aligned_alloc(kCpuAlignment, rounded);
-    STRATA_CHECK(p != nullptr, "host allocation of {} bytes failed", bytes);
     std::lock_guard<std::mutex> lock(mutex_);
+    if (p == nullptr) {
+      stats_.numRawFailures++;
+      stats_.numFailedAllocations++;
+    }
+    STRATA_CHECK(p != nullptr, "host allocation of {} bytes failed", bytes);
     sizes_[p] = rounded;
     stats_.allocatedBytes += rounded;
     stats_.reservedBytes += rounded;
     stats_.numAllocations++;
     stats_.numRawAllocations++;
     stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
-    stats_.peakReservedBytes = stats_.peakAllocatedBytes;
+    if (stats_.reservedBytes >= stats_.peakReservedBytes) {
+      stats_.peakReservedBytes = stats_.reservedBytes;
+      stats_.allocatedAtPeakReservedBytes = stats_.allocatedBytes;
+    }
     return p;
   }
   void deallocate(void* ptr) override {
@@ -48,7 +55,8 @@ class CpuAllocator final : public Allocator {
   std::string name() const override { return "cpu"; }
   void resetPeakStats() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    stats_.peakAllocatedBytes = stats_.peakReservedBytes = stats_.allocatedBytes;
+    stats_.peakAllocatedBytes = stats_.peakReservedBytes = stats_.allocatedAtPeakReservedBytes =
+        stats_.allocatedBytes;
   }
 
  private:
@@ -170,13 +178,19 @@ void* CachingAllocator::tryAllocate(size_t bytes, const Stream& stream) {
     if (void* cached = takeCachedLocked(streamId, size)) return cached;
     p = growLocked(size);
   }
-  if (!p) return nullptr;
+  if (!p) {
+    stats_.numFailedAllocations++;
+    return nullptr;
+  }
   liveBlocks_[p] = LiveBlock{size, streamId, {}};
   stats_.numRawAllocations++;
   stats_.allocatedBytes += size;
   stats_.reservedBytes += size;
   stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
-  stats_.peakReservedBytes = std::max(stats_.peakReservedBytes, stats_.reservedBytes);
+  if (stats_.reservedBytes >= stats_.peakReservedBytes) {
+    stats_.peakReservedBytes = stats_.reservedBytes;
+    stats_.allocatedAtPeakReservedBytes = stats_.allocatedBytes;
+  }
   return p;
 }
 
@@ -203,8 +217,11 @@ void* CachingAllocator::growLocked(size_t size) {
   void* p = raw_.alloc(size);
   if (!p) {
     // Out of memory: give the cache back and try once more.
+    stats_.numRawFailures++;
+    if (!freeBlocks_.empty()) stats_.numCacheFlushes++;
     releaseCachedLocked(0);
     p = raw_.alloc(size);
+    if (!p) stats_.numRawFailures++;
   }
   return p;
 }
@@ -287,6 +304,7 @@ void CachingAllocator::resetPeakStats() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peakAllocatedBytes = stats_.allocatedBytes;
   stats_.peakReservedBytes = stats_.reservedBytes;
+  stats_.allocatedAtPeakReservedBytes = stats_.allocatedBytes;
 }
 
 void CachingAllocator::releaseCachedLocked(size_t target) {

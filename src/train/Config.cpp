@@ -262,6 +262,8 @@ const std::vector<Field>& schema() {
     f.push_back(stringField("store.nvme_state_dtype",
                             [](Config & c) -> auto& { return c.store.nvmeStateDType; },
                             {"fp32", "bf16", "fp16"}));
+    f.push_back(boolField(
+        "store.arena", [](Config & c) -> auto& { return c.store.arena; }));
     // dist
     f.push_back(floatField(
         "dist.timeout_s", [](Config & c) -> auto& { return c.dist.timeoutS; }, 0.1, 1e7));

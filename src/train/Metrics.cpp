@@ -192,6 +192,10 @@ void MetricsLogger::train(const TrainRecord& r) {
     j["mem_" + tier + "_gb"] = gb;
     mem += fmt::format(" | mem {} {:.2f} GiB", tier, gb);
   }
+  for (const auto& [name, n] : r.counts) {
+    j[name] = n;
+    mem += fmt::format(" | {} {}", name, n);
+  }
   writeLine(j.dump());
   std::string skipped = r.skippedSteps > 0 ? fmt::format(" | skipped {}", r.skippedSteps) : std::string();
   if (r.offloadMs > 0) skipped += fmt::format(" | offload wait {:.1f} ms", r.offloadMs);

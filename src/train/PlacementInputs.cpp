@@ -7,6 +7,7 @@
 #include "models/Zoo.h"
 #include "strata/core/Device.h"
 #include "strata/train/Trainer.h"
+#include "strata/zero/ChunkArena.h"
 
 namespace strata::train {
 
@@ -40,8 +41,12 @@ ModelStateInputs modelStateInputs(const Config& c, int ranks, DType compute) {
   for (int64_t padded : in.paddedElems) in.gradientBytes += uint64_t(padded) * gradBytes;
   in.gradientShardBytes = uint64_t(in.rangeElemsTotal()) * 4;
   in.largestChunkElems = largest;
-  if (in.stage == 3)
-    in.gatherBytes = uint64_t(1 + std::max<int64_t>(0, c.zero.prefetchDepth)) * uint64_t(largest) * elemBytes;
+  if (in.stage == 3) {
+    // The chunk arena's slots (zero/ChunkArena.h), or without it the chunk in use and those prefetched.
+    uint64_t slots = c.store.arena ? zero::chunkArenaSlots(in.layout.chunks.size(), c.zero.prefetchDepth)
+                                   : uint64_t(1 + std::max<int64_t>(0, c.zero.prefetchDepth));
+    in.gatherBytes = slots * uint64_t(largest) * elemBytes;
+  }
   return in;
 }
 

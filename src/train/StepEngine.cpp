@@ -133,6 +133,16 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
     prefetchDepth_ = c.zero.prefetchDepth;
     for (size_t i = 0; i < chunks_->numChunks(); ++i) chunks_->evict(i);
     if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
+    arenaSlot_.assign(chunks_->numChunks(), -1);
+    if (c.store.arena) {
+      // NOTE [Chunk arena] in zero/ChunkArena.h: one reservation, slots the size of the largest chunk.
+      int64_t largest = 0;
+      for (size_t i = 0; i < chunks_->numChunks(); ++i) largest = std::max(largest, chunks_->paddedElems(i));
+      arena_ = std::make_unique<zero::ChunkArena>(deviceAllocator(device_),
+                                                  size_t(largest) * dtypeSize(chunks_->dtype()),
+                                                  zero::chunkArenaSlots(chunks_->numChunks(), prefetchDepth_));
+      arena_->recordStream(deviceStreams(device_).comm);
+    }
     hookModules();
   }
   // The store's placement (NOTE [Store placement] in zero/Store.h): the parameters stay on the device; each
@@ -526,7 +536,10 @@ size_t ZeroStepEngine::modelStateBytes() const {
 // reads it). The step releases everything after each forward and each backward. Gathers run on the comm
 // stream, and compute waits on the chunk's event only when a module needs it. The first micro-batch records
 // the order of the gathers (forward and backward); from then on each gather also starts the next
-// zero_optimization.prefetch_depth chunks of that order, which no release touches until they are used.
+// zero_optimization.prefetch_depth chunks of that order, which no release touches until they are used (or
+// until a pass leaves the order, as an evaluation's forwards do). A chunk is gathered into a slot of the
+// chunk arena (store.arena, NOTE [Chunk arena] in zero/ChunkArena.h), or else into a block of the caching
+// allocator.
 void ZeroStepEngine::hookModules() {
   std::map<const TensorImpl*, size_t> chunkOf;
   for (size_t c = 0; c < chunks_->numChunks(); ++c)
@@ -580,6 +593,13 @@ void ZeroStepEngine::gather(size_t chunk) {
     for (size_t k = 0; k < n && at == n; ++k)
       if (order_[(cursor_ + k) % n] == chunk) at = (cursor_ + k) % n;
     if (at != n) {
+      if (at != cursor_ % n) {
+        // The pass left the recorded order (an evaluation: forwards without backward), so what was
+        // prefetched for the order's next steps is not coming: unmarked, the releases may take it, instead of
+        // it holding memory (an arena slot) until the next backward ends.
+        for (size_t c = 0; c < prefetched_.size(); ++c)
+          if (c != chunk) prefetched_[c] = false;
+      }
       cursor_ = at + 1;
       // The next prefetch_depth chunks in the order go ahead on the comm stream.
       for (size_t k = 0; k < size_t(prefetchDepth_) && cursor_ + k < n; ++k) {
@@ -597,9 +617,16 @@ void ZeroStepEngine::gather(size_t chunk) {
 
 void ZeroStepEngine::startGather(size_t chunk) {
   NoGradGuard noGrad;
-  // Allocated on the compute stream, written on the comm stream once compute has reached this point (the
-  // block may come from memory compute used just before).
-  Tensor slot = Tensor::empty({chunks_->paddedElems(chunk)}, chunks_->dtype(), device_);
+  // Allocated on the compute stream (or an arena slot), written on the comm stream once compute has reached
+  // this point (the block may hold a chunk that compute read just before).
+  Tensor slot;
+  if (arena_) {
+    arenaSlot_[chunk] = arena_->acquire();
+    slot = arena_->view(arenaSlot_[chunk], chunks_->paddedElems(chunk), chunks_->dtype());
+  } else {
+    slot = Tensor::empty({chunks_->paddedElems(chunk)}, chunks_->dtype(), device_);
+  }
+  peakGathered_ = std::max(peakGathered_, ++gatheredNow_);
   const Stream& commStream = deviceStreams(device_).comm;
   streamWaits(commStream, currentStream(device_), device_);
   int ranks = group_ ? group_->size() : 1;
@@ -619,6 +646,11 @@ void ZeroStepEngine::release(size_t chunk) {
   if (!slots_[chunk].defined() || prefetched_[chunk]) return;
   chunks_->evict(chunk);
   slots_[chunk] = Tensor();
+  --gatheredNow_;
+  if (arena_) {
+    arena_->release(arenaSlot_[chunk]);
+    arenaSlot_[chunk] = -1;
+  }
 }
 
 void ZeroStepEngine::releaseAll(bool prefetchedToo) {

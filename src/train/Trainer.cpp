@@ -603,6 +603,20 @@ TrainResult Trainer::run() {
         AllocatorStats gpu = deviceAllocator(device_).stats();
         r.memoryGb["gpu"] = gib(gpu.allocatedBytes);
         r.memoryGb["gpu_peak"] = gib(gpu.peakAllocatedBytes);
+        // NOTE [Fragmentation] in core/Allocator.h: the reserve and what of it was unused at its peak.
+        r.memoryGb["reserved"] = gib(gpu.reservedBytes);
+        r.memoryGb["reserved_peak"] = gib(gpu.peakReservedBytes);
+        r.memoryGb["frag"] = gib(gpu.fragmentedAtPeakBytes());
+        r.counts["alloc_failures"] = int64_t(gpu.numRawFailures);
+        r.counts["alloc_retries"] = int64_t(gpu.numCacheFlushes);
+      }
+      if (c.zero.stage == 3) {
+        r.counts["gathered_peak"] = int64_t(engine.peakGatheredChunks());
+        if (const zero::ChunkArena* arena = engine.arena()) {
+          // Part of the allocated bytes: slots sized for the largest chunk, whether in use or not.
+          r.counts["arena_slots"] = int64_t(arena->stats().slots);
+          r.memoryGb["arena"] = gib(arena->stats().reservedBytes());
+        }
       }
       r.memoryGb["host"] = gib(cpuAllocator().stats().allocatedBytes);
       r.memoryGb["model_state"] = gib(engine.modelStateBytes());
@@ -613,11 +627,13 @@ TrainResult Trainer::run() {
         // Per rank; the log line and metrics show the largest.
         std::vector<double> values;
         for (const auto& [tier, gb] : r.memoryGb) values.push_back(gb);
+        for (const auto& [name, n] : r.counts) values.push_back(double(n));
         Tensor t = Tensor::fromVector<double>(values, {int64_t(values.size())});
         parallel_->world().communicator().allReduce(t, dist::ReduceOp::Max);
         std::vector<double> maxima = t.toVector<double>();
         size_t i = 0;
         for (auto& [tier, gb] : r.memoryGb) gb = maxima[i++];
+        for (auto& [name, n] : r.counts) n = int64_t(maxima[i++]);
       }
       if (logger) logger->train(r);
       result.trainLoss = r.loss;

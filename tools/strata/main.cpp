@@ -81,6 +81,7 @@ int runBench(const std::string& configPath, std::vector<std::string> overrides, 
   const train::TrainRecord& m = r.last;
   std::string memory;
   for (const auto& [tier, gib] : m.memoryGb) memory += fmt::format(" | {} {:.2f} GiB", tier, gib);
+  for (const auto& [name, n] : m.counts) memory += fmt::format(" | {} {}", name, n);
   std::printf(
       "\nbench %s: %ld measured iterations after %ld warm-up | %.1f ms/iter | %.0f tokens/s | %.2f TFLOP/s | "
       "MFU %.1f%%%s\n",

@@ -105,6 +105,9 @@ struct ZeroConfig {
 struct StoreConfig {
   std::string gpuBudgetGb = "auto", hostBudgetGb = "auto", nvmeBudgetGb = "auto";
   std::string nvmeStateDType = "fp32";  // how m and v are stored on the SSD: fp32, bf16, fp16
+  // Stage 3 gathers chunks into one reservation of fixed-size slots (NOTE [Chunk arena] in
+  // zero/ChunkArena.h); false: into blocks of the caching allocator, for comparison.
+  bool arena = true;
 };
 
 struct DistConfig {

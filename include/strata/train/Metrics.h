@@ -36,6 +36,8 @@ struct TrainRecord {
   int64_t skippedSteps = 0;                   // in this interval: fp16 overflows and non-finite steps
   double offloadMs = 0;  // per step: the update of optimizer state off the device, which the device waits for
   std::map<std::string, double> memoryGb;  // tier -> GiB in use (gpu, host)
+  // Counts beside the memory (alloc_failures, arena_slots...): metrics.jsonl fields under their own names.
+  std::map<std::string, int64_t> counts;
 };
 
 class MetricsLogger {

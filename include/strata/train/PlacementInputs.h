@@ -33,7 +33,8 @@ struct ModelStateInputs {
   uint64_t gradientBytes = 0;
   uint64_t gradientShardBytes = 0;
   int64_t largestChunkElems = 0;  // padded
-  // Stage 3: the slots whole chunks are gathered into (the one in use and prefetch_depth ahead).
+  // Stage 3: the slots whole chunks are gathered into (the chunk arena's, store.arena; without it the one in
+  // use and prefetch_depth ahead).
   uint64_t gatherBytes = 0;
 
   int64_t rangeElemsTotal() const;

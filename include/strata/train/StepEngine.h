@@ -38,6 +38,7 @@
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
 #include "strata/train/Objective.h"
+#include "strata/zero/ChunkArena.h"
 #include "strata/zero/ChunkManager.h"
 #include "strata/zero/NvmeTier.h"
 #include "strata/zero/Store.h"
@@ -131,6 +132,10 @@ class ZeroStepEngine final : public StepEngine {
   // Where this rank's model state lives, bytes per tier (NOTE [Store placement] in zero/Store.h).
   const zero::StorePlacement& placement() const { return placement_; }
   const optim::AdamW& optimizer() const { return *optimizer_; }
+  // Stage 3: the most chunks gathered at once so far, and the arena they are gathered into (null below
+  // stage 3 or with store.arena off). NOTE [Chunk arena] in zero/ChunkArena.h.
+  size_t peakGatheredChunks() const { return peakGathered_; }
+  const zero::ChunkArena* arena() const { return arena_.get(); }
 
  private:
   // One checkpoint piece of chunk c: its fp32 values (field Master), m or v over this rank's shard.
@@ -176,6 +181,11 @@ class ZeroStepEngine final : public StepEngine {
   int64_t prefetchDepth_ = 2;
   std::vector<int64_t> chunkNotices_;
   int64_t steps_ = 0;
+
+  // Stage 3 with store.arena: where slots_ live, and each gathered chunk's slot (-1: none).
+  std::unique_ptr<zero::ChunkArena> arena_;
+  std::vector<int> arenaSlot_;
+  size_t gatheredNow_ = 0, peakGathered_ = 0;  // stage 3: chunks gathered now, and the most at once
 };
 
 }  // namespace strata::train

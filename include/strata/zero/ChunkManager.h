@@ -18,7 +18,8 @@
 // throws, naming the chunk), and repoint(i, data, device) points them at bytes elsewhere; moving bytes is not
 // writing them, so neither looks like an in-place write to a backward that saved a parameter (StorageImpl's
 // content version vs residency version). Chunks are allocated at the size their parameters use (not the
-// layout's capacity) until the GPU arena of fixed-size slots exists, so chunking costs no memory.
+// layout's capacity), so chunking costs no memory; at stage 3 the chunks gathered whole live in the
+// fixed-size slots of the chunk arena (zero/ChunkArena.h).
 //
 // NOTE [Chunk gradients complete]
 // ZeRO reduces a chunk's gradients once they are final for the step. The manager counts its parameters'

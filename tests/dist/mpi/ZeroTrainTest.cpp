@@ -102,9 +102,13 @@ TEST_CASE("ZeRO stages 0 to 3 on N ranks train like one rank", "[dist][zero]") {
   Run reference = trainRun(alone(), "one-rank-" + std::to_string(ctx->rank()), 0);
   std::map<int, Run> stages;
   for (int stage : {0, 1, 2, 3}) stages[stage] = trainRun(ctx, "stage" + std::to_string(stage), stage);
+  // Stage 3 gathers into the chunk arena by default; into the caching allocator's blocks without it.
+  Run blocks = trainRun(ctx, "stage3-no-arena", 3, {"store.arena=false"});
   if (!ctx->isMain()) return;
   INFO(ranks << " ranks");
   CHECK(reference.losses.size() == 20);
+  CHECK(blocks.losses == stages[3].losses);
+  CHECK(blocks.valLosses == stages[3].valLosses);
   for (int stage : {0, 1, 2, 3}) {
     INFO("stage " << stage);
     CHECK(stages[stage].losses.size() == 20);
