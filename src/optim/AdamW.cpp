@@ -11,6 +11,10 @@
 namespace strata::optim {
 
 namespace {
+double secondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 float decayFor(const Tensor& p, double weightDecay) {
   return p.dim() >= 2 ? float(weightDecay) : 0.0f;
 }
@@ -200,6 +204,7 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
     ops::adamw(deviceSets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
   }
   offDeviceSeconds_ = 0;
+  phases_ = OffloadPhases{};
   if (!anyOffDevice) return;
   auto start = std::chrono::steady_clock::now();
   Tensor hostScale = gradScale.defined() ? ops::to(gradScale, Device::cpu(), DType::F32) : Tensor();
@@ -210,7 +215,9 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
     if (homes_[c] != zero::Tier::Nvme) continue;
     // The next read goes behind the write of the chunk that last used its set (issue order: NOTE [SSD tier]).
     readUpTo(k + sets);
+    auto waitStart = std::chrono::steady_clock::now();
     nvme_->wait(reads[k]);
+    phases_.ssdWait += secondsSince(waitStart);
     HostState st = ssdBuffers(k % sets, ranges_[c].size(), largest);
     stepHostChunk(c, h, gradients, hostScale, st);
     written = nvme_->writeAsync(c, {{zero::NvmeTier::Master, st.master.data<float>()},
@@ -218,7 +225,9 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
                                     {zero::NvmeTier::SecondMoment, st.v.data<float>()}});
     ++k;
   }
+  auto waitStart = std::chrono::steady_clock::now();
   if (written != 0) nvme_->wait(written);
+  phases_.ssdWait += secondsSince(waitStart);
   offDeviceSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -286,8 +295,11 @@ void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<
         need = std::max(need, size_t(ranges_[k].size()) * (4 + dtypeSize(params.dtype())));
     staging_ = std::make_unique<PinnedHostPool>(need + (4u << 20));
   }
+  auto start = std::chrono::steady_clock::now();
   Tensor hostGrads = staged({r.size()}, DType::F32);
   ops::copy(hostGrads, range);
+  phases_.gradientsOut += secondsSince(start);
+  start = std::chrono::steady_clock::now();
   // Zeros between the parameters, as the chunk holds.
   Tensor hostParams = staged({r.size()}, params.dtype());
   ops::fill(hostParams, 0.0);
@@ -302,7 +314,10 @@ void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<
         ops::AdamWTensors{at(st.master), at(hostGrads), at(st.m), at(st.v), s.weightDecay, at(hostParams)});
   }
   if (!sets.empty()) ops::adamw(sets, h, hostScale);
+  phases_.cpuUpdate += secondsSince(start);
+  start = std::chrono::steady_clock::now();
   ops::copy(params, hostParams);
+  phases_.parametersIn += secondsSince(start);
 }
 
 Tensor AdamW::staged(const Shape& shape, DType dtype) {

@@ -188,6 +188,7 @@ void MetricsLogger::train(const TrainRecord& r) {
                    {"elapsed_s", r.elapsedSeconds},
                    {"skipped_steps", r.skippedSteps},
                    {"offload_ms", r.offloadMs}};
+  for (const auto& [phase, ms] : r.offloadPhasesMs) j["offload_" + phase + "_ms"] = ms;
   for (const auto& [tier, gb] : r.memoryGb) {
     j["mem_" + tier + "_gb"] = gb;
     mem += fmt::format(" | mem {} {:.2f} GiB", tier, gb);
@@ -198,7 +199,13 @@ void MetricsLogger::train(const TrainRecord& r) {
   }
   writeLine(j.dump());
   std::string skipped = r.skippedSteps > 0 ? fmt::format(" | skipped {}", r.skippedSteps) : std::string();
-  if (r.offloadMs > 0) skipped += fmt::format(" | offload wait {:.1f} ms", r.offloadMs);
+  if (r.offloadMs > 0) {
+    skipped += fmt::format(" | offload wait {:.1f} ms", r.offloadMs);
+    std::string phases;
+    for (const auto& [phase, ms] : r.offloadPhasesMs)
+      phases += fmt::format("{}{} {:.0f}", phases.empty() ? "" : ", ", phase, ms);
+    if (!phases.empty()) skipped += " (" + phases + ")";
+  }
   spdlog::info(
       "iteration {:>6}/{:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | loss scale {:.0f}{} | {:.1f} "
       "ms/iter | {:.0f} tokens/s | {:.2f} TFLOP/s | MFU {:.1f}%{} | elapsed {} | ETA {}",

@@ -138,9 +138,9 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
       // NOTE [Chunk arena] in zero/ChunkArena.h: one reservation, slots the size of the largest chunk.
       int64_t largest = 0;
       for (size_t i = 0; i < chunks_->numChunks(); ++i) largest = std::max(largest, chunks_->paddedElems(i));
-      arena_ = std::make_unique<zero::ChunkArena>(deviceAllocator(device_),
-                                                  size_t(largest) * dtypeSize(chunks_->dtype()),
-                                                  zero::chunkArenaSlots(chunks_->numChunks(), prefetchDepth_));
+      arena_ = std::make_unique<zero::ChunkArena>(
+          deviceAllocator(device_), size_t(largest) * dtypeSize(chunks_->dtype()),
+          zero::chunkArenaSlots(chunks_->numChunks(), prefetchDepth_));
       arena_->recordStream(deviceStreams(device_).comm);
     }
     hookModules();
@@ -370,6 +370,7 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   if (outcome.applied) {
     optimizer_->stepChunks(lr, grads, coef);
     outcome.offloadSeconds = optimizer_->offDeviceSeconds();
+    outcome.offloadPhases = optimizer_->offloadPhases();
     if ((stage_ == 1 || stage_ == 2) && ranks > 1) {
       // Each rank updated its shard of the 16-bit parameters: gather the chunks whole again.
       streamWaits(deviceStreams(device_).comm, currentStream(device_), device_);

@@ -491,6 +491,7 @@ TrainResult Trainer::run() {
   double intervalLoss = 0;
   int64_t intervalSteps = 0, intervalCounted = 0, intervalSkipped = 0, nonfiniteRun = 0;
   double intervalOffload = 0;
+  optim::AdamW::OffloadPhases intervalPhases;
   auto runStart = std::chrono::steady_clock::now();
   auto intervalStart = runStart;
   double trainingSeconds = 0;  // measured step time since the start (evals and saves excluded), for the ETA
@@ -520,6 +521,10 @@ TrainResult Trainer::run() {
     lastNorm = step.gradNorm;
     lastScale = step.lossScale;
     intervalOffload += step.offloadSeconds;
+    intervalPhases.gradientsOut += step.offloadPhases.gradientsOut;
+    intervalPhases.cpuUpdate += step.offloadPhases.cpuUpdate;
+    intervalPhases.parametersIn += step.offloadPhases.parametersIn;
+    intervalPhases.ssdWait += step.offloadPhases.ssdWait;
     if (result.chunks == 0) {
       result.chunks = engine.chunks().numChunks();
       const zero::ChunkLayout& layout = engine.chunks().layout();
@@ -589,6 +594,13 @@ TrainResult Trainer::run() {
       r.lossScale = lastScale;
       r.skippedSteps = intervalSkipped;
       r.offloadMs = 1000.0 * intervalOffload / double(intervalSteps);
+      if (intervalOffload > 0) {
+        double perStep = 1000.0 / double(intervalSteps);
+        r.offloadPhasesMs = {{"grads_out", intervalPhases.gradientsOut * perStep},
+                             {"cpu", intervalPhases.cpuUpdate * perStep},
+                             {"params_in", intervalPhases.parametersIn * perStep},
+                             {"ssd_wait", intervalPhases.ssdWait * perStep}};
+      }
       synchronizeDevice(device_);  // the interval's time covers all of its work
       auto now = std::chrono::steady_clock::now();
       double seconds = std::chrono::duration<double>(now - intervalStart).count();
@@ -641,6 +653,7 @@ TrainResult Trainer::run() {
       intervalLoss = 0;
       intervalSteps = intervalCounted = intervalSkipped = 0;
       intervalOffload = 0;
+      intervalPhases = {};
       intervalStart = std::chrono::steady_clock::now();
     }
     if (c.train.evalInterval > 0 && (done % c.train.evalInterval == 0 || last) && signal == 0) {

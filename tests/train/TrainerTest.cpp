@@ -597,6 +597,17 @@ TEST_CASE("state across the device, host and SSD tiers trains bit for bit like s
   REQUIRE(last["mem_state_nvme_gb"].get<double>() > 0);
   REQUIRE(last["mem_state_host_gb"].get<double>() > 0);
   REQUIRE(last["offload_ms"].get<double>() > 0);  // the time the device waited for the off-device update
+  // Its phases: each measured, none more than the whole.
+  double phases = 0;
+  for (const char* phase : {"grads_out", "cpu", "params_in", "ssd_wait"}) {
+    std::string key = std::string("offload_") + phase + "_ms";
+    INFO(key);
+    REQUIRE(last.contains(key));
+    REQUIRE(last[key].get<double>() >= 0);
+    phases += last[key].get<double>();
+  }
+  REQUIRE(last["offload_cpu_ms"].get<double>() > 0);
+  REQUIRE(phases <= last["offload_ms"].get<double>() * 1.001);
   REQUIRE(records(base / "memory").back().value("offload_ms", 0.0) == 0.0);
   REQUIRE(last["mem_state_device_gb"].get<double>() > 0);
   REQUIRE(last["mem_state_device_gb"].get<double>() + last["mem_state_host_gb"].get<double>() +

@@ -64,6 +64,12 @@ class AdamW {
   int64_t stepCount() const { return step_; }
   // Wall seconds the last stepChunks spent on chunks off the device.
   double offDeviceSeconds() const { return offDeviceSeconds_; }
+  // The last stepChunks' off-device seconds by phase: gradients to the host, the CPU kernel, parameters back
+  // to the device, and waiting for the SSD's reads and writes (what read-ahead did not hide).
+  struct OffloadPhases {
+    double gradientsOut = 0, cpuUpdate = 0, parametersIn = 0, ssdWait = 0;
+  };
+  const OffloadPhases& offloadPhases() const { return phases_; }
   void setStepCount(int64_t s) { step_ = s; }
   // Whether stepChunks reads the next SSD chunk's state while it updates the current one (the default), or
   // reads each when it comes to it, through one buffer set (the same values, for tests and measurements).
@@ -130,6 +136,7 @@ class AdamW {
   Tensor staged(const Shape& shape, DType dtype);
   int64_t step_ = 0;
   double offDeviceSeconds_ = 0;
+  OffloadPhases phases_;
 };
 
 // The global L2 norm of the gradients, as an fp32 scalar on `device` (no host sync).

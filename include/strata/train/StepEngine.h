@@ -60,6 +60,7 @@ struct StepOutcome {
   // Seconds the step spent updating optimizer state off the device (gradients out, the CPU update, SSD reads
   // and writes, parameters back): the device waits for all of it until the pipelined optimizer.
   double offloadSeconds = 0;
+  optim::AdamW::OffloadPhases offloadPhases;  // the same by phase
 };
 
 // The engine's counters a checkpoint keeps, beside its tensors.
