@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Strata's CPU AdamW kernel beside PyTorch's fused CPU AdamW, in one run, on the same number of parameters.
+
+Runs bench/cpu_adamw_bench.cpp (build/bench/bench_cpu_adamw) first, then torch.optim.AdamW(fused=True) on
+one fp32 CPU parameter of the same size, at the same thread counts, and prints a markdown table with both
+and the ratio.
+
+Bytes per parameter: Strata reads master, m, v and the gradient (16 B) and writes master, m, v and the bf16
+copy of the parameter (14 B): 30 B. PyTorch's fused step moves the same fp32 state without a copy: 28 B.
+Gparam/s is the figure to compare; GB/s says how close each comes to the host's memory bandwidth.
+
+Usage: python3 tools/bench_cpu_adam.py [--binary build/bench/bench_cpu_adamw] [--params 268435456]
+                                       [--threads 1,2,4,8,16] [--repeats 5] [--isa best]
+"""
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+STRATA_BYTES = 30.0  # with a bf16 copy
+TORCH_BYTES = 28.0
+
+
+def run_strata(args):
+    cmd = [args.binary, "--params", str(args.params), "--threads", args.threads, "--repeats", str(args.repeats),
+           "--isa", args.isa, "--copy", "bf16"]
+    print("$ " + " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode != 0:
+        sys.exit(f"bench_cpu_adamw failed with status {proc.returncode}")
+    rows = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 7 and parts[0] == "cpu_adamw":
+            _, isa, threads, params, ms, gparams, gbs = parts
+            rows[int(threads)] = dict(isa=isa, ms=float(ms), gparams=float(gparams), gbs=float(gbs))
+    if not rows:
+        sys.exit("bench_cpu_adamw printed no cpu_adamw lines")
+    return rows
+
+
+def run_torch(args, thread_counts):
+    import torch
+
+    n = args.params
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.empty(n, dtype=torch.float32).uniform_(-0.5, 0.5))
+    p.grad = torch.empty(n, dtype=torch.float32).uniform_(-0.01, 0.01)
+    opt = torch.optim.AdamW([p], lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    rows = {}
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        opt.step()  # warm-up (the first step also allocates exp_avg and exp_avg_sq)
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            opt.step()
+            times.append((time.perf_counter() - start) * 1e3)
+        ms = statistics.median(times)
+        rows[threads] = dict(ms=ms, gparams=n / (ms * 1e-3) / 1e9, gbs=n * TORCH_BYTES / (ms * 1e-3) / 1e9)
+        print(f"torch_fused_adamw {threads} {n} {ms:.3f} {rows[threads]['gparams']:.3f} {rows[threads]['gbs']:.1f}",
+              flush=True)
+    return rows, torch.__version__
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary", default="build/bench/bench_cpu_adamw")
+    ap.add_argument("--params", type=int, default=256 << 20)
+    ap.add_argument("--threads", default="1,2,4,8,16")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--isa", default="best", help="best, avx512, avx2 or scalar (one path: the table has one column)")
+    args = ap.parse_args()
+    thread_counts = [int(t) for t in args.threads.split(",")]
+
+    strata = run_strata(args)
+    torch_rows, torch_version = run_torch(args, thread_counts)
+
+    isa = next(iter(strata.values()))["isa"]
+    print()
+    print(f"CPU AdamW, {args.params} fp32 parameters, median of {args.repeats} steps; Strata path {isa} with a bf16 "
+          f"copy ({STRATA_BYTES:.0f} B/param), torch {torch_version} AdamW(fused=True) ({TORCH_BYTES:.0f} B/param)")
+    print()
+    print("| threads | Strata Gparam/s | Strata GB/s | torch Gparam/s | torch GB/s | Strata / torch |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for t in thread_counts:
+        s, p = strata.get(t), torch_rows.get(t)
+        if s is None or p is None:
+            continue
+        print(f"| {t} | {s['gparams']:.2f} | {s['gbs']:.1f} | {p['gparams']:.2f} | {p['gbs']:.1f} | "
+              f"{s['gparams'] / p['gparams']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
