@@ -121,6 +121,12 @@ STRATA_AVX512 void avx512Range(const AdamSpan& s, const AdamConsts& k, int64_t b
   const float* grad = s.grad;
   void* copy = s.copy;
   int64_t i = begin;
+  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) {
+    // Up to 15 elements in scalar code so that the copy's vector stores below are 32-byte aligned.
+    auto address = reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(copy) + begin);
+    i = std::min(end, begin + int64_t(((32 - address % 32) % 32) / 2));
+    scalarRange(s, k, begin, i);
+  }
   for (; i + 16 <= end; i += 16) {
     __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), scale);
     __m512 m = _mm512_fmadd_ps(beta1, _mm512_loadu_ps(firstMoment + i), _mm512_mul_ps(oneMinusBeta1, g));
@@ -134,10 +140,11 @@ STRATA_AVX512 void avx512Range(const AdamSpan& s, const AdamConsts& k, int64_t b
     _mm512_storeu_ps(param + i, p);
     if constexpr (kKind == CopyKind::F32) _mm512_storeu_ps(static_cast<float*>(copy) + i, p);
     if constexpr (kKind == CopyKind::BF16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(copy) + i), bf16Of(p));
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(copy) + i), bf16Of(p));
     if constexpr (kKind == CopyKind::F16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(copy) + i), halfOf(p));
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(copy) + i), halfOf(p));
   }
+  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) _mm_sfence();
   scalarRange(s, k, i, end);
 }
 
@@ -174,6 +181,12 @@ STRATA_AVX2 void avx2Range(const AdamSpan& s, const AdamConsts& k, int64_t begin
   const float* grad = s.grad;
   void* copy = s.copy;
   int64_t i = begin;
+  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) {
+    // Up to 7 elements in scalar code so that the copy's vector stores below are 16-byte aligned.
+    auto address = reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(copy) + begin);
+    i = std::min(end, begin + int64_t(((16 - address % 16) % 16) / 2));
+    scalarRange(s, k, begin, i);
+  }
   for (; i + 8 <= end; i += 8) {
     __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + i), scale);
     __m256 m = _mm256_fmadd_ps(beta1, _mm256_loadu_ps(firstMoment + i), _mm256_mul_ps(oneMinusBeta1, g));
@@ -187,10 +200,11 @@ STRATA_AVX2 void avx2Range(const AdamSpan& s, const AdamConsts& k, int64_t begin
     _mm256_storeu_ps(param + i, p);
     if constexpr (kKind == CopyKind::F32) _mm256_storeu_ps(static_cast<float*>(copy) + i, p);
     if constexpr (kKind == CopyKind::BF16)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(copy) + i), bf16Of(p));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(copy) + i), bf16Of(p));
     if constexpr (kKind == CopyKind::F16)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(copy) + i), halfOf(p));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(copy) + i), halfOf(p));
   }
+  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) _mm_sfence();
   scalarRange(s, k, i, end);
 }
 

@@ -37,8 +37,9 @@ std::vector<CpuIsa> vectorPaths() {
   return paths;
 }
 
-// Sets of odd sizes (vector tails), some starting mid-buffer (unaligned loads), over the kernel's parallel
-// threshold in total so that the thread ranges cut through sets.
+// Sets of odd sizes (vector tails), some starting mid-buffer (unaligned loads, and copies that need the
+// vector paths' alignment peel), over the kernel's parallel threshold in total so that the thread ranges
+// cut through sets.
 std::vector<ops::AdamWTensors> makeSets(uint64_t seed, std::optional<DType> copyDType, float weightDecay) {
   Generator gen(seed);
   std::vector<ops::AdamWTensors> sets;
@@ -54,7 +55,7 @@ std::vector<ops::AdamWTensors> makeSets(uint64_t seed, std::optional<DType> copy
     s.m = make(-0.1, 0.1);
     s.v = make(0, 0.01);
     s.weightDecay = weightDecay;
-    if (copyDType) s.copy = Tensor::empty({n}, *copyDType);
+    if (copyDType) s.copy = Tensor::empty({n + skip}, *copyDType).narrow(0, skip, n);
     sets.push_back(s);
   }
   return sets;
@@ -63,9 +64,11 @@ std::vector<ops::AdamWTensors> makeSets(uint64_t seed, std::optional<DType> copy
 std::vector<ops::AdamWTensors> cloneSets(const std::vector<ops::AdamWTensors>& sets) {
   std::vector<ops::AdamWTensors> out;
   for (const auto& s : sets)
-    out.push_back(
-        ops::AdamWTensors{s.param.clone(), s.grad.clone(), s.m.clone(), s.v.clone(), s.weightDecay,
-                          s.copy.defined() ? Tensor::empty({s.copy.numel()}, s.copy.dtype()) : Tensor()});
+    out.push_back(ops::AdamWTensors{s.param.clone(), s.grad.clone(), s.m.clone(), s.v.clone(), s.weightDecay,
+                                    s.copy.defined()
+                                        ? Tensor::empty({s.copy.offset() + s.copy.numel()}, s.copy.dtype())
+                                              .narrow(0, s.copy.offset(), s.copy.numel())
+                                        : Tensor()});
   return out;
 }
 
