@@ -1,21 +1,27 @@
 // CPU AdamW: one fused pass over every tensor set. Each element reads the fp32 master, m, v and the gradient
 // and writes the master, m, v and the parameter's copy (bf16, f16 or f32) in the same loop iteration, so the
 // state streams through memory once: 16 bytes read and 12 + 2 written per parameter with a 16-bit copy.
+// The 16-bit copy is written with non-temporal stores: nothing reads it back on the CPU soon (it is copied to
+// the device), and a plain store would first read each of its lines from memory (2 more bytes per parameter).
 //
 // Paths: AVX-512, AVX2 and scalar, chosen at run time (NOTE [CPU AdamW paths] in CpuAdamW.h). The vector
 // paths are functions with a target attribute, so the library builds for baseline x86-64 and only calls
 // them after the CPU says it has the instructions.
 //
 // Threads: the sets are one index space (set after set); thread t of T takes the t-th of T equal ranges,
-// cut at multiples of 64 elements (whole cache lines of every stream), the same ranges every step, and
-// walks it set by set: a contiguous stream per thread, no per-step allocation, no scheduling.
+// cut at multiples of 64 elements, the same ranges every step, and walks it set by set: a contiguous stream
+// per thread, no per-step allocation, no scheduling.
 #include "CpuAdamW.h"
 
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*, which -Wmaybe-uninitialized reports once
-// inlined.
+#if defined(__x86_64__) || defined(__i386__)
+#define STRATA_CPU_X86 1
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*, which -Wmaybe-uninitialized reports inlined.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#else
+#define STRATA_CPU_X86 0  // other architectures take the scalar path, which their compilers may vectorise
+#endif
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -82,6 +88,8 @@ void scalarRange(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t 
     }
   }
 }
+
+#if STRATA_CPU_X86
 
 // ---- AVX-512 (avx512f for the arithmetic; bw and vl come with every AVX-512 server CPU since Skylake-SP)
 
@@ -208,38 +216,31 @@ STRATA_AVX2 void avx2Range(const AdamSpan& s, const AdamConsts& k, int64_t begin
   scalarRange(s, k, i, end);
 }
 
+#endif  // STRATA_CPU_X86
+
 using RangeFn = void (*)(const AdamSpan&, const AdamConsts&, int64_t, int64_t);
 
+template <CopyKind kKind>
+RangeFn pathFor(CpuIsa isa) {
+#if STRATA_CPU_X86
+  if (isa == CpuIsa::Avx512) return &avx512Range<kKind>;
+  if (isa == CpuIsa::Avx2) return &avx2Range<kKind>;
+#endif
+  return &scalarRange;
+}
+
 RangeFn rangeFn(CpuIsa isa, CopyKind kind) {
-  switch (isa) {
-    case CpuIsa::Avx512:
-      switch (kind) {
-        case CopyKind::None:
-          return &avx512Range<CopyKind::None>;
-        case CopyKind::F32:
-          return &avx512Range<CopyKind::F32>;
-        case CopyKind::BF16:
-          return &avx512Range<CopyKind::BF16>;
-        case CopyKind::F16:
-          return &avx512Range<CopyKind::F16>;
-      }
-      break;
-    case CpuIsa::Avx2:
-      switch (kind) {
-        case CopyKind::None:
-          return &avx2Range<CopyKind::None>;
-        case CopyKind::F32:
-          return &avx2Range<CopyKind::F32>;
-        case CopyKind::BF16:
-          return &avx2Range<CopyKind::BF16>;
-        case CopyKind::F16:
-          return &avx2Range<CopyKind::F16>;
-      }
-      break;
-    case CpuIsa::Scalar:
+  switch (kind) {
+    case CopyKind::F32:
+      return pathFor<CopyKind::F32>(isa);
+    case CopyKind::BF16:
+      return pathFor<CopyKind::BF16>(isa);
+    case CopyKind::F16:
+      return pathFor<CopyKind::F16>(isa);
+    case CopyKind::None:
       break;
   }
-  return &scalarRange;
+  return pathFor<CopyKind::None>(isa);
 }
 
 AdamSpan spanOf(const AdamWTensors& s, const AdamWHyper& h) {
@@ -379,17 +380,15 @@ const char* cpuIsaName(CpuIsa isa) {
 }
 
 bool cpuIsaSupported(CpuIsa isa) {
+  if (isa == CpuIsa::Scalar) return true;
+#if STRATA_CPU_X86
   // __builtin_cpu_supports also checks that the OS saves the registers (XCR0).
-  switch (isa) {
-    case CpuIsa::Avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl");
-    case CpuIsa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
-    case CpuIsa::Scalar:
-      return true;
-  }
+  if (isa == CpuIsa::Avx512)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  if (isa == CpuIsa::Avx2)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#endif
   return false;
 }
 
@@ -429,4 +428,6 @@ void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWH
 
 }  // namespace strata::ops::cpu
 
+#if STRATA_CPU_X86
 #pragma GCC diagnostic pop
+#endif
