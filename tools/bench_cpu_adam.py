@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Strata's CPU AdamW kernel beside PyTorch's fused CPU AdamW, in one run, on the same number of parameters.
 
-Runs bench/cpu_adamw_bench.cpp (build/bench/bench_cpu_adamw) first, then torch.optim.AdamW(fused=True) on
-one fp32 CPU parameter of the same size, at the same thread counts, and prints a markdown table with both
-and the ratio.
+Runs bench/cpu_adamw_bench.cpp (build/bench/bench_cpu_adamw) twice, then torch.optim.AdamW(fused=True) on
+one fp32 CPU parameter of the same size, at the same thread counts, and prints a markdown table with all
+three and the ratios.
 
 Bytes per parameter: Strata reads master, m, v and the gradient (16 B) and writes master, m, v and the bf16
-copy of the parameter (14 B): 30 B. PyTorch's fused step moves the same fp32 state without a copy: 28 B.
-Gparam/s is the figure to compare; GB/s says how close each comes to the host's memory bandwidth.
+copy of the parameter (14 B): 30 B, the update the trainer runs. Without the copy (the second run) it moves
+what PyTorch's fused step moves: 28 B, the like-for-like kernel comparison. Gparam/s is the figure to
+compare; GB/s says how close each comes to the host's memory bandwidth.
 
 Usage: python3 tools/bench_cpu_adam.py [--binary build/bench/bench_cpu_adamw] [--params 268435456]
                                        [--threads 1,2,4,8,16] [--repeats 5] [--isa best]
@@ -18,13 +19,12 @@ import subprocess
 import sys
 import time
 
-STRATA_BYTES = 30.0  # with a bf16 copy
 TORCH_BYTES = 28.0
 
 
-def run_strata(args):
+def run_strata(args, copy):
     cmd = [args.binary, "--params", str(args.params), "--threads", args.threads, "--repeats", str(args.repeats),
-           "--isa", args.isa, "--copy", "bf16"]
+           "--isa", args.isa, "--copy", copy]
     print("$ " + " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     sys.stdout.write(proc.stdout)
@@ -76,23 +76,26 @@ def main():
     args = ap.parse_args()
     thread_counts = [int(t) for t in args.threads.split(",")]
 
-    strata = run_strata(args)
+    with_copy = run_strata(args, "bf16")
+    no_copy = run_strata(args, "none")
     torch_rows, torch_version = run_torch(args, thread_counts)
 
-    isa = next(iter(strata.values()))["isa"]
+    isa = next(iter(with_copy.values()))["isa"]
     print()
-    print(f"CPU AdamW, {args.params} fp32 parameters, median of {args.repeats} steps; Strata path {isa} with a bf16 "
-          f"copy ({STRATA_BYTES:.0f} B/param), torch {torch_version} AdamW(fused=True) ({TORCH_BYTES:.0f} B/param)")
+    print(f"CPU AdamW, {args.params} fp32 parameters, median of {args.repeats} steps. Strata: path {isa}, with the "
+          f"bf16 parameter copy (30 B/param) and without it (28 B/param); torch {torch_version} "
+          f"AdamW(fused=True) ({TORCH_BYTES:.0f} B/param). Gparam/s (GB/s).")
     print()
-    print("| threads | Strata Gparam/s | Strata GB/s | torch Gparam/s | torch GB/s | Strata / torch |")
+    print("| threads | Strata + bf16 copy | Strata, no copy | torch fused | Strata + copy / torch | "
+          "Strata no copy / torch |")
     print("|---:|---:|---:|---:|---:|---:|")
     for t in thread_counts:
-        s, p = strata.get(t), torch_rows.get(t)
-        if s is None or p is None:
+        s, n, p = with_copy.get(t), no_copy.get(t), torch_rows.get(t)
+        if s is None or n is None or p is None:
             continue
-        print(f"| {t} | {s['gparams']:.2f} | {s['gbs']:.1f} | {p['gparams']:.2f} | {p['gbs']:.1f} | "
-              f"{s['gparams'] / p['gparams']:.2f}x |")
-
+        print(f"| {t} | {s['gparams']:.2f} ({s['gbs']:.0f}) | {n['gparams']:.2f} ({n['gbs']:.0f}) | "
+              f"{p['gparams']:.2f} ({p['gbs']:.0f}) | {s['gparams'] / p['gparams']:.2f}x | "
+              f"{n['gparams'] / p['gparams']:.2f}x |")
 
 if __name__ == "__main__":
     main()
