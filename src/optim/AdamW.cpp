@@ -300,9 +300,20 @@ void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<
   ops::copy(hostGrads, range);
   phases_.gradientsOut += secondsSince(start);
   start = std::chrono::steady_clock::now();
-  // Zeros between the parameters, as the chunk holds.
+  // The kernel writes every parameter's elements; only the gaps between them need their zeros (the chunk
+  // holds zeros there). Zeroing the whole range first would be one more pass over it.
   Tensor hostParams = staged({r.size()}, params.dtype());
-  ops::fill(hostParams, 0.0);
+  int64_t zeroFrom = 0;  // the end of the last slot
+  bool ordered = true;   // the slots come in chunk order (else: zero the whole range)
+  for (size_t i : slotsOf_[c]) {
+    int64_t begin = slots_[i].begin - r.begin;
+    ordered = ordered && begin >= zeroFrom;
+    if (!ordered) break;
+    if (begin > zeroFrom) ops::fill(hostParams.narrow(0, zeroFrom, begin - zeroFrom), 0.0);
+    zeroFrom = slots_[i].end - r.begin;
+  }
+  if (!ordered) zeroFrom = 0;
+  if (zeroFrom < r.size()) ops::fill(hostParams.narrow(0, zeroFrom, r.size() - zeroFrom), 0.0);
   std::vector<ops::AdamWTensors> sets;
   for (size_t i : slotsOf_[c]) {
     const Slot& s = slots_[i];

@@ -180,8 +180,8 @@ Calibration measuredH200() {
   c.gemmShape = "8192^3 (PyTorch)";
   c.hostMemoryBytes = 125ull << 30;
   // No figure for Strata's own kernel yet: PyTorch's fused CPU AdamW, 16 threads (4.44 and 5.47 Gparam/s in
-  // two runs), where a plain `omp simd` loop with a bf16 write measured 2.25; the plain loop is what
-  // ops::adamw is, so plan with it.
+  // two runs), where a plain `omp simd` loop with a bf16 write measured 2.25. That loop was ops::adamw before
+  // the fused AVX-512/AVX2 kernel; plan with it until tools/bench_cpu_adam.py has measured the kernel there.
   c.cpuAdamwElemsPerS = 2.25e9;
   c.cpuThreads = 16;
   c.nvmeWriteGBs = 1.4;

@@ -56,11 +56,12 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
     Storage storage = makeStorage(size_t(padded) * dtypeSize(dtype), device);
     storage->setLabel("chunk " + std::to_string(c));
     Tensor master = masters ? Tensor::empty({padded}, source, device) : Tensor();
-    // The padding that makes equal shards holds zeros (it is gathered, never read as a parameter).
-    if (padded > used) {
-      ops::fill(Tensor::fromStorage(storage, {padded - used}, {1}, used, dtype), 0.0);
-      if (masters) ops::fill(master.narrow(0, used, padded - used), 0.0);
-    }
+    // Zeros wherever no parameter lies: the padding that makes equal shards (gathered, never read as a
+    // parameter) and the alignment gaps between parameters, which checkpoints write with the chunk (and
+    // refuse when non-finite) and the host tier's update rewrites as zeros. Left uninitialised, they held
+    // whatever the allocator's last user wrote there.
+    ops::fill(Tensor::fromStorage(storage, {padded}, {1}, 0, dtype), 0.0);
+    if (masters) ops::fill(master, 0.0);
     for (int64_t k : layout_.chunks[c].slots) {
       const ChunkSlot& slot = layout_.slots[size_t(k)];
       const Tensor& p = tensors[size_t(k)];

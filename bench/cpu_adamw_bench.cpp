@@ -1,0 +1,181 @@
+// CPU AdamW throughput: the CPU kernel of ops::adamw over N fp32 parameters with a 16-bit copy, per path and
+// thread count. Each path is first checked bit for bit against the scalar one on a small set, then timed.
+// Bytes per parameter (the fewest the update must move): 16 read (master, m, v, gradient) and 12 written
+// (master, m, v) plus the copy (2 for bf16/f16, 4 for f32, 0 for none): 30 with bf16.
+// Prints one line per measurement, then a markdown table:
+//   cpu_adamw ISA THREADS PARAMS MEDIAN_MS GPARAM_PER_S GB_PER_S
+// Usage: bench_cpu_adamw [--params N] [--threads 1,2,4,8,16] [--isa best|all|avx512|avx2|scalar]
+//                        [--copy bf16|f16|f32|none] [--repeats R]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "src/ops/cpu/CpuAdamW.h"
+#include "strata/strata.h"
+
+using namespace strata;
+using ops::cpu::CpuIsa;
+
+namespace {
+
+std::vector<int> parseList(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(std::stoi(item));
+  return out;
+}
+
+ops::AdamWHyper hyperAt(int step) {
+  ops::AdamWHyper h;
+  h.lr = 1e-4f;
+  h.beta1 = 0.9f;
+  h.beta2 = 0.95f;
+  h.biasCorrection1 = float(1 - std::pow(0.9, step));
+  h.biasCorrection2 = float(1 - std::pow(0.95, step));
+  return h;
+}
+
+// Parameters in [-0.5, 0.5), gradients in [-0.01, 0.01), moments zero, written by the threads in the
+// kernel's static partition (first touch: on a multi-socket host each thread's pages are local).
+ops::AdamWTensors makeSet(int64_t n, std::optional<DType> copy) {
+  ops::AdamWTensors s{Tensor::empty({n}),
+                      Tensor::empty({n}),
+                      Tensor::empty({n}),
+                      Tensor::empty({n}),
+                      0.1f,
+                      copy ? Tensor::empty({n}, *copy) : Tensor()};
+  float *p = static_cast<float*>(s.param.data()), *g = static_cast<float*>(s.grad.data());
+  float *m = static_cast<float*>(s.m.data()), *v = static_cast<float*>(s.v.data());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t h = uint32_t(i) * 2654435761u;
+    p[i] = float(h >> 8) / float(1 << 24) - 0.5f;
+    g[i] = (float((h * 2246822519u) >> 8) / float(1 << 24) - 0.5f) * 0.02f;
+    m[i] = 0;
+    v[i] = 0;
+  }
+  if (copy) std::memset(s.copy.data(), 0, s.copy.nbytes());
+  return s;
+}
+
+bool sameBits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// Every path against scalar on a few odd-sized sets, three steps.
+bool checkAgainstScalar(CpuIsa isa, std::optional<DType> copy) {
+  auto make = [&] {
+    std::vector<ops::AdamWTensors> sets;
+    for (int64_t n : {3, 1001, 65537}) sets.push_back(makeSet(n, copy));
+    return sets;
+  };
+  auto reference = make(), candidate = make();
+  for (int step = 1; step <= 3; ++step) {
+    ops::cpu::adamwOnPath(CpuIsa::Scalar, reference, hyperAt(step), 0.7f);
+    ops::cpu::adamwOnPath(isa, candidate, hyperAt(step), 0.7f);
+  }
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const auto &r = reference[i], &c = candidate[i];
+    if (!sameBits(r.param, c.param) || !sameBits(r.m, c.m) || !sameBits(r.v, c.v) ||
+        (copy && !sameBits(r.copy, c.copy)))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t params = int64_t(256) << 20;
+  std::vector<int> threadCounts = {1, 2, 4, 8, 16};
+  std::string isaArg = "best", copyArg = "bf16";
+  int repeats = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--params")
+      params = int64_t(std::stod(argv[i + 1]));
+    else if (a == "--threads")
+      threadCounts = parseList(argv[i + 1]);
+    else if (a == "--isa")
+      isaArg = argv[i + 1];
+    else if (a == "--copy")
+      copyArg = argv[i + 1];
+    else if (a == "--repeats")
+      repeats = std::max(1, std::stoi(argv[i + 1]));
+    else {
+      std::fprintf(stderr, "bench_cpu_adamw: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  std::optional<DType> copy;
+  if (copyArg != "none") copy = dtypeFromName(copyArg);
+  double bytesPerParam = 28.0 + (copy ? double(dtypeSize(*copy)) : 0.0);
+
+  std::vector<CpuIsa> paths;
+  for (CpuIsa isa : {CpuIsa::Avx512, CpuIsa::Avx2, CpuIsa::Scalar}) {
+    bool wanted = isaArg == "all" || isaArg == ops::cpu::cpuIsaName(isa) ||
+                  (isaArg == "best" && isa == ops::cpu::activeCpuIsa());
+    if (!wanted) continue;
+    if (!ops::cpu::cpuIsaSupported(isa)) {
+      std::printf("# %s: not supported by this CPU, skipped\n", ops::cpu::cpuIsaName(isa));
+      continue;
+    }
+    if (!checkAgainstScalar(isa, copy)) {
+      std::fprintf(stderr, "bench_cpu_adamw: the %s path differs from the scalar path\n",
+                   ops::cpu::cpuIsaName(isa));
+      return 1;
+    }
+    paths.push_back(isa);
+  }
+  if (paths.empty()) {
+    std::fprintf(stderr, "bench_cpu_adamw: no path to run for --isa %s\n", isaArg.c_str());
+    return 1;
+  }
+  std::printf(
+      "# %lld parameters, copy %s, %.0f bytes per parameter, %d repeats (median), omp max threads %d\n",
+      (long long)params, copyArg.c_str(), bytesPerParam, repeats, omp_get_max_threads());
+  std::fflush(stdout);
+
+  std::vector<ops::AdamWTensors> sets{makeSet(params, copy)};
+  struct Row {
+    CpuIsa isa;
+    int threads;
+    double ms, gparams, gbs;
+  };
+  std::vector<Row> rows;
+  int step = 0;
+  for (CpuIsa isa : paths) {
+    for (int threads : threadCounts) {
+      omp_set_num_threads(threads);
+      ops::cpu::adamwOnPath(isa, sets, hyperAt(++step), 1.0f);  // warm-up: threads started and pinned
+      std::vector<double> ms;
+      for (int r = 0; r < repeats; ++r) {
+        auto start = std::chrono::steady_clock::now();
+        ops::cpu::adamwOnPath(isa, sets, hyperAt(++step), 1.0f);
+        ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
+      std::sort(ms.begin(), ms.end());
+      double median = ms[ms.size() / 2];
+      Row row{isa, threads, median, double(params) / (median * 1e-3) / 1e9,
+              double(params) * bytesPerParam / (median * 1e-3) / 1e9};
+      rows.push_back(row);
+      std::printf("cpu_adamw %s %d %lld %.3f %.3f %.1f\n", ops::cpu::cpuIsaName(isa), threads,
+                  (long long)params, row.ms, row.gparams, row.gbs);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\n| path | threads | ms/step | Gparam/s | GB/s |\n|---|---:|---:|---:|---:|\n");
+  for (const Row& r : rows)
+    std::printf("| %s | %d | %.2f | %.3f | %.1f |\n", ops::cpu::cpuIsaName(r.isa), r.threads, r.ms, r.gparams,
+                r.gbs);
+  return 0;
+}

@@ -1,0 +1,433 @@
+// CPU AdamW: one fused pass over every tensor set. Each element reads the fp32 master, m, v and the gradient
+// and writes the master, m, v and the parameter's copy (bf16, f16 or f32) in the same loop iteration, so the
+// state streams through memory once: 16 bytes read and 12 + 2 written per parameter with a 16-bit copy.
+// The 16-bit copy is written with non-temporal stores: nothing reads it back on the CPU soon (it is copied to
+// the device), and a plain store would first read each of its lines from memory (2 more bytes per parameter).
+//
+// Paths: AVX-512, AVX2 and scalar, chosen at run time (NOTE [CPU AdamW paths] in CpuAdamW.h). The vector
+// paths are functions with a target attribute, so the library builds for baseline x86-64 and only calls
+// them after the CPU says it has the instructions.
+//
+// Threads: the sets are one index space (set after set); thread t of T takes the t-th of T equal ranges,
+// cut at multiples of 64 elements, the same ranges every step, and walks it set by set: a contiguous stream
+// per thread, no per-step allocation, no scheduling.
+#include "CpuAdamW.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define STRATA_CPU_X86 1
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*, which -Wmaybe-uninitialized reports inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#else
+#define STRATA_CPU_X86 0  // other architectures take the scalar path, which their compilers may vectorise
+#endif
+#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "CpuKernels.h"
+
+namespace strata::ops::cpu {
+namespace {
+
+enum class CopyKind { None, F32, BF16, F16 };
+
+// One set as raw pointers (offsets applied) and its decay factor.
+struct AdamSpan {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  void* copy;
+  CopyKind kind;
+  float decay;  // 1 - lr * weight decay
+};
+
+// The step's constants, shared by every set.
+struct AdamConsts {
+  // -lr rather than a negation of the step: x86 negates a NaN's sign but fmsub keeps it, so a path that
+  // negated would differ from one that used fmsub when the step is NaN.
+  float scale, negLr, beta1, oneMinusBeta1, beta2, oneMinusBeta2, eps, c1,
+      c2;  // c1, c2: 1 / bias corrections
+};
+
+// ---- scalar: the reference order of operations, and the vector paths' tails
+
+void scalarRange(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    float g = s.grad[i] * k.scale;
+    float m = std::fma(k.beta1, s.m[i], k.oneMinusBeta1 * g);
+    float v = std::fma(k.beta2, s.v[i], (k.oneMinusBeta2 * g) * g);
+    float update = (k.negLr * (m * k.c1)) / (std::sqrt(v * k.c2) + k.eps);
+    float p = std::fma(s.param[i], s.decay, update);
+    s.m[i] = m;
+    s.v[i] = v;
+    s.param[i] = p;
+    switch (s.kind) {
+      case CopyKind::F32:
+        static_cast<float*>(s.copy)[i] = p;
+        break;
+      case CopyKind::BF16:
+        static_cast<uint16_t*>(s.copy)[i] = BFloat16::fromFloat(p);
+        break;
+      case CopyKind::F16:
+        static_cast<uint16_t*>(s.copy)[i] = Half::fromFloat(p);
+        break;
+      case CopyKind::None:
+        break;
+    }
+  }
+}
+
+#if STRATA_CPU_X86
+
+// ---- AVX-512 (avx512f for the arithmetic; bw and vl come with every AVX-512 server CPU since Skylake-SP)
+
+#define STRATA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define STRATA_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// BFloat16::fromFloat on 16 lanes: round to nearest even on the bits, quiet NaNs as (bits >> 16) | 0x40.
+STRATA_AVX512 inline __m256i bf16Of(__m512 p) {
+  __m512i u = _mm512_castps_si512(p);
+  __m512i high = _mm512_srli_epi32(u, 16);
+  __m512i rounding =
+      _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(high, _mm512_set1_epi32(1)));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, rounding), 16);
+  __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+  __mmask16 nan = _mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+
+// Half::fromFloat on 16 lanes: the hardware conversion rounds to nearest even as Half does (overflow to inf,
+// subnormals included); a NaN becomes sign | 0x7e00, which is what converting the canonical quiet NaN with
+// the same sign gives.
+STRATA_AVX512 inline __m256i halfOf(__m512 p) {
+  __m512i sign = _mm512_and_si512(_mm512_castps_si512(p), _mm512_set1_epi32(int(0x80000000u)));
+  __m512 quiet = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_set1_epi32(0x7fc00000)));
+  __mmask16 nan = _mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q);
+  return _mm512_cvtps_ph(_mm512_mask_blend_ps(nan, p, quiet), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+template <CopyKind kKind>
+STRATA_AVX512 void avx512Range(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
+  const __m512 scale = _mm512_set1_ps(k.scale), negLr = _mm512_set1_ps(k.negLr), eps = _mm512_set1_ps(k.eps);
+  const __m512 beta1 = _mm512_set1_ps(k.beta1), oneMinusBeta1 = _mm512_set1_ps(k.oneMinusBeta1);
+  const __m512 beta2 = _mm512_set1_ps(k.beta2), oneMinusBeta2 = _mm512_set1_ps(k.oneMinusBeta2);
+  const __m512 c1 = _mm512_set1_ps(k.c1), c2 = _mm512_set1_ps(k.c2), decay = _mm512_set1_ps(s.decay);
+  // Locals: the stores below could otherwise alias `s` and make the compiler reload every pointer.
+  float *param = s.param, *firstMoment = s.m, *secondMoment = s.v;
+  const float* grad = s.grad;
+  void* copy = s.copy;
+  int64_t i = begin;
+  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) {
+    // Up to 15 elements in scalar code so that the copy's vector stores below are 32-byte aligned.
+    auto address = reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(copy) + begin);
+    i = std::min(end, begin + int64_t(((32 - address % 32) % 32) / 2));
+    scalarRange(s, k, begin, i);
+  }
+  for (; i + 16 <= end; i += 16) {
+    __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), scale);
+    __m512 m = _mm512_fmadd_ps(beta1, _mm512_loadu_ps(firstMoment + i), _mm512_mul_ps(oneMinusBeta1, g));
+    __m512 v = _mm512_fmadd_ps(beta2, _mm512_loadu_ps(secondMoment + i),
+                               _mm512_mul_ps(_mm512_mul_ps(oneMinusBeta2, g), g));
+    __m512 update = _mm512_div_ps(_mm512_mul_ps(negLr, _mm512_mul_ps(m, c1)),
+                                  _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(v, c2)), eps));
+    __m512 p = _mm512_fmadd_ps(_mm512_loadu_ps(param + i), decay, update);
+    _mm512_storeu_ps(firstMoment + i, m);
+    _mm512_storeu_ps(secondMoment + i, v);
+    _mm512_storeu_ps(param + i, p);
+    if constexpr (kKind == CopyKind::F32) _mm512_storeu_ps(static_cast<float*>(copy) + i, p);
+    if constexpr (kKind == CopyKind::BF16)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(copy) + i), bf16Of(p));
+    if constexpr (kKind == CopyKind::F16)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(copy) + i), halfOf(p));
+  }
+  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) _mm_sfence();
+  scalarRange(s, k, i, end);
+}
+
+// ---- AVX2
+
+STRATA_AVX2 inline __m128i bf16Of(__m256 p) {
+  __m256i u = _mm256_castps_si256(p);
+  __m256i high = _mm256_srli_epi32(u, 16);
+  __m256i rounding =
+      _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(high, _mm256_set1_epi32(1)));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, rounding), 16);
+  __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+  __m256 nan = _mm256_cmp_ps(p, p, _CMP_UNORD_Q);
+  __m256i bits =
+      _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan));
+  // Every lane is below 2^16, so the saturating pack keeps it.
+  return _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+}
+
+STRATA_AVX2 inline __m128i halfOf(__m256 p) {
+  __m256i sign = _mm256_and_si256(_mm256_castps_si256(p), _mm256_set1_epi32(int(0x80000000u)));
+  __m256 quiet = _mm256_castsi256_ps(_mm256_or_si256(sign, _mm256_set1_epi32(0x7fc00000)));
+  __m256 nan = _mm256_cmp_ps(p, p, _CMP_UNORD_Q);
+  return _mm256_cvtps_ph(_mm256_blendv_ps(p, quiet, nan), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+template <CopyKind kKind>
+STRATA_AVX2 void avx2Range(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
+  const __m256 scale = _mm256_set1_ps(k.scale), negLr = _mm256_set1_ps(k.negLr), eps = _mm256_set1_ps(k.eps);
+  const __m256 beta1 = _mm256_set1_ps(k.beta1), oneMinusBeta1 = _mm256_set1_ps(k.oneMinusBeta1);
+  const __m256 beta2 = _mm256_set1_ps(k.beta2), oneMinusBeta2 = _mm256_set1_ps(k.oneMinusBeta2);
+  const __m256 c1 = _mm256_set1_ps(k.c1), c2 = _mm256_set1_ps(k.c2), decay = _mm256_set1_ps(s.decay);
+  float *param = s.param, *firstMoment = s.m, *secondMoment = s.v;
+  const float* grad = s.grad;
+  void* copy = s.copy;
+  int64_t i = begin;
+  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) {
+    // Up to 7 elements in scalar code so that the copy's vector stores below are 16-byte aligned.
+    auto address = reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(copy) + begin);
+    i = std::min(end, begin + int64_t(((16 - address % 16) % 16) / 2));
+    scalarRange(s, k, begin, i);
+  }
+  for (; i + 8 <= end; i += 8) {
+    __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + i), scale);
+    __m256 m = _mm256_fmadd_ps(beta1, _mm256_loadu_ps(firstMoment + i), _mm256_mul_ps(oneMinusBeta1, g));
+    __m256 v = _mm256_fmadd_ps(beta2, _mm256_loadu_ps(secondMoment + i),
+                               _mm256_mul_ps(_mm256_mul_ps(oneMinusBeta2, g), g));
+    __m256 update = _mm256_div_ps(_mm256_mul_ps(negLr, _mm256_mul_ps(m, c1)),
+                                  _mm256_add_ps(_mm256_sqrt_ps(_mm256_mul_ps(v, c2)), eps));
+    __m256 p = _mm256_fmadd_ps(_mm256_loadu_ps(param + i), decay, update);
+    _mm256_storeu_ps(firstMoment + i, m);
+    _mm256_storeu_ps(secondMoment + i, v);
+    _mm256_storeu_ps(param + i, p);
+    if constexpr (kKind == CopyKind::F32) _mm256_storeu_ps(static_cast<float*>(copy) + i, p);
+    if constexpr (kKind == CopyKind::BF16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(copy) + i), bf16Of(p));
+    if constexpr (kKind == CopyKind::F16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(copy) + i), halfOf(p));
+  }
+  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) _mm_sfence();
+  scalarRange(s, k, i, end);
+}
+
+#endif  // STRATA_CPU_X86
+
+using RangeFn = void (*)(const AdamSpan&, const AdamConsts&, int64_t, int64_t);
+
+template <CopyKind kKind>
+RangeFn pathFor(CpuIsa isa) {
+#if STRATA_CPU_X86
+  if (isa == CpuIsa::Avx512) return &avx512Range<kKind>;
+  if (isa == CpuIsa::Avx2) return &avx2Range<kKind>;
+#endif
+  return &scalarRange;
+}
+
+RangeFn rangeFn(CpuIsa isa, CopyKind kind) {
+  switch (kind) {
+    case CopyKind::F32:
+      return pathFor<CopyKind::F32>(isa);
+    case CopyKind::BF16:
+      return pathFor<CopyKind::BF16>(isa);
+    case CopyKind::F16:
+      return pathFor<CopyKind::F16>(isa);
+    case CopyKind::None:
+      break;
+  }
+  return pathFor<CopyKind::None>(isa);
+}
+
+AdamSpan spanOf(const AdamWTensors& s, const AdamWHyper& h) {
+  CopyKind kind = !s.copy.defined()               ? CopyKind::None
+                  : s.copy.dtype() == DType::BF16 ? CopyKind::BF16
+                  : s.copy.dtype() == DType::F16  ? CopyKind::F16
+                                                  : CopyKind::F32;
+  return AdamSpan{static_cast<float*>(s.param.data()),
+                  static_cast<const float*>(s.grad.data()),
+                  static_cast<float*>(s.m.data()),
+                  static_cast<float*>(s.v.data()),
+                  s.copy.defined() ? s.copy.data() : nullptr,
+                  kind,
+                  1.0f - h.lr * s.weightDecay};
+}
+
+// Updates elements [begin, end) of the sets' joint index space.
+void updateRange(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const AdamConsts& k,
+                 int64_t begin, int64_t end) {
+  int64_t offset = 0;
+  for (const auto& s : sets) {
+    int64_t n = s.param.numel(), lo = std::max(begin, offset), hi = std::min(end, offset + n);
+    if (lo < hi) {
+      AdamSpan span = spanOf(s, h);
+      rangeFn(isa, span.kind)(span, k, lo - offset, hi - offset);
+    }
+    offset += n;
+    if (offset >= end) break;
+  }
+}
+
+// ---- thread placement
+
+// NOTE [CPU AdamW thread pinning]
+// The update is bound by memory bandwidth, and a thread that the scheduler moves mid-step loses its
+// prefetch streams and, on a multi-socket host, its local memory. So the kernel pins OpenMP's worker threads
+// itself, one per physical core first (then second hyperthreads), within the CPUs the process may use: the
+// placement OMP_PROC_BIND=close with OMP_PLACES=cores would give. Explicit affinity rather than a proc_bind
+// clause because libgomp ignores proc_bind without OMP_PLACES in the environment, which the trainer does not
+// control. It stands aside when:
+//  - OMP_PROC_BIND / OMP_PLACES bind the threads already (the user's placement wins);
+//  - STRATA_CPU_PIN=0;
+//  - the threads of all ranks on this node (OMPI/MPICH/torchrun local size) outnumber the usable CPUs:
+//    pinning then stacks threads onto the same CPUs, which is worse than letting the scheduler spread them.
+// Ranks on one node take disjoint slices (local rank x threads onward). The calling thread (thread 0) is
+// never pinned: it is the trainer's thread, which drives streams and I/O between optimizer steps.
+struct CpuPlaces {
+  std::vector<int> cpus;  // usable CPUs, one per physical core first
+  int localRank = 0, localSize = 1;
+  bool enabled = false;
+};
+
+int envInt(const char* name, int fallback) {
+  const char* text = std::getenv(name);
+  return text != nullptr && *text != 0 ? std::atoi(text) : fallback;
+}
+
+const CpuPlaces& cpuPlaces() {
+  static const CpuPlaces places = [] {
+    CpuPlaces p;
+    const char* pin = std::getenv("STRATA_CPU_PIN");
+    if ((pin != nullptr && std::strcmp(pin, "0") == 0) || omp_get_proc_bind() != omp_proc_bind_false)
+      return p;
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return p;
+    std::set<std::pair<std::string, std::string>> cores;  // (package, core) pairs seen
+    std::vector<int> siblings;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &mask)) continue;
+      std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+      std::string package, core;
+      std::ifstream(base + "physical_package_id") >> package;
+      std::ifstream(base + "core_id") >> core;
+      if (package.empty() || core.empty() || cores.emplace(package, core).second)
+        p.cpus.push_back(cpu);
+      else
+        siblings.push_back(cpu);
+    }
+    p.cpus.insert(p.cpus.end(), siblings.begin(), siblings.end());
+    p.localRank = envInt("OMPI_COMM_WORLD_LOCAL_RANK", envInt("MPI_LOCALRANKID", envInt("LOCAL_RANK", 0)));
+    p.localSize =
+        envInt("OMPI_COMM_WORLD_LOCAL_SIZE", envInt("MPI_LOCALNRANKS", envInt("LOCAL_WORLD_SIZE", 1)));
+    p.localSize = std::max(1, p.localSize);
+    p.localRank = std::clamp(p.localRank, 0, p.localSize - 1);
+    p.enabled = !p.cpus.empty();
+    return p;
+  }();
+  return places;
+}
+
+void pinWorker(int thread, int threads) {
+  const CpuPlaces& places = cpuPlaces();
+  if (thread == 0 || !places.enabled || int64_t(threads) * places.localSize > int64_t(places.cpus.size()))
+    return;
+  int cpu = places.cpus[size_t(places.localRank * threads + thread)];
+  thread_local int pinnedTo = -1;
+  if (pinnedTo == cpu) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0) pinnedTo = cpu;
+}
+
+CpuIsa resolveIsa() {
+  CpuIsa best = cpuIsaSupported(CpuIsa::Avx512) ? CpuIsa::Avx512
+                : cpuIsaSupported(CpuIsa::Avx2) ? CpuIsa::Avx2
+                                                : CpuIsa::Scalar;
+  const char* forced = std::getenv("STRATA_CPU_ISA");
+  if (forced == nullptr || *forced == 0) {
+    spdlog::info("CPU AdamW: {} path (the best this CPU runs; STRATA_CPU_ISA=avx512|avx2|scalar chooses)",
+                 cpuIsaName(best));
+    return best;
+  }
+  std::string name = forced;
+  CpuIsa isa = name == "avx512" ? CpuIsa::Avx512 : name == "avx2" ? CpuIsa::Avx2 : CpuIsa::Scalar;
+  STRATA_USER_CHECK(name == "avx512" || name == "avx2" || name == "scalar",
+                    "STRATA_CPU_ISA={}: expected avx512, avx2 or scalar", name);
+  STRATA_USER_CHECK(cpuIsaSupported(isa), "STRATA_CPU_ISA={}: this CPU does not run the {} path (best: {})",
+                    name, name, cpuIsaName(best));
+  spdlog::info("CPU AdamW: {} path (STRATA_CPU_ISA)", cpuIsaName(isa));
+  return isa;
+}
+
+}  // namespace
+
+const char* cpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Avx512:
+      return "avx512";
+    case CpuIsa::Avx2:
+      return "avx2";
+    case CpuIsa::Scalar:
+      return "scalar";
+  }
+  return "?";
+}
+
+bool cpuIsaSupported(CpuIsa isa) {
+  if (isa == CpuIsa::Scalar) return true;
+#if STRATA_CPU_X86
+  // __builtin_cpu_supports also checks that the OS saves the registers (XCR0).
+  if (isa == CpuIsa::Avx512)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  if (isa == CpuIsa::Avx2)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#endif
+  return false;
+}
+
+CpuIsa activeCpuIsa() {
+  static const CpuIsa isa = resolveIsa();
+  return isa;
+}
+
+void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWHyper& h, float gradScale) {
+  STRATA_CHECK(cpuIsaSupported(isa), "adamw: this CPU does not run the {} path", cpuIsaName(isa));
+  AdamConsts k{.scale = gradScale,
+               .negLr = -h.lr,
+               .beta1 = h.beta1,
+               .oneMinusBeta1 = 1.0f - h.beta1,
+               .beta2 = h.beta2,
+               .oneMinusBeta2 = 1.0f - h.beta2,
+               .eps = h.eps,
+               .c1 = 1.0f / h.biasCorrection1,
+               .c2 = 1.0f / h.biasCorrection2};
+  int64_t total = 0;
+  for (const auto& s : sets) total += s.param.numel();
+  int threads = int(std::clamp<int64_t>(total / kParallelGrain, 1, omp_get_max_threads()));
+  if (threads == 1 || omp_in_parallel()) {
+    updateRange(isa, sets, h, k, 0, total);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num(), count = omp_get_num_threads();
+    pinWorker(t, count);
+    // Cuts at multiples of 64 elements: where a set's streams start on a cache line (chunk flats do), no
+    // two threads write into one line.
+    auto cut = [&](int i) { return i == count ? total : (total * i / count) & ~int64_t(63); };
+    updateRange(isa, sets, h, k, cut(t), cut(t + 1));
+  }
+}
+
+}  // namespace strata::ops::cpu
+
+#if STRATA_CPU_X86
+#pragma GCC diagnostic pop
+#endif

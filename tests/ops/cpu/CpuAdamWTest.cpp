@@ -1,0 +1,237 @@
+// The CPU AdamW kernel's AVX-512, AVX2 and scalar paths agree bit for bit (NOTE [CPU AdamW paths]).
+#include <cstring>
+#include <optional>
+
+#include "TestUtil.h"
+#include "src/ops/cpu/CpuAdamW.h"
+
+using namespace strata;
+using ops::cpu::CpuIsa;
+
+namespace {
+
+// The raw bytes of a contiguous CPU tensor: NaNs compare by their bits too.
+std::vector<uint8_t> bytesOf(const Tensor& t) {
+  std::vector<uint8_t> out(t.nbytes());
+  std::memcpy(out.data(), t.data(), out.size());
+  return out;
+}
+
+// The first index where two byte strings differ, or -1 (a REQUIRE on the vectors would print them whole).
+int64_t firstDifference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return int64_t(i);
+  return -1;
+}
+
+// The paths this CPU runs besides scalar; WARNs for the ones it cannot.
+std::vector<CpuIsa> vectorPaths() {
+  std::vector<CpuIsa> paths;
+  for (CpuIsa isa : {CpuIsa::Avx2, CpuIsa::Avx512}) {
+    if (ops::cpu::cpuIsaSupported(isa))
+      paths.push_back(isa);
+    else
+      WARN("this CPU lacks the " << ops::cpu::cpuIsaName(isa) << " path: skipped");
+  }
+  return paths;
+}
+
+// Sets of odd sizes (vector tails), some starting mid-buffer (unaligned loads, and copies that need the
+// vector paths' alignment peel), over the kernel's parallel threshold in total so that the thread ranges
+// cut through sets.
+std::vector<ops::AdamWTensors> makeSets(uint64_t seed, std::optional<DType> copyDType, float weightDecay) {
+  Generator gen(seed);
+  std::vector<ops::AdamWTensors> sets;
+  int index = 0;
+  for (int64_t n : {1, 7, 15, 17, 33, 1000, 4099, 70001}) {
+    int64_t skip = index++ % 3;  // 0, 1 or 2 elements in
+    auto make = [&](double lo, double hi) {
+      return ops::rand({n + skip}, gen, DType::F32, Device::cpu(), lo, hi).narrow(0, skip, n);
+    };
+    ops::AdamWTensors s;
+    s.param = make(-1, 1);
+    s.grad = ops::randn({n}, gen, DType::F32, Device::cpu());
+    s.m = make(-0.1, 0.1);
+    s.v = make(0, 0.01);
+    s.weightDecay = weightDecay;
+    if (copyDType) s.copy = Tensor::empty({n + skip}, *copyDType).narrow(0, skip, n);
+    sets.push_back(s);
+  }
+  return sets;
+}
+
+std::vector<ops::AdamWTensors> cloneSets(const std::vector<ops::AdamWTensors>& sets) {
+  std::vector<ops::AdamWTensors> out;
+  for (const auto& s : sets)
+    out.push_back(ops::AdamWTensors{s.param.clone(), s.grad.clone(), s.m.clone(), s.v.clone(), s.weightDecay,
+                                    s.copy.defined()
+                                        ? Tensor::empty({s.copy.offset() + s.copy.numel()}, s.copy.dtype())
+                                              .narrow(0, s.copy.offset(), s.copy.numel())
+                                        : Tensor()});
+  return out;
+}
+
+void requireSameBits(const std::vector<ops::AdamWTensors>& a, const std::vector<ops::AdamWTensors>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("set " << i << " of " << a[i].param.numel() << " elements");
+    REQUIRE(firstDifference(bytesOf(a[i].param), bytesOf(b[i].param)) == -1);
+    REQUIRE(firstDifference(bytesOf(a[i].m), bytesOf(b[i].m)) == -1);
+    REQUIRE(firstDifference(bytesOf(a[i].v), bytesOf(b[i].v)) == -1);
+    if (a[i].copy.defined()) REQUIRE(firstDifference(bytesOf(a[i].copy), bytesOf(b[i].copy)) == -1);
+  }
+}
+
+ops::AdamWHyper hyperAt(int step) {
+  ops::AdamWHyper h;
+  h.lr = 3e-3f;
+  h.beta1 = 0.9f;
+  h.beta2 = 0.95f;
+  h.eps = 1e-8f;
+  h.biasCorrection1 = float(1 - std::pow(0.9, step));
+  h.biasCorrection2 = float(1 - std::pow(0.95, step));
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("CPU AdamW: the AVX-512, AVX2 and scalar paths agree bit for bit", "[optim][adamw][cpu]") {
+  REQUIRE(ops::cpu::cpuIsaSupported(CpuIsa::Scalar));
+  auto paths = vectorPaths();
+  for (std::optional<DType> copy : {std::optional<DType>(), std::optional(DType::F32),
+                                    std::optional(DType::BF16), std::optional(DType::F16)}) {
+    for (float weightDecay : {0.0f, 0.1f}) {
+      for (float scale : {1.0f, 0.37f}) {
+        INFO("copy " << (copy ? dtypeName(*copy) : "none") << ", weight decay " << weightDecay
+                     << ", gradient scale " << scale);
+        auto reference = makeSets(21, copy, weightDecay);
+        std::vector<std::vector<ops::AdamWTensors>> runs;
+        for (size_t p = 0; p < paths.size(); ++p) runs.push_back(cloneSets(reference));
+        auto before = bytesOf(reference.back().param);
+        for (int step = 1; step <= 3; ++step) {
+          ops::cpu::adamwOnPath(CpuIsa::Scalar, reference, hyperAt(step), scale);
+          for (size_t p = 0; p < paths.size(); ++p)
+            ops::cpu::adamwOnPath(paths[p], runs[p], hyperAt(step), scale);
+        }
+        REQUIRE(firstDifference(bytesOf(reference.back().param), before) != -1);  // the update did something
+        for (size_t p = 0; p < paths.size(); ++p) {
+          INFO("path " << ops::cpu::cpuIsaName(paths[p]));
+          requireSameBits(runs[p], reference);
+        }
+        // The copy is the new master rounded once, as a cast rounds it.
+        if (copy)
+          for (const auto& s : reference)
+            REQUIRE(firstDifference(bytesOf(s.copy), bytesOf(s.param.to(*copy))) == -1);
+      }
+    }
+  }
+}
+
+TEST_CASE("CPU AdamW: one step matches the formula in double precision", "[optim][adamw][cpu]") {
+  for (CpuIsa isa : {CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512}) {
+    if (!ops::cpu::cpuIsaSupported(isa)) {
+      WARN("this CPU lacks the " << ops::cpu::cpuIsaName(isa) << " path: skipped");
+      continue;
+    }
+    INFO("path " << ops::cpu::cpuIsaName(isa));
+    auto sets = makeSets(5, DType::BF16, 0.1f);
+    auto start = cloneSets(sets);
+    ops::AdamWHyper h = hyperAt(2);
+    ops::cpu::adamwOnPath(isa, sets, h, 0.5f);
+    for (size_t i = 0; i < sets.size(); ++i) {
+      auto p0 = start[i].param.toVector<double>(), g = start[i].grad.toVector<double>();
+      auto m0 = start[i].m.toVector<double>(), v0 = start[i].v.toVector<double>();
+      std::vector<double> p(p0.size());
+      for (size_t j = 0; j < p.size(); ++j) {
+        double gj = 0.5 * g[j], m = 0.9 * m0[j] + 0.1 * gj, v = 0.95 * v0[j] + 0.05 * gj * gj;
+        p[j] = p0[j] * (1 - 3e-3 * 0.1) -
+               3e-3 * (m / h.biasCorrection1) / (std::sqrt(v / h.biasCorrection2) + 1e-8);
+      }
+      REQUIRE(test::closeness(sets[i].param.toVector<double>(), p, 1e-6, 1e-5) <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("CPU AdamW: the 16-bit copies round special values as BFloat16 and Half do",
+          "[optim][adamw][cpu]") {
+  // lr 0 leaves every master as it was (fma(p, 1, -0) = p; NaNs come out quiet), so the copy is the
+  // conversion of arbitrary float bit patterns: NaNs with payloads and either sign, infinities, subnormals,
+  // values at the fp16 overflow edge and halfway cases of both formats.
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u,
+                                0x7f800001u, 0xff812345u, 0x7fbfffffu, 0x00000001u, 0x807fffffu, 0x477fe000u,
+                                0x477ff000u, 0x477fefffu, 0x47800000u, 0xc77ff000u, 0x33800000u, 0x33000000u,
+                                0x33000001u, 0x387fc000u, 0x38800000u, 0x3f808000u, 0x3f818000u, 0x3f808001u,
+                                0x7f7fffffu, 0xff7f8000u, 0x3f801000u, 0x3f803000u, 0x40490fdbu};
+  Generator gen(3);
+  std::vector<float> values;
+  for (uint32_t b : bits) values.push_back(bitsFloat(b));
+  auto randomBits = ops::rand({4096}, gen, DType::F32, Device::cpu(), 0, 1).toVector<float>();
+  for (float r : randomBits) values.push_back(bitsFloat(uint32_t(double(r) * 4294967295.0)));
+  int64_t n = int64_t(values.size());
+  for (DType copy : {DType::BF16, DType::F16}) {
+    INFO("copy " << dtypeName(copy));
+    std::vector<std::vector<uint8_t>> results;
+    for (CpuIsa isa : {CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512}) {
+      if (!ops::cpu::cpuIsaSupported(isa)) {
+        WARN("this CPU lacks the " << ops::cpu::cpuIsaName(isa) << " path: skipped");
+        continue;
+      }
+      INFO("path " << ops::cpu::cpuIsaName(isa));
+      ops::AdamWTensors s{Tensor::fromVector<float>(values, {n}),
+                          ops::full({n}, 1.0, DType::F32, Device::cpu()),
+                          ops::zeros({n}),
+                          ops::zeros({n}),
+                          0.0f,
+                          Tensor::empty({n}, copy)};
+      ops::AdamWHyper h;  // lr 0
+      ops::cpu::adamwOnPath(isa, {s}, h, 1.0f);
+      const float* p = static_cast<const float*>(s.param.data());
+      const uint16_t* c = static_cast<const uint16_t*>(s.copy.data());
+      for (int64_t i = 0; i < n; ++i) {
+        INFO("element " << i << ", bits 0x" << std::hex << floatBits(values[size_t(i)]));
+        if (!std::isnan(values[size_t(i)])) REQUIRE(floatBits(p[i]) == floatBits(values[size_t(i)]));
+        REQUIRE(c[i] == (copy == DType::BF16 ? BFloat16::fromFloat(p[i]) : Half::fromFloat(p[i])));
+      }
+      results.push_back(bytesOf(s.copy));
+    }
+    for (size_t r = 1; r < results.size(); ++r) REQUIRE(firstDifference(results[r], results[0]) == -1);
+  }
+}
+
+TEST_CASE("CPU AdamW: a NaN or infinite gradient spreads alike on every path", "[optim][adamw][cpu]") {
+  std::vector<std::vector<uint8_t>> results;
+  for (CpuIsa isa : {CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512}) {
+    if (!ops::cpu::cpuIsaSupported(isa)) continue;
+    auto sets = makeSets(9, DType::BF16, 0.1f);
+    float* g = static_cast<float*>(sets.back().grad.data());
+    g[3] = NAN;
+    g[40] = INFINITY;
+    g[41] = -INFINITY;
+    g[42] = 1e30f;  // g^2 overflows
+    ops::cpu::adamwOnPath(isa, sets, hyperAt(1), 1.0f);
+    const float* p = static_cast<const float*>(sets.back().param.data());
+    REQUIRE(std::isnan(p[3]));
+    REQUIRE(std::isnan(p[40]));  // inf / inf
+    std::vector<uint8_t> all;
+    for (const auto& s : sets)
+      for (const Tensor* t : {&s.param, &s.m, &s.v, &s.copy}) {
+        auto b = bytesOf(*t);
+        all.insert(all.end(), b.begin(), b.end());
+      }
+    results.push_back(all);
+  }
+  for (size_t r = 1; r < results.size(); ++r) REQUIRE(firstDifference(results[r], results[0]) == -1);
+}
+
+TEST_CASE("CPU AdamW: the path names and the active path", "[optim][adamw][cpu]") {
+  REQUIRE(std::string(ops::cpu::cpuIsaName(CpuIsa::Avx512)) == "avx512");
+  REQUIRE(std::string(ops::cpu::cpuIsaName(CpuIsa::Avx2)) == "avx2");
+  REQUIRE(std::string(ops::cpu::cpuIsaName(CpuIsa::Scalar)) == "scalar");
+  CpuIsa active = ops::cpu::activeCpuIsa();
+  REQUIRE(ops::cpu::cpuIsaSupported(active));
+  if (std::getenv("STRATA_CPU_ISA") == nullptr && ops::cpu::cpuIsaSupported(CpuIsa::Avx512))
+    REQUIRE(active == CpuIsa::Avx512);
+  if (!ops::cpu::cpuIsaSupported(CpuIsa::Avx512))
+    REQUIRE_THROWS_AS(ops::cpu::adamwOnPath(CpuIsa::Avx512, {}, ops::AdamWHyper{}, 1.0f), Error);
+}
