@@ -40,25 +40,34 @@ Device Device::parse(const std::string& text) {
   STRATA_USER_FAIL("unknown device '{}' (expected cpu, cuda or cuda:N)", text);
 }
 
+std::vector<int> cpusByPhysicalCore(int* physicalCores) {
+  std::vector<int> cpus, siblings;
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return cpus;
+  std::set<std::pair<std::string, std::string>> seen;  // (package, core) pairs
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &mask)) continue;
+    std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    std::string package, core;
+    std::ifstream(base + "physical_package_id") >> package;
+    std::ifstream(base + "core_id") >> core;
+    // No topology (some containers): the CPU counts as a core.
+    if (package.empty() || core.empty() || seen.emplace(package, core).second)
+      cpus.push_back(cpu);
+    else
+      siblings.push_back(cpu);
+  }
+  if (physicalCores != nullptr) *physicalCores = int(cpus.size());
+  cpus.insert(cpus.end(), siblings.begin(), siblings.end());
+  return cpus;
+}
+
 int physicalCpuCores() {
   static const int cores = [] {
-    cpu_set_t mask;
-    CPU_ZERO(&mask);
-    if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return 1;
-    std::set<std::pair<std::string, std::string>> seen;  // (package, core) pairs
-    int unknown = 0;
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (!CPU_ISSET(cpu, &mask)) continue;
-      std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
-      std::string package, core;
-      std::ifstream(base + "physical_package_id") >> package;
-      std::ifstream(base + "core_id") >> core;
-      if (package.empty() || core.empty())
-        ++unknown;  // no topology (some containers): count the CPU as a core
-      else
-        seen.emplace(package, core);
-    }
-    return std::max(1, int(seen.size()) + unknown);
+    int n = 0;
+    cpusByPhysicalCore(&n);
+    return std::max(1, n);
   }();
   return cores;
 }

@@ -43,9 +43,15 @@ ModelStateInputs modelStateInputs(const Config& c, int ranks, DType compute) {
   in.largestChunkElems = largest;
   if (in.stage == 3) {
     // The chunk arena's slots (zero/ChunkArena.h), or without it the chunk in use and those prefetched.
-    uint64_t slots = c.store.arena ? zero::chunkArenaSlots(in.layout.chunks.size(), c.zero.prefetchDepth)
-                                   : uint64_t(1 + std::max<int64_t>(0, c.zero.prefetchDepth));
-    in.gatherBytes = slots * uint64_t(largest) * elemBytes;
+    if (c.store.arena) {
+      std::vector<int64_t> used;
+      for (const zero::ChunkInfo& chunk : in.layout.chunks) used.push_back(chunk.used);
+      in.gatherBytes = zero::planChunkArena(used, in.paddedElems, in.layout.chunkElems, c.zero.prefetchDepth)
+                           .bytes(elemBytes);
+    } else {
+      in.gatherBytes =
+          uint64_t(1 + std::max<int64_t>(0, c.zero.prefetchDepth)) * uint64_t(largest) * elemBytes;
+    }
   }
   return in;
 }

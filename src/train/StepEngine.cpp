@@ -135,13 +135,22 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
     if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
     arenaSlot_.assign(chunks_->numChunks(), -1);
     if (c.store.arena) {
-      // NOTE [Chunk arena] in zero/ChunkArena.h: one reservation, slots the size of the largest chunk.
-      int64_t largest = 0;
-      for (size_t i = 0; i < chunks_->numChunks(); ++i) largest = std::max(largest, chunks_->paddedElems(i));
-      arena_ = std::make_unique<zero::ChunkArena>(
-          deviceAllocator(device_), size_t(largest) * dtypeSize(chunks_->dtype()),
-          zero::chunkArenaSlots(chunks_->numChunks(), prefetchDepth_));
-      arena_->recordStream(deviceStreams(device_).comm);
+      // NOTE [Chunk arena] in zero/ChunkArena.h: one reservation per slot class (the chunks of the layout's
+      // size, and the oversized ones), each of slots the size of its largest chunk.
+      std::vector<int64_t> used, padded;
+      for (size_t i = 0; i < chunks_->numChunks(); ++i) {
+        used.push_back(chunks_->layout().chunks[i].used);
+        padded.push_back(chunks_->paddedElems(i));
+      }
+      zero::ChunkArenaPlan plan =
+          zero::planChunkArena(used, padded, chunks_->layout().chunkElems, prefetchDepth_);
+      for (size_t k = 0; k < plan.slots.size(); ++k) {
+        arenas_.push_back(std::make_unique<zero::ChunkArena>(
+            deviceAllocator(device_), size_t(plan.slotElems[k]) * dtypeSize(chunks_->dtype()),
+            plan.slots[k]));
+        arenas_.back()->recordStream(deviceStreams(device_).comm);
+      }
+      arenaClass_ = plan.classOf;
     }
     hookModules();
   }
@@ -621,9 +630,10 @@ void ZeroStepEngine::startGather(size_t chunk) {
   // Allocated on the compute stream (or an arena slot), written on the comm stream once compute has reached
   // this point (the block may hold a chunk that compute read just before).
   Tensor slot;
-  if (arena_) {
-    arenaSlot_[chunk] = arena_->acquire();
-    slot = arena_->view(arenaSlot_[chunk], chunks_->paddedElems(chunk), chunks_->dtype());
+  if (!arenas_.empty()) {
+    zero::ChunkArena& arena = *arenas_[size_t(arenaClass_[chunk])];
+    arenaSlot_[chunk] = arena.acquire();
+    slot = arena.view(arenaSlot_[chunk], chunks_->paddedElems(chunk), chunks_->dtype());
   } else {
     slot = Tensor::empty({chunks_->paddedElems(chunk)}, chunks_->dtype(), device_);
   }
@@ -648,8 +658,8 @@ void ZeroStepEngine::release(size_t chunk) {
   chunks_->evict(chunk);
   slots_[chunk] = Tensor();
   --gatheredNow_;
-  if (arena_) {
-    arena_->release(arenaSlot_[chunk]);
+  if (!arenas_.empty()) {
+    arenas_[size_t(arenaClass_[chunk])]->release(arenaSlot_[chunk]);
     arenaSlot_[chunk] = -1;
   }
 }

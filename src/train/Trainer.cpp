@@ -624,10 +624,18 @@ TrainResult Trainer::run() {
       }
       if (c.zero.stage == 3) {
         r.counts["gathered_peak"] = int64_t(engine.peakGatheredChunks());
-        if (const zero::ChunkArena* arena = engine.arena()) {
-          // Part of the allocated bytes: slots sized for the largest chunk, whether in use or not.
-          r.counts["arena_slots"] = int64_t(arena->stats().slots);
-          r.memoryGb["arena"] = gib(arena->stats().reservedBytes());
+        if (!engine.arenas().empty()) {
+          // Part of the allocated bytes: slots sized for the largest chunk of their class, in use or not.
+          int64_t slots = 0, grown = 0;
+          uint64_t bytes = 0;
+          for (const zero::ChunkArena* arena : engine.arenas()) {
+            slots += int64_t(arena->stats().slots);
+            grown += int64_t(arena->stats().reservations) - 1;  // slots reserved past the first reservation
+            bytes += arena->stats().reservedBytes();
+          }
+          r.counts["arena_slots"] = slots;
+          r.counts["arena_grown"] = grown;
+          r.memoryGb["arena"] = gib(bytes);
         }
       }
       r.memoryGb["host"] = gib(cpuAllocator().stats().allocatedBytes);

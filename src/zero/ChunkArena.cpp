@@ -10,6 +10,37 @@
 
 namespace strata::zero {
 
+ChunkArenaPlan planChunkArena(const std::vector<int64_t>& usedElems, const std::vector<int64_t>& paddedElems,
+                              int64_t chunkElems, int64_t prefetchDepth) {
+  STRATA_CHECK(usedElems.size() == paddedElems.size(), "planChunkArena: {} used lengths, {} padded",
+               usedElems.size(), paddedElems.size());
+  ChunkArenaPlan plan;
+  int64_t largest[2] = {0, 0};
+  size_t count[2] = {0, 0};
+  for (size_t c = 0; c < usedElems.size(); ++c) {
+    int k = usedElems[c] > chunkElems ? 1 : 0;
+    plan.classOf.push_back(k);
+    largest[k] = std::max(largest[k], paddedElems[c]);
+    ++count[k];
+  }
+  // Classes in order, the empty one left out.
+  int index[2] = {-1, -1};
+  for (int k = 0; k < 2; ++k) {
+    if (count[k] == 0) continue;
+    index[k] = int(plan.slotElems.size());
+    plan.slotElems.push_back(largest[k]);
+    plan.slots.push_back(chunkArenaSlots(count[k], prefetchDepth));
+  }
+  for (int& k : plan.classOf) k = index[k];
+  return plan;
+}
+
+uint64_t ChunkArenaPlan::bytes(size_t elemBytes) const {
+  uint64_t total = 0;
+  for (size_t k = 0; k < slots.size(); ++k) total += uint64_t(slots[k]) * uint64_t(slotElems[k]) * elemBytes;
+  return total;
+}
+
 size_t chunkArenaSlots(size_t numChunks, int64_t prefetchDepth) {
   // What NOTE [Parameter gathering] (train/StepEngine.cpp) holds at once: the prefetched chunks, plus the
   // chunks of the running modules and, in backward, those still waiting for their gradients (the tied

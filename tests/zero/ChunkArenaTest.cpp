@@ -107,3 +107,20 @@ TEST_CASE("a full chunk arena grows by one reservation of one slot, or fails nam
     REQUIRE(host.allocs == 1);
   }
 }
+
+TEST_CASE("oversized chunks get a slot class of their own", "[zero][arena]") {
+  // Chunks of up to 100 elements, one oversized (an embedding of 1000) and the rest within the layout's size.
+  std::vector<int64_t> used = {1000, 90, 100, 60, 100}, padded = {1000, 92, 100, 60, 100};
+  zero::ChunkArenaPlan plan = zero::planChunkArena(used, padded, 100, 2);
+  REQUIRE(plan.slotElems == std::vector<int64_t>{100, 1000});
+  // Regular: min(4 chunks, depth 2 + 4); oversized: min(1 chunk, 6).
+  REQUIRE(plan.slots == std::vector<size_t>{4, 1});
+  REQUIRE(plan.classOf == std::vector<int>{1, 0, 0, 0, 0});
+  // 4 x 100 + 1 x 1000 elements of 2 bytes, where one class of the largest chunk's slots would take 6 x 1000.
+  REQUIRE(plan.bytes(2) == (4 * 100 + 1000) * 2);
+  // No oversized chunk: one class.
+  zero::ChunkArenaPlan regular = zero::planChunkArena({90, 100}, {90, 100}, 100, 0);
+  REQUIRE(regular.slotElems == std::vector<int64_t>{100});
+  REQUIRE(regular.slots == std::vector<size_t>{2});
+  REQUIRE(regular.classOf == std::vector<int>{0, 0});
+}

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace strata {
 
@@ -46,5 +47,9 @@ bool builtWithCuda();
 // sibling pair once; at least 1. OpenMP's default (every logical CPU) oversubscribes the cores and collapses
 // when another process is busy on them.
 int physicalCpuCores();
+// The CPUs this process may run on, one per physical core first (the lowest of each core's hyperthreads, in
+// CPU order), then the remaining hyperthreads; a CPU whose topology cannot be read counts as a core.
+// `physicalCores`, when given, receives how many of them come first (one per core).
+std::vector<int> cpusByPhysicalCore(int* physicalCores = nullptr);
 
 }  // namespace strata

@@ -133,10 +133,15 @@ class ZeroStepEngine final : public StepEngine {
   // Where this rank's model state lives, bytes per tier (NOTE [Store placement] in zero/Store.h).
   const zero::StorePlacement& placement() const { return placement_; }
   const optim::AdamW& optimizer() const { return *optimizer_; }
-  // Stage 3: the most chunks gathered at once so far, and the arena they are gathered into (null below
-  // stage 3 or with store.arena off). NOTE [Chunk arena] in zero/ChunkArena.h.
+  // Stage 3: the most chunks gathered at once so far, and the arenas they are gathered into, one per slot
+  // class (zero::planChunkArena; none below stage 3 or with store.arena off). NOTE [Chunk arena] in
+  // zero/ChunkArena.h.
   size_t peakGatheredChunks() const { return peakGathered_; }
-  const zero::ChunkArena* arena() const { return arena_.get(); }
+  std::vector<const zero::ChunkArena*> arenas() const {
+    std::vector<const zero::ChunkArena*> out;
+    for (const auto& a : arenas_) out.push_back(a.get());
+    return out;
+  }
 
  private:
   // One checkpoint piece of chunk c: its fp32 values (field Master), m or v over this rank's shard.
@@ -184,7 +189,8 @@ class ZeroStepEngine final : public StepEngine {
   int64_t steps_ = 0;
 
   // Stage 3 with store.arena: where slots_ live, and each gathered chunk's slot (-1: none).
-  std::unique_ptr<zero::ChunkArena> arena_;
+  std::vector<std::unique_ptr<zero::ChunkArena>> arenas_;
+  std::vector<int> arenaClass_;  // per chunk: its arena
   std::vector<int> arenaSlot_;
   size_t gatheredNow_ = 0, peakGathered_ = 0;  // stage 3: chunks gathered now, and the most at once
 };

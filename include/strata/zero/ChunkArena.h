@@ -37,6 +37,20 @@ struct ChunkArenaStats {
 // K for stage 3 over `numChunks` chunks at zero_optimization.prefetch_depth `prefetchDepth`.
 size_t chunkArenaSlots(size_t numChunks, int64_t prefetchDepth);
 
+// The arena's slot classes. A parameter larger than a chunk gets a chunk of its own size (the embedding, in
+// GPT): slots that large for every chunk would cost K times its size. So chunks whose used length is within
+// the layout's `chunkElems` share one class, with slots of the largest of them, and the oversized ones
+// another, with slots of the largest oversized chunk; each class has chunkArenaSlots over its own chunks.
+struct ChunkArenaPlan {
+  std::vector<int64_t> slotElems;  // per class
+  std::vector<size_t> slots;       // per class
+  std::vector<int> classOf;        // per chunk
+  // Bytes of every class's slots for elements of `elemBytes`.
+  uint64_t bytes(size_t elemBytes) const;
+};
+ChunkArenaPlan planChunkArena(const std::vector<int64_t>& usedElems, const std::vector<int64_t>& paddedElems,
+                              int64_t chunkElems, int64_t prefetchDepth);
+
 class ChunkArena {
  public:
   // Reserves `numSlots` slots of `slotBytes` (rounded up to 256) in one allocation from `backing` (the

@@ -30,12 +30,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "CpuKernels.h"
+#include "strata/core/Device.h"
 
 namespace strata::ops::cpu {
 namespace {
@@ -304,23 +303,7 @@ const CpuPlaces& cpuPlaces() {
     const char* pin = std::getenv("STRATA_CPU_PIN");
     if ((pin != nullptr && std::strcmp(pin, "0") == 0) || omp_get_proc_bind() != omp_proc_bind_false)
       return p;
-    cpu_set_t mask;
-    CPU_ZERO(&mask);
-    if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return p;
-    std::set<std::pair<std::string, std::string>> cores;  // (package, core) pairs seen
-    std::vector<int> siblings;
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (!CPU_ISSET(cpu, &mask)) continue;
-      std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
-      std::string package, core;
-      std::ifstream(base + "physical_package_id") >> package;
-      std::ifstream(base + "core_id") >> core;
-      if (package.empty() || core.empty() || cores.emplace(package, core).second)
-        p.cpus.push_back(cpu);
-      else
-        siblings.push_back(cpu);
-    }
-    p.cpus.insert(p.cpus.end(), siblings.begin(), siblings.end());
+    p.cpus = cpusByPhysicalCore();
     p.localRank = envInt("OMPI_COMM_WORLD_LOCAL_RANK", envInt("MPI_LOCALRANKID", envInt("LOCAL_RANK", 0)));
     p.localSize =
         envInt("OMPI_COMM_WORLD_LOCAL_SIZE", envInt("MPI_LOCALNRANKS", envInt("LOCAL_WORLD_SIZE", 1)));
