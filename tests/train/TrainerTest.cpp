@@ -394,6 +394,12 @@ TEST_CASE("train.threads sets the OpenMP threads; the default is the physical co
   REQUIRE(physicalCpuCores() >= 1);
   REQUIRE(physicalCpuCores() <= int(std::thread::hardware_concurrency()));
   if (env) setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  // The CPUs by physical core (what the CPU AdamW workers pin to): each usable CPU once, one per core first.
+  int cores = 0;
+  std::vector<int> cpus = cpusByPhysicalCore(&cores);
+  REQUIRE(cores == physicalCpuCores());
+  REQUIRE(int(cpus.size()) >= cores);
+  REQUIRE(std::set<int>(cpus.begin(), cpus.end()).size() == cpus.size());
 }
 
 TEST_CASE("durations print as s, m and h", "[train][metrics]") {
