@@ -190,6 +190,8 @@ TEST_CASE("optimizer state on the host and SSD tiers trains like state on the de
     CHECK(tiers.valLosses == device.valLosses);
     CHECK(tiers.stateNvmeGb.back() > 0);
     CHECK(tiers.stateHostGb.back() > 0);
+    // The host holds no more than its budget on any rank (the metric is the largest rank's).
+    for (double gb : tiers.stateHostGb) CHECK(gb <= 0.00006);
   }
 }
 
