@@ -73,6 +73,12 @@ zero::StoreBudgets storeBudgets(const Config& c, uint64_t parameterBytes, uint64
   return b;
 }
 
+DType nvmeStateDType(const Config& c) {
+  return c.store.nvmeStateDType == "bf16"   ? DType::BF16
+         : c.store.nvmeStateDType == "fp16" ? DType::F16
+                                            : DType::F32;
+}
+
 uint64_t freeDiskBytes(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -229,7 +229,7 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
 
   // The placement: the store's own function, as the engine calls it (m and v on the SSD in
   // store.nvme_state_dtype).
-  uint64_t nvmeMomentBytes = c.store.nvmeStateDType == "fp32" ? 4 : 2;
+  uint64_t nvmeMomentBytes = dtypeSize(nvmeStateDType(c));
   try {
     std::vector<uint64_t> nvmeBytes;
     for (int64_t range : in.rangeElems) nvmeBytes.push_back(uint64_t(range) * (4 + 2 * nvmeMomentBytes));

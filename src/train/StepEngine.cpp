@@ -176,9 +176,7 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   deviceMemory_ = memoryOverride ? zero::parseBudgetGb(memoryOverride, 0, "STRATA_DEVICE_MEMORY_GB")
                                  : deviceMemoryBytes(device_);
   // On the SSD, m and v may be kept in half precision (the master stays fp32).
-  DType nvmeDType = c.store.nvmeStateDType == "bf16"   ? DType::BF16
-                    : c.store.nvmeStateDType == "fp16" ? DType::F16
-                                                       : DType::F32;
+  DType nvmeDType = nvmeStateDType(c);
   std::vector<uint64_t> nvmeBytes;
   for (size_t i = 0; i < chunks_->numChunks(); ++i)
     nvmeBytes.push_back(uint64_t(ranges[i].size()) * (4 + 2 * dtypeSize(nvmeDType)));

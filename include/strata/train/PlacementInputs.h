@@ -50,6 +50,9 @@ ModelStateInputs modelStateInputs(const Config& config, int ranks, DType compute
 zero::StoreBudgets storeBudgets(const Config& config, uint64_t parameterBytes, uint64_t deviceAuto,
                                 uint64_t hostAvailable, uint64_t nvmeFree);
 
+// How the SSD tier stores m and v: store.nvme_state_dtype (fp32, bf16, fp16) as a dtype.
+DType nvmeStateDType(const Config& config);
+
 // Free bytes of the file system holding `path` (or its nearest existing parent); 0 when none can be read.
 uint64_t freeDiskBytes(const std::string& path);
 
