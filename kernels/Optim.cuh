@@ -18,9 +18,9 @@ struct AdamChunk {
   float* m;
   float* v;
   int64_t n;
-  float weightDecay;
-  void* copy;    // 16-bit copy of param written with the update, or null
-  int copyKind;  // 0: none, 1: bf16, 2: f16
+  float decay;   // adamwDecayFactor(lr, weight decay), from the host
+  void* copy;    // copy of param written with the update (rounded to 16 bits, or fp32), or null
+  int copyKind;  // 0: none, 1: bf16, 2: f16, 3: f32
 };
 
 __device__ __forceinline__ uint16_t roundTo16(float x, int kind) {
@@ -28,25 +28,33 @@ __device__ __forceinline__ uint16_t roundTo16(float x, int kind) {
   return __half_as_ushort(__float2half_rn(x));
 }
 
+// The step's constants, computed on the host as the CPU kernel computes them (NOTE [AdamW bits] in
+// strata/ops/Ops.h).
 struct AdamParams {
-  float lr, beta1, beta2, eps, c1, c2;  // c1, c2: inverse bias corrections
+  float negLr, beta1, oneMinusBeta1, beta2, oneMinusBeta2, eps, c1, c2;  // c1, c2: inverse bias corrections
 };
 
-__device__ __forceinline__ void adamOne(float& p, float g, float& m, float& v, const AdamParams& h,
-                                        float decay) {
-  m = h.beta1 * m + (1.0f - h.beta1) * g;
-  v = h.beta2 * v + (1.0f - h.beta2) * g * g;
-  p = p * decay - h.lr * (m * h.c1) / (sqrtf(v * h.c2) + h.eps);
+// The CPU kernel's sequence of operations, with the intrinsics that keep nvcc from contracting products
+// into fused multiply-adds (NOTE [AdamW bits]).
+__device__ __forceinline__ void adamOne(float& p, float grad, float scale, float& m, float& v,
+                                        const AdamParams& h, float decay) {
+  float g = __fmul_rn(grad, scale);
+  m = __fmaf_rn(h.beta1, m, __fmul_rn(h.oneMinusBeta1, g));
+  v = __fmaf_rn(h.beta2, v, __fmul_rn(__fmul_rn(h.oneMinusBeta2, g), g));
+  float update =
+      __fdiv_rn(__fmul_rn(h.negLr, __fmul_rn(m, h.c1)), __fadd_rn(__fsqrt_rn(__fmul_rn(v, h.c2)), h.eps));
+  p = __fmaf_rn(p, decay, update);
 }
 
 __global__ void adamwKernel(const AdamChunk* __restrict__ chunks, AdamParams h,
                             const float* __restrict__ gradScale) {
   AdamChunk c = chunks[blockIdx.x];
   float scale = gradScale ? gradScale[0] : 1.0f;
-  float decay = 1.0f - h.lr * c.weightDecay;
-  uint16_t* copy = static_cast<uint16_t*>(c.copy);
+  uint16_t* copy = c.copyKind == 1 || c.copyKind == 2 ? static_cast<uint16_t*>(c.copy) : nullptr;
+  float* copy32 = c.copyKind == 3 ? static_cast<float*>(c.copy) : nullptr;
   bool vec = ((reinterpret_cast<uintptr_t>(c.param) | reinterpret_cast<uintptr_t>(c.grad) |
-               reinterpret_cast<uintptr_t>(c.m) | reinterpret_cast<uintptr_t>(c.v)) &
+               reinterpret_cast<uintptr_t>(c.m) | reinterpret_cast<uintptr_t>(c.v) |
+               reinterpret_cast<uintptr_t>(copy32)) &
               15u) == 0 &&
              (reinterpret_cast<uintptr_t>(copy) & 7u) == 0;
   int64_t start = 0;
@@ -55,10 +63,10 @@ __global__ void adamwKernel(const AdamChunk* __restrict__ chunks, AdamParams h,
     for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
       float4 p = reinterpret_cast<float4*>(c.param)[i], g = reinterpret_cast<const float4*>(c.grad)[i];
       float4 m = reinterpret_cast<float4*>(c.m)[i], v = reinterpret_cast<float4*>(c.v)[i];
-      adamOne(p.x, g.x * scale, m.x, v.x, h, decay);
-      adamOne(p.y, g.y * scale, m.y, v.y, h, decay);
-      adamOne(p.z, g.z * scale, m.z, v.z, h, decay);
-      adamOne(p.w, g.w * scale, m.w, v.w, h, decay);
+      adamOne(p.x, g.x, scale, m.x, v.x, h, c.decay);
+      adamOne(p.y, g.y, scale, m.y, v.y, h, c.decay);
+      adamOne(p.z, g.z, scale, m.z, v.z, h, c.decay);
+      adamOne(p.w, g.w, scale, m.w, v.w, h, c.decay);
       reinterpret_cast<float4*>(c.param)[i] = p;
       reinterpret_cast<float4*>(c.m)[i] = m;
       reinterpret_cast<float4*>(c.v)[i] = v;
@@ -67,12 +75,14 @@ __global__ void adamwKernel(const AdamChunk* __restrict__ chunks, AdamParams h,
                   roundTo16(p.w, c.copyKind)};
         reinterpret_cast<ushort4*>(copy)[i] = r;
       }
+      if (copy32) reinterpret_cast<float4*>(copy32)[i] = p;
     }
     start = n4 * 4;
   }
   for (int64_t i = start + threadIdx.x; i < c.n; i += blockDim.x) {
-    adamOne(c.param[i], c.grad[i] * scale, c.m[i], c.v[i], h, decay);
+    adamOne(c.param[i], c.grad[i], scale, c.m[i], c.v[i], h, c.decay);
     if (copy) copy[i] = roundTo16(c.param[i], c.copyKind);
+    if (copy32) copy32[i] = c.param[i];
   }
 }
 

@@ -1,8 +1,12 @@
 #include "strata/core/Allocator.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
 
 #include "core/cuda/CudaContext.h"
 #include "strata/core/Error.h"
@@ -65,6 +69,93 @@ class CpuAllocator final : public Allocator {
   AllocatorStats stats_;
 };
 
+// NOTE [Host state memory] in Allocator.h.
+class HostStateAllocator final : public Allocator {
+ public:
+  explicit HostStateAllocator(bool pinned) : pinned_(pinned) {}
+  void* allocate(size_t bytes) override {
+    constexpr size_t kHuge = size_t(2) << 20;
+    size_t rounded = (std::max<size_t>(bytes, 1) + kHuge - 1) / kHuge * kHuge;
+    void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.numRawFailures++;
+      stats_.numFailedAllocations++;
+    }
+    STRATA_CHECK(p != MAP_FAILED, "host state allocation of {} bytes failed: {}", bytes,
+                 std::strerror(errno));
+#ifdef MADV_HUGEPAGE
+    madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without THP the block keeps small pages
+#endif
+    bool locked = false;
+#if STRATA_CUDA
+    if (pinned_ && cudaAvailable()) {
+      cudaError_t err = cudaHostRegister(p, rounded, cudaHostRegisterDefault);
+      locked = err == cudaSuccess;
+      if (!locked) {
+        cudaGetLastError();
+        static std::once_flag warned;
+        std::call_once(warned, [&] {
+          spdlog::warn(
+              "could not page-lock {} bytes of host optimizer state ({}); it stays pageable, and the "
+              "GPU does not help update it",
+              rounded, cudaGetErrorString(err));
+        });
+      }
+    }
+#endif
+    std::lock_guard<std::mutex> lock(mutex_);
+    blocks_[p] = Block{rounded, locked};
+    stats_.allocatedBytes += rounded;
+    stats_.reservedBytes += rounded;
+    stats_.numAllocations++;
+    stats_.numRawAllocations++;
+    stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
+    if (stats_.reservedBytes >= stats_.peakReservedBytes) {
+      stats_.peakReservedBytes = stats_.reservedBytes;
+      stats_.allocatedAtPeakReservedBytes = stats_.allocatedBytes;
+    }
+    return p;
+  }
+  void deallocate(void* ptr) override {
+    if (!ptr) return;
+    Block block;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = blocks_.find(ptr);
+      STRATA_CHECK(it != blocks_.end(), "host state allocator: freeing a pointer it did not allocate");
+      block = it->second;
+      stats_.allocatedBytes -= block.bytes;
+      stats_.reservedBytes -= block.bytes;
+      blocks_.erase(it);
+    }
+#if STRATA_CUDA
+    if (block.locked) cudaHostUnregister(ptr);
+#endif
+    munmap(ptr, block.bytes);
+  }
+  Device device() const override {
+    return Device::cpu();
+  }
+  AllocatorStats stats() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+  std::string name() const override {
+    return pinned_ ? "host state (pinned)" : "host state";
+  }
+
+ private:
+  struct Block {
+    size_t bytes = 0;
+    bool locked = false;
+  };
+  bool pinned_;
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, Block> blocks_;
+  AllocatorStats stats_;
+};
+
 RawMemory alignedHostMemory() {
   return RawMemory{[](size_t bytes) { return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096); },
                    [](void* p) { std::free(p); }};
@@ -75,6 +166,12 @@ RawMemory alignedHostMemory() {
 Allocator& cpuAllocator() {
   static CpuAllocator* allocator = new CpuAllocator();  // never destroyed: outlives every static tensor
   return *allocator;
+}
+
+Allocator& hostStateAllocator(bool pinned) {
+  static HostStateAllocator* plain = new HostStateAllocator(false);  // never destroyed, as cpuAllocator
+  static HostStateAllocator* locked = new HostStateAllocator(true);
+  return pinned ? *locked : *plain;
 }
 
 Allocator& deviceAllocator(Device device) {

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <exception>
 
 #include "strata/autograd/GradMode.h"
+#include "strata/core/Storage.h"
+#include "strata/core/Stream.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::optim {
@@ -64,11 +67,22 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
     if (home != zero::Tier::Device) {
       // State off the device (NOTE [Store placement] in zero/Store.h): the master moves to the host, or an
       // fp32 chunk's parameters are copied there to be its master; the SSD keeps them in its file.
-      Tensor master =
-          ops::to(masters_[c].defined() ? masters_[c] : paramFlats_.back(), Device::cpu(), DType::F32);
+      // Host-resident state comes from the host state allocator (NOTE [Host state memory] in
+      // core/Allocator.h): huge pages, page-locked where a GPU may stream it; SSD state passes through here
+      // once, in ordinary memory.
+      bool pin = home == zero::Tier::Host && config_.pinHostState && paramBase.device().isCuda();
+      auto hostTensor = [&] {
+        Allocator& allocator = home == zero::Tier::Host ? hostStateAllocator(pin) : cpuAllocator();
+        auto storage = std::make_shared<StorageImpl>(size_t(r.size()) * 4, allocator);
+        return Tensor::fromStorage(std::move(storage), {r.size()}, {1}, 0, DType::F32);
+      };
+      Tensor master = hostTensor();
+      ops::copy(master, masters_[c].defined() ? masters_[c] : paramFlats_.back());
       masters_[c] = master;
-      m_[c] = ops::zeros({r.size()}, DType::F32, Device::cpu());
-      v_[c] = ops::zeros({r.size()}, DType::F32, Device::cpu());
+      m_[c] = hostTensor();
+      v_[c] = hostTensor();
+      ops::fill(m_[c], 0.0);
+      ops::fill(v_[c], 0.0);
       if (home == zero::Tier::Nvme) {
         STRATA_CHECK(nvme_ != nullptr, "AdamW: chunk {} is placed on the SSD tier, which is missing", c);
         nvme_->wait(nvme_->writeAsync(c, {{zero::NvmeTier::Master, master.data<float>()},
@@ -109,6 +123,50 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
     }
   }
 }
+
+// NOTE [Pipelined update] in AdamW.h: what the two lanes keep between steps.
+struct AdamW::Lanes {
+  struct Slot {
+    Tensor master, m, v;    // GPU lane: device scratch for a piece's state
+    Storage grads, params;  // CPU lane: pinned staging for a piece's gradients and new parameters
+    Event arrived, done;    // CPU lane: gradients on the host, parameters sent; GPU lane: state in, back
+  };
+  Device device;
+  DeviceStreams gpu;  // the GPU lane's own streams (h2d, compute, d2h)
+  std::vector<std::unique_ptr<Slot>> cpu, gpuSlots;
+  int64_t pieceElems;
+  bool pinned = false;  // the CPU lane's staging is page-locked
+  Lanes(Device d, int64_t elems) : device(d), gpu(DeviceStreams::create(d)), pieceElems(elems) {
+    for (int i = 0; i < 2; ++i) {
+      auto slot = std::make_unique<Slot>(Slot{{}, {}, {}, {}, {}, Event(d), Event(d)});
+      for (Storage* st : {&slot->grads, &slot->params})
+        *st = std::make_shared<StorageImpl>(size_t(pieceElems) * 4, hostStateAllocator(true));
+      pinned = (i == 0 || pinned) && isPageLocked(slot->grads->data(), slot->grads->bytes()) &&
+               isPageLocked(slot->params->data(), slot->params->bytes());
+      cpu.push_back(std::move(slot));
+    }
+  }
+  Slot& gpuSlot(size_t i) {
+    while (gpuSlots.size() <= i) {
+      StreamGuard onLane(gpu.compute);
+      auto slot = std::make_unique<Slot>(Slot{Tensor::empty({pieceElems}, DType::F32, device),
+                                              Tensor::empty({pieceElems}, DType::F32, device),
+                                              Tensor::empty({pieceElems}, DType::F32, device),
+                                              {},
+                                              {},
+                                              Event(device),
+                                              Event(device)});
+      for (Tensor* t : {&slot->master, &slot->m, &slot->v}) {
+        t->storage()->recordStream(gpu.h2d);
+        t->storage()->recordStream(gpu.d2h);
+      }
+      gpuSlots.push_back(std::move(slot));
+    }
+    return *gpuSlots[i];
+  }
+};
+
+AdamW::~AdamW() = default;
 
 void AdamW::step(double lr, const Tensor& gradScale) {
   NoGradGuard noGrad;
@@ -208,27 +266,240 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
   if (!anyOffDevice) return;
   auto start = std::chrono::steady_clock::now();
   Tensor hostScale = gradScale.defined() ? ops::to(gradScale, Device::cpu(), DType::F32) : Tensor();
-  size_t k = 0;  // the SSD chunks updated so far
   zero::NvmeTier::Ticket written = 0;
-  for (size_t c = 0; c < homes_.size(); ++c) {
-    if (homes_[c] == zero::Tier::Host) stepHostChunk(c, h, gradients, hostScale, hostState(c));
-    if (homes_[c] != zero::Tier::Nvme) continue;
-    // The next read goes behind the write of the chunk that last used its set (issue order: NOTE [SSD tier]).
+  // The k-th SSD chunk's state, once read (the next read goes behind the write of the chunk that last used
+  // its set: issue order, NOTE [SSD tier]); and its write behind.
+  auto ssdAcquire = [&](size_t k) {
     readUpTo(k + sets);
     auto waitStart = std::chrono::steady_clock::now();
     nvme_->wait(reads[k]);
     phases_.ssdWait += secondsSince(waitStart);
-    HostState st = ssdBuffers(k % sets, ranges_[c].size(), largest);
-    stepHostChunk(c, h, gradients, hostScale, st);
-    written = nvme_->writeAsync(c, {{zero::NvmeTier::Master, st.master.data<float>()},
-                                    {zero::NvmeTier::FirstMoment, st.m.data<float>()},
-                                    {zero::NvmeTier::SecondMoment, st.v.data<float>()}});
-    ++k;
+    return ssdBuffers(k % sets, ranges_[ssdOrder[k]].size(), largest);
+  };
+  auto ssdRelease = [&](size_t k, const HostState& st) {
+    written = nvme_->writeAsync(ssdOrder[k], {{zero::NvmeTier::Master, st.master.data<float>()},
+                                              {zero::NvmeTier::FirstMoment, st.m.data<float>()},
+                                              {zero::NvmeTier::SecondMoment, st.v.data<float>()}});
+  };
+  if (config_.pipeline) {
+    stepOffDevicePipelined(h, gradients, gradScale, hostScale, ssdAcquire, ssdRelease);
+  } else {
+    size_t k = 0;  // the SSD chunks updated so far
+    for (size_t c = 0; c < homes_.size(); ++c) {
+      if (homes_[c] == zero::Tier::Host) stepHostChunk(c, h, gradients, hostScale, hostState(c));
+      if (homes_[c] != zero::Tier::Nvme) continue;
+      HostState st = ssdAcquire(k);
+      stepHostChunk(c, h, gradients, hostScale, st);
+      ssdRelease(k++, st);
+    }
   }
   auto waitStart = std::chrono::steady_clock::now();
   if (written != 0) nvme_->wait(written);
   phases_.ssdWait += secondsSince(waitStart);
   offDeviceSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::vector<ops::AdamWTensors> AdamW::pieceSets(const Piece& p, const HostState& st, bool statePiece,
+                                                const Tensor& grads, bool gradsPiece,
+                                                const Tensor& copy) const {
+  const zero::ShardRange& r = ranges_[p.chunk];
+  int64_t stateOrigin = statePiece ? p.begin : r.begin;
+  int64_t gradOrigin = gradsPiece ? p.begin : grads.numel() == r.size() ? r.begin : 0;
+  std::vector<ops::AdamWTensors> sets;
+  for (size_t i : slotsOf_[p.chunk]) {
+    const Slot& s = slots_[i];
+    int64_t a = std::max(s.begin, p.begin), b = std::min(s.end, p.end);
+    if (a >= b) continue;
+    auto at = [&](const Tensor& t, int64_t origin) { return t.narrow(0, a - origin, b - a); };
+    sets.push_back(ops::AdamWTensors{at(st.master, stateOrigin), at(grads, gradOrigin), at(st.m, stateOrigin),
+                                     at(st.v, stateOrigin), s.weightDecay,
+                                     copy.defined() ? at(copy, p.begin) : Tensor()});
+  }
+  return sets;
+}
+
+void AdamW::zeroPieceGaps(const Piece& p, const Tensor& params) const {
+  std::vector<std::pair<int64_t, int64_t>> covered;
+  for (size_t i : slotsOf_[p.chunk]) {
+    int64_t a = std::max(slots_[i].begin, p.begin), b = std::min(slots_[i].end, p.end);
+    if (a < b) covered.emplace_back(a, b);
+  }
+  std::sort(covered.begin(), covered.end());
+  int64_t from = p.begin;
+  for (auto [a, b] : covered) {
+    if (a > from) ops::fill(params.narrow(0, from - p.begin, a - from), 0.0);
+    from = std::max(from, b);
+  }
+  if (from < p.end) ops::fill(params.narrow(0, from - p.begin, p.end - from), 0.0);
+}
+
+void AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
+                                   const Tensor& gradScale, const Tensor& hostScale,
+                                   const std::function<HostState(size_t)>& ssdAcquire,
+                                   const std::function<void(size_t, const HostState&)>& ssdRelease) {
+  // The pieces: the SSD chunks' first (only the CPU lane takes them), then the host chunks'.
+  std::vector<Piece> pieces;
+  size_t hostBegin = 0;
+  Device device = Device::cpu();
+  for (zero::Tier tier : {zero::Tier::Nvme, zero::Tier::Host}) {
+    if (tier == zero::Tier::Host) hostBegin = pieces.size();
+    for (size_t c = 0; c < homes_.size(); ++c) {
+      if (homes_[c] != tier) continue;
+      device = paramFlats_[c].device();
+      STRATA_CHECK(ranges_[c].size() > 0, "AdamW: chunk {} has an empty range", c);
+      for (int64_t a = ranges_[c].begin; a < ranges_[c].end; a += config_.pieceElems)
+        pieces.push_back(Piece{c, a, std::min(a + config_.pieceElems, ranges_[c].end)});
+    }
+  }
+  bool cuda = device.isCuda();
+  if (cuda && !lanes_) {
+    lanes_ = std::make_unique<Lanes>(device, config_.pieceElems);
+    hostPinned_ = true;
+    for (size_t c = 0; c < homes_.size(); ++c)
+      if (homes_[c] == zero::Tier::Host)
+        for (const Tensor* t : {&masters_[c], &m_[c], &v_[c]})
+          hostPinned_ = hostPinned_ && isPageLocked(t->data(), t->nbytes());
+  }
+  if (cuda && !lanes_->pinned) {
+    // No page-locked staging (the driver refused it): the plain update, which stages through its own pool.
+    size_t k = 0;
+    for (size_t c = 0; c < homes_.size(); ++c) {
+      if (homes_[c] == zero::Tier::Host) stepHostChunk(c, h, gradients, hostScale, hostState(c));
+      if (homes_[c] != zero::Tier::Nvme) continue;
+      HostState st = ssdAcquire(k);
+      stepHostChunk(c, h, gradients, hostScale, st);
+      ssdRelease(k++, st);
+    }
+    return;
+  }
+  bool gpuLane = cuda && hostPinned_;
+  Stream compute = cuda ? currentStream(device) : Stream();
+  const DeviceStreams* copies = cuda ? &deviceStreams(device) : nullptr;
+  if (cuda) {
+    // The gradients (and the clipping coefficient) were written on the compute stream.
+    streamWaits(copies->d2h, compute, device);
+    for (const Stream* s : {&lanes_->gpu.h2d, &lanes_->gpu.compute}) streamWaits(*s, compute, device);
+  }
+  auto since = [](std::chrono::steady_clock::time_point t) { return secondsSince(t); };
+  // ---- GPU lane
+  std::deque<std::pair<size_t, size_t>> inflight;  // (slot, piece)
+  std::vector<size_t> freeSlots;
+  for (size_t i = 0; i < size_t(kGpuLaneDepth); ++i) freeSlots.push_back(size_t(kGpuLaneDepth) - 1 - i);
+  int64_t gpuElems = 0, allElems = 0;
+  for (const Piece& p : pieces) allElems += p.end - p.begin;
+  size_t lo = 0, hi = pieces.size();  // the CPU lane takes pieces[lo], the GPU lane pieces[hi - 1]
+  auto gpuIssue = [&](size_t slotIndex, const Piece& p) {
+    Lanes::Slot& slot = lanes_->gpuSlot(slotIndex);
+    size_t c = p.chunk;
+    int64_t n = p.end - p.begin, at = p.begin - ranges_[c].begin;
+    const DeviceStreams& lane = lanes_->gpu;
+    // The slot's scratch is free once its last state went back.
+    slot.done.block(lane.h2d);
+    for (auto [dst, src] : {std::pair{&slot.master, &masters_[c]}, {&slot.m, &m_[c]}, {&slot.v, &v_[c]}})
+      copyAsync(dst->data(), device, src->data<float>() + at, Device::cpu(), size_t(n) * 4, lane.h2d);
+    slot.arrived.record(lane.h2d);
+    slot.arrived.block(lane.compute);
+    {
+      StreamGuard onLane(lane.compute);
+      HostState scratch{slot.master.narrow(0, 0, n), slot.m.narrow(0, 0, n), slot.v.narrow(0, 0, n)};
+      Tensor params = paramFlats_[c].narrow(0, at, n);
+      ops::adamw(pieceSets(p, scratch, true, gradients[c], false, params), h, gradScale);
+    }
+    streamWaits(lane.d2h, lane.compute, device);
+    for (auto [dst, src] : {std::pair{&masters_[c], &slot.master}, {&m_[c], &slot.m}, {&v_[c], &slot.v}})
+      copyAsync(dst->data<float>() + at, Device::cpu(), src->data(), device, size_t(n) * 4, lane.d2h);
+    slot.done.record(lane.d2h);
+    gpuElems += n;
+  };
+  auto gpuPump = [&] {
+    if (!gpuLane) return;
+    while (!inflight.empty() && lanes_->gpuSlot(inflight.front().first).done.query()) {
+      freeSlots.push_back(inflight.front().first);
+      inflight.pop_front();
+    }
+    while (!freeSlots.empty() && hi > std::max(lo, hostBegin)) {
+      size_t slot = freeSlots.back();
+      freeSlots.pop_back();
+      gpuIssue(slot, pieces[--hi]);
+      inflight.emplace_back(slot, hi);
+    }
+  };
+  // ---- CPU lane
+  auto claim = [&]() -> std::ptrdiff_t {
+    gpuPump();
+    return lo < hi ? std::ptrdiff_t(lo++) : -1;
+  };
+  // Piece p's gradients into CPU slot `slot`'s staging, on the d2h stream.
+  auto fetch = [&](size_t slotIndex, const Piece& p) {
+    if (!cuda) return;
+    Lanes::Slot& slot = *lanes_->cpu[slotIndex];
+    const Tensor& g = gradients[p.chunk];
+    int64_t origin = g.numel() == ranges_[p.chunk].size() ? ranges_[p.chunk].begin : 0;
+    copyAsync(slot.grads->data(), Device::cpu(), g.data<float>() + (p.begin - origin), device,
+              size_t(p.end - p.begin) * 4, copies->d2h);
+    slot.arrived.record(copies->d2h);
+  };
+  size_t ssdK = 0;
+  size_t ssdChunk = SIZE_MAX;
+  HostState ssdState;
+  size_t slotIndex = 0;
+  std::ptrdiff_t next = claim();
+  if (next >= 0) fetch(slotIndex, pieces[size_t(next)]);
+  while (next >= 0) {
+    size_t pi = size_t(next);
+    const Piece& p = pieces[pi];
+    size_t c = p.chunk;
+    int64_t n = p.end - p.begin;
+    HostState st{masters_[c], m_[c], v_[c]};
+    if (pi < hostBegin) {
+      if (c != ssdChunk) {
+        ssdState = ssdAcquire(ssdK);
+        ssdChunk = c;
+      }
+      st = ssdState;
+    }
+    next = claim();
+    if (next >= 0) fetch(slotIndex ^ 1, pieces[size_t(next)]);
+    if (cuda) {
+      Lanes::Slot& slot = *lanes_->cpu[slotIndex];
+      auto t = std::chrono::steady_clock::now();
+      slot.arrived.synchronize();
+      phases_.gradientsOut += since(t);
+      t = std::chrono::steady_clock::now();
+      slot.done.synchronize();  // the staging's last parameters have left
+      phases_.parametersIn += since(t);
+      t = std::chrono::steady_clock::now();
+      DType dt = paramFlats_[c].dtype();
+      Tensor grads = Tensor::fromStorage(slot.grads, {n}, {1}, 0, DType::F32);
+      Tensor params = Tensor::fromStorage(slot.params, {n}, {1}, 0, dt);
+      zeroPieceGaps(p, params);
+      ops::adamw(pieceSets(p, st, false, grads, true, params), h, hostScale);
+      phases_.cpuUpdate += since(t);
+      size_t bytes = size_t(n) * dtypeSize(dt);
+      copyAsync(
+          static_cast<char*>(paramFlats_[c].data()) + size_t(p.begin - ranges_[c].begin) * dtypeSize(dt),
+          device, params.data(), Device::cpu(), bytes, copies->h2d);
+      slot.done.record(copies->h2d);
+    } else {
+      auto t = std::chrono::steady_clock::now();
+      Tensor params = paramFlats_[c].narrow(0, p.begin - ranges_[c].begin, n);
+      ops::adamw(pieceSets(p, st, false, gradients[c], false, params), h, hostScale);
+      phases_.cpuUpdate += since(t);
+    }
+    if (pi < hostBegin && (pi + 1 == hostBegin || pieces[pi + 1].chunk != c)) ssdRelease(ssdK++, ssdState);
+    slotIndex ^= 1;
+    gpuPump();
+  }
+  // The CPU lane is out of pieces: the GPU lane's last ones.
+  auto t = std::chrono::steady_clock::now();
+  for (auto [slot, piece] : inflight) lanes_->gpuSlot(slot).done.synchronize();
+  phases_.gpuLaneWait += since(t);
+  phases_.gpuLaneShare = allElems > 0 ? double(gpuElems) / double(allElems) : 0.0;
+  if (cuda) {
+    // The next step's kernels see the parameters of both lanes.
+    streamWaits(compute, copies->h2d, device);
+    streamWaits(compute, lanes_->gpu.compute, device);
+  }
 }
 
 void AdamW::moveToDevice(size_t c, Device device) {

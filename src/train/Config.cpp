@@ -209,6 +209,11 @@ const std::vector<Field>& schema() {
         "optimizer.eps", [](Config & c) -> auto& { return c.optimizer.eps; }, 0, 1));
     f.push_back(floatField(
         "optimizer.clip_grad", [](Config & c) -> auto& { return c.optimizer.clipGrad; }, 0));
+    f.push_back(boolField(
+        "optimizer.pipeline", [](Config & c) -> auto& { return c.optimizer.pipeline; }));
+    f.push_back(floatField(
+        "optimizer.pipeline_piece_mb", [](Config & c) -> auto& { return c.optimizer.pipelinePieceMb; },
+        0.0001, 4096));
     // lr schedule
     f.push_back(stringField("lr_schedule.style", [](Config & c) -> auto& { return c.lrSchedule.style; },
                             {"constant", "linear", "cosine"}));

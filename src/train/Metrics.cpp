@@ -189,6 +189,7 @@ void MetricsLogger::train(const TrainRecord& r) {
                    {"skipped_steps", r.skippedSteps},
                    {"offload_ms", r.offloadMs}};
   for (const auto& [phase, ms] : r.offloadPhasesMs) j["offload_" + phase + "_ms"] = ms;
+  if (!r.offloadPhasesMs.empty()) j["offload_gpu_share"] = r.offloadGpuShare;
   for (const auto& [tier, gb] : r.memoryGb) {
     j["mem_" + tier + "_gb"] = gb;
     mem += fmt::format(" | mem {} {:.2f} GiB", tier, gb);
@@ -204,7 +205,7 @@ void MetricsLogger::train(const TrainRecord& r) {
     std::string phases;
     for (const auto& [phase, ms] : r.offloadPhasesMs)
       phases += fmt::format("{}{} {:.0f}", phases.empty() ? "" : ", ", phase, ms);
-    if (!phases.empty()) skipped += " (" + phases + ")";
+    if (!phases.empty()) skipped += fmt::format(" ({}; gpu share {:.2f})", phases, r.offloadGpuShare);
   }
   spdlog::info(
       "iteration {:>6}/{:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | loss scale {:.0f}{} | {:.1f} "

@@ -202,7 +202,8 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   optimizer_ = std::make_unique<optim::AdamW>(
       *chunks_, std::move(masters),
       optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
-                         c.optimizer.weightDecay},
+                         c.optimizer.weightDecay, c.optimizer.pipeline, c.zero.pinMemory,
+                         std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4))},
       ranges, paramShards_, placement_.optimizerTier, nvme_.get());
   // The bytes as they are: an fp32 chunk's state on the device has no separate master, and the SSD may keep
   // m and v in half precision.

@@ -525,6 +525,8 @@ TrainResult Trainer::run() {
     intervalPhases.cpuUpdate += step.offloadPhases.cpuUpdate;
     intervalPhases.parametersIn += step.offloadPhases.parametersIn;
     intervalPhases.ssdWait += step.offloadPhases.ssdWait;
+    intervalPhases.gpuLaneWait += step.offloadPhases.gpuLaneWait;
+    intervalPhases.gpuLaneShare += step.offloadPhases.gpuLaneShare;
     if (result.chunks == 0) {
       result.chunks = engine.chunks().numChunks();
       const zero::ChunkLayout& layout = engine.chunks().layout();
@@ -599,7 +601,9 @@ TrainResult Trainer::run() {
         r.offloadPhasesMs = {{"grads_out", intervalPhases.gradientsOut * perStep},
                              {"cpu", intervalPhases.cpuUpdate * perStep},
                              {"params_in", intervalPhases.parametersIn * perStep},
-                             {"ssd_wait", intervalPhases.ssdWait * perStep}};
+                             {"ssd_wait", intervalPhases.ssdWait * perStep},
+                             {"gpu_wait", intervalPhases.gpuLaneWait * perStep}};
+        r.offloadGpuShare = intervalPhases.gpuLaneShare / double(intervalSteps);
       }
       synchronizeDevice(device_);  // the interval's time covers all of its work
       auto now = std::chrono::steady_clock::now();

@@ -3,6 +3,8 @@
 // (namespace strata).
 #pragma once
 
+#include <cmath>
+
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -200,9 +202,15 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 // ---- optimizer updates
 // -------------------------------------------------------------------------------------------- AdamW
 // (decoupled weight decay) over a list of tensors on one device, in place. param, m, v and grad: fp32,
-// contiguous. One fused launch on the GPU. `copy` (optional): a contiguous bf16/f16 (on the CPU also f32) tensor of param's size
-// that receives the updated param rounded to its dtype in the same pass (the 16-bit parameter whose fp32
-// master `param` is). Bumps the storage versions of param and copy.
+// contiguous. One fused launch on the GPU. `copy` (optional): a contiguous bf16, f16 or f32 tensor of
+// param's size that receives the updated param rounded to its dtype in the same pass (the 16-bit parameter
+// whose fp32 master `param` is). Bumps the storage versions of param and copy.
+// NOTE [AdamW bits]: the CPU kernels (every path) and the GPU kernel give the same bits for the same inputs.
+// They run one sequence of IEEE operations (products not contracted into fused multiply-adds except where
+// the sequence has one; correctly rounded division and square root; round-to-nearest-even to 16 bits), and
+// the host computes the constants for both (adamwDecayFactor, 1 / bias corrections, 1 - beta). So a chunk's
+// update may run on either side and training does not depend on which (the pipelined optimizer splits the
+// host-resident state between them by their speed).
 struct AdamWTensors {
   Tensor param, grad, m, v;
   float weightDecay = 0.0f;
@@ -212,6 +220,11 @@ struct AdamWHyper {
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float biasCorrection1 = 1, biasCorrection2 = 1;  // 1 - beta^t
 };
+// The factor a parameter is multiplied by before the step (decoupled weight decay), 1 - lr * weightDecay, as
+// every AdamW kernel takes it: one fused multiply-add on the host (NOTE [AdamW bits]).
+inline float adamwDecayFactor(float lr, float weightDecay) {
+  return std::fma(-lr, weightDecay, 1.0f);
+}
 // gradScale: fp32 [1] on the device that multiplies every gradient (clipping coefficient), or undefined
 // for 1.
 // Sum of squares of every element of every tensor (fp32, contiguous, one device) as an fp32 scalar on that

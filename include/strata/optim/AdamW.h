@@ -9,6 +9,7 @@
 // Either way a parameter whose gradient is undefined at step() (no gradient in this step) is left alone.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,7 +30,39 @@ struct AdamWConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weightDecay = 0.1;
+  // The chunked form's update of state off the device (NOTE [Pipelined update]): pipelined in pieces, the
+  // host state shared between the CPU and the GPU (optimizer.pipeline), or one chunk after another on the
+  // CPU. Both give the same bits.
+  bool pipeline = true;
+  // Host-resident state is page-locked when a GPU is present (zero_optimization.pin_memory), which the GPU's
+  // share of the pipelined update needs (NOTE [Host state memory] in core/Allocator.h).
+  bool pinHostState = true;
+  // The pipelined update's piece: elements per piece (optimizer.pipeline_piece_mb of fp32 state per field).
+  int64_t pieceElems = int64_t(1) << 22;
 };
+
+// NOTE [Pipelined update]
+// After the step-end decision (NOTE [Step-end decision] in train/StepEngine.h) the chunked form updates:
+// 1. device-resident state with one fused GPU launch, enqueued first;
+// 2. state off the device in pieces of at most AdamWConfig::pieceElems elements, taken by two lanes from the
+// two ends
+//    of one list (the SSD chunks' pieces first, then the host chunks'):
+//    - the CPU lane takes pieces from the front. A piece's gradients come to pinned staging on the d2h
+//      stream (the next piece's are requested before this one is updated), the SIMD kernel updates the
+//      master, m and v in host memory (or in an SSD buffer set, read ahead and written behind per chunk as
+//      NOTE [SSD tier] says) and rounds the new values into staging, and the h2d stream copies them into
+//      the chunk. Two staging slots take turns.
+//    - the GPU lane takes host pieces from the back: the piece's master, m and v go to device scratch (own
+//      h2d stream), the GPU kernel updates them from the gradients on the device and writes the 16-bit
+//      parameters in place, and the state goes back to host memory (own d2h stream). Up to kGpuLaneDepth
+//      pieces are in flight, so the copies in both directions and the kernel overlap. It takes a new piece
+//      whenever one completes, polled between the CPU lane's pieces.
+//    The lanes meet where their speeds put them, so both finish together without a model of either: the
+//    split adapts to the CPU's memory bandwidth and the PCIe link as measured by the work itself
+//    (OffloadPhases::gpuLaneShare reports it). The GPU lane needs the host state page-locked and a GPU.
+// Which lane updates an element does not change its bits (NOTE [AdamW bits] in ops/Ops.h), so the pipelined
+// update equals the sequential one (optimizer.pipeline: false) bitwise; the tests hold it to that. The
+// next step waits for the parameters on the device (the compute stream waits for both lanes' streams).
 
 class AdamW {
  public:
@@ -48,6 +81,7 @@ class AdamW {
   AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config,
         std::vector<zero::ShardRange> shards = {}, std::vector<Tensor> parameterShards = {},
         std::vector<zero::Tier> homes = {}, zero::NvmeTier* nvme = nullptr);
+  ~AdamW();
 
   // One update with learning rate `lr` from each parameter's .grad() times `gradScale` (a device fp32 scalar,
   // e.g. the clipping coefficient; undefined for 1). Parameters without a gradient are skipped.
@@ -66,9 +100,15 @@ class AdamW {
   double offDeviceSeconds() const { return offDeviceSeconds_; }
   // The last stepChunks' off-device seconds by phase: gradients to the host, the CPU kernel, parameters back
   // to the device, and waiting for the SSD's reads and writes (what read-ahead did not hide).
+  // With the pipelined update: the time the CPU lane waited for gradients and for staging to be free, its
+  // kernel time, the time the step waited for the GPU lane after the CPU lane ran out of pieces, and the
+  // share of the off-device elements the GPU lane updated.
   struct OffloadPhases {
-    double gradientsOut = 0, cpuUpdate = 0, parametersIn = 0, ssdWait = 0;
+    double gradientsOut = 0, cpuUpdate = 0, parametersIn = 0, ssdWait = 0, gpuLaneWait = 0;
+    double gpuLaneShare = 0;
   };
+  // The pipelined update's GPU lane depth (NOTE [Pipelined update]).
+  static constexpr int kGpuLaneDepth = 3;
   const OffloadPhases& offloadPhases() const { return phases_; }
   void setStepCount(int64_t s) { step_ = s; }
   // Whether stepChunks reads the next SSD chunk's state while it updates the current one (the default), or
@@ -134,6 +174,28 @@ class AdamW {
   // range's worth, made on first use.
   std::unique_ptr<PinnedHostPool> staging_;
   Tensor staged(const Shape& shape, DType dtype);
+  // NOTE [Pipelined update]: the off-device update in pieces over two lanes.
+  struct Piece {
+    size_t chunk;
+    int64_t begin, end;  // elements of the chunk (not of its range)
+  };
+  // `ssdAcquire(k)` waits for the k-th SSD chunk's state (in chunk order) and returns its buffers;
+  // `ssdRelease(k, state)` writes them back behind.
+  void stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
+                              const Tensor& gradScale, const Tensor& hostScale,
+                              const std::function<HostState(size_t)>& ssdAcquire,
+                              const std::function<void(size_t, const HostState&)>& ssdRelease);
+  // The kernel's sets for elements [p.begin, p.end) of chunk p.chunk: master, m and v from `state` (over
+  // the chunk's range, or over the piece when `statePiece`), gradients from `grads` (the chunk's gradient
+  // buffer as stepChunks takes it, or the piece's when `gradsPiece`), the 16-bit copy into `copy` (over the
+  // piece; undefined: none).
+  std::vector<ops::AdamWTensors> pieceSets(const Piece& p, const HostState& state, bool statePiece,
+                                           const Tensor& grads, bool gradsPiece, const Tensor& copy) const;
+  // Zeroes the elements of `params` (over the piece) that no parameter covers.
+  void zeroPieceGaps(const Piece& p, const Tensor& params) const;
+  struct Lanes;  // the lanes' streams, staging and scratch, made on first use
+  std::unique_ptr<Lanes> lanes_;
+  bool hostPinned_ = false;  // every host chunk's state is page-locked (the GPU lane may run)
   int64_t step_ = 0;
   double offDeviceSeconds_ = 0;
   OffloadPhases phases_;

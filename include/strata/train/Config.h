@@ -71,7 +71,9 @@ struct OptimizerConfig {
   double weightDecay = 0.1;
   std::vector<double> betas = {0.9, 0.95};
   double eps = 1e-8;
-  double clipGrad = 1.0;  // 0: no clipping
+  double clipGrad = 1.0;        // 0: no clipping
+  bool pipeline = true;         // the pipelined CPU+GPU update of offloaded state (NOTE [Pipelined update])
+  double pipelinePieceMb = 16;  // its pieces: MiB of fp32 state per field (4M elements)
 };
 
 struct LrScheduleConfig {

@@ -37,8 +37,10 @@ struct TrainRecord {
   double elapsedSeconds = 0, etaSeconds = 0;  // since the run (or the resume) started; to the last iteration
   int64_t skippedSteps = 0;                   // in this interval: fp16 overflows and non-finite steps
   double offloadMs = 0;  // per step: the update of optimizer state off the device, which the device waits for
-  // The same by phase (name -> ms per step: grads_out, cpu, params_in, ssd_wait), when offloadMs > 0.
+  // The same by phase (name -> ms per step: grads_out, cpu, params_in, ssd_wait, gpu_wait), when
+  // offloadMs > 0, and the share of the off-device elements the GPU updated (NOTE [Pipelined update]).
   std::vector<std::pair<std::string, double>> offloadPhasesMs;
+  double offloadGpuShare = 0;
   std::map<std::string, double> memoryGb;  // tier -> GiB in use (gpu, host)
   // Counts beside the memory (alloc_failures, arena_slots...): metrics.jsonl fields under their own names.
   std::map<std::string, int64_t> counts;

@@ -253,7 +253,7 @@ AdamSpan spanOf(const AdamWTensors& s, const AdamWHyper& h) {
                   static_cast<float*>(s.v.data()),
                   s.copy.defined() ? s.copy.data() : nullptr,
                   kind,
-                  1.0f - h.lr * s.weightDecay};
+                  adamwDecayFactor(h.lr, s.weightDecay)};
 }
 
 // Updates elements [begin, end) of the sets' joint index space.

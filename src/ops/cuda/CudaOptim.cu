@@ -13,12 +13,17 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
   for (const auto& s : sets) {
     int64_t n = s.param.numel();
     for (int64_t off = 0; off < n; off += kernels::kAdamChunk) {
-      int kind = !s.copy.defined() ? 0 : s.copy.dtype() == DType::BF16 ? 1 : 2;
-      void* copy = kind ? static_cast<void*>(static_cast<uint16_t*>(s.copy.data()) + off) : nullptr;
+      int kind = !s.copy.defined()               ? 0
+                 : s.copy.dtype() == DType::BF16 ? 1
+                 : s.copy.dtype() == DType::F16  ? 2
+                                                 : 3;
+      void* copy = kind == 0   ? nullptr
+                   : kind == 3 ? static_cast<void*>(static_cast<float*>(s.copy.data()) + off)
+                               : static_cast<void*>(static_cast<uint16_t*>(s.copy.data()) + off);
       chunks.push_back(kernels::AdamChunk{
           static_cast<float*>(s.param.data()) + off, static_cast<const float*>(s.grad.data()) + off,
           static_cast<float*>(s.m.data()) + off, static_cast<float*>(s.v.data()) + off,
-          std::min(kernels::kAdamChunk, n - off), s.weightDecay, copy, kind});
+          std::min(kernels::kAdamChunk, n - off), adamwDecayFactor(h.lr, s.weightDecay), copy, kind});
     }
   }
   if (chunks.empty()) return;
@@ -29,7 +34,8 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
   Tensor table = Tensor::empty({int64_t(bytes)}, DType::U8, dev);
   cudaStream_t stream = streamOf(table);
   STRATA_CUDA_CHECK(cudaMemcpyAsync(table.data(), chunks.data(), bytes, cudaMemcpyHostToDevice, stream));
-  kernels::AdamParams p{h.lr, h.beta1, h.beta2, h.eps, 1.0f / h.biasCorrection1, 1.0f / h.biasCorrection2};
+  kernels::AdamParams p{-h.lr,          h.beta1, 1.0f - h.beta1,           h.beta2,
+                        1.0f - h.beta2, h.eps,   1.0f / h.biasCorrection1, 1.0f / h.biasCorrection2};
   const float* scale = gradScale.defined() ? static_cast<const float*>(gradScale.data()) : nullptr;
   kernels::adamwKernel<<<unsigned(chunks.size()), 256, 0, stream>>>(
       static_cast<const kernels::AdamChunk*>(table.data()), p, scale);
