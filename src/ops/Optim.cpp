@@ -27,10 +27,9 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const
     }
     STRATA_CHECK(!s.copy.defined() ||
                      ((s.copy.dtype() == DType::BF16 || s.copy.dtype() == DType::F16 ||
-                       (s.copy.dtype() == DType::F32 && dev.isCpu())) &&
+                       s.copy.dtype() == DType::F32) &&
                       s.copy.isContiguous() && s.copy.device() == dev && s.copy.numel() == s.param.numel()),
-                 "adamw: the copy of '{}' must be a contiguous bf16/f16 (or, on the CPU, f32) tensor of its "
-                 "size on {}",
+                 "adamw: the copy of '{}' must be a contiguous bf16, f16 or f32 tensor of its size on {}",
                  s.param.name(), toString(dev));
   }
   if (gradScale.defined())

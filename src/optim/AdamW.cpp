@@ -126,6 +126,9 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
 
 // NOTE [Pipelined update] in AdamW.h: what the two lanes keep between steps.
 struct AdamW::Lanes {
+  // The CPU lane's staging slots: enough that its parameters' copies to the device, which queue behind the
+  // GPU lane's larger ones on the link, rarely hold it up.
+  static constexpr int kCpuSlots = 4;
   struct Slot {
     Tensor master, m, v;    // GPU lane: device scratch for a piece's state
     Storage grads, params;  // CPU lane: pinned staging for a piece's gradients and new parameters
@@ -137,7 +140,7 @@ struct AdamW::Lanes {
   int64_t pieceElems;
   bool pinned = false;  // the CPU lane's staging is page-locked
   Lanes(Device d, int64_t elems) : device(d), gpu(DeviceStreams::create(d)), pieceElems(elems) {
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kCpuSlots; ++i) {
       auto slot = std::make_unique<Slot>(Slot{{}, {}, {}, {}, {}, Event(d), Event(d)});
       for (Storage* st : {&slot->grads, &slot->params})
         *st = std::make_shared<StorageImpl>(size_t(pieceElems) * 4, hostStateAllocator(true));
@@ -459,7 +462,8 @@ void AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
       st = ssdState;
     }
     next = claim();
-    if (next >= 0) fetch(slotIndex ^ 1, pieces[size_t(next)]);
+    size_t nextSlot = (slotIndex + 1) % size_t(Lanes::kCpuSlots);
+    if (next >= 0) fetch(nextSlot, pieces[size_t(next)]);
     if (cuda) {
       Lanes::Slot& slot = *lanes_->cpu[slotIndex];
       auto t = std::chrono::steady_clock::now();
@@ -487,7 +491,7 @@ void AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
       phases_.cpuUpdate += since(t);
     }
     if (pi < hostBegin && (pi + 1 == hostBegin || pieces[pi + 1].chunk != c)) ssdRelease(ssdK++, ssdState);
-    slotIndex ^= 1;
+    slotIndex = nextSlot;
     gpuPump();
   }
   // The CPU lane is out of pieces: the GPU lane's last ones.

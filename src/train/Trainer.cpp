@@ -642,7 +642,9 @@ TrainResult Trainer::run() {
           r.memoryGb["arena"] = gib(bytes);
         }
       }
-      r.memoryGb["host"] = gib(cpuAllocator().stats().allocatedBytes);
+      r.memoryGb["host"] =
+          gib(cpuAllocator().stats().allocatedBytes + hostStateAllocator(false).stats().allocatedBytes +
+              hostStateAllocator(true).stats().allocatedBytes);
       r.memoryGb["model_state"] = gib(engine.modelStateBytes());
       // The store's tiers (NOTE [Store placement]); together they are model_state.
       for (int t = 0; t < zero::kNumTiers; ++t)

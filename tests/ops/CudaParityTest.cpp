@@ -425,8 +425,14 @@ TEST_CASE("[cuda] fused multi-tensor AdamW gives the cpu kernel's bits", "[cuda]
   auto cpu = run(Device::cpu());
   auto gpu = run(kGpu);
   for (size_t i = 0; i < cpu.size(); ++i) {
-    INFO("tensor " << i);
-    REQUIRE(gpu[i].toVector<double>() == cpu[i].toVector<double>());
+    std::vector<double> c = cpu[i].toVector<double>(), g = gpu[i].toVector<double>();
+    REQUIRE(c.size() == g.size());
+    size_t differing = 0, first = 0;
+    for (size_t k = 0; k < c.size(); ++k)
+      if (c[k] != g[k] && differing++ == 0) first = k;
+    INFO("tensor " << i << ": " << differing << " of " << c.size() << " differ; the first at " << first
+                   << ": cpu " << c[first] << " gpu " << g[first]);
+    REQUIRE(differing == 0);
   }
 }
 

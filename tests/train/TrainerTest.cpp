@@ -1,6 +1,7 @@
 #include <omp.h>
 
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -648,9 +649,12 @@ TEST_CASE("state across the device, host and SSD tiers trains bit for bit like s
 namespace {
 
 // Trains the tiny model twice with state across the device, host and SSD tiers, with the sequential update
-// and the pipelined one (pieces small enough to cut parameters in two), and requires the same curves and
-// the same saved bytes after 20 steps. Returns the pipelined run's last step record.
-nlohmann::json pipelineMatchesSequential(const fs::path& base, std::vector<std::string> extra) {
+// and the pipelined one (pieces small enough to cut parameters in two), and compares the curves and the
+// weights and moments saved after 20 steps: bit for bit when `exact`, else within a relative 1e-3 (on the
+// GPU, where the embedding's backward sums with atomics and no two runs agree to the bit; the kernels' own
+// agreement is the "[cuda] fused multi-tensor AdamW gives the cpu kernel's bits" test). Returns the
+// pipelined run's last step record.
+nlohmann::json pipelineMatchesSequential(const fs::path& base, std::vector<std::string> extra, bool exact) {
   std::vector<std::string> tiers = {"model.dropout=0",
                                     "zero_optimization.chunk_size_mb=0.02",
                                     "store.gpu_budget_gb=0.0002",
@@ -667,16 +671,41 @@ nlohmann::json pipelineMatchesSequential(const fs::path& base, std::vector<std::
   };
   auto sequential = run("sequential", {"optimizer.pipeline=false"});
   auto pipelined = run("pipelined", {"optimizer.pipeline=true", "optimizer.pipeline_piece_mb=0.001"});
-  requireSameCurves(sequential, pipelined);
+  if (exact) {
+    requireSameCurves(sequential, pipelined);
+  } else {
+    REQUIRE(sequential.size() == pipelined.size());
+    for (size_t i = 0; i < sequential.size(); ++i)
+      if (sequential[i].contains("loss"))
+        REQUIRE(pipelined[i]["loss"].get<double>() ==
+                Approx(sequential[i]["loss"].get<double>()).epsilon(1e-3));
+  }
   for (const char* file : {"model-rank0.safetensors", "optimizer-rank0.safetensors"}) {
     INFO(file);
     auto read = [&](const std::string& name) {
       std::ifstream in(base / name / "ckpt" / "step-20" / file, std::ios::binary);
       return std::string(std::istreambuf_iterator<char>(in), {});
     };
-    std::string a = read("sequential");
-    REQUIRE(!a.empty());
-    REQUIRE(a == read("pipelined"));
+    std::string a = read("sequential"), b = read("pipelined");
+    REQUIRE(a.size() > 8);
+    REQUIRE(a.size() == b.size());
+    // The header (its length in the first 8 bytes) is the same text; then fp32 values.
+    uint64_t header = 0;
+    std::memcpy(&header, a.data(), 8);
+    REQUIRE(a.compare(0, 8 + header, b, 0, 8 + header) == 0);
+    size_t differing = 0, far = 0;
+    for (size_t i = 8 + header; i + 4 <= a.size(); i += 4) {
+      float x, y;
+      std::memcpy(&x, a.data() + i, 4);
+      std::memcpy(&y, b.data() + i, 4);
+      if (std::memcmp(&x, &y, 4) == 0) continue;
+      ++differing;
+      if (!(std::abs(x - y) <= 1e-3 * std::abs(x) + 1e-7)) ++far;
+    }
+    INFO(differing << " values differ, " << far << " beyond the tolerance, of "
+                   << (a.size() - 8 - header) / 4);
+    REQUIRE(far == 0);
+    if (exact) REQUIRE(differing == 0);
   }
   nlohmann::json last;
   for (const auto& r : pipelined)
@@ -691,7 +720,7 @@ nlohmann::json pipelineMatchesSequential(const fs::path& base, std::vector<std::
 
 TEST_CASE("the pipelined update equals the sequential one bit for bit, with state across the tiers",
           "[train][trainer][store][nvme][pipeline]") {
-  nlohmann::json last = pipelineMatchesSequential(test::freshDir("strata-pipeline"), {});
+  nlohmann::json last = pipelineMatchesSequential(test::freshDir("strata-pipeline"), {}, true);
   REQUIRE(last["offload_gpu_share"].get<double>() == 0);  // no GPU: the CPU lane takes every piece
 }
 
@@ -702,7 +731,7 @@ TEST_CASE("[cuda] the pipelined update shares the host state with the GPU and ke
     INFO(dtype);
     nlohmann::json last =
         pipelineMatchesSequential(test::freshDir(std::string("strata-pipeline-cuda-") + dtype),
-                                  {"train.device=cuda", std::string("precision.dtype=") + dtype});
+                                  {"train.device=cuda", std::string("precision.dtype=") + dtype}, false);
     REQUIRE(last["offload_gpu_share"].get<double>() > 0);
     REQUIRE(last["offload_gpu_share"].get<double>() < 1);
   }

@@ -51,7 +51,7 @@ struct AdamWConfig {
 //      stream (the next piece's are requested before this one is updated), the SIMD kernel updates the
 //      master, m and v in host memory (or in an SSD buffer set, read ahead and written behind per chunk as
 //      NOTE [SSD tier] says) and rounds the new values into staging, and the h2d stream copies them into
-//      the chunk. Two staging slots take turns.
+//      the chunk. Four staging slots take turns.
 //    - the GPU lane takes host pieces from the back: the piece's master, m and v go to device scratch (own
 //      h2d stream), the GPU kernel updates them from the gradients on the device and writes the 16-bit
 //      parameters in place, and the state goes back to host memory (own d2h stream). Up to kGpuLaneDepth
