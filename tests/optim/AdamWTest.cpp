@@ -366,3 +366,85 @@ TEST_CASE("a host-tier chunk's update writes its parameters and zeros between th
       if (!inParameter[i]) REQUIRE(chunk[i] == 0.0);
   }
 }
+
+TEST_CASE("[cuda] the pipelined update of host and SSD state gives the sequential update's bits",
+          "[cuda][optim][adamw][chunks][store][pipeline]") {
+  // NOTE [Pipelined update]: the CPU lane and the GPU lane split the host pieces between them; whatever the
+  // split, every parameter, master and moment must equal the one-chunk-at-a-time CPU update's, step by step,
+  // and the 16-bit chunks keep zeros between their parameters.
+  STRATA_REQUIRE_CUDA();
+  Device gpu = Device::cuda(0);
+  fs::path dir = test::freshDir("strata-adamw-pipeline");
+  auto make = [&](Generator& g) {
+    std::vector<std::pair<std::string, Tensor>> ps;
+    for (int k = 0; k < 8; ++k) {
+      Tensor t =
+          ops::to(ops::rand({70 + 10 * k, 33}, g, DType::F32, Device::cpu(), -0.5, 0.5), gpu, DType::F32);
+      t.setRequiresGrad(true);
+      ps.emplace_back("p" + std::to_string(k), t);
+    }
+    return ps;
+  };
+  using zero::Tier;
+  std::vector<Tier> homes = {Tier::Host, Tier::Nvme, Tier::Host, Tier::Device,
+                             Tier::Host, Tier::Host, Tier::Nvme, Tier::Host};
+  Generator g1(21), g2(21), gen(5);
+  auto ps1 = make(g1), ps2 = make(g2);
+  int64_t chunkBytes = 4700 * 2;  // one parameter per chunk: any two are larger
+  zero::ChunkManager c1(ps1, chunkBytes, DType::BF16), c2(ps2, chunkBytes, DType::BF16);
+  size_t n = c1.numChunks();
+  REQUIRE(n == homes.size());
+  std::vector<int64_t> elems;
+  for (size_t c = 0; c < n; ++c) elems.push_back(homes[c] == Tier::Nvme ? c1.paddedElems(c) : 0);
+  zero::NvmeTier nvme1(dir.string(), 1, elems, DType::F32), nvme2(dir.string(), 2, elems, DType::F32);
+  optim::AdamWConfig pipelined{0.01, 0.9, 0.95, 1e-8, 0.1, true, true, 700};  // several pieces per chunk
+  optim::AdamWConfig sequential = pipelined;
+  sequential.pipeline = false;
+  optim::AdamW a(c1, c1.takeMasters(), pipelined, {}, {}, homes, &nvme1);
+  optim::AdamW b(c2, c2.takeMasters(), sequential, {}, {}, homes, &nvme2);
+  Tensor scale = ops::full({}, 0.7, DType::F32, gpu);
+  double share = 0;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<Tensor> ga, gb;
+    for (size_t c = 0; c < n; ++c) {
+      Tensor g =
+          ops::to(ops::rand({c1.paddedElems(c)}, gen, DType::F32, Device::cpu(), -1, 1), gpu, DType::F32);
+      ga.push_back(g);
+      gb.push_back(g.clone());
+    }
+    a.stepChunks(0.01, ga, step == 1 ? Tensor() : scale);
+    b.stepChunks(0.01, gb, step == 1 ? Tensor() : scale);
+    share = std::max(share, a.offloadPhases().gpuLaneShare);
+    INFO("step " << step);
+    for (size_t c = 0; c < n; ++c) {
+      INFO("chunk " << c);
+      REQUIRE(c1.paddedFlat(c).toVector<double>() == c2.paddedFlat(c).toVector<double>());
+      if (homes[c] == Tier::Nvme) continue;
+      REQUIRE(a.masterFlats()[c].toVector<double>() == b.masterFlats()[c].toVector<double>());
+      REQUIRE(a.firstMoments()[c].toVector<double>() == b.firstMoments()[c].toVector<double>());
+      REQUIRE(a.secondMoments()[c].toVector<double>() == b.secondMoments()[c].toVector<double>());
+    }
+  }
+  for (size_t c = 0; c < n; ++c) {
+    if (homes[c] != Tier::Nvme) continue;
+    for (auto f : {zero::NvmeTier::Master, zero::NvmeTier::FirstMoment, zero::NvmeTier::SecondMoment}) {
+      std::vector<float> x(size_t(elems[c])), y(size_t(elems[c]));
+      nvme1.read(c, f, x.data());
+      nvme2.read(c, f, y.data());
+      REQUIRE(x == y);
+    }
+  }
+  // The chunks hold zeros between their parameters (the CPU lane sends whole pieces).
+  const zero::ChunkLayout& layout = c1.layout();
+  for (size_t c = 0; c < n; ++c) {
+    std::vector<bool> inParameter(size_t(c1.paddedElems(c)), false);
+    for (int64_t j : layout.chunks[c].slots)
+      for (int64_t k = 0; k < layout.slots[size_t(j)].numel; ++k)
+        inParameter[size_t(layout.slots[size_t(j)].offset + k)] = true;
+    auto chunk = c1.paddedFlat(c).toVector<double>();
+    for (size_t i = 0; i < chunk.size(); ++i)
+      if (!inParameter[i]) REQUIRE(chunk[i] == 0.0);
+  }
+  INFO("the GPU lane's largest share of a step: " << share);
+  REQUIRE(share > 0);
+}
