@@ -5,7 +5,9 @@
 // Prints one line per measurement, then a markdown table:
 //   cpu_adamw ISA THREADS PARAMS MEDIAN_MS GPARAM_PER_S GB_PER_S
 // Usage: bench_cpu_adamw [--params N] [--threads 1,2,4,8,16] [--isa best|all|avx512|avx2|scalar]
-//                        [--copy bf16|f16|f32|none] [--repeats R]
+//                        [--copy bf16|f16|f32|none] [--repeats R] [--memory plain|huge]
+// --memory huge allocates the buffers as the store allocates host optimizer state (transparent huge pages,
+// NOTE [Host state memory] in core/Allocator.h); plain uses the ordinary host allocator.
 #include <omp.h>
 
 #include <algorithm>
@@ -45,13 +47,16 @@ ops::AdamWHyper hyperAt(int step) {
 
 // Parameters in [-0.5, 0.5), gradients in [-0.01, 0.01), moments zero, written by the threads in the
 // kernel's static partition (first touch: on a multi-socket host each thread's pages are local).
+bool hugePages = false;  // --memory huge
+
+Tensor buffer(int64_t n, DType dtype = DType::F32) {
+  if (!hugePages) return Tensor::empty({n}, dtype);
+  auto storage = std::make_shared<StorageImpl>(size_t(n) * dtypeSize(dtype), hostStateAllocator(false));
+  return Tensor::fromStorage(std::move(storage), {n}, {1}, 0, dtype);
+}
+
 ops::AdamWTensors makeSet(int64_t n, std::optional<DType> copy) {
-  ops::AdamWTensors s{Tensor::empty({n}),
-                      Tensor::empty({n}),
-                      Tensor::empty({n}),
-                      Tensor::empty({n}),
-                      0.1f,
-                      copy ? Tensor::empty({n}, *copy) : Tensor()};
+  ops::AdamWTensors s{buffer(n), buffer(n), buffer(n), buffer(n), 0.1f, copy ? buffer(n, *copy) : Tensor()};
   float *p = static_cast<float*>(s.param.data()), *g = static_cast<float*>(s.grad.data());
   float *m = static_cast<float*>(s.m.data()), *v = static_cast<float*>(s.v.data());
 #pragma omp parallel for schedule(static)
@@ -110,6 +115,8 @@ int main(int argc, char** argv) {
       copyArg = argv[i + 1];
     else if (a == "--repeats")
       repeats = std::max(1, std::stoi(argv[i + 1]));
+    else if (a == "--memory")
+      hugePages = std::string(argv[i + 1]) == "huge";
     else {
       std::fprintf(stderr, "bench_cpu_adamw: unknown argument %s\n", a.c_str());
       return 2;
@@ -140,8 +147,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf(
-      "# %lld parameters, copy %s, %.0f bytes per parameter, %d repeats (median), omp max threads %d\n",
-      (long long)params, copyArg.c_str(), bytesPerParam, repeats, omp_get_max_threads());
+      "# %lld parameters, copy %s, %.0f bytes per parameter, %d repeats (median), omp max threads %d, %s "
+      "pages\n",
+      (long long)params, copyArg.c_str(), bytesPerParam, repeats, omp_get_max_threads(),
+      hugePages ? "huge" : "plain");
   std::fflush(stdout);
 
   std::vector<ops::AdamWTensors> sets{makeSet(params, copy)};

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <deque>
 #include <exception>
+#include <future>
 
 #include "strata/autograd/GradMode.h"
 #include "strata/core/Storage.h"
@@ -169,7 +170,77 @@ struct AdamW::Lanes {
   }
 };
 
-AdamW::~AdamW() = default;
+// NOTE [Delayed SSD update] in AdamW.h: the update running behind the next step.
+struct AdamW::Delayed {
+  std::future<void> job;
+  std::vector<size_t> chunks;         // the SSD chunks it updates, in order
+  std::vector<Tensor> grads, params;  // per chunk over its range: step t's gradients, the new parameters
+};
+
+AdamW::~AdamW() {
+  // The worker uses this optimizer's buffers and SSD tier: it ends before they go.
+  if (delayed_ && delayed_->job.valid()) delayed_->job.wait();
+}
+
+void AdamW::finishDelayed() {
+  if (!delayed_ || !delayed_->job.valid()) return;
+  NoGradGuard noGrad;
+  delayed_->job.get();  // rethrows the worker's error
+  for (size_t c : delayed_->chunks) ops::copy(paramFlats_[c], delayed_->params[c]);
+}
+
+void AdamW::startDelayed(const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
+                         const Tensor& hostScale) {
+  if (!delayed_) delayed_ = std::make_unique<Delayed>();
+  Delayed& d = *delayed_;
+  d.chunks.clear();
+  d.grads.resize(homes_.size());
+  d.params.resize(homes_.size());
+  for (size_t c = 0; c < homes_.size(); ++c) {
+    if (homes_[c] != zero::Tier::Nvme) continue;
+    const zero::ShardRange& r = ranges_[c];
+    const Tensor& g = gradients[c];
+    if (!d.grads[c].defined()) {
+      d.grads[c] = Tensor::empty({r.size()}, DType::F32, Device::cpu());
+      d.params[c] = Tensor::empty({r.size()}, paramFlats_[c].dtype(), Device::cpu());
+    }
+    ops::copy(d.grads[c], g.numel() == r.size() ? g : g.narrow(0, r.begin, r.size()));
+    d.chunks.push_back(c);
+  }
+  Tensor scale = hostScale.defined() ? hostScale.clone() : Tensor();
+  d.job = std::async(std::launch::async, [this, h, scale] {
+    NoGradGuard noGrad;
+    Delayed& d = *delayed_;
+    // Two buffer sets: chunk k + 1 is read while chunk k is updated; a set is read into only after the
+    // write from it has finished.
+    auto fields = [](const HostState& st) {
+      return std::vector<zero::NvmeTier::FieldValues>{{zero::NvmeTier::Master, st.master.data<float>()},
+                                                      {zero::NvmeTier::FirstMoment, st.m.data<float>()},
+                                                      {zero::NvmeTier::SecondMoment, st.v.data<float>()}};
+    };
+    int64_t largest = 0;
+    for (size_t c : d.chunks) largest = std::max(largest, ranges_[c].size());
+    std::vector<zero::NvmeTier::Ticket> reads(d.chunks.size(), 0), writes(d.chunks.size(), 0);
+    auto read = [&](size_t k) {
+      reads[k] =
+          nvme_->readAsync(d.chunks[k], fields(ssdBuffers(k % 2, ranges_[d.chunks[k]].size(), largest)));
+    };
+    if (!d.chunks.empty()) read(0);
+    for (size_t k = 0; k < d.chunks.size(); ++k) {
+      size_t c = d.chunks[k];
+      const zero::ShardRange& r = ranges_[c];
+      nvme_->wait(reads[k]);
+      if (k > 0) nvme_->wait(writes[k - 1]);
+      if (k + 1 < d.chunks.size()) read(k + 1);
+      HostState st = ssdBuffers(k % 2, r.size(), largest);
+      Piece whole{c, r.begin, r.end};
+      zeroPieceGaps(whole, d.params[c]);
+      ops::adamw(pieceSets(whole, st, false, d.grads[c], true, d.params[c]), h, scale);
+      writes[k] = nvme_->writeAsync(c, fields(st));
+    }
+    if (!d.chunks.empty()) nvme_->wait(writes.back());
+  });
+}
 
 void AdamW::step(double lr, const Tensor& gradScale) {
   NoGradGuard noGrad;
@@ -217,15 +288,17 @@ std::vector<Tensor> AdamW::gradientPieces(const std::vector<Tensor>& gradients) 
 void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale) {
   NoGradGuard noGrad;
   STRATA_CHECK(!m_.empty(), "AdamW::stepChunks needs the chunked form");
+  finishDelayed();  // the last step's SSD update, when delayed (NOTE [Delayed SSD update])
   ++step_;
   ops::AdamWHyper h = hyper(lr);
   std::vector<Tensor> grads = gradientPieces(gradients);
+  bool delaySsd = delaysSsd();
   // NOTE [SSD tier] in zero/NvmeTier.h: the SSD chunks' state is read ahead in use order, into two buffer
   // sets that take turns, and written back behind the update. The first read starts before the device's
   // update; any transfer left in flight by an error ends before the buffers can go.
   std::vector<size_t> ssdOrder;
   for (size_t c = 0; c < homes_.size(); ++c)
-    if (homes_[c] == zero::Tier::Nvme) ssdOrder.push_back(c);
+    if (homes_[c] == zero::Tier::Nvme && !delaySsd) ssdOrder.push_back(c);
   struct DrainOnError {
     zero::NvmeTier* nvme;
     int uncaught = std::uncaught_exceptions();
@@ -290,7 +363,7 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
     size_t k = 0;  // the SSD chunks updated so far
     for (size_t c = 0; c < homes_.size(); ++c) {
       if (homes_[c] == zero::Tier::Host) stepHostChunk(c, h, gradients, hostScale, hostState(c));
-      if (homes_[c] != zero::Tier::Nvme) continue;
+      if (homes_[c] != zero::Tier::Nvme || delaySsd) continue;
       HostState st = ssdAcquire(k);
       stepHostChunk(c, h, gradients, hostScale, st);
       ssdRelease(k++, st);
@@ -299,6 +372,7 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
   auto waitStart = std::chrono::steady_clock::now();
   if (written != 0) nvme_->wait(written);
   phases_.ssdWait += secondsSince(waitStart);
+  if (delaySsd) startDelayed(h, gradients, hostScale);
   offDeviceSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -346,6 +420,7 @@ void AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
   Device device = Device::cpu();
   for (zero::Tier tier : {zero::Tier::Nvme, zero::Tier::Host}) {
     if (tier == zero::Tier::Host) hostBegin = pieces.size();
+    if (tier == zero::Tier::Nvme && delaysSsd()) continue;  // the delayed update takes them
     for (size_t c = 0; c < homes_.size(); ++c) {
       if (homes_[c] != tier) continue;
       device = paramFlats_[c].device();
@@ -368,7 +443,7 @@ void AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
     size_t k = 0;
     for (size_t c = 0; c < homes_.size(); ++c) {
       if (homes_[c] == zero::Tier::Host) stepHostChunk(c, h, gradients, hostScale, hostState(c));
-      if (homes_[c] != zero::Tier::Nvme) continue;
+      if (homes_[c] != zero::Tier::Nvme || delaysSsd()) continue;
       HostState st = ssdAcquire(k);
       stepHostChunk(c, h, gradients, hostScale, st);
       ssdRelease(k++, st);
@@ -508,6 +583,7 @@ void AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
 
 void AdamW::moveToDevice(size_t c, Device device) {
   NoGradGuard noGrad;
+  finishDelayed();
   if (homes_[c] == zero::Tier::Device) return;
   HostState st = hostState(c);
   const zero::ShardRange& r = ranges_[c];
@@ -650,6 +726,7 @@ std::vector<std::pair<std::string, Tensor>> AdamW::namedMasters() const {
 
 void AdamW::writeParameters() {
   NoGradGuard noGrad;
+  finishDelayed();
   for (size_t c = 0; c < slotsOf_.size(); ++c) {
     HostState st;
     if (homes_[c] == zero::Tier::Nvme) st = hostState(c);

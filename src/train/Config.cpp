@@ -269,6 +269,8 @@ const std::vector<Field>& schema() {
                             {"fp32", "bf16", "fp16"}));
     f.push_back(boolField(
         "store.arena", [](Config & c) -> auto& { return c.store.arena; }));
+    f.push_back(boolField(
+        "store.delayed_update", [](Config & c) -> auto& { return c.store.delayedUpdate; }));
     // dist
     f.push_back(floatField(
         "dist.timeout_s", [](Config & c) -> auto& { return c.dist.timeoutS; }, 0.1, 1e7));

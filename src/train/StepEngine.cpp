@@ -203,7 +203,8 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
       *chunks_, std::move(masters),
       optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
                          c.optimizer.weightDecay, c.optimizer.pipeline, c.zero.pinMemory,
-                         std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4))},
+                         std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4)),
+                         c.store.delayedUpdate},
       ranges, paramShards_, placement_.optimizerTier, nvme_.get());
   // The bytes as they are: an fp32 chunk's state on the device has no separate master, and the SSD may keep
   // m and v in half precision.
@@ -258,6 +259,7 @@ void ZeroStepEngine::gradientsComplete(size_t chunk) {
 }
 
 void ZeroStepEngine::promoteTracedState() {
+  optimizer_->finishDelayed();
   synchronizeDevice(device_);
   AllocatorStats stats = deviceAllocator(device_).stats();
   uint64_t peak = stats.peakAllocatedBytes;
@@ -454,6 +456,7 @@ SaveTensor ZeroStepEngine::savePiece(const char* kind, size_t c, int field) cons
 }
 
 SaveTensors ZeroStepEngine::checkpointModel() const {
+  optimizer_->finishDelayed();  // NOTE [Delayed SSD update]: the state as every update left it
   SaveTensors out;
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     zero::ShardRange r = chunks_->shard(c, rank_);
@@ -464,6 +467,7 @@ SaveTensors ZeroStepEngine::checkpointModel() const {
 }
 
 SaveTensors ZeroStepEngine::checkpointOptimizer() const {
+  optimizer_->finishDelayed();
   SaveTensors out;
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     zero::ShardRange r = chunks_->shard(c, rank_);
@@ -476,6 +480,7 @@ SaveTensors ZeroStepEngine::checkpointOptimizer() const {
 
 void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
   NoGradGuard noGrad;
+  optimizer_->finishDelayed();
   const zero::ChunkLayout& layout = chunks_->layout();
   reader.checkParameters(layout);
   STRATA_USER_CHECK(

@@ -448,3 +448,73 @@ TEST_CASE("[cuda] the pipelined update of host and SSD state gives the sequentia
   INFO("the GPU lane's largest share of a step: " << share);
   REQUIRE(share > 0);
 }
+
+TEST_CASE("the delayed SSD update lands each step's update one step late, and equals the undelayed one after",
+          "[optim][adamw][chunks][store][nvme][delayed]") {
+  // NOTE [Delayed SSD update]: the reference is the plain optimizer with the same chunks in host memory, fed
+  // the same gradients. After step t the delayed one's SSD chunks hold the reference's parameters of step
+  // t - 1 and every other chunk those of step t; once finished, all parameters and the SSD's state are the
+  // reference's.
+  fs::path dir = test::freshDir("strata-adamw-delayed");
+  auto make = [](Generator& g) {
+    std::vector<std::pair<std::string, Tensor>> ps;
+    for (int k = 0; k < 5; ++k) {
+      Tensor t = ops::rand({60 + 10 * k, 16}, g, DType::F32, Device::cpu(), -0.5, 0.5);
+      t.setRequiresGrad(true);
+      ps.emplace_back("p" + std::to_string(k), t);
+    }
+    return ps;
+  };
+  using zero::Tier;
+  std::vector<Tier> homes = {Tier::Host, Tier::Nvme, Tier::Device, Tier::Nvme, Tier::Host};
+  std::vector<Tier> inMemory = {Tier::Host, Tier::Host, Tier::Device, Tier::Host, Tier::Host};
+  Generator g1(31), g2(31), gen(8);
+  auto ps1 = make(g1), ps2 = make(g2);
+  int64_t chunkBytes = 100 * 16 * 2;  // one parameter per chunk
+  zero::ChunkManager c1(ps1, chunkBytes, DType::BF16), c2(ps2, chunkBytes, DType::BF16);
+  size_t n = c1.numChunks();
+  REQUIRE(n == homes.size());
+  std::vector<int64_t> elems;
+  for (size_t c = 0; c < n; ++c) elems.push_back(homes[c] == Tier::Nvme ? c1.paddedElems(c) : 0);
+  zero::NvmeTier nvme(dir.string(), 1, elems, DType::F32);
+  optim::AdamWConfig cfg{0.01, 0.9, 0.95, 1e-8, 0.1};
+  optim::AdamWConfig delayedCfg = cfg;
+  delayedCfg.delayedSsdUpdate = true;
+  optim::AdamW delayed(c1, c1.takeMasters(), delayedCfg, {}, {}, homes, &nvme);
+  optim::AdamW reference(c2, c2.takeMasters(), cfg, {}, {}, inMemory);
+  std::vector<std::vector<double>> before(n);  // the reference's parameters before the step
+  for (int step = 0; step < 5; ++step) {
+    for (size_t c = 0; c < n; ++c) before[c] = c2.paddedFlat(c).toVector<double>();
+    std::vector<Tensor> ga, gb;
+    for (size_t c = 0; c < n; ++c) {
+      Tensor g = ops::rand({c1.paddedElems(c)}, gen, DType::F32, Device::cpu(), -1, 1);
+      ga.push_back(g);
+      gb.push_back(g.clone());
+    }
+    Tensor scale = step % 2 ? ops::full({}, 0.6, DType::F32, Device::cpu()) : Tensor();
+    delayed.stepChunks(0.01, ga, scale);
+    reference.stepChunks(0.01, gb, scale);
+    INFO("step " << step);
+    for (size_t c = 0; c < n; ++c) {
+      INFO("chunk " << c);
+      std::vector<double> now = c1.paddedFlat(c).toVector<double>();
+      if (homes[c] == Tier::Nvme)
+        REQUIRE(now == before[c]);  // the SSD chunk still holds the last step's parameters
+      else
+        REQUIRE(now == c2.paddedFlat(c).toVector<double>());
+    }
+  }
+  delayed.finishDelayed();
+  for (size_t c = 0; c < n; ++c) {
+    INFO("chunk " << c);
+    REQUIRE(c1.paddedFlat(c).toVector<double>() == c2.paddedFlat(c).toVector<double>());
+    if (homes[c] != Tier::Nvme) continue;
+    std::vector<float> master(size_t(elems[c])), m(size_t(elems[c])), v(size_t(elems[c]));
+    nvme.read(c, zero::NvmeTier::Master, master.data());
+    nvme.read(c, zero::NvmeTier::FirstMoment, m.data());
+    nvme.read(c, zero::NvmeTier::SecondMoment, v.data());
+    REQUIRE(master == reference.masterFlats()[c].toVector<float>());
+    REQUIRE(m == reference.firstMoments()[c].toVector<float>());
+    REQUIRE(v == reference.secondMoments()[c].toVector<float>());
+  }
+}

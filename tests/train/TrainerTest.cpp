@@ -737,3 +737,42 @@ TEST_CASE("[cuda] the pipelined update shares the host state with the GPU and ke
     REQUIRE(last["offload_gpu_share"].get<double>() < 1);
   }
 }
+
+TEST_CASE("store.delayed_update trains with the SSD chunks one step behind, close to the undelayed curve",
+          "[train][trainer][store][nvme][delayed]") {
+  fs::path base = test::freshDir("strata-delayed");
+  std::vector<std::string> tiers = {"model.dropout=0", "zero_optimization.chunk_size_mb=0.02",
+                                    "store.gpu_budget_gb=0.0002", "store.host_budget_gb=0.0002",
+                                    "zero_optimization.nvme_path=" + (base / "nvme").string()};
+  auto run = [&](const std::string& name, bool delayedUpdate) {
+    std::vector<std::string> options = tiers;
+    options.push_back(std::string("store.delayed_update=") + (delayedUpdate ? "true" : "false"));
+    options.push_back("checkpoint.save=" + (base / name / "ckpt").string());
+    options.push_back("checkpoint.save_interval=20");
+    train::Trainer(tinyConfig(base / name, options)).run();
+    return records(base / name);
+  };
+  auto plain = run("plain", false);
+  auto delayed = run("delayed", true);
+  REQUIRE(plain.size() == delayed.size());
+  // Step 1 is the same (nothing is stale yet); later steps depart a little.
+  double worst = 0, firstLoss = 0, lastLoss = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    if (!plain[i].contains("loss")) continue;
+    double d = delayed[i]["loss"].get<double>();
+    if (firstLoss == 0) {
+      firstLoss = d;
+      REQUIRE(d == plain[i]["loss"].get<double>());
+    }
+    lastLoss = d;
+    worst = std::max(worst, std::abs(d - plain[i]["loss"].get<double>()));
+  }
+  INFO("largest loss difference with the delayed SSD update: " << worst);
+  REQUIRE(worst > 0);  // it is a different optimizer
+  // Measured 2026-12-01 on the CPU: the delayed curve trails the plain one by about a step (5 of the 9
+  // chunks' state on the SSD): largest train-loss gap 0.113, loss 3.981 vs 4.084 at step 20, val 3.971
+  // vs 4.075.
+  REQUIRE(worst < 0.2);
+  REQUIRE(lastLoss < firstLoss - 0.5);
+  REQUIRE(fs::exists(base / "delayed" / "ckpt" / "step-20" / "optimizer-rank0.safetensors"));
+}

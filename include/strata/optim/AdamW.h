@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <utility>
@@ -39,7 +40,25 @@ struct AdamWConfig {
   bool pinHostState = true;
   // The pipelined update's piece: elements per piece (optimizer.pipeline_piece_mb of fp32 state per field).
   int64_t pieceElems = int64_t(1) << 22;
+  // SSD-resident chunks are updated one step late (store.delayed_update; NOTE [Delayed SSD update]).
+  bool delayedSsdUpdate = false;
 };
+
+// NOTE [Delayed SSD update]
+// The Angel-PTM paper's "lock-free updating", opt-in (store.delayed_update). At step t the SSD-resident
+// chunks' gradients (clipped and unscaled by step t's coefficient) are copied to host memory and the step
+// returns without updating them; a worker thread then reads their state from the SSD, updates it with step
+// t's learning rate and bias corrections, writes it back and rounds the new parameters into host memory,
+// while step t + 1's forward and backward run. Step t + 1's update first waits for that worker and copies
+// the parameters into the chunks, so:
+// - step t + 1's forward and backward see the SSD chunks' parameters from before step t's update (one step
+//   stale), every other chunk's from after it; the gradients at step t + 1 are taken at those parameters;
+// - every update is applied exactly once, with the gradients of its own step: after finishDelayed() the state
+//   is what the undelayed optimizer reaches from the same sequence of gradients.
+// finishDelayed() runs before anything reads the state (a checkpoint, the memory tracer's move, loading), so
+// a run that saves lands the pending update before the next forward instead of after it (one step less
+// stale there). It costs 4 bytes per SSD-resident parameter of host memory for the gradients, plus the
+// 16-bit parameters'. A non-finite step is skipped before any of this, as always.
 
 // NOTE [Pipelined update]
 // After the step-end decision (NOTE [Step-end decision] in train/StepEngine.h) the chunked form updates:
@@ -125,6 +144,9 @@ class AdamW {
   void writeParameters();
   // Whether chunk c's fp32 values are separate from its parameters (16-bit chunks, or state on the host).
   bool hasMaster(size_t c) const { return c < masters_.size() && masters_[c].defined(); }
+  // Waits for a delayed SSD update still running (NOTE [Delayed SSD update]) and writes its parameters into
+  // the chunks; nothing when none is pending. Rethrows the worker's error.
+  void finishDelayed();
   // Moves chunk c's optimizer state from the host or the SSD to `device` (the memory tracer's promotion):
   // its master, m and v become device tensors updated by the device's kernel. An fp32 chunk's parameters
   // become their own master again.
@@ -195,6 +217,11 @@ class AdamW {
   void zeroPieceGaps(const Piece& p, const Tensor& params) const;
   struct Lanes;  // the lanes' streams, staging and scratch, made on first use
   std::unique_ptr<Lanes> lanes_;
+  // NOTE [Delayed SSD update]: the pending update of the SSD chunks, and starting one.
+  struct Delayed;
+  std::unique_ptr<Delayed> delayed_;
+  void startDelayed(const ops::AdamWHyper& h, const std::vector<Tensor>& gradients, const Tensor& hostScale);
+  bool delaysSsd() const { return config_.delayedSsdUpdate && nvme_ != nullptr; }
   bool hostPinned_ = false;  // every host chunk's state is page-locked (the GPU lane may run)
   int64_t step_ = 0;
   double offDeviceSeconds_ = 0;

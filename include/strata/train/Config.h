@@ -110,6 +110,9 @@ struct StoreConfig {
   // Stage 3 gathers chunks into one reservation of fixed-size slots (NOTE [Chunk arena] in
   // zero/ChunkArena.h); false: into blocks of the caching allocator, for comparison.
   bool arena = true;
+  // SSD-resident state is updated one step late, overlapped with the next step's forward and backward
+  // (NOTE [Delayed SSD update] in optim/AdamW.h). Opt-in: it changes the numbers.
+  bool delayedUpdate = false;
 };
 
 struct DistConfig {
