@@ -245,6 +245,33 @@ TEST_CASE("Adafactor's relative step and its warm-up", "[optim][adafactor]") {
           }).find("relative step") != std::string::npos);
 }
 
+TEST_CASE("ops::adafactor checks its tensors", "[optim][adafactor]") {
+  ops::AdafactorTensors s;
+  s.param = ops::zeros({6, 4});
+  s.grad = ops::zeros({6, 4});
+  s.row = ops::zeros({6});
+  s.col = ops::zeros({5});  // 6 x 5 != 24
+  REQUIRE(test::errorOf([&] { ops::adafactor({s}, ops::AdafactorHyper{}); }).find("multiply to its size") !=
+          std::string::npos);
+  s.col = ops::zeros({4});
+  s.v = ops::zeros({24});  // both forms at once
+  REQUIRE(!test::errorOf([&] { ops::adafactor({s}, ops::AdafactorHyper{}); }).empty());
+  s.v = Tensor();
+  s.m = ops::zeros({24}, DType::F16);  // a first moment is fp32 or bf16
+  REQUIRE(test::errorOf([&] { ops::adafactor({s}, ops::AdafactorHyper{}); }).find("first moment") !=
+          std::string::npos);
+  s.m = Tensor();
+  REQUIRE(test::errorOf([&] {
+            ops::adafactor({s}, ops::AdafactorHyper{}, ops::zeros({2}));
+          }).find("gradient scale") != std::string::npos);
+  // Valid: a zero gradient leaves a parameter without decay as it was (u = 0 / sqrt(eps1)).
+  s.param = ops::full({6, 4}, 0.5, DType::F32, Device::cpu());
+  ops::AdafactorHyper h;
+  h.lr = 0.1f;
+  ops::adafactor({s}, h);
+  REQUIRE(s.param.toVector<float>() == std::vector<float>(24, 0.5f));
+}
+
 TEST_CASE("Adafactor's state bytes: rows and columns for matrices, a full v for vectors",
           "[optim][adafactor]") {
   optim::AdafactorConfig cfg;
