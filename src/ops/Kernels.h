@@ -121,6 +121,8 @@ using FlashAttentionBackwardKernel = void(const Tensor& q, const Tensor& k, cons
 using SumOfSquaresKernel = void(const std::vector<Tensor>& tensors, const Tensor& out);
 using AdamWKernel = void(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper,
                          const Tensor& gradScale);
+using AdafactorKernel = void(const std::vector<AdafactorTensors>& sets, const AdafactorHyper& hyper,
+                             const Tensor& gradScale);
 
 // Calls fn(TypeTag<int64_t>{}) or fn(TypeTag<int32_t>{}) for an index tensor's dtype.
 template <class Fn>

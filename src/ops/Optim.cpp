@@ -42,4 +42,50 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const
   }
 }
 
+void adafactor(const std::vector<AdafactorTensors>& sets, const AdafactorHyper& hyper,
+               const Tensor& gradScale) {
+  if (sets.empty()) return;
+  Device dev = sets[0].param.device();
+  auto fp32On = [&](const Tensor& t) {
+    return t.defined() && t.dtype() == DType::F32 && t.isContiguous() && t.device() == dev;
+  };
+  for (const auto& s : sets) {
+    int64_t n = s.param.numel();
+    STRATA_CHECK(fp32On(s.param) && fp32On(s.grad) && s.grad.numel() == n,
+                 "adafactor: '{}' needs an fp32 contiguous param and grad of its size on {}", s.param.name(),
+                 toString(dev));
+    STRATA_CHECK(
+        !s.m.defined() || ((s.m.dtype() == DType::F32 || s.m.dtype() == DType::BF16) && s.m.isContiguous() &&
+                           s.m.device() == dev && s.m.numel() == n),
+        "adafactor: the first moment of '{}' must be a contiguous fp32 or bf16 tensor of its size on {}",
+        s.param.name(), toString(dev));
+    bool factored = s.row.defined() || s.col.defined();
+    if (factored)
+      STRATA_CHECK(
+          fp32On(s.row) && fp32On(s.col) && !s.v.defined() && s.row.numel() * s.col.numel() == n && n > 0,
+          "adafactor: '{}' ({} elements) needs fp32 row and column statistics whose sizes multiply to "
+          "its size, and no full second moment",
+          s.param.name(), n);
+    else
+      STRATA_CHECK(fp32On(s.v) && s.v.numel() == n,
+                   "adafactor: '{}' needs an fp32 second moment of its size (or row and column statistics)",
+                   s.param.name());
+    STRATA_CHECK(
+        !s.copy.defined() || ((s.copy.dtype() == DType::BF16 || s.copy.dtype() == DType::F16 ||
+                               (s.copy.dtype() == DType::F32 && dev.isCpu())) &&
+                              s.copy.isContiguous() && s.copy.device() == dev && s.copy.numel() == n),
+        "adafactor: the copy of '{}' must be a contiguous bf16/f16 (or, on the CPU, f32) tensor of its "
+        "size on {}",
+        s.param.name(), toString(dev));
+  }
+  if (gradScale.defined())
+    STRATA_CHECK(gradScale.dtype() == DType::F32 && gradScale.numel() == 1 && gradScale.device() == dev,
+                 "adafactor: the gradient scale must be one fp32 value on {}", toString(dev));
+  kernel<AdafactorKernel>("adafactor", dev)(sets, hyper, gradScale);
+  for (const auto& s : sets) {
+    s.param.storage()->bumpVersion();
+    if (s.copy.defined()) s.copy.storage()->bumpVersion();
+  }
+}
+
 }  // namespace strata::ops

@@ -6,6 +6,7 @@
 
 #include "models/Zoo.h"
 #include "strata/core/Device.h"
+#include "strata/optim/Adafactor.h"
 #include "strata/train/Trainer.h"
 #include "strata/zero/ChunkArena.h"
 
@@ -26,14 +27,26 @@ ModelStateInputs modelStateInputs(const Config& c, int ranks, DType compute) {
   in.layout = zero::planChunks(shapes, int64_t(c.zero.chunkSizeMb * double(1 << 20)), compute);
   uint64_t elemBytes = dtypeSize(compute);
   int64_t largest = 0;
-  for (const zero::ChunkInfo& chunk : in.layout.chunks) {
+  bool adafactor = c.optimizer.type == "adafactor";
+  optim::AdafactorConfig adafactorConfig = adafactorConfigFrom(c);
+  for (size_t i = 0; i < in.layout.chunks.size(); ++i) {
+    const zero::ChunkInfo& chunk = in.layout.chunks[i];
     // ChunkManager::padTo: the used length, rounded up to equal shards.
     int64_t padded = (chunk.used + in.ranks - 1) / in.ranks * in.ranks;
     int64_t range = in.stage >= 1 ? padded / in.ranks : padded;
     in.paddedElems.push_back(padded);
     in.rangeElems.push_back(range);
     in.parameterBytes += uint64_t(in.stage == 3 ? range : padded) * elemBytes;
-    in.optimizerBytes.push_back(uint64_t(range) * 4 * 3);
+    uint64_t first = uint64_t(range) * 4, second = uint64_t(range) * 4;
+    if (adafactor) {
+      uint64_t state = optim::adafactorStateBytes(in.layout, i, zero::ShardRange{0, range}, adafactorConfig);
+      first =
+          adafactorConfig.hasFirstMoment() ? uint64_t(range) * (adafactorConfig.firstMomentBf16 ? 2 : 4) : 0;
+      second = state - first;
+    }
+    in.firstMomentBytes.push_back(first);
+    in.secondMomentBytes.push_back(second);
+    in.optimizerBytes.push_back(uint64_t(range) * 4 + first + second);
     largest = std::max(largest, padded);
   }
   // Gradients accumulate in fp32 for 16-bit parameters (ChunkManager), in the parameters' dtype otherwise.

@@ -51,16 +51,17 @@ uint64_t chunkedHeadBytes(uint64_t e, int64_t tokens, int64_t hidden, int64_t vo
 
 }  // namespace
 
-const char* stateKindName(StateKind kind, DType compute) {
+std::string stateKindName(StateKind kind, DType compute, const std::string& optimizer) {
+  bool adafactor = optimizer == "adafactor";
   switch (kind) {
     case kParameters:
       return compute == DType::F32 ? "fp32 parameters" : "16-bit parameters";
     case kMasters:
       return "fp32 masters";
     case kFirstMoments:
-      return "AdamW m (fp32)";
+      return adafactor ? "Adafactor m" : "AdamW m (fp32)";
     case kSecondMoments:
-      return "AdamW v (fp32)";
+      return adafactor ? "Adafactor v (factored)" : "AdamW v (fp32)";
     default:
       return "?";
   }
@@ -191,6 +192,7 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
 
   p.inputs = modelStateInputs(c, p.ranks, p.compute);
   const ModelStateInputs& in = p.inputs;
+  p.optimizer = c.optimizer.type;
   p.activations = estimateActivations(p.spec, p.microBatch, p.compute, p.onGpu);
   // Gradient buffers: every chunk's while backward accumulates; after the last backward's reduce-scatter
   // (stage >= 2, several ranks) only the shards and two chunks in flight.
@@ -232,7 +234,11 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   uint64_t nvmeMomentBytes = dtypeSize(nvmeStateDType(c));
   try {
     std::vector<uint64_t> nvmeBytes;
-    for (int64_t range : in.rangeElems) nvmeBytes.push_back(uint64_t(range) * (4 + 2 * nvmeMomentBytes));
+    // (Adafactor's state has no SSD form yet: its bytes as they are.)
+    for (size_t i = 0; i < in.rangeElems.size(); ++i)
+      nvmeBytes.push_back(p.optimizer == "adafactor"
+                              ? in.optimizerBytes[i]
+                              : uint64_t(in.rangeElems[i]) * (4 + 2 * nvmeMomentBytes));
     p.placement = zero::placeModelState(in.parameterBytes, in.optimizerBytes, p.budgets, nvmeBytes);
   } catch (const Error& e) {
     p.placement = zero::StorePlacement{};
@@ -248,16 +254,23 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
     int tier = int(p.placement.optimizerTier[i]);
     uint64_t range = uint64_t(in.rangeElems[i]) * 4;
-    uint64_t moments = p.placement.optimizerTier[i] == zero::Tier::Nvme ? range / 4 * nvmeMomentBytes : range;
+    bool onSsd = p.placement.optimizerTier[i] == zero::Tier::Nvme && p.optimizer != "adafactor";
+    uint64_t moments = range / 4 * nvmeMomentBytes;
     bool master = p.compute != DType::F32 || p.placement.optimizerTier[i] != zero::Tier::Device;
     if (master) p.kindBytes[kMasters][tier] += range;
-    p.kindBytes[kFirstMoments][tier] += moments;
-    p.kindBytes[kSecondMoments][tier] += moments;
+    p.kindBytes[kFirstMoments][tier] += onSsd ? moments : in.firstMomentBytes[i];
+    p.kindBytes[kSecondMoments][tier] += onSsd ? moments : in.secondMomentBytes[i];
     if (!master) {
       p.placement.bytes[tier] -= range;
       p.placement.optimizerBytes[i] -= range;
     }
   }
+
+  uint64_t optimizerBytes = 0;
+  for (int k : {kMasters, kFirstMoments, kSecondMoments})
+    for (int t = 0; t < zero::kNumTiers; ++t) optimizerBytes += p.kindBytes[k][t];
+  if (in.rangeElemsTotal() > 0)
+    p.optimizerBytesPerParameter = double(optimizerBytes) / double(in.rangeElemsTotal());
 
   p.devicePeakBytes = p.placement.bytes[int(zero::Tier::Device)] + nonModel;
   if (p.placement.optimizerTier.empty()) p.devicePeakBytes = in.parameterBytes + nonModel;
@@ -382,11 +395,16 @@ std::string formatPlan(const ModelStatePlan& p) {
                      gib(uint64_t(p.inputs.layout.chunkElems) * dtypeSize(p.compute)),
                      gib(uint64_t(p.inputs.largestChunkElems) * dtypeSize(p.compute)));
 
+  out << fmt::format(
+      "optimizer      {}: {:.3f} bytes of optimizer state per parameter (fp32 masters included{})\n",
+      p.optimizer, p.optimizerBytesPerParameter,
+      p.optimizer == "adafactor" ? "; the second moment factored per matrix" : "");
+
   out << "\nmodel state per rank, by tier:\n";
   out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "", "device", "host", "ssd");
   uint64_t total[zero::kNumTiers] = {};
   for (int k = 0; k < kNumStateKinds; ++k) {
-    out << fmt::format("  {:<22}", stateKindName(StateKind(k), p.compute));
+    out << fmt::format("  {:<22}", stateKindName(StateKind(k), p.compute, p.optimizer));
     for (int t = 0; t < zero::kNumTiers; ++t) {
       out << fmt::format(" {:>12}", p.kindBytes[k][t] ? gib(p.kindBytes[k][t]) : "-");
       total[t] += p.kindBytes[k][t];

@@ -178,3 +178,28 @@ TEST_CASE("plan: state past the host budget goes to the SSD, and a config too bi
   REQUIRE(!small.fits);
   REQUIRE(small.refusal.find("activations") != std::string::npos);
 }
+
+TEST_CASE("plan and the placement inputs count Adafactor's factored state", "[train][plan][adafactor]") {
+  train::PlanOptions options = roundMachine();
+  train::Config adam = configFile("gpt3-1.3b.yaml");
+  train::Config ada =
+      configFile("gpt3-1.3b.yaml", {"optimizer.type=adafactor", "optimizer.adafactor_beta1=0.9",
+                                    "optimizer.adafactor_bf16_momentum=true"});
+  train::ModelStatePlan pa = train::planModelState(adam, options), pf = train::planModelState(ada, options);
+  REQUIRE(pa.optimizer == "adamw");
+  REQUIRE(pf.optimizer == "adafactor");
+  // AdamW: bf16 parameters, fp32 master, m and v: 12 bytes per parameter of optimizer state.
+  REQUIRE(pa.optimizerBytesPerParameter == Approx(12.0));
+  // Adafactor: the fp32 master (4), a bf16 m (2) and the factored v: a little over 6.
+  REQUIRE(pf.optimizerBytesPerParameter > 6.0);
+  REQUIRE(pf.optimizerBytesPerParameter < 6.1);
+  const train::ModelStateInputs& in = pf.inputs;
+  for (size_t i = 0; i < in.layout.chunks.size(); ++i) {
+    REQUIRE(in.firstMomentBytes[i] == uint64_t(in.rangeElems[i]) * 2);
+    REQUIRE(in.optimizerBytes[i] == uint64_t(in.rangeElems[i]) * 6 + in.secondMomentBytes[i]);
+    REQUIRE(in.secondMomentBytes[i] < uint64_t(in.rangeElems[i]) / 10);
+  }
+  std::string text = train::formatPlan(pf);
+  REQUIRE(text.find("Adafactor v (factored)") != std::string::npos);
+  REQUIRE(text.find("optimizer      adafactor") != std::string::npos);
+}

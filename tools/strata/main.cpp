@@ -16,6 +16,7 @@
 
 #include "models/Zoo.h"
 #include "models/ZooHf.h"
+#include "strata/optim/Adafactor.h"
 #include "strata/strata.h"
 #include "strata/train/Calibration.h"
 #include "strata/train/Checkpoint.h"
@@ -76,6 +77,7 @@ int runBench(const std::string& configPath, std::vector<std::string> overrides, 
     overrides.push_back(kv);
   if (profile) setenv("STRATA_PROFILE", "1", 1);
   train::Config config = train::loadConfig(configPath, overrides, /*requireData=*/false);
+  train::requireTrainableOptimizer(config);
   train::Trainer trainer(config);
   train::TrainResult r = trainer.run();
   const train::TrainRecord& m = r.last;
@@ -114,8 +116,9 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   std::printf("FLOPs/token    %.4g (%s, training)\n", flops, models::flopsFormula(spec).c_str());
   std::printf("tokens/iter    %ld\n", long(c.train.globalBatchSize * c.model.seqLength));
   // Bytes per parameter of each kind of state, as training lays it out (zero/ChunkManager.h): parameters
-  // in chunks of the compute dtype, fp32 gradient buffers per chunk, and AdamW's fp32 master, m and v per
-  // chunk (a fp32 parameter is its own master).
+  // in chunks of the compute dtype, fp32 gradient buffers per chunk, and the optimizer's fp32 master and
+  // state per chunk (a fp32 parameter is its own master): AdamW's m and v, or Adafactor's factored second
+  // moment and optional first moment (optim::adafactorStateBytes).
   // The configured device, present or not (info plans; it does not run).
   Device planned = c.train.device == "auto" ? (cudaAvailable() ? Device::cuda(0) : Device::cpu())
                                             : Device::parse(c.train.device);
@@ -126,22 +129,44 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
     double bytesPerParam;
     std::string note;
   };
+  auto shapes = models::parameterShapes(train::modelSpecFrom(c, Device::cpu()));
+  bool adafactor = c.optimizer.type == "adafactor";
+  std::string optimizerName = adafactor ? "Adafactor" : "AdamW";
   std::vector<Kind> kinds = {{dt + " parameters", double(dtypeSize(compute)), "views into the chunks"}};
   kinds.push_back({"fp32 gradients", 4, "flat buffer per chunk"});
-  if (compute != DType::F32) kinds.push_back({"fp32 masters (AdamW)", 4, "per chunk"});
-  kinds.push_back({"AdamW m (fp32)", 4, "per chunk"});
-  kinds.push_back({"AdamW v (fp32)", 4, "per chunk"});
+  if (compute != DType::F32) kinds.push_back({"fp32 masters (" + optimizerName + ")", 4, "per chunk"});
+  if (adafactor) {
+    optim::AdafactorConfig ac = train::adafactorConfigFrom(c);
+    std::vector<Shape> shapeList;
+    for (const auto& [name, shape] : shapes) shapeList.push_back(shape);
+    double total = double(optim::adafactorStateBytes(shapeList, ac));
+    double firstMoment = ac.hasFirstMoment() ? (ac.firstMomentBf16 ? 2.0 : 4.0) : 0.0;
+    if (ac.hasFirstMoment())
+      kinds.push_back({std::string("Adafactor m (") + (ac.firstMomentBf16 ? "bf16" : "fp32") + ")",
+                       firstMoment, "per chunk"});
+    kinds.push_back({"Adafactor v (factored)", total / double(params) - firstMoment,
+                     "row and column means per matrix, full v per vector"});
+  } else {
+    kinds.push_back({"AdamW m (fp32)", 4, "per chunk"});
+    kinds.push_back({"AdamW v (fp32)", 4, "per chunk"});
+  }
   double perParam = 0;
-  std::printf("model state by kind:     bytes/param  total\n");
+  std::printf("model state by kind:       bytes/param  total\n");
+  // Whole numbers as before; Adafactor's factored state needs decimals.
+  auto figure = [](double b) {
+    return b == std::floor(b) ? fmt::format("{:6.0f}", b) : fmt::format("{:6.3f}", b);
+  };
   for (const auto& k : kinds) {
     perParam += k.bytesPerParam;
-    std::printf("  %-28s %4.0f  %10s%s%s\n", k.name.c_str(), k.bytesPerParam,
+    std::printf("  %-28s %s  %10s%s%s\n", k.name.c_str(), figure(k.bytesPerParam).c_str(),
                 humanBytes(k.bytesPerParam * double(params)).c_str(), k.note.empty() ? "" : "  ",
                 k.note.c_str());
   }
-  std::printf("  %-28s %4.0f  %10s\n", "model state total", perParam,
+  std::printf("  %-28s %s  %10s\n", "model state total", figure(perParam).c_str(),
               humanBytes(perParam * double(params)).c_str());
-  auto shapes = models::parameterShapes(train::modelSpecFrom(c, Device::cpu()));
+  double optimizerState = perParam - double(dtypeSize(compute)) - 4;
+  std::printf("optimizer state (%s, optimizer.type): %.3f bytes/param beyond the parameters and gradients\n",
+              optimizerName.c_str(), optimizerState);
   int64_t chunkBytes = int64_t(c.zero.chunkSizeMb * double(1 << 20));
   zero::ChunkLayout layout = zero::planChunks(shapes, chunkBytes, compute);
   std::printf("parameter chunks (zero_optimization.chunk_size_mb %g, first-use order): %s",

@@ -233,6 +233,38 @@ Tensor sumOfSquares(const std::vector<Tensor>& tensors);
 void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper,
            const Tensor& gradScale = Tensor());
 
+// Adafactor (Shazeer & Stern 2018, as HF transformers' Adafactor) over a list of tensors on one device, in
+// place, with the gradients times `gradScale` (as adamw's). Per set, with g the scaled gradient:
+//  1. second moment, at this step's decay beta2: factored (`row` [R] and `col` [C], R * C = numel, the
+//     parameter read as an R x C matrix): row_i = beta2 row_i + (1 - beta2) mean_j(g_ij^2 + eps1), col_j
+//     likewise over i; else `v` = beta2 v + (1 - beta2) (g^2 + eps1);
+//  2. u = g / sqrt(row_i / mean(row) * col_j), or g / sqrt(v);
+//  3. clipping: u /= max(1, RMS(u) / clipThreshold) (no clipping when clipThreshold <= 0);
+//  4. the step size: lr times max(eps2, RMS(param)) with scaleParameter (RMS before this update), else lr;
+//     u *= that step size;
+//  5. first moment when `m` is defined (fp32 or bf16): m = beta1 m + (1 - beta1) u, and u = m;
+//  6. param = param (1 - step size x weightDecay) - u; `copy` as adamw's.
+// param, grad, v, row, col: fp32 contiguous. RMS and mean are per set. The reductions run as separate passes
+// (a set's sums are combined in a fixed order: the CPU's results do not depend on its thread count).
+struct AdafactorTensors {
+  Tensor param, grad;
+  Tensor m;         // undefined: no first moment
+  Tensor v;         // unfactored second moment (numel), undefined when factored
+  Tensor row, col;  // factored second moment, undefined when not
+  float weightDecay = 0.0f;
+  Tensor copy;
+};
+struct AdafactorHyper {
+  float lr = 0;     // before the parameter scale: an explicit lr, or the relative step
+  float beta1 = 0;  // for sets with m
+  float beta2 = 0;  // this step's decay, 1 - t^decayRate
+  float eps1 = 1e-30f, eps2 = 1e-3f;
+  float clipThreshold = 1.0f;
+  bool scaleParameter = true;
+};
+void adafactor(const std::vector<AdafactorTensors>& sets, const AdafactorHyper& hyper,
+               const Tensor& gradScale = Tensor());
+
 // ---- joining
 // ------------------------------------------------------------------------------------------------------
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);

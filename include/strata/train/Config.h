@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+namespace strata::optim {
+struct AdafactorConfig;
+}
+
 namespace strata::train {
 
 struct ModelConfig {
@@ -64,8 +68,22 @@ struct TrainLoopConfig {
   int64_t maxNonfiniteSteps = 5;
 };
 
+// Adafactor's options (optimizer.type adafactor; optim/Adafactor.h). The defaults are HF's advice for an
+// external learning rate (optimizer.lr and the schedule): no relative step, no parameter scale, no first
+// moment.
+struct AdafactorOptions {
+  bool relativeStep = false;  // min(1e-2, 1/sqrt(t)) instead of optimizer.lr and the schedule
+  bool warmupInit = false;
+  bool scaleParameter = false;
+  double beta1 = -1;  // negative: no first moment
+  bool bf16Momentum = false;
+  double decayRate = -0.8;
+  double eps1 = 1e-30, eps2 = 1e-3;
+  double clipThreshold = 1.0;  // 0: no update clipping
+};
+
 struct OptimizerConfig {
-  std::string type = "adamw";
+  std::string type = "adamw";  // adamw, adafactor
   double lr = 1e-3;
   double minLr = 1e-4;
   double weightDecay = 0.1;
@@ -74,6 +92,7 @@ struct OptimizerConfig {
   double clipGrad = 1.0;        // 0: no clipping
   bool pipeline = true;         // the pipelined CPU+GPU update of offloaded state (NOTE [Pipelined update])
   double pipelinePieceMb = 16;  // its pieces: MiB of fp32 state per field (4M elements)
+  AdafactorOptions adafactor;
 };
 
 struct LrScheduleConfig {
@@ -161,6 +180,13 @@ std::vector<std::string> configKeys();
 // The effective value of every key under `prefix` ("model." for the model section), defaults included, as
 // YAML text: what a checkpoint's manifest records to check a resume against.
 std::map<std::string, std::string> effectiveValues(const Config& config, const std::string& prefix = "");
+// optimizer.* as Adafactor's config (optim/Adafactor.h): the adafactor_* keys, optimizer.lr (unless the
+// relative step is on) and optimizer.weight_decay.
+optim::AdafactorConfig adafactorConfigFrom(const Config& config);
+// Stops with a clear error when `config` names an optimizer the training step cannot build yet (adafactor:
+// NOTE [Adafactor not in the step engine yet] in train/Config.cpp). loadConfig calls it when it requires
+// data (training); `place` names the key's file and line.
+void requireTrainableOptimizer(const Config& config, const std::string& place = "");
 // Levenshtein distance, for "did you mean" suggestions (config keys, subcommands).
 size_t editDistance(const std::string& a, const std::string& b);
 // Whether two YAML texts of one key denote the same value (numbers compare as numbers).

@@ -25,8 +25,12 @@ struct ModelStateInputs {
   std::vector<int64_t> rangeElems;   // per chunk: the elements whose optimizer state this rank keeps
   // This rank's parameters on the device: the padded chunks, or their shards at stage 3.
   uint64_t parameterBytes = 0;
-  // Per chunk: this rank's range x 12 bytes (fp32 master, m, v), as the engine asks the placement.
+  // Per chunk: this rank's optimizer state as the engine asks the placement: AdamW's range x 12 bytes (fp32
+  // master, m, v); Adafactor's fp32 master (range x 4) and its state (optim::adafactorStateBytes, the
+  // pieces of rank 0's range).
   std::vector<uint64_t> optimizerBytes;
+  // Per chunk, the parts of optimizerBytes: first and second moments (on the device or the host).
+  std::vector<uint64_t> firstMomentBytes, secondMomentBytes;
   // fp32 gradient buffers on the device: every padded chunk's (what backward accumulates into, across the
   // micro-batches of a step), and this rank's shards of them (stage >= 2 on several ranks: what is left
   // after the last backward's reduce-scatter).

@@ -75,7 +75,8 @@ struct StepTerm {
 
 // The kinds of model state, per tier.
 enum StateKind { kParameters, kMasters, kFirstMoments, kSecondMoments, kNumStateKinds };
-const char* stateKindName(StateKind kind, DType compute);
+// The names `strata plan` prints; `optimizer`: optimizer.type (adamw, adafactor).
+std::string stateKindName(StateKind kind, DType compute, const std::string& optimizer = "adamw");
 
 struct ModelStatePlan {
   models::ModelSpec spec;
@@ -90,6 +91,9 @@ struct ModelStatePlan {
   zero::StoreBudgets budgets;
   zero::StorePlacement placement;
   uint64_t kindBytes[kNumStateKinds][zero::kNumTiers] = {};
+  std::string optimizer = "adamw";  // optimizer.type
+  // The optimizer's bytes per parameter on this rank's share: fp32 masters (where separate) and state.
+  double optimizerBytesPerParameter = 0;
   ActivationEstimate activations;
   uint64_t gradientPeakBytes = 0, workspaceBytes = 0, deviceCapacityBytes = 0, devicePeakBytes = 0;
   std::vector<StepTerm> terms;

@@ -1,4 +1,6 @@
-// CPU optimizer kernels: AdamW (CpuAdamW.cpp) and the gradient norm's sum of squares.
+// CPU optimizer kernels: AdamW (CpuAdamW.cpp), Adafactor (CpuAdafactor.cpp) and the gradient norm's sum of
+// squares.
+#include "CpuAdafactor.h"
 #include "CpuAdamW.h"
 #include "CpuKernels.h"
 
@@ -28,6 +30,7 @@ void sumOfSquares(const std::vector<Tensor>& tensors, const Tensor& out) {
 void registerOptim(Registry& r) {
   r.add<SumOfSquaresKernel>("sum_of_squares", DeviceType::CPU, &sumOfSquares);
   r.add<AdamWKernel>("adamw", DeviceType::CPU, &adamw);
+  r.add<AdafactorKernel>("adafactor", DeviceType::CPU, &cpu::adafactor);
 }
 
 }  // namespace strata::ops::cpu

@@ -1,5 +1,10 @@
-// CUDA launcher and registration: fused multi-tensor AdamW.
+// CUDA launchers and registration: fused multi-tensor AdamW, multi-tensor Adafactor, the gradient norm.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/Adafactor.cuh"
 #include "kernels/Optim.cuh"
+#include "src/ops/AdafactorWork.h"
 #include "src/ops/cuda/CudaCommon.h"
 
 namespace strata::ops::cuda {
@@ -71,11 +76,139 @@ void sumOfSquares(const std::vector<Tensor>& tensors, const Tensor& out) {
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
+// ----
+
+// Each pass over every set is one launch (kernels/Adafactor.cuh). The descriptor tables, the column
+// scratch, the per-block partial sums and the per-set scalars live in two device buffers from the caching
+// allocator; the tables travel in one copy on the compute stream.
+void adafactor(const std::vector<AdafactorTensors>& sets, const AdafactorHyper& h, const Tensor& gradScale) {
+  if (sets.empty()) return;
+  Device dev = sets[0].param.device();
+  DeviceGuard guard(dev.index);
+  constexpr int64_t kBlockElems = 65536, kSliceRows = 256, kMaxSlices = 64, kFinishColumns = 256;
+  std::vector<AdafactorBlock> blocks;
+  std::vector<int64_t> firstBlock;
+  adafactorBlocks(sets, kBlockElems, blocks, firstBlock);
+  if (blocks.empty()) return;
+  // Column slices: each factored set's rows in up to kMaxSlices slices of at least kSliceRows rows.
+  struct SetSlices {
+    int64_t slices = 0, rowsPer = 0, scratchOffset = 0;
+  };
+  std::vector<SetSlices> slicing(sets.size());
+  int64_t scratchFloats = 0;
+  for (size_t k = 0; k < sets.size(); ++k) {
+    if (!adafactorFactored(sets[k])) continue;
+    int64_t rows = sets[k].row.numel();
+    SetSlices& sl = slicing[k];
+    int64_t want = std::clamp<int64_t>((rows + kSliceRows - 1) / kSliceRows, 1, kMaxSlices);
+    sl.rowsPer = (rows + want - 1) / want;
+    sl.slices = (rows + sl.rowsPer - 1) / sl.rowsPer;
+    sl.scratchOffset = scratchFloats;
+    scratchFloats += sl.slices * sets[k].col.numel();
+  }
+  int64_t numBlocks = int64_t(blocks.size());
+  // Workspace: column scratch, then the parameter and update partials (one float per block each).
+  Tensor workspace = Tensor::empty({std::max<int64_t>(1, scratchFloats + 2 * numBlocks)}, DType::F32, dev);
+  float* scratch = static_cast<float*>(workspace.data());
+  float* paramPartial = scratch + scratchFloats;
+  float* updatePartial = paramPartial + numBlocks;
+  std::vector<kernels::AdafactorSetDesc> descs;
+  std::vector<kernels::AdafactorWorkBlock> work;
+  std::vector<kernels::AdafactorColumnSlice> columnSlices;
+  std::vector<kernels::AdafactorColumnFinish> finishes;
+  for (size_t k = 0; k < sets.size(); ++k) {
+    const AdafactorTensors& s = sets[k];
+    bool factored = adafactorFactored(s);
+    kernels::AdafactorSetDesc d{};
+    d.param = static_cast<float*>(s.param.data());
+    d.grad = static_cast<const float*>(s.grad.data());
+    d.m = s.m.defined() ? s.m.data() : nullptr;
+    d.mKind = !s.m.defined() ? 0 : s.m.dtype() == DType::BF16 ? 2 : 1;
+    d.v = factored ? nullptr : static_cast<float*>(s.v.data());
+    d.row = factored ? static_cast<float*>(s.row.data()) : nullptr;
+    d.col = factored ? static_cast<float*>(s.col.data()) : nullptr;
+    d.n = s.param.numel();
+    d.rows = factored ? s.row.numel() : 0;
+    d.cols = factored ? s.col.numel() : 0;
+    d.firstBlock = firstBlock[k];
+    d.numBlocks = firstBlock[k + 1] - firstBlock[k];
+    d.weightDecay = s.weightDecay;
+    d.copy = s.copy.defined() ? s.copy.data() : nullptr;
+    d.copyKind = !s.copy.defined() ? 0 : s.copy.dtype() == DType::BF16 ? 1 : 2;
+    descs.push_back(d);
+    if (!factored) continue;
+    const SetSlices& sl = slicing[k];
+    for (int64_t c = 0; c < d.cols; c += 32)
+      for (int64_t slice = 0; slice < sl.slices; ++slice)
+        columnSlices.push_back(kernels::AdafactorColumnSlice{
+            int64_t(k), c, std::min(d.cols, c + 32), slice * sl.rowsPer,
+            std::min(d.rows, (slice + 1) * sl.rowsPer), scratch + sl.scratchOffset, slice});
+    for (int64_t c = 0; c < d.cols; c += kFinishColumns)
+      finishes.push_back(kernels::AdafactorColumnFinish{int64_t(k), c, std::min(d.cols, c + kFinishColumns),
+                                                        sl.slices, scratch + sl.scratchOffset});
+  }
+  for (const AdafactorBlock& b : blocks) work.push_back(kernels::AdafactorWorkBlock{b.set, b.begin, b.end});
+  STRATA_CHECK(work.size() < (size_t(1) << 31) && columnSlices.size() < (size_t(1) << 31),
+               "adafactor: too many blocks ({})", work.size());
+  // One table: set descriptors, work blocks, column slices, column finishes, then the per-set scalars.
+  auto align = [](size_t b) { return (b + 15) / 16 * 16; };
+  size_t setsBytes = align(descs.size() * sizeof(kernels::AdafactorSetDesc));
+  size_t workBytes = align(work.size() * sizeof(kernels::AdafactorWorkBlock));
+  size_t slicesBytes = align(columnSlices.size() * sizeof(kernels::AdafactorColumnSlice));
+  size_t finishBytes = align(finishes.size() * sizeof(kernels::AdafactorColumnFinish));
+  size_t scalarsBytes = sets.size() * sizeof(kernels::AdafactorSetScalars);
+  std::vector<uint8_t> host(setsBytes + workBytes + slicesBytes + finishBytes, 0);
+  std::memcpy(host.data(), descs.data(), descs.size() * sizeof(kernels::AdafactorSetDesc));
+  std::memcpy(host.data() + setsBytes, work.data(), work.size() * sizeof(kernels::AdafactorWorkBlock));
+  if (!columnSlices.empty())
+    std::memcpy(host.data() + setsBytes + workBytes, columnSlices.data(),
+                columnSlices.size() * sizeof(kernels::AdafactorColumnSlice));
+  if (!finishes.empty())
+    std::memcpy(host.data() + setsBytes + workBytes + slicesBytes, finishes.data(),
+                finishes.size() * sizeof(kernels::AdafactorColumnFinish));
+  Tensor table = Tensor::empty({int64_t(host.size() + scalarsBytes)}, DType::U8, dev);
+  cudaStream_t stream = streamOf(table);
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(table.data(), host.data(), host.size(), cudaMemcpyHostToDevice, stream));
+  uint8_t* base = static_cast<uint8_t*>(table.data());
+  auto* dSets = reinterpret_cast<const kernels::AdafactorSetDesc*>(base);
+  auto* dWork = reinterpret_cast<const kernels::AdafactorWorkBlock*>(base + setsBytes);
+  auto* dSlices = reinterpret_cast<const kernels::AdafactorColumnSlice*>(base + setsBytes + workBytes);
+  auto* dFinish =
+      reinterpret_cast<const kernels::AdafactorColumnFinish*>(base + setsBytes + workBytes + slicesBytes);
+  auto* dScalars = reinterpret_cast<kernels::AdafactorSetScalars*>(base + host.size());
+  kernels::AdafactorParams p{
+      h.lr, h.beta1, h.beta2, h.eps1, h.eps2, h.clipThreshold, h.scaleParameter ? 1 : 0};
+  const float* scale = gradScale.defined() ? static_cast<const float*>(gradScale.data()) : nullptr;
+  unsigned numSets = unsigned(sets.size());
+  kernels::adafactorStatsKernel<<<unsigned(numBlocks), 256, 0, stream>>>(dSets, dWork, p, scale,
+                                                                         paramPartial);
+  STRATA_CUDA_CHECK_LAUNCH();
+  if (!columnSlices.empty()) {
+    kernels::adafactorColumnPartialKernel<<<unsigned(columnSlices.size()), dim3(32, 8), 0, stream>>>(
+        dSets, dSlices, p, scale);
+    STRATA_CUDA_CHECK_LAUNCH();
+    kernels::adafactorColumnFinishKernel<<<unsigned(finishes.size()), 256, 0, stream>>>(dSets, dFinish, p);
+    STRATA_CUDA_CHECK_LAUNCH();
+  }
+  kernels::adafactorSetScalarsKernel<<<numSets, 256, 0, stream>>>(dSets, paramPartial, p, dScalars);
+  STRATA_CUDA_CHECK_LAUNCH();
+  kernels::adafactorUpdateSquaresKernel<<<unsigned(numBlocks), 256, 0, stream>>>(dSets, dWork, dScalars,
+                                                                                 scale, updatePartial);
+  STRATA_CUDA_CHECK_LAUNCH();
+  kernels::adafactorClipKernel<<<numSets, 256, 0, stream>>>(dSets, updatePartial, p, dScalars);
+  STRATA_CUDA_CHECK_LAUNCH();
+  kernels::adafactorApplyKernel<<<unsigned(numBlocks), 256, 0, stream>>>(dSets, dWork, dScalars, p, scale);
+  STRATA_CUDA_CHECK_LAUNCH();
+  // `host` is pageable: cudaMemcpyAsync has read it when it returns. The workspace and the table go back
+  // to the allocator as adamw's table does, on the stream that used them.
+}
+
 }  // namespace
 
 void registerOptim(Registry& r) {
   r.add<SumOfSquaresKernel>("sum_of_squares", DeviceType::CUDA, &sumOfSquares);
   r.add<AdamWKernel>("adamw", DeviceType::CUDA, &adamw);
+  r.add<AdafactorKernel>("adafactor", DeviceType::CUDA, &adafactor);
 }
 
 }  // namespace strata::ops::cuda

@@ -1,0 +1,130 @@
+// Adafactor (Shazeer & Stern 2018, "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost"), as HF
+// transformers' `Adafactor` computes it, beside an fp32 master like AdamW (optim/AdamW.h), with the same two
+// ways to hold the state and the same method names, so that both can sit behind one interface.
+//
+// The update of a tensor at step t (ops::adafactor has the formulas):
+// - second moment with decay beta2_t = 1 - t^decayRate, of g^2 + eps1; factored for a matrix: a running
+//   mean of each row (R values) and of each column (C values) instead of R x C, and g is divided by
+//   sqrt(row_i / mean(row) * col_j); a tensor of rank 1 keeps a full v;
+// - the update is divided by max(1, RMS(update) / clipThreshold);
+// - step size: an explicit lr, or with relativeStep min(1e-2, 1/sqrt(t)) (warmupInit: min(1e-6 t,
+//   1/sqrt(t))); with scaleParameter times max(eps2, RMS(master)), the RMS taken before the update;
+// - an optional first moment (beta1 >= 0) of the scaled update, in fp32 or bf16 (firstMomentBf16);
+// - decoupled weight decay: master *= 1 - step size x weightDecay, for parameters of rank >= 2 only (as
+//   AdamW here; HF decays every parameter).
+// A tensor of rank > 2 is factored as the matrix [numel / last dim, last dim] (HF factors each slice of
+// its leading dims separately).
+//
+// What is factored, and how the state maps to pieces:
+// - per parameter: each parameter of rank >= 2 is factored; its state is "v_row.<name>" [R] and
+//   "v_col.<name>" [C]; a rank-1 parameter has "v.<name>"; with a first moment, "m.<name>".
+// - per chunk: each parameter piece inside this rank's range (ZeRO shard) gets its own state, as one
+//   tensor of its own would. A piece that is a whole parameter of rank >= 2, or whole rows of one (the rows
+//   inside the range), is factored over its rows: its R is the piece's rows, C the parameter's last dim.
+//   Any other piece (a rank-1 parameter, or a piece that starts or ends mid-row) keeps a full v. The
+//   statistics, RMS(master) and RMS(update) are then the piece's, not the whole parameter's: a
+//   parameter split across ranks is updated as its pieces would be on their own (with one rank every piece
+//   is a whole parameter, and the update equals the per-parameter form's). Per chunk the state is two flat
+//   buffers: "exp_avg.<chunk>" (the first moment over the range, fp32 or bf16; absent without one) and
+//   "exp_avg_sq.<chunk>" (fp32: per piece in layout order, either its R row values then its C column
+//   values, or its full v).
+// The state is on the parameters' device only (no host or SSD tier).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/core/Tensor.h"
+#include "strata/ops/Ops.h"
+#include "strata/zero/ChunkLayout.h"
+#include "strata/zero/ChunkManager.h"
+
+namespace strata::optim {
+
+struct AdafactorConfig {
+  double lr = 0;      // explicit step size; 0: the relative step
+  double beta1 = -1;  // first moment's decay; negative: no first moment
+  bool firstMomentBf16 = false;
+  double decayRate = -0.8;
+  double eps1 = 1e-30;         // added to g^2
+  double eps2 = 1e-3;          // least parameter scale
+  double clipThreshold = 1.0;  // <= 0: no update clipping
+  double weightDecay = 0.0;
+  bool scaleParameter = true;
+  bool relativeStep = true;
+  bool warmupInit = false;
+
+  // The relative step is used when asked for, or when no explicit lr is given.
+  bool usesRelativeStep() const { return relativeStep || lr <= 0; }
+  bool hasFirstMoment() const { return beta1 >= 0; }
+};
+
+// Optimizer-state bytes of Adafactor for parameters of these shapes, excluding the fp32 masters: the first
+// moment (4 or 2 bytes per element) and the second moment (R + C values per matrix, numel per vector).
+uint64_t adafactorStateBytes(const std::vector<Shape>& shapes, const AdafactorConfig& config);
+// The same for elements [range.begin, range.end) of chunk `chunk` of `layout`, cut into pieces as the
+// chunked form cuts them.
+uint64_t adafactorStateBytes(const zero::ChunkLayout& layout, size_t chunk, zero::ShardRange range,
+                             const AdafactorConfig& config);
+
+class Adafactor {
+ public:
+  // fp32 parameters that are their own masters.
+  Adafactor(std::vector<std::pair<std::string, Tensor>> namedParameters, const AdafactorConfig& config);
+  // State per parameter piece of `chunks` (as AdamW's chunked constructor): `masters` are the chunks' fp32
+  // masters (takeMasters(); empty for fp32 chunks), `shards` one range per chunk (ZeRO stage >= 1; empty:
+  // every chunk whole), `parameterShards` per chunk the tensor holding the range's parameter values (ZeRO-3).
+  Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdafactorConfig& config,
+            std::vector<zero::ShardRange> shards = {}, std::vector<Tensor> parameterShards = {});
+
+  // One update from each parameter's .grad() times `gradScale` (device fp32 scalar, undefined for 1). `lr`
+  // is the step size when the config has no relative step; with one it is ignored. Parameters without a
+  // gradient are skipped.
+  void step(double lr, const Tensor& gradScale = Tensor());
+  // The chunked form's update from flat fp32 gradients, one per chunk: the chunk's whole (padded) gradient
+  // buffer or its range's.
+  void stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale = Tensor());
+  // Each piece's gradients in `gradients` (as stepChunks takes them), one view per piece in layout order.
+  std::vector<Tensor> gradientPieces(const std::vector<Tensor>& gradients) const;
+  void zeroGrad();
+
+  int64_t stepCount() const { return step_; }
+  void setStepCount(int64_t s) { step_ = s; }
+  const AdafactorConfig& config() const { return config_; }
+  // The step size before the parameter scale at step t (1-based): the relative step, or `lr`.
+  double stepSize(double lr, int64_t t) const;
+  // Optimizer state for checkpoints (the names in the header note).
+  std::vector<std::pair<std::string, Tensor>> namedState() const;
+  // The fp32 master of each parameter (piece) by name.
+  std::vector<std::pair<std::string, Tensor>> namedMasters() const;
+  // Rounds every master into its 16-bit parameter; nothing for fp32.
+  void writeParameters();
+  bool hasMaster(size_t c) const { return c < masters_.size() && masters_[c].defined(); }
+  const std::vector<Tensor>& masterFlats() const { return masters_; }
+  const std::vector<Tensor>& firstMoments() const { return m_; }
+  const std::vector<Tensor>& secondMoments() const { return v_; }
+  const std::vector<zero::ShardRange>& ranges() const { return ranges_; }
+  // Whether the state of piece (or parameter) i, in layout order, is factored.
+  bool factored(size_t i) const { return slots_.at(i).row.defined(); }
+  size_t numPieces() const { return slots_.size(); }
+
+ private:
+  ops::AdafactorHyper hyper(double lr) const;
+  struct Slot {
+    std::string name;
+    Tensor param, master, m, v, row, col;  // master: the parameter itself when it is fp32
+    float weightDecay = 0;
+    size_t chunk = 0;
+    int64_t begin = 0, end = 0;  // chunked form: the piece [begin, end) of chunk `chunk`
+    Shape shape, strides;
+  };
+  ops::AdafactorTensors tensorsOf(const Slot& s, const Tensor& grad) const;
+  AdafactorConfig config_;
+  std::vector<Slot> slots_;
+  std::vector<Tensor> masters_, m_, v_;  // per chunk (chunked form only)
+  std::vector<zero::ShardRange> ranges_;
+  int64_t step_ = 0;
+};
+
+}  // namespace strata::optim

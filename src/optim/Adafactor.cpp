@@ -1,0 +1,302 @@
+#include "strata/optim/Adafactor.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "strata/autograd/GradMode.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::optim {
+
+namespace {
+
+// How piece [a, b) of a parameter of `shape` starting at `offset` is factored: R rows of C columns, or
+// rows 0 (a full v). Factored: rank >= 2 and whole rows of the [numel / C, C] matrix.
+struct PieceFactors {
+  int64_t rows = 0, cols = 0;
+  bool factored() const { return rows > 0; }
+  int64_t secondMomentElems(int64_t numel) const { return factored() ? rows + cols : numel; }
+};
+
+PieceFactors factorsOf(const Shape& shape, int64_t offset, int64_t a, int64_t b) {
+  if (shape.size() < 2 || b <= a) return {};
+  int64_t cols = shape.back();
+  if (cols <= 0 || (a - offset) % cols != 0 || (b - a) % cols != 0) return {};
+  return {(b - a) / cols, cols};
+}
+
+float decayFor(const Shape& parameterShape, double weightDecay) {
+  return parameterShape.size() >= 2 ? float(weightDecay) : 0.0f;
+}
+
+void checkConfig(const AdafactorConfig& c) {
+  STRATA_USER_CHECK(!(c.relativeStep && c.lr > 0),
+                    "Adafactor: an explicit lr ({}) and the relative step exclude each other; turn the "
+                    "relative step off to use the lr",
+                    c.lr);
+  STRATA_USER_CHECK(c.beta1 < 1, "Adafactor: beta1 must be below 1 (negative: no first moment), got {}",
+                    c.beta1);
+  STRATA_USER_CHECK(c.decayRate < 0,
+                    "Adafactor: the decay rate must be negative (beta2_t = 1 - t^rate), got {}", c.decayRate);
+  STRATA_USER_CHECK(c.eps1 > 0 && c.eps2 >= 0, "Adafactor: eps1 must be positive and eps2 not negative");
+}
+
+Tensor viewOf(const Tensor& buffer, int64_t offset, const Shape& shape, const Shape& strides, DType dt) {
+  return Tensor::fromStorage(buffer.storage(), shape, strides, buffer.offset() + offset, dt);
+}
+
+}  // namespace
+
+uint64_t adafactorStateBytes(const std::vector<Shape>& shapes, const AdafactorConfig& config) {
+  uint64_t bytes = 0;
+  for (const Shape& shape : shapes) {
+    int64_t n = numelOf(shape);
+    PieceFactors f = factorsOf(shape, 0, 0, n);
+    bytes += uint64_t(f.secondMomentElems(n)) * 4;
+    if (config.hasFirstMoment()) bytes += uint64_t(n) * (config.firstMomentBf16 ? 2 : 4);
+  }
+  return bytes;
+}
+
+uint64_t adafactorStateBytes(const zero::ChunkLayout& layout, size_t chunk, zero::ShardRange range,
+                             const AdafactorConfig& config) {
+  uint64_t bytes = 0;
+  if (config.hasFirstMoment()) bytes += uint64_t(range.size()) * (config.firstMomentBf16 ? 2 : 4);
+  for (int64_t index : layout.chunks[chunk].slots) {
+    const zero::ChunkSlot& slot = layout.slots[size_t(index)];
+    int64_t a = std::max(slot.offset, range.begin), b = std::min(slot.offset + slot.numel, range.end);
+    if (a >= b) continue;
+    bytes += uint64_t(factorsOf(slot.shape, slot.offset, a, b).secondMomentElems(b - a)) * 4;
+  }
+  return bytes;
+}
+
+Adafactor::Adafactor(std::vector<std::pair<std::string, Tensor>> namedParameters,
+                     const AdafactorConfig& config)
+    : config_(config) {
+  checkConfig(config_);
+  for (auto& [name, p] : namedParameters) {
+    STRATA_CHECK(p.dtype() == DType::F32, "Adafactor keeps fp32 master weights; parameter '{}' is {}", name,
+                 p.dtype());
+    STRATA_CHECK(p.isContiguous(), "Adafactor: parameter '{}' must be contiguous", name);
+    Slot s;
+    s.name = name;
+    s.param = s.master = p;
+    s.weightDecay = decayFor(p.shape(), config_.weightDecay);
+    s.end = p.numel();
+    s.shape = p.shape();
+    s.strides = p.strides();
+    PieceFactors f = factorsOf(p.shape(), 0, 0, p.numel());
+    if (f.factored()) {
+      s.row = ops::zeros({f.rows}, DType::F32, p.device());
+      s.col = ops::zeros({f.cols}, DType::F32, p.device());
+    } else {
+      s.v = ops::zeros({p.numel()}, DType::F32, p.device());
+    }
+    if (config_.hasFirstMoment())
+      s.m = ops::zeros(p.shape(), config_.firstMomentBf16 ? DType::BF16 : DType::F32, p.device());
+    slots_.push_back(std::move(s));
+  }
+}
+
+Adafactor::Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> masters,
+                     const AdafactorConfig& config, std::vector<zero::ShardRange> shards,
+                     std::vector<Tensor> parameterShards)
+    : config_(config), masters_(std::move(masters)), ranges_(std::move(shards)) {
+  checkConfig(config_);
+  const zero::ChunkLayout& layout = chunks.layout();
+  STRATA_CHECK(masters_.empty() ? chunks.dtype() == DType::F32 : masters_.size() == chunks.numChunks(),
+               "Adafactor: {} chunks need {} fp32 masters, got {}", chunks.dtype(), chunks.numChunks(),
+               masters_.size());
+  masters_.resize(chunks.numChunks());
+  if (ranges_.empty())
+    for (size_t c = 0; c < chunks.numChunks(); ++c) ranges_.push_back({0, chunks.paddedElems(c)});
+  STRATA_CHECK(ranges_.size() == chunks.numChunks(), "Adafactor: {} shard ranges for {} chunks",
+               ranges_.size(), chunks.numChunks());
+  bool sharded = !parameterShards.empty();
+  m_.resize(chunks.numChunks());
+  v_.resize(chunks.numChunks());
+  for (size_t c = 0; c < chunks.numChunks(); ++c) {
+    zero::ShardRange r = ranges_[c];
+    Tensor paramBase = sharded ? parameterShards[c] : chunks.paddedFlat(c);
+    int64_t paramOffset = sharded ? r.begin : 0;
+    bool own = !masters_[c].defined();
+    Tensor base = own ? paramBase : masters_[c];
+    int64_t baseOffset = own ? paramOffset : r.begin;
+    STRATA_CHECK(own || masters_[c].numel() == r.size(),
+                 "Adafactor: chunk {}'s master has {} elements, its range {}", c, masters_[c].numel(),
+                 r.size());
+    Device device = base.device();
+    if (config_.hasFirstMoment())
+      m_[c] = ops::zeros({r.size()}, config_.firstMomentBf16 ? DType::BF16 : DType::F32, device);
+    // The second moment's flat buffer: per piece its rows then columns, or its full v.
+    std::vector<Tensor> params = chunks.parameters(c);
+    struct Piece {
+      size_t j;
+      int64_t a, b;
+      PieceFactors f;
+    };
+    std::vector<Piece> pieces;
+    int64_t secondElems = 0;
+    for (size_t j = 0; j < params.size(); ++j) {
+      const zero::ChunkSlot& slot = layout.slots[size_t(layout.chunks[c].slots[j])];
+      int64_t a = std::max(slot.offset, r.begin), b = std::min(slot.offset + slot.numel, r.end);
+      if (a >= b) continue;
+      pieces.push_back({j, a, b, factorsOf(slot.shape, slot.offset, a, b)});
+      secondElems += pieces.back().f.secondMomentElems(b - a);
+    }
+    v_[c] = ops::zeros({secondElems}, DType::F32, device);
+    int64_t at = 0;
+    for (const Piece& piece : pieces) {
+      const zero::ChunkSlot& slot = layout.slots[size_t(layout.chunks[c].slots[piece.j])];
+      const Tensor& p = params[piece.j];
+      int64_t a = piece.a, b = piece.b;
+      // A whole parameter keeps its shape (checkpoints name it); a piece of one is flat.
+      bool full = a == slot.offset && b == slot.offset + slot.numel;
+      Shape shape = full ? p.shape() : Shape{b - a}, strides = full ? p.strides() : Shape{1};
+      Slot s;
+      s.name = slot.name;
+      s.param = full && !sharded ? p : viewOf(paramBase, a - paramOffset, shape, strides, p.dtype());
+      s.master = own ? s.param : viewOf(base, a - baseOffset, shape, strides, DType::F32);
+      if (m_[c].defined()) s.m = viewOf(m_[c], a - r.begin, shape, strides, m_[c].dtype());
+      if (piece.f.factored()) {
+        s.row = viewOf(v_[c], at, {piece.f.rows}, {1}, DType::F32);
+        s.col = viewOf(v_[c], at + piece.f.rows, {piece.f.cols}, {1}, DType::F32);
+      } else {
+        s.v = viewOf(v_[c], at, {b - a}, {1}, DType::F32);
+      }
+      at += piece.f.secondMomentElems(b - a);
+      s.weightDecay = decayFor(slot.shape, config_.weightDecay);
+      s.chunk = c;
+      s.begin = a;
+      s.end = b;
+      s.shape = shape;
+      s.strides = strides;
+      slots_.push_back(std::move(s));
+    }
+  }
+}
+
+ops::AdafactorTensors Adafactor::tensorsOf(const Slot& s, const Tensor& grad) const {
+  ops::AdafactorTensors t;
+  t.param = s.master;
+  t.grad = grad;
+  t.m = s.m;
+  t.v = s.v;
+  t.row = s.row;
+  t.col = s.col;
+  t.weightDecay = s.weightDecay;
+  // A 16-bit parameter receives its new master, rounded, from the same kernel.
+  if (s.master.impl().storage != s.param.impl().storage) t.copy = s.param;
+  return t;
+}
+
+void Adafactor::step(double lr, const Tensor& gradScale) {
+  NoGradGuard noGrad;
+  ++step_;
+  ops::AdafactorHyper h = hyper(lr);
+  std::vector<std::vector<ops::AdafactorTensors>> byDevice;
+  std::vector<Device> devices;
+  for (auto& s : slots_) {
+    Tensor g = s.param.grad();
+    if (!g.defined()) continue;
+    if (g.dtype() != DType::F32 || !g.isContiguous()) g = ops::to(ops::contiguous(g), g.device(), DType::F32);
+    size_t d = 0;
+    while (d < devices.size() && devices[d] != s.param.device()) ++d;
+    if (d == devices.size()) {
+      devices.push_back(s.param.device());
+      byDevice.emplace_back();
+    }
+    byDevice[d].push_back(tensorsOf(s, g));
+  }
+  for (size_t d = 0; d < devices.size(); ++d) {
+    Tensor scale = gradScale.defined() ? ops::to(gradScale, devices[d], DType::F32) : Tensor();
+    ops::adafactor(byDevice[d], h, scale);
+  }
+}
+
+std::vector<Tensor> Adafactor::gradientPieces(const std::vector<Tensor>& gradients) const {
+  STRATA_CHECK(gradients.size() == ranges_.size(), "Adafactor: {} gradient buffers for {} chunks",
+               gradients.size(), ranges_.size());
+  std::vector<Tensor> pieces;
+  for (const auto& s : slots_) {
+    const Tensor& g = gradients[s.chunk];
+    const zero::ShardRange& r = ranges_[s.chunk];
+    int64_t offset = g.numel() == r.size() ? s.begin - r.begin : s.begin;
+    STRATA_CHECK(g.dtype() == DType::F32 && g.isContiguous() && offset + (s.end - s.begin) <= g.numel(),
+                 "Adafactor: chunk {}'s gradients ({} {}) do not cover [{}, {})", s.chunk,
+                 toString(g.shape()), g.dtype(), s.begin, s.end);
+    pieces.push_back(viewOf(g, offset, s.shape, s.strides, DType::F32));
+  }
+  return pieces;
+}
+
+void Adafactor::stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale) {
+  NoGradGuard noGrad;
+  STRATA_CHECK(!v_.empty(), "Adafactor::stepChunks needs the chunked form");
+  ++step_;
+  ops::AdafactorHyper h = hyper(lr);
+  std::vector<Tensor> grads = gradientPieces(gradients);
+  std::vector<ops::AdafactorTensors> sets;
+  for (size_t i = 0; i < slots_.size(); ++i) sets.push_back(tensorsOf(slots_[i], grads[i]));
+  if (sets.empty()) return;
+  Device dev = sets.front().param.device();
+  ops::adafactor(sets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
+}
+
+double Adafactor::stepSize(double lr, int64_t t) const {
+  if (!config_.usesRelativeStep()) return lr;
+  double least = config_.warmupInit ? 1e-6 * double(t) : 1e-2;
+  return std::min(least, 1.0 / std::sqrt(double(t)));
+}
+
+ops::AdafactorHyper Adafactor::hyper(double lr) const {
+  ops::AdafactorHyper h;
+  h.lr = float(stepSize(lr, step_));
+  h.beta1 = float(std::max(0.0, config_.beta1));
+  h.beta2 = float(1.0 - std::pow(double(step_), config_.decayRate));
+  h.eps1 = float(config_.eps1);
+  h.eps2 = float(config_.eps2);
+  h.clipThreshold = float(config_.clipThreshold);
+  h.scaleParameter = config_.scaleParameter;
+  return h;
+}
+
+void Adafactor::zeroGrad() {
+  for (auto& s : slots_) s.param.setGrad(Tensor());
+}
+
+std::vector<std::pair<std::string, Tensor>> Adafactor::namedState() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (!v_.empty()) {
+    for (size_t c = 0; c < v_.size(); ++c) {
+      if (m_[c].defined()) out.emplace_back("exp_avg." + std::to_string(c), m_[c]);
+      out.emplace_back("exp_avg_sq." + std::to_string(c), v_[c]);
+    }
+    return out;
+  }
+  for (const auto& s : slots_) {
+    if (s.m.defined()) out.emplace_back("m." + s.name, s.m);
+    if (s.row.defined()) {
+      out.emplace_back("v_row." + s.name, s.row);
+      out.emplace_back("v_col." + s.name, s.col);
+    } else {
+      out.emplace_back("v." + s.name, s.v);
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Adafactor::namedMasters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& s : slots_) out.emplace_back(s.name, s.master);
+  return out;
+}
+
+void Adafactor::writeParameters() {
+  NoGradGuard noGrad;
+  for (const auto& s : slots_)
+    if (s.master.impl().storage != s.param.impl().storage) ops::copy(s.param, s.master);
+}
+
+}  // namespace strata::optim
