@@ -74,8 +74,8 @@ class HostStateAllocator final : public Allocator {
  public:
   explicit HostStateAllocator(bool pinned) : pinned_(pinned) {}
   void* allocate(size_t bytes) override {
-    constexpr size_t kHuge = size_t(2) << 20;
-    size_t rounded = (std::max<size_t>(bytes, 1) + kHuge - 1) / kHuge * kHuge;
+    constexpr size_t kPage = 4096;
+    size_t rounded = (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage;
     void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -84,9 +84,6 @@ class HostStateAllocator final : public Allocator {
     }
     STRATA_CHECK(p != MAP_FAILED, "host state allocation of {} bytes failed: {}", bytes,
                  std::strerror(errno));
-#ifdef MADV_HUGEPAGE
-    madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without THP the block keeps small pages
-#endif
     bool locked = false;
 #if STRATA_CUDA
     if (pinned_ && cudaAvailable()) {

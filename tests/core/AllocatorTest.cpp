@@ -586,3 +586,20 @@ TEST_CASE("[cuda] a block another stream still reads is not reused before that s
   REQUIRE(std::count(copied.begin(), copied.end(), uint8_t(7)) == std::ptrdiff_t(kBytes));
 #endif
 }
+
+TEST_CASE("the host state allocator gives page-aligned blocks of their own and counts them", "[allocator]") {
+  // NOTE [Host state memory]: no two blocks share a page, so each can be page-locked on its own.
+  Allocator& a = hostStateAllocator(false);
+  size_t before = a.stats().allocatedBytes;
+  void* p = a.allocate(10);
+  void* q = a.allocate(5000);
+  REQUIRE(reinterpret_cast<uintptr_t>(p) % 4096 == 0);
+  REQUIRE(reinterpret_cast<uintptr_t>(q) % 4096 == 0);
+  REQUIRE(a.stats().allocatedBytes == before + 4096 + 8192);
+  std::memset(q, 1, 5000);
+  a.deallocate(p);
+  a.deallocate(q);
+  REQUIRE(a.stats().allocatedBytes == before);
+  REQUIRE(a.device() == Device::cpu());
+  REQUIRE_FALSE(isPageLocked(q));  // no GPU in this check, or freed
+}

@@ -100,12 +100,13 @@ bool isPageLocked(const void* ptr, size_t bytes = 1);
 Allocator& cpuAllocator();
 // NOTE [Host state memory]
 // Optimizer state kept in host memory (tens of GiB, streamed through once per step) comes from its own
-// allocator: each block is its own anonymous mapping, rounded up to 2 MiB and advised to use transparent huge
-// pages (fewer TLB misses while the CPU kernel streams it; hosts with THP in `madvise` mode need the advice).
-// With `pinned` and a GPU present each block is also page-locked in place (cudaHostRegister), so that the GPU
-// can copy it by DMA without staging: the pipelined optimizer's GPU lane streams host state through the GPU
-// (NOTE [Pipelined update] in optim/AdamW.h). Pinning a block that the driver refuses (e.g. a locked-memory
-// limit) logs a warning once and leaves it pageable; isPageLocked tells which it is.
+// allocator: each block is its own anonymous mapping, page-aligned (no two blocks share a page, so each can
+// be registered with the driver on its own). Transparent huge pages were measured and left out: on the H200
+// host the CPU AdamW kernel ran 18% slower over huge-page buffers (bench_cpu_adamw --memory huge,
+// BENCHMARKS.md). With `pinned` and a GPU present each block is also page-locked in place (cudaHostRegister),
+// so that the GPU can copy it by DMA without staging: the pipelined optimizer's GPU lane streams host state
+// through the GPU (NOTE [Pipelined update] in optim/AdamW.h). Pinning a block that the driver refuses (e.g. a
+// locked-memory limit) logs a warning once and leaves it pageable; isPageLocked tells which it is.
 Allocator& hostStateAllocator(bool pinned);
 // The allocator tensors on `device` use: cpuAllocator() for the CPU, that GPU's caching allocator for CUDA.
 Allocator& deviceAllocator(Device device);
