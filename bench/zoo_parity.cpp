@@ -13,9 +13,10 @@
 //       dims; the config's betas, eps, decay and clipping), a linear warm-up over W steps to LR. It is what
 //       hf_parity_zoo.py's HF side computes, in the same order. With --engine the same steps go through
 //       train::ZeroStepEngine (one rank), the engine of strata train: the two curves separate the model's
-//       numerics from the engine's.
+//       numerics from the engine's. --fp32-norms (plain loop only): the LayerNorms' parameters stay fp32.
 // Usage: zoo_parity --config C [--set k=v]... [--load CHECKPOINT] [--trace F] [--compute fp32|bf16]
-//                   [--inputs F --batches N] [--curve F --steps N --lr LR --warmup W [--engine]]
+//                   [--inputs F --batches N] [--curve F --steps N --lr LR --warmup W [--engine |
+//                   --fp32-norms]]
 #include <fmt/format.h>
 
 #include <cmath>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "models/ZooHf.h"
+#include "strata/nn/Norm.h"
 #include "strata/strata.h"
 #include "strata/train/BatchTrace.h"
 #include "strata/train/Checkpoint.h"
@@ -38,7 +40,7 @@ namespace {
 
 // On the host on purpose (a reference, not a fast path): every step moves the gradients and weights once.
 std::vector<double> referenceCurve(train::Trainer& trainer, DType compute, int64_t steps, double lr,
-                                   int64_t warmup) {
+                                   int64_t warmup, bool fp32Norms) {
   const train::Config& c = trainer.config();
   nn::Module& model = trainer.model();
   model.train();
@@ -50,6 +52,11 @@ std::vector<double> referenceCurve(train::Trainer& trainer, DType compute, int64
     v.emplace_back(master.back().size(), 0.0f);
   }
   model.castParameters(compute);
+  // The norms' parameters back in fp32 (the norm kernels read fp32 parameters beside 16-bit activations), as
+  // HF's autocast computes its LayerNorms.
+  if (fp32Norms)
+    for (auto& [name, m] : model.namedModules())
+      if (dynamic_cast<nn::LayerNorm*>(m) != nullptr) m->castParameters(DType::F32);
   auto params = model.namedParameters();
   double b1 = c.optimizer.betas[0], b2 = c.optimizer.betas[1];
   std::vector<double> losses;
@@ -107,12 +114,12 @@ int main(int argc, char** argv) {
   std::string config, load, tracePath, inputsPath, curvePath, computeName = "fp32";
   std::vector<std::string> overrides;
   int64_t batches = 0, steps = 0, warmup = 10;
-  bool useEngine = false;
+  bool useEngine = false, fp32Norms = false;
   double lr = 1e-3;
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i], v = i + 1 < argc ? argv[i + 1] : "";
-    if (a == "--engine") {
-      useEngine = true;
+    if (a == "--engine" || a == "--fp32-norms") {
+      (a == "--engine" ? useEngine : fp32Norms) = true;
       --i;  // a flag: no value
     } else if (a == "--config")
       config = v;
@@ -186,7 +193,7 @@ int main(int argc, char** argv) {
       STRATA_USER_CHECK(steps > 0 && tracePath.empty(),
                         "zoo_parity: --curve needs --steps N (and no --trace)");
       std::vector<double> losses = useEngine ? engineCurve(trainer, compute, steps, lr, warmup)
-                                             : referenceCurve(trainer, compute, steps, lr, warmup);
+                                             : referenceCurve(trainer, compute, steps, lr, warmup, fp32Norms);
       std::ofstream out(curvePath);
       out << "[";
       for (size_t i = 0; i < losses.size(); ++i) out << (i ? ", " : "") << fmt::format("{:.6f}", losses[i]);
