@@ -26,6 +26,12 @@ std::vector<std::pair<std::string, Tensor>> CausalLmObjective::logits(const Toke
 std::optional<Generation> CausalLmObjective::generate(const std::string& prompt, const GenerateOptions& o,
                                                       DType compute) {
   STRATA_CHECK(tokenizer_ != nullptr, "CausalLmObjective: generating needs a tokenizer");
+  // Training refuses such a pair already; a model imported from HF meets its tokenizer first here.
+  STRATA_USER_CHECK(tokenizer_->vocabSize() <= model_->vocabSize(),
+                    "the {} tokenizer has {} tokens but model.vocab_size is {}: its ids would fall outside "
+                    "the model's vocabulary (data.tokenizer names the tokenizer)",
+                    tokenizer_->identity().substr(0, tokenizer_->identity().find(':')),
+                    tokenizer_->vocabSize(), model_->vocabSize());
   Device device = model_->parameters().front().device();
   double temperature = o.temperature < 0 ? 0.8 : o.temperature;
   return Generation{

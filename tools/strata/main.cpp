@@ -21,6 +21,7 @@
 #include "strata/train/Calibration.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
+#include "strata/train/HfImport.h"
 #include "strata/train/Plan.h"
 #include "strata/train/SentenceEmbedder.h"
 #include "strata/train/SentencePieceTokenizer.h"
@@ -330,17 +331,10 @@ int runInfoZoo() {
   return 0;
 }
 
-// The config a checkpoint was trained with, from its manifest.
-train::Config checkpointConfig(const std::string& dir) {
-  std::vector<std::string> overrides;
-  for (auto& [key, value] : train::readCheckpointState(dir).config) overrides.push_back(key + "=" + value);
-  return train::parseConfig("", dir + "/manifest.json", overrides, /*requireData=*/false);
-}
-
 int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_t tokens, double temperature,
                 int64_t topK, uint64_t seed, const std::string& deviceName) {
   std::string dir = train::resolveCheckpoint(checkpoint);
-  train::Config c = checkpointConfig(dir);
+  train::Config c = train::checkpointConfig(dir);
   Device device = train::resolveDevice(deviceName);
   std::shared_ptr<train::Objective> objective = train::makeObjective(c, device);
   nn::Module& model = objective->model();
@@ -369,7 +363,7 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
 int runConvert(const std::string& checkpoint, const std::string& output, bool hf) {
   namespace fs = std::filesystem;
   std::string dir = train::resolveCheckpoint(checkpoint);
-  train::Config c = checkpointConfig(dir);
+  train::Config c = train::checkpointConfig(dir);
   bool toFile = output.size() > 12 && output.substr(output.size() - 12) == ".safetensors";
   STRATA_USER_CHECK(hf || toFile,
                     "convert: OUTPUT must end in .safetensors (or pass --hf to write an HF directory)");
@@ -433,38 +427,12 @@ int runConvert(const std::string& checkpoint, const std::string& output, bool hf
 // directory OUTPUT (step-0 and `latest`), which `strata generate` runs and `checkpoint.load` (with
 // checkpoint.load_model_only) trains on from.
 int runConvertFromHf(const std::string& hfDir, const std::string& output) {
-  namespace fs = std::filesystem;
-  fs::path configPath = fs::path(hfDir) / "config.json", weightsPath = fs::path(hfDir) / "model.safetensors";
-  if (fs::is_regular_file(hfDir) && fs::path(hfDir).extension() == ".safetensors") {
-    weightsPath = hfDir;
-    configPath = fs::path(hfDir).parent_path() / "config.json";
-  }
-  STRATA_USER_CHECK(fs::is_regular_file(configPath), "convert --from-hf: no {}", configPath.string());
-  STRATA_USER_CHECK(fs::is_regular_file(weightsPath),
-                    "convert --from-hf: no {} (sharded or .bin checkpoints: save them with "
-                    "save_pretrained(safe_serialization=True, max_shard_size=\"100GB\") first)",
-                    weightsPath.string());
-  std::ifstream in(configPath);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::map<std::string, std::string> values = models::modelConfigFromHf(text.str());
-  std::vector<std::string> overrides;
-  for (const auto& [key, value] : values) overrides.push_back(key + "=" + value);
-  train::Config c = train::parseConfig("", configPath.string(), overrides, /*requireData=*/false);
-  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
-  std::shared_ptr<nn::Module> model = models::buildModule(spec);
-  std::vector<std::string> unused;
-  models::importHf(*model, models::hfLayout(spec), train::readSafetensors(weightsPath.string()), &unused);
-  train::CheckpointState state;
-  state.config = values;
-  state.model = train::effectiveValues(c, "model.");
-  train::NamedTensors tensors = model->namedParameters();
-  std::string dir = train::saveCheckpoint(output, tensors, {}, state);
+  train::HfImportResult r = train::importHfCheckpoint(hfDir, output);
   std::string ignored;
-  for (const auto& name : unused) ignored += (ignored.empty() ? "" : ", ") + name;
-  std::printf("wrote %s: %s (%ld parameters) from %s%s\n", dir.c_str(), models::describeShape(spec).c_str(),
-              long(model->numParameters()), weightsPath.c_str(),
-              unused.empty() ? "" : (" (not kept: " + ignored + ")").c_str());
+  for (const auto& name : r.unused) ignored += (ignored.empty() ? "" : ", ") + name;
+  std::printf("wrote %s: %s (%ld parameters) from %s%s\n", r.checkpointDir.c_str(),
+              models::describeShape(r.spec).c_str(), long(r.parameters), r.weightsPath.c_str(),
+              r.unused.empty() ? "" : (" (not kept: " + ignored + ")").c_str());
   return 0;
 }
 

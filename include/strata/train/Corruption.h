@@ -41,7 +41,7 @@ MlmBatch mlmMask(const Tensor& ids, const MlmMaskingOptions& options, uint64_t s
 struct SpanCorruptionOptions {
   double noiseDensity = 0.15;
   double meanNoiseSpanLength = 3.0;
-  int64_t vocabSize = 0;  // sentinels are vocabSize - 1, vocabSize - 2, ...
+  int64_t vocabSize = 0;  // sentinels are vocabSize - 1, vocabSize - 2, ... (HF's len(tokenizer))
   int64_t eosTokenId = 1;
 };
 

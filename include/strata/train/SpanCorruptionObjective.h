@@ -4,9 +4,21 @@
 // and whose targets fit model.decoder_seq_length (t5-mini: 141 tokens -> 128 inputs, 29 targets).
 // generate() encodes the prompt (where "<extra_id_N>" stands for sentinel N) and decodes from it.
 //
-// Ids follow ByT5: [PAD] 0 (also the decoder's start), [EOS] 1, [UNK] 2, then data token t as t + 3; the
-// sentinels <extra_id_0>, <extra_id_1>, ... count down from model.vocab_size - 1. The data's ids must stay
-// below the sentinels a window can use.
+// NOTE [T5 token ids]
+// HF's T5 convention (T5Tokenizer over T5's spiece.model, and the DataCollatorForT5MLM of
+// run_t5_mlm_flax.py): the SentencePiece model's own ids, <pad> 0 (also decoder_start_token_id), </s> 1,
+// <unk> 2, then its N pieces; the tokenizer appends 100 sentinels, so len(tokenizer) = N + 100 and
+// <extra_id_k> is N + 99 - k (t5-small: N = 32000, <extra_id_0> = 32099; the model's vocab_size, 32128, is
+// padded past them). The collator replaces each noise span of the input by the next sentinel counting down
+// from len(tokenizer) - 1 and appends </s>; the labels are the spans, each after its sentinel, then </s>;
+// the decoder's input is the labels shifted right with decoder_start_token_id in front.
+// The objective follows it in one of two layouts:
+// - data.tokenizer sentencepiece: the model's ids as they are (pad, eos and unk are the model's own, data
+//   token t is id t) and the sentinels N + 99, N + 98, ...: a real T5 checkpoint fine-tunes on its own
+//   ids. model.vocab_size must hold N + 100.
+// - any other tokenizer (the byte-level default): ByT5's layout, [PAD] 0, [EOS] 1, [UNK] 2, then data token
+//   t as t + 3, the sentinels counting down from model.vocab_size - 1.
+// Either way, the data's ids must stay below the sentinels a window can use.
 #pragma once
 
 #include <memory>
@@ -18,9 +30,17 @@
 
 namespace strata::train {
 
+// The ids of NOTE [T5 token ids] in one layout.
+struct T5TokenIds {
+  int64_t pad = 0, eos = 1, unk = 2;  // pad is also the decoder's start
+  int64_t firstDataId = 3;            // data token t is id t + firstDataId
+  int64_t sentinelEnd = 0;            // <extra_id_k> is sentinelEnd - 1 - k (HF: len(tokenizer))
+};
+
 class SpanCorruptionObjective final : public Objective {
  public:
-  static constexpr int64_t kPadId = 0, kEosId = 1, kUnkId = 2, kFirstDataId = 3;
+  // HF's T5Tokenizer appends this many sentinels to a SentencePiece model (its extra_ids).
+  static constexpr int64_t kSentencePieceSentinels = 100;
 
   // `tokenizer` may be null when nothing is generated.
   SpanCorruptionObjective(std::shared_ptr<models::T5> model, std::shared_ptr<const Tokenizer> tokenizer,
@@ -48,6 +68,7 @@ class SpanCorruptionObjective final : public Objective {
   }
 
   const SpanCorruptionOptions& corruption() const { return corruption_; }
+  const T5TokenIds& tokenIds() const { return ids_; }
 
  private:
   std::string decodeIds(const std::vector<int64_t>& ids) const;
@@ -57,6 +78,7 @@ class SpanCorruptionObjective final : public Objective {
   std::shared_ptr<const Tokenizer> tokenizer_;
   uint64_t seed_;
   SpanCorruptionOptions corruption_;
+  T5TokenIds ids_;
   int64_t window_ = 0, dataVocab_ = 0;
 };
 
