@@ -16,27 +16,37 @@ namespace {
 
 constexpr size_t kCpuAlignment = 64;
 
+// The counters of an allocator that takes every block from the system (no cache: allocated == reserved).
+void countFailure(AllocatorStats& stats) {
+  stats.numRawFailures++;
+  stats.numFailedAllocations++;
+}
+void countAllocation(AllocatorStats& stats, size_t bytes) {
+  stats.allocatedBytes += bytes;
+  stats.reservedBytes += bytes;
+  stats.numAllocations++;
+  stats.numRawAllocations++;
+  stats.peakAllocatedBytes = std::max(stats.peakAllocatedBytes, stats.allocatedBytes);
+  if (stats.reservedBytes >= stats.peakReservedBytes) {
+    stats.peakReservedBytes = stats.reservedBytes;
+    stats.allocatedAtPeakReservedBytes = stats.allocatedBytes;
+  }
+}
+void countFree(AllocatorStats& stats, size_t bytes) {
+  stats.allocatedBytes -= bytes;
+  stats.reservedBytes -= bytes;
+}
+
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(size_t bytes) override {
     size_t rounded = (std::max<size_t>(bytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     void* p = std::aligned_alloc(kCpuAlignment, rounded);
     std::lock_guard<std::mutex> lock(mutex_);
-    if (p == nullptr) {
-      stats_.numRawFailures++;
-      stats_.numFailedAllocations++;
-    }
+    if (p == nullptr) countFailure(stats_);
     STRATA_CHECK(p != nullptr, "host allocation of {} bytes failed", bytes);
     sizes_[p] = rounded;
-    stats_.allocatedBytes += rounded;
-    stats_.reservedBytes += rounded;
-    stats_.numAllocations++;
-    stats_.numRawAllocations++;
-    stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
-    if (stats_.reservedBytes >= stats_.peakReservedBytes) {
-      stats_.peakReservedBytes = stats_.reservedBytes;
-      stats_.allocatedAtPeakReservedBytes = stats_.allocatedBytes;
-    }
+    countAllocation(stats_, rounded);
     return p;
   }
   void deallocate(void* ptr) override {
@@ -45,8 +55,7 @@ class CpuAllocator final : public Allocator {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = sizes_.find(ptr);
       STRATA_CHECK(it != sizes_.end(), "cpu allocator: freeing a pointer it did not allocate");
-      stats_.allocatedBytes -= it->second;
-      stats_.reservedBytes -= it->second;
+      countFree(stats_, it->second);
       sizes_.erase(it);
     }
     std::free(ptr);
@@ -79,8 +88,7 @@ class HostStateAllocator final : public Allocator {
     void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       std::lock_guard<std::mutex> lock(mutex_);
-      stats_.numRawFailures++;
-      stats_.numFailedAllocations++;
+      countFailure(stats_);
     }
     STRATA_CHECK(p != MAP_FAILED, "host state allocation of {} bytes failed: {}", bytes,
                  std::strerror(errno));
@@ -103,15 +111,7 @@ class HostStateAllocator final : public Allocator {
 #endif
     std::lock_guard<std::mutex> lock(mutex_);
     blocks_[p] = Block{rounded, locked};
-    stats_.allocatedBytes += rounded;
-    stats_.reservedBytes += rounded;
-    stats_.numAllocations++;
-    stats_.numRawAllocations++;
-    stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
-    if (stats_.reservedBytes >= stats_.peakReservedBytes) {
-      stats_.peakReservedBytes = stats_.reservedBytes;
-      stats_.allocatedAtPeakReservedBytes = stats_.allocatedBytes;
-    }
+    countAllocation(stats_, rounded);
     return p;
   }
   void deallocate(void* ptr) override {
@@ -122,8 +122,7 @@ class HostStateAllocator final : public Allocator {
       auto it = blocks_.find(ptr);
       STRATA_CHECK(it != blocks_.end(), "host state allocator: freeing a pointer it did not allocate");
       block = it->second;
-      stats_.allocatedBytes -= block.bytes;
-      stats_.reservedBytes -= block.bytes;
+      countFree(stats_, block.bytes);
       blocks_.erase(it);
     }
 #if STRATA_CUDA
