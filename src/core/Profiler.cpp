@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -18,6 +19,8 @@ struct Bucket {
 
 struct State {
   bool active = false;
+  int held = 0;
+  std::thread::id owner;  // the thread that started the profile: the only one whose marks count
   Device device;
   std::chrono::steady_clock::time_point last;
   std::unordered_map<std::string, Bucket> buckets;
@@ -34,6 +37,7 @@ void start(Device device) {
   State& s = state();
   s.buckets.clear();
   s.device = device;
+  s.owner = std::this_thread::get_id();
   s.active = true;
   synchronizeDevice(device);
   s.last = std::chrono::steady_clock::now();
@@ -43,9 +47,13 @@ bool active() {
   return state().active;
 }
 
+static bool counts(const State& s) {
+  return s.active && s.held == 0 && std::this_thread::get_id() == s.owner;
+}
+
 void mark(std::string_view name) {
   State& s = state();
-  if (!s.active) return;
+  if (!counts(s)) return;
   synchronizeDevice(s.device);
   auto now = std::chrono::steady_clock::now();
   Bucket& b = s.buckets[std::string(name)];
@@ -56,9 +64,19 @@ void mark(std::string_view name) {
 
 void skip() {
   State& s = state();
-  if (!s.active) return;
+  if (!counts(s)) return;
   synchronizeDevice(s.device);
   s.last = std::chrono::steady_clock::now();
+}
+
+Hold::Hold() {
+  State& s = state();
+  if (s.active && std::this_thread::get_id() == s.owner) ++s.held;
+}
+
+Hold::~Hold() {
+  State& s = state();
+  if (s.held > 0 && std::this_thread::get_id() == s.owner) --s.held;
 }
 
 std::string stop() {

@@ -8,6 +8,7 @@
 #include <future>
 
 #include "strata/autograd/GradMode.h"
+#include "strata/core/Profiler.h"
 #include "strata/core/Storage.h"
 #include "strata/core/Stream.h"
 #include "strata/ops/Ops.h"
@@ -288,6 +289,8 @@ std::vector<Tensor> AdamW::gradientPieces(const std::vector<Tensor>& gradients) 
 void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale) {
   NoGradGuard noGrad;
   STRATA_CHECK(!m_.empty(), "AdamW::stepChunks needs the chunked form");
+  // One profile bucket for the whole update: its ops are not synchronised one by one (the lanes overlap).
+  profiler::Hold hold;
   finishDelayed();  // the last step's SSD update, when delayed (NOTE [Delayed SSD update])
   ++step_;
   ops::AdamWHyper h = hyper(lr);

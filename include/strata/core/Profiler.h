@@ -25,4 +25,16 @@ void mark(std::string_view name);
 // Resets the clock without charging anything (time spent outside what should be measured).
 void skip();
 
+// While a Hold lives, marks are ignored: everything up to the first mark after it is charged to that mark.
+// For work whose ops should count as one bucket and must not be synchronised op by op (the pipelined
+// optimizer, whose lanes overlap copies and kernels). Holds nest. Marks from threads other than the one that
+// started the profile are ignored as well.
+class Hold {
+ public:
+  Hold();
+  ~Hold();
+  Hold(const Hold&) = delete;
+  Hold& operator=(const Hold&) = delete;
+};
+
 }  // namespace strata::profiler
