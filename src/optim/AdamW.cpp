@@ -360,9 +360,8 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
                                               {zero::NvmeTier::FirstMoment, st.m.data<float>()},
                                               {zero::NvmeTier::SecondMoment, st.v.data<float>()}});
   };
-  if (config_.pipeline) {
-    stepOffDevicePipelined(h, gradients, gradScale, hostScale, ssdAcquire, ssdRelease);
-  } else {
+  if (!config_.pipeline ||
+      !stepOffDevicePipelined(h, gradients, gradScale, hostScale, ssdAcquire, ssdRelease)) {
     size_t k = 0;  // the SSD chunks updated so far
     for (size_t c = 0; c < homes_.size(); ++c) {
       if (homes_[c] == zero::Tier::Host) stepHostChunk(c, h, gradients, hostScale, hostState(c));
@@ -413,7 +412,7 @@ void AdamW::zeroPieceGaps(const Piece& p, const Tensor& params) const {
   if (from < p.end) ops::fill(params.narrow(0, from - p.begin, p.end - from), 0.0);
 }
 
-void AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
+bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
                                    const Tensor& gradScale, const Tensor& hostScale,
                                    const std::function<HostState(size_t)>& ssdAcquire,
                                    const std::function<void(size_t, const HostState&)>& ssdRelease) {
@@ -441,18 +440,9 @@ void AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
         for (const Tensor* t : {&masters_[c], &m_[c], &v_[c]})
           hostPinned_ = hostPinned_ && isPageLocked(t->data(), t->nbytes());
   }
-  if (cuda && !lanes_->pinned) {
-    // No page-locked staging (the driver refused it): the plain update, which stages through its own pool.
-    size_t k = 0;
-    for (size_t c = 0; c < homes_.size(); ++c) {
-      if (homes_[c] == zero::Tier::Host) stepHostChunk(c, h, gradients, hostScale, hostState(c));
-      if (homes_[c] != zero::Tier::Nvme || delaysSsd()) continue;
-      HostState st = ssdAcquire(k);
-      stepHostChunk(c, h, gradients, hostScale, st);
-      ssdRelease(k++, st);
-    }
-    return;
-  }
+  // No page-locked staging (the driver refused it): the caller runs the plain update, which stages through
+  // its own pool.
+  if (cuda && !lanes_->pinned) return false;
   bool gpuLane = cuda && hostPinned_;
   Stream compute = cuda ? currentStream(device) : Stream();
   const DeviceStreams* copies = cuda ? &deviceStreams(device) : nullptr;
@@ -582,6 +572,7 @@ void AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
     streamWaits(compute, copies->h2d, device);
     streamWaits(compute, lanes_->gpu.compute, device);
   }
+  return true;
 }
 
 void AdamW::moveToDevice(size_t c, Device device) {

@@ -202,8 +202,9 @@ class AdamW {
     int64_t begin, end;  // elements of the chunk (not of its range)
   };
   // `ssdAcquire(k)` waits for the k-th SSD chunk's state (in chunk order) and returns its buffers;
-  // `ssdRelease(k, state)` writes them back behind.
-  void stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
+  // `ssdRelease(k, state)` writes them back behind. False (nothing done) when the lanes' staging could not be
+  // page-locked: the caller then runs the sequential update.
+  bool stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
                               const Tensor& gradScale, const Tensor& hostScale,
                               const std::function<HostState(size_t)>& ssdAcquire,
                               const std::function<void(size_t, const HostState&)>& ssdRelease);
