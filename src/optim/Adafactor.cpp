@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "strata/autograd/GradMode.h"
+#include "strata/core/Stream.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::optim {
@@ -101,8 +102,8 @@ Adafactor::Adafactor(std::vector<std::pair<std::string, Tensor>> namedParameters
 
 Adafactor::Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> masters,
                      const AdafactorConfig& config, std::vector<zero::ShardRange> shards,
-                     std::vector<Tensor> parameterShards)
-    : config_(config), masters_(std::move(masters)), ranges_(std::move(shards)) {
+                     std::vector<Tensor> parameterShards, std::vector<zero::Tier> homes)
+    : config_(config), masters_(std::move(masters)), ranges_(std::move(shards)), homes_(std::move(homes)) {
   checkConfig(config_);
   const zero::ChunkLayout& layout = chunks.layout();
   STRATA_CHECK(masters_.empty() ? chunks.dtype() == DType::F32 : masters_.size() == chunks.numChunks(),
@@ -114,12 +115,33 @@ Adafactor::Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> maste
   STRATA_CHECK(ranges_.size() == chunks.numChunks(), "Adafactor: {} shard ranges for {} chunks",
                ranges_.size(), chunks.numChunks());
   bool sharded = !parameterShards.empty();
+  homes_.resize(chunks.numChunks(), zero::Tier::Device);
   m_.resize(chunks.numChunks());
   v_.resize(chunks.numChunks());
+  slotsOf_.resize(chunks.numChunks());
   for (size_t c = 0; c < chunks.numChunks(); ++c) {
     zero::ShardRange r = ranges_[c];
     Tensor paramBase = sharded ? parameterShards[c] : chunks.paddedFlat(c);
     int64_t paramOffset = sharded ? r.begin : 0;
+    paramFlats_.push_back(paramBase.narrow(0, r.begin - paramOffset, r.size()));
+    STRATA_USER_CHECK(homes_[c] != zero::Tier::Nvme,
+                      "Adafactor's state has no SSD form: chunk {} was placed on the SSD tier; give the "
+                      "host more room (store.host_budget_gb) or use AdamW",
+                      c);
+    // NOTE [Adafactor host chunks]: the master moves to host memory (an fp32 chunk's parameters are copied
+    // there to be its master), and m and the statistics are made there.
+    bool onHost = homes_[c] == zero::Tier::Host;
+    bool pin = onHost && config_.pinHostState && paramBase.device().isCuda();
+    auto stateTensor = [&](int64_t n, DType dt, Device dev) {
+      Tensor t = onHost ? hostStateTensor(n, dt, pin) : Tensor::empty({n}, dt, dev);
+      ops::fill(t, 0.0);
+      return t;
+    };
+    if (onHost) {
+      Tensor master = hostStateTensor(r.size(), DType::F32, pin);
+      ops::copy(master, masters_[c].defined() ? masters_[c] : paramFlats_.back());
+      masters_[c] = master;
+    }
     bool own = !masters_[c].defined();
     Tensor base = own ? paramBase : masters_[c];
     int64_t baseOffset = own ? paramOffset : r.begin;
@@ -128,7 +150,7 @@ Adafactor::Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> maste
                  r.size());
     Device device = base.device();
     if (config_.hasFirstMoment())
-      m_[c] = ops::zeros({r.size()}, config_.firstMomentBf16 ? DType::BF16 : DType::F32, device);
+      m_[c] = stateTensor(r.size(), config_.firstMomentBf16 ? DType::BF16 : DType::F32, device);
     // The second moment's flat buffer: per piece its rows then columns, or its full v.
     std::vector<Tensor> params = chunks.parameters(c);
     struct Piece {
@@ -145,7 +167,7 @@ Adafactor::Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> maste
       pieces.push_back({j, a, b, factorsOf(slot.shape, slot.offset, a, b)});
       secondElems += pieces.back().f.secondMomentElems(b - a);
     }
-    v_[c] = ops::zeros({secondElems}, DType::F32, device);
+    v_[c] = stateTensor(secondElems, DType::F32, device);
     int64_t at = 0;
     for (const Piece& piece : pieces) {
       const zero::ChunkSlot& slot = layout.slots[size_t(layout.chunks[c].slots[piece.j])];
@@ -172,6 +194,7 @@ Adafactor::Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> maste
       s.end = b;
       s.shape = shape;
       s.strides = strides;
+      slotsOf_[c].push_back(slots_.size());
       slots_.push_back(std::move(s));
     }
   }
@@ -221,6 +244,10 @@ std::vector<Tensor> Adafactor::gradientPieces(const std::vector<Tensor>& gradien
   std::vector<Tensor> pieces;
   for (const auto& s : slots_) {
     const Tensor& g = gradients[s.chunk];
+    if (!g.defined()) {  // a chunk the caller updates otherwise
+      pieces.emplace_back();
+      continue;
+    }
     const zero::ShardRange& r = ranges_[s.chunk];
     int64_t offset = g.numel() == r.size() ? s.begin - r.begin : s.begin;
     STRATA_CHECK(g.dtype() == DType::F32 && g.isContiguous() && offset + (s.end - s.begin) <= g.numel(),
@@ -231,17 +258,153 @@ std::vector<Tensor> Adafactor::gradientPieces(const std::vector<Tensor>& gradien
   return pieces;
 }
 
+namespace {
+
+// `view` (into `from`) as the same view into `to`.
+Tensor rebase(const Tensor& view, const Tensor& from, const Tensor& to) {
+  if (!view.defined()) return view;
+  return Tensor::fromStorage(to.storage(), view.shape(), view.strides(),
+                             to.offset() + (view.offset() - from.offset()), view.dtype());
+}
+
+// The first n elements of `buffer`, (re)made on `device` to hold at least n.
+Tensor scratch(Tensor& buffer, int64_t n, DType dtype, Device device) {
+  if (!buffer.defined() || buffer.numel() < n) buffer = Tensor::empty({n}, dtype, device);
+  return buffer.narrow(0, 0, n);
+}
+
+}  // namespace
+
 void Adafactor::stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale) {
   NoGradGuard noGrad;
   STRATA_CHECK(!v_.empty(), "Adafactor::stepChunks needs the chunked form");
+  STRATA_CHECK(gradients.size() == ranges_.size(), "Adafactor: {} gradient buffers for {} chunks",
+               gradients.size(), ranges_.size());
   ++step_;
   ops::AdafactorHyper h = hyper(lr);
-  std::vector<Tensor> grads = gradientPieces(gradients);
+  // Device-resident chunks with fp32 gradients in one launch; the others (16-bit gradients, host state) one
+  // chunk at a time. Each set is updated alone, so the grouping does not change a bit.
   std::vector<ops::AdafactorTensors> sets;
-  for (size_t i = 0; i < slots_.size(); ++i) sets.push_back(tensorsOf(slots_[i], grads[i]));
-  if (sets.empty()) return;
-  Device dev = sets.front().param.device();
-  ops::adafactor(sets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
+  std::vector<size_t> others;
+  std::vector<Tensor> fp32(gradients.size());
+  for (size_t c = 0; c < gradients.size(); ++c) {
+    if (homes_[c] != zero::Tier::Device || gradients[c].dtype() != DType::F32) {
+      others.push_back(c);
+      continue;
+    }
+    fp32[c] = gradients[c];
+  }
+  if (others.size() < gradients.size()) {
+    std::vector<Tensor> grads = gradientPieces(fp32);
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (grads[i].defined()) sets.push_back(tensorsOf(slots_[i], grads[i]));
+  }
+  if (!sets.empty()) {
+    Device dev = sets.front().param.device();
+    ops::adafactor(sets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
+  }
+  for (size_t c : others) stepChunk(c, h, gradients[c], gradScale);
+}
+
+void Adafactor::stepChunk(size_t c, const ops::AdafactorHyper& h, const Tensor& gradients,
+                          const Tensor& gradScale) {
+  const zero::ShardRange& r = ranges_[c];
+  Device device = paramFlats_[c].device();
+  // The range's gradients in fp32 (a 16-bit buffer is widened here, one chunk at a time).
+  Tensor g = gradients.numel() == r.size() ? gradients : gradients.narrow(0, r.begin, r.size());
+  if (g.dtype() != DType::F32) g = ops::to(g, device, DType::F32);
+  std::vector<Tensor> rangeGrads(ranges_.size());
+  rangeGrads[c] = g;
+  std::vector<Tensor> grads = gradientPieces(rangeGrads);
+  bool stream = homes_[c] == zero::Tier::Host && device.isCuda();
+  // NOTE [Adafactor host chunks]: the state comes to device scratch, and goes back after the kernel.
+  Tensor master = masters_[c], m = m_[c], v = v_[c];
+  if (stream) {
+    master = scratch(scratch_[0], r.size(), DType::F32, device);
+    ops::copy(master, masters_[c]);
+    if (m_[c].defined()) {
+      m = scratch(scratch_[1], r.size(), m_[c].dtype(), device);
+      ops::copy(m, m_[c]);
+    }
+    v = scratch(scratch_[2], v_[c].numel(), DType::F32, device);
+    ops::copy(v, v_[c]);
+  }
+  bool fp32Params = paramFlats_[c].dtype() == DType::F32;
+  std::vector<ops::AdafactorTensors> sets;
+  for (size_t i : slotsOf_[c]) {
+    ops::AdafactorTensors t = tensorsOf(slots_[i], grads[i]);
+    if (stream) {
+      t.param = rebase(t.param, masters_[c], master);
+      t.m = rebase(t.m, m_[c], m);
+      t.v = rebase(t.v, v_[c], v);
+      t.row = rebase(t.row, v_[c], v);
+      t.col = rebase(t.col, v_[c], v);
+      if (fp32Params) t.copy = Tensor();  // copied whole below (the GPU kernel writes 16-bit copies only)
+    }
+    sets.push_back(t);
+  }
+  ops::adafactor(sets, h, gradScale.defined() ? ops::to(gradScale, device, DType::F32) : Tensor());
+  if (stream) {
+    if (fp32Params) ops::copy(paramFlats_[c], master);
+    ops::copy(masters_[c], master);
+    if (m_[c].defined()) ops::copy(m_[c], m);
+    ops::copy(v_[c], v);
+    streamed_ = true;
+  }
+}
+
+void Adafactor::finishDelayed() {
+  if (!streamed_) return;
+  for (size_t c = 0; c < paramFlats_.size(); ++c)
+    if (homes_[c] == zero::Tier::Host) {
+      synchronizeDevice(paramFlats_[c].device());
+      break;
+    }
+  streamed_ = false;
+}
+
+void Adafactor::moveToDevice(size_t c, Device device) {
+  NoGradGuard noGrad;
+  finishDelayed();
+  if (homes_[c] == zero::Tier::Device) return;
+  bool own = paramFlats_[c].dtype() == DType::F32;
+  Tensor master = own ? Tensor() : ops::to(masters_[c], device, DType::F32);
+  Tensor m = m_[c].defined() ? ops::to(m_[c], device, m_[c].dtype()) : Tensor();
+  Tensor v = ops::to(v_[c], device, DType::F32);
+  if (own) ops::copy(paramFlats_[c], masters_[c]);  // already equal: the parameters were written from it
+  for (size_t i : slotsOf_[c]) {
+    Slot& s = slots_[i];
+    s.master = own ? s.param : rebase(s.master, masters_[c], master);
+    s.m = rebase(s.m, m_[c], m);
+    s.v = rebase(s.v, v_[c], v);
+    s.row = rebase(s.row, v_[c], v);
+    s.col = rebase(s.col, v_[c], v);
+  }
+  masters_[c] = master;
+  m_[c] = m;
+  v_[c] = v;
+  homes_[c] = zero::Tier::Device;
+}
+
+std::vector<ChunkStateField> Adafactor::chunkState(size_t c) const {
+  std::vector<ChunkStateField> out;
+  if (m_.at(c).defined()) out.push_back({"exp_avg", m_[c], true});
+  out.push_back({"adafactor_v", v_.at(c), false});
+  return out;
+}
+
+uint64_t Adafactor::stateBytes(size_t c) const {
+  uint64_t bytes = 0;
+  for (const Tensor* t : {&masters_.at(c), &m_.at(c), &v_.at(c)})
+    if (t->defined()) bytes += uint64_t(t->nbytes());
+  return bytes;
+}
+
+uint64_t Adafactor::deviceStateBytes(size_t c) const {
+  // On the device an fp32 chunk's parameters are their own master.
+  bool own = paramFlats_.at(c).dtype() == DType::F32;
+  uint64_t bytes = uint64_t(v_.at(c).nbytes()) + (m_.at(c).defined() ? uint64_t(m_[c].nbytes()) : 0);
+  return bytes + (own ? 0 : uint64_t(ranges_.at(c).size()) * 4);
 }
 
 double Adafactor::stepSize(double lr, int64_t t) const {

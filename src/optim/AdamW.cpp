@@ -74,9 +74,8 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
       // once, in ordinary memory.
       bool pin = home == zero::Tier::Host && config_.pinHostState && paramBase.device().isCuda();
       auto hostTensor = [&] {
-        Allocator& allocator = home == zero::Tier::Host ? hostStateAllocator(pin) : cpuAllocator();
-        auto storage = std::make_shared<StorageImpl>(size_t(r.size()) * 4, allocator);
-        return Tensor::fromStorage(std::move(storage), {r.size()}, {1}, 0, DType::F32);
+        if (home == zero::Tier::Host) return hostStateTensor(r.size(), DType::F32, pin);
+        return Tensor::empty({r.size()}, DType::F32, Device::cpu());
       };
       Tensor master = hostTensor();
       ops::copy(master, masters_[c].defined() ? masters_[c] : paramFlats_.back());
@@ -716,6 +715,29 @@ std::vector<std::pair<std::string, Tensor>> AdamW::namedMasters() const {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& s : slots_) out.emplace_back(s.name, s.master);
   return out;
+}
+
+Tensor hostStateTensor(int64_t numel, DType dtype, bool pinned) {
+  auto storage = std::make_shared<StorageImpl>(size_t(numel) * dtypeSize(dtype), hostStateAllocator(pinned));
+  return Tensor::fromStorage(std::move(storage), {numel}, {1}, 0, dtype);
+}
+
+std::vector<ChunkStateField> AdamW::chunkState(size_t c) const {
+  if (!m_.at(c).defined()) return {};  // on the SSD
+  return {{"exp_avg", m_[c], true}, {"exp_avg_sq", v_[c], true}};
+}
+
+uint64_t AdamW::stateBytes(size_t c) const {
+  uint64_t bytes = 0;
+  for (const Tensor* t : {&masters_.at(c), &m_.at(c), &v_.at(c)})
+    if (t->defined()) bytes += uint64_t(t->nbytes());
+  return bytes;
+}
+
+uint64_t AdamW::deviceStateBytes(size_t c) const {
+  // On the device an fp32 chunk's parameters are their own master.
+  bool own = paramFlats_.at(c).dtype() == DType::F32;
+  return uint64_t(ranges_.at(c).size()) * (own ? 8 : 12);
 }
 
 void AdamW::writeParameters() {

@@ -497,7 +497,7 @@ bool parsePiece(const std::string& name, std::string* kind, int64_t* chunk, int6
   size_t dot = name.find('.');
   if (dot == std::string::npos) return false;
   std::string k = name.substr(0, dot);
-  if (k != "param" && k != "exp_avg" && k != "exp_avg_sq") return false;
+  if (k != "param" && k != "exp_avg" && k != "exp_avg_sq" && k != "adafactor_v") return false;
   size_t at = name.find('@', dot);
   auto digits = [](const std::string& t) {
     return !t.empty() && std::all_of(t.begin(), t.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
@@ -560,6 +560,8 @@ ChunkCheckpointReader::ChunkCheckpointReader(const std::string& path) : dir_(res
   for (auto& [kind, chunks] : pieces_)
     for (auto& [chunk, list] : chunks) {
       std::sort(list.begin(), list.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+      // (An optimizer's own layout is not one value per element: its pieces may be longer than a shard.)
+      if (kind == "adafactor_v") continue;
       for (size_t i = 1; i < list.size(); ++i)
         STRATA_USER_CHECK(list[i - 1].end <= list[i].begin,
                           "checkpoint {} is corrupted: two ranks hold element {} of {} chunk {}", dir_,
@@ -575,6 +577,24 @@ ChunkCheckpointReader::~ChunkCheckpointReader() {
 
 bool ChunkCheckpointReader::hasOptimizer() const {
   return pieces_.count("exp_avg") && pieces_.count("exp_avg_sq");
+}
+
+bool ChunkCheckpointReader::hasKind(const std::string& kind) const {
+  return pieces_.count(kind) > 0;
+}
+
+bool ChunkCheckpointReader::readChunkPiece(const std::string& kind, int64_t chunk, int64_t begin, int64_t n,
+                                           float* dst) {
+  auto kindIt = pieces_.find(kind);
+  if (kindIt == pieces_.end()) return false;
+  auto chunkIt = kindIt->second.find(chunk);
+  if (chunkIt == kindIt->second.end()) return false;
+  for (const Piece& piece : chunkIt->second)
+    if (piece.begin == begin && piece.end - piece.begin == n) {
+      readBytes(piece.file, piece.offset, size_t(n) * 4, dst);
+      return true;
+    }
+  return false;
 }
 
 void ChunkCheckpointReader::readBytes(size_t file, uint64_t offset, size_t bytes, void* dst) {

@@ -260,6 +260,9 @@ const std::vector<Field>& schema() {
     f.push_back(floatField(
         "precision.min_loss_scale", [](Config & c) -> auto& { return c.precision.minLossScale; }, 1e-30,
         1e30));
+    f.push_back(stringField("precision.grad_accum_dtype",
+                            [](Config & c) -> auto& { return c.precision.gradAccumDType; },
+                            {"fp32", "bf16", "fp16"}));
     // zero_optimization (DeepSpeed names)
     f.push_back(intField(
         "zero_optimization.stage", [](Config & c) -> auto& { return c.zero.stage; }, 0, 3));
@@ -472,10 +475,18 @@ struct Loader {
         if (key.rfind("optimizer.adafactor_", 0) == 0)
           c.warnings.push_back(detail::format("{}: '{}' is ignored: 'optimizer.type' is {}, not adafactor",
                                               place(key), key, c.optimizer.type));
-    // NOTE [Adafactor not in the step engine yet]: optim::Adafactor exists and `strata info` and `strata
-    // plan` account for it, but ZeroStepEngine builds AdamW; until it builds Adafactor, training with it
-    // stops here rather than silently training with AdamW (runBench in tools/strata checks the same).
-    if (requireData) requireTrainableOptimizer(c, place("optimizer.type"));
+    if (c.precision.gradAccumDType != "fp32") {
+      STRATA_USER_CHECK(
+          c.precision.gradAccumDType == c.precision.dtype,
+          "{}: 'precision.grad_accum_dtype' is fp32 or the compute dtype ('precision.dtype' {}), "
+          "not {}",
+          place("precision.grad_accum_dtype"), c.precision.dtype, c.precision.gradAccumDType);
+      STRATA_USER_CHECK(
+          c.optimizer.type == "adafactor",
+          "{}: 'precision.grad_accum_dtype' {} needs 'optimizer.type' adafactor (AdamW's kernels "
+          "read fp32 gradients)",
+          place("precision.grad_accum_dtype"), c.precision.gradAccumDType);
+    }
     if (c.lrSchedule.warmupIters > c.train.trainIters)
       c.warnings.push_back(detail::format(
           "{}: 'lr_schedule.warmup_iters' ({}) exceeds 'train.train_iters' ({}): the learning rate never "
@@ -591,14 +602,6 @@ bool sameConfigValue(const std::string& a, const std::string& b) {
   char *endA = nullptr, *endB = nullptr;
   double x = std::strtod(a.c_str(), &endA), y = std::strtod(b.c_str(), &endB);
   return !a.empty() && !b.empty() && *endA == '\0' && *endB == '\0' && x == y;
-}
-
-void requireTrainableOptimizer(const Config& c, const std::string& place) {
-  STRATA_USER_CHECK(
-      c.optimizer.type != "adafactor",
-      "{}: 'optimizer.type' adafactor is not wired into the training step yet (optim::Adafactor "
-      "exists; `strata info` and `strata plan` account for it); use adamw to train",
-      place.empty() ? c.sourcePath : place);
 }
 
 optim::AdafactorConfig adafactorConfigFrom(const Config& c) {

@@ -49,10 +49,13 @@ ModelStateInputs modelStateInputs(const Config& c, int ranks, DType compute) {
     in.optimizerBytes.push_back(uint64_t(range) * 4 + first + second);
     largest = std::max(largest, padded);
   }
-  // Gradients accumulate in fp32 for 16-bit parameters (ChunkManager), in the parameters' dtype otherwise.
+  // Gradients accumulate in fp32 for 16-bit parameters (ChunkManager), in the parameters' dtype otherwise,
+  // or in the 16-bit compute dtype when precision.grad_accum_dtype asks (as ZeroStepEngine sets it).
   uint64_t gradBytes = std::max<uint64_t>(elemBytes, 4);
+  if (c.precision.gradAccumDType != "fp32" && elemBytes == 2) gradBytes = 2;
+  in.gradientDType = gradBytes == 2 ? compute : gradBytes == 4 ? DType::F32 : compute;
   for (int64_t padded : in.paddedElems) in.gradientBytes += uint64_t(padded) * gradBytes;
-  in.gradientShardBytes = uint64_t(in.rangeElemsTotal()) * 4;
+  in.gradientShardBytes = uint64_t(in.rangeElemsTotal()) * gradBytes;
   in.largestChunkElems = largest;
   if (in.stage == 3) {
     // The chunk arena's slots (zero/ChunkArena.h), or without it the chunk in use and those prefetched.
@@ -83,6 +86,8 @@ zero::StoreBudgets storeBudgets(const Config& c, uint64_t parameterBytes, uint64
                                    "store.host_budget_gb");
   b.nvme = zero::parseBudgetGb(c.store.nvmeBudgetGb, c.zero.nvmePath.empty() ? 0 : nvmeFree / 10 * 9,
                                "store.nvme_budget_gb");
+  // Adafactor's state has no SSD form (optim/Adafactor.h): the device and the host hold it.
+  if (c.optimizer.type == "adafactor") b.nvme = 0;
   return b;
 }
 

@@ -317,7 +317,15 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
          fmt::format("{:.3g} B over NVLink at {:.0f} GB/s bus bandwidth", moved * share, kCollectiveBusGBs),
          true});
   }
-  if (offElems > 0) {
+  if (offElems > 0 && p.optimizer == "adafactor") {
+    // NOTE [Adafactor host chunks] in optim/Adafactor.h: the masters cross the link both ways and the GPU
+    // updates them.
+    double bytes = double(offElems) * 4;
+    p.terms.push_back({"PCIe", bytes / (*m.h2dGBs * 1e9) + bytes / (*m.d2hGBs * 1e9),
+                       fmt::format("fp32 masters in and out {} at {:.0f} / {:.0f} GB/s", gib(uint64_t(bytes)),
+                                   *m.h2dGBs, *m.d2hGBs),
+                       true});
+  } else if (offElems > 0) {
     double down = double(offElems) * 4, up = double(offElems) * double(dtypeSize(p.compute));
     p.terms.push_back({"PCIe", down / (*m.d2hGBs * 1e9) + up / (*m.h2dGBs * 1e9),
                        fmt::format("fp32 gradients out {} at {:.0f} GB/s, parameters in {} at {:.0f} GB/s",
@@ -421,7 +429,8 @@ std::string formatPlan(const ModelStatePlan& p) {
   out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "optimizer chunks", chunksOn[0], chunksOn[1],
                      chunksOn[2]);
   out << "working memory on the " << (p.onGpu ? "device" : "host") << " (not model state):\n";
-  out << fmt::format("  {:<22} {:>12}  fp32, {}\n", "gradient buffers", gib(p.gradientPeakBytes),
+  out << fmt::format("  {:<22} {:>12}  {}, {}\n", "gradient buffers", gib(p.gradientPeakBytes),
+                     dtypeName(p.inputs.gradientDType),
                      p.accumulation > 1                   ? "every chunk, kept across the micro-batches"
                      : p.inputs.stage >= 2 && p.ranks > 1 ? "this rank's shards and two chunks in flight"
                                                           : "every chunk, from backward to the update");

@@ -19,6 +19,8 @@
 #include "strata/core/Stream.h"
 #include "strata/dist/ProcessGroup.h"
 #include "strata/ops/Ops.h"
+#include "strata/optim/Adafactor.h"
+#include "strata/optim/AdamW.h"
 #include "strata/train/PlacementInputs.h"
 
 namespace strata::train {
@@ -39,7 +41,7 @@ void memlog(Device device, const char* phase, int64_t step) {
 }  // namespace
 
 std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Device device, DType compute,
-                                                      int64_t chunkBytes, int shards) {
+                                                      int64_t chunkBytes, int shards, bool mastersOnHost) {
   // The first-use order from one loss of one sequence (token 0 throughout: the order of the module calls
   // does not depend on the data), in eval mode, without gradients, in the parameters' own dtype, with the
   // RNG state put back: the trace changes no number of the run.
@@ -70,18 +72,14 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
   for (const auto& name : order)
     for (const auto& [n, p] : named)
       if (n == name) ordered.emplace_back(n, p);
-  auto chunks = std::make_unique<zero::ChunkManager>(ordered, chunkBytes, compute, shards);
+  auto chunks = std::make_unique<zero::ChunkManager>(
+      ordered, chunkBytes, compute, shards,
+      mastersOnHost ? std::optional<Device>(Device::cpu()) : std::nullopt);
   // The model's old per-parameter storages went back to the caching allocator; return them to the device so
   // the chunks' layout is what the step's activations see.
   if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device))) caching->emptyCache();
   return chunks;
 }
-
-namespace {
-uint64_t bytesOf(const Tensor& t) {
-  return t.defined() ? uint64_t(t.nbytes()) : 0;
-}
-}  // namespace
 
 ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device device, DType compute,
                                dist::ProcessGroup* group)
@@ -97,8 +95,22 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   if (compute_ == DType::F16)
     scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
         c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
-  chunks_ =
-      layOutModelChunks(objective_, device_, compute_, int64_t(c.zero.chunkSizeMb * double(1 << 20)), ranks);
+  // The device's memory (STRATA_DEVICE_MEMORY_GB stands in for it in tests).
+  const char* memoryOverride = std::getenv("STRATA_DEVICE_MEMORY_GB");
+  deviceMemory_ = memoryOverride ? zero::parseBudgetGb(memoryOverride, 0, "STRATA_DEVICE_MEMORY_GB")
+                                 : deviceMemoryBytes(device_);
+  // One rank whose fp32 masters and 16-bit chunks would crowd the device together: the masters are made
+  // in host memory, and those of chunks whose state the placement keeps on the device move there after it.
+  uint64_t modelElems = 0;
+  for (const Tensor& p : model_.parameters()) modelElems += uint64_t(p.numel());
+  bool mastersOnHost = ranks == 1 && !device_.isCpu() && dtypeSize(compute_) == 2 && deviceMemory_ > 0 &&
+                       double(modelElems) * 6 > 0.7 * double(deviceMemory_);
+  chunks_ = layOutModelChunks(objective_, device_, compute_, int64_t(c.zero.chunkSizeMb * double(1 << 20)),
+                              ranks, mastersOnHost);
+  // precision.grad_accum_dtype: 16-bit gradient buffers for 16-bit chunks (a CPU run of a bf16 config
+  // computes in fp32 and keeps fp32 ones).
+  bool adafactor = c.optimizer.type == "adafactor";
+  if (c.precision.gradAccumDType != "fp32" && dtypeSize(compute_) == 2) chunks_->setGradientDType(compute_);
   std::vector<Tensor> masters = chunks_->takeMasters();
   if (ranks > 1) {
     // Every rank starts from rank 0's weights (they are equal when built from one seed; this makes it so).
@@ -158,9 +170,15 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   // chunk's optimizer state goes to the device while its budget lasts, then to host memory.
   uint64_t parameterBytes = 0;
   std::vector<uint64_t> optimizerBytes;
+  optim::AdafactorConfig adafactorConfig = adafactorConfigFrom(c);
+  adafactorConfig.pinHostState = c.zero.pinMemory;
   for (size_t i = 0; i < chunks_->numChunks(); ++i) {
     parameterBytes += stage_ == 3 ? paramShards_[i].nbytes() : chunks_->paddedFlat(i).nbytes();
-    optimizerBytes.push_back(uint64_t(ranges[i].size()) * 4 * 3);  // master, m, v (fp32)
+    // AdamW: master, m, v (fp32); Adafactor: the master and its state.
+    optimizerBytes.push_back(
+        adafactor ? uint64_t(ranges[i].size()) * 4 +
+                        optim::adafactorStateBytes(chunks_->layout(), i, ranges[i], adafactorConfig)
+                  : uint64_t(ranges[i].size()) * 4 * 3);
   }
   // The budgets as `strata plan` reads them (train/PlacementInputs.h), so the two place alike.
   const std::string& offload = c.zero.offloadOptimizerDevice;
@@ -172,9 +190,6 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
                                             freeDiskBytes(c.zero.nvmePath));
   // NOTE [Memory tracer] in zero/Store.h: a model whose state would crowd the device starts with its
   // optimizer state off it, and the first step decides how much comes back.
-  const char* memoryOverride = std::getenv("STRATA_DEVICE_MEMORY_GB");
-  deviceMemory_ = memoryOverride ? zero::parseBudgetGb(memoryOverride, 0, "STRATA_DEVICE_MEMORY_GB")
-                                 : deviceMemoryBytes(device_);
   // On the SSD, m and v may be kept in half precision (the master stays fp32).
   DType nvmeDType = nvmeStateDType(c);
   std::vector<uint64_t> nvmeBytes;
@@ -184,7 +199,8 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   if (autoDevice && deviceMemory_ > 0 && (!device_.isCpu() || memoryOverride)) {
     uint64_t estimate = parameterBytes;
     for (size_t i = 0; i < chunks_->numChunks(); ++i)
-      estimate += optimizerBytes[i] + uint64_t(chunks_->paddedElems(i)) * 4;  // state, gradient buffers
+      estimate += optimizerBytes[i] + uint64_t(chunks_->paddedElems(i)) *
+                                          dtypeSize(chunks_->gradientDType());  // state, gradient buffers
     if (double(estimate) > 0.8 * double(deviceMemory_)) {
       // Off the device what the host and the SSD can hold; the first step measures what may come back.
       uint64_t least = zero::smallestDeviceBudget(parameterBytes, optimizerBytes, budgets, nvmeBytes);
@@ -199,19 +215,28 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   if (placement_.chunksOn(zero::Tier::Nvme) > 0)
     nvme_ = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, rank_, nvmeElems, nvmeDType,
                                              zero::NvmeIoConfig{c.zero.aioBlockSize, c.zero.aioQueueDepth});
-  optimizer_ = std::make_unique<optim::AdamW>(
-      *chunks_, std::move(masters),
-      optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
-                         c.optimizer.weightDecay, c.optimizer.pipeline, c.zero.pinMemory,
-                         std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4)),
-                         c.store.delayedUpdate},
-      ranges, paramShards_, placement_.optimizerTier, nvme_.get());
+  for (size_t i = 0; i < masters.size(); ++i)
+    if (placement_.optimizerTier[i] == zero::Tier::Device && masters[i].device() != device_)
+      masters[i] = ops::to(masters[i], device_, DType::F32);
+  if (adafactor) {
+    optimizer_ = std::make_unique<optim::Adafactor>(*chunks_, std::move(masters), adafactorConfig, ranges,
+                                                    paramShards_, placement_.optimizerTier);
+  } else {
+    optimizer_ = std::make_unique<optim::AdamW>(
+        *chunks_, std::move(masters),
+        optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
+                           c.optimizer.weightDecay, c.optimizer.pipeline, c.zero.pinMemory,
+                           std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4)),
+                           c.store.delayedUpdate},
+        ranges, paramShards_, placement_.optimizerTier, nvme_.get());
+  }
+  STRATA_CHECK(optimizer_->acceptsGradients(chunks_->gradientDType()),
+               "optimizer.type {} does not read {} gradients", c.optimizer.type, chunks_->gradientDType());
   // The bytes as they are: an fp32 chunk's state on the device has no separate master, and the SSD may keep
   // m and v in half precision.
   for (uint64_t& b : placement_.bytes) b = 0;
   for (size_t i = 0; i < chunks_->numChunks(); ++i) {
-    uint64_t state = bytesOf(optimizer_->firstMoments()[i]) + bytesOf(optimizer_->secondMoments()[i]) +
-                     bytesOf(optimizer_->masterFlats()[i]);
+    uint64_t state = optimizer_->stateBytes(i);
     if (placement_.optimizerTier[i] == zero::Tier::Nvme)
       state = uint64_t(nvmeElems[i]) * (4 + 2 * dtypeSize(nvme_->stateDType()));
     placement_.optimizerBytes[i] = state;
@@ -250,7 +275,7 @@ void ZeroStepEngine::gradientsComplete(size_t chunk) {
     // Stages 2 and 3: reduce-scatter at once into this rank's fp32 shard; the chunk's full buffer goes back
     // to the allocator for the next chunk's gradients.
     zero::ShardRange r = chunks_->shard(chunk, rank_);
-    shardGrads_[chunk] = Tensor::empty({r.size()}, DType::F32, device_);
+    shardGrads_[chunk] = Tensor::empty({r.size()}, grads.dtype(), device_);
     comm().reduceScatter(shardGrads_[chunk], grads);
     chunks_->releaseGradients(chunk);
   } else {
@@ -269,10 +294,7 @@ void ZeroStepEngine::promoteTracedState() {
   uint64_t limit = uint64_t(0.92 * double(deviceMemory_));
   uint64_t room = limit > peak + margin ? limit - peak - margin : 0;
   std::vector<uint64_t> deviceBytes;
-  for (size_t c = 0; c < chunks_->numChunks(); ++c) {
-    uint64_t elems = uint64_t(optimizer_->ranges()[c].size());
-    deviceBytes.push_back(elems * (chunks_->dtype() == DType::F32 ? 8 : 12));
-  }
+  for (size_t c = 0; c < chunks_->numChunks(); ++c) deviceBytes.push_back(optimizer_->deviceStateBytes(c));
   std::vector<size_t> moved = zero::chunksToPromote(placement_, deviceBytes, room);
   uint64_t movedBytes = 0;
   for (size_t c : moved) {
@@ -404,18 +426,32 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
 Tensor ZeroStepEngine::shardSquares(const std::vector<Tensor>& grads) const {
   // The pieces of the parameters inside this rank's shard of each chunk, in layout order; `grads` holds, per
   // chunk, the whole (padded) chunk's gradients or just the shard's.
+  // 16-bit gradient buffers (precision.grad_accum_dtype) are widened to fp32 one chunk at a time, and the
+  // chunks' sums added in chunk order.
   std::vector<Tensor> pieces;
+  Tensor sum;
   const zero::ChunkLayout& layout = chunks_->layout();
   for (size_t c = 0; c < grads.size(); ++c) {
     zero::ShardRange r = chunks_->shard(c, rank_);
     int64_t base = grads[c].numel() == r.size() ? r.begin : 0;
+    bool widen = grads[c].dtype() != DType::F32;
+    Tensor g = widen ? ops::to(grads[c], device_, DType::F32) : grads[c];
     for (int64_t k : layout.chunks[c].slots) {
       const zero::ChunkSlot& slot = layout.slots[size_t(k)];
       int64_t a = std::max(slot.offset, r.begin), b = std::min(slot.offset + slot.numel, r.end);
-      if (a < b) pieces.push_back(grads[c].narrow(0, a - base, b - a));
+      if (a < b) pieces.push_back(g.narrow(0, a - base, b - a));
+    }
+    if (widen && !pieces.empty()) {
+      Tensor part = ops::sumOfSquares(pieces);
+      sum = sum.defined() ? ops::add(sum, part) : part;
+      pieces.clear();
     }
   }
-  return pieces.empty() ? ops::zeros({}, DType::F32, device_) : ops::sumOfSquares(pieces);
+  if (!pieces.empty()) {
+    Tensor part = ops::sumOfSquares(pieces);
+    sum = sum.defined() ? ops::add(sum, part) : part;
+  }
+  return sum.defined() ? sum : ops::zeros({}, DType::F32, device_);
 }
 
 namespace {
@@ -445,14 +481,23 @@ SaveTensor ZeroStepEngine::savePiece(const char* kind, size_t c, int field) cons
                         return all.narrow(0, offset, n);
                       }};
   }
-  // The fp32 values: the masters, or fp32 chunks' own parameters (their shard at stage 3); m; v.
-  const Tensor& values = field == zero::NvmeTier::FirstMoment    ? optimizer_->firstMoments()[c]
-                         : field == zero::NvmeTier::SecondMoment ? optimizer_->secondMoments()[c]
-                         : optimizer_->hasMaster(c)              ? optimizer_->masterFlats()[c]
-                         : stage_ == 3                           ? paramShards_[c]
-                                                                 : chunks_->paddedFlat(c);
+  // The fp32 values: the masters, or fp32 chunks' own parameters (their shard at stage 3).
+  STRATA_CHECK(field == zero::NvmeTier::Master, "savePiece: chunk {}'s state is not on the SSD", c);
+  const Tensor& values = optimizer_->hasMaster(c) ? optimizer_->masterFlats()[c]
+                         : stage_ == 3            ? paramShards_[c]
+                                                  : chunks_->paddedFlat(c);
   Tensor t = chunkRange(values, r, r.begin, end);
   return SaveTensor{name, t.shape(), t.dtype(), [t] { return t; }};
+}
+
+SaveTensor ZeroStepEngine::saveField(const optim::ChunkStateField& field, size_t c) const {
+  // Elementwise fields as the masters (this rank's shard, cut at the used length); the optimizer's own
+  // layouts whole. Saved in fp32 (a bf16 first moment is widened when the writer reaches it).
+  zero::ShardRange r = chunks_->shard(c, rank_);
+  Tensor t = field.values;
+  if (field.elementwise) t = chunkRange(t, r, r.begin, std::min(r.end, chunks_->layout().chunks[c].used));
+  return SaveTensor{chunkPieceName(field.kind, int64_t(c), r.begin), t.shape(), DType::F32,
+                    [t] { return t.dtype() == DType::F32 ? t : ops::to(t, Device::cpu(), DType::F32); }};
 }
 
 SaveTensors ZeroStepEngine::checkpointModel() const {
@@ -472,8 +517,12 @@ SaveTensors ZeroStepEngine::checkpointOptimizer() const {
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     zero::ShardRange r = chunks_->shard(c, rank_);
     if (r.begin >= std::min(r.end, chunks_->layout().chunks[c].used)) continue;
-    out.push_back(savePiece("exp_avg", c, zero::NvmeTier::FirstMoment));
-    out.push_back(savePiece("exp_avg_sq", c, zero::NvmeTier::SecondMoment));
+    if (optimizer_->home(c) == zero::Tier::Nvme) {
+      out.push_back(savePiece("exp_avg", c, zero::NvmeTier::FirstMoment));
+      out.push_back(savePiece("exp_avg_sq", c, zero::NvmeTier::SecondMoment));
+      continue;
+    }
+    for (const optim::ChunkStateField& field : optimizer_->chunkState(c)) out.push_back(saveField(field, c));
   }
   return out;
 }
@@ -483,11 +532,19 @@ void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
   optimizer_->finishDelayed();
   const zero::ChunkLayout& layout = chunks_->layout();
   reader.checkParameters(layout);
-  STRATA_USER_CHECK(
-      !optimizer || reader.hasOptimizer(),
-      "checkpoint {} holds no optimizer state; set checkpoint.load_model_only: true to start the "
-      "optimizer fresh from its weights",
-      reader.directory());
+  if (optimizer) {
+    // The kinds this optimizer saves (AdamW: exp_avg and exp_avg_sq; Adafactor: adafactor_v, and exp_avg
+    // with a first moment).
+    std::vector<std::string> kinds;
+    for (size_t c = 0; c < chunks_->numChunks() && kinds.empty(); ++c)
+      for (const optim::ChunkStateField& field : optimizer_->chunkState(c)) kinds.push_back(field.kind);
+    if (kinds.empty()) kinds = {"exp_avg", "exp_avg_sq"};
+    for (const std::string& kind : kinds)
+      STRATA_USER_CHECK(reader.hasKind(kind),
+                        "checkpoint {} holds no {} state (no optimizer state, or another optimizer's); set "
+                        "checkpoint.load_model_only: true to start the optimizer fresh from its weights",
+                        reader.directory(), kind);
+  }
   // Each piece of state reads the range of its chunk it covers (the whole padded chunk, or this rank's
   // shard), as fp32, and converts on the way in: a 16-bit parameter becomes its master rounded.
   std::vector<float> host;
@@ -523,9 +580,23 @@ void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
       continue;
     }
     if (optimizer_->hasMaster(c)) fill(optimizer_->masterFlats()[c], c, "param");
-    if (optimizer) {
-      fill(optimizer_->firstMoments()[c], c, "exp_avg");
-      fill(optimizer_->secondMoments()[c], c, "exp_avg_sq");
+    if (!optimizer) continue;
+    for (const optim::ChunkStateField& field : optimizer_->chunkState(c)) {
+      if (field.elementwise) {
+        fill(field.values, c, field.kind.c_str());
+        continue;
+      }
+      // The optimizer's own layout: the piece this rank saved for this chunk, at the same layout.
+      zero::ShardRange r = chunks_->shard(c, rank_);
+      host.assign(size_t(field.values.numel()), 0.0f);
+      STRATA_USER_CHECK(
+          reader.readChunkPiece(field.kind, int64_t(c), r.begin, field.values.numel(), host.data()),
+          "checkpoint {}: its {} state does not match this run's chunks (it reloads only at the chunk "
+          "size and world size it was saved with); set checkpoint.load_model_only: true to start the "
+          "optimizer fresh from its weights",
+          reader.directory(), field.kind);
+      ops::copy(field.values, Tensor::fromHost(host.data(), DType::F32, host.size(), {field.values.numel()},
+                                               field.values.device()));
     }
   }
 }
@@ -534,9 +605,7 @@ size_t ZeroStepEngine::modelStateBytes() const {
   size_t bytes = 0;
   for (size_t c = 0; c < chunks_->numChunks(); ++c)
     bytes += stage_ == 3 ? paramShards_[c].nbytes() : chunks_->paddedFlat(c).nbytes();
-  for (const auto* flats :
-       {&optimizer_->masterFlats(), &optimizer_->firstMoments(), &optimizer_->secondMoments()})
-    for (const Tensor& t : *flats) bytes += bytesOf(t);
+  for (size_t c = 0; c < chunks_->numChunks(); ++c) bytes += optimizer_->stateBytes(c);
   if (nvme_) bytes += nvme_->stateBytes();
   return bytes;
 }

@@ -491,7 +491,7 @@ TrainResult Trainer::run() {
   double intervalLoss = 0;
   int64_t intervalSteps = 0, intervalCounted = 0, intervalSkipped = 0, nonfiniteRun = 0;
   double intervalOffload = 0;
-  optim::AdamW::OffloadPhases intervalPhases;
+  optim::OffloadPhases intervalPhases;
   auto runStart = std::chrono::steady_clock::now();
   auto intervalStart = runStart;
   double trainingSeconds = 0;  // measured step time since the start (evals and saves excluded), for the ETA

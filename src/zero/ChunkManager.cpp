@@ -12,7 +12,7 @@
 namespace strata::zero {
 
 ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
-                           std::optional<DType> compute, int shards)
+                           std::optional<DType> compute, int shards, std::optional<Device> masterDevice)
     : shards_(shards) {
   STRATA_CHECK(shards >= 1, "ChunkManager: {} shards", shards);
   STRATA_CHECK(!parameters.empty(), "ChunkManager: no parameters");
@@ -55,7 +55,7 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
     int64_t used = layout_.chunks[c].used, padded = padTo(used);
     Storage storage = makeStorage(size_t(padded) * dtypeSize(dtype), device);
     storage->setLabel("chunk " + std::to_string(c));
-    Tensor master = masters ? Tensor::empty({padded}, source, device) : Tensor();
+    Tensor master = masters ? Tensor::empty({padded}, source, masterDevice.value_or(device)) : Tensor();
     // Zeros wherever no parameter lies: the padding that makes equal shards (gathered, never read as a
     // parameter) and the alignment gaps between parameters, which checkpoints write with the chunk (and
     // refuse when non-finite) and the host tier's update rewrites as zeros. Left uninitialised, they held
@@ -69,7 +69,7 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
       if (masters) {
         Tensor m = Tensor::fromStorage(master.storage(), p.shape(), p.strides(), slot.offset, source);
         ops::copy(m, p);
-        ops::copy(home, m);
+        ops::copy(home, p);  // the master rounded (it is p), on the parameters' device
       } else {
         ops::copy(home, p);
       }
@@ -77,18 +77,9 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
       impl.storage = storage;
       impl.offset = slot.offset;
       impl.dtype = dtype;
-      // The chunk's gradient buffer is made by the first gradient of a step that reaches it and released
-      // after the update (releaseGradients).
-      std::weak_ptr<Grads> weak = grads_;
-      Shape shape = p.shape(), strides = p.strides();
-      int64_t offset = slot.offset;
-      autograd::setGradHome(p, gradType, [weak, c, shape, strides, offset, gradType] {
-        auto grads = weak.lock();
-        STRATA_CHECK(grads != nullptr, "the chunk manager of this parameter is gone");
-        return Tensor::fromStorage(grads->get(c).storage(), shape, strides, offset, gradType);
-      });
       params_[size_t(k)] = p;
       chunkOf_[size_t(k)] = int64_t(c);
+      homeGradient(size_t(k));
     }
     chunks_.push_back(std::move(storage));
     if (masters) masters_.push_back(master);
@@ -115,6 +106,37 @@ void ChunkManager::releaseGradients(size_t i) {
 
 Tensor ChunkManager::ensureGradients(size_t i) {
   return grads_->get(i);
+}
+
+void ChunkManager::homeGradient(size_t k) {
+  // The chunk's gradient buffer is made by the first gradient of a step that reaches it and released after
+  // the update (releaseGradients).
+  const Tensor& p = params_[k];
+  std::weak_ptr<Grads> weak = grads_;
+  Shape shape = p.shape(), strides = p.strides();
+  int64_t offset = layout_.slots[k].offset;
+  size_t c = size_t(chunkOf_[k]);
+  DType dtype = grads_->dtype;
+  autograd::setGradHome(p, dtype, [weak, c, shape, strides, offset, dtype] {
+    auto grads = weak.lock();
+    STRATA_CHECK(grads != nullptr, "the chunk manager of this parameter is gone");
+    return Tensor::fromStorage(grads->get(c).storage(), shape, strides, offset, dtype);
+  });
+}
+
+void ChunkManager::setGradientDType(DType dtype) {
+  STRATA_CHECK(dtype == DType::F32 || dtype == layout_.dtype,
+               "ChunkManager: gradients of {} chunks accumulate in fp32 or {}, not {}", layout_.dtype,
+               layout_.dtype, dtype);
+  for (const Tensor& f : grads_->flat)
+    STRATA_CHECK(!f.defined(), "ChunkManager: the gradient dtype changes only while no gradient exists");
+  if (dtype == grads_->dtype) return;
+  grads_->dtype = dtype;
+  for (size_t k = 0; k < params_.size(); ++k) homeGradient(k);
+}
+
+DType ChunkManager::gradientDType() const {
+  return grads_->dtype;
 }
 
 void ChunkManager::releaseGradients() {

@@ -163,14 +163,12 @@ TEST_CASE("optimizer.type adafactor and its keys", "[train][config][adafactor]")
   auto w = parseConfig("optimizer:\n  adafactor_beta1: 0.9\n", "t.yaml", {}, false);
   REQUIRE(w.warnings.size() == 1);
   REQUIRE(w.warnings[0].find("ignored") != std::string::npos);
-  // Until the step engine builds Adafactor, a training config with it stops (the data file is checked later,
-  // so its absence does not hide this error).
-  std::string e;
-  try {
-    parseConfig("optimizer:\n  type: adafactor\n", "train.yaml", {}, /*requireData=*/true);
-  } catch (const Error& err) {
-    e = err.what();
-  }
-  REQUIRE(e.find("not wired into the training step") != std::string::npos);
-  REQUIRE(e.find("train.yaml:2") != std::string::npos);
+  // 16-bit gradient buffers: the compute dtype's, and only for Adafactor (AdamW's kernels read fp32).
+  auto g = parseConfig("optimizer:\n  type: adafactor\nprecision:\n  dtype: bf16\n  grad_accum_dtype: bf16\n",
+                       "t.yaml", {}, false);
+  REQUIRE(g.precision.gradAccumDType == "bf16");
+  REQUIRE(errorOf("precision:\n  dtype: bf16\n  grad_accum_dtype: bf16\n")
+              .find("needs 'optimizer.type' adafactor") != std::string::npos);
+  REQUIRE(errorOf("optimizer:\n  type: adafactor\nprecision:\n  dtype: fp16\n  grad_accum_dtype: bf16\n")
+              .find("the compute dtype") != std::string::npos);
 }

@@ -78,7 +78,6 @@ int runBench(const std::string& configPath, std::vector<std::string> overrides, 
     overrides.push_back(kv);
   if (profile) setenv("STRATA_PROFILE", "1", 1);
   train::Config config = train::loadConfig(configPath, overrides, /*requireData=*/false);
-  train::requireTrainableOptimizer(config);
   train::Trainer trainer(config);
   train::TrainResult r = trainer.run();
   const train::TrainRecord& m = r.last;

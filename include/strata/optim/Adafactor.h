@@ -28,7 +28,19 @@
 //   buffers: "exp_avg.<chunk>" (the first moment over the range, fp32 or bf16; absent without one) and
 //   "exp_avg_sq.<chunk>" (fp32: per piece in layout order, either its R row values then its C column
 //   values, or its full v).
-// The state is on the parameters' device only (no host or SSD tier).
+// Where the chunked form's state lives: each chunk's master and state is on the device or in host memory
+// (its home, zero/Store.h; Adafactor has no SSD form). NOTE [Adafactor host chunks] says how host chunks
+// are updated.
+//
+// NOTE [Adafactor host chunks]
+// A host-resident chunk's master, m and statistics are streamed through device scratch on the compute
+// stream: copied in, updated by the device's kernel (which also writes the 16-bit parameters in place), and
+// copied back. Adafactor's state beside the master is at most a quarter of AdamW's (none but the factored
+// statistics without a first moment), so the PCIe link moves about 8 bytes per parameter each step (the
+// master both ways) where a CPU update would read and write 12 (master, gradient, parameter) through host
+// memory; the reductions of the factored second moment also stay on the GPU. Without a GPU (the CPU
+// "device") the kernel updates the host tensors where they are. The bits are the device-resident update's:
+// the same kernel, the same inputs.
 #pragma once
 
 #include <string>
@@ -37,6 +49,7 @@
 
 #include "strata/core/Tensor.h"
 #include "strata/ops/Ops.h"
+#include "strata/optim/ChunkOptimizer.h"
 #include "strata/zero/ChunkLayout.h"
 #include "strata/zero/ChunkManager.h"
 
@@ -54,6 +67,9 @@ struct AdafactorConfig {
   bool scaleParameter = true;
   bool relativeStep = true;
   bool warmupInit = false;
+  // Host-resident state is page-locked when a GPU is present (zero_optimization.pin_memory), so its copies
+  // to and from the device run at the link's speed.
+  bool pinHostState = true;
 
   // The relative step is used when asked for, or when no explicit lr is given.
   bool usesRelativeStep() const { return relativeStep || lr <= 0; }
@@ -68,29 +84,35 @@ uint64_t adafactorStateBytes(const std::vector<Shape>& shapes, const AdafactorCo
 uint64_t adafactorStateBytes(const zero::ChunkLayout& layout, size_t chunk, zero::ShardRange range,
                              const AdafactorConfig& config);
 
-class Adafactor {
+class Adafactor final : public ChunkOptimizer {
  public:
   // fp32 parameters that are their own masters.
   Adafactor(std::vector<std::pair<std::string, Tensor>> namedParameters, const AdafactorConfig& config);
   // State per parameter piece of `chunks` (as AdamW's chunked constructor): `masters` are the chunks' fp32
   // masters (takeMasters(); empty for fp32 chunks), `shards` one range per chunk (ZeRO stage >= 1; empty:
   // every chunk whole), `parameterShards` per chunk the tensor holding the range's parameter values (ZeRO-3).
+  // `homes` (per chunk; empty: all on the device): each chunk's state tier, Device or Host (NOTE [Adafactor
+  // host chunks]).
   Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdafactorConfig& config,
-            std::vector<zero::ShardRange> shards = {}, std::vector<Tensor> parameterShards = {});
+            std::vector<zero::ShardRange> shards = {}, std::vector<Tensor> parameterShards = {},
+            std::vector<zero::Tier> homes = {});
 
   // One update from each parameter's .grad() times `gradScale` (device fp32 scalar, undefined for 1). `lr`
   // is the step size when the config has no relative step; with one it is ignored. Parameters without a
   // gradient are skipped.
   void step(double lr, const Tensor& gradScale = Tensor());
-  // The chunked form's update from flat fp32 gradients, one per chunk: the chunk's whole (padded) gradient
-  // buffer or its range's.
-  void stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale = Tensor());
-  // Each piece's gradients in `gradients` (as stepChunks takes them), one view per piece in layout order.
+  // The chunked form's update from flat gradients, one per chunk: the chunk's whole (padded) gradient
+  // buffer or its range's, fp32 or 16-bit (a 16-bit chunk's gradients are widened to fp32 one chunk at a
+  // time).
+  void stepChunks(double lr, const std::vector<Tensor>& gradients,
+                  const Tensor& gradScale = Tensor()) override;
+  // Each piece's gradients in `gradients` (as stepChunks takes them, fp32), one view per piece in layout
+  // order; undefined for the pieces of a chunk whose gradients are undefined.
   std::vector<Tensor> gradientPieces(const std::vector<Tensor>& gradients) const;
   void zeroGrad();
 
-  int64_t stepCount() const { return step_; }
-  void setStepCount(int64_t s) { step_ = s; }
+  int64_t stepCount() const override { return step_; }
+  void setStepCount(int64_t s) override { step_ = s; }
   const AdafactorConfig& config() const { return config_; }
   // The step size before the parameter scale at step t (1-based): the relative step, or `lr`.
   double stepSize(double lr, int64_t t) const;
@@ -99,12 +121,22 @@ class Adafactor {
   // The fp32 master of each parameter (piece) by name.
   std::vector<std::pair<std::string, Tensor>> namedMasters() const;
   // Rounds every master into its 16-bit parameter; nothing for fp32.
-  void writeParameters();
-  bool hasMaster(size_t c) const { return c < masters_.size() && masters_[c].defined(); }
-  const std::vector<Tensor>& masterFlats() const { return masters_; }
+  void writeParameters() override;
+  bool hasMaster(size_t c) const override { return c < masters_.size() && masters_[c].defined(); }
+  const std::vector<Tensor>& masterFlats() const override { return masters_; }
   const std::vector<Tensor>& firstMoments() const { return m_; }
   const std::vector<Tensor>& secondMoments() const { return v_; }
-  const std::vector<zero::ShardRange>& ranges() const { return ranges_; }
+  const std::vector<zero::ShardRange>& ranges() const override { return ranges_; }
+  zero::Tier home(size_t c) const override { return c < homes_.size() ? homes_[c] : zero::Tier::Device; }
+  // ChunkOptimizer: "exp_avg" (the first moment, elementwise, when there is one) and "adafactor_v" (the
+  // second moment's flat buffer, in this optimizer's own layout).
+  std::vector<ChunkStateField> chunkState(size_t c) const override;
+  uint64_t stateBytes(size_t c) const override;
+  uint64_t deviceStateBytes(size_t c) const override;
+  void moveToDevice(size_t c, Device device) override;
+  // Waits for the copies of host chunks' state back to host memory (before anything reads it there).
+  void finishDelayed() override;
+  bool acceptsGradients(DType dtype) const override { return dtype != DType::I64; }
   // Whether the state of piece (or parameter) i, in layout order, is factored.
   bool factored(size_t i) const { return slots_.at(i).row.defined(); }
   size_t numPieces() const { return slots_.size(); }
@@ -120,10 +152,18 @@ class Adafactor {
     Shape shape, strides;
   };
   ops::AdafactorTensors tensorsOf(const Slot& s, const Tensor& grad) const;
+  // Chunk c's update alone: its gradients widened to fp32 when they are not, its state streamed through
+  // device scratch when it is on the host (NOTE [Adafactor host chunks]).
+  void stepChunk(size_t c, const ops::AdafactorHyper& h, const Tensor& gradients, const Tensor& gradScale);
   AdafactorConfig config_;
   std::vector<Slot> slots_;
   std::vector<Tensor> masters_, m_, v_;  // per chunk (chunked form only)
   std::vector<zero::ShardRange> ranges_;
+  std::vector<zero::Tier> homes_;             // per chunk
+  std::vector<Tensor> paramFlats_;            // per chunk: the range's parameter values
+  std::vector<std::vector<size_t>> slotsOf_;  // per chunk: its slots
+  Tensor scratch_[3];                         // device scratch for a host chunk's master, m and v
+  bool streamed_ = false;                     // host state was copied back since the last finishDelayed
   int64_t step_ = 0;
 };
 

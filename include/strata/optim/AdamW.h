@@ -19,6 +19,7 @@
 #include "strata/core/Allocator.h"
 #include "strata/core/Tensor.h"
 #include "strata/ops/Ops.h"
+#include "strata/optim/ChunkOptimizer.h"
 #include "strata/zero/ChunkManager.h"
 #include "strata/zero/NvmeTier.h"
 #include "strata/zero/Store.h"
@@ -83,7 +84,7 @@ struct AdamWConfig {
 // update equals the sequential one (optimizer.pipeline: false) bitwise; the tests hold it to that. The
 // next step waits for the parameters on the device (the compute stream waits for both lanes' streams).
 
-class AdamW {
+class AdamW final : public ChunkOptimizer {
  public:
   AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const AdamWConfig& config);
   // State per chunk of `chunks`; `masters`: its fp32 masters (takeMasters()), empty for fp32 chunks. With
@@ -100,36 +101,34 @@ class AdamW {
   AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdamWConfig& config,
         std::vector<zero::ShardRange> shards = {}, std::vector<Tensor> parameterShards = {},
         std::vector<zero::Tier> homes = {}, zero::NvmeTier* nvme = nullptr);
-  ~AdamW();
+  ~AdamW() override;
 
   // One update with learning rate `lr` from each parameter's .grad() times `gradScale` (a device fp32 scalar,
   // e.g. the clipping coefficient; undefined for 1). Parameters without a gradient are skipped.
   void step(double lr, const Tensor& gradScale = Tensor());
   // The chunked form's update from flat fp32 gradients, one per chunk: either the chunk's whole (padded)
   // gradient buffer or just its shard's range. Every element of the range is updated.
-  void stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale = Tensor());
+  void stepChunks(double lr, const std::vector<Tensor>& gradients,
+                  const Tensor& gradScale = Tensor()) override;
   // Each chunk's gradients over this optimizer's range in `gradients` (as stepChunks takes them), one flat
   // view per parameter piece in layout order: the global gradient norm's terms, in an order that does not
   // depend on how the parameters are split into shards (only on where the shard boundaries fall).
   std::vector<Tensor> gradientPieces(const std::vector<Tensor>& gradients) const;
   void zeroGrad();
 
-  int64_t stepCount() const { return step_; }
+  int64_t stepCount() const override { return step_; }
   // Wall seconds the last stepChunks spent on chunks off the device.
-  double offDeviceSeconds() const { return offDeviceSeconds_; }
+  double offDeviceSeconds() const override { return offDeviceSeconds_; }
   // The last stepChunks' off-device seconds by phase: gradients to the host, the CPU kernel, parameters back
   // to the device, and waiting for the SSD's reads and writes (what read-ahead did not hide).
   // With the pipelined update: the time the CPU lane waited for gradients and for staging to be free, its
   // kernel time, the time the step waited for the GPU lane after the CPU lane ran out of pieces, and the
   // share of the off-device elements the GPU lane updated.
-  struct OffloadPhases {
-    double gradientsOut = 0, cpuUpdate = 0, parametersIn = 0, ssdWait = 0, gpuLaneWait = 0;
-    double gpuLaneShare = 0;
-  };
+  using OffloadPhases = optim::OffloadPhases;
   // The pipelined update's GPU lane depth (NOTE [Pipelined update]).
   static constexpr int kGpuLaneDepth = 3;
-  const OffloadPhases& offloadPhases() const { return phases_; }
-  void setStepCount(int64_t s) { step_ = s; }
+  OffloadPhases offloadPhases() const override { return phases_; }
+  void setStepCount(int64_t s) override { step_ = s; }
   // Whether stepChunks reads the next SSD chunk's state while it updates the current one (the default), or
   // reads each when it comes to it, through one buffer set (the same values, for tests and measurements).
   void setSsdReadAhead(bool on) { readAhead_ = on; }
@@ -141,23 +140,27 @@ class AdamW {
   // when they are fp32): what a checkpoint saves as the model.
   std::vector<std::pair<std::string, Tensor>> namedMasters() const;
   // Rounds every master into its 16-bit parameter (after the masters were loaded); nothing for fp32.
-  void writeParameters();
+  void writeParameters() override;
   // Whether chunk c's fp32 values are separate from its parameters (16-bit chunks, or state on the host).
-  bool hasMaster(size_t c) const { return c < masters_.size() && masters_[c].defined(); }
+  bool hasMaster(size_t c) const override { return c < masters_.size() && masters_[c].defined(); }
   // Waits for a delayed SSD update still running (NOTE [Delayed SSD update]) and writes its parameters into
   // the chunks; nothing when none is pending. Rethrows the worker's error.
-  void finishDelayed();
+  void finishDelayed() override;
   // Moves chunk c's optimizer state from the host or the SSD to `device` (the memory tracer's promotion):
   // its master, m and v become device tensors updated by the device's kernel. An fp32 chunk's parameters
   // become their own master again.
-  void moveToDevice(size_t c, Device device);
-  zero::Tier home(size_t c) const { return c < homes_.size() ? homes_[c] : zero::Tier::Device; }
+  void moveToDevice(size_t c, Device device) override;
+  zero::Tier home(size_t c) const override { return c < homes_.size() ? homes_[c] : zero::Tier::Device; }
   // The chunked form's flat buffers, per chunk over its range: masters (undefined where the parameters are
   // their own), m and v (all three undefined for chunks on the SSD); the ranges.
-  const std::vector<Tensor>& masterFlats() const { return masters_; }
+  const std::vector<Tensor>& masterFlats() const override { return masters_; }
   const std::vector<Tensor>& firstMoments() const { return m_; }
   const std::vector<Tensor>& secondMoments() const { return v_; }
-  const std::vector<zero::ShardRange>& ranges() const { return ranges_; }
+  const std::vector<zero::ShardRange>& ranges() const override { return ranges_; }
+  // ChunkOptimizer: "exp_avg" (m) and "exp_avg_sq" (v), elementwise; the bytes of master, m and v.
+  std::vector<ChunkStateField> chunkState(size_t c) const override;
+  uint64_t stateBytes(size_t c) const override;
+  uint64_t deviceStateBytes(size_t c) const override;
 
  private:
   ops::AdamWHyper hyper(double lr) const;

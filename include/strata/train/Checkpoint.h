@@ -140,7 +140,9 @@ std::string resolveCheckpoint(const std::string& path);
 // byte once and holds nothing beyond the rank's own state; the manifest's layout says where each parameter
 // lies. ChunkCheckpointReader finds any range of any parameter among all the ranks' pieces, so a checkpoint
 // loads at any world size and any chunk size (resharding by parameter name), and `strata convert` streams it
-// one parameter at a time. Checkpoints of the older form (whole per-parameter tensors, whole per-chunk
+// one parameter at a time. An optimizer's state in a layout of its own (Adafactor's factored second moment,
+// "adafactor_v.<c>@<begin>") is saved the same way but reloads only into the same chunks and shards.
+// Checkpoints of the older form (whole per-parameter tensors, whole per-chunk
 // moments "exp_avg.<c>") read through the same reader.
 std::string chunkPieceName(const std::string& kind, int64_t chunk, int64_t begin);
 
@@ -155,8 +157,14 @@ class ChunkCheckpointReader {
 
   const std::string& directory() const { return dir_; }
   const CheckpointState& state() const { return state_; }
-  // True when the checkpoint holds the optimizer's moments.
+  // True when the checkpoint holds the optimizer's moments (AdamW's exp_avg and exp_avg_sq).
   bool hasOptimizer() const;
+  // True when it holds chunk pieces of `kind`.
+  bool hasKind(const std::string& kind) const;
+  // A piece of a kind in an optimizer's own layout (Adafactor's "adafactor_v", not one value per element):
+  // the `n` values saved for chunk `chunk` by the rank whose shard began at `begin`. False when there is no
+  // such piece of that length (the checkpoint was saved with other chunks or another world size).
+  bool readChunkPiece(const std::string& kind, int64_t chunk, int64_t begin, int64_t n, float* dst);
   // The saved parameters, by name: shape and dtype (fp32 for chunk pieces).
   struct Parameter {
     Shape shape;

@@ -108,6 +108,9 @@ struct PrecisionConfig {
   double initialLossScale = 65536.0;  // fp16 only
   int64_t lossScaleWindow = 1000;     // good steps before the scale doubles
   double minLossScale = 1.0;
+  // What the chunks' gradient buffers accumulate in: fp32, or the compute dtype (bf16, fp16; half the
+  // gradient memory, and micro-batches then add in 16 bits). Adafactor only: AdamW's kernels read fp32.
+  std::string gradAccumDType = "fp32";
 };
 
 struct ZeroConfig {
@@ -183,10 +186,6 @@ std::map<std::string, std::string> effectiveValues(const Config& config, const s
 // optimizer.* as Adafactor's config (optim/Adafactor.h): the adafactor_* keys, optimizer.lr (unless the
 // relative step is on) and optimizer.weight_decay.
 optim::AdafactorConfig adafactorConfigFrom(const Config& config);
-// Stops with a clear error when `config` names an optimizer the training step cannot build yet (adafactor:
-// NOTE [Adafactor not in the step engine yet] in train/Config.cpp). loadConfig calls it when it requires
-// data (training); `place` names the key's file and line.
-void requireTrainableOptimizer(const Config& config, const std::string& place = "");
 // Levenshtein distance, for "did you mean" suggestions (config keys, subcommands).
 size_t editDistance(const std::string& a, const std::string& b);
 // Whether two YAML texts of one key denote the same value (numbers compare as numbers).

@@ -31,10 +31,11 @@ struct ModelStateInputs {
   std::vector<uint64_t> optimizerBytes;
   // Per chunk, the parts of optimizerBytes: first and second moments (on the device or the host).
   std::vector<uint64_t> firstMomentBytes, secondMomentBytes;
-  // fp32 gradient buffers on the device: every padded chunk's (what backward accumulates into, across the
+  // Gradient buffers on the device: every padded chunk's (what backward accumulates into, across the
   // micro-batches of a step), and this rank's shards of them (stage >= 2 on several ranks: what is left
   // after the last backward's reduce-scatter).
   uint64_t gradientBytes = 0;
+  DType gradientDType = DType::F32;  // what they accumulate in (precision.grad_accum_dtype)
   uint64_t gradientShardBytes = 0;
   int64_t largestChunkElems = 0;  // padded
   // Stage 3: the slots whole chunks are gathered into (the chunk arena's, store.arena; without it the one in

@@ -33,7 +33,7 @@
 
 #include "strata/core/Stream.h"
 #include "strata/nn/Module.h"
-#include "strata/optim/AdamW.h"
+#include "strata/optim/ChunkOptimizer.h"
 #include "strata/optim/LossScaler.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
@@ -60,7 +60,7 @@ struct StepOutcome {
   // Seconds the step spent updating optimizer state off the device (gradients out, the CPU update, SSD reads
   // and writes, parameters back): the device waits for all of it until the pipelined optimizer.
   double offloadSeconds = 0;
-  optim::AdamW::OffloadPhases offloadPhases;  // the same by phase
+  optim::OffloadPhases offloadPhases;  // the same by phase
 };
 
 // The engine's counters a checkpoint keeps, beside its tensors.
@@ -97,17 +97,21 @@ class StepEngine {
 // Moves the objective's model's parameters into chunks of `chunkBytes` of `compute` dtype (padded for
 // `shards` ranks), in the first-use order that one traced loss of one sequence records (in eval mode, the
 // RNG untouched).
+// `mastersOnHost`: 16-bit chunks' fp32 masters are made in host memory (a model too large for its masters
+// and chunks to share the device).
 std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Device device, DType compute,
-                                                      int64_t chunkBytes, int shards = 1);
+                                                      int64_t chunkBytes, int shards = 1,
+                                                      bool mastersOnHost = false);
 
 // The step over the chunks of the objective's model on the ranks of `group` (null: one rank), each
 // micro-batch's loss from the objective (NOTE [Training objectives] in Objective.h): ZeRO stage
-// zero_optimization.stage over chunks, AdamW, clipping from optimizer.clip_grad, and for fp16 dynamic loss
-// scaling from the precision section. One rank is the same path with N = 1.
+// zero_optimization.stage over chunks, AdamW or Adafactor (optimizer.type), clipping from
+// optimizer.clip_grad, and for fp16 dynamic loss scaling from the precision section. One rank is the same
+// path with N = 1.
 // - The constructor lays the model out in chunks (layOutModelChunks) in the compute dtype, padded to equal
-//   shards, with fp32 gradient buffers and, for 16-bit compute, fp32 masters; every rank starts from rank 0's
-//   weights. Numbers do not depend on the layout. The model passed in holds fp32 parameters; afterwards it
-//   holds compute-dtype views into the chunks.
+//   shards, with fp32 gradient buffers (or 16-bit ones: precision.grad_accum_dtype) and, for 16-bit
+//   compute, fp32 masters; every rank starts from rank 0's weights. Numbers do not depend on the layout. The
+//   model passed in holds fp32 parameters; afterwards it holds compute-dtype views into the chunks.
 // - Stage 0: every rank keeps all optimizer state; each chunk's gradients are all-reduced as soon as they
 //   are complete in the step's last backward (NOTE [Chunk gradients complete]), overlapping the rest of it.
 // - Stage 1: each rank keeps the masters and moments of its shard of every chunk, updates that shard and
@@ -132,7 +136,8 @@ class ZeroStepEngine final : public StepEngine {
   size_t modelStateBytes() const override;
   // Where this rank's model state lives, bytes per tier (NOTE [Store placement] in zero/Store.h).
   const zero::StorePlacement& placement() const { return placement_; }
-  const optim::AdamW& optimizer() const { return *optimizer_; }
+  // The optimizer over the chunks: AdamW or Adafactor (optimizer.type).
+  const optim::ChunkOptimizer& optimizer() const { return *optimizer_; }
   // Stage 3: the most chunks gathered at once so far, and the arenas they are gathered into, one per slot
   // class (zero::planChunkArena; none below stage 3 or with store.arena off). NOTE [Chunk arena] in
   // zero/ChunkArena.h.
@@ -146,6 +151,8 @@ class ZeroStepEngine final : public StepEngine {
  private:
   // One checkpoint piece of chunk c: its fp32 values (field Master), m or v over this rank's shard.
   SaveTensor savePiece(const char* kind, size_t c, int field) const;
+  // One of chunk c's optimizer state fields (optim::ChunkStateField) as a checkpoint piece.
+  SaveTensor saveField(const optim::ChunkStateField& field, size_t c) const;
   dist::Communicator& comm() const;
   void gradientsComplete(size_t chunk);
   Tensor shardSquares(const std::vector<Tensor>& grads) const;
@@ -165,7 +172,7 @@ class ZeroStepEngine final : public StepEngine {
   dist::ProcessGroup* group_ = nullptr;
   int rank_ = 0;
   std::unique_ptr<zero::ChunkManager> chunks_;
-  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::ChunkOptimizer> optimizer_;
   std::unique_ptr<optim::LossScaler> scaler_;
   std::vector<Tensor> shardGrads_;   // stages 2, 3: this rank's reduced fp32 shard of each chunk's gradients
   std::vector<Tensor> paramShards_;  // stage 3: this rank's shard of each chunk's parameters

@@ -59,8 +59,11 @@ class ChunkManager {
   // placed once) into chunks of `chunkBytes` of `compute` dtype (the parameters' own dtype when undefined).
   // With `shards` > 1 (ZeRO over that many ranks) each chunk's storage, masters and gradient buffer are
   // padded with zeros to a multiple of `shards` elements, so the chunk splits into equal shards.
+  // The fp32 masters of 16-bit chunks are made on `masterDevice` (default: the parameters' device); the
+  // host, for a model whose masters and chunks would not fit on the device together.
   ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
-               std::optional<DType> compute = std::nullopt, int shards = 1);
+               std::optional<DType> compute = std::nullopt, int shards = 1,
+               std::optional<Device> masterDevice = std::nullopt);
   ~ChunkManager();
   ChunkManager(const ChunkManager&) = delete;
   ChunkManager& operator=(const ChunkManager&) = delete;
@@ -85,6 +88,10 @@ class ChunkManager {
   // Chunk i's alone; and its gradient buffer, made now if no gradient has reached it yet.
   void releaseGradients(size_t i);
   Tensor ensureGradients(size_t i);
+  // The gradient buffers' dtype: fp32 for 16-bit chunks unless set here to the chunks' own dtype (half the
+  // memory; micro-batches and repeated uses then accumulate in 16 bits). Only while no buffer exists.
+  void setGradientDType(DType dtype);
+  DType gradientDType() const;
   // Bytes of chunk i's parameters (its used length).
   size_t bytes(size_t i) const;
   // The parameters of chunk i, in slot order, and every parameter in layout order.
@@ -118,6 +125,8 @@ class ChunkManager {
   };
 
   int64_t padTo(int64_t used) const;
+  // Gives parameter k (layout order) its gradient home: a view into its chunk's buffer.
+  void homeGradient(size_t k);
 
   int shards_ = 1;
   ChunkLayout layout_;
