@@ -186,8 +186,14 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
     std::error_code ec;
     std::filesystem::create_directories(c.zero.nvmePath, ec);
   }
-  zero::StoreBudgets budgets = storeBudgets(c, parameterBytes, zero::kUnlimited, zero::availableHostBytes(),
-                                            freeDiskBytes(c.zero.nvmePath));
+  // Masters made in host memory (mastersOnHost) are the host state's own bytes, not memory in use.
+  uint64_t hostMasters = 0;
+  for (const Tensor& m : masters)
+    if (m.device().isCpu() && !device_.isCpu()) hostMasters += uint64_t(m.nbytes());
+  uint64_t hostAvailable = zero::availableHostBytes();
+  if (hostAvailable != zero::kUnlimited) hostAvailable += hostMasters;
+  zero::StoreBudgets budgets =
+      storeBudgets(c, parameterBytes, zero::kUnlimited, hostAvailable, freeDiskBytes(c.zero.nvmePath));
   // NOTE [Memory tracer] in zero/Store.h: a model whose state would crowd the device starts with its
   // optimizer state off it, and the first step decides how much comes back.
   // On the SSD, m and v may be kept in half precision (the master stays fp32).
@@ -196,19 +202,40 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   for (size_t i = 0; i < chunks_->numChunks(); ++i)
     nvmeBytes.push_back(uint64_t(ranges[i].size()) * (4 + 2 * dtypeSize(nvmeDType)));
   bool autoDevice = offload == "none" && (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto");
-  if (autoDevice && deviceMemory_ > 0 && (!device_.isCpu() || memoryOverride)) {
-    uint64_t estimate = parameterBytes;
-    for (size_t i = 0; i < chunks_->numChunks(); ++i)
-      estimate += optimizerBytes[i] + uint64_t(chunks_->paddedElems(i)) *
-                                          dtypeSize(chunks_->gradientDType());  // state, gradient buffers
-    if (double(estimate) > 0.8 * double(deviceMemory_)) {
-      // Off the device what the host and the SSD can hold; the first step measures what may come back.
-      uint64_t least = zero::smallestDeviceBudget(parameterBytes, optimizerBytes, budgets, nvmeBytes);
-      if (least != zero::kUnlimited) budgets.device = least;
-      trace_ = true;
+  auto place = [&](zero::StoreBudgets b) {
+    if (autoDevice && deviceMemory_ > 0 && (!device_.isCpu() || memoryOverride)) {
+      uint64_t estimate = parameterBytes;
+      for (size_t i = 0; i < chunks_->numChunks(); ++i)
+        estimate += optimizerBytes[i] + uint64_t(chunks_->paddedElems(i)) *
+                                            dtypeSize(chunks_->gradientDType());  // state, gradient buffers
+      if (double(estimate) > 0.8 * double(deviceMemory_)) {
+        // Off the device what the host and the SSD can hold; the first step measures what may come back.
+        uint64_t least = zero::smallestDeviceBudget(parameterBytes, optimizerBytes, b, nvmeBytes);
+        if (least != zero::kUnlimited) b.device = least;
+        trace_ = true;
+      }
+    }
+    return zero::placeModelState(parameterBytes, optimizerBytes, b, nvmeBytes);
+  };
+  placement_ = place(budgets);
+  bool autoHost = c.store.hostBudgetGb.empty() || c.store.hostBudgetGb == "auto";
+  if (c.store.delayedUpdate && !adafactor && autoHost && budgets.host != zero::kUnlimited) {
+    // NOTE [Delayed SSD update] in optim/AdamW.h: the pending update keeps the SSD chunks' gradients (fp32)
+    // and new parameters in host memory, so the automatic host budget leaves room for them (an explicit
+    // store.host_budget_gb is taken as given). Less room sends more state to the SSD, which needs more
+    // room: a few rounds settle it.
+    uint64_t host = budgets.host;
+    for (int round = 0; round < 8; ++round) {
+      uint64_t reserve = 0;
+      for (size_t i = 0; i < chunks_->numChunks(); ++i)
+        if (placement_.optimizerTier[i] == zero::Tier::Nvme)
+          reserve += uint64_t(ranges[i].size()) * (4 + dtypeSize(compute_));
+      uint64_t wanted = host > reserve ? host - reserve : 0;
+      if (wanted == budgets.host) break;
+      budgets.host = wanted;
+      placement_ = place(budgets);
     }
   }
-  placement_ = zero::placeModelState(parameterBytes, optimizerBytes, budgets, nvmeBytes);
   std::vector<int64_t> nvmeElems(chunks_->numChunks(), 0);
   for (size_t i = 0; i < chunks_->numChunks(); ++i)
     if (placement_.optimizerTier[i] == zero::Tier::Nvme) nvmeElems[i] = ranges[i].size();
