@@ -127,9 +127,9 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
 
 // NOTE [Pipelined update] in AdamW.h: what the two lanes keep between steps.
 struct AdamW::Lanes {
-  // The CPU lane's staging slots: enough that its parameters' copies to the device, which queue behind the
-  // GPU lane's larger ones on the link, rarely hold it up.
-  static constexpr int kCpuSlots = 4;
+  // The CPU lane's staging slots (AdamWConfig::stagingSlots, zero_optimization.buffer_count): enough that
+  // its parameters' copies to the device, which queue behind the GPU lane's larger ones on the link, rarely
+  // hold it up; at least two (the next piece's gradients are requested before this one is updated).
   struct Slot {
     Tensor master, m, v;    // GPU lane: device scratch for a piece's state
     Storage grads, params;  // CPU lane: pinned staging for a piece's gradients and new parameters
@@ -140,8 +140,8 @@ struct AdamW::Lanes {
   std::vector<std::unique_ptr<Slot>> cpu, gpuSlots;
   int64_t pieceElems;
   bool pinned = false;  // the CPU lane's staging is page-locked
-  Lanes(Device d, int64_t elems) : device(d), gpu(DeviceStreams::create(d)), pieceElems(elems) {
-    for (int i = 0; i < kCpuSlots; ++i) {
+  Lanes(Device d, int64_t elems, int slots) : device(d), gpu(DeviceStreams::create(d)), pieceElems(elems) {
+    for (int i = 0; i < std::max(2, slots); ++i) {
       auto slot = std::make_unique<Slot>(Slot{{}, {}, {}, {}, {}, Event(d), Event(d)});
       for (Storage* st : {&slot->grads, &slot->params})
         *st = std::make_shared<StorageImpl>(size_t(pieceElems) * 4, hostStateAllocator(true));
@@ -432,7 +432,7 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
   }
   bool cuda = device.isCuda();
   if (cuda && !lanes_) {
-    lanes_ = std::make_unique<Lanes>(device, config_.pieceElems);
+    lanes_ = std::make_unique<Lanes>(device, config_.pieceElems, config_.stagingSlots);
     hostPinned_ = true;
     for (size_t c = 0; c < homes_.size(); ++c)
       if (homes_[c] == zero::Tier::Host)
@@ -529,7 +529,7 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
       st = ssdState;
     }
     next = claim();
-    size_t nextSlot = (slotIndex + 1) % size_t(Lanes::kCpuSlots);
+    size_t nextSlot = cuda ? (slotIndex + 1) % lanes_->cpu.size() : 0;
     if (next >= 0) fetch(nextSlot, pieces[size_t(next)]);
     if (cuda) {
       Lanes::Slot& slot = *lanes_->cpu[slotIndex];

@@ -254,7 +254,7 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
         optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
                            c.optimizer.weightDecay, c.optimizer.pipeline, c.zero.pinMemory,
                            std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4)),
-                           c.store.delayedUpdate},
+                           c.store.delayedUpdate, int(c.zero.bufferCount)},
         ranges, paramShards_, placement_.optimizerTier, nvme_.get());
   }
   STRATA_CHECK(optimizer_->acceptsGradients(chunks_->gradientDType()),

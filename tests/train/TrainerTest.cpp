@@ -736,6 +736,10 @@ TEST_CASE("[cuda] the pipelined update shares the host state with the GPU and ke
     REQUIRE(last["offload_gpu_share"].get<double>() > 0);
     REQUIRE(last["offload_gpu_share"].get<double>() < 1);
   }
+  // The fewest staging slots the CPU lane runs with (zero_optimization.buffer_count).
+  pipelineMatchesSequential(test::freshDir("strata-pipeline-cuda-2"),
+                            {"train.device=cuda", "precision.dtype=bf16", "zero_optimization.buffer_count=2"},
+                            false);
 }
 
 TEST_CASE("store.delayed_update trains with the SSD chunks one step behind, close to the undelayed curve",

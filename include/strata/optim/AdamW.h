@@ -43,6 +43,10 @@ struct AdamWConfig {
   int64_t pieceElems = int64_t(1) << 22;
   // SSD-resident chunks are updated one step late (store.delayed_update; NOTE [Delayed SSD update]).
   bool delayedSsdUpdate = false;
+  // The pipelined update's CPU lane: page-locked staging slots of one piece's gradients and parameters
+  // each (zero_optimization.buffer_count; at least 2). Host memory beyond the state: 2 x 4 bytes x
+  // pieceElems per slot.
+  int stagingSlots = 4;
 };
 
 // NOTE [Delayed SSD update]
@@ -71,7 +75,7 @@ struct AdamWConfig {
 //      stream (the next piece's are requested before this one is updated), the SIMD kernel updates the
 //      master, m and v in host memory (or in an SSD buffer set, read ahead and written behind per chunk as
 //      NOTE [SSD tier] says) and rounds the new values into staging, and the h2d stream copies them into
-//      the chunk. Four staging slots take turns.
+//      the chunk. The staging slots (zero_optimization.buffer_count, default 4) take turns.
 //    - the GPU lane takes host pieces from the back: the piece's master, m and v go to device scratch (own
 //      h2d stream), the GPU kernel updates them from the gradients on the device and writes the 16-bit
 //      parameters in place, and the state goes back to host memory (own d2h stream). Up to kGpuLaneDepth
