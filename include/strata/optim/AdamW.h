@@ -63,7 +63,10 @@ struct AdamWConfig {
 // finishDelayed() runs before anything reads the state (a checkpoint, the memory tracer's move, loading), so
 // a run that saves lands the pending update before the next forward instead of after it (one step less
 // stale there). It costs 4 bytes per SSD-resident parameter of host memory for the gradients, plus the
-// 16-bit parameters'. A non-finite step is skipped before any of this, as always.
+// 16-bit parameters', which the engine takes out of an automatic host budget (train/StepEngine.cpp); that
+// sends more state to the SSD, so it pays off only where the SSD's share is small (BENCHMARKS.md: at 16.6B on
+// one H200 it doubled the SSD's state and the step). A non-finite step is skipped before any of this, as
+// always.
 
 // NOTE [Pipelined update]
 // After the step-end decision (NOTE [Step-end decision] in train/StepEngine.h) the chunked form updates:
