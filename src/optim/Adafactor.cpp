@@ -384,6 +384,9 @@ void Adafactor::moveToDevice(size_t c, Device device) {
   m_[c] = m;
   v_[c] = v;
   homes_[c] = zero::Tier::Device;
+  // The last host chunk gone: its device scratch is not needed again.
+  if (std::find(homes_.begin(), homes_.end(), zero::Tier::Host) == homes_.end())
+    for (Tensor& t : scratch_) t = Tensor();
 }
 
 std::vector<ChunkStateField> Adafactor::chunkState(size_t c) const {

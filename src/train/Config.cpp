@@ -282,7 +282,7 @@ const std::vector<Field>& schema() {
     f.push_back(boolField(
         "zero_optimization.pin_memory", [](Config & c) -> auto& { return c.zero.pinMemory; }));
     f.push_back(intField(
-        "zero_optimization.buffer_count", [](Config & c) -> auto& { return c.zero.bufferCount; }, 1, 1024));
+        "zero_optimization.buffer_count", [](Config & c) -> auto& { return c.zero.bufferCount; }, 1, 64));
     f.push_back(intField(
         "zero_optimization.aio.block_size", [](Config & c) -> auto& { return c.zero.aioBlockSize; }, 4096));
     f.push_back(intField(
@@ -475,6 +475,11 @@ struct Loader {
         if (key.rfind("optimizer.adafactor_", 0) == 0)
           c.warnings.push_back(detail::format("{}: '{}' is ignored: 'optimizer.type' is {}, not adafactor",
                                               place(key), key, c.optimizer.type));
+    STRATA_USER_CHECK(
+        c.optimizer.type != "adafactor" || c.zero.offloadOptimizerDevice != "nvme",
+        "{}: Adafactor's state has no SSD form: 'zero_optimization.offload_optimizer.device' is "
+        "none or cpu with 'optimizer.type' adafactor",
+        place("zero_optimization.offload_optimizer.device"));
     if (c.precision.gradAccumDType != "fp32") {
       STRATA_USER_CHECK(
           c.precision.gradAccumDType == c.precision.dtype,

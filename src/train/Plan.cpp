@@ -318,12 +318,15 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
          true});
   }
   if (offElems > 0 && p.optimizer == "adafactor") {
-    // NOTE [Adafactor host chunks] in optim/Adafactor.h: the masters cross the link both ways and the GPU
-    // updates them.
-    double bytes = double(offElems) * 4;
+    // NOTE [Adafactor host chunks] in optim/Adafactor.h: the masters and the state cross the link both ways
+    // and the GPU updates them.
+    double bytes = 0;
+    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
+      if (p.placement.optimizerTier[i] != zero::Tier::Device)
+        bytes += double(in.rangeElems[i]) * 4 + double(in.firstMomentBytes[i] + in.secondMomentBytes[i]);
     p.terms.push_back({"PCIe", bytes / (*m.h2dGBs * 1e9) + bytes / (*m.d2hGBs * 1e9),
-                       fmt::format("fp32 masters in and out {} at {:.0f} / {:.0f} GB/s", gib(uint64_t(bytes)),
-                                   *m.h2dGBs, *m.d2hGBs),
+                       fmt::format("masters and state in and out {} at {:.0f} / {:.0f} GB/s",
+                                   gib(uint64_t(bytes)), *m.h2dGBs, *m.d2hGBs),
                        true});
   } else if (offElems > 0) {
     double down = double(offElems) * 4, up = double(offElems) * double(dtypeSize(p.compute));

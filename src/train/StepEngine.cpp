@@ -225,7 +225,8 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
     // store.host_budget_gb is taken as given). Less room sends more state to the SSD, which needs more
     // room: a few rounds settle it.
     uint64_t host = budgets.host;
-    for (int round = 0; round < 8; ++round) {
+    // The reserve only grows from round to round, so this settles within a round per chunk.
+    for (size_t round = 0; round <= chunks_->numChunks(); ++round) {
       uint64_t reserve = 0;
       for (size_t i = 0; i < chunks_->numChunks(); ++i)
         if (placement_.optimizerTier[i] == zero::Tier::Nvme)
@@ -519,11 +520,13 @@ SaveTensor ZeroStepEngine::savePiece(const char* kind, size_t c, int field) cons
 
 SaveTensor ZeroStepEngine::saveField(const optim::ChunkStateField& field, size_t c) const {
   // Elementwise fields as the masters (this rank's shard, cut at the used length); the optimizer's own
-  // layouts whole. Saved in fp32 (a bf16 first moment is widened when the writer reaches it).
+  // layouts whole, named by the first element of the optimizer's range. Saved in fp32 (a bf16 first moment
+  // is widened when the writer reaches it).
   zero::ShardRange r = chunks_->shard(c, rank_);
   Tensor t = field.values;
+  int64_t begin = field.elementwise ? r.begin : optimizer_->ranges()[c].begin;
   if (field.elementwise) t = chunkRange(t, r, r.begin, std::min(r.end, chunks_->layout().chunks[c].used));
-  return SaveTensor{chunkPieceName(field.kind, int64_t(c), r.begin), t.shape(), DType::F32,
+  return SaveTensor{chunkPieceName(field.kind, int64_t(c), begin), t.shape(), DType::F32,
                     [t] { return t.dtype() == DType::F32 ? t : ops::to(t, Device::cpu(), DType::F32); }};
 }
 
@@ -549,7 +552,13 @@ SaveTensors ZeroStepEngine::checkpointOptimizer() const {
       out.push_back(savePiece("exp_avg_sq", c, zero::NvmeTier::SecondMoment));
       continue;
     }
-    for (const optim::ChunkStateField& field : optimizer_->chunkState(c)) out.push_back(saveField(field, c));
+    for (const optim::ChunkStateField& field : optimizer_->chunkState(c)) {
+      // A field of the optimizer's own layout over a whole chunk (stage 0 on several ranks) is the same on
+      // every rank: rank 0 saves it.
+      bool whole = optimizer_->ranges()[c].size() == chunks_->paddedElems(c);
+      if (!field.elementwise && (field.values.numel() == 0 || (whole && rank_ != 0))) continue;
+      out.push_back(saveField(field, c));
+    }
   }
   return out;
 }
@@ -571,6 +580,27 @@ void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
                         "checkpoint {} holds no {} state (no optimizer state, or another optimizer's); set "
                         "checkpoint.load_model_only: true to start the optimizer fresh from its weights",
                         reader.directory(), kind);
+    // A field in the optimizer's own layout (Adafactor's factored statistics) is not resharded by parameter:
+    // it reloads only into the chunks and shards it was saved from.
+    bool ownLayout = false;
+    for (size_t c = 0; c < chunks_->numChunks() && !ownLayout; ++c)
+      for (const optim::ChunkStateField& field : optimizer_->chunkState(c)) ownLayout |= !field.elementwise;
+    if (ownLayout) {
+      const zero::ChunkLayout& saved = reader.state().layout;
+      bool same = saved.chunks.size() == layout.chunks.size() && saved.slots.size() == layout.slots.size();
+      for (size_t k = 0; same && k < layout.slots.size(); ++k)
+        same = saved.slots[k].name == layout.slots[k].name && saved.slots[k].chunk == layout.slots[k].chunk &&
+               saved.slots[k].offset == layout.slots[k].offset;
+      int ranks = group_ ? group_->size() : 1;
+      STRATA_USER_CHECK(
+          same && (stage_ == 0 || reader.state().worldSize == ranks),
+          "checkpoint {}: its optimizer state was saved with {} (world size {}), and reloads only "
+          "into the same chunk layout and, at ZeRO stage >= 1, the same world size (this run: {} "
+          "rank{}); set checkpoint.load_model_only: true to start the optimizer fresh from its "
+          "weights",
+          reader.directory(), same ? "these chunks" : "another chunk layout", reader.state().worldSize, ranks,
+          ranks == 1 ? "" : "s");
+    }
   }
   // Each piece of state reads the range of its chunk it covers (the whole padded chunk, or this rank's
   // shard), as fp32, and converts on the way in: a 16-bit parameter becomes its master rounded.
@@ -613,11 +643,12 @@ void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
         fill(field.values, c, field.kind.c_str());
         continue;
       }
-      // The optimizer's own layout: the piece this rank saved for this chunk, at the same layout.
-      zero::ShardRange r = chunks_->shard(c, rank_);
+      // The optimizer's own layout: the piece saved for this chunk's range (the same layout, checked above).
+      if (field.values.numel() == 0) continue;
       host.assign(size_t(field.values.numel()), 0.0f);
       STRATA_USER_CHECK(
-          reader.readChunkPiece(field.kind, int64_t(c), r.begin, field.values.numel(), host.data()),
+          reader.readChunkPiece(field.kind, int64_t(c), optimizer_->ranges()[c].begin, field.values.numel(),
+                                host.data()),
           "checkpoint {}: its {} state does not match this run's chunks (it reloads only at the chunk "
           "size and world size it was saved with); set checkpoint.load_model_only: true to start the "
           "optimizer fresh from its weights",

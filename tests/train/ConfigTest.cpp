@@ -169,6 +169,9 @@ TEST_CASE("optimizer.type adafactor and its keys", "[train][config][adafactor]")
   REQUIRE(g.precision.gradAccumDType == "bf16");
   REQUIRE(errorOf("precision:\n  dtype: bf16\n  grad_accum_dtype: bf16\n")
               .find("needs 'optimizer.type' adafactor") != std::string::npos);
+  REQUIRE(
+      errorOf("optimizer:\n  type: adafactor\nzero_optimization:\n  offload_optimizer:\n    device: nvme\n")
+          .find("no SSD form") != std::string::npos);
   REQUIRE(errorOf("optimizer:\n  type: adafactor\nprecision:\n  dtype: fp16\n  grad_accum_dtype: bf16\n")
               .find("the compute dtype") != std::string::npos);
 }

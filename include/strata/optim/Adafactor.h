@@ -35,12 +35,14 @@
 // NOTE [Adafactor host chunks]
 // A host-resident chunk's master, m and statistics are streamed through device scratch on the compute
 // stream: copied in, updated by the device's kernel (which also writes the 16-bit parameters in place), and
-// copied back. Adafactor's state beside the master is at most a quarter of AdamW's (none but the factored
-// statistics without a first moment), so the PCIe link moves about 8 bytes per parameter each step (the
-// master both ways) where a CPU update would read and write 12 (master, gradient, parameter) through host
-// memory; the reductions of the factored second moment also stay on the GPU. Without a GPU (the CPU
-// "device") the kernel updates the host tensors where they are. The bits are the device-resident update's:
-// the same kernel, the same inputs.
+// copied back, one chunk after another. The copies are synchronous (page-locked, at the link's speed), so
+// they do not overlap the kernels or each other's direction yet: at 30.6B the 104 GiB of host masters take
+// about 5 s a step (BENCHMARKS.md). Adafactor's state beside the master is at most a quarter of AdamW's (none
+// but the factored statistics without a first moment), so the PCIe link moves about 8 bytes per parameter
+// each step (the master both ways) where a CPU update would read and write 12 (master, gradient, parameter)
+// through host memory; the reductions of the factored second moment also stay on the GPU. Without a GPU (the
+// CPU "device") the kernel updates the host tensors where they are. The bits are the device-resident
+// update's: the same kernel, the same inputs.
 #pragma once
 
 #include <string>

@@ -217,6 +217,9 @@ TEST_CASE(
       trainRun(ctx, "adafactor-stage3-host", 3, with({"zero_optimization.offload_optimizer.device=cpu"}));
   fs::path saved = fs::path(stages[3].checkpoint).parent_path() / "step-10";
   Run resumed = trainRun(ctx, "adafactor-stage3-again", 3, with({"checkpoint.load=" + saved.string()}));
+  // Stage 0: every rank holds each chunk's whole state, rank 0 saves it and every rank reads it.
+  fs::path saved0 = fs::path(stages[0].checkpoint).parent_path() / "step-10";
+  Run resumed0 = trainRun(ctx, "adafactor-stage0-again", 0, with({"checkpoint.load=" + saved0.string()}));
   if (!ctx->isMain()) return;
   INFO(ctx->worldSize() << " ranks");
   REQUIRE(stages[0].losses.size() == 20);
@@ -235,6 +238,8 @@ TEST_CASE(
   // The sharded "adafactor_v" pieces reload at the world size they were saved with.
   std::vector<double> tail(stages[3].losses.begin() + 10, stages[3].losses.end());
   CHECK(resumed.losses == tail);
+  std::vector<double> tail0(stages[0].losses.begin() + 10, stages[0].losses.end());
+  CHECK(resumed0.losses == tail0);
 }
 
 TEST_CASE("bert and t5 at ZeRO stages 0 and 3 on N ranks train like one rank", "[dist][zero][zoo]") {
