@@ -145,7 +145,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, const Tensor& projWeight,
-               const Tensor& projBias) {
+               const Tensor& projBias, bool recomputeGelu) {
   STRATA_CHECK(fcWeight.dim() == 2 && projWeight.dim() == 2 && x.dim() >= 1 &&
                    x.size(-1) == fcWeight.size(0) && projWeight.size(0) == fcWeight.size(1),
                "geluMlp: x {} does not fit fc {} and proj {} ([in, out])", toString(x.shape()),
@@ -160,7 +160,8 @@ Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, co
   bool nw2 = participates(projWeight), nb2 = participates(projBias);
   Tensor sx = nw1 || nb1 ? saved(x) : Tensor();
   VersionedSave sw1(nx ? w1 : Tensor()), sw2(w2);
-  Tensor pre = fc.pre.detach(), h = nw2 || nb2 ? fc.out.detach() : Tensor();
+  Tensor pre = fc.pre.detach(), h = (nw2 || nb2) && !recomputeGelu ? fc.out.detach() : Tensor();
+  bool again = (nw2 || nb2) && recomputeGelu;
   Shape shX = x.shape();
   Tensor w1Leaf = nw1 ? fcWeight : Tensor(), b1Leaf = nb1 ? fcBias : Tensor();
   Tensor w2Leaf = nw2 ? projWeight : Tensor(), b2Leaf = nb2 ? projBias : Tensor();
@@ -168,7 +169,8 @@ Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, co
   recordFunction("GeluMlpBackward", inputs, {out}, [=](const Grads& gs) {
     Tensor g2 = detail::viewRaw(ops::contiguous(gs[0]), {-1, O});
     Grads grads(5);
-    if (nw2 || nb2) linearParamGradsFor(h, g2, w2Leaf, b2Leaf, grads[3], grads[4]);
+    if (nw2 || nb2)
+      linearParamGradsFor(again ? ops::geluTanh(pre) : h, g2, w2Leaf, b2Leaf, grads[3], grads[4]);
     // The gradient at the GELU's input in one GEMM: (g W2^T) * gelu'(pre).
     Tensor dpre =
         ops::matmulGeluBackward(g2, transposeLast(sw2.get("geluMlp")), detail::viewRaw(pre, {-1, F}));

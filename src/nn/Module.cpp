@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "strata/autograd/Checkpoint.h"
 #include "strata/autograd/Engine.h"
 #include "strata/autograd/GradMode.h"
 #include "strata/autograd/Node.h"
@@ -83,6 +84,10 @@ void Module::completeTreeGradients() const {
 }
 
 std::vector<Tensor> Module::forward(const std::vector<Tensor>& inputs) {
+  if (recompute_ && gradEnabled())
+    return call(inputs, [this](const std::vector<Tensor>& in) {
+      return checkpoint([this](const std::vector<Tensor>& again) { return forwardImpl(again); }, in);
+    });
   return call(inputs, [this](const std::vector<Tensor>& in) { return forwardImpl(in); });
 }
 

@@ -1,5 +1,8 @@
 // Attention, MLP and the pre-LN Transformer block.
+#include "strata/autograd/Checkpoint.h"
 #include "strata/autograd/Functions.h"
+#include "strata/autograd/GradMode.h"
+#include "strata/nn/ModuleList.h"
 #include "strata/nn/TransformerBlock.h"
 
 namespace strata::nn {
@@ -112,18 +115,25 @@ Tensor Mlp::apply(const Tensor& x) {
 std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
   const Tensor& x = inputs.at(0);
   Tensor y;
-  if (config_.gated) {
-    y = proj_->apply(gatedGelu(gate_->apply(x), up_->apply(x)));
-  } else if (config_.activation == Activation::GeluTanh) {
+  bool recompute = recomputeActivation_ && gradEnabled();
+  if (!config_.gated && config_.activation == Activation::GeluTanh) {
     // geluMlp reads fc's and proj's parameters itself, so it runs as a call of both (NOTE [Module calls]).
     y = fusedCall({fc_.get(), proj_.get()}, {x}, [&](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias)};
+      return std::vector<Tensor>{
+          geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias, /*recomputeGelu=*/recompute)};
     })[0];
-  } else {
-    Tensor h = fc_->apply(x);
-    h = config_.activation == Activation::Relu ? relu(h) : gelu(h, GeluApprox::None);
-    y = proj_->apply(h);
+    return {dropout(y, config_.dropout, isTraining())};
   }
+  // The activation and the projection, from the activation's input(s).
+  auto tail = [this](const std::vector<Tensor>& in) {
+    Tensor h = config_.gated                            ? gatedGelu(in[0], in[1])
+               : config_.activation == Activation::Relu ? relu(in[0])
+                                                        : gelu(in[0], GeluApprox::None);
+    return std::vector<Tensor>{proj_->apply(h)};
+  };
+  std::vector<Tensor> pre = config_.gated ? std::vector<Tensor>{gate_->apply(x), up_->apply(x)}
+                                          : std::vector<Tensor>{fc_->apply(x)};
+  y = recompute ? checkpoint(tail, pre)[0] : tail(pre)[0];
   return {dropout(y, config_.dropout, isTraining())};
 }
 
@@ -183,6 +193,21 @@ std::vector<Tensor> TransformerBlock::forwardImpl(const std::vector<Tensor>& inp
   }
   auto [h, m] = compute(inputs.at(0), Tensor(), Tensor(), Tensor());
   return {h + m};
+}
+
+Recompute parseRecompute(const std::string& name) {
+  if (name == "none") return Recompute::None;
+  if (name == "selective") return Recompute::Selective;
+  STRATA_CHECK(name == "full", "recompute: none, selective or full, not '{}'", name);
+  return Recompute::Full;
+}
+
+void applyRecompute(Module& model, Recompute mode) {
+  for (auto& [name, module] : model.namedModules()) {
+    if (auto* mlp = dynamic_cast<Mlp*>(module)) mlp->setRecomputeActivation(mode == Recompute::Selective);
+    if (dynamic_cast<ModuleList*>(module) != nullptr)
+      for (auto& [index, child] : module->children()) child->setRecompute(mode == Recompute::Full);
+  }
 }
 
 }  // namespace strata::nn

@@ -67,13 +67,19 @@ std::string stateKindName(StateKind kind, DType compute, const std::string& opti
   }
 }
 
-ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b, DType compute, bool onGpu) {
+ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b, DType compute, bool onGpu,
+                                       const std::string& recompute) {
   ActivationEstimate a;
   uint64_t e = dtypeSize(compute);
   a.assumptions.push_back(
-      fmt::format("{} activations, micro-batch {}, no activation checkpointing (the zoo has "
-                  "no setting for it)",
-                  dtypeName(compute), b));
+      fmt::format("{} activations, micro-batch {}, train.recompute {}", dtypeName(compute), b, recompute));
+  // L blocks' kept activations: whole; without the MLP activation's output (selective); or each block's
+  // inputs (the stream's two parts) plus one block recomputed at a time (full).
+  auto blocks = [&](int64_t layers, uint64_t layer, int64_t tokens, int64_t hidden, int64_t ffn) {
+    if (recompute == "full") return uint64_t(layers) * 2 * e * uint64_t(tokens * hidden) + layer;
+    if (recompute == "selective") return uint64_t(layers) * (layer - e * uint64_t(tokens * ffn));
+    return uint64_t(layers) * layer;
+  };
   auto attentionNote = [&](bool fused, const std::string& why) {
     a.assumptions.push_back(fused ? "fused attention: no S x S scores kept"
                                   : "composed attention keeps the S x S probabilities (" + why + ")");
@@ -97,7 +103,7 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
       uint64_t layer = blockBytes(e, t, g.hiddenSize, g.hiddenSize, g.ffn());
       uint64_t scores = fused ? 0 : scoresBytes(e, b, g.numHeads, g.seqLength, g.seqLength, g.dropout > 0);
       a.terms.push_back({fmt::format("{} blocks x {}", g.numLayers, gib(layer + scores)),
-                         uint64_t(g.numLayers) * (layer + scores)});
+                         blocks(g.numLayers, layer + scores, t, g.hiddenSize, g.ffn())});
       a.terms.push_back({"final norm, chunked LM head and loss",
                          e * uint64_t(t * g.hiddenSize) + chunkedHeadBytes(e, t, g.hiddenSize, g.vocabSize)});
       attentionNote(fused, composedReason(g.dropout, headDim, nullptr));
@@ -110,7 +116,7 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
       uint64_t layer = blockBytes(e, t, c.hiddenSize, c.hiddenSize, c.ffn());
       uint64_t scores = fused ? 0 : scoresBytes(e, b, c.numHeads, c.seqLength, c.seqLength, c.dropout > 0);
       a.terms.push_back({fmt::format("{} blocks x {}", c.numLayers, gib(layer + scores)),
-                         uint64_t(c.numLayers) * (layer + scores)});
+                         blocks(c.numLayers, layer + scores, t, c.hiddenSize, c.ffn())});
       // The MLM transform (dense, GELU, LayerNorm) and the logits at every position, kept by the loss, with
       // the fp32 gradient its backward forms.
       a.terms.push_back({"MLM head and full logits",
@@ -193,7 +199,7 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   p.inputs = modelStateInputs(c, p.ranks, p.compute);
   const ModelStateInputs& in = p.inputs;
   p.optimizer = c.optimizer.type;
-  p.activations = estimateActivations(p.spec, p.microBatch, p.compute, p.onGpu);
+  p.activations = estimateActivations(p.spec, p.microBatch, p.compute, p.onGpu, c.train.recompute);
   // Gradient buffers: every chunk's while backward accumulates; after the last backward's reduce-scatter
   // (stage >= 2, several ranks) only the shards and two chunks in flight.
   bool shardedGrads = in.stage >= 2 && p.ranks > 1;

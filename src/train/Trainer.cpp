@@ -21,6 +21,7 @@
 #include "strata/core/Philox.h"
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
+#include "strata/nn/TransformerBlock.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/LrSchedule.h"
 #include "strata/train/Checkpoint.h"
@@ -269,6 +270,7 @@ void Trainer::connect() {
 
 void Trainer::setup() {
   for (const auto& warning : config_.warnings) spdlog::warn("{}", warning);
+  nn::applyRecompute(objective_->model(), nn::parseRecompute(config_.train.recompute));
   // CPU threads: train.threads, else OMP_NUM_THREADS when the user set it, else the physical cores.
   if (config_.train.threads > 0)
     omp_set_num_threads(int(config_.train.threads));

@@ -3,6 +3,7 @@
 // checkpoints and resume work for them as for GPT.
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "TestUtil.h"
@@ -166,4 +167,25 @@ TEST_CASE("modelSpecFrom carries the encoder architectures' keys", "[models][tra
   // The trainer counts what the zoo's formulas count.
   auto t5 = models::buildModule(s);
   REQUIRE(t5->numParameters() == models::numParameters(s));
+}
+
+TEST_CASE("train.recompute selective and full give bert and t5 the losses of none",
+          "[models][train][recompute]") {
+  for (std::string name : {"bert-mini", "t5-mini"}) {
+    std::map<std::string, Curves> runs;
+    for (std::string mode : {"none", "selective", "full"}) {
+      INFO(name << " " << mode);
+      fs::path out = test::freshDir("strata-zoo-recompute-" + name + "-" + mode);
+      std::vector<std::string> sets = tinyShape();
+      sets.push_back("train.train_iters=4");
+      sets.push_back("train.recompute=" + mode);
+      train::Trainer(zooConfig(name, out, sets)).run();
+      runs[mode] = curves(out);
+    }
+    INFO(name);
+    REQUIRE(runs["none"].losses.size() == 4);
+    REQUIRE(runs["selective"].losses == runs["none"].losses);
+    REQUIRE(runs["full"].losses == runs["none"].losses);
+    REQUIRE(runs["full"].valLosses == runs["none"].valLosses);
+  }
 }

@@ -4,6 +4,7 @@
 #include "TestUtil.h"
 #include "strata/nn/Embedding.h"
 #include "strata/nn/Linear.h"
+#include "strata/nn/ModuleList.h"
 #include "strata/nn/TransformerBlock.h"
 
 using namespace strata;
@@ -320,4 +321,34 @@ TEST_CASE("every parameter of a called module hears once per backward pass, used
     net(x);
   }
   REQUIRE(heard["second.spare"].size() == 3);
+}
+
+TEST_CASE("recomputation: a block keeps only its inputs, runs again in backward and gives the same gradients",
+          "[nn][module][recompute]") {
+  auto make = [&] {
+    Generator g(11);
+    auto list = std::make_shared<nn::ModuleList>();
+    for (int i = 0; i < 2; ++i) list->append(std::make_shared<nn::TransformerBlock>(smallBlock(), g));
+    return list;
+  };
+  Tensor x = test::randomDouble({2, 3, 16}, 72).to(DType::F32);
+  std::map<std::string, std::vector<float>> grads[3];
+  for (int mode = 0; mode < 3; ++mode) {
+    auto list = make();
+    nn::applyRecompute(*list, mode == 0   ? nn::Recompute::None
+                              : mode == 1 ? nn::Recompute::Selective
+                                          : nn::Recompute::Full);
+    HookCounter counter;
+    counter.attach(*list);
+    Tensor out = (*list)(std::vector<Tensor>{x})[0];
+    // Full: each block is one recomputation node in the graph (its own ops are recorded only in backward).
+    REQUIRE(graphNodes(out).count("CheckpointBackward") == (mode == 2 ? 2u : 0u));
+    backward(sum(out));
+    // In backward the recomputed blocks' submodules are called again (their forward hooks fire twice).
+    INFO("mode " << mode);
+    REQUIRE(counter("pre:0.mlp") == (mode == 2 ? 2 : 1));
+    for (auto& [name, p] : list->namedParameters()) grads[mode][name] = p.grad().toVector<float>();
+  }
+  REQUIRE(grads[1] == grads[0]);
+  REQUIRE(grads[2] == grads[0]);
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -895,5 +896,24 @@ TEST_CASE("[cuda] Adafactor with host state and bf16 gradient buffers trains lik
     // gradient buffers round each gradient once more.
     REQUIRE(worst < 0.1);
     REQUIRE(last < first - 1.5);
+  }
+}
+
+TEST_CASE("train.recompute selective and full train a GPT with the losses of none, at ZeRO stages 0 and 3",
+          "[train][trainer][recompute]") {
+  // Dropout on (tinyConfig's 0.1): the recomputation replays the generator, so its masks are the same.
+  for (const char* stage : {"0", "3"}) {
+    std::map<std::string, std::vector<nlohmann::json>> runs;
+    for (std::string mode : {"none", "selective", "full"}) {
+      fs::path out = test::freshDir(std::string("strata-recompute-") + stage + "-" + mode);
+      train::Trainer(tinyConfig(out, {std::string("zero_optimization.stage=") + stage,
+                                      "zero_optimization.chunk_size_mb=0.02", "train.train_iters=6",
+                                      "train.eval_interval=3", "train.recompute=" + mode}))
+          .run();
+      runs[mode] = records(out);
+    }
+    INFO("stage " << stage);
+    requireSameCurves(runs["none"], runs["selective"]);
+    requireSameCurves(runs["none"], runs["full"]);
   }
 }

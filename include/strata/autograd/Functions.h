@@ -85,9 +85,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // A Transformer MLP: gelu_tanh(x @ fcWeight + fcBias) @ projWeight + projBias, weights [in, out], biases
 // optional. The GELU runs in the fc GEMM's epilogue and its gradient in the epilogue of the GEMM that forms
 // it (cuBLASLt GELU_AUX_BIAS / DGELU on CUDA), and each bias gradient comes out of its weight-gradient GEMM.
-// Parameters and gradients as in linear().
+// Parameters and gradients as in linear(). With `recomputeGelu` the backward recomputes gelu(pre) for the
+// projection's weight gradient instead of keeping it (selective recomputation; on the GPU the recomputed
+// values may differ from the GEMM epilogue's in the last bit).
 Tensor geluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, const Tensor& projWeight,
-               const Tensor& projBias = Tensor());
+               const Tensor& projBias = Tensor(), bool recomputeGelu = false);
 
 // ---- normalisation, softmax, layers
 // -------------------------------------------------------------------------------

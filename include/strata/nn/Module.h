@@ -105,6 +105,14 @@ class Module {
   // in bf16 outside training (training lays the parameters out in chunks of the compute dtype itself).
   void castParameters(DType dtype);
 
+  // Activation recomputation (train.recompute full; nn::applyRecompute in nn/TransformerBlock.h): while
+  // gradients are recorded, forward() runs forwardImpl inside checkpoint() (autograd/Checkpoint.h), so the
+  // call keeps only its inputs and runs again in backward, its child calls and their hooks included (ZeRO-3
+  // gathers a recomputed block's chunks again). Entry points that run their own body through call() are
+  // not recomputed.
+  void setRecompute(bool on) { recompute_ = on; }
+  bool recomputes() const { return recompute_; }
+
   void train(bool on = true);
   void eval() { train(false); }
   bool isTraining() const { return training_; }
@@ -126,6 +134,7 @@ class Module {
 
  private:
   class ActiveCall;
+  bool recompute_ = false;
 
   void addChild(const std::string& name, std::shared_ptr<Module> module);
   void collect(const std::string& prefix, bool recurse, bool buffers,

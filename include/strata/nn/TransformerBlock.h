@@ -31,6 +31,10 @@ class Mlp : public Module {
  public:
   Mlp(const MlpConfig& config, Generator& gen);
   Tensor apply(const Tensor& x);
+  // Selective recomputation (train.recompute selective): the activation's output (ffn_hidden_size wide) is
+  // not kept for backward. The fused GELU MLP recomputes gelu(pre) from the pre-activation it keeps anyway;
+  // the other forms keep the activation's input and run the activation and the projection again.
+  void setRecomputeActivation(bool on) { recomputeActivation_ = on; }
 
  protected:
   // gelu(x W_fc + b_fc) W_proj + b_proj in one fused function, run as a call of fc and proj (their hooks
@@ -40,6 +44,7 @@ class Mlp : public Module {
  private:
   MlpConfig config_;
   std::shared_ptr<Linear> fc_, gate_, up_, proj_;
+  bool recomputeActivation_ = false;
 };
 
 struct TransformerBlockConfig {
@@ -70,5 +75,15 @@ class TransformerBlock : public Module {
   std::shared_ptr<Attention> attn_;
   std::shared_ptr<Mlp> mlp_;
 };
+
+// train.recompute: what a model's backward computes again instead of keeping.
+enum class Recompute {
+  None,
+  Selective,  // the MLP activations (Mlp::setRecomputeActivation); attention keeps no S x S scores anyway
+  Full,       // each block: every module held in a ModuleList (GPT's h, BERT's layer, T5's blocks)
+};
+Recompute parseRecompute(const std::string& name);  // none, selective, full
+// Sets `mode` on the modules of `model` it concerns (Module::setRecompute, Mlp::setRecomputeActivation).
+void applyRecompute(Module& model, Recompute mode);
 
 }  // namespace strata::nn

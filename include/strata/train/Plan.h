@@ -62,9 +62,10 @@ struct ActivationEstimate {
   std::vector<ActivationTerm> terms;
   std::vector<std::string> assumptions;
 };
-// The activations one micro-batch of `microBatch` sequences keeps for its backward (NOTE [Plan model]).
+// The activations one micro-batch of `microBatch` sequences keeps for its backward (NOTE [Plan model]),
+// with train.recompute `recompute` (none, selective, full; GPT and BERT blocks: T5's are counted whole).
 ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t microBatch, DType compute,
-                                       bool onGpu);
+                                       bool onGpu, const std::string& recompute = "none");
 
 struct StepTerm {
   std::string name;
