@@ -76,6 +76,15 @@ GptConfig gptConfig(const ModelSpec& s) {
   c.initStd = s.initStd;
   c.seed = s.seed;
   c.device = s.device;
+  c.moeNumExperts = s.moeNumExperts;
+  c.moeTopK = s.moeTopK;
+  c.moeEvery = s.moeEvery;
+  c.moeCapacityFactor = s.moeCapacityFactor;
+  c.moeEvalCapacityFactor = s.moeEvalCapacityFactor;
+  c.moeAuxLossCoef = s.moeAuxLossCoef;
+  c.moeZLossCoef = s.moeZLossCoef;
+  STRATA_USER_CHECK(c.moeNumExperts == 0 || c.moeTopK <= c.moeNumExperts,
+                    "model.moe_top_k ({}) exceeds model.moe_num_experts ({})", c.moeTopK, c.moeNumExperts);
   return c;
 }
 
@@ -173,6 +182,16 @@ std::vector<std::pair<std::string, Shape>> parameterShapes(const ModelSpec& s) {
     linear(h + "attn.qkv", C, 3 * C);
     linear(h + "attn.proj", C, C);
     norm(h + "ln_2");
+    if (g.isMoeLayer(i)) {
+      // The router, then every expert in order (NOTE [MoE dispatch]: each is called every forward).
+      out.emplace_back(h + "mlp.router.weight", Shape{C, g.moeNumExperts});
+      for (int64_t e = 0; e < g.moeNumExperts; ++e) {
+        std::string x = h + "mlp.experts." + std::to_string(e) + ".";
+        linear(x + "fc", C, F);
+        linear(x + "proj", F, C);
+      }
+      continue;
+    }
     linear(h + "mlp.fc", C, F);
     linear(h + "mlp.proj", F, C);
   }

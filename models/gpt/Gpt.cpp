@@ -7,15 +7,29 @@
 
 namespace strata::models {
 
+namespace {
+// Parameters with `experts` MLPs in each MoE block (all of them, or the top-k a token runs through).
+int64_t gptParameters(const GptConfig& g, int64_t experts) {
+  int64_t C = g.hiddenSize, F = g.ffn(), L = g.numLayers;
+  int64_t b = g.bias ? 1 : 0;
+  int64_t mlp = (C * F + b * F) + (F * C + b * C);
+  int64_t block = 2 * (2 * C) + (C * 3 * C + b * 3 * C) + (C * C + b * C);
+  int64_t total = g.vocabSize * C + g.seqLength * C + L * block + 2 * C;
+  for (int64_t i = 0; i < L; ++i) total += g.isMoeLayer(i) ? C * g.moeNumExperts + experts * mlp : mlp;
+  return total;
+}
+}  // namespace
+
 int64_t GptConfig::numParameters() const {
-  int64_t C = hiddenSize, F = ffn(), L = numLayers;
-  int64_t b = bias ? 1 : 0;
-  int64_t block = 2 * (2 * C) + (C * 3 * C + b * 3 * C) + (C * C + b * C) + (C * F + b * F) + (F * C + b * C);
-  return vocabSize * C + seqLength * C + L * block + 2 * C;
+  return gptParameters(*this, moeNumExperts);
+}
+
+int64_t GptConfig::activeParameters() const {
+  return gptParameters(*this, moeTopK);
 }
 
 double GptConfig::flopsPerToken() const {
-  return 6.0 * double(numParameters()) + 12.0 * double(numLayers) * double(hiddenSize) * double(seqLength);
+  return 6.0 * double(activeParameters()) + 12.0 * double(numLayers) * double(hiddenSize) * double(seqLength);
 }
 
 Gpt::Gpt(const GptConfig& config) : config_(config) {
@@ -43,7 +57,26 @@ Gpt::Gpt(const GptConfig& config) : config_(config) {
     b.mlp = nn::MlpConfig{config.hiddenSize, config.ffn(), config.bias,  config.dropout,
                           config.initStd,    outStd,       config.device};
     b.layerNormEps = config.layerNormEps;
-    blocks_->append(std::make_shared<nn::TransformerBlock>(b, gen));
+    std::shared_ptr<nn::Module> feedForward;
+    if (config.isMoeLayer(i)) {
+      nn::MoEConfig m;
+      m.hiddenSize = config.hiddenSize;
+      m.ffnHiddenSize = config.ffn();
+      m.numExperts = config.moeNumExperts;
+      m.topK = config.moeTopK;
+      m.capacityFactor = config.moeCapacityFactor;
+      m.evalCapacityFactor = config.moeEvalCapacityFactor;
+      m.auxLossCoef = config.moeAuxLossCoef;
+      m.zLossCoef = config.moeZLossCoef;
+      m.bias = config.bias;
+      m.initStd = config.initStd;
+      m.outInitStd = outStd;
+      m.device = config.device;
+      auto moe = std::make_shared<nn::MoE>(m, gen);
+      moes_.push_back(moe.get());
+      feedForward = moe;
+    }
+    blocks_->append(std::make_shared<nn::TransformerBlock>(b, gen, feedForward));
   }
   lnF_ = registerModule("ln_f", std::make_shared<nn::LayerNorm>(nn::NormConfig{
                                     config.hiddenSize, config.layerNormEps, true, config.device}));
@@ -75,7 +108,12 @@ Tensor Gpt::logitsImpl(const Tensor& ids, DType compute) {
 
 Tensor Gpt::lossImpl(const Tensor& ids, const Tensor& targets, DType compute) {
   Tensor x = hidden(ids, compute);
-  return wte_->unembedCrossEntropy(x.reshape({-1, config_.hiddenSize}), targets.reshape({-1}));
+  Tensor loss = wte_->unembedCrossEntropy(x.reshape({-1, config_.hiddenSize}), targets.reshape({-1}));
+  // Training adds the MoE layers' weighted auxiliary losses (load balance, z-loss); evaluation reports the
+  // cross-entropy alone.
+  if (isTraining())
+    for (nn::MoE* moe : moes_) loss = loss + moe->auxLoss().to(loss.dtype());
+  return loss;
 }
 
 }  // namespace strata::models

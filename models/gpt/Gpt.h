@@ -7,6 +7,7 @@
 
 #include "strata/nn/CausalLM.h"
 #include "strata/nn/Embedding.h"
+#include "strata/nn/MoE.h"
 #include "strata/nn/ModuleList.h"
 #include "strata/nn/TransformerBlock.h"
 
@@ -25,10 +26,17 @@ struct GptConfig {
   double initStd = 0.02;
   uint64_t seed = 1234;
   Device device = Device::cpu();
+  // Mixture of experts (nn/MoE.h): with moeNumExperts > 0, block i's MLP is moeNumExperts experts when
+  // (i + 1) % moeEvery == 0.
+  int64_t moeNumExperts = 0, moeTopK = 1, moeEvery = 2;
+  double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0, moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;
 
   int64_t ffn() const { return ffnHiddenSize > 0 ? ffnHiddenSize : 4 * hiddenSize; }
-  // Parameters (tied head counted once) and training FLOPs per token: 6 N + 12 L d s (attention).
+  bool isMoeLayer(int64_t i) const { return moeNumExperts > 0 && (i + 1) % moeEvery == 0; }
+  // Parameters (tied head counted once; every expert) and training FLOPs per token: 6 N_active + 12 L d s
+  // (attention), N_active counting the top-k experts a token runs through (and the router).
   int64_t numParameters() const;
+  int64_t activeParameters() const;
   double flopsPerToken() const;
 };
 
@@ -53,6 +61,7 @@ class Gpt : public nn::CausalLM {
   Tensor hidden(const Tensor& ids, DType compute);
 
   GptConfig config_;
+  std::vector<nn::MoE*> moes_;  // the MoE blocks' expert layers
   std::shared_ptr<nn::Embedding> wte_, wpe_;
   std::shared_ptr<nn::ModuleList> blocks_;
   std::shared_ptr<nn::LayerNorm> lnF_;

@@ -40,7 +40,10 @@ std::vector<Tensor> MoE::forwardImpl(const std::vector<Tensor>& inputs) {
   Tensor xf = x.reshape({N, C});
   // NOTE [MoE dispatch]: the router in fp32 (or wider).
   DType routerType = dtypeSize(x.dtype()) < 4 ? DType::F32 : x.dtype();
-  Tensor logits = linear(xf.to(routerType), router_->weight.to(routerType));  // [N, E]
+  // As a call of the router (NOTE [Module calls]: its hooks see the use of its weight).
+  Tensor logits = router_->call({xf}, [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{linear(in[0].to(routerType), router_->weight.to(routerType))};  // [N, E]
+  })[0];
   Tensor probs = softmax(logits, -1);
   std::vector<double> p = probs.detach().to(Device::cpu(), DType::F64).toVector<double>();
 
@@ -92,11 +95,16 @@ std::vector<Tensor> MoE::forwardImpl(const std::vector<Tensor>& inputs) {
 
   // Dispatch, the experts, combine.
   std::vector<Tensor> outputs;
-  if (rows > 0) {
-    Tensor dispatched = embedding(xf, indexTensor(gather));  // [rows, C]
-    for (int64_t e = 0; e < E; ++e) {
-      int64_t n = count[size_t(e)];
-      if (n > 0) outputs.push_back(expert(size_t(e)).apply(dispatched.narrow(0, offset[size_t(e)], n)));
+  Tensor dispatched = rows > 0 ? embedding(xf, indexTensor(gather)) : Tensor();  // [rows, C]
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t n = count[size_t(e)];
+    if (n > 0) {
+      outputs.push_back(expert(size_t(e)).apply(dispatched.narrow(0, offset[size_t(e)], n)));
+    } else {
+      // An expert without tokens is still called (with nothing to do), in order, so its hooks run every
+      // forward: the chunk layout's first-use order (and ZeRO's gathers) do not depend on the routing.
+      for (auto& [name, m] : expert(size_t(e)).namedModules())
+        m->call({}, [](const std::vector<Tensor>&) { return std::vector<Tensor>{}; });
     }
   }
   outputs.push_back(zeros({1, C}, x.dtype(), device));  // the row a dropped choice gathers

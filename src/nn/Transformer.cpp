@@ -2,6 +2,7 @@
 #include "strata/autograd/Checkpoint.h"
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
+#include "strata/nn/MoE.h"
 #include "strata/nn/ModuleList.h"
 #include "strata/nn/TransformerBlock.h"
 
@@ -137,12 +138,13 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
   return {dropout(y, config_.dropout, isTraining())};
 }
 
-TransformerBlock::TransformerBlock(const TransformerBlockConfig& config, Generator& gen) {
+TransformerBlock::TransformerBlock(const TransformerBlockConfig& config, Generator& gen,
+                                   std::shared_ptr<Module> feedForward) {
   NormConfig norm{config.attention.hiddenSize, config.layerNormEps, true, config.attention.device};
   ln1_ = registerModule("ln_1", std::make_shared<LayerNorm>(norm));
   attn_ = registerModule("attn", std::make_shared<Attention>(config.attention, gen));
   ln2_ = registerModule("ln_2", std::make_shared<LayerNorm>(norm));
-  mlp_ = registerModule("mlp", std::make_shared<Mlp>(config.mlp, gen));
+  mlp_ = registerModule("mlp", feedForward ? std::move(feedForward) : std::make_shared<Mlp>(config.mlp, gen));
 }
 
 std::array<Tensor, 2> TransformerBlock::compute(const Tensor& x, const Tensor& pending,
@@ -166,7 +168,7 @@ std::array<Tensor, 2> TransformerBlock::compute(const Tensor& x, const Tensor& p
   }
   // h = stream + attn and ln_2(h) in one pass.
   std::vector<Tensor> norm2 = (*ln2_)(std::vector<Tensor>{stream, (*attn_)(attnIn)[0]});
-  return {norm2[1], (*mlp_)(norm2[0])};
+  return {norm2[1], (*mlp_)(std::vector<Tensor>{norm2[0]})[0]};
 }
 
 std::array<Tensor, 2> TransformerBlock::applyStream(const Tensor& x, const Tensor& pending,
@@ -205,8 +207,14 @@ Recompute parseRecompute(const std::string& name) {
 void applyRecompute(Module& model, Recompute mode) {
   for (auto& [name, module] : model.namedModules()) {
     if (auto* mlp = dynamic_cast<Mlp*>(module)) mlp->setRecomputeActivation(mode == Recompute::Selective);
-    if (dynamic_cast<ModuleList*>(module) != nullptr)
-      for (auto& [index, child] : module->children()) child->setRecompute(mode == Recompute::Full);
+    if (dynamic_cast<ModuleList*>(module) == nullptr) continue;
+    for (auto& [index, child] : module->children()) {
+      // A block with an MoE layer is not recomputed whole: the MoE's auxiliary losses come out of its
+      // forward beside the block's outputs, and a checkpointed forward would keep them without a graph.
+      bool moe = false;
+      for (auto& [sub, m] : child->namedModules()) moe |= dynamic_cast<MoE*>(m) != nullptr;
+      child->setRecompute(mode == Recompute::Full && !moe);
+    }
   }
 }
 

@@ -139,6 +139,22 @@ const std::vector<Field>& schema() {
         [](Config & c) -> auto& { return c.model.untieEmbeddingsAndOutputWeights; }));
     f.push_back(boolField(
         "model.bert_binary_head", [](Config & c) -> auto& { return c.model.bertBinaryHead; }));
+    f.push_back(intField(
+        "model.moe_num_experts", [](Config & c) -> auto& { return c.model.moeNumExperts; }, 0, 4096));
+    f.push_back(intField(
+        "model.moe_top_k", [](Config & c) -> auto& { return c.model.moeTopK; }, 1, 2));
+    f.push_back(intField(
+        "model.moe_every", [](Config & c) -> auto& { return c.model.moeEvery; }, 1, 1024));
+    f.push_back(floatField(
+        "model.moe_capacity_factor", [](Config & c) -> auto& { return c.model.moeCapacityFactor; }, 0.01,
+        1e6));
+    f.push_back(floatField(
+        "model.moe_eval_capacity_factor", [](Config & c) -> auto& { return c.model.moeEvalCapacityFactor; },
+        0.01, 1e6));
+    f.push_back(floatField(
+        "model.moe_aux_loss_coef", [](Config & c) -> auto& { return c.model.moeAuxLossCoef; }, 0, 1e6));
+    f.push_back(floatField(
+        "model.moe_z_loss_coef", [](Config & c) -> auto& { return c.model.moeZLossCoef; }, 0, 1e6));
     // data
     f.push_back(stringField(
         "data.path", [](Config & c) -> auto& { return c.data.path; }));

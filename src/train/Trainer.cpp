@@ -75,6 +75,13 @@ models::ModelSpec modelSpecFrom(const Config& c, Device device) {
   s.activation = c.model.activation;
   s.untieEmbeddingsAndOutputWeights = c.model.untieEmbeddingsAndOutputWeights;
   s.bertBinaryHead = c.model.bertBinaryHead;
+  s.moeNumExperts = c.model.moeNumExperts;
+  s.moeTopK = c.model.moeTopK;
+  s.moeEvery = c.model.moeEvery;
+  s.moeCapacityFactor = c.model.moeCapacityFactor;
+  s.moeEvalCapacityFactor = c.model.moeEvalCapacityFactor;
+  s.moeAuxLossCoef = c.model.moeAuxLossCoef;
+  s.moeZLossCoef = c.model.moeZLossCoef;
   s.seed = c.train.seed;
   s.device = device;
   return s;

@@ -917,3 +917,30 @@ TEST_CASE("train.recompute selective and full train a GPT with the losses of non
     requireSameCurves(runs["none"], runs["full"]);
   }
 }
+
+TEST_CASE("a GPT with MoE blocks trains through the trainer, alike at ZeRO stages 0 and 3 and with recompute",
+          "[train][trainer][moe]") {
+  std::vector<std::string> moe = {"model.dropout=0",
+                                  "model.moe_num_experts=4",
+                                  "model.moe_top_k=2",
+                                  "model.moe_capacity_factor=1.0",
+                                  "train.train_iters=12",
+                                  "train.eval_interval=6",
+                                  "zero_optimization.chunk_size_mb=0.02"};
+  std::map<std::string, std::vector<nlohmann::json>> runs;
+  for (std::string variant : {"stage0", "stage3", "stage3-full"}) {
+    std::vector<std::string> sets = moe;
+    sets.push_back(variant == "stage0" ? "zero_optimization.stage=0" : "zero_optimization.stage=3");
+    if (variant == "stage3-full") sets.push_back("train.recompute=full");
+    fs::path out = test::freshDir("strata-moe-" + variant);
+    train::Trainer(tinyConfig(out, sets)).run();
+    runs[variant] = records(out);
+  }
+  requireSameCurves(runs["stage0"], runs["stage3"]);
+  requireSameCurves(runs["stage0"], runs["stage3-full"]);
+  double first = 0, last = 0;
+  for (const auto& r : runs["stage0"])
+    if (r.contains("loss")) (first == 0 ? first : last) = r["loss"].get<double>();
+  INFO("loss " << first << " -> " << last);
+  REQUIRE(last < first - 1.0);
+}

@@ -1,6 +1,13 @@
+#include <algorithm>
+
 #include "TestUtil.h"
 #include "models/Zoo.h"
+#include "strata/autograd/GradMode.h"
+#include "strata/core/Generator.h"
+#include "strata/nn/CausalLM.h"
+#include "strata/ops/Ops.h"
 #include "strata/zero/ChunkLayout.h"
+#include "strata/zero/ChunkManager.h"
 
 using namespace strata;
 
@@ -59,4 +66,31 @@ TEST_CASE("the zoo's parameter shapes are the built model's, in first-use order"
     REQUIRE(small.chunks.size() > 2);
     REQUIRE(small.payloadElems() == model->numParameters());
   }
+  // GPT with MoE blocks: the router and every expert, in index order, however the tokens are routed (an
+  // expert without tokens is still called: NOTE [MoE dispatch]). The traced first-use order is checked
+  // against the listed shapes.
+  models::ModelSpec moe = test::tinyGptSpec();
+  moe.moeNumExperts = 4;
+  moe.moeTopK = 2;
+  moe.numLayers = 2;
+  auto model = models::buildModel(moe);
+  auto shapes = models::parameterShapes(moe);
+  auto named = model->namedParameters();
+  REQUIRE(shapes.size() == named.size());
+  GeneratorState rng = defaultGenerator().state();
+  std::vector<std::string> order = zero::recordFirstUse(*model, [&] {
+    NoGradGuard noGrad;
+    Tensor ids = ops::zeros({1, 8}, DType::I64, Device::cpu());
+    model->loss(ids, ids, DType::F32);
+  });
+  defaultGenerator().setState(rng);
+  REQUIRE(order.size() == shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    INFO(shapes[i].first);
+    REQUIRE(order[i] == shapes[i].first);
+    REQUIRE(shapes[i].first == named[i].first);
+    REQUIRE(shapes[i].second == named[i].second.shape());
+  }
+  REQUIRE(std::count_if(shapes.begin(), shapes.end(),
+                        [](const auto& s) { return s.first.find("h.1.mlp.experts.3.") == 0; }) == 4);
 }

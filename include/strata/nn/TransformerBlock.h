@@ -59,7 +59,10 @@ struct TransformerBlockConfig {
 // pending' for the next block's ln_1 (or the final norm) to fuse. block(x) = x' + pending' for pending = 0.
 class TransformerBlock : public Module {
  public:
-  TransformerBlock(const TransformerBlockConfig& config, Generator& gen);
+  // `feedForward` (optional) replaces the MLP built from config.mlp, under the same name "mlp": a module
+  // taking and returning one [..., hidden] tensor (nn::MoE).
+  TransformerBlock(const TransformerBlockConfig& config, Generator& gen,
+                   std::shared_ptr<Module> feedForward = nullptr);
   Tensor apply(const Tensor& x, const AttentionMask& mask = {});
   // {x', pending'} as described above.
   std::array<Tensor, 2> applyStream(const Tensor& x, const Tensor& pending, const AttentionMask& mask = {});
@@ -73,14 +76,15 @@ class TransformerBlock : public Module {
 
   std::shared_ptr<LayerNorm> ln1_, ln2_;
   std::shared_ptr<Attention> attn_;
-  std::shared_ptr<Mlp> mlp_;
+  std::shared_ptr<Module> mlp_;
 };
 
 // train.recompute: what a model's backward computes again instead of keeping.
 enum class Recompute {
   None,
   Selective,  // the MLP activations (Mlp::setRecomputeActivation); attention keeps no S x S scores anyway
-  Full,       // each block: every module held in a ModuleList (GPT's h, BERT's layer, T5's blocks)
+  Full,       // each block: every module held in a ModuleList (GPT's h, BERT's layer, T5's blocks), except
+              // blocks with an MoE layer (its auxiliary losses would lose their gradients)
 };
 Recompute parseRecompute(const std::string& name);  // none, selective, full
 // Sets `mode` on the modules of `model` it concerns (Module::setRecompute, Mlp::setRecomputeActivation).

@@ -38,6 +38,13 @@ struct ModelConfig {
   std::string activation = "default";
   bool untieEmbeddingsAndOutputWeights = false;
   bool bertBinaryHead = false;
+  // Mixture of experts (gpt; nn/MoE.h): moe_num_experts > 0 replaces the MLP of every moe_every-th block
+  // (the last of each group: every other block by default, as Switch) with that many experts.
+  int64_t moeNumExperts = 0;
+  int64_t moeTopK = 1;
+  int64_t moeEvery = 2;
+  double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0;
+  double moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;
 };
 
 struct DataConfig {
