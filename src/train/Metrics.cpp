@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -197,6 +198,31 @@ void MetricsLogger::train(const TrainRecord& r) {
   for (const auto& [name, n] : r.counts) {
     j[name] = n;
     mem += fmt::format(" | {} {}", name, n);
+  }
+  if (!r.moe.empty()) {
+    // Per layer in metrics.jsonl; in the log line the means over the layers and the busiest expert's load
+    // against an even share.
+    double dropped = 0, aux = 0, z = 0, busiest = 0;
+    for (const auto& layer : r.moe) {
+      j["moe"][layer.name] = {{"tokens_per_expert", layer.tokensPerExpert},
+                              {"dropped", layer.dropped},
+                              {"aux_loss", layer.auxLoss},
+                              {"z_loss", layer.zLoss}};
+      dropped += layer.dropped / double(r.moe.size());
+      aux += layer.auxLoss / double(r.moe.size());
+      z += layer.zLoss / double(r.moe.size());
+      int64_t total = 0, most = 0;
+      for (int64_t n : layer.tokensPerExpert) {
+        total += n;
+        most = std::max(most, n);
+      }
+      if (total > 0)
+        busiest = std::max(busiest, double(most) * double(layer.tokensPerExpert.size()) / double(total));
+    }
+    j["moe_dropped"] = dropped;
+    j["moe_aux_loss"] = aux;
+    j["moe_z_loss"] = z;
+    mem += fmt::format(" | moe dropped {:.3f} aux {:.3f} z {:.3f} busiest {:.2f}x", dropped, aux, z, busiest);
   }
   writeLine(j.dump());
   std::string skipped = r.skippedSteps > 0 ? fmt::format(" | skipped {}", r.skippedSteps) : std::string();

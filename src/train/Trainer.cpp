@@ -21,6 +21,7 @@
 #include "strata/core/Philox.h"
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
+#include "strata/nn/MoE.h"
 #include "strata/nn/TransformerBlock.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/LrSchedule.h"
@@ -655,6 +656,11 @@ TrainResult Trainer::run() {
           gib(cpuAllocator().stats().allocatedBytes + hostStateAllocator(false).stats().allocatedBytes +
               hostStateAllocator(true).stats().allocatedBytes);
       r.memoryGb["model_state"] = gib(engine.modelStateBytes());
+      for (auto& [name, module] : objective_->model().namedModules())
+        if (auto* moe = dynamic_cast<nn::MoE*>(module)) {
+          const nn::MoEStats& s = moe->stats();
+          r.moe.push_back({name, s.tokensPerExpert, s.droppedFraction(), s.auxLoss, s.zLoss});
+        }
       // The store's tiers (NOTE [Store placement]); together they are model_state.
       for (int t = 0; t < zero::kNumTiers; ++t)
         r.memoryGb[std::string("state_") + zero::tierName(zero::Tier(t))] = gib(engine.placement().bytes[t]);

@@ -943,4 +943,16 @@ TEST_CASE("a GPT with MoE blocks trains through the trainer, alike at ZeRO stage
     if (r.contains("loss")) (first == 0 ? first : last) = r["loss"].get<double>();
   INFO("loss " << first << " -> " << last);
   REQUIRE(last < first - 1.0);
+  // The routing metrics: per MoE layer (block 1 of 2) its tokens per expert, dropped share and losses.
+  const nlohmann::json& record = runs["stage0"].front();
+  REQUIRE(record.contains("moe"));
+  const nlohmann::json& layer = record["moe"]["h.1.mlp"];
+  REQUIRE(layer["tokens_per_expert"].size() == 4);
+  int64_t kept = 0;
+  for (const auto& n : layer["tokens_per_expert"]) kept += n.get<int64_t>();
+  double dropped = layer["dropped"].get<double>();
+  // 4 sequences x 32 tokens x top-2 choices, each kept or dropped (capacity factor 1).
+  REQUIRE(double(kept) == Approx(4 * 32 * 2 * (1.0 - dropped)));
+  REQUIRE(layer["aux_loss"].get<double>() > 0);
+  REQUIRE(record["moe_z_loss"].get<double>() > 0);
 }

@@ -44,6 +44,14 @@ struct TrainRecord {
   std::map<std::string, double> memoryGb;  // tier -> GiB in use (gpu, host)
   // Counts beside the memory (alloc_failures, arena_slots...): metrics.jsonl fields under their own names.
   std::map<std::string, int64_t> counts;
+  // MoE layers (nn/MoE.h), by module name, as the last step routed them: tokens per expert, the dropped
+  // share of the choices, the unweighted load-balancing and z losses.
+  struct MoELayer {
+    std::string name;
+    std::vector<int64_t> tokensPerExpert;
+    double dropped = 0, auxLoss = 0, zLoss = 0;
+  };
+  std::vector<MoELayer> moe;
 };
 
 class MetricsLogger {
