@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "strata/autograd/GradMode.h"
-#include "strata/core/Stream.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::optim {
@@ -348,24 +347,12 @@ void Adafactor::stepChunk(size_t c, const ops::AdafactorHyper& h, const Tensor& 
     if (fp32Params) ops::copy(paramFlats_[c], master);
     ops::copy(masters_[c], master);
     if (m_[c].defined()) ops::copy(m_[c], m);
-    ops::copy(v_[c], v);
-    streamed_ = true;
+    ops::copy(v_[c], v);  // the copies to the host return once the data is there: nothing is left pending
   }
-}
-
-void Adafactor::finishDelayed() {
-  if (!streamed_) return;
-  for (size_t c = 0; c < paramFlats_.size(); ++c)
-    if (homes_[c] == zero::Tier::Host) {
-      synchronizeDevice(paramFlats_[c].device());
-      break;
-    }
-  streamed_ = false;
 }
 
 void Adafactor::moveToDevice(size_t c, Device device) {
   NoGradGuard noGrad;
-  finishDelayed();
   if (homes_[c] == zero::Tier::Device) return;
   bool own = paramFlats_[c].dtype() == DType::F32;
   Tensor master = own ? Tensor() : ops::to(masters_[c], device, DType::F32);
@@ -397,10 +384,7 @@ std::vector<ChunkStateField> Adafactor::chunkState(size_t c) const {
 }
 
 uint64_t Adafactor::stateBytes(size_t c) const {
-  uint64_t bytes = 0;
-  for (const Tensor* t : {&masters_.at(c), &m_.at(c), &v_.at(c)})
-    if (t->defined()) bytes += uint64_t(t->nbytes());
-  return bytes;
+  return chunkStateBytes(masters_.at(c), m_.at(c), v_.at(c));
 }
 
 uint64_t Adafactor::deviceStateBytes(size_t c) const {

@@ -727,11 +727,15 @@ std::vector<ChunkStateField> AdamW::chunkState(size_t c) const {
   return {{"exp_avg", m_[c], true}, {"exp_avg_sq", v_[c], true}};
 }
 
-uint64_t AdamW::stateBytes(size_t c) const {
+uint64_t chunkStateBytes(const Tensor& master, const Tensor& m, const Tensor& v) {
   uint64_t bytes = 0;
-  for (const Tensor* t : {&masters_.at(c), &m_.at(c), &v_.at(c)})
+  for (const Tensor* t : {&master, &m, &v})
     if (t->defined()) bytes += uint64_t(t->nbytes());
   return bytes;
+}
+
+uint64_t AdamW::stateBytes(size_t c) const {
+  return chunkStateBytes(masters_.at(c), m_.at(c), v_.at(c));
 }
 
 uint64_t AdamW::deviceStateBytes(size_t c) const {

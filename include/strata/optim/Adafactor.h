@@ -136,8 +136,6 @@ class Adafactor final : public ChunkOptimizer {
   uint64_t stateBytes(size_t c) const override;
   uint64_t deviceStateBytes(size_t c) const override;
   void moveToDevice(size_t c, Device device) override;
-  // Waits for the copies of host chunks' state back to host memory (before anything reads it there).
-  void finishDelayed() override;
   bool acceptsGradients(DType dtype) const override { return dtype != DType::I64; }
   // Whether the state of piece (or parameter) i, in layout order, is factored.
   bool factored(size_t i) const { return slots_.at(i).row.defined(); }
@@ -165,7 +163,6 @@ class Adafactor final : public ChunkOptimizer {
   std::vector<Tensor> paramFlats_;            // per chunk: the range's parameter values
   std::vector<std::vector<size_t>> slotsOf_;  // per chunk: its slots
   Tensor scratch_[3];                         // device scratch for a host chunk's master, m and v
-  bool streamed_ = false;                     // host state was copied back since the last finishDelayed
   int64_t step_ = 0;
 };
 

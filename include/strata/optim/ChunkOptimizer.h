@@ -39,6 +39,8 @@ struct ChunkStateField {
 // A flat tensor of `numel` elements of host-resident optimizer state, from the host state allocator
 // (NOTE [Host state memory] in core/Allocator.h), page-locked when `pinned`; uninitialised.
 Tensor hostStateTensor(int64_t numel, DType dtype, bool pinned);
+// The bytes of a chunk's master, first and second moment, each counted when defined.
+uint64_t chunkStateBytes(const Tensor& master, const Tensor& m, const Tensor& v);
 
 class ChunkOptimizer {
  public:
