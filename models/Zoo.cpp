@@ -83,6 +83,7 @@ GptConfig gptConfig(const ModelSpec& s) {
   c.moeEvalCapacityFactor = s.moeEvalCapacityFactor;
   c.moeAuxLossCoef = s.moeAuxLossCoef;
   c.moeZLossCoef = s.moeZLossCoef;
+  c.expertParallel = s.expertParallel;
   STRATA_USER_CHECK(c.moeNumExperts == 0 || c.moeTopK <= c.moeNumExperts,
                     "model.moe_top_k ({}) exceeds model.moe_num_experts ({})", c.moeTopK, c.moeNumExperts);
   return c;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "strata/nn/CausalLM.h"
+#include "strata/nn/MoE.h"
 
 namespace strata::models {
 
@@ -38,6 +39,9 @@ struct ModelSpec {
   // GPT with mixture-of-experts MLPs (model.moe_*; nn/MoE.h): 0 experts is the dense GPT.
   int64_t moeNumExperts = 0, moeTopK = 1, moeEvery = 2;
   double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0, moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;
+  // The MoE layers' expert-parallel group (NOTE [Expert parallelism] in nn/MoE.h); the trainer fills it
+  // from model.moe_expert_parallel_size.
+  nn::ExpertParallel expertParallel;
 };
 
 // What an architecture is trained on.

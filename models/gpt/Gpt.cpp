@@ -72,6 +72,7 @@ Gpt::Gpt(const GptConfig& config) : config_(config) {
       m.initStd = config.initStd;
       m.outInitStd = outStd;
       m.device = config.device;
+      m.expertParallel = config.expertParallel;
       auto moe = std::make_shared<nn::MoE>(m, gen);
       moes_.push_back(moe.get());
       feedForward = moe;

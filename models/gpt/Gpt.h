@@ -30,6 +30,7 @@ struct GptConfig {
   // (i + 1) % moeEvery == 0.
   int64_t moeNumExperts = 0, moeTopK = 1, moeEvery = 2;
   double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0, moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;
+  nn::ExpertParallel expertParallel;  // NOTE [Expert parallelism] in nn/MoE.h
 
   int64_t ffn() const { return ffnHiddenSize > 0 ? ffnHiddenSize : 4 * hiddenSize; }
   bool isMoeLayer(int64_t i) const { return moeNumExperts > 0 && (i + 1) % moeEvery == 0; }

@@ -6,6 +6,8 @@
 
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
+#include "strata/autograd/Node.h"
+#include "strata/ops/Ops.h"
 
 namespace strata::nn {
 
@@ -15,16 +17,35 @@ MoE::MoE(const MoEConfig& config, Generator& gen) : config_(config) {
   STRATA_CHECK(config.topK <= config.numExperts, "MoE: top-{} of {} experts", config.topK, config.numExperts);
   STRATA_CHECK(config.capacityFactor > 0 && config.evalCapacityFactor > 0,
                "MoE: capacity factors must be > 0");
+  const ExpertParallel& ep = config.expertParallel;
+  STRATA_CHECK(ep.size >= 1 && ep.rank >= 0 && ep.rank < ep.size, "MoE: expert-parallel rank {} of {}",
+               ep.rank, ep.size);
+  STRATA_USER_CHECK(config.numExperts % ep.size == 0,
+                    "MoE: {} experts do not split evenly over an expert-parallel group of {} ranks",
+                    config.numExperts, ep.size);
+  STRATA_CHECK(ep.size == 1 || ep.allToAll, "MoE: expert parallelism without an all_to_all");
   router_ = registerModule(
       "router",
       std::make_shared<Linear>(
           LinearConfig{config.hiddenSize, config.numExperts, false, config.initStd, config.device}, gen));
-  experts_ = registerModule("experts", std::make_shared<ModuleList>());
-  for (int64_t e = 0; e < config.numExperts; ++e)
-    experts_->append(
-        std::make_shared<Mlp>(MlpConfig{config.hiddenSize, config.ffnHiddenSize, config.bias, 0.0,
-                                        config.initStd, config.outInitStd, config.device, config.activation},
-                              gen));
+  experts_ = registerModule("experts", std::make_shared<ModuleList>(firstExpert()));
+  MlpConfig mlp{config.hiddenSize, config.ffnHiddenSize, config.bias,   0.0,
+                config.initStd,    config.outInitStd,    config.device, config.activation};
+  // NOTE [Expert parallelism]: each expert draws the random numbers it draws in the one-rank model. All
+  // experts draw alike, so the draws of one (measured on a first, discarded build) skip the others.
+  uint64_t perExpert = 0;
+  GeneratorState start = gen.state();
+  if (ep.size > 1) {
+    Mlp probe(mlp, gen);
+    perExpert = gen.state().offset - start.offset;
+    gen.setState(start);
+    gen.reserve(perExpert * uint64_t(firstExpert()));
+  }
+  for (int64_t e = 0; e < numLocalExperts(); ++e) experts_->append(std::make_shared<Mlp>(mlp, gen));
+  if (ep.size > 1) {
+    gen.setState(start);
+    gen.reserve(perExpert * uint64_t(config.numExperts));
+  }
 }
 
 Tensor MoE::apply(const Tensor& x) {
@@ -64,51 +85,67 @@ std::vector<Tensor> MoE::forwardImpl(const std::vector<Tensor>& inputs) {
       int64_t e = choice[size_t(n * K + j)];
       if (count[size_t(e)] < capacity) position[size_t(n * K + j)] = count[size_t(e)]++;
     }
-  // Rows of the dispatch buffer: expert by expert, each expert's tokens in slot order.
-  std::vector<int64_t> offset(size_t(E) + 1, 0);
-  for (int64_t e = 0; e < E; ++e) offset[size_t(e) + 1] = offset[size_t(e)] + count[size_t(e)];
-  int64_t rows = offset[size_t(E)];
-  std::vector<int64_t> gather(static_cast<size_t>(rows));
-  std::vector<std::vector<int64_t>> rowOf(static_cast<size_t>(K),
-                                          std::vector<int64_t>(static_cast<size_t>(N), rows));  // rows: zero
-  std::vector<std::vector<int64_t>> probIndex(static_cast<size_t>(K),
-                                              std::vector<int64_t>(static_cast<size_t>(N)));
   stats_ = MoEStats{};
   stats_.capacity = capacity;
   stats_.choices = N * K;
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t j = 0; j < K; ++j) {
-      int64_t e = choice[size_t(n * K + j)], at = position[size_t(n * K + j)];
-      probIndex[size_t(j)][size_t(n)] = n * E + e;
-      if (at < 0) {
-        ++stats_.dropped;
-        continue;
-      }
-      int64_t row = offset[size_t(e)] + at;
-      gather[size_t(row)] = n;
-      rowOf[size_t(j)][size_t(n)] = row;
-    }
   stats_.tokensPerExpert = count;
   auto indexTensor = [&](const std::vector<int64_t>& v) {
     return Tensor::fromVector<int64_t>(v, {int64_t(v.size())}).to(device);
   };
-
-  // Dispatch, the experts, combine.
-  std::vector<Tensor> outputs;
-  Tensor dispatched = rows > 0 ? embedding(xf, indexTensor(gather)) : Tensor();  // [rows, C]
-  for (int64_t e = 0; e < E; ++e) {
-    int64_t n = count[size_t(e)];
-    if (n > 0) {
-      outputs.push_back(expert(size_t(e)).apply(dispatched.narrow(0, offset[size_t(e)], n)));
-    } else {
-      // An expert without tokens is still called (with nothing to do), in order, so its hooks run every
-      // forward: the chunk layout's first-use order (and ZeRO's gathers) do not depend on the routing.
-      for (auto& [name, m] : expert(size_t(e)).namedModules())
-        m->call({}, [](const std::vector<Tensor>&) { return std::vector<Tensor>{}; });
+  // rowOf[j][n]: the row of expertRows that token n's choice j reads (the last row, zero, when dropped).
+  std::vector<std::vector<int64_t>> rowOf(static_cast<size_t>(K),
+                                          std::vector<int64_t>(static_cast<size_t>(N)));
+  std::vector<std::vector<int64_t>> probIndex(static_cast<size_t>(K),
+                                              std::vector<int64_t>(static_cast<size_t>(N)));
+  Tensor expertRows;
+  if (config_.expertParallel.size == 1) {
+    // Rows of the dispatch buffer: expert by expert, each expert's tokens in slot order; an expert without
+    // tokens gets one zero row (NOTE [MoE dispatch]: every expert runs every pass).
+    std::vector<int64_t> offset(size_t(E) + 1, 0);
+    bool anyIdle = false;
+    for (int64_t e = 0; e < E; ++e) {
+      offset[size_t(e) + 1] = offset[size_t(e)] + std::max<int64_t>(count[size_t(e)], 1);
+      anyIdle |= count[size_t(e)] == 0;
     }
+    int64_t rows = offset[size_t(E)];
+    std::vector<int64_t> gather(static_cast<size_t>(rows), N);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < K; ++j) {
+        int64_t e = choice[size_t(n * K + j)], at = position[size_t(n * K + j)];
+        probIndex[size_t(j)][size_t(n)] = n * E + e;
+        rowOf[size_t(j)][size_t(n)] = at < 0 ? rows : offset[size_t(e)] + at;
+        if (at < 0)
+          ++stats_.dropped;
+        else
+          gather[size_t(offset[size_t(e)] + at)] = n;
+      }
+    // Dispatch, the experts, combine.
+    std::vector<Tensor> outputs;
+    Tensor source = anyIdle ? cat({xf, zeros({1, C}, x.dtype(), device)}, 0) : xf;
+    Tensor dispatched = embedding(source, indexTensor(gather));  // [rows, C]
+    for (int64_t e = 0; e < E; ++e)
+      outputs.push_back(expert(size_t(e)).apply(
+          dispatched.narrow(0, offset[size_t(e)], offset[size_t(e) + 1] - offset[size_t(e)])));
+    outputs.push_back(zeros({1, C}, x.dtype(), device));  // the row a dropped choice gathers
+    expertRows = outputs.size() == 1 ? outputs[0] : cat(outputs, 0);
+  } else {
+    // NOTE [Expert parallelism]: the send buffer is E x capacity rows, expert-major; a slot no token took
+    // gathers the zero row appended to the tokens.
+    std::vector<int64_t> sendRows(static_cast<size_t>(E * capacity), N);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < K; ++j) {
+        int64_t e = choice[size_t(n * K + j)], at = position[size_t(n * K + j)];
+        probIndex[size_t(j)][size_t(n)] = n * E + e;
+        rowOf[size_t(j)][size_t(n)] = at < 0 ? E * capacity : e * capacity + at;
+        if (at < 0)
+          ++stats_.dropped;
+        else
+          sendRows[size_t(e * capacity + at)] = n;
+      }
+    Tensor send = embedding(cat({xf, zeros({1, C}, x.dtype(), device)}, 0), indexTensor(sendRows));
+    Tensor back = exchangeThroughExperts(send, count, capacity);  // [E x capacity, C]
+    expertRows = cat({back, zeros({1, C}, x.dtype(), device)}, 0);
   }
-  outputs.push_back(zeros({1, C}, x.dtype(), device));  // the row a dropped choice gathers
-  Tensor expertRows = outputs.size() == 1 ? outputs[0] : cat(outputs, 0);
   Tensor flatProbs = probs.reshape({N * E, 1});
   std::vector<Tensor> weights;
   for (int64_t j = 0; j < K; ++j) weights.push_back(embedding(flatProbs, indexTensor(probIndex[size_t(j)])));
@@ -137,6 +174,79 @@ std::vector<Tensor> MoE::forwardImpl(const std::vector<Tensor>& inputs) {
     auxLoss_ = balance * config_.auxLossCoef + z * config_.zLossCoef;
   }
   return {y.reshape(x.shape())};
+}
+
+namespace {
+
+// The group's all_to_all as a differentiable function: its backward is the all_to_all of the gradient
+// (zeros when none reached it, so every rank still takes part).
+Tensor allToAll(const Tensor& in, const ExpertParallel& ep) {
+  Tensor src = ops::contiguous(in);
+  Tensor out = Tensor::empty(src.shape(), src.dtype(), src.device());
+  ep.allToAll(out, src);
+  auto exchange = ep.allToAll;
+  Shape shape = src.shape();
+  DType dtype = src.dtype();
+  Device device = src.device();
+  autograd::recordFunction("AllToAllBackward", {in}, {out}, [=](const autograd::Grads& g) {
+    Tensor go = g[0].defined() ? ops::contiguous(g[0]) : ops::zeros(shape, dtype, device);
+    Tensor gi = Tensor::empty(shape, go.dtype(), device);
+    exchange(gi, go);
+    return autograd::Grads{gi};
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor MoE::exchangeThroughExperts(const Tensor& send, const std::vector<int64_t>& count, int64_t capacity) {
+  const ExpertParallel& ep = config_.expertParallel;
+  const int64_t P = ep.size, El = numLocalExperts();
+  Device device = send.device();
+  // How many real rows each rank sends to each of this rank's experts.
+  std::vector<int64_t> received(static_cast<size_t>(P * El));
+  {
+    Tensor sendCounts = Tensor::fromVector<int64_t>(count, {int64_t(count.size())}).to(device);
+    Tensor recvCounts = Tensor::empty({P * El}, DType::I64, device);
+    ep.allToAll(recvCounts, sendCounts);
+    received = recvCounts.to(Device::cpu()).toVector<int64_t>();
+  }
+  Tensor recv = allToAll(send, ep);  // [P x El x capacity, C]: block s is rank s's rows for these experts
+  // Each local expert's rows from every rank, contiguous; then where each output row goes back. An expert
+  // that received none runs on one zero row (rank 0's first slot for it, which no token took), whose output
+  // goes nowhere.
+  std::vector<int64_t> inRows, backRows(static_cast<size_t>(P * El * capacity), -1);
+  std::vector<int64_t> rowsOf(static_cast<size_t>(El), 0);
+  for (int64_t l = 0; l < El; ++l) {
+    for (int64_t s = 0; s < P; ++s)
+      for (int64_t j = 0; j < received[size_t(s * El + l)]; ++j) {
+        int64_t at = (s * El + l) * capacity + j;
+        backRows[size_t(at)] = int64_t(inRows.size());
+        inRows.push_back(at);
+        ++rowsOf[size_t(l)];
+      }
+    if (rowsOf[size_t(l)] == 0) {
+      inRows.push_back(l * capacity);
+      rowsOf[size_t(l)] = 1;
+    }
+  }
+  auto indexTensor = [&](const std::vector<int64_t>& v) {
+    return Tensor::fromVector<int64_t>(v, {int64_t(v.size())}).to(device);
+  };
+  Tensor inputs = embedding(recv, indexTensor(inRows));
+  std::vector<Tensor> outputs;
+  int64_t first = 0;
+  for (int64_t l = 0; l < El; ++l) {
+    outputs.push_back(expert(size_t(l)).apply(inputs.narrow(0, first, rowsOf[size_t(l)])));
+    first += rowsOf[size_t(l)];
+  }
+  int64_t zeroRow = int64_t(inRows.size());
+  for (int64_t& r : backRows)
+    if (r < 0) r = zeroRow;
+  outputs.push_back(zeros({1, send.size(1)}, send.dtype(), device));
+  Tensor outRows = outputs.size() == 1 ? outputs[0] : cat(outputs, 0);
+  Tensor back = embedding(outRows, indexTensor(backRows));  // [P x El x capacity, C]
+  return allToAll(back, ep);
 }
 
 }  // namespace strata::nn

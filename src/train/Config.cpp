@@ -155,6 +155,9 @@ const std::vector<Field>& schema() {
         "model.moe_aux_loss_coef", [](Config & c) -> auto& { return c.model.moeAuxLossCoef; }, 0, 1e6));
     f.push_back(floatField(
         "model.moe_z_loss_coef", [](Config & c) -> auto& { return c.model.moeZLossCoef; }, 0, 1e6));
+    f.push_back(intField(
+        "model.moe_expert_parallel_size", [](Config & c) -> auto& { return c.model.moeExpertParallelSize; },
+        1, 4096));
     // data
     f.push_back(stringField(
         "data.path", [](Config & c) -> auto& { return c.data.path; }));

@@ -24,16 +24,38 @@ ModelStateInputs modelStateInputs(const Config& c, int ranks, DType compute) {
   in.ranks = std::max(1, ranks);
   in.stage = int(c.zero.stage);
   auto shapes = models::parameterShapes(modelSpecFrom(c, Device::cpu()));
-  in.layout = zero::planChunks(shapes, int64_t(c.zero.chunkSizeMb * double(1 << 20)), compute);
+  // Expert parallelism (NOTE [Expert parallelism] in nn/MoE.h): a rank holds 1/P of each MoE layer's experts
+  // (rank 0's, "experts.0" .. "experts.E/P-1"), in chunks of their own sharded over the ranks / P that hold
+  // the same experts.
+  int64_t expertRanks = std::max<int64_t>(1, c.model.moeExpertParallelSize);
+  std::vector<int> families;
+  if (expertRanks > 1 && c.model.moeNumExperts > 0) {
+    int64_t local = c.model.moeNumExperts / expertRanks;
+    std::vector<std::pair<std::string, Shape>> kept;
+    for (auto& [name, shape] : shapes) {
+      size_t at = name.find(".experts.");
+      if (at == std::string::npos) {
+        kept.emplace_back(name, shape);
+        families.push_back(0);
+      } else if (std::stoll(name.substr(at + 9)) < local) {
+        kept.emplace_back(name, shape);
+        families.push_back(1);
+      }
+    }
+    shapes = std::move(kept);
+  }
+  in.layout = zero::planChunks(shapes, int64_t(c.zero.chunkSizeMb * double(1 << 20)), compute, families);
+  int expertDataRanks = std::max(1, in.ranks / int(expertRanks));
   uint64_t elemBytes = dtypeSize(compute);
   int64_t largest = 0;
   bool adafactor = c.optimizer.type == "adafactor";
   optim::AdafactorConfig adafactorConfig = adafactorConfigFrom(c);
   for (size_t i = 0; i < in.layout.chunks.size(); ++i) {
     const zero::ChunkInfo& chunk = in.layout.chunks[i];
-    // ChunkManager::padTo: the used length, rounded up to equal shards.
-    int64_t padded = (chunk.used + in.ranks - 1) / in.ranks * in.ranks;
-    int64_t range = in.stage >= 1 ? padded / in.ranks : padded;
+    // ChunkManager::padTo: the used length, rounded up to equal shards (of its family's ranks).
+    int shards = chunk.family == 1 ? expertDataRanks : in.ranks;
+    int64_t padded = (chunk.used + shards - 1) / shards * shards;
+    int64_t range = in.stage >= 1 ? padded / shards : padded;
     in.paddedElems.push_back(padded);
     in.rangeElems.push_back(range);
     in.parameterBytes += uint64_t(in.stage == 3 ? range : padded) * elemBytes;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 
 #include "strata/autograd/Engine.h"
@@ -18,6 +19,7 @@
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
 #include "strata/dist/ProcessGroup.h"
+#include "strata/nn/MoE.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/Adafactor.h"
 #include "strata/optim/AdamW.h"
@@ -41,7 +43,8 @@ void memlog(Device device, const char* phase, int64_t step) {
 }  // namespace
 
 std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Device device, DType compute,
-                                                      int64_t chunkBytes, int shards, bool mastersOnHost) {
+                                                      int64_t chunkBytes, int shards, bool mastersOnHost,
+                                                      const zero::ChunkFamilies& families) {
   // The first-use order from one loss of one sequence (token 0 throughout: the order of the module calls
   // does not depend on the data), in eval mode, without gradients, in the parameters' own dtype, with the
   // RNG state put back: the trace changes no number of the run.
@@ -74,7 +77,7 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
       if (n == name) ordered.emplace_back(n, p);
   auto chunks = std::make_unique<zero::ChunkManager>(
       ordered, chunkBytes, compute, shards,
-      mastersOnHost ? std::optional<Device>(Device::cpu()) : std::nullopt);
+      mastersOnHost ? std::optional<Device>(Device::cpu()) : std::nullopt, families);
   // The model's old per-parameter storages went back to the caching allocator; return them to the device so
   // the chunks' layout is what the step's activations see.
   if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device))) caching->emptyCache();
@@ -82,14 +85,15 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
 }
 
 ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device device, DType compute,
-                               dist::ProcessGroup* group)
+                               dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup)
     : objective_(objective),
       model_(objective.model()),
       device_(device),
       compute_(compute),
       clipGrad_(c.optimizer.clipGrad),
       stage_(int(c.zero.stage)),
-      group_(group) {
+      group_(group),
+      expertDataGroup_(expertDataGroup) {
   int ranks = group_ ? group_->size() : 1;
   rank_ = group_ ? group_->rank() : 0;
   if (compute_ == DType::F16)
@@ -105,29 +109,57 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   for (const Tensor& p : model_.parameters()) modelElems += uint64_t(p.numel());
   bool mastersOnHost = ranks == 1 && !device_.isCpu() && dtypeSize(compute_) == 2 && deviceMemory_ > 0 &&
                        double(modelElems) * 6 > 0.7 * double(deviceMemory_);
+  // NOTE [Expert parallelism] in nn/MoE.h: the experts of expert-parallel MoE layers (family 1) are
+  // sharded over the ranks that hold the same experts.
+  // Each expert parameter's name, and its name on another expert-parallel rank (for checkpoints).
+  std::vector<std::pair<std::string, std::function<std::string(int)>>> rename;
+  std::set<std::string> expertNames;
+  int expertRanks = 1, expertRank = 0;
+  for (auto& [name, module] : model_.namedModules())
+    if (auto* moe = dynamic_cast<nn::MoE*>(module); moe && moe->config().expertParallel.size > 1) {
+      expertRanks = moe->config().expertParallel.size;
+      expertRank = moe->config().expertParallel.rank;
+      for (int64_t e = 0; e < moe->numLocalExperts(); ++e)
+        for (auto& [pname, p] : moe->expert(size_t(e)).namedParameters()) {
+          auto nameOn = [prefix = name + ".experts.", e, local = moe->numLocalExperts(), rest = "." + pname](
+                            int rank) { return prefix + std::to_string(local * rank + e) + rest; };
+          expertNames.insert(nameOn(expertRank));
+          rename.emplace_back(nameOn(expertRank), nameOn);
+        }
+    }
+  zero::ChunkFamilies families;
+  if (!expertNames.empty()) {
+    STRATA_CHECK(expertDataGroup_ != nullptr || ranks == 1,
+                 "ZeroStepEngine: expert-parallel MoE layers without an expert-data-parallel group");
+    families.of = [&](const std::string& name) { return expertNames.count(name) ? 1 : 0; };
+    families.shards = {ranks, expertDataGroup_ ? expertDataGroup_->size() : 1};
+  }
   chunks_ = layOutModelChunks(objective_, device_, compute_, int64_t(c.zero.chunkSizeMb * double(1 << 20)),
-                              ranks, mastersOnHost);
+                              ranks, mastersOnHost, families);
+  for (size_t i = 0; i < chunks_->numChunks(); ++i)
+    chunkGroups_.push_back(chunks_->family(i) == 1 ? expertDataGroup_ : group_);
+  planCheckpointLayout(rename, expertRanks, expertRank);
   // precision.grad_accum_dtype: 16-bit gradient buffers for 16-bit chunks (a CPU run of a bf16 config
   // computes in fp32 and keeps fp32 ones).
   bool adafactor = c.optimizer.type == "adafactor";
   if (c.precision.gradAccumDType != "fp32" && dtypeSize(compute_) == 2) chunks_->setGradientDType(compute_);
   std::vector<Tensor> masters = chunks_->takeMasters();
-  if (ranks > 1) {
-    // Every rank starts from rank 0's weights (they are equal when built from one seed; this makes it so).
-    for (size_t i = 0; i < chunks_->numChunks(); ++i) {
-      if (!masters.empty()) {
-        comm().broadcast(masters[i], 0);
-        ops::copy(chunks_->paddedFlat(i), masters[i]);
-      } else {
-        comm().broadcast(chunks_->paddedFlat(i), 0);
-      }
+  // Every rank starts from the weights of its group's rank 0 (they are equal when built from one seed; this
+  // makes it so).
+  for (size_t i = 0; i < chunks_->numChunks(); ++i) {
+    if (ranksOf(i) == 1) continue;
+    if (!masters.empty()) {
+      comm(i).broadcast(masters[i], 0);
+      ops::copy(chunks_->paddedFlat(i), masters[i]);
+    } else {
+      comm(i).broadcast(chunks_->paddedFlat(i), 0);
     }
   }
   std::vector<zero::ShardRange> ranges;
   if (stage_ >= 1) {
     // Stages 1 and 2: this rank keeps the masters and moments of its shard of each chunk only.
     for (size_t i = 0; i < chunks_->numChunks(); ++i) {
-      ranges.push_back(chunks_->shard(i, rank_));
+      ranges.push_back(shard(i));
       if (!masters.empty()) masters[i] = masters[i].narrow(0, ranges[i].begin, ranges[i].size()).clone();
     }
     if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
@@ -280,8 +312,64 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   memlog(device_, "engine built", 0);
 }
 
+// NOTE [Expert-parallel checkpoints]
+// Under expert parallelism the ranks' layouts differ in their expert chunks: the same shapes, other experts.
+// A checkpoint's manifest records one layout of the whole model: this rank's chunks, the expert chunks
+// holding expert-parallel rank 0's experts, followed by the expert chunks of ranks 1, 2, ... (their experts'
+// names). Each rank saves its pieces under its chunks' indices in that layout, so the pieces of different
+// experts never share a name. Every piece is found by parameter name, so the checkpoint loads at any
+// expert-parallel size (one included), world size and chunk size, and `strata convert` sees every expert.
+void ZeroStepEngine::planCheckpointLayout(
+    const std::vector<std::pair<std::string, std::function<std::string(int)>>>& rename, int expertRanks,
+    int expertRank) {
+  const zero::ChunkLayout& local = chunks_->layout();
+  checkpointLayout_ = local;
+  savedIndex_.clear();
+  for (size_t c = 0; c < local.chunks.size(); ++c) savedIndex_.push_back(int64_t(c));
+  if (rename.empty()) return;
+  std::map<std::string, const std::function<std::string(int)>*> byName;
+  for (const auto& [name, fn] : rename) byName[name] = &fn;
+  auto nameOn = [&](const std::string& name, int rank) {
+    auto it = byName.find(name);
+    STRATA_CHECK(it != byName.end(), "expert chunk parameter '{}' is not an expert's", name);
+    return (*it->second)(rank);
+  };
+  std::vector<size_t> expertChunks;
+  for (size_t c = 0; c < local.chunks.size(); ++c)
+    if (local.chunks[c].family == 1) expertChunks.push_back(c);
+  for (auto& slot : checkpointLayout_.slots)
+    if (local.chunks[size_t(slot.chunk)].family == 1) slot.name = nameOn(slot.name, 0);
+  for (int rank = 1; rank < expertRanks; ++rank)
+    for (size_t c : expertChunks) {
+      int64_t index = int64_t(checkpointLayout_.chunks.size());
+      if (rank == expertRank) savedIndex_[c] = index;
+      zero::ChunkInfo info = local.chunks[c];
+      info.slots.clear();
+      for (int64_t k : local.chunks[c].slots) {
+        zero::ChunkSlot slot = local.slots[size_t(k)];
+        slot.name = nameOn(slot.name, rank);
+        slot.chunk = index;
+        info.slots.push_back(int64_t(checkpointLayout_.slots.size()));
+        checkpointLayout_.slots.push_back(std::move(slot));
+      }
+      checkpointLayout_.chunks.push_back(std::move(info));
+    }
+}
+
 dist::Communicator& ZeroStepEngine::comm() const {
   return group_->communicator();
+}
+
+int ZeroStepEngine::rankIn(size_t c) const {
+  return chunkGroups_[c] ? chunkGroups_[c]->rank() : 0;
+}
+
+int ZeroStepEngine::ranksOf(size_t c) const {
+  return chunkGroups_[c] ? chunkGroups_[c]->size() : 1;
+}
+
+dist::Communicator& ZeroStepEngine::comm(size_t c) const {
+  return chunkGroups_[c]->communicator();
 }
 
 void ZeroStepEngine::gradientsComplete(size_t chunk) {
@@ -295,19 +383,19 @@ void ZeroStepEngine::gradientsComplete(size_t chunk) {
     ops::fill(sink.buffer, 0.0);
   }
   Tensor grads = chunks_->ensureGradients(chunk);
-  if (!group_ || group_->size() == 1) return;
+  if (ranksOf(chunk) == 1) return;
   // NOTE [Collective ordering and completion] in dist/Communicator.h: the comm stream waits for the
   // backward that wrote the gradients.
   streamWaits(deviceStreams(device_).comm, currentStream(device_), device_);
   if (stage_ >= 2) {
     // Stages 2 and 3: reduce-scatter at once into this rank's fp32 shard; the chunk's full buffer goes back
     // to the allocator for the next chunk's gradients.
-    zero::ShardRange r = chunks_->shard(chunk, rank_);
+    zero::ShardRange r = shard(chunk);
     shardGrads_[chunk] = Tensor::empty({r.size()}, grads.dtype(), device_);
-    comm().reduceScatter(shardGrads_[chunk], grads);
+    comm(chunk).reduceScatter(shardGrads_[chunk], grads);
     chunks_->releaseGradients(chunk);
   } else {
-    comm().allReduce(grads);
+    comm(chunk).allReduce(grads);
   }
 }
 
@@ -389,7 +477,7 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   // The gradients this rank updates from: the reduced chunks, or (stage 2) the reduced shards.
   std::vector<Tensor> grads(chunks_->numChunks());
   for (size_t c = 0; c < grads.size(); ++c)
-    grads[c] = stage_ >= 2 && ranks > 1 ? shardGrads_[c] : chunks_->gradients(c);
+    grads[c] = stage_ >= 2 && ranksOf(c) > 1 ? shardGrads_[c] : chunks_->gradients(c);
   if (ranks > 1) {
     // The reductions ran on the comm stream: the update's reads wait for them.
     streamWaits(currentStream(device_), deviceStreams(device_).comm, device_);
@@ -435,9 +523,10 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
       // Each rank updated its shard of the 16-bit parameters: gather the chunks whole again.
       streamWaits(deviceStreams(device_).comm, currentStream(device_), device_);
       for (size_t c = 0; c < chunks_->numChunks(); ++c) {
-        zero::ShardRange r = chunks_->shard(c, rank_);
+        if (ranksOf(c) == 1) continue;
+        zero::ShardRange r = shard(c);
         Tensor full = chunks_->paddedFlat(c);
-        comm().allGather(full, full.narrow(0, r.begin, r.size()));
+        comm(c).allGather(full, full.narrow(0, r.begin, r.size()));
       }
       streamWaits(currentStream(device_), deviceStreams(device_).comm, device_);
     }
@@ -460,7 +549,7 @@ Tensor ZeroStepEngine::shardSquares(const std::vector<Tensor>& grads) const {
   Tensor sum;
   const zero::ChunkLayout& layout = chunks_->layout();
   for (size_t c = 0; c < grads.size(); ++c) {
-    zero::ShardRange r = chunks_->shard(c, rank_);
+    zero::ShardRange r = shard(c);
     int64_t base = grads[c].numel() == r.size() ? r.begin : 0;
     bool widen = grads[c].dtype() != DType::F32;
     Tensor g = widen ? ops::to(grads[c], device_, DType::F32) : grads[c];
@@ -493,9 +582,9 @@ Tensor chunkRange(const Tensor& t, zero::ShardRange r, int64_t a, int64_t b) {
 }  // namespace
 
 SaveTensor ZeroStepEngine::savePiece(const char* kind, size_t c, int field) const {
-  zero::ShardRange r = chunks_->shard(c, rank_);
+  zero::ShardRange r = shard(c);
   int64_t end = std::min(r.end, chunks_->layout().chunks[c].used);
-  std::string name = chunkPieceName(kind, int64_t(c), r.begin);
+  std::string name = chunkPieceName(kind, savedIndex_[c], r.begin);
   if (optimizer_->home(c) == zero::Tier::Nvme) {
     // Read from the SSD when the writer reaches it: one piece in memory at a time.
     zero::NvmeTier* nvme = nvme_.get();
@@ -522,11 +611,11 @@ SaveTensor ZeroStepEngine::saveField(const optim::ChunkStateField& field, size_t
   // Elementwise fields as the masters (this rank's shard, cut at the used length); the optimizer's own
   // layouts whole, named by the first element of the optimizer's range. Saved in fp32 (a bf16 first moment
   // is widened when the writer reaches it).
-  zero::ShardRange r = chunks_->shard(c, rank_);
+  zero::ShardRange r = shard(c);
   Tensor t = field.values;
   int64_t begin = field.elementwise ? r.begin : optimizer_->ranges()[c].begin;
   if (field.elementwise) t = chunkRange(t, r, r.begin, std::min(r.end, chunks_->layout().chunks[c].used));
-  return SaveTensor{chunkPieceName(field.kind, int64_t(c), begin), t.shape(), DType::F32,
+  return SaveTensor{chunkPieceName(field.kind, savedIndex_[c], begin), t.shape(), DType::F32,
                     [t] { return t.dtype() == DType::F32 ? t : ops::to(t, Device::cpu(), DType::F32); }};
 }
 
@@ -534,7 +623,7 @@ SaveTensors ZeroStepEngine::checkpointModel() const {
   optimizer_->finishDelayed();  // NOTE [Delayed SSD update]: the state as every update left it
   SaveTensors out;
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
-    zero::ShardRange r = chunks_->shard(c, rank_);
+    zero::ShardRange r = shard(c);
     if (r.begin < std::min(r.end, chunks_->layout().chunks[c].used))
       out.push_back(savePiece("param", c, zero::NvmeTier::Master));
   }
@@ -545,7 +634,7 @@ SaveTensors ZeroStepEngine::checkpointOptimizer() const {
   optimizer_->finishDelayed();
   SaveTensors out;
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
-    zero::ShardRange r = chunks_->shard(c, rank_);
+    zero::ShardRange r = shard(c);
     if (r.begin >= std::min(r.end, chunks_->layout().chunks[c].used)) continue;
     if (optimizer_->home(c) == zero::Tier::Nvme) {
       out.push_back(savePiece("exp_avg", c, zero::NvmeTier::FirstMoment));
@@ -556,7 +645,7 @@ SaveTensors ZeroStepEngine::checkpointOptimizer() const {
       // A field of the optimizer's own layout over a whole chunk (stage 0 on several ranks) is the same on
       // every rank: rank 0 saves it.
       bool whole = optimizer_->ranges()[c].size() == chunks_->paddedElems(c);
-      if (!field.elementwise && (field.values.numel() == 0 || (whole && rank_ != 0))) continue;
+      if (!field.elementwise && (field.values.numel() == 0 || (whole && rankIn(c) != 0))) continue;
       out.push_back(saveField(field, c));
     }
   }
@@ -567,7 +656,7 @@ void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
   NoGradGuard noGrad;
   optimizer_->finishDelayed();
   const zero::ChunkLayout& layout = chunks_->layout();
-  reader.checkParameters(layout);
+  reader.checkParameters(checkpointLayout_);
   if (optimizer) {
     // The kinds this optimizer saves (AdamW: exp_avg and exp_avg_sq; Adafactor: adafactor_v, and exp_avg
     // with a first moment).
@@ -587,10 +676,11 @@ void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
       for (const optim::ChunkStateField& field : optimizer_->chunkState(c)) ownLayout |= !field.elementwise;
     if (ownLayout) {
       const zero::ChunkLayout& saved = reader.state().layout;
-      bool same = saved.chunks.size() == layout.chunks.size() && saved.slots.size() == layout.slots.size();
-      for (size_t k = 0; same && k < layout.slots.size(); ++k)
-        same = saved.slots[k].name == layout.slots[k].name && saved.slots[k].chunk == layout.slots[k].chunk &&
-               saved.slots[k].offset == layout.slots[k].offset;
+      const zero::ChunkLayout& mine = checkpointLayout_;
+      bool same = saved.chunks.size() == mine.chunks.size() && saved.slots.size() == mine.slots.size();
+      for (size_t k = 0; same && k < mine.slots.size(); ++k)
+        same = saved.slots[k].name == mine.slots[k].name && saved.slots[k].chunk == mine.slots[k].chunk &&
+               saved.slots[k].offset == mine.slots[k].offset;
       int ranks = group_ ? group_->size() : 1;
       STRATA_USER_CHECK(
           same && (stage_ == 0 || reader.state().worldSize == ranks),
@@ -608,7 +698,7 @@ void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
   // `numel` values from the chunk's element `begin` (-1: the shard's first when `numel` is the shard's size,
   // else 0).
   auto read = [&](int64_t numel, size_t c, const char* kind, int64_t begin = -1) {
-    zero::ShardRange r = chunks_->shard(c, rank_);
+    zero::ShardRange r = shard(c);
     if (begin < 0) begin = numel == r.size() ? r.begin : 0;
     int64_t end = std::min(begin + numel, layout.chunks[c].used);
     host.assign(size_t(numel), 0.0f);
@@ -647,8 +737,8 @@ void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
       if (field.values.numel() == 0) continue;
       host.assign(size_t(field.values.numel()), 0.0f);
       STRATA_USER_CHECK(
-          reader.readChunkPiece(field.kind, int64_t(c), optimizer_->ranges()[c].begin, field.values.numel(),
-                                host.data()),
+          reader.readChunkPiece(field.kind, savedIndex_[c], optimizer_->ranges()[c].begin,
+                                field.values.numel(), host.data()),
           "checkpoint {}: its {} state does not match this run's chunks (it reloads only at the chunk "
           "size and world size it was saved with); set checkpoint.load_model_only: true to start the "
           "optimizer fresh from its weights",
@@ -771,9 +861,8 @@ void ZeroStepEngine::startGather(size_t chunk) {
   peakGathered_ = std::max(peakGathered_, ++gatheredNow_);
   const Stream& commStream = deviceStreams(device_).comm;
   streamWaits(commStream, currentStream(device_), device_);
-  int ranks = group_ ? group_->size() : 1;
-  if (ranks > 1) {
-    comm().allGather(slot, paramShards_[chunk]);
+  if (ranksOf(chunk) > 1) {
+    comm(chunk).allGather(slot, paramShards_[chunk]);
   } else {
     StreamGuard onComm(commStream);
     ops::copy(slot, paramShards_[chunk]);

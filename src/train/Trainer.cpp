@@ -225,12 +225,21 @@ std::shared_ptr<Objective> makeObjective(const Config& config, Device device) {
                        std::move(tokenizer), config.train.seed);
 }
 
+std::string expertGroupName(int64_t size) {
+  return "expert_parallel_" + std::to_string(size);
+}
+
+std::string expertDataGroupName(int64_t size) {
+  return "expert_data_parallel_" + std::to_string(size);
+}
+
 Trainer::Trainer(Config config, std::shared_ptr<dist::ParallelContext> parallel)
     : config_(std::move(config)), parallel_(std::move(parallel)) {
   connect();
   tokenizer_ = makeTokenizer(config_);
-  objective_ = makeObjective(config_.model.arch, models::buildModule(modelSpecFrom(config_, device_)),
-                             tokenizer_, config_.train.seed);
+  models::ModelSpec spec = modelSpecFrom(config_, device_);
+  spec.expertParallel = expertParallel();
+  objective_ = makeObjective(config_.model.arch, models::buildModule(spec), tokenizer_, config_.train.seed);
   setup();
 }
 
@@ -274,6 +283,45 @@ void Trainer::connect() {
       "({}); {} is not a multiple of {} x {} = {}",
       config_.sourcePath, config_.train.globalBatchSize, micro, ranks, config_.train.globalBatchSize, micro,
       ranks, micro * ranks);
+  int64_t ep = config_.model.moeExpertParallelSize;
+  if (ep > 1) {
+    STRATA_USER_CHECK(
+        config_.model.moeNumExperts > 0,
+        "{}: model.moe_expert_parallel_size is {}, but the model has no mixture-of-experts layers "
+        "(model.moe_num_experts)",
+        config_.sourcePath, ep);
+    STRATA_USER_CHECK(
+        config_.model.moeNumExperts % ep == 0,
+        "{}: model.moe_num_experts ({}) must be a multiple of model.moe_expert_parallel_size ({})",
+        config_.sourcePath, config_.model.moeNumExperts, ep);
+    STRATA_USER_CHECK(ranks % ep == 0,
+                      "{}: model.moe_expert_parallel_size ({}) must divide the number of ranks ({}); launch "
+                      "with mpirun -np a multiple of it",
+                      config_.sourcePath, ep, ranks);
+    if (!parallel_->hasGroup(expertGroupName(ep))) {
+      // Consecutive ranks split the experts; ranks ep apart hold the same ones.
+      int rank = parallel_->rank();
+      parallel_->split(expertGroupName(ep), parallel_->world(), int(rank / ep), rank);
+      parallel_->split(expertDataGroupName(ep), parallel_->world(), int(rank % ep), rank);
+    }
+  }
+}
+
+nn::ExpertParallel Trainer::expertParallel() const {
+  nn::ExpertParallel out;
+  if (config_.model.moeExpertParallelSize <= 1) return out;
+  dist::ProcessGroup* group = &parallel_->group(expertGroupName(config_.model.moeExpertParallelSize));
+  out.size = group->size();
+  out.rank = group->rank();
+  out.allToAll = [group](const Tensor& dst, const Tensor& src) {
+    // NOTE [Collective ordering and completion] in dist/Communicator.h.
+    Device device = src.device();
+    const Stream& comm = deviceStreams(device).comm;
+    streamWaits(comm, currentStream(device), device);
+    group->communicator().allToAll(dst, src);
+    streamWaits(currentStream(device), comm, device);
+  };
+  return out;
 }
 
 void Trainer::setup() {
@@ -434,7 +482,10 @@ TrainResult Trainer::run() {
   optim::LrSchedule schedule{optim::lrStyleFromName(c.lrSchedule.style), c.optimizer.lr, c.optimizer.minLr,
                              c.lrSchedule.warmupIters,
                              c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
-  ZeroStepEngine engine(*objective_, c, device_, compute_, ranks > 1 ? &parallel_->world() : nullptr);
+  ZeroStepEngine engine(*objective_, c, device_, compute_, ranks > 1 ? &parallel_->world() : nullptr,
+                        c.model.moeExpertParallelSize > 1
+                            ? &parallel_->group(expertDataGroupName(c.model.moeExpertParallelSize))
+                            : nullptr);
   if (main && engine.placement().bytes[int(zero::Tier::Device)] != engine.placement().total())
     spdlog::info("{}", engine.placement().table());
 
@@ -475,7 +526,7 @@ TrainResult Trainer::run() {
     st.dataIndex = dataIndex;
     st.config = c.values;
     st.model = effectiveValues(c, "model.");
-    st.layout = engine.chunks().layout();
+    st.layout = engine.checkpointLayout();
     st.chunked = true;
     // Each rank writes the pieces of state its shards hold, nothing gathered; rank 0 the manifest.
     std::string dir = saveCheckpoint(saveDir, engine.checkpointModel(), engine.checkpointOptimizer(), st,

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "strata/core/Error.h"
@@ -49,21 +50,27 @@ std::string ChunkLayout::table(size_t maxRows) const {
 }
 
 ChunkLayout planChunks(const std::vector<std::pair<std::string, Shape>>& parameters, int64_t chunkBytes,
-                       DType dtype) {
+                       DType dtype, const std::vector<int>& families) {
+  STRATA_CHECK(families.empty() || families.size() == parameters.size(),
+               "planChunks: {} families for {} parameters", families.size(), parameters.size());
   int64_t elemBytes = int64_t(dtypeSize(dtype));
   int64_t align = std::max<int64_t>(1, kChunkAlignBytes / elemBytes);
   ChunkLayout layout;
   layout.dtype = dtype;
   layout.chunkElems = std::max<int64_t>(align, chunkBytes / elemBytes / align * align);
   std::set<std::string> placed;
-  int64_t open = -1;  // the regular chunk that takes the next parameters that fit
-  for (const auto& [name, shape] : parameters) {
+  std::map<int, int64_t> openOf;  // by family: the regular chunk that takes the next parameters that fit
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const auto& [name, shape] = parameters[i];
+    int family = families.empty() ? 0 : families[i];
+    int64_t& open = openOf.try_emplace(family, -1).first->second;
     if (!placed.insert(name).second) continue;  // a tied tensor: placed at its first use
     ChunkSlot s{name, shape, 0, 0, numelOf(shape)};
     STRATA_CHECK(s.numel > 0, "parameter '{}' has no elements", name);
     auto newChunk = [&](int64_t capacity) {
       ChunkInfo c;
       c.capacity = capacity;
+      c.family = family;
       layout.chunks.push_back(c);
       return int64_t(layout.chunks.size()) - 1;
     };

@@ -12,7 +12,8 @@
 namespace strata::zero {
 
 ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
-                           std::optional<DType> compute, int shards, std::optional<Device> masterDevice)
+                           std::optional<DType> compute, int shards, std::optional<Device> masterDevice,
+                           const ChunkFamilies& families)
     : shards_(shards) {
   STRATA_CHECK(shards >= 1, "ChunkManager: {} shards", shards);
   STRATA_CHECK(!parameters.empty(), "ChunkManager: no parameters");
@@ -22,7 +23,13 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
   std::vector<std::pair<std::string, Shape>> shapes;
   std::vector<Tensor> tensors;
   std::set<std::string> seen;
+  std::vector<int> familyOf;
   for (const auto& [name, p] : parameters) {
+    int family = families.of ? families.of(name) : 0;
+    STRATA_CHECK(family == 0 || (family > 0 && size_t(family) < families.shards.size()),
+                 "ChunkManager: parameter '{}' of family {}, with shard counts for {}", name, family,
+                 families.shards.size());
+    familyOf.push_back(family);
     STRATA_CHECK(p.dtype() == source && p.device() == device,
                  "ChunkManager: parameter '{}' is {} on {}, the first one {} on {}", name, p.dtype(),
                  toString(p.device()), source, toString(device));
@@ -31,7 +38,12 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
     shapes.emplace_back(name, p.shape());
     if (seen.insert(name).second) tensors.push_back(p);
   }
-  layout_ = planChunks(shapes, chunkBytes, dtype);
+  layout_ = planChunks(shapes, chunkBytes, dtype, familyOf);
+  for (const auto& info : layout_.chunks) {
+    int n = info.family == 0 ? shards : families.shards[size_t(info.family)];
+    STRATA_CHECK(n >= 1, "ChunkManager: family {} has {} shards", info.family, n);
+    chunkShards_.push_back(n);
+  }
   // Gradients accumulate in fp32 for 16-bit parameters, else in the parameters' dtype.
   DType gradType = dtypeSize(dtype) < 4 ? DType::F32 : dtype;
   bool masters = dtype != source;
@@ -47,12 +59,12 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
   grads_ = std::make_shared<Grads>();
   grads_->dtype = gradType;
   grads_->device = device;
-  for (const auto& info : layout_.chunks) grads_->elems.push_back(padTo(info.used));
+  for (size_t c = 0; c < layout_.chunks.size(); ++c) grads_->elems.push_back(paddedElems(c));
   grads_->flat.resize(layout_.chunks.size());
   params_.resize(layout_.slots.size());
   chunkOf_.resize(layout_.slots.size());
   for (size_t c = 0; c < layout_.chunks.size(); ++c) {
-    int64_t used = layout_.chunks[c].used, padded = padTo(used);
+    int64_t padded = paddedElems(c);
     Storage storage = makeStorage(size_t(padded) * dtypeSize(dtype), device);
     storage->setLabel("chunk " + std::to_string(c));
     Tensor master = masters ? Tensor::empty({padded}, source, masterDevice.value_or(device)) : Tensor();
@@ -153,16 +165,16 @@ Tensor ChunkManager::paddedFlat(size_t i) const {
   return Tensor::fromStorage(chunks_[i], {paddedElems(i)}, {1}, 0, layout_.dtype);
 }
 
-int64_t ChunkManager::padTo(int64_t used) const {
-  return (used + shards_ - 1) / shards_ * shards_;
+int64_t ChunkManager::padTo(int64_t used, int shards) {
+  return (used + shards - 1) / shards * shards;
 }
 
 int64_t ChunkManager::paddedElems(size_t i) const {
-  return padTo(layout_.chunks[i].used);
+  return padTo(layout_.chunks[i].used, chunkShards_[i]);
 }
 
 ShardRange ChunkManager::shard(size_t i, int rank) const {
-  int64_t size = paddedElems(i) / shards_;
+  int64_t size = paddedElems(i) / chunkShards_[i];
   return ShardRange{int64_t(rank) * size, int64_t(rank + 1) * size};
 }
 

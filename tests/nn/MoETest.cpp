@@ -85,6 +85,33 @@ TEST_CASE("MoE drops exactly the choices past their expert's capacity, and they 
   REQUIRE(two.stats().tokensPerExpert[0] == 3);
 }
 
+TEST_CASE("every expert runs every pass: one without tokens gets exactly zero gradients", "[nn][moe]") {
+  Generator gen(9);
+  nn::MoE moe(smallMoE(4, 1, 4.0), gen);
+  identityRouter(moe, 20.0);
+  Tensor x = tokensFor({0, 1, 1, 0}, 4, DType::F32);  // experts 2 and 3 get no token
+  x.setRequiresGrad(true);
+  std::vector<int> calls(4, 0);
+  for (int e = 0; e < 4; ++e)
+    moe.expert(size_t(e)).addForwardPreHook(
+        [&calls, e](nn::Module&, const std::vector<Tensor>&) { ++calls[size_t(e)]; });
+  Tensor y = moe.apply(x);
+  REQUIRE(moe.stats().tokensPerExpert == std::vector<int64_t>{2, 2, 0, 0});
+  REQUIRE(calls == std::vector<int>{1, 1, 1, 1});
+  backward(sum(y * y));
+  for (int e = 0; e < 4; ++e) {
+    INFO("expert " << e);
+    for (auto& [name, p] : moe.expert(size_t(e)).namedParameters()) {
+      REQUIRE(p.grad().defined());
+      std::vector<float> g = p.grad().toVector<float>();
+      bool zero = std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; });
+      // Experts with tokens learn; the idle ones' zero row teaches them nothing.
+      if (name.find("weight") != std::string::npos) REQUIRE(zero == (e >= 2));
+      if (e >= 2) REQUIRE(zero);
+    }
+  }
+}
+
 TEST_CASE("MoE equals a dense reference: each token through its chosen experts, weighted by the router",
           "[nn][moe]") {
   for (int64_t k : {1, 2}) {

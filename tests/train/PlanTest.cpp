@@ -203,3 +203,43 @@ TEST_CASE("plan and the placement inputs count Adafactor's factored state", "[tr
   REQUIRE(text.find("Adafactor v (factored)") != std::string::npos);
   REQUIRE(text.find("optimizer      adafactor") != std::string::npos);
 }
+
+TEST_CASE("the placement inputs of expert parallelism are expert-parallel rank 0's chunks",
+          "[train][plan][moe]") {
+  // A GPT-MoE with 4 experts over expert-parallel groups of 2, on 4 ranks: each rank holds 2 experts, which
+  // ZeRO shards over the 2 ranks holding the same ones.
+  train::Config c =
+      train::parseConfig("", "test",
+                         {"data.path=" + corpus().string(), "train.device=cpu", "model.num_layers=2",
+                          "model.hidden_size=32", "model.num_attention_heads=2", "model.seq_length=32",
+                          "model.moe_num_experts=4", "model.moe_expert_parallel_size=2",
+                          "zero_optimization.chunk_size_mb=0.02", "zero_optimization.stage=1"});
+  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
+  spec.expertParallel.size = 2;
+  // The layout's trace runs the exchanges; a copy stands in for the group (only the order of the calls
+  // counts).
+  spec.expertParallel.allToAll = [](const Tensor& out, const Tensor& in) { ops::copy(out, in); };
+  auto model = models::buildModel(spec);
+  train::CausalLmObjective objective(model, nullptr);
+  zero::ChunkFamilies families{
+      [](const std::string& name) { return name.find(".experts.") != std::string::npos ? 1 : 0; }, {4, 2}};
+  auto chunks = train::layOutModelChunks(objective, Device::cpu(), DType::F32, int64_t(0.02 * (1 << 20)), 4,
+                                         false, families);
+  train::ModelStateInputs in = train::modelStateInputs(c, 4, DType::F32);
+  REQUIRE(in.layout.slots.size() == chunks->layout().slots.size());
+  for (size_t k = 0; k < in.layout.slots.size(); ++k)
+    REQUIRE(in.layout.slots[k].name == chunks->layout().slots[k].name);
+  REQUIRE(in.paddedElems.size() == chunks->numChunks());
+  bool anyExpert = false;
+  for (size_t i = 0; i < chunks->numChunks(); ++i) {
+    REQUIRE(in.layout.chunks[i].family == chunks->family(i));
+    REQUIRE(in.paddedElems[i] == chunks->paddedElems(i));
+    REQUIRE(in.rangeElems[i] == chunks->shard(i, 0).size());
+    anyExpert |= chunks->family(i) == 1;
+  }
+  REQUIRE(anyExpert);
+  // Against plain data parallelism, a rank holds half the experts' parameters (stage 1 keeps them whole).
+  train::Config dense = c;
+  dense.model.moeExpertParallelSize = 1;
+  REQUIRE(in.parameterBytes < train::modelStateInputs(dense, 4, DType::F32).parameterBytes);
+}

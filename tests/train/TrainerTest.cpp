@@ -956,3 +956,18 @@ TEST_CASE("a GPT with MoE blocks trains through the trainer, alike at ZeRO stage
   REQUIRE(layer["aux_loss"].get<double>() > 0);
   REQUIRE(record["moe_z_loss"].get<double>() > 0);
 }
+
+TEST_CASE("model.moe_expert_parallel_size is checked against the experts and the ranks before any work",
+          "[train][trainer][moe]") {
+  fs::path out = test::freshDir("strata-moe-ep-errors");
+  auto message = [&](std::vector<std::string> sets) {
+    return test::errorOf([&] { train::Trainer trainer(tinyConfig(out, sets)); });
+  };
+  REQUIRE(message({"model.moe_expert_parallel_size=2"}).find("no mixture-of-experts layers") !=
+          std::string::npos);
+  REQUIRE(message({"model.moe_num_experts=3", "model.moe_expert_parallel_size=2"})
+              .find("must be a multiple of model.moe_expert_parallel_size") != std::string::npos);
+  // One rank cannot split its experts over two.
+  REQUIRE(message({"model.moe_num_experts=4", "model.moe_expert_parallel_size=2"})
+              .find("must divide the number of ranks (1)") != std::string::npos);
+}

@@ -47,6 +47,40 @@ TEST_CASE("parameters pack into aligned chunks in first-use order, tied tensors 
   REQUIRE(table.find("emb .. a") != std::string::npos);
 }
 
+TEST_CASE("families keep their parameters in chunks of their own, each with its open chunk",
+          "[zero][chunks]") {
+  // 1 KiB chunks of fp32 (256 elements): the experts (family 1) interleave with the rest in first-use order.
+  std::vector<std::pair<std::string, Shape>> params = {
+      {"attn", {100}}, {"expert.0", {100}}, {"norm", {10}}, {"expert.1", {100}}, {"attn2", {50}}};
+  zero::ChunkLayout layout = zero::planChunks(params, 1024, DType::F32, {0, 1, 0, 1, 0});
+  REQUIRE(layout.chunks.size() == 2);
+  REQUIRE(layout.slot("attn").chunk == 0);
+  REQUIRE(layout.slot("norm").chunk == 0);
+  REQUIRE(layout.slot("norm").offset == 128);
+  REQUIRE(layout.slot("attn2").chunk == 0);
+  REQUIRE(layout.slot("expert.0").chunk == 1);
+  REQUIRE(layout.slot("expert.1").chunk == 1);
+  REQUIRE(layout.slot("expert.1").offset == 128);
+  REQUIRE(layout.chunks[0].family == 0);
+  REQUIRE(layout.chunks[1].family == 1);
+  // Without families the same parameters share chunks in order.
+  REQUIRE(zero::planChunks(params, 1024, DType::F32).slot("expert.0").chunk == 0);
+  REQUIRE_THROWS_AS(zero::planChunks(params, 1024, DType::F32, {0, 1}), Error);
+  // The manager pads and shards each family for its own ranks.
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, shape] : params)
+    tensors.emplace_back(name, ops::zeros(shape, DType::F32, Device::cpu()));
+  zero::ChunkFamilies families{[](const std::string& name) { return name.rfind("expert", 0) == 0 ? 1 : 0; },
+                               {4, 3}};
+  zero::ChunkManager manager(tensors, 1024, std::nullopt, 4, std::nullopt, families);
+  REQUIRE(manager.numChunks() == 2);
+  REQUIRE(manager.shards(0) == 4);
+  REQUIRE(manager.shards(1) == 3);
+  REQUIRE(manager.paddedElems(0) % 4 == 0);
+  REQUIRE(manager.paddedElems(1) % 3 == 0);
+  REQUIRE(manager.shard(1, 2).end == manager.paddedElems(1));
+}
+
 TEST_CASE("the zoo's parameter shapes are the built model's, in first-use order", "[zero][chunks][models]") {
   for (bool bias : {true, false}) {
     models::ModelSpec spec = test::tinyGptSpec();

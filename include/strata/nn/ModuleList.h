@@ -1,4 +1,6 @@
-// An ordered list of submodules named "0", "1", ... (GPT's "h.3.attn..." comes from a ModuleList named "h").
+// An ordered list of submodules named "0", "1", ... (GPT's "h.3.attn..." comes from a ModuleList named "h"),
+// or from `firstName` on: a rank's slice of a longer list (its experts under expert parallelism) keeps the
+// whole list's names.
 #pragma once
 
 #include "strata/nn/Module.h"
@@ -7,10 +9,11 @@ namespace strata::nn {
 
 class ModuleList : public Module {
  public:
+  explicit ModuleList(int64_t firstName = 0) : firstName_(firstName) {}
   template <class M>
   std::shared_ptr<M> append(std::shared_ptr<M> module) {
     items_.push_back(module);
-    return registerModule(std::to_string(items_.size() - 1), std::move(module));
+    return registerModule(std::to_string(firstName_ + int64_t(items_.size()) - 1), std::move(module));
   }
   size_t size() const { return items_.size(); }
   Module& at(size_t i) { return *items_.at(i); }
@@ -24,6 +27,7 @@ class ModuleList : public Module {
   }
 
  private:
+  int64_t firstName_ = 0;
   std::vector<std::shared_ptr<Module>> items_;
 };
 

@@ -45,6 +45,9 @@ struct ModelConfig {
   int64_t moeEvery = 2;
   double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0;
   double moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;
+  // Expert parallelism (Megatron's expert_model_parallel_size): the experts of each MoE layer split over
+  // groups of this many ranks, tokens exchanged by all_to_all; it divides the world size and the experts.
+  int64_t moeExpertParallelSize = 1;
 };
 
 struct DataConfig {

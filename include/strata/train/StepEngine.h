@@ -90,6 +90,9 @@ class StepEngine {
   virtual StepEngineState state() const = 0;
   virtual void restore(const StepEngineState& state) = 0;
   virtual const zero::ChunkManager& chunks() const = 0;
+  // The layout a checkpoint's manifest records: chunks().layout(), and under expert parallelism the expert
+  // chunks of every expert-parallel rank too (NOTE [Expert-parallel checkpoints] in StepEngine.cpp).
+  virtual const zero::ChunkLayout& checkpointLayout() const = 0;
   // Bytes of model state this rank holds between steps: parameters, masters and optimizer moments.
   virtual size_t modelStateBytes() const = 0;
 };
@@ -99,9 +102,11 @@ class StepEngine {
 // RNG untouched).
 // `mastersOnHost`: 16-bit chunks' fp32 masters are made in host memory (a model too large for its masters
 // and chunks to share the device).
+// `families`: the parameters kept in chunks of their own, sharded over other ranks (expert parallelism).
 std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Device device, DType compute,
                                                       int64_t chunkBytes, int shards = 1,
-                                                      bool mastersOnHost = false);
+                                                      bool mastersOnHost = false,
+                                                      const zero::ChunkFamilies& families = {});
 
 // The step over the chunks of the objective's model on the ranks of `group` (null: one rank), each
 // micro-batch's loss from the objective (NOTE [Training objectives] in Objective.h): ZeRO stage
@@ -122,10 +127,15 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
 //   while the modules that use them run (NOTE [Parameter gathering] in StepEngine.cpp).
 // The norm is summed over each rank's shard pieces in a fixed order, so stages 0, 1 and 2 give the same
 // numbers bit for bit at one world size (CPU; NCCL's sums have an order of their own).
+// Expert parallelism (NOTE [Expert parallelism] in nn/MoE.h): the experts of MoE layers split over an
+// expert-parallel group live in chunks of their own (zero::ChunkFamilies), which ZeRO shards, reduces and
+// gathers over `expertDataGroup` (the ranks holding the same experts) instead of `group`; every other step
+// of the engine is the same. Their gradients, summed over that group, are the global batch's too: each
+// rank's experts saw the tokens of its whole expert-parallel group.
 class ZeroStepEngine final : public StepEngine {
  public:
   ZeroStepEngine(Objective& objective, const Config& config, Device device, DType compute,
-                 dist::ProcessGroup* group = nullptr);
+                 dist::ProcessGroup* group = nullptr, dist::ProcessGroup* expertDataGroup = nullptr);
   StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) override;
   SaveTensors checkpointModel() const override;
   SaveTensors checkpointOptimizer() const override;
@@ -133,6 +143,7 @@ class ZeroStepEngine final : public StepEngine {
   StepEngineState state() const override;
   void restore(const StepEngineState& state) override;
   const zero::ChunkManager& chunks() const override { return *chunks_; }
+  const zero::ChunkLayout& checkpointLayout() const override { return checkpointLayout_; }
   size_t modelStateBytes() const override;
   // Where this rank's model state lives, bytes per tier (NOTE [Store placement] in zero/Store.h).
   const zero::StorePlacement& placement() const { return placement_; }
@@ -154,6 +165,12 @@ class ZeroStepEngine final : public StepEngine {
   // One of chunk c's optimizer state fields (optim::ChunkStateField) as a checkpoint piece.
   SaveTensor saveField(const optim::ChunkStateField& field, size_t c) const;
   dist::Communicator& comm() const;
+  // The group chunk c is sharded over (null: one rank), this rank's place in it, and its communicator.
+  dist::ProcessGroup* groupOf(size_t c) const { return chunkGroups_[c]; }
+  int rankIn(size_t c) const;
+  int ranksOf(size_t c) const;
+  dist::Communicator& comm(size_t c) const;
+  zero::ShardRange shard(size_t c) const { return chunks_->shard(c, rankIn(c)); }
   void gradientsComplete(size_t chunk);
   Tensor shardSquares(const std::vector<Tensor>& grads) const;
   // Stage 3 (NOTE [Parameter gathering] in StepEngine.cpp).
@@ -163,6 +180,13 @@ class ZeroStepEngine final : public StepEngine {
   void release(size_t chunk);
   void releaseAll(bool prefetchedToo);
 
+  // NOTE [Expert-parallel checkpoints]: the whole model's layout, and each chunk's index in it.
+  void planCheckpointLayout(
+      const std::vector<std::pair<std::string, std::function<std::string(int)>>>& rename, int expertRanks,
+      int expertRank);
+  zero::ChunkLayout checkpointLayout_;
+  std::vector<int64_t> savedIndex_;
+
   Objective& objective_;
   nn::Module& model_;  // objective_.model()
   Device device_;
@@ -170,6 +194,8 @@ class ZeroStepEngine final : public StepEngine {
   double clipGrad_;
   int stage_ = 0;
   dist::ProcessGroup* group_ = nullptr;
+  dist::ProcessGroup* expertDataGroup_ = nullptr;
+  std::vector<dist::ProcessGroup*> chunkGroups_;  // by chunk: group_, or expertDataGroup_ for expert chunks
   int rank_ = 0;
   std::unique_ptr<zero::ChunkManager> chunks_;
   std::unique_ptr<optim::ChunkOptimizer> optimizer_;

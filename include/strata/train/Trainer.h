@@ -13,6 +13,7 @@
 #include "models/Zoo.h"
 #include "strata/dist/ParallelContext.h"
 #include "strata/nn/CausalLM.h"
+#include "strata/nn/MoE.h"
 #include "strata/optim/AdamW.h"
 #include "strata/train/CausalLmObjective.h"
 #include "strata/train/Config.h"
@@ -55,6 +56,12 @@ std::unique_ptr<Tokenizer> makeTokenizer(const Config& config);
 // The objective of config.model.arch (models::buildModule's model for it, on `device`) with the config's
 // tokenizer: what `strata train` trains and `strata generate` runs.
 std::shared_ptr<Objective> makeObjective(const Config& config, Device device);
+
+// The ParallelContext groups of expert parallelism over groups of `size` ranks
+// (model.moe_expert_parallel_size): the ranks that split the experts between them (consecutive ranks), and
+// the ranks that hold the same experts (every size-th rank), over which ZeRO shards and reduces the experts.
+std::string expertGroupName(int64_t size);
+std::string expertDataGroupName(int64_t size);
 
 // Training runs on the ranks of a dist::ParallelContext: one made from the process environment (mpirun's, or
 // a single rank; dist.timeout_s) unless one is given. Every rank trains its slice of each global batch
@@ -102,7 +109,10 @@ class Trainer {
 
  private:
   DType modelDType();
+  // Also makes the expert-parallel groups (model.moe_expert_parallel_size > 1), once per context and size.
   void connect();
+  // The MoE layers' place in the "expert" group and its all_to_all (NOTE [Expert parallelism] in nn/MoE.h).
+  nn::ExpertParallel expertParallel() const;
   void setup();
 
   Config config_;

@@ -38,6 +38,7 @@ struct ChunkInfo {
   int64_t used = 0;            // elements up to the end of the last parameter (alignment gaps included)
   int64_t payload = 0;         // elements that belong to parameters
   std::vector<int64_t> slots;  // indices into ChunkLayout::slots, in order
+  int family = 0;              // its parameters' family (planChunks)
   double fill() const { return capacity > 0 ? double(payload) / double(capacity) : 0.0; }
 };
 
@@ -57,9 +58,11 @@ struct ChunkLayout {
 };
 
 // Plans the layout of `parameters` (name and shape, in first-use order; repeated names are placed once) in
-// chunks of `chunkBytes` bytes of `dtype`.
+// chunks of `chunkBytes` bytes of `dtype`. `families` (one per parameter; empty: all 0) keeps parameters of
+// different families in different chunks, each family with its own open chunk: expert parallelism puts the
+// experts, which differ from rank to rank and are sharded over other ranks, in chunks of their own.
 ChunkLayout planChunks(const std::vector<std::pair<std::string, Shape>>& parameters, int64_t chunkBytes,
-                       DType dtype);
+                       DType dtype, const std::vector<int>& families = {});
 
 // The chunk size, among multiples of 8 MiB from 32 to 512 MiB, whose layout wastes the fewest bytes (the
 // smaller on a tie): PatrickStar's chunk-size search. `strata info` suggests it beside the configured size.

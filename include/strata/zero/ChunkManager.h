@@ -53,6 +53,14 @@ struct ShardRange {
   int64_t size() const { return end - begin; }
 };
 
+// Parameters in families of their own chunks (planChunks), each family sharded over its own ranks: under
+// expert parallelism the experts' chunks are sharded over their expert-data-parallel group, the others
+// over all ranks.
+struct ChunkFamilies {
+  std::function<int(const std::string& name)> of;  // a parameter's family (0: the default)
+  std::vector<int> shards;                         // by family; family 0's is the `shards` argument
+};
+
 class ChunkManager {
  public:
   // Moves `parameters` (name and tensor, in first-use order, all of one dtype and device; a repeated name is
@@ -61,9 +69,11 @@ class ChunkManager {
   // padded with zeros to a multiple of `shards` elements, so the chunk splits into equal shards.
   // The fp32 masters of 16-bit chunks are made on `masterDevice` (default: the parameters' device); the
   // host, for a model whose masters and chunks would not fit on the device together.
+  // `families`: parameters of other families go into chunks of their own, padded and split for their
+  // family's shard count.
   ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
                std::optional<DType> compute = std::nullopt, int shards = 1,
-               std::optional<Device> masterDevice = std::nullopt);
+               std::optional<Device> masterDevice = std::nullopt, const ChunkFamilies& families = {});
   ~ChunkManager();
   ChunkManager(const ChunkManager&) = delete;
   ChunkManager& operator=(const ChunkManager&) = delete;
@@ -77,7 +87,11 @@ class ChunkManager {
   // The same over the padded length, and that length; shard `rank` of chunk i.
   Tensor paddedFlat(size_t i) const;
   int64_t paddedElems(size_t i) const;
+  // The shards of family 0's chunks, and of chunk i (its family's).
   int shards() const { return shards_; }
+  int shards(size_t i) const { return chunkShards_[i]; }
+  int family(size_t i) const { return layout_.chunks[i].family; }
+  // Shard `rank` (of chunk i's family's shards(i)) of chunk i.
   ShardRange shard(size_t i, int rank) const;
   // Chunk i's flat gradient buffer (the padded length; bytes between parameters are never written), made by
   // the first gradient of a step that reaches the chunk; undefined before that and after releaseGradients.
@@ -124,11 +138,12 @@ class ChunkManager {
     Tensor get(size_t chunk);
   };
 
-  int64_t padTo(int64_t used) const;
+  static int64_t padTo(int64_t used, int shards);
   // Gives parameter k (layout order) its gradient home: a view into its chunk's buffer.
   void homeGradient(size_t k);
 
   int shards_ = 1;
+  std::vector<int> chunkShards_;
   ChunkLayout layout_;
   std::vector<Storage> chunks_;
   std::shared_ptr<Grads> grads_;
