@@ -91,6 +91,9 @@ GptConfig gptConfig(const ModelSpec& s) {
 
 BertConfig bertConfig(const ModelSpec& s) {
   STRATA_USER_CHECK(s.bias, "bert always has biases (model.bias = false is not supported)");
+  STRATA_USER_CHECK(s.moeNumExperts == 0,
+                    "bert has no mixture-of-experts form: model.moe_num_experts is for gpt and t5 (Switch "
+                    "Transformers)");
   STRATA_USER_CHECK(s.kvChannels == 0,
                     "bert's heads are hidden_size / num_attention_heads wide: leave "
                     "model.kv_channels at 0");
@@ -132,6 +135,19 @@ T5Config t5Config(const ModelSpec& s) {
                     "model.activation '{}': t5 uses relu (v1.0) or gated_gelu (v1.1)", s.activation);
   c.tieWordEmbeddings = !s.untieEmbeddingsAndOutputWeights;
   STRATA_USER_CHECK(!s.bias, "t5 has no biases: set model.bias = false");
+  c.moeNumExperts = s.moeNumExperts;
+  c.moeTopK = s.moeTopK;
+  c.moeEvery = s.moeEvery;
+  c.moeCapacityFactor = s.moeCapacityFactor;
+  c.moeEvalCapacityFactor = s.moeEvalCapacityFactor;
+  c.moeAuxLossCoef = s.moeAuxLossCoef;
+  c.moeZLossCoef = s.moeZLossCoef;
+  c.expertParallel = s.expertParallel;
+  STRATA_USER_CHECK(c.moeNumExperts == 0 || !c.gatedGelu,
+                    "t5 with mixture-of-experts layers (Switch Transformers) has ReLU experts: set "
+                    "model.activation to relu");
+  STRATA_USER_CHECK(c.moeNumExperts == 0 || c.moeTopK <= c.moeNumExperts,
+                    "model.moe_top_k ({}) exceeds model.moe_num_experts ({})", c.moeTopK, c.moeNumExperts);
   c.seed = s.seed;
   c.device = s.device;
   return c;
@@ -244,10 +260,13 @@ std::string describeShape(const ModelSpec& s) {
     case Objective::SpanCorruption: {
       T5Config t = t5Config(s);
       return detail::format(
-          "{} + {} layers, hidden {}, {} heads of {}, ffn {} ({}), seq {} -> {}, vocab {}{}", t.numLayers,
+          "{} + {} layers, hidden {}, {} heads of {}, ffn {} ({}), seq {} -> {}, vocab {}{}{}", t.numLayers,
           t.decoderLayers(), t.hiddenSize, t.numHeads, t.headDim, t.ffnHiddenSize,
           t.gatedGelu ? "gated GELU" : "ReLU", t.seqLength, t.decoderSeqLength, t.vocabSize,
-          t.tieWordEmbeddings ? "" : ", untied head");
+          t.tieWordEmbeddings ? "" : ", untied head",
+          t.moeNumExperts > 0 ? detail::format(", Switch: {} experts top-{} every {} layers", t.moeNumExperts,
+                                               t.moeTopK, t.moeEvery)
+                              : std::string());
     }
   }
   unknownArch(s.arch);

@@ -31,7 +31,8 @@ std::string hfModelClass(const ModelSpec& spec) {
     case Objective::MaskedLM:
       return spec.bertBinaryHead ? "BertForPreTraining" : "BertForMaskedLM";
     case Objective::SpanCorruption:
-      return "T5ForConditionalGeneration";
+      return spec.moeNumExperts > 0 ? "SwitchTransformersForConditionalGeneration"
+                                    : "T5ForConditionalGeneration";
   }
   return "";
 }
@@ -117,7 +118,7 @@ std::map<std::string, std::string> modelConfigFromHf(const std::string& text) {
     if (j.contains("architectures"))
       for (const auto& a : j["architectures"]) nsp = nsp || a.get<std::string>() == "BertForPreTraining";
     out["model.bert_binary_head"] = nsp ? "true" : "false";
-  } else if (type == "t5") {
+  } else if (type == "t5" || type == "switch_transformers") {
     out["model.arch"] = "t5";
     out["model.bias"] = "false";
     take("num_layers", {"num_layers"});
@@ -132,6 +133,36 @@ std::map<std::string, std::string> modelConfigFromHf(const std::string& text) {
     take("layer_norm_eps", {"layer_norm_epsilon"}, false);
     take("seq_length", {"n_positions"}, false);
     take("dropout", {"dropout_rate"}, false);
+    if (type == "switch_transformers") {
+      // Top-1 experts in every sparse_step-th block; HF's expert_capacity (per sequence) has no Strata form,
+      // which sets a capacity factor per batch (model.moe_capacity_factor keeps its default).
+      take("moe_num_experts", {"num_experts"});
+      out["model.moe_top_k"] = "1";
+      int64_t layers = j.value("num_layers", int64_t(12));
+      int64_t decoderLayers = j.contains("num_decoder_layers") && !j["num_decoder_layers"].is_null()
+                                  ? j["num_decoder_layers"].get<int64_t>()
+                                  : layers;
+      int64_t sparseEncoder = j.value("num_sparse_encoder_layers", int64_t(0)),
+              sparseDecoder = j.value("num_sparse_decoder_layers", int64_t(0));
+      STRATA_USER_CHECK(sparseEncoder > 0 && sparseDecoder > 0,
+                        "HF switch_transformers config without sparse layers in both stacks "
+                        "(num_sparse_encoder_layers {}, num_sparse_decoder_layers {})",
+                        sparseEncoder, sparseDecoder);
+      int64_t step = layers / sparseEncoder;
+      STRATA_USER_CHECK(
+          decoderLayers / sparseDecoder == step,
+          "HF switch_transformers config with different sparse steps in the encoder ({}) and the "
+          "decoder ({}): Strata's model.moe_every is one for both",
+          step, decoderLayers / sparseDecoder);
+      out["model.moe_every"] = std::to_string(step);
+      take("moe_z_loss_coef", {"router_z_loss_coef"}, false);
+      take("moe_aux_loss_coef", {"router_aux_loss_coef"}, false);
+      STRATA_USER_CHECK(!j.value("router_bias", false),
+                        "HF switch_transformers router_bias: Strata's router has none");
+      std::string act = j.value("dense_act_fn", "relu");
+      STRATA_USER_CHECK(act == "relu", "HF switch_transformers dense_act_fn '{}': Strata's experts are ReLU",
+                        act);
+    }
     std::string ff = j.value("feed_forward_proj", "relu");
     STRATA_USER_CHECK(ff == "relu" || ff == "gated-gelu",
                       "HF T5 feed_forward_proj '{}': Strata's T5 has relu (v1.0) and gated-gelu (v1.1)", ff);
@@ -139,7 +170,7 @@ std::map<std::string, std::string> modelConfigFromHf(const std::string& text) {
     out["model.untie_embeddings_and_output_weights"] =
         j.value("tie_word_embeddings", true) ? "false" : "true";
   } else {
-    STRATA_USER_FAIL("HF model_type '{}' is not in Strata's zoo (gpt2, bert, t5)", type);
+    STRATA_USER_FAIL("HF model_type '{}' is not in Strata's zoo (gpt2, bert, t5, switch_transformers)", type);
   }
   return out;
 }

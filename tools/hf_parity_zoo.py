@@ -31,7 +31,10 @@ the logs) stay in the directory it names. About 1-2 minutes on one H200 (mostly 
 --steps 30 took 10 minutes on a 2-core development machine, all PASS (fp32 curves: BERT equal to 4 digits through
 30 steps, T5 v1.0 within 0.31% on 10-step averages: its ReLU makes tiny differences grow from step 13 on).
 
-Usage: python3 tools/hf_parity_zoo.py [--variants bert,t5-v1.0,t5-v1.1] [--steps 100] [--strata build/strata]
+Switch Transformers (--variants switch): switch-mini against a random-init SwitchTransformersForConditionalGeneration
+with 8 experts in every other block, at capacities that drop no token on either side.
+
+Usage: python3 tools/hf_parity_zoo.py [--variants bert,t5-v1.0,t5-v1.1,switch] [--steps 100] [--strata build/strata]
                                       [--parity-binary build/bench/zoo_parity] [--keep DIR] [--device cuda]
 --device cpu is a smoke test of the script where no GPU is: Strata computes bf16 configs in fp32 on the CPU, so HF
 trains in fp32 there too (no autocast) and the curves compare fp32 with fp32.
@@ -64,6 +67,11 @@ VARIANTS = {
     # does not build).
     "t5-gated-tied": ("t5-mini", ["model.untie_embeddings_and_output_weights=false"],
                       dict(feed_forward_proj="gated-gelu", tie_word_embeddings=True)),
+    # Switch Transformers (SwitchTransformersForConditionalGeneration): switch-mini, 8 top-1 experts in every other
+    # block. A capacity no token overflows on either side (Strata: factor 8 = E/k over the batch; HF: 128 per
+    # sequence), and no auxiliary losses in Strata's loss, since HF's forward without labels adds none.
+    "switch": ("switch-mini", ["model.moe_capacity_factor=8", "model.moe_eval_capacity_factor=8",
+                               "model.moe_aux_loss_coef=0", "model.moe_z_loss_coef=0"], {}),
 }
 
 
@@ -71,6 +79,19 @@ def hf_model(variant):
     """A random-init HF model of the zoo's mini shape (the same numbers as configs/zoo/<arch>-mini.yaml)."""
     from transformers import BertConfig, BertForMaskedLM, T5Config, T5ForConditionalGeneration
     torch.manual_seed(0)
+    if variant == "switch":
+        from transformers import SwitchTransformersConfig, SwitchTransformersForConditionalGeneration
+        cfg = SwitchTransformersConfig(
+            vocab_size=384, d_model=256, d_kv=64, d_ff=640, num_layers=4, num_decoder_layers=4,
+            num_sparse_encoder_layers=2, num_sparse_decoder_layers=2, num_heads=4, num_experts=8,
+            expert_capacity=128, router_bias=False, router_jitter_noise=0.0, router_dtype="float32",
+            router_ignore_padding_tokens=False, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+            dropout_rate=0.0, layer_norm_epsilon=1e-6, dense_act_fn="relu", tie_word_embeddings=True,
+            pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+        try:
+            return SwitchTransformersForConditionalGeneration(cfg, attn_implementation="eager")
+        except TypeError:
+            return SwitchTransformersForConditionalGeneration(cfg)
     if variant == "bert":
         # Ids: bytes 0..255, [PAD] 256, [CLS] 257, [SEP] 258, [MASK] 259 (MaskedLmObjective).
         cfg = BertConfig(vocab_size=260, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
@@ -99,6 +120,8 @@ def t5_head_tied(model):
 def load_hf(arch, directory):
     from transformers import BertForMaskedLM, T5ForConditionalGeneration
     cls = BertForMaskedLM if arch == "bert" else T5ForConditionalGeneration
+    if arch == "switch":
+        from transformers import SwitchTransformersForConditionalGeneration as cls
     try:
         return cls.from_pretrained(directory, attn_implementation="eager")
     except TypeError:
@@ -149,8 +172,13 @@ def fp32_parity(arch, model, trace, rows):
             continue
         name = key[len("grad."):]
         assert name in params, f"HF has no parameter {name}"
-        assert params[name].grad is not None, f"HF's {name} got no gradient"
-        grads[name] = (g_strata.to(DEVICE), params[name].grad)
+        g = params[name].grad
+        if g is None:
+            # HF's Switch layer calls only the experts that got tokens; an idle one's gradient is zero, which
+            # is what Strata's (run on a zero row) must be too.
+            assert arch == "switch" and ".experts." in name, f"HF's {name} got no gradient"
+            g = torch.zeros_like(params[name])
+        grads[name] = (g_strata.to(DEVICE), g)
     # A gradient that is zero in exact arithmetic (BERT's key bias: the softmax ignores a constant added to a
     # query's scores) is rounding noise on both sides; its difference is measured against 1e-4 of the largest
     # gradient's norm instead of its own.

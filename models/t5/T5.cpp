@@ -39,6 +39,16 @@ std::vector<std::pair<std::string, Shape>> T5Config::parameterShapes() const {
         out.emplace_back(b + "cross.proj.weight", Shape{I, C});
       }
       out.emplace_back(b + "ff_norm.weight", Shape{C});
+      if (isMoeLayer(i)) {
+        // The router, then every expert in order (NOTE [MoE dispatch]: each is called every forward).
+        out.emplace_back(b + "ff.router.weight", Shape{C, moeNumExperts});
+        for (int64_t e = 0; e < moeNumExperts; ++e) {
+          std::string x = b + "ff.experts." + std::to_string(e) + ".";
+          out.emplace_back(x + "fc.weight", Shape{C, F});
+          out.emplace_back(x + "proj.weight", Shape{F, C});
+        }
+        continue;
+      }
       if (gatedGelu) {
         out.emplace_back(b + "ff.gate.weight", Shape{C, F});
         out.emplace_back(b + "ff.up.weight", Shape{C, F});
@@ -65,9 +75,15 @@ double T5Config::flopsPerSequence() const {
   double C = double(hiddenSize), I = double(innerSize()), F = double(ffnHiddenSize), V = double(vocabSize);
   double Le = double(numLayers), Ld = double(decoderLayers()), Se = double(seqLength),
          Sd = double(decoderSeqLength);
-  double ff = (gatedGelu ? 3.0 : 2.0) * C * F;
-  double encoderLayer = 4 * C * I + ff, decoderLayer = 8 * C * I + ff;
-  double matmuls = Le * encoderLayer * Se + Ld * decoderLayer * Sd + V * C * Sd;
+  double dense = (gatedGelu ? 3.0 : 2.0) * C * F;
+  double sparse = double(moeTopK) * 2.0 * C * F + C * double(moeNumExperts);  // k experts and the router
+  auto ff = [&](int64_t layers) {
+    double sum = 0;
+    for (int64_t i = 0; i < layers; ++i) sum += isMoeLayer(i) ? sparse : dense;
+    return sum;
+  };
+  double matmuls =
+      (Le * 4 * C * I + ff(numLayers)) * Se + (Ld * 8 * C * I + ff(decoderLayers())) * Sd + V * C * Sd;
   double attention = I * (Le * Se * Se + Ld * Sd * Sd + Ld * Sd * Se);
   return 6.0 * matmuls + 12.0 * attention;
 }
@@ -111,6 +127,25 @@ T5::T5(const T5Config& config) : config_(config) {
                                config.device,
                                config.gatedGelu ? nn::Activation::GeluTanh : nn::Activation::Relu,
                                config.gatedGelu};
+    if (config.moeNumExperts > 0) {
+      nn::MoEConfig m;
+      m.hiddenSize = C;
+      m.ffnHiddenSize = F;
+      m.numExperts = config.moeNumExperts;
+      m.topK = config.moeTopK;
+      m.capacityFactor = config.moeCapacityFactor;
+      m.evalCapacityFactor = config.moeEvalCapacityFactor;
+      m.auxLossCoef = config.moeAuxLossCoef;
+      m.zLossCoef = config.moeZLossCoef;
+      m.bias = false;
+      m.initStd = modelStd;
+      m.outInitStd = ffOutStd;
+      m.device = config.device;
+      m.activation = nn::Activation::Relu;
+      m.expertParallel = config.expertParallel;
+      s.block.moe = m;
+      for (int64_t i = 0; i < s.numLayers; ++i) s.sparse.push_back(config.isMoeLayer(i));
+    }
     s.block.decoder = decoder;
     s.block.layerNormEps = config.layerNormEps;
     s.relativeBias = nn::RelativePositionBiasConfig{config.numHeads,
@@ -123,6 +158,8 @@ T5::T5(const T5Config& config) : config_(config) {
   };
   encoder_ = registerModule("encoder", stack(false));
   decoder_ = registerModule("decoder", stack(true));
+  for (auto& [name, module] : namedModules())
+    if (auto* moe = dynamic_cast<nn::MoE*>(module)) moes_.push_back(moe);
   // An untied head starts at d_model^-0.5 (Mesh TensorFlow's unembedding), not at HF's std 1: with std 1 the
   // first logits have a standard deviation of sqrt(d_model) and the first losses are several times ln(vocab).
   if (!config.tieWordEmbeddings)
@@ -186,7 +223,11 @@ Tensor T5::loss(const Tensor& inputIds, const Tensor& attentionMask, const Tenso
                 const Tensor& labels, DType compute) {
   Tensor decoderIds = decoderInputIds.defined() ? decoderInputIds : t5ShiftRight(labels);
   return call({inputIds, attentionMask, decoderIds, labels}, [&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{headLoss(decoderHidden(in[0], in[1], in[2], compute), in[3])};
+    Tensor loss = headLoss(decoderHidden(in[0], in[1], in[2], compute), in[3]);
+    // Training adds the Switch layers' weighted auxiliary losses; evaluation reports the cross-entropy.
+    if (isTraining())
+      for (nn::MoE* moe : moes_) loss = loss + moe->auxLoss().to(loss.dtype());
+    return std::vector<Tensor>{loss};
   })[0];
 }
 

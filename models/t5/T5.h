@@ -35,6 +35,12 @@ struct T5Config {
   double initFactor = 1.0;  // HF's initializer_factor
   bool gatedGelu = false;   // v1.1's gated-gelu feed-forward (v1.0: ReLU)
   bool tieWordEmbeddings = true;
+  // Switch Transformers (model.moe_*; nn/MoE.h): with moeNumExperts > 0, block i of each stack has
+  // moeNumExperts ReLU experts as its feed-forward when i % moeEvery == 1 (every block for moeEvery 1), HF's
+  // rule for encoder_sparse_step and decoder_sparse_step.
+  int64_t moeNumExperts = 0, moeTopK = 1, moeEvery = 2;
+  double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0, moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;
+  nn::ExpertParallel expertParallel;
   uint64_t seed = 1234;
   Device device = Device::cpu();
 
@@ -44,10 +50,12 @@ struct T5Config {
 
   int64_t decoderLayers() const { return numDecoderLayers > 0 ? numDecoderLayers : numLayers; }
   int64_t innerSize() const { return numHeads * headDim; }
+  bool isMoeLayer(int64_t i) const { return moeNumExperts > 0 && (moeEvery == 1 || i % moeEvery == 1); }
   std::vector<std::pair<std::string, Shape>> parameterShapes() const;
   int64_t numParameters() const;
   // FLOPs of one training example (seqLength input tokens, decoderSeqLength targets): 6 x (encoder
-  // parameters x S_e + decoder parameters x S_d + the LM head x S_d) + 12 x inner x (L_e S_e^2 + L_d S_d^2
+  // parameters x S_e + decoder parameters x S_d + the LM head x S_d; a Switch layer counts the top-k experts
+  // a token runs through and the router) + 12 x inner x (L_e S_e^2 + L_d S_d^2
   // + L_d S_d S_e) for the scores and their use (self-attention in both stacks, cross-attention).
   double flopsPerSequence() const;
   // flopsPerSequence() / seqLength: per encoder input token, the count a trainer that reports B x S_e tokens
@@ -64,8 +72,9 @@ class T5 : public nn::Module {
   // LM logits [B, S_d, vocab] for decoderInputIds (labels shifted right: t5ShiftRight).
   Tensor logits(const Tensor& inputIds, const Tensor& attentionMask, const Tensor& decoderInputIds,
                 DType compute);
-  // Mean cross-entropy of the decoder's predictions against labels [B, S_d] (fp32 scalar). decoderInputIds
-  // undefined means t5ShiftRight(labels).
+  // Mean cross-entropy of the decoder's predictions against labels [B, S_d] (fp32 scalar), plus in training
+  // the Switch layers' weighted auxiliary losses (load balance, z-loss). decoderInputIds undefined means
+  // t5ShiftRight(labels).
   Tensor loss(const Tensor& inputIds, const Tensor& attentionMask, const Tensor& decoderInputIds,
               const Tensor& labels, DType compute);
 
@@ -86,6 +95,7 @@ class T5 : public nn::Module {
   Tensor headLoss(const Tensor& hidden, const Tensor& labels);
 
   T5Config config_;
+  std::vector<nn::MoE*> moes_;  // Switch layers' experts, both stacks
   std::shared_ptr<nn::Embedding> shared_, lmHead_;
   std::shared_ptr<T5Stack> encoder_, decoder_;
 };

@@ -15,7 +15,10 @@ T5Block::T5Block(const T5BlockConfig& config, Generator& gen) : config_(config) 
     cross_ = registerModule("cross", std::make_shared<nn::Attention>(config.crossAttention, gen));
   }
   ffNorm_ = registerModule("ff_norm", std::make_shared<nn::RMSNorm>(norm));
-  ff_ = registerModule("ff", std::make_shared<nn::Mlp>(config.ff, gen));
+  if (config.moe)
+    moe_ = registerModule("ff", std::make_shared<nn::MoE>(*config.moe, gen));
+  else
+    ff_ = registerModule("ff", std::make_shared<nn::Mlp>(config.ff, gen));
 }
 
 Tensor T5Block::apply(const Tensor& x, const Tensor& keyPadding, const Tensor& bias, const Tensor& memory,
@@ -37,7 +40,8 @@ std::vector<Tensor> T5Block::forwardImpl(const std::vector<Tensor>& inputs) {
     cross.keyPadding = at(4);
     h = h + cross_->apply(crossNorm_->apply(h), at(3), cross);
   }
-  return {h + ff_->apply(ffNorm_->apply(h))};
+  Tensor normed = ffNorm_->apply(h);
+  return {h + (moe_ ? moe_->apply(normed) : ff_->apply(normed))};
 }
 
 }  // namespace strata::models

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 namespace strata::models {
 
 HfLayout t5HfLayout(const T5Config& c) {
@@ -31,6 +33,21 @@ HfLayout t5HfLayout(const T5Config& c) {
         ff = hf + "2.";
       }
       out.push_back({ff + "layer_norm.weight", ours + "ff_norm.weight"});
+      if (c.moeNumExperts > 0 && c.isMoeLayer(i)) {
+        dense(ff + "mlp.router.classifier", ours + "ff.router");
+        for (int64_t e = 0; e < c.moeNumExperts; ++e) {
+          std::string hfExpert = ff + "mlp.experts.expert_" + std::to_string(e) + ".";
+          std::string expert = ours + "ff.experts." + std::to_string(e) + ".";
+          dense(hfExpert + "wi", expert + "fc");
+          dense(hfExpert + "wo", expert + "proj");
+        }
+        continue;
+      }
+      if (c.moeNumExperts > 0) {
+        dense(ff + "mlp.wi", ours + "ff.fc");
+        dense(ff + "mlp.wo", ours + "ff.proj");
+        continue;
+      }
       if (c.gatedGelu) {
         dense(ff + "DenseReluDense.wi_0", ours + "ff.gate");
         dense(ff + "DenseReluDense.wi_1", ours + "ff.up");
@@ -47,7 +64,55 @@ HfLayout t5HfLayout(const T5Config& c) {
   return out;
 }
 
+int64_t switchSparseLayers(const T5Config& c, int64_t layers) {
+  int64_t sparse = 0;
+  for (int64_t i = 0; i < layers; ++i) sparse += c.isMoeLayer(i) ? 1 : 0;
+  STRATA_USER_CHECK(
+      sparse > 0 && layers / sparse == c.moeEvery,
+      "HF's SwitchTransformers puts a sparse layer every num_layers / num_sparse_layers blocks: "
+      "{} layers with model.moe_every {} ({} sparse) have no HF form",
+      layers, c.moeEvery, sparse);
+  return sparse;
+}
+
 std::string t5HfConfigJson(const T5Config& c) {
+  if (c.moeNumExperts > 0) {
+    nlohmann::json j{
+        {"architectures", {"SwitchTransformersForConditionalGeneration"}},
+        {"model_type", "switch_transformers"},
+        {"vocab_size", c.vocabSize},
+        {"d_model", c.hiddenSize},
+        {"d_kv", c.headDim},
+        {"d_ff", c.ffnHiddenSize},
+        {"num_layers", c.numLayers},
+        {"num_decoder_layers", c.decoderLayers()},
+        {"num_sparse_encoder_layers", switchSparseLayers(c, c.numLayers)},
+        {"num_sparse_decoder_layers", switchSparseLayers(c, c.decoderLayers())},
+        {"num_heads", c.numHeads},
+        {"num_experts", c.moeNumExperts},
+        {"expert_capacity", std::max<int64_t>(1, int64_t(std::ceil(c.moeCapacityFactor * double(c.seqLength) /
+                                                                   double(c.moeNumExperts))))},
+        {"router_bias", false},
+        {"router_jitter_noise", 0.0},
+        {"router_dtype", "float32"},
+        {"router_ignore_padding_tokens", false},
+        {"router_z_loss_coef", c.moeZLossCoef},
+        {"router_aux_loss_coef", c.moeAuxLossCoef},
+        {"relative_attention_num_buckets", c.relativeAttentionNumBuckets},
+        {"relative_attention_max_distance", c.relativeAttentionMaxDistance},
+        {"dropout_rate", c.dropout},
+        {"layer_norm_epsilon", c.layerNormEps},
+        {"initializer_factor", c.initFactor},
+        {"dense_act_fn", "relu"},
+        {"feed_forward_proj", "relu"},
+        {"tie_word_embeddings", c.tieWordEmbeddings},
+        {"is_encoder_decoder", true},
+        {"pad_token_id", 0},
+        {"eos_token_id", 1},
+        {"decoder_start_token_id", 0},
+        {"torch_dtype", "float32"}};
+    return j.dump(2) + "\n";
+  }
   nlohmann::json j{{"architectures", {"T5ForConditionalGeneration"}},
                    {"model_type", "t5"},
                    {"vocab_size", c.vocabSize},

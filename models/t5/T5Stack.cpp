@@ -9,8 +9,13 @@ T5Stack::T5Stack(const T5StackConfig& config, Generator& gen) : config_(config) 
   bias_ =
       registerModule("relative_bias", std::make_shared<nn::RelativePositionBias>(config.relativeBias, gen));
   blocks_ = registerModule("block", std::make_shared<nn::ModuleList>());
-  for (int64_t i = 0; i < config.numLayers; ++i)
-    blocks_->append(std::make_shared<T5Block>(config.block, gen));
+  for (int64_t i = 0; i < config.numLayers; ++i) {
+    T5BlockConfig block = config.block;
+    if (size_t(i) >= config.sparse.size() || !config.sparse[size_t(i)]) block.moe.reset();
+    STRATA_CHECK(!(size_t(i) < config.sparse.size() && config.sparse[size_t(i)]) || block.moe,
+                 "T5 stack: block {} is sparse without a mixture-of-experts config", i);
+    blocks_->append(std::make_shared<T5Block>(block, gen));
+  }
   const nn::AttentionConfig& a = config.block.selfAttention;
   finalNorm_ = registerModule("final_norm", std::make_shared<nn::RMSNorm>(nn::NormConfig{
                                                 a.hiddenSize, config.block.layerNormEps, false, a.device}));

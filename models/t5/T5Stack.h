@@ -12,6 +12,8 @@ namespace strata::models {
 
 struct T5StackConfig {
   T5BlockConfig block;
+  // Switch Transformers: the blocks whose feed-forward is block.moe (the others take block.ff).
+  std::vector<bool> sparse;
   int64_t numLayers = 0;
   nn::RelativePositionBiasConfig relativeBias;
   double dropout = 0.0;  // on the embedded input and on the final output

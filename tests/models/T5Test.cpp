@@ -1,8 +1,13 @@
 #include <map>
 
 #include "TestUtil.h"
+#include "models/ZooHf.h"
 #include "models/t5/T5.h"
 #include "models/t5/T5Hf.h"
+#include "strata/autograd/GradMode.h"
+#include "strata/core/Generator.h"
+#include "strata/ops/Ops.h"
+#include "strata/zero/ChunkManager.h"
 
 using namespace strata;
 
@@ -127,4 +132,75 @@ TEST_CASE("T5 HF layout: shared / encoder.block / decoder.block / lm_head, round
     std::string json = models::t5HfConfigJson(c);
     REQUIRE(json.find(v11 ? "gated-gelu" : "\"relu\"") != std::string::npos);
   }
+}
+
+TEST_CASE(
+    "Switch Transformers: T5 with experts in every other block, its parameters, first-use order and HF names",
+    "[models][t5][moe][hf]") {
+  models::T5Config c = tiny(false);
+  c.numLayers = 4;
+  c.numDecoderLayers = 2;
+  c.moeNumExperts = 4;
+  c.moeEvery = 2;
+  c.moeCapacityFactor = 4.0;  // no token dropped: the import's logits compare exactly
+  c.moeEvalCapacityFactor = 4.0;
+  // HF's rule: block i is sparse when i % step == 1.
+  REQUIRE(!c.isMoeLayer(0));
+  REQUIRE(c.isMoeLayer(1));
+  REQUIRE(!c.isMoeLayer(2));
+  REQUIRE(c.isMoeLayer(3));
+  models::T5 a(c);
+  auto named = a.namedParameters();
+  auto shapes = c.parameterShapes();
+  REQUIRE(named.size() == shapes.size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    INFO(named[i].first);
+    REQUIRE(named[i].first == shapes[i].first);
+    REQUIRE(named[i].second.shape() == shapes[i].second);
+  }
+  REQUIRE(a.numParameters() == c.numParameters());
+  // The traced first-use order is the listed one (every expert runs every forward), so `strata plan` lays
+  // out what training lays out.
+  Tensor in = Tensor::fromVector<int64_t>({3, 4, 5, 6, 7, 8}, {1, 6}),
+         dec = Tensor::fromVector<int64_t>({0, 6, 9}, {1, 3});
+  GeneratorState rng = defaultGenerator().state();
+  std::vector<std::string> order = zero::recordFirstUse(a, [&] {
+    NoGradGuard noGrad;
+    a.logits(in, Tensor(), dec, DType::F32);
+  });
+  defaultGenerator().setState(rng);
+  REQUIRE(order.size() == shapes.size());
+  for (size_t i = 0; i < order.size(); ++i) REQUIRE(order[i] == shapes[i].first);
+  // A Switch layer's FLOPs count one expert per token and the router: below the parameters' 6 N.
+  models::T5Config dense = c;
+  dense.moeNumExperts = 0;
+  REQUIRE(c.flopsPerToken() > dense.flopsPerToken());
+  REQUIRE(c.flopsPerToken() < 1.01 * dense.flopsPerToken());
+  // HF's SwitchTransformersForConditionalGeneration names, and a round trip through them.
+  models::checkHfLayoutCovers(a, models::t5HfLayout(c));
+  auto hf = models::exportHf(a, models::t5HfLayout(c));
+  std::map<std::string, Tensor> byName(hf.begin(), hf.end());
+  REQUIRE(byName.at("encoder.block.1.layer.1.mlp.router.classifier.weight").shape() == Shape({4, 16}));
+  REQUIRE(byName.at("encoder.block.1.layer.1.mlp.experts.expert_3.wi.weight").shape() == Shape({24, 16}));
+  REQUIRE(byName.at("decoder.block.1.layer.2.mlp.experts.expert_0.wo.weight").shape() == Shape({16, 24}));
+  REQUIRE(byName.count("encoder.block.0.layer.1.mlp.wi.weight"));
+  REQUIRE(byName.count("decoder.block.0.layer.2.mlp.wo.weight"));
+  c.seed = 78;
+  models::T5 b(c);
+  models::importHf(b, models::t5HfLayout(c), byName);
+  test::requireClose(b.logits(in, Tensor(), dec, DType::F32), a.logits(in, Tensor(), dec, DType::F32), 0, 0);
+  // Its config.json, and back: the keys the zoo needs.
+  std::string json = models::t5HfConfigJson(c);
+  REQUIRE(json.find("\"switch_transformers\"") != std::string::npos);
+  REQUIRE(json.find("\"num_sparse_encoder_layers\": 2") != std::string::npos);
+  REQUIRE(json.find("\"num_sparse_decoder_layers\": 1") != std::string::npos);
+  auto keys = models::modelConfigFromHf(json);
+  REQUIRE(keys.at("model.arch") == "t5");
+  REQUIRE(keys.at("model.moe_num_experts") == "4");
+  REQUIRE(keys.at("model.moe_every") == "2");
+  REQUIRE(keys.at("model.moe_top_k") == "1");
+  // A step HF cannot express is refused on export.
+  c.numLayers = 5;
+  c.moeEvery = 3;
+  REQUIRE(test::errorOf([&] { models::t5HfConfigJson(c); }).find("no HF form") != std::string::npos);
 }
