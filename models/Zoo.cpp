@@ -4,6 +4,7 @@
 
 #include "strata/core/Error.h"
 
+#include "models/MoESpec.h"
 #include "models/bert/Bert.h"
 #include "models/gpt/Gpt.h"
 #include "models/t5/T5.h"
@@ -76,14 +77,7 @@ GptConfig gptConfig(const ModelSpec& s) {
   c.initStd = s.initStd;
   c.seed = s.seed;
   c.device = s.device;
-  c.moeNumExperts = s.moeNumExperts;
-  c.moeTopK = s.moeTopK;
-  c.moeEvery = s.moeEvery;
-  c.moeCapacityFactor = s.moeCapacityFactor;
-  c.moeEvalCapacityFactor = s.moeEvalCapacityFactor;
-  c.moeAuxLossCoef = s.moeAuxLossCoef;
-  c.moeZLossCoef = s.moeZLossCoef;
-  c.expertParallel = s.expertParallel;
+  copyMoeFields(c, s);
   STRATA_USER_CHECK(c.moeNumExperts == 0 || c.moeTopK <= c.moeNumExperts,
                     "model.moe_top_k ({}) exceeds model.moe_num_experts ({})", c.moeTopK, c.moeNumExperts);
   return c;
@@ -135,14 +129,7 @@ T5Config t5Config(const ModelSpec& s) {
                     "model.activation '{}': t5 uses relu (v1.0) or gated_gelu (v1.1)", s.activation);
   c.tieWordEmbeddings = !s.untieEmbeddingsAndOutputWeights;
   STRATA_USER_CHECK(!s.bias, "t5 has no biases: set model.bias = false");
-  c.moeNumExperts = s.moeNumExperts;
-  c.moeTopK = s.moeTopK;
-  c.moeEvery = s.moeEvery;
-  c.moeCapacityFactor = s.moeCapacityFactor;
-  c.moeEvalCapacityFactor = s.moeEvalCapacityFactor;
-  c.moeAuxLossCoef = s.moeAuxLossCoef;
-  c.moeZLossCoef = s.moeZLossCoef;
-  c.expertParallel = s.expertParallel;
+  copyMoeFields(c, s);
   STRATA_USER_CHECK(c.moeNumExperts == 0 || !c.gatedGelu,
                     "t5 with mixture-of-experts layers (Switch Transformers) has ReLU experts: set "
                     "model.activation to relu");

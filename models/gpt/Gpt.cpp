@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "models/MoESpec.h"
 #include "strata/autograd/Functions.h"
 #include "strata/ops/Ops.h"
 
@@ -59,21 +60,7 @@ Gpt::Gpt(const GptConfig& config) : config_(config) {
     b.layerNormEps = config.layerNormEps;
     std::shared_ptr<nn::Module> feedForward;
     if (config.isMoeLayer(i)) {
-      nn::MoEConfig m;
-      m.hiddenSize = config.hiddenSize;
-      m.ffnHiddenSize = config.ffn();
-      m.numExperts = config.moeNumExperts;
-      m.topK = config.moeTopK;
-      m.capacityFactor = config.moeCapacityFactor;
-      m.evalCapacityFactor = config.moeEvalCapacityFactor;
-      m.auxLossCoef = config.moeAuxLossCoef;
-      m.zLossCoef = config.moeZLossCoef;
-      m.bias = config.bias;
-      m.initStd = config.initStd;
-      m.outInitStd = outStd;
-      m.device = config.device;
-      m.expertParallel = config.expertParallel;
-      auto moe = std::make_shared<nn::MoE>(m, gen);
+      auto moe = std::make_shared<nn::MoE>(moeLayerConfig(config, b.mlp), gen);
       moes_.push_back(moe.get());
       feedForward = moe;
     }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "models/MoESpec.h"
 #include "strata/autograd/Functions.h"
 #include "strata/ops/Ops.h"
 
@@ -128,22 +129,7 @@ T5::T5(const T5Config& config) : config_(config) {
                                config.gatedGelu ? nn::Activation::GeluTanh : nn::Activation::Relu,
                                config.gatedGelu};
     if (config.moeNumExperts > 0) {
-      nn::MoEConfig m;
-      m.hiddenSize = C;
-      m.ffnHiddenSize = F;
-      m.numExperts = config.moeNumExperts;
-      m.topK = config.moeTopK;
-      m.capacityFactor = config.moeCapacityFactor;
-      m.evalCapacityFactor = config.moeEvalCapacityFactor;
-      m.auxLossCoef = config.moeAuxLossCoef;
-      m.zLossCoef = config.moeZLossCoef;
-      m.bias = false;
-      m.initStd = modelStd;
-      m.outInitStd = ffOutStd;
-      m.device = config.device;
-      m.activation = nn::Activation::Relu;
-      m.expertParallel = config.expertParallel;
-      s.block.moe = m;
+      s.block.moe = moeLayerConfig(config, s.block.ff);  // ReLU experts of the feed-forward's shape
       for (int64_t i = 0; i < s.numLayers; ++i) s.sparse.push_back(config.isMoeLayer(i));
     }
     s.block.decoder = decoder;
