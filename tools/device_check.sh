@@ -5,7 +5,10 @@ cd "$(dirname "$0")/.."
 out=${OUT:-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/configure.log" 2>&1 ||
+# cuDNN's fused attention where the frontend's headers were carried (../shared/device/cudnn-frontend-*).
+frontend=$(ls -d .device/cudnn-frontend-*/include 2>/dev/null | head -1)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  ${frontend:+-DSTRATA_CUDNN_FRONTEND_DIR=$PWD/$frontend} >"$out/configure.log" 2>&1 ||
   { tail -30 "$out/configure.log"; exit 1; }
 cmake --build build -j 16 >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
 echo "== build ok"

@@ -428,7 +428,8 @@ Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool ca
   ops::AttentionOptions o{scale, causal};
   ops::FlashAttentionResult r = ops::flashAttention(q, k, v, o);
   Tensor sq = saved(q), sk = saved(k), sv = saved(v);
-  ops::FlashAttentionResult keep{r.out.detach(), r.lse2};
+  ops::FlashAttentionResult keep = r;
+  keep.out = r.out.detach();
   recordFunction("FlashAttentionBackward", {q, k, v}, {r.out}, [=](const Grads& g) {
     Tensor dq = ops::emptyLike(sq), dk = ops::emptyLike(sk), dv = ops::emptyLike(sv);  // contiguous
     ops::flashAttentionBackward(sq, sk, sv, keep, g[0], dq, dk, dv, o);
@@ -451,7 +452,8 @@ Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, doubl
   auto [q, k, v] = parts(packed);
   ops::AttentionOptions o{scale, causal};
   ops::FlashAttentionResult r = ops::flashAttention(q, k, v, o);
-  ops::FlashAttentionResult keep{r.out.detach(), r.lse2};
+  ops::FlashAttentionResult keep = r;
+  keep.out = r.out.detach();
   Tensor out = detail::viewRaw(r.out, {B, S, heads * D});
   recordFunction("FlashAttentionBackward", {qkv}, {out}, [=](const Grads& g) {
     Tensor grad = Tensor::empty({B, S, 3 * heads * D}, packed.dtype(), packed.device());

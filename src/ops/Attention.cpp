@@ -1,5 +1,7 @@
 // Fused attention front end: validation, layout requirements, allocation.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "Kernels.h"
 #include "strata/ops/Ops.h"
@@ -23,6 +25,16 @@ bool chunkAligned(const Tensor& t) {
 
 Tensor aligned(const Tensor& t) {
   return t.device().isCpu() || chunkAligned(t) ? t : contiguous(t);
+}
+
+// cuDNN's fused attention, in a build that has it, unless STRATA_ATTENTION=native asks for Strata's kernel:
+// it is the faster one on the H200 (BENCHMARKS.md).
+bool cudnnChosen(Device device) {
+  static const bool chosen = [] {
+    const char* e = std::getenv("STRATA_ATTENTION");
+    return e == nullptr || std::strcmp(e, "native") != 0;
+  }();
+  return chosen && device.isCuda() && Registry::instance().has("cudnn_attention", DeviceType::CUDA);
 }
 
 double resolveScale(const AttentionOptions& o, int64_t D) {
@@ -66,6 +78,13 @@ FlashAttentionResult flashAttention(const Tensor& qIn, const Tensor& kIn, const 
   r.out = Tensor::empty({B, Sq, H, D}, q.dtype(), q.device());
   r.lse2 = Tensor::empty({B, H, Sq}, statsDType(q.dtype()), q.device());
   AttentionOptions o{resolveScale(options, D), options.causal};
+  if (cudnnChosen(q.device()) &&
+      kernel<CudnnAttentionKernel>("cudnn_attention", q.device())(q, k, v, r.out, r.lse2, o)) {
+    // cuDNN's statistics are natural-log: lse2 is log2-domain whichever backend wrote it.
+    copy(r.lse2, affine(r.lse2, 1.0 / std::log(2.0), 0.0));
+    r.cudnn = true;
+    return r;
+  }
   kernel<FlashAttentionKernel>("flash_attention", q.device())(q, k, v, r.out, r.lse2, o);
   return r;
 }
@@ -88,6 +107,12 @@ void flashAttentionBackward(const Tensor& qIn, const Tensor& kIn, const Tensor& 
   }
   Tensor q = aligned(qIn), k = aligned(kIn), v = aligned(vIn), dout = aligned(doutIn);
   AttentionOptions o{resolveScale(options, qIn.size(3)), options.causal};
+  if (saved.cudnn) {
+    Tensor natural = affine(saved.lse2, std::log(2.0), 0.0);
+    kernel<CudnnAttentionBackwardKernel>("cudnn_attention_backward", q.device())(q, k, v, saved.out, dout,
+                                                                                 natural, dq, dk, dv, o);
+    return;
+  }
   kernel<FlashAttentionBackwardKernel>("flash_attention_backward", q.device())(q, k, v, saved.out, dout,
                                                                                saved.lse2, dq, dk, dv, o);
 }

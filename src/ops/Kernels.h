@@ -115,6 +115,14 @@ using FlashAttentionBackwardKernel = void(const Tensor& q, const Tensor& k, cons
                                           const Tensor& out, const Tensor& dout, const Tensor& lse2,
                                           const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                           const AttentionOptions& options);
+// cuDNN's fused attention (src/ops/cudnn, where built): the same operands, `lse` holding cuDNN's natural-log
+// statistics; false when cuDNN does not support the case (nothing written).
+using CudnnAttentionKernel = bool(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const AttentionOptions& options);
+using CudnnAttentionBackwardKernel = bool(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                          const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                          const AttentionOptions& options);
 
 // gradScale: fp32 [1] on the device multiplying every gradient (clipping, loss-scale), or undefined for 1.
 // out: fp32 [] on the tensors' device; tensors fp32 contiguous.

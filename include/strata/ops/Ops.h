@@ -162,9 +162,13 @@ struct AttentionOptions {
   double scale = 0.0;
   bool causal = false;
 };
+// CUDA attention runs through cuDNN's fused kernels where the build has them (the cuDNN frontend's headers,
+// STRATA_CUDNN_FRONTEND_DIR) and cuDNN supports the case, else through Strata's own kernel;
+// STRATA_ATTENTION=native always takes Strata's.
 struct FlashAttentionResult {
   Tensor out;   // [B, Sq, H, D] contiguous
   Tensor lse2;  // fp32 (f64 for f64) [B, H, Sq]: log2-domain log-sum-exp of each row, kept for the backward
+  bool cudnn = false;  // cuDNN ran the forward, so its backward runs too
 };
 bool flashAttentionSupported(const Tensor& q, const Tensor& k, const Tensor& v);
 FlashAttentionResult flashAttention(const Tensor& q, const Tensor& k, const Tensor& v,

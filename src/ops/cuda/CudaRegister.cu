@@ -2,6 +2,10 @@
 
 namespace strata::ops {
 
+#if STRATA_CUDNN_SDPA
+void registerCudnnAttention(Registry& r);  // src/ops/cudnn/CudnnAttention.cpp
+#endif
+
 void registerCudaKernels(Registry& r) {
   cuda::registerCreation(r);
   cuda::registerElementwise(r);
@@ -11,6 +15,9 @@ void registerCudaKernels(Registry& r) {
   cuda::registerNn(r);
   cuda::registerOptim(r);
   cuda::registerAttention(r);
+#if STRATA_CUDNN_SDPA
+  registerCudnnAttention(r);
+#endif
 }
 
 }  // namespace strata::ops
