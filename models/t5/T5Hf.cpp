@@ -76,43 +76,6 @@ int64_t switchSparseLayers(const T5Config& c, int64_t layers) {
 }
 
 std::string t5HfConfigJson(const T5Config& c) {
-  if (c.moeNumExperts > 0) {
-    nlohmann::json j{
-        {"architectures", {"SwitchTransformersForConditionalGeneration"}},
-        {"model_type", "switch_transformers"},
-        {"vocab_size", c.vocabSize},
-        {"d_model", c.hiddenSize},
-        {"d_kv", c.headDim},
-        {"d_ff", c.ffnHiddenSize},
-        {"num_layers", c.numLayers},
-        {"num_decoder_layers", c.decoderLayers()},
-        {"num_sparse_encoder_layers", switchSparseLayers(c, c.numLayers)},
-        {"num_sparse_decoder_layers", switchSparseLayers(c, c.decoderLayers())},
-        {"num_heads", c.numHeads},
-        {"num_experts", c.moeNumExperts},
-        {"expert_capacity", std::max<int64_t>(1, int64_t(std::ceil(c.moeCapacityFactor * double(c.seqLength) /
-                                                                   double(c.moeNumExperts))))},
-        {"router_bias", false},
-        {"router_jitter_noise", 0.0},
-        {"router_dtype", "float32"},
-        {"router_ignore_padding_tokens", false},
-        {"router_z_loss_coef", c.moeZLossCoef},
-        {"router_aux_loss_coef", c.moeAuxLossCoef},
-        {"relative_attention_num_buckets", c.relativeAttentionNumBuckets},
-        {"relative_attention_max_distance", c.relativeAttentionMaxDistance},
-        {"dropout_rate", c.dropout},
-        {"layer_norm_epsilon", c.layerNormEps},
-        {"initializer_factor", c.initFactor},
-        {"dense_act_fn", "relu"},
-        {"feed_forward_proj", "relu"},
-        {"tie_word_embeddings", c.tieWordEmbeddings},
-        {"is_encoder_decoder", true},
-        {"pad_token_id", 0},
-        {"eos_token_id", 1},
-        {"decoder_start_token_id", 0},
-        {"torch_dtype", "float32"}};
-    return j.dump(2) + "\n";
-  }
   nlohmann::json j{{"architectures", {"T5ForConditionalGeneration"}},
                    {"model_type", "t5"},
                    {"vocab_size", c.vocabSize},
@@ -135,6 +98,23 @@ std::string t5HfConfigJson(const T5Config& c) {
                    {"eos_token_id", 1},
                    {"decoder_start_token_id", 0},
                    {"torch_dtype", "float32"}};
+  if (c.moeNumExperts > 0) {
+    // Switch Transformers: T5's keys, and its experts'.
+    j["architectures"] = {"SwitchTransformersForConditionalGeneration"};
+    j["model_type"] = "switch_transformers";
+    j["num_sparse_encoder_layers"] = switchSparseLayers(c, c.numLayers);
+    j["num_sparse_decoder_layers"] = switchSparseLayers(c, c.decoderLayers());
+    j["num_experts"] = c.moeNumExperts;
+    j["expert_capacity"] = std::max<int64_t>(
+        1, int64_t(std::ceil(c.moeCapacityFactor * double(c.seqLength) / double(c.moeNumExperts))));
+    j["router_bias"] = false;
+    j["router_jitter_noise"] = 0.0;
+    j["router_dtype"] = "float32";
+    j["router_ignore_padding_tokens"] = false;
+    j["router_z_loss_coef"] = c.moeZLossCoef;
+    j["router_aux_loss_coef"] = c.moeAuxLossCoef;
+    j["dense_act_fn"] = "relu";
+  }
   return j.dump(2) + "\n";
 }
 
