@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "strata/autograd/Functions.h"
@@ -10,6 +11,15 @@
 #include "strata/ops/Ops.h"
 
 namespace strata::nn {
+
+namespace {
+
+// Row indices as an i64 tensor on `device` (the gathers' index).
+Tensor indexTensor(const std::vector<int64_t>& v, Device device) {
+  return Tensor::fromVector<int64_t>(v, {int64_t(v.size())}).to(device);
+}
+
+}  // namespace
 
 MoE::MoE(const MoEConfig& config, Generator& gen) : config_(config) {
   STRATA_CHECK(config.numExperts >= 1, "MoE: {} experts", config.numExperts);
@@ -89,14 +99,27 @@ std::vector<Tensor> MoE::forwardImpl(const std::vector<Tensor>& inputs) {
   stats_.capacity = capacity;
   stats_.choices = N * K;
   stats_.tokensPerExpert = count;
-  auto indexTensor = [&](const std::vector<int64_t>& v) {
-    return Tensor::fromVector<int64_t>(v, {int64_t(v.size())}).to(device);
-  };
-  // rowOf[j][n]: the row of expertRows that token n's choice j reads (the last row, zero, when dropped).
-  std::vector<std::vector<int64_t>> rowOf(static_cast<size_t>(K),
-                                          std::vector<int64_t>(static_cast<size_t>(N)));
+  // probIndex[j][n]: where token n's choice j's probability lies in the flat [N x E] probabilities.
   std::vector<std::vector<int64_t>> probIndex(static_cast<size_t>(K),
                                               std::vector<int64_t>(static_cast<size_t>(N)));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < K; ++j) {
+      probIndex[size_t(j)][size_t(n)] = n * E + choice[size_t(n * K + j)];
+      if (position[size_t(n * K + j)] < 0) ++stats_.dropped;
+    }
+  // rowOf[j][n]: the row of expertRows that token n's choice j reads (the last row, zero, when dropped), from
+  // the row of slot `at` of expert e in the layout below and the layout's row count.
+  std::vector<std::vector<int64_t>> rowOf(static_cast<size_t>(K),
+                                          std::vector<int64_t>(static_cast<size_t>(N)));
+  auto layRows = [&](const std::function<int64_t(int64_t e, int64_t at)>& rowFor, int64_t rows,
+                     std::vector<int64_t>& tokenOfRow) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < K; ++j) {
+        int64_t e = choice[size_t(n * K + j)], at = position[size_t(n * K + j)];
+        rowOf[size_t(j)][size_t(n)] = at < 0 ? rows : rowFor(e, at);
+        if (at >= 0) tokenOfRow[size_t(rowFor(e, at))] = n;
+      }
+  };
   Tensor expertRows;
   if (config_.expertParallel.size == 1) {
     // Rows of the dispatch buffer: expert by expert, each expert's tokens in slot order; an expert without
@@ -108,47 +131,30 @@ std::vector<Tensor> MoE::forwardImpl(const std::vector<Tensor>& inputs) {
       anyIdle |= count[size_t(e)] == 0;
     }
     int64_t rows = offset[size_t(E)];
-    std::vector<int64_t> gather(static_cast<size_t>(rows), N);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t j = 0; j < K; ++j) {
-        int64_t e = choice[size_t(n * K + j)], at = position[size_t(n * K + j)];
-        probIndex[size_t(j)][size_t(n)] = n * E + e;
-        rowOf[size_t(j)][size_t(n)] = at < 0 ? rows : offset[size_t(e)] + at;
-        if (at < 0)
-          ++stats_.dropped;
-        else
-          gather[size_t(offset[size_t(e)] + at)] = n;
-      }
+    std::vector<int64_t> gather(static_cast<size_t>(rows), N);  // N: the zero row an idle expert runs on
+    layRows([&](int64_t e, int64_t at) { return offset[size_t(e)] + at; }, rows, gather);
     // Dispatch, the experts, combine.
     std::vector<Tensor> outputs;
     Tensor source = anyIdle ? cat({xf, zeros({1, C}, x.dtype(), device)}, 0) : xf;
-    Tensor dispatched = embedding(source, indexTensor(gather));  // [rows, C]
+    Tensor dispatched = embedding(source, indexTensor(gather, device));  // [rows, C]
     for (int64_t e = 0; e < E; ++e)
       outputs.push_back(expert(size_t(e)).apply(
           dispatched.narrow(0, offset[size_t(e)], offset[size_t(e) + 1] - offset[size_t(e)])));
     outputs.push_back(zeros({1, C}, x.dtype(), device));  // the row a dropped choice gathers
-    expertRows = outputs.size() == 1 ? outputs[0] : cat(outputs, 0);
+    expertRows = cat(outputs, 0);
   } else {
     // NOTE [Expert parallelism]: the send buffer is E x capacity rows, expert-major; a slot no token took
     // gathers the zero row appended to the tokens.
     std::vector<int64_t> sendRows(static_cast<size_t>(E * capacity), N);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t j = 0; j < K; ++j) {
-        int64_t e = choice[size_t(n * K + j)], at = position[size_t(n * K + j)];
-        probIndex[size_t(j)][size_t(n)] = n * E + e;
-        rowOf[size_t(j)][size_t(n)] = at < 0 ? E * capacity : e * capacity + at;
-        if (at < 0)
-          ++stats_.dropped;
-        else
-          sendRows[size_t(e * capacity + at)] = n;
-      }
-    Tensor send = embedding(cat({xf, zeros({1, C}, x.dtype(), device)}, 0), indexTensor(sendRows));
+    layRows([&](int64_t e, int64_t at) { return e * capacity + at; }, E * capacity, sendRows);
+    Tensor send = embedding(cat({xf, zeros({1, C}, x.dtype(), device)}, 0), indexTensor(sendRows, device));
     Tensor back = exchangeThroughExperts(send, count, capacity);  // [E x capacity, C]
     expertRows = cat({back, zeros({1, C}, x.dtype(), device)}, 0);
   }
   Tensor flatProbs = probs.reshape({N * E, 1});
   std::vector<Tensor> weights;
-  for (int64_t j = 0; j < K; ++j) weights.push_back(embedding(flatProbs, indexTensor(probIndex[size_t(j)])));
+  for (int64_t j = 0; j < K; ++j)
+    weights.push_back(embedding(flatProbs, indexTensor(probIndex[size_t(j)], device)));
   if (K == 2) {
     Tensor total = weights[0] + weights[1];
     weights[0] = weights[0] / total;
@@ -156,7 +162,8 @@ std::vector<Tensor> MoE::forwardImpl(const std::vector<Tensor>& inputs) {
   }
   Tensor y;
   for (int64_t j = 0; j < K; ++j) {
-    Tensor part = embedding(expertRows, indexTensor(rowOf[size_t(j)])) * weights[size_t(j)].to(x.dtype());
+    Tensor part =
+        embedding(expertRows, indexTensor(rowOf[size_t(j)], device)) * weights[size_t(j)].to(x.dtype());
     y = y.defined() ? y + part : part;
   }
 
@@ -230,10 +237,7 @@ Tensor MoE::exchangeThroughExperts(const Tensor& send, const std::vector<int64_t
       rowsOf[size_t(l)] = 1;
     }
   }
-  auto indexTensor = [&](const std::vector<int64_t>& v) {
-    return Tensor::fromVector<int64_t>(v, {int64_t(v.size())}).to(device);
-  };
-  Tensor inputs = embedding(recv, indexTensor(inRows));
+  Tensor inputs = embedding(recv, indexTensor(inRows, device));
   std::vector<Tensor> outputs;
   int64_t first = 0;
   for (int64_t l = 0; l < El; ++l) {
@@ -244,8 +248,7 @@ Tensor MoE::exchangeThroughExperts(const Tensor& send, const std::vector<int64_t
   for (int64_t& r : backRows)
     if (r < 0) r = zeroRow;
   outputs.push_back(zeros({1, send.size(1)}, send.dtype(), device));
-  Tensor outRows = outputs.size() == 1 ? outputs[0] : cat(outputs, 0);
-  Tensor back = embedding(outRows, indexTensor(backRows));  // [P x El x capacity, C]
+  Tensor back = embedding(cat(outputs, 0), indexTensor(backRows, device));  // [P x El x capacity, C]
   return allToAll(back, ep);
 }
 
