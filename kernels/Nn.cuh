@@ -3,9 +3,12 @@
 // - embeddingKernel: one block per output row copies one weight row.
 // - embeddingBackwardKernel: one block per input row adds into an fp32 gradient with atomics (rows repeat).
 // - crossEntropyKernel: one block per row, online max/sum (one read of the row), writes loss, log-sum-exp and
-// a
-//   valid flag. The backward recomputes softmax from the logits and the saved log-sum-exp, so no probability
-//   tensor outlives the forward.
+//   a valid flag. The backward recomputes softmax from the logits and the saved log-sum-exp, so no
+//   probability tensor outlives the forward.
+// - crossEntropyInPlaceKernel: both at once for the fused LM head. One block per row reads the row in 16-byte
+//   packs for the max and sum (one rescale per pack), then reads it again (mostly from L2) and overwrites it
+//   with softmax - one_hot: two reads and one write of the logits, against three reads and one write for the
+//   pair above.
 #pragma once
 
 #include "kernels/Common.cuh"
@@ -66,6 +69,60 @@ __global__ void crossEntropyBackwardKernel(const T* __restrict__ logits, const I
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     float p = expf(float(toAcc(row[v])) - l);
     out[v] = fromAcc<T>(ok ? (p - (v == t ? 1.0f : 0.0f)) * s : 0.0f);
+  }
+}
+
+// P: elements per pack (kVec<T> when the rows are 16-byte aligned, else 1).
+template <class T, class I, int P>
+__global__ void crossEntropyInPlaceKernel(T* __restrict__ logits, const I* __restrict__ target,
+                                          float* __restrict__ loss, float* __restrict__ valid, int64_t V,
+                                          bool grad, int64_t ignoreIndex) {
+  __shared__ float sm[32], ss[32];
+  int64_t n = blockIdx.x;
+  T* row = logits + n * V;
+  int64_t t = int64_t(target[n]);
+  bool ok = t != ignoreIndex, hit = ok && t >= 0 && t < V;
+  float xt = hit ? float(toAcc(row[t])) : 0.0f;  // read before any thread overwrites the row
+  using Pack = Vec<T, P>;
+  Pack* packs = reinterpret_cast<Pack*>(row);
+  int64_t count = V / P;
+  MaxSum st{-INFINITY, 0.0f};
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    Pack x = packs[i];
+    float f[P], m = -INFINITY, s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      f[k] = float(toAcc(x.v[k]));
+      m = fmaxf(m, f[k]);
+    }
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int k = 0; k < P; ++k) s += __expf(f[k] - m);
+    }
+    st = combine(st, MaxSum{m, s});
+  }
+  for (int64_t v = count * P + threadIdx.x; v < V; v += blockDim.x)
+    st = combine(st, MaxSum{float(toAcc(row[v])), 1.0f});
+  st = blockMaxSum(st, sm, ss);  // its barriers also order the read of row[t] before the writes below
+  float l = st.m + logf(st.s);
+  if (threadIdx.x == 0) {
+    loss[n] = hit ? l - xt : 0.0f;
+    valid[n] = ok ? 1.0f : 0.0f;
+  }
+  if (!grad) return;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    Pack x = packs[i];
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      int64_t v = i * P + k;
+      float p = __expf(float(toAcc(x.v[k])) - l) - (v == t ? 1.0f : 0.0f);
+      x.v[k] = fromAcc<T>(ok ? p : 0.0f);
+    }
+    packs[i] = x;
+  }
+  for (int64_t v = count * P + threadIdx.x; v < V; v += blockDim.x) {
+    float p = __expf(float(toAcc(row[v])) - l) - (v == t ? 1.0f : 0.0f);
+    row[v] = fromAcc<T>(ok ? p : 0.0f);
   }
 }
 

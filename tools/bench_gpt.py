@@ -2,7 +2,7 @@
 """GPT training speed: Strata (`build/strata train`) and a nanoGPT-style PyTorch peer, eager and torch.compile,
 same shapes, one GPU, one run. Prints a Markdown table.
 
-Usage: python3 tools/bench_gpt.py [--sizes 124m,1.3b] [--iters 30] [--skip-compile] [--profile]
+Usage: python3 tools/bench_gpt.py [--sizes 124m,1.3b] [--iters 30] [--skip-compile] [--profile | --profile-gpu]
 --profile also prints Strata's op profile (STRATA_PROFILE=1) and the eager peer's top CUDA kernels.
 The token stream is random GPT-2-sized ids (speed does not depend on the text). PyTorch is the peer only.
 """
@@ -93,8 +93,9 @@ def peer(layers, d, h, batch, iters, compile_model, profile=False):
             for _ in range(3):
                 step()
             torch.cuda.synchronize()
-        print(f"eager peer, 3 steps, top CUDA kernels:\n"
-              + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+        kind = "compile" if compile_model else "eager"
+        print(f"{kind} peer, 3 steps, top CUDA kernels:\n"
+              + prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60))
     result = dict(ms=dt * 1e3, tok=tok, tflops=tok * flops_per_token(n, layers, d) / 1e12,
                   mem=torch.cuda.max_memory_allocated() / 2**30, params=n)
     # Hand the memory back: the next Strata run is another process and needs the whole GPU.
@@ -112,7 +113,7 @@ def strata(binary, cfg, batch, iters, data, profile=False):
            "--set", f"train.global_batch_size={batch}", "--set", f"train.train_iters={iters + 10}",
            "--set", "train.log_interval=10", "--set", "train.eval_interval=0", "--set", "lr_schedule.warmup_iters=0",
            "--set", f"train.out_dir={out}", "--set", "train.device=cuda"]
-    env = dict(os.environ, STRATA_PROFILE="1" if profile else "0")
+    env = dict(os.environ, STRATA_PROFILE=profile or "0")
     run = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, env=env, text=True)
     if profile:
         lines = run.stdout.splitlines()
@@ -132,7 +133,9 @@ def main():
     ap.add_argument("--sizes", default="124m")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--skip-compile", action="store_true")
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="Strata's op profile (synchronised) and the eager peer's")
+    ap.add_argument("--profile-gpu", action="store_true",
+                    help="Strata's op profile timed with events (STRATA_PROFILE=gpu) and the compile peer's kernels")
     args = ap.parse_args()
     data = os.path.join(tempfile.mkdtemp(), "random.bin")
     np.random.default_rng(0).integers(0, VOCAB, size=20_000_000, dtype=np.uint16).tofile(data)
@@ -142,9 +145,10 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.sizes.split(","):
         layers, d, h, batch, cfg = SHAPES[name]
-        s = strata(args.binary, cfg, batch, args.iters, data, args.profile)
+        mode = "gpu" if args.profile_gpu else "1" if args.profile else None
+        s = strata(args.binary, cfg, batch, args.iters, data, mode)
         e = peer(layers, d, h, batch, args.iters, False, args.profile)
-        c = peer(layers, d, h, batch, args.iters, True) if not args.skip_compile else None
+        c = peer(layers, d, h, batch, args.iters, True, args.profile_gpu) if not args.skip_compile else None
         ct = f"{c['tflops']:.0f}" if c else "-"
         cr = f"{s['tflops'] / c['tflops']:.2f}" if c else "-"
         print(f"| {name} | {batch} | {s['tflops']:.0f} | {e['tflops']:.0f} | {ct} | {s['tflops'] / e['tflops']:.2f} | {cr} "

@@ -297,32 +297,33 @@ Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& t
   const Tensor& w = weight;
   Tensor wT = transposeLast(w);
   if (chunkRows <= 0) {
-    int64_t chunks = std::max<int64_t>(1, (N * V + (int64_t(1) << 27) - 1) >> 27);
+    int64_t chunks =
+        std::max<int64_t>(1, (N * V + kLinearCrossEntropyChunkLogits - 1) / kLinearCrossEntropyChunkLogits);
     chunkRows = (N + chunks - 1) / chunks;
   }
   bool nx = participates(x), nw = participates(weight);
   bool grads = gradEnabled() && (nx || nw);
   DType sd = compute == DType::F64 ? DType::F64 : DType::F32;  // loss statistics
-  Tensor lossSum = ops::zeros({}, sd, dev), counted = ops::zeros({}, sd, dev);
+  // Per-row losses and counted flags, summed once at the end (a reduction per chunk would cost launches).
+  Tensor rowLoss = Tensor::empty({N}, sd, dev), valid = Tensor::empty({N}, sd, dev);
   Tensor gx = nx && grads ? Tensor::empty({N, C}, compute, dev) : Tensor();
-  Tensor gw = nw && grads ? ops::zeros({V, C}, gradType, dev) : Tensor();
+  Tensor gw = nw && grads ? Tensor::empty({V, C}, gradType, dev) : Tensor();
   Tensor one = ops::ones({}, sd, dev);
-  Tensor xd = x.detach();
+  Tensor xd = x.detach(), tgt = ops::contiguous(target);
   for (int64_t r0 = 0; r0 < N; r0 += chunkRows) {
     int64_t rows = std::min(chunkRows, N - r0);
-    Tensor xc = detail::narrowRaw(xd, 0, r0, rows), tc = detail::narrowRaw(target, 0, r0, rows);
+    Tensor xc = detail::narrowRaw(xd, 0, r0, rows), tc = detail::narrowRaw(tgt, 0, r0, rows);
     Tensor logits = ops::matmul(xc, wT);
-    ops::CrossEntropyResult ce = ops::crossEntropy(logits, tc, ignoreIndex);
-    lossSum = ops::add(lossSum, ops::mul(ce.loss, ce.count));
-    counted = ops::add(counted, ce.counted);
+    // The loss and, with grads, the unnormalised softmax-minus-one-hot in place of the logits: the 1 / count
+    // of the whole batch comes in the backward.
+    ops::crossEntropyInPlace(logits, tc, detail::narrowRaw(rowLoss, 0, r0, rows),
+                             detail::narrowRaw(valid, 0, r0, rows), grads, ignoreIndex);
     if (!grads) continue;
-    // Unnormalised softmax-minus-one-hot: the 1 / count of the whole batch comes in the backward.
-    ops::CrossEntropyResult unit{Tensor(), ce.lse, one, Tensor()};
-    Tensor gl = ops::crossEntropyBackward(one, logits, tc, unit, ignoreIndex);
-    logits = Tensor();
-    if (nx) ops::copy(detail::narrowRaw(gx, 0, r0, rows), ops::matmul(gl, w));
-    if (nw) ops::matmulAccumulate(gw, transposeLast(gl), xc);
+    if (nx) ops::matmulInto(detail::narrowRaw(gx, 0, r0, rows), logits, w);
+    if (nw && r0 == 0) ops::matmulInto(gw, transposeLast(logits), xc);
+    if (nw && r0 > 0) ops::matmulAccumulate(gw, transposeLast(logits), xc);
   }
+  Tensor lossSum = ops::sum(rowLoss), counted = ops::sum(valid);
   Tensor total = ops::maximum(counted, one);
   Tensor loss = ops::div(lossSum, total);
   if (!grads) return loss;

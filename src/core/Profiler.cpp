@@ -19,12 +19,21 @@ struct Bucket {
 
 struct State {
   bool active = false;
+  Mode mode = Mode::Synchronise;
   int held = 0;
   std::thread::id owner;  // the thread that started the profile: the only one whose marks count
   Device device;
   std::chrono::steady_clock::time_point last;
   std::unordered_map<std::string, Bucket> buckets;
+  // Mode::Events: the event recorded at start, then one per mark with its bucket (empty name: skip()).
+  std::vector<std::pair<std::string, Event>> events;
 };
+
+void recordEvent(State& s, std::string name) {
+  Event e(s.device, true);
+  e.record(currentStream(s.device));
+  s.events.emplace_back(std::move(name), std::move(e));
+}
 
 State& state() {
   static State s;  // the profiler is for the training thread; marks from elsewhere are not expected
@@ -33,14 +42,17 @@ State& state() {
 
 }  // namespace
 
-void start(Device device) {
+void start(Device device, Mode mode) {
   State& s = state();
   s.buckets.clear();
+  s.events.clear();
   s.device = device;
+  s.mode = mode;
   s.owner = std::this_thread::get_id();
   s.active = true;
   synchronizeDevice(device);
   s.last = std::chrono::steady_clock::now();
+  if (mode == Mode::Events) recordEvent(s, "");
 }
 
 bool active() {
@@ -54,6 +66,10 @@ static bool counts(const State& s) {
 void mark(std::string_view name) {
   State& s = state();
   if (!counts(s)) return;
+  if (s.mode == Mode::Events) {
+    recordEvent(s, std::string(name));
+    return;
+  }
   synchronizeDevice(s.device);
   auto now = std::chrono::steady_clock::now();
   Bucket& b = s.buckets[std::string(name)];
@@ -65,6 +81,10 @@ void mark(std::string_view name) {
 void skip() {
   State& s = state();
   if (!counts(s)) return;
+  if (s.mode == Mode::Events) {
+    recordEvent(s, "");
+    return;
+  }
   synchronizeDevice(s.device);
   s.last = std::chrono::steady_clock::now();
 }
@@ -82,6 +102,17 @@ Hold::~Hold() {
 std::string stop() {
   State& s = state();
   s.active = false;
+  if (!s.events.empty()) {
+    s.events.back().second.synchronize();
+    for (size_t i = 1; i < s.events.size(); ++i) {
+      const auto& [name, e] = s.events[i];
+      if (name.empty()) continue;
+      Bucket& b = s.buckets[name];
+      b.seconds += double(s.events[i - 1].second.elapsedMs(e)) * 1e-3;
+      b.calls += 1;
+    }
+    s.events.clear();
+  }
   std::vector<std::pair<std::string, Bucket>> rows(s.buckets.begin(), s.buckets.end());
   std::sort(rows.begin(), rows.end(),
             [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });

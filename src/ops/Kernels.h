@@ -102,6 +102,10 @@ using CrossEntropyKernel = void(const Tensor& logits, const Tensor& target, cons
 // scale: [1] on the device, statistics dtype (dLoss / count). glogits like logits.
 using CrossEntropyBackwardKernel = void(const Tensor& logits, const Tensor& target, const Tensor& lse,
                                         const Tensor& scale, const Tensor& glogits, int64_t ignoreIndex);
+// logits [N, V] contiguous, overwritten by softmax - one_hot(target) when `grad` (zero rows where target is
+// ignore_index); loss, valid: [N] in the statistics dtype.
+using CrossEntropyInPlaceKernel = void(const Tensor& logits, const Tensor& target, const Tensor& loss,
+                                       const Tensor& valid, bool grad, int64_t ignoreIndex);
 // x, out contiguous, same dtype.
 using DropoutKernel = void(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t offset);
 

@@ -116,22 +116,36 @@ bool linearGemm(const Tensor& x, const Tensor& w, const Tensor& out, int64_t row
 
 }  // namespace
 
-void matmulAccumulate(const Tensor& out, const Tensor& a, const Tensor& b) {
+namespace {
+// out (+)= a @ b in the GEMM's epilogue: beta 1 accumulates, beta 0 overwrites.
+void matmulOut(const char* what, const Tensor& out, const Tensor& a, const Tensor& b, float beta) {
   STRATA_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2 && a.size(1) == b.size(0) &&
                    out.shape() == Shape({a.size(0), b.size(1)}),
-               "matmulAccumulate: {} += {} @ {} does not fit", toString(out.shape()), toString(a.shape()),
+               "{}: {} = {} @ {} does not fit", what, toString(out.shape()), toString(a.shape()),
                toString(b.shape()));
-  STRATA_CHECK(out.isContiguous(), "matmulAccumulate: the output must be contiguous");
-  STRATA_CHECK(a.dtype() == b.dtype(), "matmulAccumulate: operand dtypes differ ({} and {})", a.dtype(),
-               b.dtype());
-  STRATA_CHECK(a.device() == b.device() && a.device() == out.device(), "matmulAccumulate: devices differ");
+  STRATA_CHECK(out.isContiguous(), "{}: the output must be contiguous", what);
+  STRATA_CHECK(a.dtype() == b.dtype(), "{}: operand dtypes differ ({} and {})", what, a.dtype(), b.dtype());
+  STRATA_CHECK(a.device() == b.device() && a.device() == out.device(), "{}: devices differ", what);
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  if (out.numel() == 0 || k == 0) return;
+  if (out.numel() == 0) return;
+  if (k == 0) {
+    if (beta == 0.0f) fill(out, 0.0);
+    return;
+  }
   out.storage()->bumpVersion();
   MatrixOperand A = resolve(a, {}, m, k), B = resolve(b, {}, k, n);  // alive until the launch
   GemmArgs g = gemmArgs(A, B, out, m, n, k);
-  g.beta = 1.0f;
+  g.beta = beta;
   kernel<GemmKernel>("gemm", a.device())(g);
+}
+}  // namespace
+
+void matmulAccumulate(const Tensor& out, const Tensor& a, const Tensor& b) {
+  matmulOut("matmulAccumulate", out, a, b, 1.0f);
+}
+
+void matmulInto(const Tensor& out, const Tensor& a, const Tensor& b) {
+  matmulOut("matmulInto", out, a, b, 0.0f);
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {

@@ -75,6 +75,31 @@ Tensor crossEntropyBackward(const Tensor& gradLoss, const Tensor& logits, const 
   return g;
 }
 
+void crossEntropyInPlace(const Tensor& logits, const Tensor& target, const Tensor& rowLoss,
+                         const Tensor& valid, bool grad, int64_t ignoreIndex) {
+  STRATA_CHECK(logits.dim() == 2 && logits.isContiguous(),
+               "cross_entropy_in_place: logits must be contiguous [N, V], got {}", toString(logits.shape()));
+  int64_t N = logits.size(0);
+  STRATA_CHECK(target.dim() == 1 && target.size(0) == N && target.isContiguous(),
+               "cross_entropy_in_place: target must be contiguous [{}], got {}", N, toString(target.shape()));
+  STRATA_CHECK(target.dtype() == DType::I64 || target.dtype() == DType::I32,
+               "cross_entropy_in_place: target must be i32 or i64, got {}", target.dtype());
+  STRATA_CHECK(isFloating(logits.dtype()), "cross_entropy_in_place: floating logits required, got {}",
+               logits.dtype());
+  DType sd = statsDType(logits.dtype());
+  for (const Tensor* t : {&rowLoss, &valid})
+    STRATA_CHECK(
+        t->shape() == Shape({N}) && t->isContiguous() && t->dtype() == sd && t->device() == logits.device(),
+        "cross_entropy_in_place: row outputs must be contiguous [{}] {} on {}, got {} {}", N, sd,
+        toString(logits.device()), toString(t->shape()), t->dtype());
+  if (N == 0) return;
+  if (grad) logits.storage()->bumpVersion();
+  rowLoss.storage()->bumpVersion();
+  valid.storage()->bumpVersion();
+  kernel<CrossEntropyInPlaceKernel>("cross_entropy_in_place", logits.device())(logits, target, rowLoss, valid,
+                                                                               grad, ignoreIndex);
+}
+
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   STRATA_CHECK(!tensors.empty(), "cat: no tensors given");
   const Tensor& first = tensors[0];

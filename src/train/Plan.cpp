@@ -9,6 +9,7 @@
 #include "models/bert/Bert.h"
 #include "models/gpt/Gpt.h"
 #include "models/t5/T5.h"
+#include "strata/autograd/Functions.h"
 #include "strata/core/Error.h"
 #include "strata/train/Trainer.h"
 
@@ -43,10 +44,11 @@ uint64_t scoresBytes(uint64_t e, int64_t batch, int64_t heads, int64_t sq, int64
 }
 
 // linearCrossEntropy: the head's input and its gradient, the fp32 weight gradient formed in the forward, and
-// one chunk of 2^27 logits with its fp32 softmax.
+// one chunk of logits (the softmax gradient is written over them).
 uint64_t chunkedHeadBytes(uint64_t e, int64_t tokens, int64_t hidden, int64_t vocab) {
-  uint64_t rows = uint64_t(tokens), chunkLogits = std::min<uint64_t>(1ull << 27, rows * uint64_t(vocab));
-  return 2 * e * rows * uint64_t(hidden) + 4 * uint64_t(vocab) * uint64_t(hidden) + chunkLogits * (e + 4);
+  uint64_t rows = uint64_t(tokens);
+  uint64_t chunkLogits = std::min<uint64_t>(uint64_t(kLinearCrossEntropyChunkLogits), rows * uint64_t(vocab));
+  return 2 * e * rows * uint64_t(hidden) + 4 * uint64_t(vocab) * uint64_t(hidden) + chunkLogits * e;
 }
 
 }  // namespace

@@ -557,9 +557,12 @@ TrainResult Trainer::run() {
   auto intervalStart = runStart;
   double trainingSeconds = 0;  // measured step time since the start (evals and saves excluded), for the ETA
   double flopsPerToken = objective_->flopsPerToken(), peak = peakFlops(device_, compute_);
-  // STRATA_PROFILE=1: profile a few steps after warm-up and print where the time went (core/Profiler.h).
+  // STRATA_PROFILE=1: profile a few steps after warm-up and print where the time went (core/Profiler.h);
+  // STRATA_PROFILE=gpu times the ops with events instead of synchronising at each.
   const char* profileEnv = std::getenv("STRATA_PROFILE");
   int64_t profileFrom = profileEnv && std::string(profileEnv) != "0" ? startStep + 3 : -1;
+  profiler::Mode profileMode =
+      profileEnv && std::string(profileEnv) == "gpu" ? profiler::Mode::Events : profiler::Mode::Synchronise;
   int64_t profileSteps = std::max<int64_t>(1, std::min<int64_t>(5, c.train.trainIters - profileFrom));
   // <out_dir>/loss.svg at the end of every run, interrupted ones included; a chart never fails a run.
   auto plotLoss = [&] {
@@ -573,7 +576,7 @@ TrainResult Trainer::run() {
   };
   InterruptGuard interrupts;
   for (int64_t iter = startStep; iter < c.train.trainIters; ++iter) {
-    if (iter == profileFrom) profiler::start(device_);
+    if (iter == profileFrom) profiler::start(device_, profileMode);
     double lr = schedule.at(iter);
     // This rank's slice of the global batch: the same windows a single rank would draw, in the same order.
     int64_t micro = 0, first = dataIndex + int64_t(rank) * accum;
@@ -622,9 +625,11 @@ TrainResult Trainer::run() {
     double stepLossHost = step.loss;
     bool applied = step.applied;
     if (profileFrom >= 0 && iter + 1 == profileFrom + profileSteps) {
-      spdlog::info(
-          "profile of {} steps (STRATA_PROFILE; each op synchronised, so the total exceeds a step):\n{}",
-          profileSteps, profiler::stop());
+      spdlog::info("profile of {} steps (STRATA_PROFILE; {}):\n{}", profileSteps,
+                   profileMode == profiler::Mode::Events
+                       ? "GPU time per op from events, idle gaps included"
+                       : "each op synchronised, so the total exceeds a step",
+                   profiler::stop());
     }
     ++intervalSteps;
     if (std::isfinite(stepLossHost)) {

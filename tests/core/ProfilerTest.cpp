@@ -23,7 +23,9 @@ long callsOf(const std::string& table, const std::string& name) {
 }  // namespace
 
 TEST_CASE("the profiler charges time to marks; a Hold folds its marks into the next one", "[profiler]") {
-  profiler::start(Device::cpu());
+  // Both modes: synchronising at each mark, and timing events (host clock on the CPU) read at stop().
+  auto mode = GENERATE(profiler::Mode::Synchronise, profiler::Mode::Events);
+  profiler::start(Device::cpu(), mode);
   profiler::mark("a");
   {
     profiler::Hold hold;
@@ -49,4 +51,17 @@ TEST_CASE("the profiler charges time to marks; a Hold folds its marks into the n
   std::sscanf(table.c_str() + table.find("after ") + 6, "%lf", &ms);
   REQUIRE(ms >= 15);
   REQUIRE_FALSE(profiler::active());
+}
+
+TEST_CASE("the event profiler charges skipped time to nothing", "[profiler]") {
+  profiler::start(Device::cpu(), profiler::Mode::Events);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  profiler::skip();
+  profiler::mark("quick");
+  std::string table = profiler::stop();
+  INFO(table);
+  REQUIRE(callsOf(table, "quick") == 1);
+  double ms = 100;
+  std::sscanf(table.c_str() + table.find("quick ") + 6, "%lf", &ms);
+  REQUIRE(ms < 15);
 }

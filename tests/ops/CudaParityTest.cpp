@@ -322,6 +322,22 @@ TEST_CASE("[cuda] embedding and cross entropy match the cpu", "[cuda][parity]") 
              },
              {logits, target}, {t.atol * 4, t.rtol * 4});
     }
+    // The in-place form (the fused LM head's): packed rows (V % 8 == 0) and unpacked ones.
+    for (int64_t V : {11, 1000, 50257, 50304}) {
+      Tensor logits = randomOf({33, V}, dt, 64, -4, 4);
+      Tensor target =
+          ops::affine(ops::rand({33}, gen, DType::F32, Device::cpu(), 0, double(V)), 1, 0).to(DType::I64);
+      ops::fill(detail::narrowRaw(target, 0, 5, 3), -100.0);
+      parity("cross_entropy_in_place",
+             [](const std::vector<Tensor>& in) {
+               Tensor g = in[0].clone();
+               Tensor rowLoss = Tensor::empty({33}, DType::F32, g.device());
+               Tensor valid = Tensor::empty({33}, DType::F32, g.device());
+               ops::crossEntropyInPlace(g, in[1], rowLoss, valid, true);
+               return std::vector<Tensor>{rowLoss, valid, g};
+             },
+             {logits, target}, {t.atol * 4, t.rtol * 4});
+    }
   }
 }
 

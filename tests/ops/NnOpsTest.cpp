@@ -70,6 +70,32 @@ TEST_CASE("cross entropy matches log-softmax and skips ignore_index", "[ops][los
   REQUIRE_THROWS_AS(ops::crossEntropy(logits, Tensor::fromVector<int64_t>({1}, {1})), Error);
 }
 
+TEST_CASE("cross entropy in place equals the forward and backward pair, bitwise", "[ops][loss]") {
+  for (DType dt : {DType::F64, DType::F32, DType::BF16}) {
+    INFO(dt);
+    DType sd = dt == DType::F64 ? DType::F64 : DType::F32;
+    Tensor logits = test::randomDouble({5, 7}, 7, -3, 3).to(dt);
+    Tensor target = Tensor::fromVector<int64_t>({1, 6, -100, 0, 3}, {5});
+    ops::CrossEntropyResult r = ops::crossEntropy(logits, target);
+    Tensor g = ops::crossEntropyBackward(ops::ones({}, sd), logits, target,
+                                         {Tensor(), r.lse, ops::ones({}, sd), Tensor()});
+    Tensor inPlace = ops::contiguous(logits.to(dt).clone());
+    Tensor rowLoss = Tensor::empty({5}, sd), valid = Tensor::empty({5}, sd);
+    ops::crossEntropyInPlace(inPlace, target, rowLoss, valid, true);
+    REQUIRE(inPlace.toVector<double>() == g.toVector<double>());
+    REQUIRE(valid.toVector<double>() == std::vector<double>{1, 1, 0, 1, 1});
+    REQUIRE(ops::div(ops::sum(rowLoss), r.count).item() == Approx(r.loss.item()).epsilon(1e-6));
+    // Without the gradient the logits stay as they were.
+    Tensor kept = logits.clone();
+    ops::crossEntropyInPlace(kept, target, rowLoss, valid, false);
+    REQUIRE(kept.toVector<double>() == logits.toVector<double>());
+  }
+  Tensor logits = ops::zeros({2, 3});
+  REQUIRE_THROWS_AS(ops::crossEntropyInPlace(logits, Tensor::fromVector<int64_t>({0, 1}, {2}),
+                                             ops::zeros({3}), ops::zeros({2}), true),
+                    Error);
+}
+
 TEST_CASE("cat and split join and cut along a dim", "[ops][cat]") {
   Tensor a = ops::arange(0, 6).view({2, 3}), b = ops::arange(6, 10).view({2, 2});
   Tensor c = ops::cat({a, b}, 1);

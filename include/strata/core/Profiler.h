@@ -6,6 +6,11 @@
 // to each bucket, so the sum is a little above an unprofiled step, but the shares are what one needs to pick
 // the next kernel to write. Enable it from the command line with STRATA_PROFILE=1 (strata train profiles a
 // window of steps after warm-up and prints the table).
+//
+// Mode::Events (STRATA_PROFILE=gpu) waits for nothing: each mark records a timing event on the device's
+// current stream, and stop() charges each bucket the GPU time between its event and the one before. The step
+// runs at full speed, so the buckets add up to the step's GPU time, and a bucket also holds any time the GPU
+// sat idle waiting for its launches (which shows a launch-bound op). Work on other streams is not seen.
 #pragma once
 
 #include <string>
@@ -15,8 +20,9 @@
 
 namespace strata::profiler {
 
-// Starts (or restarts) a profile that synchronises `device` at each mark.
-void start(Device device);
+enum class Mode { Synchronise, Events };
+// Starts (or restarts) a profile of `device`'s ops: synchronising at each mark, or timing them with events.
+void start(Device device, Mode mode = Mode::Synchronise);
 // Stops the profile and returns the table: one line per bucket, largest first.
 std::string stop();
 bool active();

@@ -91,6 +91,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out = std::
 // out [M, N] (contiguous) += a [M, K] @ b [K, N]; out may be fp32 with bf16/f16 operands (gradient
 // accumulation in the GEMM's epilogue, beta = 1).
 void matmulAccumulate(const Tensor& out, const Tensor& a, const Tensor& b);
+// out [M, N] (contiguous, e.g. a row slice of a bigger buffer) = a [M, K] @ b [K, N], written in place (beta
+// = 0); out may be fp32 with bf16/f16 operands.
+void matmulInto(const Tensor& out, const Tensor& a, const Tensor& b);
 // x [..., K] @ w [K, N] (+ bias [N], undefined for none) -> [..., N]: one GEMM over the flattened rows, the
 // bias added in its epilogue (cuBLASLt BIAS on CUDA) instead of a separate pass.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
@@ -198,6 +201,12 @@ struct CrossEntropyResult {
 CrossEntropyResult crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIndex = -100);
 Tensor crossEntropyBackward(const Tensor& gradLoss, const Tensor& logits, const Tensor& target,
                             const CrossEntropyResult& saved, int64_t ignoreIndex = -100);
+// The forward and, with `grad`, the unnormalised backward in one pass over logits [N, V] (contiguous), for
+// callers that consume the gradient at once (the fused LM head): fills rowLoss and valid ([N], contiguous,
+// statistics dtype; the loss is 0 and valid 0 where target is ignore_index) and, with `grad`, overwrites the
+// logits with softmax - one_hot(target) (zero rows where ignored). No [N, V] buffer is allocated.
+void crossEntropyInPlace(const Tensor& logits, const Tensor& target, const Tensor& rowLoss,
+                         const Tensor& valid, bool grad, int64_t ignoreIndex = -100);
 
 // Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is a function of (seed,
 // offset + element index), so it is the same on every device and can be replayed for the backward.

@@ -100,6 +100,41 @@ void crossEntropyBackward(const Tensor& logits, const Tensor& target, const Tens
   });
 }
 
+// The same arithmetic as crossEntropy followed by crossEntropyBackward with scale 1, in one pass per row.
+void crossEntropyInPlace(const Tensor& logits, const Tensor& target, const Tensor& loss, const Tensor& valid,
+                         bool grad, int64_t ignoreIndex) {
+  int64_t N = logits.size(0), V = logits.size(1);
+  visitFloating(logits.dtype(), "cross_entropy_in_place", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using F = typename ComputeOf<T>::type;
+    T* x = static_cast<T*>(logits.data());
+    F* lossP = static_cast<F*>(loss.data());
+    F* validP = static_cast<F*>(valid.data());
+    visitIndexType(target.dtype(), [&](auto itag) {
+      using I = typename decltype(itag)::type;
+      const I* t = static_cast<const I*>(target.data());
+#pragma omp parallel for if (N * V > kParallelGrain)
+      for (int64_t n = 0; n < N; ++n) {
+        T* row = x + n * V;
+        F mx = -std::numeric_limits<F>::infinity();
+        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, F(row[v]));
+        F sum = 0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(F(row[v]) - mx);
+        F l = mx + std::log(sum);
+        int64_t tn = int64_t(t[n]);
+        bool ok = tn != ignoreIndex;
+        validP[n] = ok ? F(1) : F(0);
+        lossP[n] = ok && tn >= 0 && tn < V ? l - F(row[tn]) : F(0);
+        if (!grad) continue;
+        for (int64_t v = 0; v < V; ++v) {
+          F p = std::exp(F(row[v]) - l);
+          row[v] = ok ? T(p - (v == tn ? F(1) : F(0))) : T(F(0));
+        }
+      }
+    });
+  });
+}
+
 }  // namespace
 
 void registerNn(Registry& r) {
@@ -107,6 +142,7 @@ void registerNn(Registry& r) {
   r.add<EmbeddingBackwardKernel>("embedding_backward", DeviceType::CPU, &embeddingBackward);
   r.add<CrossEntropyKernel>("cross_entropy", DeviceType::CPU, &crossEntropy);
   r.add<CrossEntropyBackwardKernel>("cross_entropy_backward", DeviceType::CPU, &crossEntropyBackward);
+  r.add<CrossEntropyInPlaceKernel>("cross_entropy_in_place", DeviceType::CPU, &crossEntropyInPlace);
 }
 
 }  // namespace strata::ops::cpu

@@ -87,6 +87,30 @@ void crossEntropyBackward(const Tensor& logits, const Tensor& target, const Tens
   });
 }
 
+void crossEntropyInPlace(const Tensor& logits, const Tensor& target, const Tensor& loss, const Tensor& valid,
+                         bool grad, int64_t ignoreIndex) {
+  DeviceGuard guard(logits.device().index);
+  int64_t N = logits.size(0), V = logits.size(1);
+  visitFloatingCuda(logits.dtype(), "cross_entropy_in_place", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    visitIndexType(target.dtype(), [&](auto itag) {
+      using I = typename decltype(itag)::type;
+      constexpr int P = kernels::kVec<T>;
+      bool packed = V % P == 0 && reinterpret_cast<uintptr_t>(logits.data()) % 16 == 0;
+      auto launch = [&](auto kernel, int64_t units) {
+        kernel<<<unsigned(N), std::min(threadsFor(units), 512), 0, streamOf(logits)>>>(
+            static_cast<T*>(logits.data()), static_cast<const I*>(target.data()),
+            static_cast<float*>(loss.data()), static_cast<float*>(valid.data()), V, grad, ignoreIndex);
+        STRATA_CUDA_CHECK_LAUNCH();
+      };
+      if (packed)
+        launch(kernels::crossEntropyInPlaceKernel<T, I, P>, V / P);
+      else
+        launch(kernels::crossEntropyInPlaceKernel<T, I, 1>, V);
+    });
+  });
+}
+
 }  // namespace
 
 void registerNn(Registry& r) {
@@ -94,6 +118,7 @@ void registerNn(Registry& r) {
   r.add<EmbeddingBackwardKernel>("embedding_backward", DeviceType::CUDA, &embeddingBackward);
   r.add<CrossEntropyKernel>("cross_entropy", DeviceType::CUDA, &crossEntropy);
   r.add<CrossEntropyBackwardKernel>("cross_entropy_backward", DeviceType::CUDA, &crossEntropyBackward);
+  r.add<CrossEntropyInPlaceKernel>("cross_entropy_in_place", DeviceType::CUDA, &crossEntropyInPlace);
 }
 
 }  // namespace strata::ops::cuda
