@@ -27,15 +27,24 @@ Tensor aligned(const Tensor& t) {
   return t.device().isCpu() || chunkAligned(t) ? t : contiguous(t);
 }
 
-// cuDNN's fused attention, in a build that has it, unless STRATA_ATTENTION=native asks for Strata's kernel:
-// it is the faster one on the H200 (BENCHMARKS.md).
-bool cudnnChosen(Device device) {
-  static const bool chosen = [] {
+// cuDNN's fused attention, in a build that has it, unless asked for Strata's kernel (AttentionBackend, or
+// STRATA_ATTENTION=native for Auto): it is the faster one on the H200 (BENCHMARKS.md).
+bool cudnnChosen(Device device, AttentionBackend backend) {
+  static const bool byDefault = [] {
     const char* e = std::getenv("STRATA_ATTENTION");
     return e == nullptr || std::strcmp(e, "native") != 0;
   }();
-  return chosen && device.isCuda() && Registry::instance().has("cudnn_attention", DeviceType::CUDA);
+  bool wanted = backend == AttentionBackend::Cudnn || (backend == AttentionBackend::Auto && byDefault);
+  return wanted && device.isCuda() && cudnnAttentionBuilt();
 }
+
+}  // namespace
+
+bool cudnnAttentionBuilt() {
+  return Registry::instance().has("cudnn_attention", DeviceType::CUDA);
+}
+
+namespace {
 
 double resolveScale(const AttentionOptions& o, int64_t D) {
   return o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
@@ -77,8 +86,8 @@ FlashAttentionResult flashAttention(const Tensor& qIn, const Tensor& kIn, const 
   FlashAttentionResult r;
   r.out = Tensor::empty({B, Sq, H, D}, q.dtype(), q.device());
   r.lse2 = Tensor::empty({B, H, Sq}, statsDType(q.dtype()), q.device());
-  AttentionOptions o{resolveScale(options, D), options.causal};
-  if (cudnnChosen(q.device()) &&
+  AttentionOptions o{resolveScale(options, D), options.causal, options.backend};
+  if (cudnnChosen(q.device(), options.backend) &&
       kernel<CudnnAttentionKernel>("cudnn_attention", q.device())(q, k, v, r.out, r.lse2, o)) {
     // cuDNN's statistics are natural-log: lse2 is log2-domain whichever backend wrote it.
     copy(r.lse2, affine(r.lse2, 1.0 / std::log(2.0), 0.0));
@@ -106,7 +115,7 @@ void flashAttentionBackward(const Tensor& qIn, const Tensor& kIn, const Tensor& 
                  "flash attention backward: gradient buffers need 16-byte aligned strides");
   }
   Tensor q = aligned(qIn), k = aligned(kIn), v = aligned(vIn), dout = aligned(doutIn);
-  AttentionOptions o{resolveScale(options, qIn.size(3)), options.causal};
+  AttentionOptions o{resolveScale(options, qIn.size(3)), options.causal, options.backend};
   if (saved.cudnn) {
     Tensor natural = affine(saved.lse2, std::log(2.0), 0.0);
     kernel<CudnnAttentionBackwardKernel>("cudnn_attention_backward", q.device())(q, k, v, saved.out, dout,

@@ -1,6 +1,7 @@
 // CPU-vs-CUDA parity for every op over generated shapes and dtypes. Runs on the GPU machine; skips elsewhere.
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 
 #include "TestUtil.h"
@@ -487,6 +488,113 @@ TEST_CASE("[cuda] fused attention matches the cpu reference, forward and backwar
   }
 }
 
+TEST_CASE("[cuda] every attention backend matches the cpu: head dims 64, 80, 128, seq 77 to 2048",
+          "[cuda][parity][attention]") {
+  STRATA_REQUIRE_CUDA();
+  std::vector<ops::AttentionBackend> backends{ops::AttentionBackend::Native};
+  if (ops::cudnnAttentionBuilt()) backends.push_back(ops::AttentionBackend::Cudnn);
+  struct Case {
+    int64_t B, S, H, D;
+  };
+  // Lengths off the tile sizes (77, 1000) and on them (512, 2048), each head dim.
+  for (Case c : {Case{2, 77, 2, 64}, Case{2, 77, 2, 80}, Case{2, 77, 2, 128}, Case{1, 512, 2, 80},
+                 Case{1, 1000, 1, 128}, Case{1, 2048, 1, 64}, Case{1, 2048, 1, 128}}) {
+    for (bool causal : {true, false}) {
+      Tensor q = randomOf({c.B, c.S, c.H, c.D}, DType::BF16, 103, -1, 1);
+      Tensor k = randomOf({c.B, c.S, c.H, c.D}, DType::BF16, 104, -1, 1);
+      Tensor v = randomOf({c.B, c.S, c.H, c.D}, DType::BF16, 105, -1, 1);
+      Tensor g = randomOf({c.B, c.S, c.H, c.D}, DType::BF16, 106, -1, 1);
+      auto run = [&](Device dev, ops::AttentionBackend backend, bool* cudnn) {
+        Tensor qd = ops::to(q, dev, q.dtype()), kd = ops::to(k, dev, k.dtype()),
+               vd = ops::to(v, dev, v.dtype());
+        ops::AttentionOptions o{0.0, causal, backend};
+        ops::FlashAttentionResult r = ops::flashAttention(qd, kd, vd, o);
+        Tensor dq = ops::emptyLike(qd), dk = ops::emptyLike(kd), dv = ops::emptyLike(vd);
+        ops::flashAttentionBackward(qd, kd, vd, r, ops::to(g, dev, g.dtype()), dq, dk, dv, o);
+        if (cudnn) *cudnn = r.cudnn;
+        return std::vector<Tensor>{r.out, r.lse2, dq, dk, dv};
+      };
+      auto cpu = run(Device::cpu(), ops::AttentionBackend::Auto, nullptr);
+      for (ops::AttentionBackend backend : backends) {
+        bool cudnn = false;
+        auto gpu = run(kGpu, backend, &cudnn);
+        INFO("S " << c.S << " D " << c.D << (causal ? " causal" : "") << " backend "
+                  << (cudnn ? "cudnn" : "native"));
+        // cuDNN may refuse a case (then Strata's kernel ran); at these head dims it takes every one.
+        REQUIRE(cudnn == (backend == ops::AttentionBackend::Cudnn));
+        for (size_t i = 0; i < cpu.size(); ++i) {
+          INFO("output " << i);
+          double worst = test::closeness(gpu[i].toVector<double>(), cpu[i].toVector<double>(), 2e-2, 2e-2);
+          INFO("worst scaled error " << worst);
+          REQUIRE(worst <= 1.0);
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+// Key padding for [2, S] keys: the second sequence is padded after S - 20 tokens (1 = padded, as
+// AttentionMask::keyPadding reads it).
+Tensor paddedKeys(int64_t S) {
+  std::vector<uint8_t> padded(size_t(2 * S), 0);
+  for (int64_t s = S - 20; s < S; ++s) padded[size_t(S + s)] = 1;
+  return Tensor::fromVector<uint8_t>(padded, {2, S});
+}
+
+// Padded attention over [B, H, S, D] q, k, v with the output gradient g: output, dq, dk, dv.
+std::vector<Tensor> paddedAttention(const std::vector<Tensor>& in) {
+  std::vector<Tensor> x;
+  for (int i = 0; i < 3; ++i) x.push_back(in[size_t(i)].detach().clone().setRequiresGrad(true));
+  AttentionMask mask;
+  mask.keyPadding = in[4];
+  Tensor y = scaledDotProductAttention(x[0], x[1], x[2], mask);
+  backward(sum(mul(y.to(DType::F32), in[3].to(DType::F32))));
+  return {y.detach(), x[0].grad(), x[1].grad(), x[2].grad()};
+}
+
+}  // namespace
+
+TEST_CASE("padded attention: finite, and padded keys get no gradient (the mask the [cuda] case uses)",
+          "[attention]") {
+  int64_t S = 30;
+  Tensor q = randomOf({2, 2, S, 8}, DType::F32, 107, -1, 1),
+         k = randomOf({2, 2, S, 8}, DType::F32, 108, -1, 1);
+  Tensor v = randomOf({2, 2, S, 8}, DType::F32, 109, -1, 1),
+         g = randomOf({2, 2, S, 8}, DType::F32, 110, -1, 1);
+  auto out = paddedAttention({q, k, v, g, paddedKeys(S)});
+  for (const Tensor& t : out)
+    for (double x : t.toVector<double>()) REQUIRE(std::isfinite(x));
+  // dk and dv of sequence 1's padded keys are zero; its kept keys' are not.
+  for (size_t i : {size_t(2), size_t(3)}) {
+    std::vector<double> grad = out[i].toVector<double>();
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t s = 0; s < S; ++s) {
+        double norm = 0;
+        for (int64_t d = 0; d < 8; ++d) norm += std::abs(grad[size_t(((S * 2 + h * S) + s) * 8 + d)]);
+        if (s >= S - 20)
+          REQUIRE(norm == 0.0);
+        else
+          REQUIRE(norm > 0.0);
+      }
+  }
+}
+
+TEST_CASE("[cuda] attention with key padding matches the cpu (the composed path BERT and T5 take)",
+          "[cuda][parity][attention]") {
+  STRATA_REQUIRE_CUDA();
+  for (int64_t D : {64, 80, 128}) {
+    for (int64_t S : {77, 300}) {
+      Tensor q = randomOf({2, 2, S, D}, DType::BF16, 107, -1, 1),
+             k = randomOf({2, 2, S, D}, DType::BF16, 108, -1, 1);
+      Tensor v = randomOf({2, 2, S, D}, DType::BF16, 109, -1, 1),
+             g = randomOf({2, 2, S, D}, DType::BF16, 110, -1, 1);
+      parity("padded attention", paddedAttention, {q, k, v, g, paddedKeys(S)}, {3e-2, 3e-2});
+    }
+  }
+}
+
 TEST_CASE("[cuda] packed fused self-attention trains like the cpu", "[cuda][parity][attention]") {
   STRATA_REQUIRE_CUDA();
   // The autograd function the Attention module uses: one packed qkv in, one packed gradient out.
@@ -525,6 +633,22 @@ TEST_CASE("[cuda] linear with the bias epilogue matches the cpu", "[cuda][parity
           {t.atol * 4, t.rtol * 4});
     }
   }
+}
+
+TEST_CASE("[cuda] autotuned GEMMs match the cpu and leave accumulated outputs alone", "[cuda][parity]") {
+  STRATA_REQUIRE_CUDA();
+  // Shapes no other test plans, so these plans are made (and autotuned) here.
+  ::setenv("STRATA_GEMM_AUTOTUNE", "1", 1);
+  Tensor a = randomOf({328, 200}, DType::BF16, 140, -1, 1), b = randomOf({200, 136}, DType::BF16, 141, -1, 1);
+  Tensor base = randomOf({328, 136}, DType::F32, 142, -1, 1);
+  parity("autotuned matmul and accumulate",
+         [](const std::vector<Tensor>& in) {
+           Tensor acc = in[2].clone();
+           ops::matmulAccumulate(acc, in[0], in[1]);  // beta 1: timed into scratch, then run once
+           return std::vector<Tensor>{ops::matmul(in[0], in[1]), acc};
+         },
+         {a, b, base}, {8e-2, 8e-2});
+  ::unsetenv("STRATA_GEMM_AUTOTUNE");
 }
 
 // bf16 parameters with fp32 gradient buffers, as training lays them out (NOTE [Gradient buffers]): clones of

@@ -161,13 +161,18 @@ NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weigh
 // packed qkv projection). Causal masking hides key j from query i when j > i + (Sk - Sq). scale 0 means
 // 1/sqrt(D). On CUDA: bf16/f16, D of 64, 80 or 128 (flashAttentionSupported says); the CPU kernel is a
 // reference for every floating dtype.
+// Which fused kernel runs CUDA attention. Auto: cuDNN's where the build has them (the cuDNN frontend's
+// headers, STRATA_CUDNN_FRONTEND_DIR) and cuDNN supports the case, else Strata's own; STRATA_ATTENTION=native
+// makes Auto take Strata's. Native: Strata's always. Cudnn: cuDNN's where it takes the case, else Strata's
+// (FlashAttentionResult::cudnn says which ran). The CPU has one kernel.
+enum class AttentionBackend : uint8_t { Auto, Native, Cudnn };
+// Whether this build has cuDNN's fused attention.
+bool cudnnAttentionBuilt();
 struct AttentionOptions {
   double scale = 0.0;
   bool causal = false;
+  AttentionBackend backend = AttentionBackend::Auto;
 };
-// CUDA attention runs through cuDNN's fused kernels where the build has them (the cuDNN frontend's headers,
-// STRATA_CUDNN_FRONTEND_DIR) and cuDNN supports the case, else through Strata's own kernel;
-// STRATA_ATTENTION=native always takes Strata's.
 struct FlashAttentionResult {
   Tensor out;   // [B, Sq, H, D] contiguous
   Tensor lse2;  // fp32 (f64 for f64) [B, H, Sq]: log2-domain log-sum-exp of each row, kept for the backward

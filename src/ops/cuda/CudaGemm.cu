@@ -5,6 +5,14 @@
 // per (shape, strides, transposes, dtype, alignment), so steady-state training pays for the heuristic once
 // per shape.
 //
+// Autotuning (opt-in, STRATA_GEMM_AUTOTUNE=1): the first call of each plan times the heuristic's top
+// kCandidates algorithms on its own operands and keeps the fastest, as cudnn.benchmark does. The timing
+// writes into the real output when the call overwrites it anyway (beta 0), else into scratch, so no caller
+// sees a difference; it synchronises the stream once per plan. It is off by default: on the H200 at the GPT
+// MLP's shapes it won up to 14% on some GEMMs and lost up to 15% on others (timing noise picks badly), the
+// whole 124M and 1.3B steps did not move (BENCHMARKS.md), and an autotuned choice can differ between
+// processes, and with it the last bits of the results.
+//
 // The workspace is per stream: each call takes it from the device's caching allocator on the GEMM's stream
 // and frees it once the GEMM is enqueued. Stream-ordered reuse (NOTE [Stream-ordered reuse]) hands the same
 // block to the next GEMM on that stream, which runs after this one, and never to a GEMM on another stream
@@ -12,9 +20,11 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -34,6 +44,14 @@ namespace strata::ops::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr int kCandidates = 8;
+constexpr size_t kMaxScratchBytes = size_t(1) << 30;  // larger accumulating outputs keep the first choice
+
+// Read at each new plan (plans are cached, so this is rare).
+bool autotune() {
+  const char* v = std::getenv("STRATA_GEMM_AUTOTUNE");
+  return v && std::string(v) == "1";
+}
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t,
                            int64_t, int64_t, int64_t, bool, int, int, int, int, int, int64_t>;
@@ -134,6 +152,55 @@ void setEpiloguePointers(const Plan& plan, const GemmArgs& g) {
                                                        &g.aux, sizeof(g.aux)));
 }
 
+// The index of the fastest of the heuristic's `found` candidates on g's operands (see the note at the top);
+// 0 when there is one, or when scratch for an accumulating output cannot be had.
+int fastest(LtState& st, const Plan& plan, const GemmArgs& g, const cublasLtMatmulHeuristicResult_t* results,
+            int found) {
+  if (found <= 1) return 0;
+  Stream stream = currentStream(g.device);
+  CachingAllocator& allocator = *strata::cuda::deviceContext(g.device.index).allocator;
+  size_t outBytes =
+      dtypeSize(g.outDtype.value_or(g.dtype)) * size_t((g.batch - 1) * g.strideC + g.ldc * (g.m - 1) + g.n);
+  void* scratch = nullptr;
+  if (g.beta != 0.0f) {
+    if (outBytes > kMaxScratchBytes) return 0;
+    scratch = allocator.tryAllocate(outBytes, stream);
+    if (!scratch) return 0;
+  }
+  void* out = scratch ? scratch : g.c;
+  Workspace workspace(g.device.index, stream);
+  cudaStream_t s = strata::cuda::nativeStream(stream);
+  cudaEvent_t start, stop;
+  STRATA_CUDA_CHECK(cudaEventCreate(&start));
+  STRATA_CUDA_CHECK(cudaEventCreate(&stop));
+  float alpha = g.alpha, beta = g.beta;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(st.handle, plan.desc, &alpha, g.b, plan.layoutX, g.a, plan.layoutY, &beta, g.c,
+                          plan.layoutC, out, plan.layoutC, &algo, workspace.ptr, kWorkspaceBytes, s);
+  };
+  int best = 0;
+  float bestMs = -1;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > kWorkspaceBytes) continue;
+    if (run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a refusal drops the candidate
+    constexpr int kRepeats = 10;
+    STRATA_CUDA_CHECK(cudaEventRecord(start, s));
+    for (int r = 0; r < kRepeats; ++r) STRATA_CUBLAS_CHECK(run(results[i].algo));
+    STRATA_CUDA_CHECK(cudaEventRecord(stop, s));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (bestMs < 0 || ms < bestMs) {
+      best = i;
+      bestMs = ms;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (scratch) allocator.deallocate(scratch);
+  return best;
+}
+
 std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int alignY, int alignC) {
   auto plan = std::make_unique<Plan>();
   cudaDataType_t dt = cudaType(g.dtype);
@@ -176,11 +243,11 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ay, sizeof(ay));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int found = 0;
   cublasStatus_t status =
       cublasLtMatmulAlgoGetHeuristic(st.handle, plan->desc, plan->layoutX, plan->layoutY, plan->layoutC,
-                                     plan->layoutC, pref, 1, &result, &found);
+                                     plan->layoutC, pref, autotune() ? kCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   bool optional = g.gelu || g.dgelu || g.biasGrad;
   if (optional && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
@@ -190,7 +257,7 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
   STRATA_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0,
                "matmul: cuBLASLt found no algorithm for [{} x {}] @ [{} x {}] ({}, batch {}, status {})", g.m,
                g.k, g.k, g.n, dtypeName(g.dtype), g.batch, int(status));
-  plan->algo = result.algo;
+  plan->algo = results[fastest(st, *plan, g, results, found)].algo;
   return plan;
 }
 
