@@ -113,6 +113,35 @@ zero::StoreBudgets storeBudgets(const Config& c, uint64_t parameterBytes, uint64
   return b;
 }
 
+uint64_t delayedUpdateReserveBytes(const Config& c, DType compute, const std::vector<int64_t>& rangeElems,
+                                   const zero::StorePlacement& placement) {
+  if (!c.store.delayedUpdate || c.optimizer.type == "adafactor") return 0;
+  uint64_t reserve = 0;
+  for (size_t i = 0; i < rangeElems.size() && i < placement.optimizerTier.size(); ++i)
+    if (placement.optimizerTier[i] == zero::Tier::Nvme)
+      reserve += uint64_t(rangeElems[i]) * (4 + dtypeSize(compute));
+  return reserve;
+}
+
+zero::StorePlacement placeWithDelayedReserve(
+    const Config& c, DType compute, const std::vector<int64_t>& rangeElems, zero::StoreBudgets& budgets,
+    const std::function<zero::StorePlacement(const zero::StoreBudgets&)>& place) {
+  zero::StorePlacement placement = place(budgets);
+  bool autoHost = c.store.hostBudgetGb.empty() || c.store.hostBudgetGb == "auto";
+  if (!c.store.delayedUpdate || c.optimizer.type == "adafactor" || !autoHost ||
+      budgets.host == zero::kUnlimited)
+    return placement;
+  uint64_t host = budgets.host;
+  for (size_t round = 0; round <= rangeElems.size(); ++round) {
+    uint64_t reserve = delayedUpdateReserveBytes(c, compute, rangeElems, placement);
+    uint64_t wanted = host > reserve ? host - reserve : 0;
+    if (wanted == budgets.host) break;
+    budgets.host = wanted;
+    placement = place(budgets);
+  }
+  return placement;
+}
+
 DType nvmeStateDType(const Config& c) {
   return c.store.nvmeStateDType == "bf16"   ? DType::BF16
          : c.store.nvmeStateDType == "fp16" ? DType::F16

@@ -247,7 +247,16 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
       nvmeBytes.push_back(p.optimizer == "adafactor"
                               ? in.optimizerBytes[i]
                               : uint64_t(in.rangeElems[i]) * (4 + 2 * nvmeMomentBytes));
-    p.placement = zero::placeModelState(in.parameterBytes, in.optimizerBytes, p.budgets, nvmeBytes);
+    p.placement =
+        placeWithDelayedReserve(c, p.compute, in.rangeElems, p.budgets, [&](const zero::StoreBudgets& b) {
+          return zero::placeModelState(in.parameterBytes, in.optimizerBytes, b, nvmeBytes);
+        });
+    uint64_t reserve = delayedUpdateReserveBytes(c, p.compute, in.rangeElems, p.placement);
+    if (reserve > 0)
+      p.notes.push_back(fmt::format(
+          "store.delayed_update: {} of host memory for the pending update of the SSD chunks (their fp32 "
+          "gradients and new parameters), so the host budget for state is {}",
+          gib(reserve), gib(p.budgets.host)));
   } catch (const Error& e) {
     p.placement = zero::StorePlacement{};
     p.placement.parameterBytes = in.parameterBytes;

@@ -249,26 +249,10 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
     }
     return zero::placeModelState(parameterBytes, optimizerBytes, b, nvmeBytes);
   };
-  placement_ = place(budgets);
-  bool autoHost = c.store.hostBudgetGb.empty() || c.store.hostBudgetGb == "auto";
-  if (c.store.delayedUpdate && !adafactor && autoHost && budgets.host != zero::kUnlimited) {
-    // NOTE [Delayed SSD update] in optim/AdamW.h: the pending update keeps the SSD chunks' gradients (fp32)
-    // and new parameters in host memory, so the automatic host budget leaves room for them (an explicit
-    // store.host_budget_gb is taken as given). Less room sends more state to the SSD, which needs more
-    // room: a few rounds settle it.
-    uint64_t host = budgets.host;
-    // The reserve only grows from round to round, so this settles within a round per chunk.
-    for (size_t round = 0; round <= chunks_->numChunks(); ++round) {
-      uint64_t reserve = 0;
-      for (size_t i = 0; i < chunks_->numChunks(); ++i)
-        if (placement_.optimizerTier[i] == zero::Tier::Nvme)
-          reserve += uint64_t(ranges[i].size()) * (4 + dtypeSize(compute_));
-      uint64_t wanted = host > reserve ? host - reserve : 0;
-      if (wanted == budgets.host) break;
-      budgets.host = wanted;
-      placement_ = place(budgets);
-    }
-  }
+  // NOTE [Delayed SSD update] in optim/AdamW.h: the automatic host budget leaves room for the pending update.
+  std::vector<int64_t> rangeElems;
+  for (const auto& r : ranges) rangeElems.push_back(r.size());
+  placement_ = placeWithDelayedReserve(c, compute_, rangeElems, budgets, place);
   std::vector<int64_t> nvmeElems(chunks_->numChunks(), 0);
   for (size_t i = 0; i < chunks_->numChunks(); ++i)
     if (placement_.optimizerTier[i] == zero::Tier::Nvme) nvmeElems[i] = ranges[i].size();

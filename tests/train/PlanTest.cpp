@@ -179,6 +179,43 @@ TEST_CASE("plan: state past the host budget goes to the SSD, and a config too bi
   REQUIRE(small.refusal.find("activations") != std::string::npos);
 }
 
+TEST_CASE("plan: the delayed SSD update's host reserve, as the engine leaves it", "[train][plan]") {
+  train::PlanOptions options = roundMachine();
+  options.calibration->hostMemoryBytes = 100ull << 30;  // a 90 GiB automatic host budget
+  options.calibration->nvmeFreeBytes = 1000ull << 30;
+  std::vector<std::string> overrides{"model.seq_length=512", "train.micro_batch_size=4",
+                                     "train.global_batch_size=4", "zero_optimization.nvme_path=/x",
+                                     "zero_optimization.offload_optimizer.device=cpu"};
+  train::ModelStatePlan plain = train::planModelState(configFile("gpt3-13b.yaml", overrides), options);
+  overrides.push_back("store.delayed_update=true");
+  train::Config c = configFile("gpt3-13b.yaml", overrides);
+  train::ModelStatePlan delayed = train::planModelState(c, options);
+  REQUIRE(plain.fits);
+  REQUIRE(delayed.fits);
+  const int host = int(zero::Tier::Host), nvme = int(zero::Tier::Nvme);
+  // The reserve (fp32 gradient and bf16 parameter per SSD element) comes off the host budget, so more state
+  // goes to the SSD; budget less reserve is what state may use, and together they stay in the host budget.
+  uint64_t reserve =
+      train::delayedUpdateReserveBytes(c, delayed.compute, delayed.inputs.rangeElems, delayed.placement);
+  uint64_t ssdElems = 0;
+  for (size_t i = 0; i < delayed.placement.optimizerTier.size(); ++i)
+    if (delayed.placement.optimizerTier[i] == zero::Tier::Nvme)
+      ssdElems += uint64_t(delayed.inputs.rangeElems[i]);
+  REQUIRE(reserve == ssdElems * 6);
+  REQUIRE(delayed.budgets.host + reserve <= plain.budgets.host);
+  REQUIRE(delayed.placement.bytes[host] <= delayed.budgets.host);
+  REQUIRE(delayed.placement.bytes[host] + reserve <= plain.budgets.host);
+  REQUIRE(delayed.placement.bytes[nvme] > plain.placement.bytes[nvme]);
+  bool noted = false;
+  for (const std::string& n : delayed.notes)
+    noted = noted || n.find("store.delayed_update") != std::string::npos;
+  REQUIRE(noted);
+  // An explicit host budget is taken as given.
+  overrides.push_back("store.host_budget_gb=80");
+  train::ModelStatePlan fixed = train::planModelState(configFile("gpt3-13b.yaml", overrides), options);
+  REQUIRE(fixed.budgets.host == 80ull << 30);
+}
+
 TEST_CASE("plan and the placement inputs count Adafactor's factored state", "[train][plan][adafactor]") {
   train::PlanOptions options = roundMachine();
   train::Config adam = configFile("gpt3-1.3b.yaml");

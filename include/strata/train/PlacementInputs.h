@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,21 @@ ModelStateInputs modelStateInputs(const Config& config, int ranks, DType compute
 // zero_optimization.nvme_path, 0 without one). offload_optimizer.device nvme leaves the host nothing.
 zero::StoreBudgets storeBudgets(const Config& config, uint64_t parameterBytes, uint64_t deviceAuto,
                                 uint64_t hostAvailable, uint64_t nvmeFree);
+
+// The placement with the delayed SSD update's host reserve (NOTE [Delayed SSD update] in optim/AdamW.h): with
+// store.delayed_update and AdamW, the pending update keeps the SSD chunks' fp32 gradients and new 16-bit
+// parameters in host memory, (4 + compute size) bytes per SSD-resident element of `rangeElems`. An automatic
+// host budget (store.host_budget_gb auto) leaves room for them: budgets.host is lowered by the reserve and
+// `place` called again, since less room sends more state to the SSD, until the reserve settles (it only
+// grows, so within a round per chunk). An explicit host budget is taken as given, and without a delayed
+// update this is `place(budgets)`. The engine and `strata plan` both place through it.
+zero::StorePlacement placeWithDelayedReserve(
+    const Config& config, DType compute, const std::vector<int64_t>& rangeElems, zero::StoreBudgets& budgets,
+    const std::function<zero::StorePlacement(const zero::StoreBudgets&)>& place);
+// The reserve of that placement: bytes of host memory the delayed update keeps.
+uint64_t delayedUpdateReserveBytes(const Config& config, DType compute,
+                                   const std::vector<int64_t>& rangeElems,
+                                   const zero::StorePlacement& placement);
 
 // How the SSD tier stores m and v: store.nvme_state_dtype (fp32, bf16, fp16) as a dtype.
 DType nvmeStateDType(const Config& config);
