@@ -43,6 +43,21 @@ void embeddingBackward(const Tensor& gy, const Tensor& indices, const Tensor& gw
   });
 }
 
+// One row's log-sum-exp (max first), its loss against target tn and its counted flag, as both CPU
+// cross-entropy kernels compute them.
+template <class F, class T>
+F rowLoss(const T* row, int64_t V, int64_t tn, int64_t ignoreIndex, F& loss, F& valid) {
+  F mx = -std::numeric_limits<F>::infinity();
+  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, F(row[v]));
+  F sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(F(row[v]) - mx);
+  F l = mx + std::log(sum);
+  bool ok = tn != ignoreIndex;
+  valid = ok ? F(1) : F(0);
+  loss = ok && tn >= 0 && tn < V ? l - F(row[tn]) : F(0);
+  return l;
+}
+
 void crossEntropy(const Tensor& logits, const Tensor& target, const Tensor& loss, const Tensor& lse,
                   const Tensor& valid, int64_t ignoreIndex) {
   int64_t N = logits.size(0), V = logits.size(1);
@@ -58,17 +73,7 @@ void crossEntropy(const Tensor& logits, const Tensor& target, const Tensor& loss
       const I* t = static_cast<const I*>(target.data());
 #pragma omp parallel for if (N * V > kParallelGrain)
       for (int64_t n = 0; n < N; ++n) {
-        const T* row = x + n * V;
-        F mx = -std::numeric_limits<F>::infinity();
-        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, F(row[v]));
-        F sum = 0;
-        for (int64_t v = 0; v < V; ++v) sum += std::exp(F(row[v]) - mx);
-        F l = mx + std::log(sum);
-        lseP[n] = l;
-        int64_t tn = int64_t(t[n]);
-        bool ok = tn != ignoreIndex;
-        validP[n] = ok ? F(1) : F(0);
-        lossP[n] = ok && tn >= 0 && tn < V ? l - F(row[tn]) : F(0);
+        lseP[n] = rowLoss<F>(x + n * V, V, int64_t(t[n]), ignoreIndex, lossP[n], validP[n]);
       }
     });
   });
@@ -116,15 +121,9 @@ void crossEntropyInPlace(const Tensor& logits, const Tensor& target, const Tenso
 #pragma omp parallel for if (N * V > kParallelGrain)
       for (int64_t n = 0; n < N; ++n) {
         T* row = x + n * V;
-        F mx = -std::numeric_limits<F>::infinity();
-        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, F(row[v]));
-        F sum = 0;
-        for (int64_t v = 0; v < V; ++v) sum += std::exp(F(row[v]) - mx);
-        F l = mx + std::log(sum);
         int64_t tn = int64_t(t[n]);
         bool ok = tn != ignoreIndex;
-        validP[n] = ok ? F(1) : F(0);
-        lossP[n] = ok && tn >= 0 && tn < V ? l - F(row[tn]) : F(0);
+        F l = rowLoss<F>(row, V, tn, ignoreIndex, lossP[n], validP[n]);
         if (!grad) continue;
         for (int64_t v = 0; v < V; ++v) {
           F p = std::exp(F(row[v]) - l);
