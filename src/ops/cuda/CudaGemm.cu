@@ -168,11 +168,21 @@ int fastest(LtState& st, const Plan& plan, const GemmArgs& g, const cublasLtMatm
     if (!scratch) return 0;
   }
   void* out = scratch ? scratch : g.c;
+  // Released on every path, a failed launch included.
+  struct Timing {
+    CachingAllocator& allocator;
+    void* scratch;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Timing() {
+      if (start) cudaEventDestroy(start);
+      if (stop) cudaEventDestroy(stop);
+      if (scratch) allocator.deallocate(scratch);
+    }
+  } timing{allocator, scratch};
+  STRATA_CUDA_CHECK(cudaEventCreate(&timing.start));
+  STRATA_CUDA_CHECK(cudaEventCreate(&timing.stop));
   Workspace workspace(g.device.index, stream);
   cudaStream_t s = strata::cuda::nativeStream(stream);
-  cudaEvent_t start, stop;
-  STRATA_CUDA_CHECK(cudaEventCreate(&start));
-  STRATA_CUDA_CHECK(cudaEventCreate(&stop));
   float alpha = g.alpha, beta = g.beta;
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(st.handle, plan.desc, &alpha, g.b, plan.layoutX, g.a, plan.layoutY, &beta, g.c,
@@ -184,20 +194,18 @@ int fastest(LtState& st, const Plan& plan, const GemmArgs& g, const cublasLtMatm
     if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > kWorkspaceBytes) continue;
     if (run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a refusal drops the candidate
     constexpr int kRepeats = 10;
-    STRATA_CUDA_CHECK(cudaEventRecord(start, s));
-    for (int r = 0; r < kRepeats; ++r) STRATA_CUBLAS_CHECK(run(results[i].algo));
-    STRATA_CUDA_CHECK(cudaEventRecord(stop, s));
-    STRATA_CUDA_CHECK(cudaEventSynchronize(stop));
+    bool ran = true;
+    STRATA_CUDA_CHECK(cudaEventRecord(timing.start, s));
+    for (int r = 0; r < kRepeats && ran; ++r) ran = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
+    STRATA_CUDA_CHECK(cudaEventRecord(timing.stop, s));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(timing.stop));
     float ms = 0;
-    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (bestMs < 0 || ms < bestMs) {
+    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, timing.start, timing.stop));
+    if (ran && (bestMs < 0 || ms < bestMs)) {
       best = i;
       bestMs = ms;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (scratch) allocator.deallocate(scratch);
   return best;
 }
 
