@@ -307,7 +307,9 @@ Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& t
   // Per-row losses and counted flags, summed once at the end (a reduction per chunk would cost launches).
   Tensor rowLoss = Tensor::empty({N}, sd, dev), valid = Tensor::empty({N}, sd, dev);
   Tensor gx = nx && grads ? Tensor::empty({N, C}, compute, dev) : Tensor();
-  Tensor gw = nw && grads ? Tensor::empty({V, C}, gradType, dev) : Tensor();
+  // Written by the first chunk's GEMM (beta 0); zeros only when there are no rows at all.
+  Tensor gw = nw && grads ? (N > 0 ? Tensor::empty({V, C}, gradType, dev) : ops::zeros({V, C}, gradType, dev))
+                          : Tensor();
   Tensor one = ops::ones({}, sd, dev);
   Tensor xd = x.detach(), tgt = ops::contiguous(target);
   for (int64_t r0 = 0; r0 < N; r0 += chunkRows) {

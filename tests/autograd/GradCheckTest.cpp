@@ -291,6 +291,16 @@ TEST_CASE("gradcheck: chunked linear cross-entropy, with ignored targets", "[aut
   }
 }
 
+TEST_CASE("linear cross-entropy of no rows: zero loss and zero gradients", "[autograd]") {
+  Tensor x = randomDouble({0, 4}, 94), w = randomDouble({7, 4}, 95);
+  x.setRequiresGrad(true);
+  w.setRequiresGrad(true);
+  Tensor loss = linearCrossEntropy(x, w, Tensor::empty({0}, DType::I64));
+  backward(loss);
+  REQUIRE(loss.item() == 0.0);
+  for (double g : w.grad().toVector<double>()) REQUIRE(g == 0.0);
+}
+
 TEST_CASE("chunked linear cross-entropy equals logits + cross-entropy", "[autograd][attention]") {
   Tensor target = Tensor::fromVector<int64_t>({3, 1, 0, 6, 2, 5}, {6});
   Tensor losses[2], gx[2], gw[2];
