@@ -176,11 +176,19 @@ std::vector<Tensor> MoE::forwardImpl(const std::vector<Tensor>& inputs) {
     Tensor peak = max(logits.detach(), {1}, true);
     Tensor lse = log(sum(exp(logits - peak), {1})) + peak.reshape({N});
     Tensor z = mean(lse * lse);
-    stats_.auxLoss = balance.detach().to(Device::cpu(), DType::F64).item();
-    stats_.zLoss = z.detach().to(Device::cpu(), DType::F64).item();
+    stats_.auxLoss = balance.detach();
+    stats_.zLoss = z.detach();
     auxLoss_ = balance * config_.auxLossCoef + z * config_.zLossCoef;
   }
   return {y.reshape(x.shape())};
+}
+
+double MoEStats::auxLossValue() const {
+  return auxLoss.defined() ? auxLoss.to(Device::cpu(), DType::F64).item() : 0.0;
+}
+
+double MoEStats::zLossValue() const {
+  return zLoss.defined() ? zLoss.to(Device::cpu(), DType::F64).item() : 0.0;
 }
 
 namespace {

@@ -715,7 +715,7 @@ TrainResult Trainer::run() {
       for (auto& [name, module] : objective_->model().namedModules())
         if (auto* moe = dynamic_cast<nn::MoE*>(module)) {
           const nn::MoEStats& s = moe->stats();
-          r.moe.push_back({name, s.tokensPerExpert, s.droppedFraction(), s.auxLoss, s.zLoss});
+          r.moe.push_back({name, s.tokensPerExpert, s.droppedFraction(), s.auxLossValue(), s.zLossValue()});
         }
       // The store's tiers (NOTE [Store placement]); together they are model_state.
       for (int t = 0; t < zero::kNumTiers; ++t)

@@ -79,8 +79,13 @@ struct MoEStats {
   int64_t choices = 0;                   // tokens x k
   int64_t dropped = 0;                   // choices past their expert's capacity
   int64_t capacity = 0;
-  double auxLoss = 0, zLoss = 0;  // unweighted
+  // The unweighted auxiliary losses as scalars on the device (undefined before a forward): the forward does
+  // not wait for them. auxLossValue() and zLossValue() read them, a host sync each, as the trainer does once
+  // per log interval.
+  Tensor auxLoss, zLoss;
   double droppedFraction() const { return choices > 0 ? double(dropped) / double(choices) : 0.0; }
+  double auxLossValue() const;
+  double zLossValue() const;
 };
 
 class MoE : public Module {
