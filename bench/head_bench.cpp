@@ -60,12 +60,7 @@ int main(int argc, char** argv) {
       std::printf("head %ld %ld %ld %ld %.4f %.1f\n", N, V, C, chunk, ms, flops / (ms * 1e-3) / 1e12);
     }
     // The parts at the first chunk size given, each over all the rows.
-    int64_t rows = c[3] > 0 ? c[3] : N;
-    if (c[3] <= 0) {
-      int64_t chunks =
-          std::max<int64_t>(1, (N * V + kLinearCrossEntropyChunkLogits - 1) / kLinearCrossEntropyChunkLogits);
-      rows = (N + chunks - 1) / chunks;
-    }
+    int64_t rows = c[3] > 0 ? c[3] : linearCrossEntropyChunkRows(N, V);
     Tensor xd = x.detach(), wd = w.detach(), wT = wd.transpose(0, 1);
     Tensor logits = ops::matmul(xd.narrow(0, 0, rows), wT);
     Tensor rowLoss = Tensor::empty({rows}, DType::F32, gpu), valid = Tensor::empty({rows}, DType::F32, gpu);

@@ -11,23 +11,9 @@ import subprocess
 
 import torch
 import torch.nn.functional as F
+from peer_timing import median_ms
 
 SHAPES = [(16384, 768, 3072), (8192, 2048, 8192)]  # GPT-2 124M (micro batch 32) and GPT-3 1.3B (16), seq 512
-
-
-def median_ms(fn, iters):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def torch_times(t, d, f, iters):

@@ -11,6 +11,7 @@ import subprocess
 
 import torch
 import torch.nn.functional as F
+from peer_timing import median_ms
 
 SHAPES = [(16384, 50304, 768), (16384, 50304, 2048)]  # GPT-2 124M and GPT-3 1.3B, micro batch 32/16 x 512
 
@@ -30,20 +31,10 @@ def peer_ms(n, v, c, iters, compiled):
         x.grad = None
         w.grad = None
 
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
+    ms = median_ms(step, iters)
     peak = torch.cuda.max_memory_allocated() / 2**30
     torch.cuda.reset_peak_memory_stats()
-    return times[len(times) // 2], peak
+    return ms, peak
 
 
 def main():

@@ -296,11 +296,7 @@ Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& t
   Device dev = x.device();
   const Tensor& w = weight;
   Tensor wT = transposeLast(w);
-  if (chunkRows <= 0) {
-    int64_t chunks =
-        std::max<int64_t>(1, (N * V + kLinearCrossEntropyChunkLogits - 1) / kLinearCrossEntropyChunkLogits);
-    chunkRows = (N + chunks - 1) / chunks;
-  }
+  if (chunkRows <= 0) chunkRows = linearCrossEntropyChunkRows(N, V);
   bool nx = participates(x), nw = participates(weight);
   bool grads = gradEnabled() && (nx || nw);
   DType sd = compute == DType::F64 ? DType::F64 : DType::F32;  // loss statistics

@@ -112,6 +112,14 @@ Tensor crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIn
 // The logits per chunk of linearCrossEntropy's rows by default: 2^28 (512 MiB in bf16) gave the fastest head
 // on the H200 at 124M and 1.3B (tools/bench_head.py; 4096 of 16384 rows beat 2341, 8192 and 16384).
 inline constexpr int64_t kLinearCrossEntropyChunkLogits = int64_t(1) << 28;
+// The rows per chunk linearCrossEntropy takes by default for N rows of V logits: N split evenly into chunks
+// of at most kLinearCrossEntropyChunkLogits logits.
+inline int64_t linearCrossEntropyChunkRows(int64_t N, int64_t V) {
+  int64_t logits = N * V,
+          chunks = (logits + kLinearCrossEntropyChunkLogits - 1) / kLinearCrossEntropyChunkLogits;
+  chunks = chunks > 1 ? chunks : 1;
+  return (N + chunks - 1) / chunks;
+}
 // Mean cross-entropy of the logits x @ weight^T against target, without the logits of the whole batch: rows
 // go through in chunks of about kLinearCrossEntropyChunkLogits logits, each chunk's logits GEMM, loss,
 // softmax gradient (written over the logits) and the two gradient GEMMs done before the next, so only one
