@@ -106,7 +106,7 @@ def peer(layers, d, h, batch, iters, compile_model, profile=False):
     return result
 
 
-def strata(binary, cfg, batch, iters, data, profile=False):
+def strata(binary, cfg, batch, iters, data, profile=False, gemm_backend=None):
     out = tempfile.mkdtemp(prefix="strata-bench-")
     cmd = [binary, "train", cfg, "--set", f"data.path={data}", "--set", "data.format=nanogpt",
            "--set", f"model.seq_length={SEQ}", "--set", f"train.micro_batch_size={batch}",
@@ -114,6 +114,8 @@ def strata(binary, cfg, batch, iters, data, profile=False):
            "--set", "train.log_interval=10", "--set", "train.eval_interval=0", "--set", "lr_schedule.warmup_iters=0",
            "--set", f"train.out_dir={out}", "--set", "train.device=cuda"]
     env = dict(os.environ, STRATA_PROFILE=profile or "0")
+    if gemm_backend:
+        env["STRATA_GEMM_BACKEND"] = gemm_backend
     run = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, env=env, text=True)
     if profile:
         lines = run.stdout.splitlines()
@@ -136,6 +138,8 @@ def main():
     ap.add_argument("--profile", action="store_true", help="Strata's op profile (synchronised) and the eager peer's")
     ap.add_argument("--profile-gpu", action="store_true",
                     help="Strata's op profile timed with events (STRATA_PROFILE=gpu) and the compile peer's kernels")
+    ap.add_argument("--gemm-backends", default="",
+                    help="comma list of STRATA_GEMM_BACKEND values (lt, cublas): one Strata row each, same peers")
     args = ap.parse_args()
     data = os.path.join(tempfile.mkdtemp(), "random.bin")
     np.random.default_rng(0).integers(0, VOCAB, size=20_000_000, dtype=np.uint16).tofile(data)
@@ -146,14 +150,17 @@ def main():
     for name in args.sizes.split(","):
         layers, d, h, batch, cfg = SHAPES[name]
         mode = "gpu" if args.profile_gpu else "1" if args.profile else None
-        s = strata(args.binary, cfg, batch, args.iters, data, mode)
+        backends = [b for b in args.gemm_backends.split(",") if b] or [None]
+        runs = [(b, strata(args.binary, cfg, batch, args.iters, data, mode, b)) for b in backends]
         e = peer(layers, d, h, batch, args.iters, False, args.profile)
         c = peer(layers, d, h, batch, args.iters, True, args.profile_gpu) if not args.skip_compile else None
         ct = f"{c['tflops']:.0f}" if c else "-"
-        cr = f"{s['tflops'] / c['tflops']:.2f}" if c else "-"
-        print(f"| {name} | {batch} | {s['tflops']:.0f} | {e['tflops']:.0f} | {ct} | {s['tflops'] / e['tflops']:.2f} | {cr} "
-              f"| {s['tok']:.0f} / {e['tok']:.0f} / {c['tok'] if c else 0:.0f} "
-              f"| {s['mem']:.1f} / {e['mem']:.1f} / {c['mem'] if c else 0:.1f} |", flush=True)
+        for b, s in runs:
+            cr = f"{s['tflops'] / c['tflops']:.2f}" if c else "-"
+            label = f"{name} (gemm {b})" if b else name
+            print(f"| {label} | {batch} | {s['tflops']:.0f} | {e['tflops']:.0f} | {ct} | {s['tflops'] / e['tflops']:.2f} "
+                  f"| {cr} | {s['tok']:.0f} / {e['tok']:.0f} / {c['tok'] if c else 0:.0f} "
+                  f"| {s['mem']:.1f} / {e['mem']:.1f} / {c['mem'] if c else 0:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

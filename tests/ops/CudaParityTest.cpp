@@ -651,6 +651,37 @@ TEST_CASE("[cuda] autotuned GEMMs match the cpu and leave accumulated outputs al
   ::unsetenv("STRATA_GEMM_AUTOTUNE");
 }
 
+TEST_CASE("[cuda] plain-cuBLAS GEMMs (STRATA_GEMM_BACKEND=cublas) match the cpu", "[cuda][parity]") {
+  STRATA_REQUIRE_CUDA();
+  // Shapes no other test plans, so these plans are made here with the backend set.
+  ::setenv("STRATA_GEMM_BACKEND", "cublas", 1);
+  for (DType dt : kFloatTypes) {
+    Tol t = tolFor(dt);
+    Tol mmTol{t.atol * 4, t.rtol * 2};
+    Tensor a = randomOf({331, 203}, dt, 150, -1, 1), b = randomOf({203, 139}, dt, 151, -1, 1);
+    Tensor a3 = randomOf({3, 61, 40}, dt, 153, -1, 1), b3 = randomOf({3, 40, 29}, dt, 154, -1, 1);
+    parity(
+        "cublas mm, transposed, batched",
+        [](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{
+              ops::matmul(in[0], in[1]),
+              ops::matmul(detail::permuteRaw(in[1], {1, 0}), detail::permuteRaw(in[0], {1, 0})),
+              ops::matmul(in[2], in[3])};
+        },
+        {a, b, a3, b3}, mmTol);
+    if (dt == DType::F32) continue;
+    Tensor base = randomOf({331, 139}, DType::F32, 152, -1, 1);
+    parity("cublas accumulate into fp32",
+           [](const std::vector<Tensor>& in) {
+             Tensor acc = in[2].clone();
+             ops::matmulAccumulate(acc, in[0], in[1]);
+             return std::vector<Tensor>{acc};
+           },
+           {a, b, base}, {8e-2, 8e-2});
+  }
+  ::unsetenv("STRATA_GEMM_BACKEND");
+}
+
 // bf16 parameters with fp32 gradient buffers, as training lays them out (NOTE [Gradient buffers]): clones of
 // `in` that require grad, with buffers for those from index `firstParam` on.
 std::vector<Tensor> withGradBuffers(const std::vector<Tensor>& in, size_t count, size_t firstParam) {

@@ -13,13 +13,20 @@
 // whole 124M and 1.3B steps did not move (BENCHMARKS.md), and an autotuned choice can differ between
 // processes, and with it the last bits of the results.
 //
+// STRATA_GEMM_BACKEND=cublas sends GEMMs without an epilogue through plain cuBLAS (cublasGemmEx and its
+// strided batched form, the calls PyTorch's backward makes) instead of a cuBLASLt plan; cuBLAS then picks the
+// kernel with its own heuristics. GEMMs with an epilogue stay on cuBLASLt. The default (`lt`) is cuBLASLt for
+// all.
+//
 // The workspace is per stream: each call takes it from the device's caching allocator on the GEMM's stream
 // and frees it once the GEMM is enqueued. Stream-ordered reuse (NOTE [Stream-ordered reuse]) hands the same
 // block to the next GEMM on that stream, which runs after this one, and never to a GEMM on another stream
 // while this one may still run: two streams never share a workspace, and no workspace outlives its stream.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -53,11 +60,20 @@ bool autotune() {
   return v && std::string(v) == "1";
 }
 
+// STRATA_GEMM_BACKEND: `lt` (default) or `cublas` (see the note at the top). Read at each new plan.
+bool plainCublasRequested() {
+  const char* v = std::getenv("STRATA_GEMM_BACKEND");
+  if (!v || !*v || std::string(v) == "lt") return false;
+  STRATA_CHECK(std::string(v) == "cublas", "STRATA_GEMM_BACKEND={} is not one of lt, cublas", v);
+  return true;
+}
+
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t,
                            int64_t, int64_t, int64_t, bool, int, int, int, int, int, int64_t>;
 
 struct Plan {
-  bool supported = true;  // false: the heuristic had no algorithm for an optional epilogue
+  bool supported = true;     // false: the heuristic had no algorithm for an optional epilogue
+  bool plainCublas = false;  // true: cublasGemmEx, no cuBLASLt descriptors
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t layoutX = nullptr, layoutY = nullptr, layoutC = nullptr;
   cublasLtMatmulAlgo_t algo{};
@@ -71,6 +87,7 @@ struct Plan {
 
 struct LtState {
   cublasLtHandle_t handle = nullptr;
+  cublasHandle_t blas = nullptr;  // created with the first plain-cuBLAS plan
   std::mutex mutex;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
 };
@@ -211,6 +228,11 @@ int fastest(LtState& st, const Plan& plan, const GemmArgs& g, const cublasLtMatm
 
 std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int alignY, int alignC) {
   auto plan = std::make_unique<Plan>();
+  if (epilogueOf(g) == CUBLASLT_EPILOGUE_DEFAULT && plainCublasRequested()) {
+    if (!st.blas) STRATA_CUBLAS_CHECK(cublasCreate(&st.blas));
+    plan->plainCublas = true;
+    return plan;
+  }
   cudaDataType_t dt = cudaType(g.dtype);
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // Column-major view: C^T [n, m] = X [n, k] * Y [k, m] with X = op(B)^T and Y = op(A)^T.
@@ -269,6 +291,30 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
   return plan;
 }
 
+// g through plain cuBLAS on `s` (the same column-major view as the cuBLASLt plans); callers hold the state's
+// lock, which guards the handle's stream and workspace.
+void plainGemm(cublasHandle_t blas, const GemmArgs& g, void* workspace, cudaStream_t s) {
+  STRATA_CUBLAS_CHECK(cublasSetStream(blas, s));
+  STRATA_CUBLAS_CHECK(cublasSetWorkspace(blas, workspace, kWorkspaceBytes));
+  cudaDataType_t dt = cudaType(g.dtype), ct = cudaType(g.outDtype.value_or(g.dtype));
+  cublasOperation_t opX = g.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opY = g.transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+  STRATA_CHECK(g.m <= INT32_MAX && g.n <= INT32_MAX && g.k <= INT32_MAX && g.lda <= INT32_MAX &&
+                   g.ldb <= INT32_MAX && g.ldc <= INT32_MAX && g.batch <= INT32_MAX,
+               "matmul: [{} x {}] @ [{} x {}] is too large for cuBLAS's 32-bit sizes", g.m, g.k, g.k, g.n);
+  float alpha = g.alpha, beta = g.beta;
+  if (g.batch <= 1) {
+    STRATA_CUBLAS_CHECK(cublasGemmEx(blas, opX, opY, int(g.n), int(g.m), int(g.k), &alpha, g.b, dt,
+                                     int(g.ldb), g.a, dt, int(g.lda), &beta, g.c, ct, int(g.ldc),
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  } else {
+    STRATA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas, opX, opY, int(g.n), int(g.m), int(g.k), &alpha, g.b,
+                                                   dt, int(g.ldb), g.strideB, g.a, dt, int(g.lda), g.strideA,
+                                                   &beta, g.c, ct, int(g.ldc), g.strideC, int(g.batch),
+                                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+}
+
 bool gemm(const GemmArgs& g) {
   STRATA_CHECK(!g.outDtype || *g.outDtype == g.dtype ||
                    (*g.outDtype == DType::F32 && (g.dtype == DType::BF16 || g.dtype == DType::F16)),
@@ -318,6 +364,10 @@ bool gemm(const GemmArgs& g) {
   float alpha = g.alpha, beta = g.beta;
   // The plan is shared and the epilogue pointers are per call: set them and enqueue under the lock.
   std::lock_guard<std::mutex> lock(st.mutex);
+  if (plan->plainCublas) {
+    plainGemm(st.blas, g, workspace.ptr, strata::cuda::nativeStream(stream));
+    return true;
+  }
   setEpiloguePointers(*plan, g);
   STRATA_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, g.b, plan->layoutX, g.a, plan->layoutY,
                                      &beta, g.c, plan->layoutC, g.c, plan->layoutC, &plan->algo,
