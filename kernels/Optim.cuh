@@ -3,7 +3,8 @@
 // The launcher cuts every tensor into chunks of kAdamChunk elements and passes one descriptor per chunk;
 // block b updates chunk b: param, m and v in place from the gradient times an optional device-side scale
 // (clipping coefficient), so one launch updates every parameter and no host sync is needed. float4 loads when
-// all four pointers of a chunk are 16-byte aligned.
+// all four pointers of a chunk are 16-byte aligned (a 16-bit gradient: 8-byte aligned). A bf16 or f16
+// gradient is widened to fp32 as it is read (exactly).
 #pragma once
 
 #include "kernels/Common.cuh"
@@ -14,14 +15,33 @@ constexpr int64_t kAdamChunk = 65536;
 
 struct AdamChunk {
   float* param;
-  const float* grad;
+  const void* grad;  // fp32, or bf16 / f16 (gradKind)
   float* m;
   float* v;
   int64_t n;
   float decay;   // adamwDecayFactor(lr, weight decay), from the host
   void* copy;    // copy of param written with the update (rounded to 16 bits, or fp32), or null
   int copyKind;  // 0: none, 1: bf16, 2: f16, 3: f32
+  int gradKind;  // 0: f32, 1: bf16, 2: f16
 };
+
+__device__ __forceinline__ float widen16(uint16_t bits, int kind) {
+  if (kind == 1) return __uint_as_float(uint32_t(bits) << 16);
+  return __half2float(__ushort_as_half(bits));
+}
+
+// Four gradients from element 4i (vector path).
+__device__ __forceinline__ float4 grads4(const AdamChunk& c, int64_t i) {
+  if (c.gradKind == 0) return reinterpret_cast<const float4*>(c.grad)[i];
+  ushort4 b = reinterpret_cast<const ushort4*>(c.grad)[i];
+  return float4{widen16(b.x, c.gradKind), widen16(b.y, c.gradKind), widen16(b.z, c.gradKind),
+                widen16(b.w, c.gradKind)};
+}
+
+__device__ __forceinline__ float gradAt(const AdamChunk& c, int64_t i) {
+  if (c.gradKind == 0) return static_cast<const float*>(c.grad)[i];
+  return widen16(static_cast<const uint16_t*>(c.grad)[i], c.gradKind);
+}
 
 __device__ __forceinline__ uint16_t roundTo16(float x, int kind) {
   if (kind == 1) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
@@ -52,16 +72,17 @@ __global__ void adamwKernel(const AdamChunk* __restrict__ chunks, AdamParams h,
   float scale = gradScale ? gradScale[0] : 1.0f;
   uint16_t* copy = c.copyKind == 1 || c.copyKind == 2 ? static_cast<uint16_t*>(c.copy) : nullptr;
   float* copy32 = c.copyKind == 3 ? static_cast<float*>(c.copy) : nullptr;
-  bool vec = ((reinterpret_cast<uintptr_t>(c.param) | reinterpret_cast<uintptr_t>(c.grad) |
+  uintptr_t grad = reinterpret_cast<uintptr_t>(c.grad);
+  bool vec = ((reinterpret_cast<uintptr_t>(c.param) | (c.gradKind == 0 ? grad : 0) |
                reinterpret_cast<uintptr_t>(c.m) | reinterpret_cast<uintptr_t>(c.v) |
                reinterpret_cast<uintptr_t>(copy32)) &
               15u) == 0 &&
-             (reinterpret_cast<uintptr_t>(copy) & 7u) == 0;
+             ((reinterpret_cast<uintptr_t>(copy) | (c.gradKind == 0 ? 0 : grad)) & 7u) == 0;
   int64_t start = 0;
   if (vec) {
     int64_t n4 = c.n / 4;
     for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
-      float4 p = reinterpret_cast<float4*>(c.param)[i], g = reinterpret_cast<const float4*>(c.grad)[i];
+      float4 p = reinterpret_cast<float4*>(c.param)[i], g = grads4(c, i);
       float4 m = reinterpret_cast<float4*>(c.m)[i], v = reinterpret_cast<float4*>(c.v)[i];
       adamOne(p.x, g.x, scale, m.x, v.x, h, c.decay);
       adamOne(p.y, g.y, scale, m.y, v.y, h, c.decay);
@@ -80,7 +101,7 @@ __global__ void adamwKernel(const AdamChunk* __restrict__ chunks, AdamParams h,
     start = n4 * 4;
   }
   for (int64_t i = start + threadIdx.x; i < c.n; i += blockDim.x) {
-    adamOne(c.param[i], c.grad[i], scale, c.m[i], c.v[i], h, c.decay);
+    adamOne(c.param[i], gradAt(c, i), scale, c.m[i], c.v[i], h, c.decay);
     if (copy) copy[i] = roundTo16(c.param[i], c.copyKind);
     if (copy32) copy32[i] = c.param[i];
   }

@@ -20,9 +20,12 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const
   Device dev = sets[0].param.device();
   for (const auto& s : sets) {
     for (const Tensor* t : {&s.param, &s.grad, &s.m, &s.v}) {
-      STRATA_CHECK(t->defined() && t->dtype() == DType::F32 && t->isContiguous() && t->device() == dev,
-                   "adamw: '{}' needs fp32 contiguous param, grad and state on {}", s.param.name(),
-                   toString(dev));
+      bool gradDtype = t == &s.grad && (t->dtype() == DType::BF16 || t->dtype() == DType::F16);
+      STRATA_CHECK(
+          t->defined() && (t->dtype() == DType::F32 || gradDtype) && t->isContiguous() && t->device() == dev,
+          "adamw: '{}' needs fp32 contiguous param and state and an fp32, bf16 or f16 contiguous "
+          "grad on {}",
+          s.param.name(), toString(dev));
       STRATA_CHECK(t->numel() == s.param.numel(), "adamw: state of '{}' has the wrong size", s.param.name());
     }
     STRATA_CHECK(!s.copy.defined() ||

@@ -200,8 +200,8 @@ void AdamW::startDelayed(const ops::AdamWHyper& h, const std::vector<Tensor>& gr
     if (homes_[c] != zero::Tier::Nvme) continue;
     const zero::ShardRange& r = ranges_[c];
     const Tensor& g = gradients[c];
-    if (!d.grads[c].defined()) {
-      d.grads[c] = Tensor::empty({r.size()}, DType::F32, Device::cpu());
+    if (!d.grads[c].defined() || d.grads[c].dtype() != g.dtype()) {
+      d.grads[c] = Tensor::empty({r.size()}, g.dtype(), Device::cpu());  // 16-bit buffers stay 16-bit
       d.params[c] = Tensor::empty({r.size()}, paramFlats_[c].dtype(), Device::cpu());
     }
     ops::copy(d.grads[c], g.numel() == r.size() ? g : g.narrow(0, r.begin, r.size()));
@@ -252,7 +252,9 @@ void AdamW::step(double lr, const Tensor& gradScale) {
   for (auto& s : slots_) {
     Tensor g = s.param.grad();
     if (!g.defined()) continue;
-    if (g.dtype() != DType::F32 || !g.isContiguous()) g = ops::to(ops::contiguous(g), g.device(), DType::F32);
+    if (!g.isContiguous()) g = ops::contiguous(g);
+    if (g.dtype() != DType::F32 && g.dtype() != DType::BF16 && g.dtype() != DType::F16)
+      g = ops::to(g, g.device(), DType::F32);
     size_t d = 0;
     while (d < devices.size() && devices[d] != s.param.device()) ++d;
     if (d == devices.size()) {
@@ -277,10 +279,12 @@ std::vector<Tensor> AdamW::gradientPieces(const std::vector<Tensor>& gradients) 
     const Tensor& g = gradients[s.chunk];
     const zero::ShardRange& r = ranges_[s.chunk];
     int64_t offset = g.numel() == r.size() ? s.begin - r.begin : s.begin;
-    STRATA_CHECK(g.dtype() == DType::F32 && g.isContiguous() && offset + (s.end - s.begin) <= g.numel(),
+    // fp32, or 16-bit buffers (precision.grad_accum_dtype), which the kernels widen as they read them.
+    bool dtypeOk = g.dtype() == DType::F32 || g.dtype() == DType::BF16 || g.dtype() == DType::F16;
+    STRATA_CHECK(dtypeOk && g.isContiguous() && offset + (s.end - s.begin) <= g.numel(),
                  "AdamW: chunk {}'s gradients ({} {}) do not cover [{}, {})", s.chunk, toString(g.shape()),
                  g.dtype(), s.begin, s.end);
-    pieces.push_back(Tensor::fromStorage(g.storage(), s.shape, s.strides, g.offset() + offset, DType::F32));
+    pieces.push_back(Tensor::fromStorage(g.storage(), s.shape, s.strides, g.offset() + offset, g.dtype()));
   }
   return pieces;
 }
@@ -505,8 +509,10 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
     Lanes::Slot& slot = *lanes_->cpu[slotIndex];
     const Tensor& g = gradients[p.chunk];
     int64_t origin = g.numel() == ranges_[p.chunk].size() ? ranges_[p.chunk].begin : 0;
-    copyAsync(slot.grads->data(), Device::cpu(), g.data<float>() + (p.begin - origin), device,
-              size_t(p.end - p.begin) * 4, copies->d2h);
+    size_t width = dtypeSize(g.dtype());  // 16-bit buffers cross the link at half the bytes
+    copyAsync(slot.grads->data(), Device::cpu(),
+              static_cast<const char*>(g.data()) + size_t(p.begin - origin) * width, device,
+              size_t(p.end - p.begin) * width, copies->d2h);
     slot.arrived.record(copies->d2h);
   };
   size_t ssdK = 0;
@@ -541,7 +547,7 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
       phases_.parametersIn += since(t);
       t = std::chrono::steady_clock::now();
       DType dt = paramFlats_[c].dtype();
-      Tensor grads = Tensor::fromStorage(slot.grads, {n}, {1}, 0, DType::F32);
+      Tensor grads = Tensor::fromStorage(slot.grads, {n}, {1}, 0, gradients[c].dtype());
       Tensor params = Tensor::fromStorage(slot.params, {n}, {1}, 0, dt);
       zeroPieceGaps(p, params);
       ops::adamw(pieceSets(p, st, false, grads, true, params), h, hostScale);
@@ -640,7 +646,7 @@ void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<
     staging_ = std::make_unique<PinnedHostPool>(need + (4u << 20));
   }
   auto start = std::chrono::steady_clock::now();
-  Tensor hostGrads = staged({r.size()}, DType::F32);
+  Tensor hostGrads = staged({r.size()}, g.dtype());
   ops::copy(hostGrads, range);
   phases_.gradientsOut += secondsSince(start);
   start = std::chrono::steady_clock::now();

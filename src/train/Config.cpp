@@ -501,18 +501,10 @@ struct Loader {
         "{}: Adafactor's state has no SSD form: 'zero_optimization.offload_optimizer.device' is "
         "none or cpu with 'optimizer.type' adafactor",
         place("zero_optimization.offload_optimizer.device"));
-    if (c.precision.gradAccumDType != "fp32") {
-      STRATA_USER_CHECK(
-          c.precision.gradAccumDType == c.precision.dtype,
-          "{}: 'precision.grad_accum_dtype' is fp32 or the compute dtype ('precision.dtype' {}), "
-          "not {}",
-          place("precision.grad_accum_dtype"), c.precision.dtype, c.precision.gradAccumDType);
-      STRATA_USER_CHECK(
-          c.optimizer.type == "adafactor",
-          "{}: 'precision.grad_accum_dtype' {} needs 'optimizer.type' adafactor (AdamW's kernels "
-          "read fp32 gradients)",
-          place("precision.grad_accum_dtype"), c.precision.gradAccumDType);
-    }
+    STRATA_USER_CHECK(
+        c.precision.gradAccumDType == "fp32" || c.precision.gradAccumDType == c.precision.dtype,
+        "{}: 'precision.grad_accum_dtype' is fp32 or the compute dtype ('precision.dtype' {}), not {}",
+        place("precision.grad_accum_dtype"), c.precision.dtype, c.precision.gradAccumDType);
     if (c.lrSchedule.warmupIters > c.train.trainIters)
       c.warnings.push_back(detail::format(
           "{}: 'lr_schedule.warmup_iters' ({}) exceeds 'train.train_iters' ({}): the learning rate never "

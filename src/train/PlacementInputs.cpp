@@ -116,10 +116,12 @@ zero::StoreBudgets storeBudgets(const Config& c, uint64_t parameterBytes, uint64
 uint64_t delayedUpdateReserveBytes(const Config& c, DType compute, const std::vector<int64_t>& rangeElems,
                                    const zero::StorePlacement& placement) {
   if (!c.store.delayedUpdate || c.optimizer.type == "adafactor") return 0;
+  // The gradients as they accumulate: fp32, or 16-bit buffers (precision.grad_accum_dtype) for 16-bit chunks.
+  uint64_t gradBytes = c.precision.gradAccumDType != "fp32" && dtypeSize(compute) == 2 ? 2 : 4;
   uint64_t reserve = 0;
   for (size_t i = 0; i < rangeElems.size() && i < placement.optimizerTier.size(); ++i)
     if (placement.optimizerTier[i] == zero::Tier::Nvme)
-      reserve += uint64_t(rangeElems[i]) * (4 + dtypeSize(compute));
+      reserve += uint64_t(rangeElems[i]) * (gradBytes + dtypeSize(compute));
   return reserve;
 }
 

@@ -346,9 +346,12 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
                                    gib(uint64_t(bytes)), *m.h2dGBs, *m.d2hGBs),
                        true});
   } else if (offElems > 0) {
-    double down = double(offElems) * 4, up = double(offElems) * double(dtypeSize(p.compute));
+    // The gradients cross as they accumulate (fp32, or 16-bit: precision.grad_accum_dtype).
+    double down = double(offElems) * double(dtypeSize(in.gradientDType)),
+           up = double(offElems) * double(dtypeSize(p.compute));
     p.terms.push_back({"PCIe", down / (*m.d2hGBs * 1e9) + up / (*m.h2dGBs * 1e9),
-                       fmt::format("fp32 gradients out {} at {:.0f} GB/s, parameters in {} at {:.0f} GB/s",
+                       fmt::format("{} gradients out {} at {:.0f} GB/s, parameters in {} at {:.0f} GB/s",
+                                   in.gradientDType == DType::F32 ? "fp32" : dtypeName(in.gradientDType),
                                    gib(uint64_t(down)), *m.d2hGBs, gib(uint64_t(up)), *m.h2dGBs),
                        true});
     // Ranks on one machine share its cores.

@@ -453,6 +453,56 @@ TEST_CASE("[cuda] fused multi-tensor AdamW gives the cpu kernel's bits", "[cuda]
   }
 }
 
+TEST_CASE("[cuda] fused AdamW reads bf16 and f16 gradients as the cpu kernel does, bit for bit",
+          "[cuda][parity][optim]") {
+  // 16-bit gradient buffers (precision.grad_accum_dtype): both kernels widen them exactly as they read.
+  STRATA_REQUIRE_CUDA();
+  for (DType gradDType : {DType::BF16, DType::F16}) {
+    auto run = [&](Device dev) {
+      Generator gen(81);
+      auto draw = [&](int64_t n, DType dt) {
+        return ops::to(ops::randn({n}, gen, DType::F32, Device::cpu()), Device::cpu(), dt).to(dev);
+      };
+      std::vector<ops::AdamWTensors> sets;
+      for (int64_t n : {1, 7, 70000, 4099}) {
+        ops::AdamWTensors s{draw(n, DType::F32),
+                            draw(n, gradDType),
+                            ops::zeros({n}, DType::F32, dev),
+                            ops::zeros({n}, DType::F32, dev),
+                            0.1f,
+                            Tensor::empty({n}, DType::BF16, dev)};
+        sets.push_back(s);
+      }
+      // Gradients one element into their buffer: 2-byte aligned only, the kernel's scalar loop.
+      Tensor g = draw(4100, gradDType);
+      sets.push_back(ops::AdamWTensors{draw(4099, DType::F32), g.narrow(0, 1, 4099),
+                                       ops::zeros({4099}, DType::F32, dev),
+                                       ops::zeros({4099}, DType::F32, dev), 0.0f, Tensor()});
+      for (int step = 1; step <= 2; ++step) {
+        ops::AdamWHyper h;
+        h.lr = 1e-2f;
+        h.biasCorrection1 = float(1 - std::pow(0.9, step));
+        h.biasCorrection2 = float(1 - std::pow(0.999, step));
+        ops::adamw(sets, h, ops::full({}, 0.37, DType::F32, dev));
+      }
+      std::vector<double> out;
+      for (auto& s : sets)
+        for (const Tensor* t : {&s.param, &s.m, &s.v, &s.copy})
+          if (t->defined()) {
+            auto v = t->toVector<double>();
+            out.insert(out.end(), v.begin(), v.end());
+          }
+      return out;
+    };
+    auto cpu = run(Device::cpu()), gpu = run(kGpu);
+    REQUIRE(cpu.size() == gpu.size());
+    size_t differing = 0;
+    for (size_t k = 0; k < cpu.size(); ++k) differing += cpu[k] != gpu[k] ? 1 : 0;
+    INFO(dtypeName(gradDType) << " gradients: " << differing << " of " << cpu.size() << " values differ");
+    REQUIRE(differing == 0);
+  }
+}
+
 TEST_CASE("[cuda] fused attention matches the cpu reference, forward and backward",
           "[cuda][parity][attention]") {
   STRATA_REQUIRE_CUDA();

@@ -371,10 +371,13 @@ TEST_CASE("[cuda] the pipelined update of host and SSD state gives the sequentia
           "[cuda][optim][adamw][chunks][store][pipeline]") {
   // NOTE [Pipelined update]: the CPU lane and the GPU lane split the host pieces between them; whatever the
   // split, every parameter, master and moment must equal the one-chunk-at-a-time CPU update's, step by step,
-  // and the 16-bit chunks keep zeros between their parameters.
+  // and the 16-bit chunks keep zeros between their parameters. With fp32 gradients, and with bf16 ones
+  // (precision.grad_accum_dtype), which cross to the CPU lane at 2 bytes each.
   STRATA_REQUIRE_CUDA();
+  DType gradDType = GENERATE(DType::F32, DType::BF16);
+  INFO("gradients " << dtypeName(gradDType));
   Device gpu = Device::cuda(0);
-  fs::path dir = test::freshDir("strata-adamw-pipeline");
+  fs::path dir = test::freshDir(std::string("strata-adamw-pipeline-") + dtypeName(gradDType));
   auto make = [&](Generator& g) {
     std::vector<std::pair<std::string, Tensor>> ps;
     for (int k = 0; k < 8; ++k) {
@@ -408,7 +411,7 @@ TEST_CASE("[cuda] the pipelined update of host and SSD state gives the sequentia
     std::vector<Tensor> ga, gb;
     for (size_t c = 0; c < n; ++c) {
       Tensor g =
-          ops::to(ops::rand({c1.paddedElems(c)}, gen, DType::F32, Device::cpu(), -1, 1), gpu, DType::F32);
+          ops::to(ops::rand({c1.paddedElems(c)}, gen, DType::F32, Device::cpu(), -1, 1), gpu, gradDType);
       ga.push_back(g);
       gb.push_back(g.clone());
     }

@@ -57,8 +57,9 @@ zero::StoreBudgets storeBudgets(const Config& config, uint64_t parameterBytes, u
                                 uint64_t hostAvailable, uint64_t nvmeFree);
 
 // The placement with the delayed SSD update's host reserve (NOTE [Delayed SSD update] in optim/AdamW.h): with
-// store.delayed_update and AdamW, the pending update keeps the SSD chunks' fp32 gradients and new 16-bit
-// parameters in host memory, (4 + compute size) bytes per SSD-resident element of `rangeElems`. An automatic
+// store.delayed_update and AdamW, the pending update keeps the SSD chunks' gradients (fp32, or 16-bit with
+// precision.grad_accum_dtype) and new 16-bit parameters in host memory, (4 or 2) + compute size bytes per
+// SSD-resident element of `rangeElems`. An automatic
 // host budget (store.host_budget_gb auto) leaves room for them: budgets.host is lowered by the reserve and
 // `place` called again, since less room sends more state to the SSD, until the reserve settles (it only
 // grows, so within a round per chunk). An explicit host budget is taken as given, and without a delayed

@@ -40,17 +40,36 @@ namespace strata::ops::cpu {
 namespace {
 
 enum class CopyKind { None, F32, BF16, F16 };
+enum class GradKind { F32, BF16, F16 };  // 16-bit gradient buffers are widened as they are read
 
 // One set as raw pointers (offsets applied) and its decay factor.
 struct AdamSpan {
   float* param;
-  const float* grad;
+  const void* grad;
   float* m;
   float* v;
   void* copy;
   CopyKind kind;
+  GradKind gradKind;
   float decay;  // 1 - lr * weight decay
 };
+
+// Gradient element i in fp32 (exact for every kind). A half NaN comes back quiet, as the vector paths'
+// hardware conversion gives it.
+inline float gradAt(const AdamSpan& s, int64_t i) {
+  switch (s.gradKind) {
+    case GradKind::BF16:
+      return bitsFloat(uint32_t(static_cast<const uint16_t*>(s.grad)[i]) << 16);
+    case GradKind::F16: {
+      uint16_t h = static_cast<const uint16_t*>(s.grad)[i];
+      bool nan = (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
+      return Half::toFloat(nan ? uint16_t(h | 0x200u) : h);
+    }
+    case GradKind::F32:
+      break;
+  }
+  return static_cast<const float*>(s.grad)[i];
+}
 
 // The step's constants, shared by every set.
 struct AdamConsts {
@@ -64,7 +83,7 @@ struct AdamConsts {
 
 void scalarRange(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
-    float g = s.grad[i] * k.scale;
+    float g = gradAt(s, i) * k.scale;
     float m = std::fma(k.beta1, s.m[i], k.oneMinusBeta1 * g);
     float v = std::fma(k.beta2, s.v[i], (k.oneMinusBeta2 * g) * g);
     float update = (k.negLr * (m * k.c1)) / (std::sqrt(v * k.c2) + k.eps);
@@ -117,7 +136,17 @@ STRATA_AVX512 inline __m256i halfOf(__m512 p) {
   return _mm512_cvtps_ph(_mm512_mask_blend_ps(nan, p, quiet), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-template <CopyKind kKind>
+// 16 gradients from element i, widened to fp32 (exactly: a bf16 is the high half of its float).
+template <GradKind kGrad>
+STRATA_AVX512 inline __m512 gradsAt(const void* grad, int64_t i) {
+  if constexpr (kGrad == GradKind::F32) return _mm512_loadu_ps(static_cast<const float*>(grad) + i);
+  __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(grad) + i));
+  if constexpr (kGrad == GradKind::BF16)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  return _mm512_cvtph_ps(bits);
+}
+
+template <CopyKind kKind, GradKind kGrad>
 STRATA_AVX512 void avx512Range(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
   const __m512 scale = _mm512_set1_ps(k.scale), negLr = _mm512_set1_ps(k.negLr), eps = _mm512_set1_ps(k.eps);
   const __m512 beta1 = _mm512_set1_ps(k.beta1), oneMinusBeta1 = _mm512_set1_ps(k.oneMinusBeta1);
@@ -125,7 +154,7 @@ STRATA_AVX512 void avx512Range(const AdamSpan& s, const AdamConsts& k, int64_t b
   const __m512 c1 = _mm512_set1_ps(k.c1), c2 = _mm512_set1_ps(k.c2), decay = _mm512_set1_ps(s.decay);
   // Locals: the stores below could otherwise alias `s` and make the compiler reload every pointer.
   float *param = s.param, *firstMoment = s.m, *secondMoment = s.v;
-  const float* grad = s.grad;
+  const void* grad = s.grad;
   void* copy = s.copy;
   int64_t i = begin;
   if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) {
@@ -135,7 +164,7 @@ STRATA_AVX512 void avx512Range(const AdamSpan& s, const AdamConsts& k, int64_t b
     scalarRange(s, k, begin, i);
   }
   for (; i + 16 <= end; i += 16) {
-    __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), scale);
+    __m512 g = _mm512_mul_ps(gradsAt<kGrad>(grad, i), scale);
     __m512 m = _mm512_fmadd_ps(beta1, _mm512_loadu_ps(firstMoment + i), _mm512_mul_ps(oneMinusBeta1, g));
     __m512 v = _mm512_fmadd_ps(beta2, _mm512_loadu_ps(secondMoment + i),
                                _mm512_mul_ps(_mm512_mul_ps(oneMinusBeta2, g), g));
@@ -178,14 +207,23 @@ STRATA_AVX2 inline __m128i halfOf(__m256 p) {
   return _mm256_cvtps_ph(_mm256_blendv_ps(p, quiet, nan), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-template <CopyKind kKind>
+template <GradKind kGrad>
+STRATA_AVX2 inline __m256 gradsAt8(const void* grad, int64_t i) {
+  if constexpr (kGrad == GradKind::F32) return _mm256_loadu_ps(static_cast<const float*>(grad) + i);
+  __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(grad) + i));
+  if constexpr (kGrad == GradKind::BF16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+  return _mm256_cvtph_ps(bits);
+}
+
+template <CopyKind kKind, GradKind kGrad>
 STRATA_AVX2 void avx2Range(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
   const __m256 scale = _mm256_set1_ps(k.scale), negLr = _mm256_set1_ps(k.negLr), eps = _mm256_set1_ps(k.eps);
   const __m256 beta1 = _mm256_set1_ps(k.beta1), oneMinusBeta1 = _mm256_set1_ps(k.oneMinusBeta1);
   const __m256 beta2 = _mm256_set1_ps(k.beta2), oneMinusBeta2 = _mm256_set1_ps(k.oneMinusBeta2);
   const __m256 c1 = _mm256_set1_ps(k.c1), c2 = _mm256_set1_ps(k.c2), decay = _mm256_set1_ps(s.decay);
   float *param = s.param, *firstMoment = s.m, *secondMoment = s.v;
-  const float* grad = s.grad;
+  const void* grad = s.grad;
   void* copy = s.copy;
   int64_t i = begin;
   if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) {
@@ -195,7 +233,7 @@ STRATA_AVX2 void avx2Range(const AdamSpan& s, const AdamConsts& k, int64_t begin
     scalarRange(s, k, begin, i);
   }
   for (; i + 8 <= end; i += 8) {
-    __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + i), scale);
+    __m256 g = _mm256_mul_ps(gradsAt8<kGrad>(grad, i), scale);
     __m256 m = _mm256_fmadd_ps(beta1, _mm256_loadu_ps(firstMoment + i), _mm256_mul_ps(oneMinusBeta1, g));
     __m256 v = _mm256_fmadd_ps(beta2, _mm256_loadu_ps(secondMoment + i),
                                _mm256_mul_ps(_mm256_mul_ps(oneMinusBeta2, g), g));
@@ -219,27 +257,40 @@ STRATA_AVX2 void avx2Range(const AdamSpan& s, const AdamConsts& k, int64_t begin
 
 using RangeFn = void (*)(const AdamSpan&, const AdamConsts&, int64_t, int64_t);
 
-template <CopyKind kKind>
+template <CopyKind kKind, GradKind kGrad>
 RangeFn pathFor(CpuIsa isa) {
 #if STRATA_CPU_X86
-  if (isa == CpuIsa::Avx512) return &avx512Range<kKind>;
-  if (isa == CpuIsa::Avx2) return &avx2Range<kKind>;
+  if (isa == CpuIsa::Avx512) return &avx512Range<kKind, kGrad>;
+  if (isa == CpuIsa::Avx2) return &avx2Range<kKind, kGrad>;
 #endif
   return &scalarRange;
 }
 
-RangeFn rangeFn(CpuIsa isa, CopyKind kind) {
+template <GradKind kGrad>
+RangeFn rangeFnFor(CpuIsa isa, CopyKind kind) {
   switch (kind) {
     case CopyKind::F32:
-      return pathFor<CopyKind::F32>(isa);
+      return pathFor<CopyKind::F32, kGrad>(isa);
     case CopyKind::BF16:
-      return pathFor<CopyKind::BF16>(isa);
+      return pathFor<CopyKind::BF16, kGrad>(isa);
     case CopyKind::F16:
-      return pathFor<CopyKind::F16>(isa);
+      return pathFor<CopyKind::F16, kGrad>(isa);
     case CopyKind::None:
       break;
   }
-  return pathFor<CopyKind::None>(isa);
+  return pathFor<CopyKind::None, kGrad>(isa);
+}
+
+RangeFn rangeFn(CpuIsa isa, CopyKind kind, GradKind grad) {
+  switch (grad) {
+    case GradKind::BF16:
+      return rangeFnFor<GradKind::BF16>(isa, kind);
+    case GradKind::F16:
+      return rangeFnFor<GradKind::F16>(isa, kind);
+    case GradKind::F32:
+      break;
+  }
+  return rangeFnFor<GradKind::F32>(isa, kind);
 }
 
 AdamSpan spanOf(const AdamWTensors& s, const AdamWHyper& h) {
@@ -247,12 +298,16 @@ AdamSpan spanOf(const AdamWTensors& s, const AdamWHyper& h) {
                   : s.copy.dtype() == DType::BF16 ? CopyKind::BF16
                   : s.copy.dtype() == DType::F16  ? CopyKind::F16
                                                   : CopyKind::F32;
+  GradKind grad = s.grad.dtype() == DType::BF16  ? GradKind::BF16
+                  : s.grad.dtype() == DType::F16 ? GradKind::F16
+                                                 : GradKind::F32;
   return AdamSpan{static_cast<float*>(s.param.data()),
-                  static_cast<const float*>(s.grad.data()),
+                  s.grad.data(),
                   static_cast<float*>(s.m.data()),
                   static_cast<float*>(s.v.data()),
                   s.copy.defined() ? s.copy.data() : nullptr,
                   kind,
+                  grad,
                   adamwDecayFactor(h.lr, s.weightDecay)};
 }
 
@@ -264,7 +319,7 @@ void updateRange(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWH
     int64_t n = s.param.numel(), lo = std::max(begin, offset), hi = std::min(end, offset + n);
     if (lo < hi) {
       AdamSpan span = spanOf(s, h);
-      rangeFn(isa, span.kind)(span, k, lo - offset, hi - offset);
+      rangeFn(isa, span.kind, span.gradKind)(span, k, lo - offset, hi - offset);
     }
     offset += n;
     if (offset >= end) break;

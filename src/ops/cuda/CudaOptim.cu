@@ -25,10 +25,12 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
       void* copy = kind == 0   ? nullptr
                    : kind == 3 ? static_cast<void*>(static_cast<float*>(s.copy.data()) + off)
                                : static_cast<void*>(static_cast<uint16_t*>(s.copy.data()) + off);
+      int gradKind = s.grad.dtype() == DType::BF16 ? 1 : s.grad.dtype() == DType::F16 ? 2 : 0;
+      const void* grad = static_cast<const char*>(s.grad.data()) + size_t(off) * dtypeSize(s.grad.dtype());
       chunks.push_back(kernels::AdamChunk{
-          static_cast<float*>(s.param.data()) + off, static_cast<const float*>(s.grad.data()) + off,
-          static_cast<float*>(s.m.data()) + off, static_cast<float*>(s.v.data()) + off,
-          std::min(kernels::kAdamChunk, n - off), adamwDecayFactor(h.lr, s.weightDecay), copy, kind});
+          static_cast<float*>(s.param.data()) + off, grad, static_cast<float*>(s.m.data()) + off,
+          static_cast<float*>(s.v.data()) + off, std::min(kernels::kAdamChunk, n - off),
+          adamwDecayFactor(h.lr, s.weightDecay), copy, kind, gradKind});
     }
   }
   if (chunks.empty()) return;

@@ -235,3 +235,36 @@ TEST_CASE("CPU AdamW: the path names and the active path", "[optim][adamw][cpu]"
   if (!ops::cpu::cpuIsaSupported(CpuIsa::Avx512))
     REQUIRE_THROWS_AS(ops::cpu::adamwOnPath(CpuIsa::Avx512, {}, ops::AdamWHyper{}, 1.0f), Error);
 }
+
+TEST_CASE("CPU AdamW: bf16 and f16 gradients update as their fp32 widening does, on every path",
+          "[optim][adamw][cpu]") {
+  // 16-bit gradient buffers (precision.grad_accum_dtype): each path widens them as it reads, exactly, so the
+  // update is the one from the same gradients in fp32, bit for bit. Gradients start mid-buffer too (the
+  // vector loads are unaligned), and the sets' sizes leave vector tails.
+  std::vector<CpuIsa> paths = vectorPaths();
+  paths.push_back(CpuIsa::Scalar);
+  for (DType gradDType : {DType::BF16, DType::F16}) {
+    for (std::optional<DType> copy : {std::optional<DType>(), std::optional(DType::BF16)}) {
+      INFO("gradients " << dtypeName(gradDType) << ", copy " << (copy ? dtypeName(*copy) : "none"));
+      auto reference = makeSets(33, copy, 0.1f);
+      std::vector<ops::AdamWTensors> narrow = cloneSets(reference);
+      for (size_t i = 0; i < reference.size(); ++i) {
+        int64_t n = reference[i].grad.numel(), skip = int64_t(i % 3);
+        Tensor g16 = Tensor::empty({n + skip}, gradDType).narrow(0, skip, n);
+        ops::copy(g16, reference[i].grad);
+        narrow[i].grad = g16;
+        reference[i].grad = g16.to(DType::F32);  // the widening, exact
+      }
+      for (CpuIsa isa : paths) {
+        INFO("path " << ops::cpu::cpuIsaName(isa));
+        auto wide = cloneSets(reference), halfGrads = cloneSets(narrow);
+        for (size_t i = 0; i < narrow.size(); ++i) halfGrads[i].grad = narrow[i].grad;
+        for (int step = 1; step <= 2; ++step) {
+          ops::cpu::adamwOnPath(isa, wide, hyperAt(step), 0.37f);
+          ops::cpu::adamwOnPath(isa, halfGrads, hyperAt(step), 0.37f);
+        }
+        requireSameBits(halfGrads, wide);
+      }
+    }
+  }
+}
