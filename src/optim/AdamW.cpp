@@ -58,39 +58,49 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
   slotsOf_.resize(chunks.numChunks());
   m_.resize(chunks.numChunks());
   v_.resize(chunks.numChunks());
+  bool sharded = !parameterShards.empty();
+  // Where range r's parameter values live: the chunk, or the parameter shard that replaces it.
+  auto paramBaseOf = [&](size_t c) { return sharded ? parameterShards[c] : chunks.paddedFlat(c); };
+  // The SSD chunks first: their state is written out (one chunk's worth of host memory at a time) and their
+  // masters, which a large model makes in host memory (the engine's mastersOnHost), freed before the host
+  // tier's state is allocated. In chunk order the host chunks come first, and the SSD chunks' masters would
+  // then sit in host memory beside the whole host tier.
+  for (size_t c = 0; c < chunks.numChunks(); ++c) {
+    if (homes_[c] != zero::Tier::Nvme) continue;
+    STRATA_CHECK(nvme_ != nullptr, "AdamW: chunk {} is placed on the SSD tier, which is missing", c);
+    zero::ShardRange r = ranges_[c];
+    Tensor values = masters_[c].defined()
+                        ? masters_[c]
+                        : paramBaseOf(c).narrow(0, r.begin - (sharded ? r.begin : 0), r.size());
+    STRATA_CHECK(values.numel() == r.size(), "AdamW: chunk {}'s master has {} elements, its range {}", c,
+                 values.numel(), r.size());
+    Tensor master = values.device().isCpu() && values.dtype() == DType::F32 && values.isContiguous()
+                        ? values
+                        : ops::to(values, Device::cpu(), DType::F32);
+    Tensor zeros = ops::zeros({r.size()}, DType::F32, Device::cpu());
+    nvme_->wait(nvme_->writeAsync(c, {{zero::NvmeTier::Master, master.data<float>()},
+                                      {zero::NvmeTier::FirstMoment, zeros.data<float>()},
+                                      {zero::NvmeTier::SecondMoment, zeros.data<float>()}}));
+    masters_[c] = Tensor();
+  }
   for (size_t c = 0; c < chunks.numChunks(); ++c) {
     zero::ShardRange r = ranges_[c];
-    // Where the range's parameter values live: the chunk, or the parameter shard that replaces it.
-    bool sharded = !parameterShards.empty();
-    Tensor paramBase = sharded ? parameterShards[c] : chunks.paddedFlat(c);
+    Tensor paramBase = paramBaseOf(c);
     int64_t paramOffset = sharded ? r.begin : 0;
     paramFlats_.push_back(paramBase.narrow(0, r.begin - paramOffset, r.size()));
     zero::Tier home = homes_[c];
-    if (home != zero::Tier::Device) {
-      // State off the device (NOTE [Store placement] in zero/Store.h): the master moves to the host, or an
-      // fp32 chunk's parameters are copied there to be its master; the SSD keeps them in its file.
-      // Host-resident state comes from the host state allocator (NOTE [Host state memory] in
-      // core/Allocator.h): huge pages, page-locked where a GPU may stream it; SSD state passes through here
-      // once, in ordinary memory.
-      bool pin = home == zero::Tier::Host && config_.pinHostState && paramBase.device().isCuda();
-      auto hostTensor = [&] {
-        if (home == zero::Tier::Host) return hostStateTensor(r.size(), DType::F32, pin);
-        return Tensor::empty({r.size()}, DType::F32, Device::cpu());
-      };
-      Tensor master = hostTensor();
+    if (home == zero::Tier::Host) {
+      // State in host memory (NOTE [Store placement] in zero/Store.h): the master moves to the host, or an
+      // fp32 chunk's parameters are copied there to be its master. It comes from the host state allocator
+      // (NOTE [Host state memory] in core/Allocator.h): page-locked where a GPU may stream it.
+      bool pin = config_.pinHostState && paramBase.device().isCuda();
+      Tensor master = hostStateTensor(r.size(), DType::F32, pin);
       ops::copy(master, masters_[c].defined() ? masters_[c] : paramFlats_.back());
       masters_[c] = master;
-      m_[c] = hostTensor();
-      v_[c] = hostTensor();
+      m_[c] = hostStateTensor(r.size(), DType::F32, pin);
+      v_[c] = hostStateTensor(r.size(), DType::F32, pin);
       ops::fill(m_[c], 0.0);
       ops::fill(v_[c], 0.0);
-      if (home == zero::Tier::Nvme) {
-        STRATA_CHECK(nvme_ != nullptr, "AdamW: chunk {} is placed on the SSD tier, which is missing", c);
-        nvme_->wait(nvme_->writeAsync(c, {{zero::NvmeTier::Master, master.data<float>()},
-                                          {zero::NvmeTier::FirstMoment, m_[c].data<float>()},
-                                          {zero::NvmeTier::SecondMoment, v_[c].data<float>()}}));
-        masters_[c] = m_[c] = v_[c] = Tensor();
-      }
     }
     bool own = !masters_[c].defined() && home == zero::Tier::Device;
     // The range's fp32 values: the masters (sized to the range), or the fp32 parameters themselves.

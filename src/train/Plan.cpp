@@ -254,7 +254,7 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
     uint64_t reserve = delayedUpdateReserveBytes(c, p.compute, in.rangeElems, p.placement);
     if (reserve > 0)
       p.notes.push_back(fmt::format(
-          "store.delayed_update: {} of host memory for the pending update of the SSD chunks (their fp32 "
+          "store.delayed_update: {} of host memory for the pending update of the SSD chunks (their "
           "gradients and new parameters), so the host budget for state is {}",
           gib(reserve), gib(p.budgets.host)));
   } catch (const Error& e) {

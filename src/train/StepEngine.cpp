@@ -217,6 +217,7 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   if (!c.zero.nvmePath.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(c.zero.nvmePath, ec);
+    zero::removeStaleTierFiles(c.zero.nvmePath);  // before the free space is read
   }
   // Masters made in host memory (mastersOnHost) are the host state's own bytes, not memory in use.
   uint64_t hostMasters = 0;

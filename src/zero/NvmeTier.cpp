@@ -1,7 +1,10 @@
 #include "strata/zero/NvmeTier.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,7 +48,73 @@ void logBackend(const std::string& line) {
   if (said.insert(line).second) spdlog::info("{}", line);
 }
 
+constexpr const char* kFilePrefix = "strata-state-rank";
+
+// This machine's name as tier files carry it (a directory may be shared between machines).
+std::string hostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == 0) return "localhost";
+  std::string out = name;
+  for (char& ch : out)
+    if (ch == '/') ch = '_';
+  return out;
+}
+
+// A tier file's name: strata-state-rank<R>-<host>-<PID>.bin.
+std::string tierFileName(int rank, const std::string& host, long pid) {
+  return kFilePrefix + std::to_string(rank) + "-" + host + "-" + std::to_string(pid) + ".bin";
+}
+
+// The PID of a tier file made on `host`, or -1 when `name` is not one (another machine's, or not a tier
+// file).
+long pidOfTierFile(const std::string& name, const std::string& host) {
+  size_t prefix = std::strlen(kFilePrefix);
+  if (name.rfind(kFilePrefix, 0) != 0 || name.size() < prefix + 6 || name.substr(name.size() - 4) != ".bin")
+    return -1;
+  size_t rankEnd = name.find('-', prefix), pidStart = name.rfind('-');
+  if (rankEnd == std::string::npos || rankEnd == prefix || pidStart <= rankEnd) return -1;
+  std::string rank = name.substr(prefix, rankEnd - prefix);
+  std::string pid = name.substr(pidStart + 1, name.size() - 4 - pidStart - 1);
+  if (name.substr(rankEnd + 1, pidStart - rankEnd - 1) != host || pid.empty() ||
+      rank.find_first_not_of("0123456789") != std::string::npos ||
+      pid.find_first_not_of("0123456789") != std::string::npos)
+    return -1;
+  return std::strtol(pid.c_str(), nullptr, 10);
+}
+
 }  // namespace
+
+uint64_t removeStaleTierFiles(const std::string& directory) {
+  std::error_code ec;
+  if (directory.empty() || !fs::is_directory(directory, ec)) return 0;
+  std::string host = hostName();
+  uint64_t removed = 0;
+  fs::directory_iterator it(directory, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const fs::path path = it->path();
+    long pid = pidOfTierFile(path.filename().string(), host);
+    if (pid <= 0 || pid == long(::getpid())) continue;
+    if (::kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;  // its process lives (or is not ours to see)
+    // Read-write: where flock is emulated with fcntl locks (NFS), an exclusive lock needs it.
+    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    // A live tier holds a shared lock on its file; and the name must still be this file (a new tier may have
+    // replaced it between the directory read and the lock).
+    struct stat opened {
+    }, named{};
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &opened) == 0 &&
+        ::stat(path.c_str(), &named) == 0 && opened.st_dev == named.st_dev && opened.st_ino == named.st_ino &&
+        ::unlink(path.c_str()) == 0) {
+      uint64_t bytes = uint64_t(opened.st_size);
+      removed += bytes;
+      spdlog::warn("removed {} ({:.2f} GiB): the SSD tier's file of a run that ended without removing it",
+                   path.string(), double(bytes) / double(1 << 30));
+    }
+    ::close(fd);
+  }
+  return removed;
+}
 
 NvmeTier::NvmeTier(const std::string& directory, int rank, const std::vector<int64_t>& elems,
                    DType stateDType, const NvmeIoConfig& io)
@@ -78,9 +147,7 @@ NvmeTier::NvmeTier(const std::string& directory, int rank, const std::vector<int
       stateBytes_ += fieldBytes(c, Field(f));
     }
   }
-  path_ = (fs::path(directory) /
-           ("strata-state-rank" + std::to_string(rank) + "-" + std::to_string(::getpid()) + ".bin"))
-              .string();
+  path_ = (fs::path(directory) / tierFileName(rank, hostName(), long(::getpid()))).string();
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
   if (fd_ < 0 && errno == EINVAL) {
     direct_ = false;
@@ -88,6 +155,11 @@ NvmeTier::NvmeTier(const std::string& directory, int rank, const std::vector<int
     spdlog::warn("{}: the file system refuses O_DIRECT; the SSD tier uses buffered I/O", directory);
   }
   STRATA_USER_CHECK(fd_ >= 0, "cannot create the SSD tier's file {}: {}", path_, std::strerror(errno));
+  // Held while the tier lives (the kernel drops it when the process ends, however it ends): another run's
+  // removeStaleTierFiles leaves the file alone.
+  if (::flock(fd_, LOCK_SH | LOCK_NB) != 0)
+    spdlog::warn("{}: no lock on the SSD tier's file ({}); another run could take it for a stale one", path_,
+                 std::strerror(errno));
   // Reserve the whole file now: a disk too small fails here, before any training.
   if (fileBytes_ > 0) {
     int err = ::posix_fallocate(fd_, 0, off_t(fileBytes_));

@@ -1,11 +1,16 @@
 #include "strata/zero/NvmeTier.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "TestUtil.h"
 #include "strata/core/Half.h"
@@ -245,4 +250,36 @@ TEST_CASE("STRATA_NVME_BACKEND picks the SSD tier's backend", "[zero][store][nvm
   std::string byDefault = zero::NvmeTier(dir.string(), 0, {16}, DType::F32, {}).backendName();
   if (!before && !zero::NvmeTier::uringBuilt()) REQUIRE(byDefault == "threads");
   REQUIRE(fs::is_empty(dir));
+}
+
+TEST_CASE("a tier file left by a process that died is removed; live, locked and other files are not",
+          "[zero][store][nvme]") {
+  fs::path dir = test::freshDir("strata-nvme-stale");
+  zero::NvmeTier live(dir.string(), 1, {1000}, DType::F32);
+  // This host's name, as the live tier's file carries it: strata-state-rank1-<host>-<pid>.bin.
+  std::string own = fs::path(live.path()).filename().string();
+  std::string host = own.substr(std::strlen("strata-state-rank1-"));
+  host = host.substr(0, host.rfind('-'));
+  // PIDs no process has: above the kernel's pid_max (at most 2^22).
+  fs::path stale = dir / ("strata-state-rank0-" + host + "-99999999.bin");
+  fs::path locked = dir / ("strata-state-rank2-" + host + "-99999998.bin");
+  fs::path elsewhere = dir / "strata-state-rank0-some-other-host-99999999.bin";
+  fs::path init = dir / ("strata-state-rank0-" + host + "-1.bin");  // PID 1 lives
+  fs::path other = dir / "notes.bin";
+  for (const fs::path& p : {stale, locked, elsewhere, init, other}) {
+    std::ofstream out(p, std::ios::binary);
+    out << std::string(8192, 'x');
+  }
+  // A tier on another machine that shares the directory holds its file's lock.
+  int fd = ::open(locked.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_SH) == 0);
+  REQUIRE(zero::removeStaleTierFiles(dir.string()) == 8192);
+  ::close(fd);
+  REQUIRE(!fs::exists(stale));
+  for (const fs::path& p : {locked, elsewhere, init, other}) REQUIRE(fs::exists(p));
+  REQUIRE(fs::exists(live.path()));                           // this process's own
+  REQUIRE(zero::removeStaleTierFiles(dir.string()) == 8192);  // the lock is gone now
+  REQUIRE(!fs::exists(locked));
+  REQUIRE(zero::removeStaleTierFiles((dir / "missing").string()) == 0);
 }

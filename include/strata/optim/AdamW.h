@@ -135,6 +135,10 @@ class AdamW final : public ChunkOptimizer {
   // The pipelined update's GPU lane depth (NOTE [Pipelined update]).
   static constexpr int kGpuLaneDepth = 3;
   OffloadPhases offloadPhases() const override { return phases_; }
+  // fp32, or 16-bit gradient buffers (precision.grad_accum_dtype): the kernels widen them as they read.
+  bool acceptsGradients(DType dtype) const override {
+    return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
+  }
   void setStepCount(int64_t s) override { step_ = s; }
   // Whether stepChunks reads the next SSD chunk's state while it updates the current one (the default), or
   // reads each when it comes to it, through one buffer set (the same values, for tests and measurements).

@@ -73,7 +73,7 @@ class ChunkOptimizer {
   // Wall seconds the last update spent on state off the device, and by phase.
   virtual double offDeviceSeconds() const { return 0; }
   virtual OffloadPhases offloadPhases() const { return {}; }
-  // Whether stepChunks reads gradients in `dtype` (fp32 always).
+  // Whether stepChunks reads gradients in `dtype` (fp32 always; AdamW and Adafactor 16-bit ones too).
   virtual bool acceptsGradients(DType dtype) const { return dtype == DType::F32; }
 };
 

@@ -2,11 +2,13 @@
 //
 // NOTE [SSD tier]
 // One file per rank under zero_optimization.nvme_path, created at start (its whole size reserved with
-// fallocate, so a full disk is found before training) and removed at the end. Each chunk placed here has an
-// extent of 4 KiB-aligned fields: its fp32 master, then m and v in store.nvme_state_dtype (fp32, bf16 or
-// fp16; the master stays fp32, as rounding it would lose the updates smaller than its last bit). The file is
-// opened with O_DIRECT, so the page cache neither doubles the host memory nor hides the disk's speed (file
-// systems without O_DIRECT, like some tmpfs, fall back to buffered I/O, said once in the log).
+// fallocate, so a full disk is found before training) and removed at the end; the tier holds a lock on it,
+// and the next run removes a file whose process died without removing it (removeStaleTierFiles). Each chunk
+// placed here has an extent of 4 KiB-aligned fields: its fp32 master, then m and v in store.nvme_state_dtype
+// (fp32, bf16 or fp16; the master stays fp32, as rounding it would lose the updates smaller than its last
+// bit). The file is opened with O_DIRECT, so the page cache neither doubles the host memory nor hides the
+// disk's speed (file systems without O_DIRECT, like some tmpfs, fall back to buffered I/O, said once in the
+// log).
 //
 // I/O. A field moves in pieces of zero_optimization.aio.block_size bytes (default 16 MiB, rounded down to
 // 4 KiB), up to zero_optimization.aio.queue_depth pieces (default 8) in flight, each through a 4 KiB-aligned
@@ -63,6 +65,13 @@ struct NvmeIoConfig {
   int64_t queueDepth = 8;                   // zero_optimization.aio.queue_depth
   NvmeBackend backend = NvmeBackend::Auto;  // Auto: STRATA_NVME_BACKEND, else io_uring where built
 };
+
+// Removes the SSD tier's files under `directory` that no live process owns (a run killed before its clean-up
+// leaves its file, named by its host and PID, behind) and returns their bytes. A file is stale when it was
+// made on this host, its PID is not a live process, and no process holds the lock every live tier keeps on
+// its file. Other hosts' files (a shared directory) are left alone. Without this, every killed run would
+// shrink the next run's automatic SSD budget by its whole file.
+uint64_t removeStaleTierFiles(const std::string& directory);
 
 class NvmeTier {
  public:

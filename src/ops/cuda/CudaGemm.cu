@@ -60,7 +60,8 @@ bool autotune() {
   return v && std::string(v) == "1";
 }
 
-// STRATA_GEMM_BACKEND: `lt` (default) or `cublas` (see the note at the top). Read at each new plan.
+// STRATA_GEMM_BACKEND: `lt` (default) or `cublas` (see the note at the top). Read at each call (it is part of
+// the plan's key).
 bool plainCublasRequested() {
   const char* v = std::getenv("STRATA_GEMM_BACKEND");
   if (!v || !*v || std::string(v) == "lt") return false;
@@ -69,7 +70,7 @@ bool plainCublasRequested() {
 }
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t,
-                           int64_t, int64_t, int64_t, bool, int, int, int, int, int, int64_t>;
+                           int64_t, int64_t, int64_t, bool, int, int, int, int, int, int64_t, bool>;
 
 struct Plan {
   bool supported = true;     // false: the heuristic had no algorithm for an optional epilogue
@@ -226,9 +227,10 @@ int fastest(LtState& st, const Plan& plan, const GemmArgs& g, const cublasLtMatm
   return best;
 }
 
-std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int alignY, int alignC) {
+std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int alignY, int alignC,
+                               bool plainCublas) {
   auto plan = std::make_unique<Plan>();
-  if (epilogueOf(g) == CUBLASLT_EPILOGUE_DEFAULT && plainCublasRequested()) {
+  if (plainCublas) {
     if (!st.blas) STRATA_CUBLAS_CHECK(cublasCreate(&st.blas));
     plan->plainCublas = true;
     return plan;
@@ -331,6 +333,8 @@ bool gemm(const GemmArgs& g) {
   // Epilogue vectors and aux take C's alignment class in the plan key (all fresh allocations in practice).
   for (const void* p : {g.bias, static_cast<const void*>(g.aux), static_cast<const void*>(g.biasGrad)})
     if (p) alignC = std::min(alignC, alignmentOf(p));
+  // The backend is part of the key: a process that changes STRATA_GEMM_BACKEND gets the one it asks for.
+  bool plainCublas = epilogueOf(g) == CUBLASLT_EPILOGUE_DEFAULT && plainCublasRequested();
   PlanKey key{int(g.dtype),
               g.m,
               g.n,
@@ -350,12 +354,14 @@ bool gemm(const GemmArgs& g) {
               alignC,
               int(epilogueOf(g)),
               int(g.outDtype.value_or(g.dtype)),
-              g.ldAux};
+              g.ldAux,
+              plainCublas};
   Plan* plan;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
     auto it = st.plans.find(key);
-    if (it == st.plans.end()) it = st.plans.emplace(key, makePlan(st, g, alignX, alignY, alignC)).first;
+    if (it == st.plans.end())
+      it = st.plans.emplace(key, makePlan(st, g, alignX, alignY, alignC, plainCublas)).first;
     plan = it->second.get();
   }
   if (!plan->supported) return false;
