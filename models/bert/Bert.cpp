@@ -151,6 +151,12 @@ Tensor Bert::mlmLogits(const Tensor& ids, const Tensor& tokenTypes, const Tensor
 }
 
 namespace {
+// The hidden states of the chosen tokens [M, C] (positions defined), or all of them [B, S, C].
+Tensor mlmRows(const Tensor& hidden, const Tensor& positions) {
+  if (!positions.defined()) return hidden;
+  return embedding(hidden.reshape({-1, hidden.size(-1)}), positions);
+}
+
 Tensor mlmCrossEntropy(const Tensor& logits, const Tensor& labels) {
   STRATA_CHECK(labels.numel() * logits.size(-1) == logits.numel(),
                "bert: MLM labels {} do not match the logits {}", toString(labels.shape()),
@@ -160,9 +166,10 @@ Tensor mlmCrossEntropy(const Tensor& logits, const Tensor& labels) {
 }  // namespace
 
 Tensor Bert::mlmLoss(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask,
-                     const Tensor& labels, DType compute) {
-  return call({ids, tokenTypes, attentionMask, labels}, [&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{mlmCrossEntropy(mlm_->apply(hidden(in[0], in[1], in[2], compute)), in[3])};
+                     const Tensor& labels, DType compute, const Tensor& positions) {
+  return call({ids, tokenTypes, attentionMask, labels, positions}, [&](const std::vector<Tensor>& in) {
+    Tensor h = mlmRows(hidden(in[0], in[1], in[2], compute), in[4]);
+    return std::vector<Tensor>{mlmCrossEntropy(mlm_->apply(h), in[3])};
   })[0];
 }
 
@@ -174,13 +181,15 @@ Tensor Bert::nspLogits(const Tensor& ids, const Tensor& tokenTypes, const Tensor
 }
 
 Tensor Bert::pretrainingLoss(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask,
-                             const Tensor& mlmLabels, const Tensor& nspLabels, DType compute) {
-  return call({ids, tokenTypes, attentionMask, mlmLabels, nspLabels}, [&](const std::vector<Tensor>& in) {
-    Tensor h = hidden(in[0], in[1], in[2], compute);
-    Tensor mlm = mlmCrossEntropy(mlm_->apply(h), in[3]);
-    Tensor nsp = crossEntropy(nspFromHidden(h), in[4].reshape({-1}), -100);
-    return std::vector<Tensor>{mlm + nsp};
-  })[0];
+                             const Tensor& mlmLabels, const Tensor& nspLabels, DType compute,
+                             const Tensor& positions) {
+  return call({ids, tokenTypes, attentionMask, mlmLabels, nspLabels, positions},
+              [&](const std::vector<Tensor>& in) {
+                Tensor h = hidden(in[0], in[1], in[2], compute);
+                Tensor mlm = mlmCrossEntropy(mlm_->apply(mlmRows(h, in[5])), in[3]);
+                Tensor nsp = crossEntropy(nspFromHidden(h), in[4].reshape({-1}), -100);
+                return std::vector<Tensor>{mlm + nsp};
+              })[0];
 }
 
 std::vector<Tensor> Bert::forwardImpl(const std::vector<Tensor>& inputs) {

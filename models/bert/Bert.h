@@ -54,14 +54,19 @@ class Bert : public nn::Module {
   Tensor encode(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask, DType compute);
   // MLM logits [B, S, vocab].
   Tensor mlmLogits(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask, DType compute);
-  // Mean MLM cross-entropy over the positions whose label is not -100 (fp32 scalar).
+  // Mean MLM cross-entropy over the positions whose label is not -100 (fp32 scalar). With `positions` (i64
+  // [M]: flat indices b * S + s, as train::mlmMask gives them) the head runs on those tokens only and
+  // `labels` holds their labels [M]; otherwise `labels` is [B, S]. The same loss either way (summed in
+  // another order).
   Tensor mlmLoss(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask,
-                 const Tensor& labels, DType compute);
+                 const Tensor& labels, DType compute, const Tensor& positions = Tensor());
   // Next-sentence logits [B, 2] from the pooled [CLS] state (needs config.nspHead).
   Tensor nspLogits(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask, DType compute);
   // MLM loss + NSP loss (nspLabels [B]: 0 = B follows A, 1 = random), one forward (needs config.nspHead).
+  // `positions` as for mlmLoss.
   Tensor pretrainingLoss(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask,
-                         const Tensor& mlmLabels, const Tensor& nspLabels, DType compute);
+                         const Tensor& mlmLabels, const Tensor& nspLabels, DType compute,
+                         const Tensor& positions = Tensor());
 
   int64_t contextLength() const { return config_.seqLength; }
   int64_t vocabSize() const { return config_.vocabSize; }

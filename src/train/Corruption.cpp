@@ -97,8 +97,27 @@ MlmBatch mlmMask(const Tensor& ids, const MlmMaskingOptions& o, uint64_t seed, u
       }
     }
   }
+  std::vector<int64_t> positions, positionLabels;
+  int64_t unchosen = -1;
+  for (int64_t i = 0; i < B * S; ++i) {
+    if (labels[size_t(i)] == -100) {
+      if (unchosen < 0) unchosen = i;
+      continue;
+    }
+    positions.push_back(i);
+    positionLabels.push_back(labels[size_t(i)]);
+  }
+  int64_t rows = int64_t(positions.size());
+  int64_t padded = std::min((rows + kMlmPositionAlign - 1) / kMlmPositionAlign * kMlmPositionAlign, B * S);
+  if (unchosen >= 0) {
+    positions.resize(size_t(std::max(padded, rows)), unchosen);
+    positionLabels.resize(positions.size(), -100);
+  }
   Device dev = ids.device();
-  return {Tensor::fromVector<int64_t>(out, {B, S}, dev), Tensor::fromVector<int64_t>(labels, {B, S}, dev)};
+  int64_t m = int64_t(positions.size());
+  return {Tensor::fromVector<int64_t>(out, {B, S}, dev), Tensor::fromVector<int64_t>(labels, {B, S}, dev),
+          Tensor::fromVector<int64_t>(positions, {m}, dev),
+          Tensor::fromVector<int64_t>(positionLabels, {m}, dev)};
 }
 
 std::vector<bool> randomSpansNoiseMask(int64_t length, double noiseDensity, double meanNoiseSpanLength,

@@ -73,8 +73,12 @@ int64_t MaskedLmObjective::windowLength() const {
 
 Tensor MaskedLmObjective::loss(const TokenBatch& batch, DType compute) {
   MlmInputs in = inputs(batch);
-  if (!model_->config().nspHead) return model_->mlmLoss(in.ids, Tensor(), Tensor(), in.labels, compute);
-  return model_->pretrainingLoss(in.ids, in.tokenTypes, Tensor(), in.labels, in.nspLabels, compute);
+  // The MLM head on the chosen tokens only (about 15% of them): the loss of the full form, a fraction of the
+  // head's work and no [B, S, vocab] logits.
+  if (!model_->config().nspHead)
+    return model_->mlmLoss(in.ids, Tensor(), Tensor(), in.positionLabels, compute, in.positions);
+  return model_->pretrainingLoss(in.ids, in.tokenTypes, Tensor(), in.positionLabels, in.nspLabels, compute,
+                                 in.positions);
 }
 
 MlmInputs MaskedLmObjective::inputs(const TokenBatch& batch) const {
@@ -114,7 +118,7 @@ MlmInputs MaskedLmObjective::inputs(const TokenBatch& batch) const {
   Device device = windows.device();
   Tensor sequences = Tensor::fromVector<int64_t>(ids, {B, S}, device);
   MlmBatch masked = mlmMask(sequences, masking_, key, uint64_t(batch.index) * uint64_t(B * S));
-  MlmInputs out{masked.inputIds, masked.labels, Tensor(), Tensor()};
+  MlmInputs out{masked.inputIds, masked.labels, Tensor(), Tensor(), masked.positions, masked.positionLabels};
   if (nsp) {
     out.tokenTypes = Tensor::fromVector<int64_t>(types, {B, S}, device);
     out.nspLabels = Tensor::fromVector<int64_t>(nspLabels, {B}, device);

@@ -95,6 +95,31 @@ TEST_CASE("BERT MLM loss is the cross-entropy of the MLM logits at the labelled 
   }
   Tensor loss = bert.mlmLoss(ids, Tensor(), mask, labels, DType::F32);
   REQUIRE(loss.item() == Approx(expected).epsilon(1e-5));
+  // The head on the labelled tokens only (flat indices, a padding row pointing at an unlabelled one): the
+  // same loss and the same gradients.
+  Tensor positions = Tensor::fromVector<int64_t>({1, 4, 6, 0}, {4});
+  Tensor positionLabels = Tensor::fromVector<int64_t>({9, 11, 12, -100}, {4});
+  auto gradients = [&](const Tensor& l) {
+    bert.zeroGrad();
+    backward(l);
+    std::vector<double> out;
+    for (auto& [name, p] : bert.namedParameters()) {
+      auto g = p.grad().defined() ? p.grad().contiguous().toVector<double>()
+                                  : std::vector<double>(size_t(p.numel()), 0.0);
+      out.insert(out.end(), g.begin(), g.end());
+    }
+    return out;
+  };
+  Tensor rowsLoss = bert.mlmLoss(ids, Tensor(), mask, positionLabels, DType::F32, positions);
+  REQUIRE(rowsLoss.item() == Approx(expected).epsilon(1e-5));
+  auto full = gradients(bert.mlmLoss(ids, Tensor(), mask, labels, DType::F32));
+  auto rows = gradients(rowsLoss);
+  REQUIRE(test::closeness(rows, full, 1e-6, 1e-5) <= 1.0);
+  Tensor nspProbe = Tensor::fromVector<int64_t>({0, 1}, {2});
+  REQUIRE(
+      bert.pretrainingLoss(ids, Tensor(), mask, positionLabels, nspProbe, DType::F32, positions).item() ==
+      Approx(bert.pretrainingLoss(ids, Tensor(), mask, labels, nspProbe, DType::F32).item()).epsilon(1e-5));
+  bert.zeroGrad();
   // Pre-training adds the NSP loss; every parameter gets a gradient (tied decoder, pooler and NSP included).
   Tensor nspLabels = Tensor::fromVector<int64_t>({0, 1}, {2});
   Tensor total = bert.pretrainingLoss(ids, Tensor(), mask, labels, nspLabels, DType::F32);

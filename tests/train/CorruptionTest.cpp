@@ -57,6 +57,21 @@ TEST_CASE("MLM masking: exact count per row, 80/10/10 over many tokens, specials
     REQUIRE(chosen == 19);
   }
   double total = double(B * 19);
+  // The chosen tokens alone, in order, padded to a multiple of 64 rows with an unchosen token labelled -100.
+  std::vector<int64_t> positions = m.positions.toVector<int64_t>(), pl = m.positionLabels.toVector<int64_t>();
+  REQUIRE(positions.size() == pl.size());
+  REQUIRE(positions.size() == size_t((B * 19 + 63) / 64 * 64));
+  for (size_t k = 0; k < positions.size(); ++k) {
+    size_t at = size_t(positions[k]);
+    if (k < size_t(B * 19)) {
+      REQUIRE(labels[at] != -100);
+      REQUIRE(pl[k] == labels[at]);
+      if (k > 0) REQUIRE(positions[k] > positions[k - 1]);
+    } else {
+      REQUIRE(labels[at] == -100);
+      REQUIRE(pl[k] == -100);
+    }
+  }
   REQUIRE(double(masked) / total == Approx(0.8).margin(0.015));
   REQUIRE(double(random) / total == Approx(0.1 * 0.99).margin(0.01));
   REQUIRE(double(kept) / total == Approx(0.1 + 0.1 * 0.01).margin(0.01));

@@ -785,6 +785,24 @@ TEST_CASE("store.delayed_update trains with the SSD chunks one step behind, clos
 namespace {
 // Adafactor through the trainer (optim/Adafactor.h): an explicit lr, a bf16 first moment (so the
 // checkpoint's exp_avg is widened and narrowed again), small chunks.
+// `other` follows `reference` within `tolerance` at every logged loss, and its loss falls by more than
+// `fall`.
+void requireCloseCurves(const std::vector<nlohmann::json>& reference,
+                        const std::vector<nlohmann::json>& other, const std::string& run, double tolerance,
+                        double fall) {
+  REQUIRE(other.size() == reference.size());
+  double worst = 0, first = 0, last = 0;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    if (!reference[i].contains("loss")) continue;
+    double a = reference[i]["loss"].get<double>(), b = other[i]["loss"].get<double>();
+    worst = std::max(worst, std::abs(a - b));
+    (first == 0 ? first : last) = b;
+  }
+  INFO(run << ": worst loss gap " << worst << ", loss " << first << " -> " << last);
+  REQUIRE(worst < tolerance);
+  REQUIRE(last < first - fall);
+}
+
 std::vector<std::string> adafactorSets(std::vector<std::string> extra) {
   std::vector<std::string> sets = {"model.dropout=0",
                                    "optimizer.type=adafactor",
@@ -881,22 +899,10 @@ TEST_CASE("[cuda] Adafactor with host state and bf16 gradient buffers trains lik
   bf16.push_back("precision.grad_accum_dtype=bf16");
   train::Trainer(tinyConfig(base / "bf16grads", adafactorSets(bf16))).run();
   auto device = records(base / "device");
-  for (const char* run : {"host", "bf16grads"}) {
-    auto other = records(base / run);
-    REQUIRE(other.size() == device.size());
-    double worst = 0, first = 0, last = 0;
-    for (size_t i = 0; i < device.size(); ++i) {
-      if (!device[i].contains("loss")) continue;
-      double a = device[i]["loss"].get<double>(), b = other[i]["loss"].get<double>();
-      worst = std::max(worst, std::abs(a - b));
-      (first == 0 ? first : last) = b;
-    }
-    INFO(run << ": worst loss gap " << worst << ", loss " << first << " -> " << last);
-    // The host run is the device run's kernel on the same inputs (bf16 GEMMs' run-to-run noise aside); bf16
-    // gradient buffers round each gradient once more.
-    REQUIRE(worst < 0.1);
-    REQUIRE(last < first - 1.5);
-  }
+  // The host run is the device run's kernel on the same inputs (bf16 GEMMs' run-to-run noise aside); bf16
+  // gradient buffers round each gradient once more.
+  for (const char* run : {"host", "bf16grads"})
+    requireCloseCurves(device, records(base / run), run, 0.1, 1.5);
 }
 
 TEST_CASE("[cuda] AdamW with bf16 gradient buffers trains like fp32 ones, on the device and from host state",
@@ -916,22 +922,10 @@ TEST_CASE("[cuda] AdamW with bf16 gradient buffers trains like fp32 ones, on the
   train::Trainer(tinyConfig(base / "host", host)).run();
   host.push_back("optimizer.pipeline=false");
   train::Trainer(tinyConfig(base / "sequential", host)).run();
+  // bf16 buffers round each gradient, and each sum of two micro-batches, once more than fp32 ones.
   auto reference = records(base / "fp32grads");
-  for (const char* run : {"device", "host", "sequential"}) {
-    auto other = records(base / run);
-    REQUIRE(other.size() == reference.size());
-    double worst = 0, first = 0, last = 0;
-    for (size_t i = 0; i < reference.size(); ++i) {
-      if (!reference[i].contains("loss")) continue;
-      double a = reference[i]["loss"].get<double>(), b = other[i]["loss"].get<double>();
-      worst = std::max(worst, std::abs(a - b));
-      (first == 0 ? first : last) = b;
-    }
-    INFO(run << ": worst loss gap " << worst << ", loss " << first << " -> " << last);
-    // bf16 buffers round each gradient, and each sum of two micro-batches, once more than fp32 ones.
-    REQUIRE(worst < 0.1);
-    REQUIRE(last < first - 1.5);
-  }
+  for (const char* run : {"device", "host", "sequential"})
+    requireCloseCurves(reference, records(base / run), run, 0.1, 1.5);
 }
 
 TEST_CASE("train.recompute selective and full train a GPT with the losses of none, at ZeRO stages 0 and 3",

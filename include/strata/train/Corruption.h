@@ -30,7 +30,14 @@ struct MlmMaskingOptions {
 struct MlmBatch {
   Tensor inputIds;  // i64 [B, S]: the corrupted ids
   Tensor labels;    // i64 [B, S]: the original id where chosen, -100 elsewhere
+  // The chosen tokens alone, for a loss that runs the MLM head on them only: their flat indices b * S + s
+  // (i64 [M]) in order and their labels (i64 [M]). M is the count rounded up to a multiple of
+  // kMlmPositionAlign rows (at most B x S; fewer distinct GEMM shapes), the extra rows pointing at an
+  // unchosen token with label -100.
+  Tensor positions;
+  Tensor positionLabels;
 };
+constexpr int64_t kMlmPositionAlign = 64;
 
 // ids [B, S] (i32/i64, any device; results on the same device). Each row gets exactly
 // max(1, round(maskProbability x its eligible tokens)) chosen tokens (0 when none is eligible); with

@@ -28,6 +28,8 @@ struct MlmInputs {
   Tensor labels;      // [B, S]: the original id where chosen, -100 elsewhere
   Tensor tokenTypes;  // [B, S]: 0 for [CLS] A [SEP], 1 for B [SEP] (undefined without the NSP head)
   Tensor nspLabels;   // [B]: 0 when B follows A, 1 when it is another row's (undefined without the NSP head)
+  Tensor positions;   // [M]: the chosen tokens' flat indices, padded (MlmBatch)
+  Tensor positionLabels;  // [M]: their labels, -100 on the padding rows
 };
 
 class MaskedLmObjective final : public Objective {
