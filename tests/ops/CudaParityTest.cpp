@@ -10,6 +10,15 @@ using namespace strata;
 
 namespace {
 
+// Sets an environment variable for a scope; unset again however the scope ends (a failed REQUIRE throws).
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* value) : name(n) { ::setenv(n, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+};
+
 const Device kGpu = Device::cuda(0);
 
 struct Tol {
@@ -688,7 +697,7 @@ TEST_CASE("[cuda] linear with the bias epilogue matches the cpu", "[cuda][parity
 TEST_CASE("[cuda] autotuned GEMMs match the cpu and leave accumulated outputs alone", "[cuda][parity]") {
   STRATA_REQUIRE_CUDA();
   // Shapes no other test plans, so these plans are made (and autotuned) here.
-  ::setenv("STRATA_GEMM_AUTOTUNE", "1", 1);
+  ScopedEnv autotune("STRATA_GEMM_AUTOTUNE", "1");
   Tensor a = randomOf({328, 200}, DType::BF16, 140, -1, 1), b = randomOf({200, 136}, DType::BF16, 141, -1, 1);
   Tensor base = randomOf({328, 136}, DType::F32, 142, -1, 1);
   parity("autotuned matmul and accumulate",
@@ -698,13 +707,12 @@ TEST_CASE("[cuda] autotuned GEMMs match the cpu and leave accumulated outputs al
            return std::vector<Tensor>{ops::matmul(in[0], in[1]), acc};
          },
          {a, b, base}, {8e-2, 8e-2});
-  ::unsetenv("STRATA_GEMM_AUTOTUNE");
 }
 
 TEST_CASE("[cuda] plain-cuBLAS GEMMs (STRATA_GEMM_BACKEND=cublas) match the cpu", "[cuda][parity]") {
   STRATA_REQUIRE_CUDA();
   // Shapes no other test plans, so these plans are made here with the backend set.
-  ::setenv("STRATA_GEMM_BACKEND", "cublas", 1);
+  ScopedEnv backend("STRATA_GEMM_BACKEND", "cublas");
   for (DType dt : kFloatTypes) {
     Tol t = tolFor(dt);
     Tol mmTol{t.atol * 4, t.rtol * 2};
@@ -729,7 +737,6 @@ TEST_CASE("[cuda] plain-cuBLAS GEMMs (STRATA_GEMM_BACKEND=cublas) match the cpu"
            },
            {a, b, base}, {8e-2, 8e-2});
   }
-  ::unsetenv("STRATA_GEMM_BACKEND");
 }
 
 // bf16 parameters with fp32 gradient buffers, as training lays them out (NOTE [Gradient buffers]): clones of

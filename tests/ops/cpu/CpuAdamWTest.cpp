@@ -239,8 +239,9 @@ TEST_CASE("CPU AdamW: the path names and the active path", "[optim][adamw][cpu]"
 TEST_CASE("CPU AdamW: bf16 and f16 gradients update as their fp32 widening does, on every path",
           "[optim][adamw][cpu]") {
   // 16-bit gradient buffers (precision.grad_accum_dtype): each path widens them as it reads, exactly, so the
-  // update is the one from the same gradients in fp32, bit for bit. Gradients start mid-buffer too (the
-  // vector loads are unaligned), and the sets' sizes leave vector tails.
+  // update is the one from the same gradients in fp32, bit for bit (special values included: a NaN's payload
+  // survives, quieted). Gradients start mid-buffer too (the vector loads are unaligned), and the sets' sizes
+  // leave vector tails.
   std::vector<CpuIsa> paths = vectorPaths();
   paths.push_back(CpuIsa::Scalar);
   for (DType gradDType : {DType::BF16, DType::F16}) {
@@ -252,6 +253,15 @@ TEST_CASE("CPU AdamW: bf16 and f16 gradients update as their fp32 widening does,
         int64_t n = reference[i].grad.numel(), skip = int64_t(i % 3);
         Tensor g16 = Tensor::empty({n + skip}, gradDType).narrow(0, skip, n);
         ops::copy(g16, reference[i].grad);
+        if (n >= 64) {
+          // Special values in a vector-path stretch: infinities, quiet and signalling NaNs, subnormals, -0.
+          std::vector<uint16_t> special =
+              gradDType == DType::BF16
+                  ? std::vector<uint16_t>{0x7f80, 0xff80, 0x7fc1, 0x7f81, 0x0001, 0x8000, 0x807f, 0x0080}
+                  : std::vector<uint16_t>{0x7c00, 0xfc00, 0x7e01, 0x7c01, 0x0001, 0x8000, 0x83ff, 0x0400};
+          auto* bits = static_cast<uint16_t*>(g16.data());
+          for (size_t k = 0; k < special.size(); ++k) bits[32 + k] = special[k];
+        }
         narrow[i].grad = g16;
         reference[i].grad = g16.to(DType::F32);  // the widening, exact
       }
