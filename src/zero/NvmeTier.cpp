@@ -101,8 +101,8 @@ uint64_t removeStaleTierFiles(const std::string& directory) {
     if (fd < 0) continue;
     // A live tier holds a shared lock on its file; and the name must still be this file (a new tier may have
     // replaced it between the directory read and the lock).
-    struct stat opened {
-    }, named{};
+    struct stat opened = {};
+    struct stat named = {};
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &opened) == 0 &&
         ::stat(path.c_str(), &named) == 0 && opened.st_dev == named.st_dev && opened.st_ino == named.st_ino &&
         ::unlink(path.c_str()) == 0) {
