@@ -265,6 +265,15 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
       p.refusal = e.message();
     }
   }
+  // State off the device with fp32 gradient buffers for 16-bit parameters: 16-bit buffers would leave half of
+  // them to optimizer state on the device.
+  bool offDevice = p.placement.chunksOn(zero::Tier::Host) > 0 || p.placement.chunksOn(zero::Tier::Nvme) > 0;
+  if (p.fits && offDevice && dtypeSize(p.compute) == 2 && in.gradientDType == DType::F32)
+    p.notes.push_back(
+        fmt::format("precision.grad_accum_dtype: {} would keep the gradient buffers in 16 bits, {} less on "
+                    "the device for "
+                    "more of the optimizer state there (micro-batches then add in 16 bits)",
+                    dtypeName(p.compute), gib(in.gradientBytes / 2)));
   // Bytes by kind and tier: an fp32 chunk whose state stays on the device has no separate master (the engine
   // counts it so too).
   p.kindBytes[kParameters][int(zero::Tier::Device)] = in.parameterBytes;

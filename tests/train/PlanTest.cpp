@@ -120,6 +120,18 @@ TEST_CASE("plan: GPT-6.7B with its optimizer on the host", "[train][plan]") {
   std::string text = train::formatPlan(p);
   REQUIRE(text.find("CPU AdamW") != std::string::npos);
   REQUIRE(text.find("fp32 masters") != std::string::npos);
+  // State off the device: the plan says what bf16 gradient buffers would free; with them, the device holds
+  // 2 bytes per element less and the gradients cross to the host at 2 bytes.
+  REQUIRE(text.find("precision.grad_accum_dtype: bf16 would keep") != std::string::npos);
+  train::ModelStatePlan bf16 = train::planModelState(
+      configFile("gpt3-6.7b.yaml",
+                 {"zero_optimization.offload_optimizer.device=cpu", "precision.grad_accum_dtype=bf16"}),
+      options);
+  REQUIRE(bf16.fits);
+  REQUIRE(bf16.inputs.gradientBytes * 2 == p.inputs.gradientBytes);
+  REQUIRE(bf16.devicePeakBytes + p.inputs.gradientBytes / 2 == p.devicePeakBytes);
+  REQUIRE(term(bf16, "PCIe")->seconds == Approx(2.0 * double(elems) / 25e9 + 2.0 * double(elems) / 50e9));
+  REQUIRE(train::formatPlan(bf16).find("would keep") == std::string::npos);
 }
 
 TEST_CASE("plan: the activation estimate matches the measured GPT-6.7B forward", "[train][plan]") {
@@ -214,6 +226,18 @@ TEST_CASE("plan: the delayed SSD update's host reserve, as the engine leaves it"
   overrides.push_back("store.host_budget_gb=80");
   train::ModelStatePlan fixed = train::planModelState(configFile("gpt3-13b.yaml", overrides), options);
   REQUIRE(fixed.budgets.host == 80ull << 30);
+  // bf16 gradient buffers: the pending update keeps 2 + 2 bytes per SSD element.
+  overrides.pop_back();
+  overrides.push_back("precision.grad_accum_dtype=bf16");
+  train::Config c16 = configFile("gpt3-13b.yaml", overrides);
+  train::ModelStatePlan delayed16 = train::planModelState(c16, options);
+  uint64_t ssd16 = 0;
+  for (size_t i = 0; i < delayed16.placement.optimizerTier.size(); ++i)
+    if (delayed16.placement.optimizerTier[i] == zero::Tier::Nvme)
+      ssd16 += uint64_t(delayed16.inputs.rangeElems[i]);
+  REQUIRE(ssd16 > 0);
+  REQUIRE(train::delayedUpdateReserveBytes(c16, delayed16.compute, delayed16.inputs.rangeElems,
+                                           delayed16.placement) == ssd16 * 4);
 }
 
 TEST_CASE("plan and the placement inputs count Adafactor's factored state", "[train][plan][adafactor]") {
