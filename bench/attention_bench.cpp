@@ -15,24 +15,15 @@ int main(int argc, char** argv) {
     std::printf("bench_attention: no CUDA device\n");
     return 0;
   }
-  int iters = 20;
-  std::vector<std::array<int64_t, 4>> shapes;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
-      iters = std::stoi(argv[++i]);
-      continue;
-    }
-    std::array<int64_t, 4> s{};
-    if (std::sscanf(argv[i], "%ld,%ld,%ld,%ld", &s[0], &s[1], &s[2], &s[3]) != 4) {
-      std::fprintf(stderr, "bad shape '%s' (want B,S,H,D)\n", argv[i]);
-      return 2;
-    }
-    shapes.push_back(s);
-  }
+  auto args = bench::parseCaseArgs(argc, argv, 20, 4, 4, "B,S,H,D");
+  if (!args) return 2;
+  int iters = args->iters;
+  std::vector<std::vector<int64_t>> shapes = args->cases;
   if (shapes.empty()) shapes = {{16, 512, 16, 128}, {4, 2048, 16, 128}, {16, 512, 12, 64}};
   Device gpu = Device::cuda(0);
   Generator gen(1);
-  for (auto [B, S, H, D] : shapes) {
+  for (const auto& shape : shapes) {
+    int64_t B = shape[0], S = shape[1], H = shape[2], D = shape[3];
     Tensor q = ops::randn({B, S, H, D}, gen, DType::BF16, gpu),
            k = ops::randn({B, S, H, D}, gen, DType::BF16, gpu),
            v = ops::randn({B, S, H, D}, gen, DType::BF16, gpu),

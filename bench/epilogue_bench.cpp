@@ -18,24 +18,15 @@ int main(int argc, char** argv) {
     std::printf("bench_epilogue: no CUDA device\n");
     return 0;
   }
-  int iters = 20;
-  std::vector<std::array<int64_t, 3>> shapes;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
-      iters = std::stoi(argv[++i]);
-      continue;
-    }
-    std::array<int64_t, 3> s{};
-    if (std::sscanf(argv[i], "%ld,%ld,%ld", &s[0], &s[1], &s[2]) != 3) {
-      std::fprintf(stderr, "bad shape '%s' (want T,D,F)\n", argv[i]);
-      return 2;
-    }
-    shapes.push_back(s);
-  }
+  auto args = bench::parseCaseArgs(argc, argv, 20, 3, 3, "T,D,F");
+  if (!args) return 2;
+  int iters = args->iters;
+  std::vector<std::vector<int64_t>> shapes = args->cases;
   if (shapes.empty()) shapes = {{16384, 768, 3072}, {8192, 2048, 8192}};
   Device gpu = Device::cuda(0);
   Generator gen(1);
-  for (auto [T, D, F] : shapes) {
+  for (const auto& shape : shapes) {
+    int64_t T = shape[0], D = shape[1], F = shape[2];
     auto r = [&](Shape s, double std) { return ops::randn(s, gen, DType::BF16, gpu, 0.0, std); };
     Tensor x = r({T, D}, 1.0), w1 = r({D, F}, 0.02), b1 = r({F}, 0.02), w2 = r({F, D}, 0.02),
            b2 = r({D}, 0.02);

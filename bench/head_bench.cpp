@@ -20,23 +20,12 @@ int main(int argc, char** argv) {
     std::printf("bench_head: no CUDA device\n");
     return 0;
   }
-  int iters = 10;
-  std::vector<std::vector<int64_t>> cases;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
-      iters = std::stoi(argv[++i]);
-      continue;
-    }
-    std::vector<int64_t> c;
-    std::stringstream in(argv[i]);
-    for (std::string f; std::getline(in, f, ',');) c.push_back(std::stoll(f));
-    if (c.size() < 3) {
-      std::fprintf(stderr, "bad case '%s' (want N,V,C[,chunk_rows...])\n", argv[i]);
-      return 2;
-    }
+  auto args = bench::parseCaseArgs(argc, argv, 10, 3, SIZE_MAX, "N,V,C[,chunk_rows...]");
+  if (!args) return 2;
+  int iters = args->iters;
+  std::vector<std::vector<int64_t>> cases = args->cases;
+  for (auto& c : cases)
     if (c.size() == 3) c.push_back(0);
-    cases.push_back(c);
-  }
   if (cases.empty()) cases = {{16384, 50304, 768, 0}, {16384, 50304, 2048, 0}};
   Device gpu = Device::cuda(0);
   Generator gen(1);

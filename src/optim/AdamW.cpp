@@ -59,8 +59,12 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
   m_.resize(chunks.numChunks());
   v_.resize(chunks.numChunks());
   bool sharded = !parameterShards.empty();
-  // Where range r's parameter values live: the chunk, or the parameter shard that replaces it.
-  auto paramBaseOf = [&](size_t c) { return sharded ? parameterShards[c] : chunks.paddedFlat(c); };
+  // Where each range's parameter values live: the chunk, or the parameter shard that replaces it.
+  for (size_t c = 0; c < chunks.numChunks(); ++c) {
+    zero::ShardRange r = ranges_[c];
+    Tensor paramBase = sharded ? parameterShards[c] : chunks.paddedFlat(c);
+    paramFlats_.push_back(paramBase.narrow(0, r.begin - (sharded ? r.begin : 0), r.size()));
+  }
   // The SSD chunks first: their state is written out (one chunk's worth of host memory at a time) and their
   // masters, which a large model makes in host memory (the engine's mastersOnHost), freed before the host
   // tier's state is allocated. In chunk order the host chunks come first, and the SSD chunks' masters would
@@ -69,9 +73,7 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
     if (homes_[c] != zero::Tier::Nvme) continue;
     STRATA_CHECK(nvme_ != nullptr, "AdamW: chunk {} is placed on the SSD tier, which is missing", c);
     zero::ShardRange r = ranges_[c];
-    Tensor values = masters_[c].defined()
-                        ? masters_[c]
-                        : paramBaseOf(c).narrow(0, r.begin - (sharded ? r.begin : 0), r.size());
+    const Tensor& values = masters_[c].defined() ? masters_[c] : paramFlats_[c];
     STRATA_CHECK(values.numel() == r.size(), "AdamW: chunk {}'s master has {} elements, its range {}", c,
                  values.numel(), r.size());
     Tensor master = values.device().isCpu() && values.dtype() == DType::F32 && values.isContiguous()
@@ -85,9 +87,8 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
   }
   for (size_t c = 0; c < chunks.numChunks(); ++c) {
     zero::ShardRange r = ranges_[c];
-    Tensor paramBase = paramBaseOf(c);
+    Tensor paramBase = sharded ? parameterShards[c] : chunks.paddedFlat(c);
     int64_t paramOffset = sharded ? r.begin : 0;
-    paramFlats_.push_back(paramBase.narrow(0, r.begin - paramOffset, r.size()));
     zero::Tier home = homes_[c];
     if (home == zero::Tier::Host) {
       // State in host memory (NOTE [Store placement] in zero/Store.h): the master moves to the host, or an
@@ -95,7 +96,7 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
       // (NOTE [Host state memory] in core/Allocator.h): page-locked where a GPU may stream it.
       bool pin = config_.pinHostState && paramBase.device().isCuda();
       Tensor master = hostStateTensor(r.size(), DType::F32, pin);
-      ops::copy(master, masters_[c].defined() ? masters_[c] : paramFlats_.back());
+      ops::copy(master, masters_[c].defined() ? masters_[c] : paramFlats_[c]);
       masters_[c] = master;
       m_[c] = hostStateTensor(r.size(), DType::F32, pin);
       v_[c] = hostStateTensor(r.size(), DType::F32, pin);
