@@ -20,8 +20,8 @@ run() {
   out=$("$strata" "$@" 2>&1)
   rc=$?
   [ "$rc" -eq "$want" ] || fail "$name: exit status $rc, expected $want; output: $(echo "$out" | tail -3)"
-  echo "$out" | grep -Eq -- "$pattern" || fail "$name: output lacks /$pattern/: $(echo "$out" | tail -3)"
-  if echo "$out" | grep -q "terminate called"; then fail "$name: terminate called"; fi
+  grep -Eq -- "$pattern" <<<"$out" || fail "$name: output lacks /$pattern/: $(echo "$out" | tail -3)"
+  if grep -q "terminate called" <<<"$out"; then fail "$name: terminate called"; fi
   echo "ok: $name"
 }
 

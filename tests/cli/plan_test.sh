@@ -12,24 +12,24 @@ for config in "$configs"/*.yaml "$configs"/zoo/*.yaml; do
   out=$("$strata" plan "$config" 2>&1)
   rc=$?
   if [ "$rc" -eq 0 ]; then
-    echo "$out" | grep -q "model state per rank, by tier" && echo "$out" | grep -q "activations" &&
-      echo "$out" | grep -Eq "^  step " || { echo "FAIL: $config: plan lacks its tables" >&2; failures=$((failures + 1)); }
+    grep -q "model state per rank, by tier" <<<"$out" && grep -q "activations" <<<"$out" &&
+      grep -Eq "^  step " <<<"$out" || { echo "FAIL: $config: plan lacks its tables" >&2; failures=$((failures + 1)); }
     echo "ok: $config plans"
   elif [ "$rc" -eq 1 ]; then
-    echo "$out" | grep -q "^error: .*does not fit" && echo "$out" | grep -q "largest model of its family" ||
+    grep -q "^error: .*does not fit" <<<"$out" && grep -q "largest model of its family" <<<"$out" ||
       { echo "FAIL: $config: refused without the largest model: $(echo "$out" | tail -2)" >&2; failures=$((failures + 1)); }
     echo "ok: $config refused"
   else
     echo "FAIL: $config: exit status $rc: $(echo "$out" | tail -3)" >&2
     failures=$((failures + 1))
   fi
-  if echo "$out" | grep -q "terminate called"; then echo "FAIL: $config: terminate called" >&2; failures=$((failures + 1)); fi
+  if grep -q "terminate called" <<<"$out"; then echo "FAIL: $config: terminate called" >&2; failures=$((failures + 1)); fi
 done
 # A config that fits only with the SSD tier plans its SSD term; --ranks plans collectives.
 out=$("$strata" plan "$configs/gpt3-13b.yaml" --set model.seq_length=512 --set train.global_batch_size=4 \
   --set zero_optimization.nvme_path=/tmp --set store.host_budget_gb=40 2>&1)
-echo "$out" | grep -Eq "^  SSD " || { echo "FAIL: no SSD term: $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
+grep -Eq "^  SSD " <<<"$out" || { echo "FAIL: no SSD term: $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
 out=$("$strata" plan "$configs/gpt3-1.3b.yaml" --ranks 2 --set zero_optimization.stage=2 2>&1)
-echo "$out" | grep -Eq "^  collectives " ||
+grep -Eq "^  collectives " <<<"$out" ||
   { echo "FAIL: no collectives term at 2 ranks: $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
 exit $((failures > 0))

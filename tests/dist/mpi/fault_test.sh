@@ -16,8 +16,8 @@ fail() {
 survivors=$np
 [ "$mode" = killed ] && survivors=$((np - 1))
 for ((r = 0; r < survivors; r++)); do
-  echo "$output" | grep -Eq "^rank $r caught: dist: [a-zA-Z]+(\([a-z]+\))?( of [0-9]+ [a-z0-9]+ elements \([0-9]+ bytes\))? on rank [0-9]+ of group '[a-z]+' \([0-9]+ ranks\) did not finish within 2 s \(dist.timeout_s\)" ||
+  grep -Eq "^rank $r caught: dist: [a-zA-Z]+(\([a-z]+\))?( of [0-9]+ [a-z0-9]+ elements \([0-9]+ bytes\))? on rank [0-9]+ of group '[a-z]+' \([0-9]+ ranks\) did not finish within 2 s \(dist.timeout_s\)" <<<"$output" ||
     fail "rank $r did not report the timeout error"
 done
-echo "$output" | grep -q "no error" && fail "a rank finished without an error"
+grep -q "no error" <<<"$output" && fail "a rank finished without an error"
 echo "PASS: $survivors rank(s) reported the timeout"
