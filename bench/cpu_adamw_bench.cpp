@@ -6,6 +6,9 @@
 //   cpu_adamw ISA THREADS PARAMS MEDIAN_MS GPARAM_PER_S GB_PER_S
 // Usage: bench_cpu_adamw [--params N] [--threads 1,2,4,8,16] [--isa best|all|avx512|avx2|scalar]
 //                        [--copy bf16|f16|f32|none] [--repeats R] [--memory plain|huge]
+//                        [--split static|steal|both]
+// --split picks how the threads share the update (NOTE [CPU AdamW split]; default STRATA_CPU_SPLIT's);
+// a stealing split is printed as PATH-steal (avx512-steal). STRATA_CPU_PIN=all also pins the calling thread.
 // --memory huge maps the buffers with transparent huge pages advised (madvise MADV_HUGEPAGE, as hosts with
 // THP in `madvise` mode need); plain uses the ordinary host allocator. (NOTE [Host state memory] in
 // core/Allocator.h: the measurement that left huge pages out of the host state.)
@@ -114,6 +117,7 @@ int main(int argc, char** argv) {
   int64_t params = int64_t(256) << 20;
   std::vector<int> threadCounts = {1, 2, 4, 8, 16};
   std::string isaArg = "best", copyArg = "bf16";
+  std::vector<ops::cpu::CpuSplit> splits = {ops::cpu::activeCpuSplit()};
   int repeats = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
@@ -129,7 +133,16 @@ int main(int argc, char** argv) {
       repeats = std::max(1, std::stoi(argv[i + 1]));
     else if (a == "--memory")
       hugePages = std::string(argv[i + 1]) == "huge";
-    else {
+    else if (a == "--split") {
+      std::string v = argv[i + 1];
+      if (v != "static" && v != "steal" && v != "both") {
+        std::fprintf(stderr, "bench_cpu_adamw: --split %s: expected static, steal or both\n", v.c_str());
+        return 2;
+      }
+      splits.clear();
+      if (v != "steal") splits.push_back(ops::cpu::CpuSplit::Static);
+      if (v != "static") splits.push_back(ops::cpu::CpuSplit::Steal);
+    } else {
       std::fprintf(stderr, "bench_cpu_adamw: unknown argument %s\n", a.c_str());
       return 2;
     }
@@ -167,36 +180,40 @@ int main(int argc, char** argv) {
 
   std::vector<ops::AdamWTensors> sets{makeSet(params, copy)};
   struct Row {
-    CpuIsa isa;
+    std::string path;
     int threads;
     double ms, gparams, gbs;
   };
   std::vector<Row> rows;
   int step = 0;
   for (CpuIsa isa : paths) {
-    for (int threads : threadCounts) {
-      omp_set_num_threads(threads);
-      ops::cpu::adamwOnPath(isa, sets, hyperAt(++step), 1.0f);  // warm-up: threads started and pinned
-      std::vector<double> ms;
-      for (int r = 0; r < repeats; ++r) {
-        auto start = std::chrono::steady_clock::now();
-        ops::cpu::adamwOnPath(isa, sets, hyperAt(++step), 1.0f);
-        ms.push_back(
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    for (ops::cpu::CpuSplit split : splits) {
+      std::string path =
+          std::string(ops::cpu::cpuIsaName(isa)) + (split == ops::cpu::CpuSplit::Steal ? "-steal" : "");
+      for (int threads : threadCounts) {
+        omp_set_num_threads(threads);
+        ops::cpu::adamwOnPath(isa, sets, hyperAt(++step), 1.0f,
+                              split);  // warm-up: threads started and pinned
+        std::vector<double> ms;
+        for (int r = 0; r < repeats; ++r) {
+          auto start = std::chrono::steady_clock::now();
+          ops::cpu::adamwOnPath(isa, sets, hyperAt(++step), 1.0f, split);
+          ms.push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+        }
+        std::sort(ms.begin(), ms.end());
+        double median = ms[ms.size() / 2];
+        Row row{path, threads, median, double(params) / (median * 1e-3) / 1e9,
+                double(params) * bytesPerParam / (median * 1e-3) / 1e9};
+        rows.push_back(row);
+        std::printf("cpu_adamw %s %d %lld %.3f %.3f %.1f\n", path.c_str(), threads, (long long)params, row.ms,
+                    row.gparams, row.gbs);
+        std::fflush(stdout);
       }
-      std::sort(ms.begin(), ms.end());
-      double median = ms[ms.size() / 2];
-      Row row{isa, threads, median, double(params) / (median * 1e-3) / 1e9,
-              double(params) * bytesPerParam / (median * 1e-3) / 1e9};
-      rows.push_back(row);
-      std::printf("cpu_adamw %s %d %lld %.3f %.3f %.1f\n", ops::cpu::cpuIsaName(isa), threads,
-                  (long long)params, row.ms, row.gparams, row.gbs);
-      std::fflush(stdout);
     }
   }
   std::printf("\n| path | threads | ms/step | Gparam/s | GB/s |\n|---|---:|---:|---:|---:|\n");
   for (const Row& r : rows)
-    std::printf("| %s | %d | %.2f | %.3f | %.1f |\n", ops::cpu::cpuIsaName(r.isa), r.threads, r.ms, r.gparams,
-                r.gbs);
+    std::printf("| %s | %d | %.2f | %.3f | %.1f |\n", r.path.c_str(), r.threads, r.ms, r.gparams, r.gbs);
   return 0;
 }

@@ -11,7 +11,9 @@ what PyTorch's fused step moves: 28 B, the like-for-like kernel comparison. Gpar
 compare; GB/s says how close each comes to the host's memory bandwidth.
 
 Usage: python3 tools/bench_cpu_adam.py [--binary build/bench/bench_cpu_adamw] [--params 268435456]
-                                       [--threads 1,2,4,8,16] [--repeats 5] [--isa best]
+                                       [--threads 1,2,4,8,16] [--repeats 5] [--isa best] [--split static]
+--split static|steal picks how Strata's threads share the update (NOTE [CPU AdamW split]); STRATA_CPU_PIN=all in
+the environment also pins Strata's calling thread.
 """
 import argparse
 import statistics
@@ -24,7 +26,7 @@ TORCH_BYTES = 28.0
 
 def run_strata(args, copy):
     cmd = [args.binary, "--params", str(args.params), "--threads", args.threads, "--repeats", str(args.repeats),
-           "--isa", args.isa, "--copy", copy]
+           "--isa", args.isa, "--copy", copy, "--split", args.split]
     print("$ " + " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     sys.stdout.write(proc.stdout)
@@ -73,6 +75,8 @@ def main():
     ap.add_argument("--threads", default="1,2,4,8,16")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--isa", default="best", help="best, avx512, avx2 or scalar (one path: the table has one column)")
+    ap.add_argument("--split", default="static", choices=["static", "steal"],
+                    help="how Strata's threads share the update (one split: the table has one column)")
     args = ap.parse_args()
     thread_counts = [int(t) for t in args.threads.split(",")]
 

@@ -10,7 +10,8 @@
 //
 // Threads: the sets are one index space (set after set); thread t of T takes the t-th of T equal ranges,
 // cut at multiples of 64 elements, the same ranges every step, and walks it set by set: a contiguous stream
-// per thread, no per-step allocation, no scheduling.
+// per thread, no per-step allocation. NOTE [CPU AdamW split]: with STRATA_CPU_SPLIT=steal a thread that
+// finishes its range takes blocks from the others' instead of waiting for them.
 #include "CpuAdamW.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -27,6 +28,7 @@
 #include <sched.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -340,11 +342,15 @@ void updateRange(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWH
 //  - the threads of all ranks on this node (OMPI/MPICH/torchrun local size) outnumber the usable CPUs:
 //    pinning then stacks threads onto the same CPUs, which is worse than letting the scheduler spread them.
 // Ranks on one node take disjoint slices (local rank x threads onward). The calling thread (thread 0) is
-// never pinned: it is the trainer's thread, which drives streams and I/O between optimizer steps.
+// the trainer's thread, which drives streams and I/O between optimizer steps, so it keeps its placement by
+// default; STRATA_CPU_PIN=all pins it too (to the first CPU of the slice, which no worker takes) for the
+// length of each update and puts its own affinity back after, in case the scheduler would leave it on a
+// worker's CPU.
 struct CpuPlaces {
   std::vector<int> cpus;  // usable CPUs, one per physical core first
   int localRank = 0, localSize = 1;
   bool enabled = false;
+  bool caller = false;  // STRATA_CPU_PIN=all: thread 0 too, for the update's length
 };
 
 int envInt(const char* name, int fallback) {
@@ -365,16 +371,45 @@ const CpuPlaces& cpuPlaces() {
     p.localSize = std::max(1, p.localSize);
     p.localRank = std::clamp(p.localRank, 0, p.localSize - 1);
     p.enabled = !p.cpus.empty();
+    p.caller = p.enabled && pin != nullptr && std::strcmp(pin, "all") == 0;
     return p;
   }();
   return places;
 }
 
-void pinWorker(int thread, int threads) {
+// The slice's CPU for thread `thread` of `threads`, or -1 where the kernel does not pin (above).
+int placeOf(int thread, int threads) {
   const CpuPlaces& places = cpuPlaces();
-  if (thread == 0 || !places.enabled || int64_t(threads) * places.localSize > int64_t(places.cpus.size()))
-    return;
-  int cpu = places.cpus[size_t(places.localRank * threads + thread)];
+  if (!places.enabled || int64_t(threads) * places.localSize > int64_t(places.cpus.size())) return -1;
+  return places.cpus[size_t(places.localRank * threads + thread)];
+}
+
+// STRATA_CPU_PIN=all: pins the calling thread to its slice's first CPU while it lives, then restores the
+// thread's own affinity.
+class CallerPin {
+ public:
+  explicit CallerPin(int threads) {
+    int cpu = cpuPlaces().caller ? placeOf(0, threads) : -1;
+    if (cpu < 0 || pthread_getaffinity_np(pthread_self(), sizeof(saved_), &saved_) != 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pinned_ = pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+  }
+  ~CallerPin() {
+    if (pinned_) pthread_setaffinity_np(pthread_self(), sizeof(saved_), &saved_);
+  }
+  CallerPin(const CallerPin&) = delete;
+  CallerPin& operator=(const CallerPin&) = delete;
+
+ private:
+  cpu_set_t saved_{};
+  bool pinned_ = false;
+};
+
+void pinWorker(int thread, int threads) {
+  int cpu = thread == 0 ? -1 : placeOf(thread, threads);
+  if (cpu < 0) return;
   thread_local int pinnedTo = -1;
   if (pinnedTo == cpu) return;
   cpu_set_t set;
@@ -382,6 +417,17 @@ void pinWorker(int thread, int threads) {
   CPU_SET(cpu, &set);
   if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0) pinnedTo = cpu;
 }
+
+// NOTE [CPU AdamW split]
+// The static split gives each thread one contiguous range, the same every step. A thread that the scheduler
+// shares with another, or that runs on a slower core, then holds up the whole update. With
+// STRATA_CPU_SPLIT=steal each range is taken in blocks of kSplitBlock elements (a multiple of 64, so no two
+// threads write into one cache line) through a per-range atomic cursor: a thread walks its own range first,
+// as the static split does, then takes the blocks still left in the others'. Which thread updates an element
+// does not change its bits. STRATA_CPU_SPLIT=static (the default) keeps the plain split; the bench
+// (bench_cpu_adamw --split) measures both.
+constexpr int kMaxSplitThreads = 256;
+constexpr int64_t kSplitBlock = 32768;
 
 CpuIsa resolveIsa() {
   CpuIsa best = cpuIsaSupported(CpuIsa::Avx512) ? CpuIsa::Avx512
@@ -430,12 +476,28 @@ bool cpuIsaSupported(CpuIsa isa) {
   return false;
 }
 
+const char* cpuSplitName(CpuSplit split) {
+  return split == CpuSplit::Steal ? "steal" : "static";
+}
+
+CpuSplit activeCpuSplit() {
+  static const CpuSplit split = [] {
+    const char* text = std::getenv("STRATA_CPU_SPLIT");
+    std::string name = text != nullptr ? text : "";
+    STRATA_USER_CHECK(name.empty() || name == "static" || name == "steal",
+                      "STRATA_CPU_SPLIT={}: expected static or steal", name);
+    return name == "steal" ? CpuSplit::Steal : CpuSplit::Static;
+  }();
+  return split;
+}
+
 CpuIsa activeCpuIsa() {
   static const CpuIsa isa = resolveIsa();
   return isa;
 }
 
-void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWHyper& h, float gradScale) {
+void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWHyper& h, float gradScale,
+                 CpuSplit split) {
   STRATA_CHECK(cpuIsaSupported(isa), "adamw: this CPU does not run the {} path", cpuIsaName(isa));
   AdamConsts k{.scale = gradScale,
                .negLr = -h.lr,
@@ -453,6 +515,14 @@ void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWH
     updateRange(isa, sets, h, k, 0, total);
     return;
   }
+  threads = std::min(threads, kMaxSplitThreads);
+  CallerPin callerPin(threads);
+  bool steal = split == CpuSplit::Steal;
+  // One cursor per thread's range, each on its own cache line: the next block of the range to take.
+  struct alignas(64) Cursor {
+    std::atomic<int64_t> next;
+  };
+  Cursor cursors[kMaxSplitThreads];
 #pragma omp parallel num_threads(threads)
   {
     int t = omp_get_thread_num(), count = omp_get_num_threads();
@@ -460,7 +530,20 @@ void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWH
     // Cuts at multiples of 64 elements: where a set's streams start on a cache line (chunk flats do), no
     // two threads write into one line.
     auto cut = [&](int i) { return i == count ? total : (total * i / count) & ~int64_t(63); };
-    updateRange(isa, sets, h, k, cut(t), cut(t + 1));
+    if (!steal) {
+      updateRange(isa, sets, h, k, cut(t), cut(t + 1));
+    } else {
+      cursors[t].next.store(cut(t), std::memory_order_relaxed);
+#pragma omp barrier
+      // Its own range first, then the others' in turn, a block at a time (NOTE [CPU AdamW split]).
+      for (int i = 0; i < count; ++i) {
+        int r = (t + i) % count;
+        int64_t end = cut(r + 1);
+        for (int64_t b = cursors[r].next.fetch_add(kSplitBlock, std::memory_order_relaxed); b < end;
+             b = cursors[r].next.fetch_add(kSplitBlock, std::memory_order_relaxed))
+          updateRange(isa, sets, h, k, b, std::min(end, b + kSplitBlock));
+      }
+    }
   }
 }
 

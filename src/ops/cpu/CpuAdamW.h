@@ -23,6 +23,15 @@ bool cpuIsaSupported(CpuIsa isa);
 CpuIsa activeCpuIsa();
 
 // ops::adamw's CPU kernel on a given path (fails when the CPU lacks it); threads: OpenMP's current count.
-void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, float gradScale);
+// How the threads share the update (NOTE [CPU AdamW split] in CpuAdamW.cpp): one fixed range each, or their
+// own range first and then blocks of the others'. Either gives the same bits.
+enum class CpuSplit { Static, Steal };
+
+const char* cpuSplitName(CpuSplit split);
+// STRATA_CPU_SPLIT=static|steal (default static), read once.
+CpuSplit activeCpuSplit();
+
+void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, float gradScale,
+                 CpuSplit split = activeCpuSplit());
 
 }  // namespace strata::ops::cpu

@@ -1,4 +1,6 @@
 // The CPU AdamW kernel's AVX-512, AVX2 and scalar paths agree bit for bit (NOTE [CPU AdamW paths]).
+#include <omp.h>
+
 #include <cstring>
 #include <optional>
 
@@ -126,6 +128,30 @@ TEST_CASE("CPU AdamW: the AVX-512, AVX2 and scalar paths agree bit for bit", "[o
       }
     }
   }
+}
+
+TEST_CASE("CPU AdamW: the stealing split gives the static split's bits", "[optim][adamw][cpu]") {
+  // Enough elements for many blocks per thread's range (NOTE [CPU AdamW split]), on more threads than this
+  // machine may have, so that ranges finish unevenly and blocks are taken from others.
+  int before = omp_get_max_threads();
+  omp_set_num_threads(5);
+  auto reference = makeSets(33, DType::BF16, 0.1f);
+  Generator gen(34);
+  int64_t n = 1'000'003;
+  reference.push_back(ops::AdamWTensors{
+      ops::rand({n}, gen, DType::F32, Device::cpu(), -1, 1), ops::randn({n}, gen, DType::F32, Device::cpu()),
+      ops::zeros({n}, DType::F32, Device::cpu()), ops::zeros({n}, DType::F32, Device::cpu()), 0.1f,
+      Tensor::empty({n}, DType::BF16)});
+  auto stolen = cloneSets(reference);
+  for (int step = 1; step <= 2; ++step) {
+    ops::cpu::adamwOnPath(ops::cpu::activeCpuIsa(), reference, hyperAt(step), 0.5f,
+                          ops::cpu::CpuSplit::Static);
+    ops::cpu::adamwOnPath(ops::cpu::activeCpuIsa(), stolen, hyperAt(step), 0.5f, ops::cpu::CpuSplit::Steal);
+  }
+  omp_set_num_threads(before);
+  requireSameBits(stolen, reference);
+  REQUIRE(std::string(ops::cpu::cpuSplitName(ops::cpu::CpuSplit::Steal)) == "steal");
+  REQUIRE(std::string(ops::cpu::cpuSplitName(ops::cpu::CpuSplit::Static)) == "static");
 }
 
 TEST_CASE("CPU AdamW: one step matches the formula in double precision", "[optim][adamw][cpu]") {
