@@ -59,6 +59,9 @@ std::string objectiveName(Objective o) {
 }
 
 GptConfig gptConfig(const ModelSpec& s) {
+  STRATA_USER_CHECK(!s.fp32Residual,
+                    "model.fp32_residual is for bert; gpt keeps its residual stream in the "
+                    "compute dtype");
   STRATA_USER_CHECK(s.activation == "default" || s.activation == "gelu_tanh",
                     "model.activation '{}': gpt uses gelu_tanh", s.activation);
   STRATA_USER_CHECK(s.kvChannels == 0,
@@ -104,12 +107,16 @@ BertConfig bertConfig(const ModelSpec& s) {
   c.initStd = s.initStd;
   c.activation = activationOf(s, nn::Activation::GeluErf);
   c.nspHead = s.bertBinaryHead;
+  c.fp32Residual = s.fp32Residual;
   c.seed = s.seed;
   c.device = s.device;
   return c;
 }
 
 T5Config t5Config(const ModelSpec& s) {
+  STRATA_USER_CHECK(!s.fp32Residual,
+                    "model.fp32_residual is for bert; t5 keeps its residual stream in the "
+                    "compute dtype");
   T5Config c;
   c.numLayers = s.numLayers;
   c.numDecoderLayers = s.decoderNumLayers;

@@ -36,6 +36,7 @@ struct ModelSpec {
   std::string activation = "default";
   bool untieEmbeddingsAndOutputWeights = false;  // T5 v1.1's own lm_head
   bool bertBinaryHead = false;                   // BERT's pooler and NSP head
+  bool fp32Residual = false;                     // BERT's residual stream in fp32 (model.fp32_residual)
   // GPT with mixture-of-experts MLPs (model.moe_*; nn/MoE.h): 0 experts is the dense GPT.
   int64_t moeNumExperts = 0, moeTopK = 1, moeEvery = 2;
   double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0, moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;

@@ -93,6 +93,7 @@ Bert::Bert(const BertConfig& config) : config_(config) {
                           config.device,
                           config.activation};
     l.layerNormEps = config.layerNormEps;
+    l.fp32Residual = config.fp32Residual;
     layers_->append(std::make_shared<BertLayer>(l, gen));
   }
   mlm_ = registerModule("cls", std::make_shared<BertMlmHead>(
@@ -122,14 +123,16 @@ Tensor Bert::hidden(const Tensor& ids, const Tensor& tokenTypes, const Tensor& a
   Tensor pos = ops::arange(0, double(S), 1, DType::I64, dev);
   Tensor x =
       words_->apply(ids, compute) + positions_->apply(pos, compute) + tokenTypes_->apply(types, compute);
+  // NOTE [BERT's fp32 residual stream] in BertLayer.h: the stream starts at the embeddings' norm.
+  if (config_.fp32Residual && dtypeSize(compute) == 2) x = x.to(DType::F32);
   x = dropout(embeddingLn_->apply(x), config_.dropout, isTraining());
   // HF's 1 = token, 0 = padding becomes the attention's non-zero = ignore.
   Tensor keyPadding;
   if (attentionMask.defined())
     keyPadding = ops::eq(attentionMask.to(DType::F32), ops::zeros({}, DType::F32, attentionMask.device()));
   for (size_t i = 0; i < layers_->size(); ++i)
-    x = static_cast<BertLayer&>(layers_->at(i)).apply(x, keyPadding);
-  return x;
+    x = static_cast<BertLayer&>(layers_->at(i)).apply(x, keyPadding, compute);
+  return x.to(compute);
 }
 
 Tensor Bert::nspFromHidden(const Tensor& hidden) {

@@ -32,6 +32,8 @@ struct BertConfig {
   double initStd = 0.02;
   nn::Activation activation = nn::Activation::GeluErf;
   bool nspHead = false;  // pooler + next-sentence classifier (BertForPreTraining); off: BertForMaskedLM
+  // With a 16-bit compute dtype: the residual stream between the layers in fp32 (BertLayer.h).
+  bool fp32Residual = false;
   uint64_t seed = 1234;
   Device device = Device::cpu();
 

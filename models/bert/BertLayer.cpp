@@ -11,7 +11,8 @@ BertLayer::BertLayer(const BertLayerConfig& config, Generator& gen) {
   ln2_ = registerModule("ln_2", std::make_shared<nn::LayerNorm>(norm));
 }
 
-Tensor BertLayer::apply(const Tensor& x, const Tensor& keyPadding) {
+Tensor BertLayer::apply(const Tensor& x, const Tensor& keyPadding, DType compute) {
+  compute_ = compute;
   return forward({x, keyPadding})[0];
 }
 
@@ -20,9 +21,11 @@ std::vector<Tensor> BertLayer::forwardImpl(const std::vector<Tensor>& inputs) {
   AttentionMask mask;
   if (inputs.size() > 1) mask.keyPadding = inputs[1];
   // Post-LN: each norm takes the residual sum, fused into it (LayerNorm's {y, x + residual} form), and its
-  // output is the stream.
-  Tensor h = (*ln1_)(std::vector<Tensor>{attn_->apply(x, Tensor(), mask), x})[0];
-  return {(*ln2_)(std::vector<Tensor>{mlp_->apply(h), h})[0]};
+  // output is the stream. In the stream's dtype: the sublayers' outputs are widened to an fp32 stream (NOTE
+  // [BERT's fp32 residual stream]); the sublayers read the stream in the compute dtype.
+  DType stream = x.dtype();
+  Tensor h = (*ln1_)(std::vector<Tensor>{attn_->apply(x.to(compute_), Tensor(), mask).to(stream), x})[0];
+  return {(*ln2_)(std::vector<Tensor>{mlp_->apply(h.to(compute_)).to(stream), h})[0]};
 }
 
 }  // namespace strata::models

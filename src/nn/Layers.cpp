@@ -87,7 +87,10 @@ std::array<Tensor, 2> LayerNorm::applyResidual(const Tensor& x, const Tensor& re
 
 std::vector<Tensor> LayerNorm::forwardImpl(const std::vector<Tensor>& inputs) {
   const Tensor& x = inputs.at(0);
-  const Tensor &w = weight, &b = bias;
+  // fp32 rows with 16-bit parameters (an fp32 residual stream in a 16-bit model) read the parameters widened.
+  bool widen = x.dtype() == DType::F32 && weight.dtype() != DType::F32;
+  const Tensor w = widen ? weight.to(DType::F32) : weight;
+  const Tensor b = widen && bias.defined() ? bias.to(DType::F32) : bias;
   if (inputs.size() > 1) {
     if (!inputs[1].defined()) return {layerNorm(x, w, b, eps_), x};  // a zero residual
     auto [sum, y] = addLayerNorm(x, inputs[1], w, b, eps_);

@@ -139,6 +139,8 @@ const std::vector<Field>& schema() {
         [](Config & c) -> auto& { return c.model.untieEmbeddingsAndOutputWeights; }));
     f.push_back(boolField(
         "model.bert_binary_head", [](Config & c) -> auto& { return c.model.bertBinaryHead; }));
+    f.push_back(boolField(
+        "model.fp32_residual", [](Config & c) -> auto& { return c.model.fp32Residual; }));
     f.push_back(intField(
         "model.moe_num_experts", [](Config & c) -> auto& { return c.model.moeNumExperts; }, 0, 4096));
     f.push_back(intField(

@@ -76,6 +76,7 @@ models::ModelSpec modelSpecFrom(const Config& c, Device device) {
   s.activation = c.model.activation;
   s.untieEmbeddingsAndOutputWeights = c.model.untieEmbeddingsAndOutputWeights;
   s.bertBinaryHead = c.model.bertBinaryHead;
+  s.fp32Residual = c.model.fp32Residual;
   s.moeNumExperts = c.model.moeNumExperts;
   s.moeTopK = c.model.moeTopK;
   s.moeEvery = c.model.moeEvery;

@@ -165,3 +165,60 @@ TEST_CASE("BERT HF layout: bert.* / cls.* names, q/k/v split and transposed, rou
           }).find("bert.pooler.dense.bias") != std::string::npos);
   REQUIRE(models::bertHfConfigJson(c).find("\"BertForPreTraining\"") != std::string::npos);
 }
+
+TEST_CASE("BERT's fp32 residual stream: bf16 sublayers around an fp32 stream, closer to fp32 than a bf16 one",
+          "[models][bert]") {
+  // NOTE [BERT's fp32 residual stream] in models/bert/BertLayer.h.
+  models::BertConfig c = tiny();
+  c.numLayers = 4;
+  c.hiddenSize = 64;
+  c.numHeads = 4;
+  c.seqLength = 32;
+  models::Bert plain(c);
+  c.fp32Residual = true;
+  models::Bert widened(c);
+  std::vector<int64_t> tokens(128), targets(128);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = int64_t((i * 7919 + 13) % 50);
+    targets[i] = i % 5 == 0 ? int64_t((i * 104729 + 3) % 50) : -100;  // a fifth of the positions labelled
+  }
+  Tensor ids = Tensor::fromVector<int64_t>(tokens, {4, 32});
+  Tensor labels = Tensor::fromVector<int64_t>(targets, {4, 32});
+  auto run = [&](models::Bert& bert, DType compute, std::vector<double>* grads) {
+    bert.zeroGrad();
+    Tensor loss = bert.mlmLoss(ids, Tensor(), Tensor(), labels, compute);
+    backward(loss);
+    grads->clear();
+    for (auto& [name, p] : bert.namedParameters()) {
+      INFO(name);
+      REQUIRE(p.grad().defined());
+      auto g = p.grad().to(DType::F32).contiguous().toVector<double>();
+      grads->insert(grads->end(), g.begin(), g.end());
+    }
+    return loss.item();
+  };
+  // In fp32 the option changes nothing.
+  std::vector<double> g32, gWidened32, gBf16, gWidenedBf16;
+  double l32 = run(plain, DType::F32, &g32);
+  REQUIRE(run(widened, DType::F32, &gWidened32) == l32);
+  REQUIRE(gWidened32 == g32);
+  // In bf16 the stream between the layers is fp32 and the hidden states come back in bf16.
+  plain.castParameters(DType::BF16);
+  widened.castParameters(DType::BF16);
+  REQUIRE(widened.encode(ids, Tensor(), Tensor(), DType::BF16).dtype() == DType::BF16);
+  double lBf16 = run(plain, DType::BF16, &gBf16), lWidened = run(widened, DType::BF16, &gWidenedBf16);
+  auto distance = [&](const std::vector<double>& g) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      num += (g[i] - g32[i]) * (g[i] - g32[i]);
+      den += g32[i] * g32[i];
+    }
+    return std::sqrt(num / den);
+  };
+  double dBf16 = distance(gBf16), dWidened = distance(gWidenedBf16);
+  WARN("loss fp32 " << l32 << ", bf16 stream " << lBf16 << ", fp32 stream " << lWidened
+                    << "; gradients' relative L2 distance from fp32: bf16 stream " << dBf16
+                    << ", fp32 stream " << dWidened);
+  REQUIRE(std::abs(lWidened - l32) <= std::abs(lBf16 - l32) + 1e-3);
+  REQUIRE(dWidened < dBf16);
+}

@@ -16,7 +16,8 @@ struct NormConfig {
 
 // forward({x}) -> {y}; forward({x, residual}) -> {y, x + residual}: the residual add fused into the norm (an
 // undefined residual counts as zero).
-// fp32 parameters are read as they are by bf16/f16 input (fp32 gradients, no cast passes).
+// fp32 parameters are read as they are by bf16/f16 input (fp32 gradients, no cast passes); 16-bit parameters
+// are widened for fp32 input.
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(const NormConfig& config);

@@ -38,6 +38,9 @@ struct ModelConfig {
   std::string activation = "default";
   bool untieEmbeddingsAndOutputWeights = false;
   bool bertBinaryHead = false;
+  // BERT in bf16/f16: the residual stream (its LayerNorms' outputs) and the norms in fp32, as autocast runs
+  // them; the GEMMs take a 16-bit copy (models/bert/BertLayer.h).
+  bool fp32Residual = false;
   // Mixture of experts (gpt; nn/MoE.h): moe_num_experts > 0 replaces the MLP of every moe_every-th block
   // (the last of each group: every other block by default, as Switch) with that many experts.
   int64_t moeNumExperts = 0;
