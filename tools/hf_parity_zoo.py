@@ -36,6 +36,9 @@ with 8 experts in every other block, at capacities that drop no token on either 
 
 Usage: python3 tools/hf_parity_zoo.py [--variants bert,t5-v1.0,t5-v1.1,switch] [--steps 100] [--strata build/strata]
                                       [--parity-binary build/bench/zoo_parity] [--keep DIR] [--device cuda]
+                                      [--set KEY=VALUE]...
+--set adds a config override to every variant's Strata side (e.g. --variants bert --set model.fp32_residual=true:
+BERT with its residual stream in fp32, as autocast keeps HF's).
 --device cpu is a smoke test of the script where no GPU is: Strata computes bf16 configs in fp32 on the CPU, so HF
 trains in fp32 there too (no autocast) and the curves compare fp32 with fp32.
 """
@@ -271,6 +274,8 @@ def main():
     ap.add_argument("--parity-binary", default="build/bench/zoo_parity")
     ap.add_argument("--keep", help="keep the work files in this directory")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (fp32 curves)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every variant's Strata side (repeatable)")
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -291,7 +296,7 @@ def main():
         if arch.startswith("t5"):
             assert t5_head_tied(model) == ("model.untie_embeddings_and_output_weights=false" in overrides), arch
         config = os.path.join(ROOT, "configs", "zoo", f"{name}.yaml")
-        sets = [a for kv in overrides for a in ("--set", kv)]
+        sets = [a for kv in overrides + args.set for a in ("--set", kv)]
         hf_dir, ckpt = os.path.join(tmp, f"{arch}-hf"), os.path.join(tmp, f"{arch}-ckpt")
         shutil.rmtree(ckpt, ignore_errors=True)
         try:
