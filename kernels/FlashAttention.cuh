@@ -13,6 +13,9 @@
 // Backward: delta = rowsum(dO * O) first; then one kernel per key tile accumulates dK and dV over query
 // tiles, and one per query tile accumulates dQ over key tiles. Recomputing P in both kernels costs two extra
 // tile GEMMs but needs no atomics and keeps every accumulator in registers.
+// Dropout (the DROP instances; NOTE [Fused attention dropout] in ops/Ops.h): each kernel replays the mask of
+// probability (b, h, i, j) from its Philox counter. The forward sums the row's softmax before dropping and
+// multiplies the kept values by 1 / (1 - p) once, at the end; the backward feeds P z to dV and z dP to dS.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,6 +24,7 @@
 #include <cstdint>
 
 #include "kernels/Common.cuh"
+#include "strata/core/Philox.h"
 
 namespace strata::kernels::flash {
 
@@ -42,8 +46,18 @@ struct Params {
   float scaleLog2 = 0;  // softmax scale * log2(e)
   float scale = 0;
   bool causal = false;
-  int shift = 0;  // causal: key j is hidden from query i when j > i + shift (shift = Sk - Sq)
+  int shift = 0;        // causal: key j is hidden from query i when j > i + shift (shift = Sk - Sq)
+  float dropout = 0;    // DROP instances: the probability of dropping
+  float dropScale = 1;  // 1 / (1 - dropout)
+  uint64_t seed = 0, offset = 0;
 };
+
+// Whether probability (query i, key j) of head bh survives dropout: ops::dropout's test on element
+// ((bh * Sq + i) * Sk + j) of the [B, H, Sq, Sk] probabilities.
+__device__ __forceinline__ bool dropKeeps(const Params& p, int bh, int i, int j) {
+  uint64_t index = p.offset + (uint64_t(bh) * uint64_t(p.Sq) + uint64_t(i)) * uint64_t(p.Sk) + uint64_t(j);
+  return philoxUniform(p.seed, index) >= p.dropout;
+}
 
 constexpr int kBlockN = 64;  // keys per tile (forward, dQ); queries per tile (dK/dV)
 
@@ -160,15 +174,16 @@ __device__ __forceinline__ void gemmABt(float (&acc)[NT][4], uint32_t a, int r0,
 }
 
 // acc[16 x D] += P (16 x 16*KT, accumulator layout, converted to A fragments) * B, B = rows [0, 16*KT) of
-// tile b ([k][D]).
-template <class T, int D, int DS, int KT>
+// tile b ([k][D]). MASK: element e of p[nt] counts only where bit nt * 4 + e of `keep` is set.
+template <class T, int D, int DS, int KT, bool MASK = false>
 __device__ __forceinline__ void gemmPB(float (&acc)[D / 8][4], const float (&p)[2 * KT][4], uint32_t b,
-                                       int lane) {
+                                       int lane, uint32_t keep = 0) {
+  auto at = [&](int nt, int e) { return !MASK || ((keep >> (nt * 4 + e)) & 1u) ? p[nt][e] : 0.0f; };
 #pragma unroll
   for (int kk = 0; kk < KT; ++kk) {
-    uint32_t af[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),
-                      pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                      pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    uint32_t af[4] = {pack2<T>(at(2 * kk, 0), at(2 * kk, 1)), pack2<T>(at(2 * kk, 2), at(2 * kk, 3)),
+                      pack2<T>(at(2 * kk + 1, 0), at(2 * kk + 1, 1)),
+                      pack2<T>(at(2 * kk + 1, 2), at(2 * kk + 1, 3))};
 #pragma unroll
     for (int dn = 0; dn < D / 16; ++dn) {
       uint32_t bf[4];
@@ -230,7 +245,7 @@ __device__ __forceinline__ void maskTile(float (&s)[kBlockN / 8][4], int row0, i
 // ---- forward
 // ---------------------------------------------------------------------------------------------------------
 
-template <class T, int D, int WARPS>
+template <class T, int D, int WARPS, bool DROP>
 __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
   constexpr int BM = 16 * WARPS, BN = kBlockN, THREADS = WARPS * 32, DS = kSmemStride<D>;
   extern __shared__ __align__(128) char smem[];
@@ -296,13 +311,16 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
       float alpha = exp2f(mRow[half] - mUse);
       mRow[half] = mNew;
       float sum = 0.0f;
+      int row = m0 + wr0 + (lane >> 2) + half * 8;
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float pv = exp2f(s[nt][2 * half + e] * p.scaleLog2 - mUse);
+          sum += pv;  // the softmax's own sum: dropout comes after it
+          if constexpr (DROP)
+            if (!dropKeeps(p, bh, row, col0 + nt * 8 + 2 * (lane & 3) + e)) pv = 0.0f;
           s[nt][2 * half + e] = pv;
-          sum += pv;
         }
       }
       lRow[half] = lRow[half] * alpha + sum;
@@ -328,7 +346,7 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
     float l = lRow[half];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[half] = l > 0.0f ? 1.0f / l : 0.0f;
+    inv[half] = l > 0.0f ? (DROP ? p.dropScale : 1.0f) / l : 0.0f;
     int row = m0 + wr0 + (lane >> 2) + half * 8;
     if ((lane & 3) == 0 && row < p.Sq)
       p.lse2[int64_t(bh) * p.Sq + row] = l > 0.0f ? mRow[half] + log2f(l) : INFINITY;
@@ -357,7 +375,7 @@ __global__ void deltaKernel(Params p) {
 }
 
 // dK, dV for 16 * WARPS keys, looping over 64-query tiles.
-template <class T, int D, int WARPS>
+template <class T, int D, int WARPS, bool DROP>
 __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
   constexpr int BN = 16 * WARPS, BM = kBlockN, THREADS = WARPS * 32, DS = kSmemStride<D>;
   extern __shared__ __align__(128) char smem[];
@@ -407,6 +425,8 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
     float s[BM / 8][4] = {};
     gemmABt<T, D, DS, BM / 8>(s, sK, wr0, qT, lane);
     int key0 = n0 + wr0 + (lane >> 2);
+    uint32_t keep = 0;  // DROP: bit nt * 4 + e set where s[nt][e] survives dropout
+    static_assert(!DROP || BM / 8 * 4 <= 32, "the keep bits fit one word");
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt) {
 #pragma unroll
@@ -416,11 +436,13 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
         int query = i * BM + c;
         bool masked = p.causal && key > query + p.shift;
         s[nt][e] = masked ? 0.0f : exp2f(s[nt][e] * p.scaleLog2 - lseT[c]);
+        if constexpr (DROP)
+          if (key < p.Sk && query < p.Sq && dropKeeps(p, bh, query, key)) keep |= 1u << (nt * 4 + e);
       }
     }
-    // dV += P^T dO.
-    gemmPB<T, D, DS, BM / 16>(dv, s, doT, lane);
-    // dP^T = V dO^T -> dS^T = P^T (dP^T - delta).
+    // dV += (P z)^T dO, z = the dropout mask times 1 / (1 - p) (the scale is applied once at the end).
+    gemmPB<T, D, DS, BM / 16, DROP>(dv, s, doT, lane, keep);
+    // dP^T = V dO^T -> dS^T = P^T (z dP^T - delta).
     float dp[BM / 8][4] = {};
     gemmABt<T, D, DS, BM / 8>(dp, sV, wr0, doT, lane);
 #pragma unroll
@@ -428,7 +450,8 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         int c = nt * 8 + 2 * (lane & 3) + (e & 1);
-        dp[nt][e] = s[nt][e] * (dp[nt][e] - deltaT[c]);
+        float z = !DROP ? 1.0f : ((keep >> (nt * 4 + e)) & 1u) ? p.dropScale : 0.0f;
+        dp[nt][e] = s[nt][e] * (z * dp[nt][e] - deltaT[c]);
       }
     }
     // dK += dS^T Q (the softmax scale is applied once at the end).
@@ -436,7 +459,7 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
   }
   cpAsyncWait<0>();
   __syncthreads();  // every warp is done with the Q/dO tiles; K and V rows are per warp anyway
-  float one[2] = {1.0f, 1.0f}, sc[2] = {p.scale, p.scale};
+  float one[2] = {DROP ? p.dropScale : 1.0f, DROP ? p.dropScale : 1.0f}, sc[2] = {p.scale, p.scale};
   T* dkOut = static_cast<T*>(p.dk) + b * p.dkS.b + h * p.dkS.h + int64_t(n0 + wr0) * p.dkS.s;
   T* dvOut = static_cast<T*>(p.dv) + b * p.dvS.b + h * p.dvS.h + int64_t(n0 + wr0) * p.dvS.s;
   storeRows<T, D, DS>(dk, sc, sK, smem, wr0, dkOut, p.dkS.s, n0 + wr0, p.Sk, lane);
@@ -444,7 +467,7 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
 }
 
 // dQ for 16 * WARPS queries, looping over 64-key tiles.
-template <class T, int D, int WARPS>
+template <class T, int D, int WARPS, bool DROP>
 __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
   constexpr int BM = 16 * WARPS, BN = kBlockN, THREADS = WARPS * 32, DS = kSmemStride<D>;
   extern __shared__ __align__(128) char smem[];
@@ -499,7 +522,14 @@ __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - deltaRow[e >> 1]);
+      for (int e = 0; e < 4; ++e) {
+        float z = 1.0f;  // DROP: the dropout mask times 1 / (1 - p)
+        if constexpr (DROP) {
+          int row = m0 + wr0 + (lane >> 2) + (e >> 1) * 8, col = col0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+          z = row < p.Sq && col < p.Sk && dropKeeps(p, bh, row, col) ? p.dropScale : 0.0f;
+        }
+        dp[nt][e] = s[nt][e] * (z * dp[nt][e] - deltaRow[e >> 1]);
+      }
     gemmPB<T, D, DS, BN / 16>(dq, dp, kT, lane);
   }
   cpAsyncWait<0>();

@@ -419,12 +419,32 @@ bool flashAttentionUsable(const Tensor& q, const Tensor& k, const Tensor& v, dou
     const char* e = std::getenv("STRATA_ATTENTION");
     return e != nullptr && std::strcmp(e, "composed") == 0;
   }();
-  if (disabled || (training && dropoutP > 0.0) || !q.device().isCuda()) return false;
+  static const bool fusedDropout = [] {
+    const char* e = std::getenv("STRATA_ATTENTION_DROPOUT");
+    return e != nullptr && std::strcmp(e, "fused") == 0;
+  }();
+  if (disabled || (training && dropoutP > 0.0 && !fusedDropout) || !q.device().isCuda()) return false;
   return ops::flashAttentionSupported(q, k, v);
 }
 
-Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+namespace {
+// The options of a fused attention call; with dropout, a [B, H, Sq, Sk] draw from `gen`, as the composed
+// path's dropout of its probabilities draws (NOTE [Fused attention dropout]).
+ops::AttentionOptions attentionOptions(const Tensor& q, const Tensor& k, bool causal, double scale,
+                                       double dropoutP, Generator& gen) {
   ops::AttentionOptions o{scale, causal};
+  if (dropoutP > 0.0) {
+    o.dropout = dropoutP;
+    o.seed = gen.seed();
+    o.offset = gen.reserve(uint64_t(q.size(0) * q.size(2) * q.size(1) * k.size(1)));
+  }
+  return o;
+}
+}  // namespace
+
+Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                      double dropoutP, Generator& gen) {
+  ops::AttentionOptions o = attentionOptions(q, k, causal, scale, dropoutP, gen);
   ops::FlashAttentionResult r = ops::flashAttention(q, k, v, o);
   Tensor sq = saved(q), sk = saved(k), sv = saved(v);
   ops::FlashAttentionResult keep = r;
@@ -437,7 +457,8 @@ Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool ca
   return r.out;
 }
 
-Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, double scale) {
+Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, double scale, double dropoutP,
+                            Generator& gen) {
   STRATA_CHECK(qkv.dim() == 3 && heads > 0 && qkv.size(2) % (3 * heads) == 0,
                "flash attention: qkv must be [B, S, 3 * heads * D] for {} heads, got {}", heads,
                toString(qkv.shape()));
@@ -449,7 +470,7 @@ Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, doubl
     return std::array<Tensor, 3>{part(0), part(1), part(2)};
   };
   auto [q, k, v] = parts(packed);
-  ops::AttentionOptions o{scale, causal};
+  ops::AttentionOptions o = attentionOptions(q, k, causal, scale, dropoutP, gen);
   ops::FlashAttentionResult r = ops::flashAttention(q, k, v, o);
   ops::FlashAttentionResult keep = r;
   keep.out = r.out.detach();

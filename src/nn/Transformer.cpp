@@ -74,7 +74,8 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
     Tensor kv = kvp.view({B, Sk, 2, H, D});
     Tensor k = kv.select(2, 0), v = kv.select(2, 1);
     if (plainMask && flashAttentionUsable(q, k, v, config_.dropout, isTraining())) {
-      y = flashAttention(q, k, v, config_.causal, scale).reshape({B, S, C});
+      y = flashAttention(q, k, v, config_.causal, scale, isTraining() ? config_.dropout : 0.0)
+              .reshape({B, S, C});
     } else {
       auto kvHeads = heads(kvp, Sk, 2);
       y = composed(heads(qp, S, 1)[0], kvHeads[0], kvHeads[1]);
@@ -84,7 +85,7 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
     // A raw view (no autograd node): only its shape, dtype and device are asked about.
     Tensor probe = detail::narrowRaw(detail::viewRaw(qkv, {B, S, 3 * H, D}), 2, 0, H);
     if (plainMask && flashAttentionUsable(probe, probe, probe, config_.dropout, isTraining())) {
-      y = flashAttentionPacked(qkv, H, config_.causal, scale);
+      y = flashAttentionPacked(qkv, H, config_.causal, scale, isTraining() ? config_.dropout : 0.0);
     } else {
       auto parts = heads(qkv, S, 3);
       y = composed(parts[0], parts[1], parts[2]);

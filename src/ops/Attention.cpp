@@ -82,12 +82,16 @@ FlashAttentionResult flashAttention(const Tensor& qIn, const Tensor& kIn, const 
                toString(kIn.shape()), toString(vIn.shape()));
   STRATA_CHECK(!options.causal || Sk >= Sq, "flash attention: causal masking needs S_k >= S_q, got {} and {}",
                Sk, Sq);
+  STRATA_CHECK(options.dropout >= 0.0 && options.dropout < 1.0,
+               "flash attention: dropout must be in [0, 1), got {}", options.dropout);
   Tensor q = aligned(qIn), k = aligned(kIn), v = aligned(vIn);
   FlashAttentionResult r;
   r.out = Tensor::empty({B, Sq, H, D}, q.dtype(), q.device());
   r.lse2 = Tensor::empty({B, H, Sq}, statsDType(q.dtype()), q.device());
-  AttentionOptions o{resolveScale(options, D), options.causal, options.backend};
-  if (cudnnChosen(q.device(), options.backend) &&
+  AttentionOptions o = options;
+  o.scale = resolveScale(options, D);
+  // NOTE [Fused attention dropout]: cuDNN draws its own mask.
+  if (o.dropout == 0.0 && cudnnChosen(q.device(), options.backend) &&
       kernel<CudnnAttentionKernel>("cudnn_attention", q.device())(q, k, v, r.out, r.lse2, o)) {
     // cuDNN's statistics are natural-log: lse2 is log2-domain whichever backend wrote it.
     copy(r.lse2, affine(r.lse2, 1.0 / std::log(2.0), 0.0));
@@ -115,8 +119,10 @@ void flashAttentionBackward(const Tensor& qIn, const Tensor& kIn, const Tensor& 
                  "flash attention backward: gradient buffers need 16-byte aligned strides");
   }
   Tensor q = aligned(qIn), k = aligned(kIn), v = aligned(vIn), dout = aligned(doutIn);
-  AttentionOptions o{resolveScale(options, qIn.size(3)), options.causal, options.backend};
+  AttentionOptions o = options;
+  o.scale = resolveScale(options, qIn.size(3));
   if (saved.cudnn) {
+    STRATA_CHECK(o.dropout == 0.0, "flash attention backward: cuDNN ran the forward without dropout");
     Tensor natural = affine(saved.lse2, std::log(2.0), 0.0);
     kernel<CudnnAttentionBackwardKernel>("cudnn_attention_backward", q.device())(q, k, v, saved.out, dout,
                                                                                  natural, dq, dk, dv, o);

@@ -208,27 +208,57 @@ TEST_CASE("gradcheck: fused attention, strided and packed, causal with S_k > S_q
 }
 
 TEST_CASE("fused attention equals the composed attention, values and gradients", "[autograd][attention]") {
-  // The composed path ([B, H, S, D], matmul + scaled softmax + matmul) is the reference.
-  for (bool causal : {false, true}) {
-    Tensor q = randomDouble({2, 3, 6, 8}, 70), k = randomDouble({2, 3, 9, 8}, 71),
-           v = randomDouble({2, 3, 9, 8}, 72), g = randomDouble({2, 3, 6, 8}, 73);
-    std::vector<Tensor> grads[2];
-    Tensor outs[2];
-    for (int path = 0; path < 2; ++path) {
-      Tensor a = q.detach().clone(), b = k.detach().clone(), c = v.detach().clone();
-      for (Tensor* t : {&a, &b, &c}) t->setRequiresGrad(true);
-      AttentionMask mask;
-      mask.causal = causal;
-      Tensor y = path == 0 ? scaledDotProductAttention(a, b, c, mask)
-                           : flashAttention(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2), causal)
-                                 .transpose(1, 2);
-      backward(sum(mul(y, g)));
-      outs[path] = y.detach();
-      grads[path] = {a.grad(), b.grad(), c.grad()};
+  // The composed path ([B, H, S, D], matmul + scaled softmax + dropout + matmul) is the reference. With
+  // dropout both draw the same mask from the same generator state (NOTE [Fused attention dropout]).
+  for (double dropout : {0.0, 0.3}) {
+    for (bool causal : {false, true}) {
+      INFO("dropout " << dropout << ", causal " << causal);
+      Tensor q = randomDouble({2, 3, 6, 8}, 70), k = randomDouble({2, 3, 9, 8}, 71),
+             v = randomDouble({2, 3, 9, 8}, 72), g = randomDouble({2, 3, 6, 8}, 73);
+      std::vector<Tensor> grads[2];
+      Tensor outs[2];
+      for (int path = 0; path < 2; ++path) {
+        Tensor a = q.detach().clone(), b = k.detach().clone(), c = v.detach().clone();
+        for (Tensor* t : {&a, &b, &c}) t->setRequiresGrad(true);
+        AttentionMask mask;
+        mask.causal = causal;
+        Generator gen(99);
+        gen.reserve(5);  // not at offset 0
+        Tensor y = path == 0 ? scaledDotProductAttention(a, b, c, mask, dropout, true, 0.0, gen)
+                             : flashAttention(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2), causal,
+                                              0.0, dropout, gen)
+                                   .transpose(1, 2);
+        backward(sum(mul(y, g)));
+        outs[path] = y.detach();
+        grads[path] = {a.grad(), b.grad(), c.grad()};
+      }
+      test::requireClose(outs[1], outs[0], 1e-12, 1e-10);
+      for (int i = 0; i < 3; ++i) test::requireClose(grads[1][size_t(i)], grads[0][size_t(i)], 1e-12, 1e-10);
+      if (dropout > 0) {
+        // Some probabilities were dropped: the output differs from the one without dropout.
+        AttentionMask mask;
+        mask.causal = causal;
+        Tensor plain = scaledDotProductAttention(q, k, v, mask).detach();
+        REQUIRE(test::closeness(outs[0].toVector<double>(), plain.toVector<double>(), 1e-6, 1e-6) > 1.0);
+      }
     }
-    test::requireClose(outs[1], outs[0], 1e-12, 1e-10);
-    for (int i = 0; i < 3; ++i) test::requireClose(grads[1][size_t(i)], grads[0][size_t(i)], 1e-12, 1e-10);
   }
+}
+
+TEST_CASE("gradcheck: fused attention with dropout (one mask, replayed)", "[autograd][gradcheck]") {
+  // A generator made inside the function: every evaluation drops the same probabilities.
+  gradCheck(
+      [](const Ins& x) {
+        Generator gen(12);
+        return flashAttention(x[0], x[1], x[2], false, 0.0, 0.25, gen);
+      },
+      {randomDouble({2, 3, 2, 4}, 74), randomDouble({2, 5, 2, 4}, 75), randomDouble({2, 5, 2, 4}, 76)});
+  gradCheck(
+      [](const Ins& x) {
+        Generator gen(13);
+        return flashAttentionPacked(x[0], 2, true, 0.7, 0.25, gen);
+      },
+      {randomDouble({2, 5, 3 * 2 * 3}, 77)});
 }
 
 TEST_CASE("gradcheck: linear with a fused bias", "[autograd][gradcheck]") {

@@ -547,6 +547,53 @@ TEST_CASE("[cuda] fused attention matches the cpu reference, forward and backwar
   }
 }
 
+TEST_CASE("[cuda] fused attention with dropout drops what the cpu reference drops, forward and backward",
+          "[cuda][parity][attention]") {
+  STRATA_REQUIRE_CUDA();
+  // NOTE [Fused attention dropout]: the mask is a function of (seed, offset, b, h, i, j), so the GPU kernels
+  // and the CPU reference (itself equal to softmax + ops::dropout + matmul: GradCheckTest) drop the same
+  // probabilities. Asked for cuDNN, Strata's kernel runs: cuDNN draws another mask.
+  struct Case {
+    int64_t B, Sq, Sk, H, D;
+  };
+  for (Case c : {Case{2, 77, 77, 2, 64}, Case{1, 130, 200, 2, 128}, Case{1, 150, 150, 2, 80},
+                 Case{2, 512, 512, 2, 64}}) {
+    for (bool causal : {false, true}) {
+      INFO("Sq " << c.Sq << " Sk " << c.Sk << " D " << c.D << (causal ? " causal" : ""));
+      Tensor q = randomOf({c.B, c.Sq, c.H, c.D}, DType::BF16, 107, -1, 1);
+      Tensor k = randomOf({c.B, c.Sk, c.H, c.D}, DType::BF16, 108, -1, 1);
+      Tensor v = randomOf({c.B, c.Sk, c.H, c.D}, DType::BF16, 109, -1, 1);
+      Tensor g = randomOf({c.B, c.Sq, c.H, c.D}, DType::BF16, 110, -1, 1);
+      auto run = [&](Device dev, double dropout, bool* cudnn) {
+        Tensor qd = ops::to(q, dev, q.dtype()), kd = ops::to(k, dev, k.dtype()),
+               vd = ops::to(v, dev, v.dtype());
+        // With dropout cuDNN is asked for (and must not run); without, Strata's kernel for the comparison.
+        ops::AttentionBackend backend =
+            dropout > 0 ? ops::AttentionBackend::Cudnn : ops::AttentionBackend::Native;
+        ops::AttentionOptions o{0.0, causal, backend, dropout, 1234, 777};
+        ops::FlashAttentionResult r = ops::flashAttention(qd, kd, vd, o);
+        Tensor dq = ops::emptyLike(qd), dk = ops::emptyLike(kd), dv = ops::emptyLike(vd);
+        ops::flashAttentionBackward(qd, kd, vd, r, ops::to(g, dev, g.dtype()), dq, dk, dv, o);
+        if (cudnn) *cudnn = r.cudnn;
+        return std::vector<Tensor>{r.out, r.lse2, dq, dk, dv};
+      };
+      bool cudnn = true;
+      auto cpu = run(Device::cpu(), 0.1, nullptr), gpu = run(kGpu, 0.1, &cudnn);
+      REQUIRE_FALSE(cudnn);
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        INFO("output " << i);
+        double worst = test::closeness(gpu[i].toVector<double>(), cpu[i].toVector<double>(), 2e-2, 2e-2);
+        INFO("worst scaled error " << worst);
+        REQUIRE(worst <= 1.0);
+      }
+      // Dropout changed the output (and left the softmax statistics alone).
+      auto plain = run(kGpu, 0.0, nullptr);
+      REQUIRE(test::closeness(gpu[0].toVector<double>(), plain[0].toVector<double>(), 2e-2, 2e-2) > 1.0);
+      REQUIRE(test::closeness(gpu[1].toVector<double>(), plain[1].toVector<double>(), 1e-6, 1e-6) <= 1.0);
+    }
+  }
+}
+
 TEST_CASE("[cuda] every attention backend matches the cpu: head dims 64, 80, 128, seq 77 to 2048",
           "[cuda][parity][attention]") {
   STRATA_REQUIRE_CUDA();

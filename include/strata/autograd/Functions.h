@@ -153,13 +153,19 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
                                  double scale = 0.0, Generator& gen = defaultGenerator());
 
 // Fused attention (ops::flashAttention): q [B, S_q, H, D], k and v [B, S_k, H, D] views -> [B, S_q, H, D],
-// never materialising the scores. No dropout or additive masks; causal masking as above.
-Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale = 0.0);
+// never materialising the scores. No additive masks; causal masking as above. dropoutP > 0 drops
+// probabilities with the mask scaledDotProductAttention draws from the same state of `gen` (NOTE [Fused
+// attention dropout] in ops/Ops.h); pass 0 outside training.
+Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale = 0.0,
+                      double dropoutP = 0.0, Generator& gen = defaultGenerator());
 // Self-attention straight from a packed projection: qkv [B, S, 3 * H * D] (q, k, v blocks, heads inside each)
 // -> [B, S, H * D]. The backward writes dq, dk and dv into one packed gradient, with no copies in between.
-Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, double scale = 0.0);
+Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, double scale = 0.0,
+                            double dropoutP = 0.0, Generator& gen = defaultGenerator());
 // Whether the fused path serves these operands ([B, S, H, D] views) and options on their device: CUDA,
-// bf16/f16, head dim 64, 80 or 128, and no dropout while training. STRATA_ATTENTION=composed turns it off.
+// bf16/f16, head dim 64, 80 or 128. STRATA_ATTENTION=composed turns it off. Dropout while training takes it
+// only with STRATA_ATTENTION_DROPOUT=fused (Strata's kernel; the composed path otherwise) until the fused
+// dropout has been checked on a GPU.
 bool flashAttentionUsable(const Tensor& q, const Tensor& k, const Tensor& v, double dropoutP, bool training);
 
 }  // namespace strata

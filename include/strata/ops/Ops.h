@@ -168,10 +168,18 @@ NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weigh
 enum class AttentionBackend : uint8_t { Auto, Native, Cudnn };
 // Whether this build has cuDNN's fused attention.
 bool cudnnAttentionBuilt();
+// NOTE [Fused attention dropout]: with dropout > 0 the probabilities are dropped as ops::dropout drops a
+// [B, H, Sq, Sk] tensor of them with (seed, offset): element (b, h, i, j) is kept when
+// philoxUniform(seed, offset + ((b * H + h) * Sq + i) * Sk + j) >= dropout, and kept ones are scaled by
+// 1 / (1 - dropout). That is the mask the composed attention (softmax, then dropout) draws from the same
+// generator state, so the two paths agree; nothing is stored, the backward replays it. Strata's kernels
+// only: cuDNN's draws its own mask, so dropout never goes to cuDNN.
 struct AttentionOptions {
   double scale = 0.0;
   bool causal = false;
   AttentionBackend backend = AttentionBackend::Auto;
+  double dropout = 0.0;  // probability of dropping an attention probability, [0, 1)
+  uint64_t seed = 0, offset = 0;
 };
 struct FlashAttentionResult {
   Tensor out;   // [B, Sq, H, D] contiguous

@@ -1,10 +1,12 @@
 // CPU reference for fused attention: the same math as the CUDA kernels (log2-domain row statistics, P
-// recomputed in the backward), one (batch, head) per OpenMP task. Strided operands are read in place.
+// recomputed in the backward, the dropout mask of NOTE [Fused attention dropout] replayed), one (batch, head)
+// per OpenMP task. Strided operands are read in place.
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "CpuKernels.h"
+#include "strata/core/Philox.h"
 
 namespace strata::ops::cpu {
 namespace {
@@ -26,6 +28,22 @@ bool hidden(bool causal, int64_t i, int64_t j, int64_t shift) {
   return causal && j > i + shift;
 }
 
+// NOTE [Fused attention dropout] in ops/Ops.h: the factor probability (b, h, i, j) is multiplied by, 0 or
+// 1 / (1 - p), from the mask ops::dropout would draw over [B, H, Sq, Sk].
+struct DropMask {
+  const AttentionOptions& opt;
+  int64_t H, Sq, Sk;
+  double keepScale;
+  DropMask(const AttentionOptions& o, int64_t h, int64_t sq, int64_t sk)
+      : opt(o), H(h), Sq(sq), Sk(sk), keepScale(o.dropout > 0 ? 1.0 / (1.0 - o.dropout) : 1.0) {}
+  template <class F>
+  F factor(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (opt.dropout <= 0) return F(1);
+    uint64_t index = opt.offset + uint64_t(((b * H + h) * Sq + i) * Sk + j);
+    return philoxUniform(opt.seed, index) >= float(opt.dropout) ? F(keepScale) : F(0);
+  }
+};
+
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse2,
              const AttentionOptions& opt) {
   int64_t B = q.size(0), Sq = q.size(1), H = q.size(2), D = q.size(3), Sk = k.size(1), shift = Sk - Sq;
@@ -35,6 +53,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
     auto Q = viewOf<T>(q), K = viewOf<T>(k), V = viewOf<T>(v), O = viewOf<T>(out);
     F* L = static_cast<F*>(lse2.data());  // F: fp32, or f64 for f64 inputs
     F scale = F(opt.scale);
+    DropMask drop(opt, H, Sq, Sk);
 #pragma omp parallel for collapse(2) if (B * H * Sq * Sk * D > kParallelGrain)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
@@ -58,7 +77,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
           for (int64_t j = 0; j < Sk; ++j) {
             if (hidden(opt.causal, i, j, shift)) continue;
             F p = std::exp(s[size_t(j)] - mx);
-            sum += p;
+            sum += p;  // the softmax's own sum: dropout comes after it
+            p *= drop.template factor<F>(b, h, i, j);
             const T* vj = V.row(b, h, j);
             for (int64_t d = 0; d < D; ++d) acc[size_t(d)] += p * F(vj[d]);
           }
@@ -82,6 +102,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     auto dQ = viewOf<T>(dq), dK = viewOf<T>(dk), dV = viewOf<T>(dv);
     const F* L = static_cast<const F*>(lse2.data());
     F scale = F(opt.scale);
+    DropMask drop(opt, H, Sq, Sk);
 #pragma omp parallel for collapse(2) if (B * H * Sq * Sk * D > kParallelGrain)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
@@ -102,11 +123,14 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
               dp += F(gi[d]) * F(vj[d]);
             }
             F p = std::exp(dot * scale - lse);
-            F ds = p * (dp - delta) * scale;
+            // With dropout (z: 0 or 1 / (1 - p_drop)): O = (P z) V, so dV takes P z, and the gradient at P is
+            // z dP; delta = rowsum(dO O) is still rowsum(P z dP).
+            F z = drop.template factor<F>(b, h, i, j);
+            F ds = p * (z * dp - delta) * scale;
             for (int64_t d = 0; d < D; ++d) {
               gq[size_t(d)] += ds * F(kj[d]);
               gk[size_t(j * D + d)] += ds * F(qi[d]);
-              gv[size_t(j * D + d)] += p * F(gi[d]);
+              gv[size_t(j * D + d)] += p * z * F(gi[d]);
             }
           }
           T* out = dQ.row(b, h, i);

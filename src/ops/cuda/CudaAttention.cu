@@ -31,7 +31,20 @@ fl::Params params(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.scaleLog2 = float(opt.scale * 1.4426950408889634);
   p.causal = opt.causal;
   p.shift = p.Sk - p.Sq;
+  p.dropout = float(opt.dropout);
+  p.dropScale = opt.dropout > 0 ? float(1.0 / (1.0 - opt.dropout)) : 1.0f;
+  p.seed = opt.seed;
+  p.offset = opt.offset;
   return p;
+}
+
+// Calls fn.template operator()<DROP>() (NOTE [Fused attention dropout]).
+template <class Fn>
+void visitDrop(const AttentionOptions& opt, Fn&& fn) {
+  if (opt.dropout > 0)
+    fn.template operator()<true>();
+  else
+    fn.template operator()<false>();
 }
 
 template <class Kernel>
@@ -72,7 +85,9 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
   dim3 grid(unsigned((p.Sq + BM - 1) / BM), unsigned(p.B * p.H));
   visitFlash(q.dtype(), q.size(3), [&]<class T, int D>() {
     int smem = (BM + 4 * fl::kBlockN) * fl::kSmemStride<D> * 2;
-    launch(fl::forwardKernel<T, D, kForwardWarps>, grid, kForwardWarps, smem, streamOf(q), p);
+    visitDrop(opt, [&]<bool DROP>() {
+      launch(fl::forwardKernel<T, D, kForwardWarps, DROP>, grid, kForwardWarps, smem, streamOf(q), p);
+    });
   });
 }
 
@@ -97,11 +112,13 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     fl::deltaKernel<T, D><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(p);
     STRATA_CUDA_CHECK_LAUNCH();
     int smemKv = (2 * B16 + 4 * fl::kBlockN) * fl::kSmemStride<D> * 2 + 4 * fl::kBlockN * int(sizeof(float));
-    launch(fl::backwardKvKernel<T, D, kWarps>, dim3(unsigned((p.Sk + B16 - 1) / B16), unsigned(p.B * p.H)),
-           kWarps, smemKv, stream, p);
     int smemQ = (2 * B16 + 4 * fl::kBlockN) * fl::kSmemStride<D> * 2;
-    launch(fl::backwardQKernel<T, D, kWarps>, dim3(unsigned((p.Sq + B16 - 1) / B16), unsigned(p.B * p.H)),
-           kWarps, smemQ, stream, p);
+    visitDrop(opt, [&]<bool DROP>() {
+      launch(fl::backwardKvKernel<T, D, kWarps, DROP>,
+             dim3(unsigned((p.Sk + B16 - 1) / B16), unsigned(p.B * p.H)), kWarps, smemKv, stream, p);
+      launch(fl::backwardQKernel<T, D, kWarps, DROP>,
+             dim3(unsigned((p.Sq + B16 - 1) / B16), unsigned(p.B * p.H)), kWarps, smemQ, stream, p);
+    });
   });
 }
 
