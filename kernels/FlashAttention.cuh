@@ -311,15 +311,21 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
       float alpha = exp2f(mRow[half] - mUse);
       mRow[half] = mNew;
       float sum = 0.0f;
-      int row = m0 + wr0 + (lane >> 2) + half * 8;
+      uint32_t keep = 0;  // DROP: bit nt * 2 + e set where element (nt, 2 * half + e) survives
+      if constexpr (DROP) {
+        int row = m0 + wr0 + (lane >> 2) + half * 8;
+        // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
+#pragma unroll 1
+        for (int bit = 0; bit < BN / 4; ++bit)
+          if (dropKeeps(p, bh, row, col0 + (bit >> 1) * 8 + 2 * (lane & 3) + (bit & 1))) keep |= 1u << bit;
+      }
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float pv = exp2f(s[nt][2 * half + e] * p.scaleLog2 - mUse);
           sum += pv;  // the softmax's own sum: dropout comes after it
-          if constexpr (DROP)
-            if (!dropKeeps(p, bh, row, col0 + nt * 8 + 2 * (lane & 3) + e)) pv = 0.0f;
+          if (DROP && !((keep >> (nt * 2 + e)) & 1u)) pv = 0.0f;
           s[nt][2 * half + e] = pv;
         }
       }
@@ -427,6 +433,14 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
     int key0 = n0 + wr0 + (lane >> 2);
     uint32_t keep = 0;  // DROP: bit nt * 4 + e set where s[nt][e] survives dropout
     static_assert(!DROP || BM / 8 * 4 <= 32, "the keep bits fit one word");
+    if constexpr (DROP) {
+      // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
+#pragma unroll 1
+      for (int bit = 0; bit < BM / 2; ++bit) {
+        int key = key0 + ((bit & 3) >> 1) * 8, query = i * BM + (bit >> 2) * 8 + 2 * (lane & 3) + (bit & 1);
+        if (key < p.Sk && query < p.Sq && dropKeeps(p, bh, query, key)) keep |= 1u << bit;
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt) {
 #pragma unroll
@@ -436,8 +450,6 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
         int query = i * BM + c;
         bool masked = p.causal && key > query + p.shift;
         s[nt][e] = masked ? 0.0f : exp2f(s[nt][e] * p.scaleLog2 - lseT[c]);
-        if constexpr (DROP)
-          if (key < p.Sk && query < p.Sq && dropKeeps(p, bh, query, key)) keep |= 1u << (nt * 4 + e);
       }
     }
     // dV += (P z)^T dO, z = the dropout mask times 1 / (1 - p) (the scale is applied once at the end).
@@ -519,15 +531,22 @@ __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
       for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] * p.scaleLog2 - lseRow[e >> 1]);
     float dp[BN / 8][4] = {};
     gemmABt<T, D, DS, BN / 8>(dp, sDo, wr0, vT, lane);
+    uint32_t keep = 0;  // DROP: bit nt * 4 + e set where s[nt][e] survives dropout
+    if constexpr (DROP) {
+      // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
+#pragma unroll 1
+      for (int bit = 0; bit < BN / 2; ++bit) {
+        int row = m0 + wr0 + (lane >> 2) + ((bit & 3) >> 1) * 8;
+        int col = col0 + (bit >> 2) * 8 + 2 * (lane & 3) + (bit & 1);
+        if (row < p.Sq && col < p.Sk && dropKeeps(p, bh, row, col)) keep |= 1u << bit;
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float z = 1.0f;  // DROP: the dropout mask times 1 / (1 - p)
-        if constexpr (DROP) {
-          int row = m0 + wr0 + (lane >> 2) + (e >> 1) * 8, col = col0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-          z = row < p.Sq && col < p.Sk && dropKeeps(p, bh, row, col) ? p.dropScale : 0.0f;
-        }
+        // DROP: the dropout mask times 1 / (1 - p).
+        float z = !DROP ? 1.0f : ((keep >> (nt * 4 + e)) & 1u) ? p.dropScale : 0.0f;
         dp[nt][e] = s[nt][e] * (z * dp[nt][e] - deltaRow[e >> 1]);
       }
     gemmPB<T, D, DS, BN / 16>(dq, dp, kT, lane);

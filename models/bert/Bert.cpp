@@ -131,7 +131,7 @@ Tensor Bert::hidden(const Tensor& ids, const Tensor& tokenTypes, const Tensor& a
   if (attentionMask.defined())
     keyPadding = ops::eq(attentionMask.to(DType::F32), ops::zeros({}, DType::F32, attentionMask.device()));
   for (size_t i = 0; i < layers_->size(); ++i)
-    x = static_cast<BertLayer&>(layers_->at(i)).apply(x, keyPadding, compute);
+    x = static_cast<BertLayer&>(layers_->at(i)).apply(x, keyPadding);
   return x.to(compute);
 }
 

@@ -11,8 +11,7 @@ BertLayer::BertLayer(const BertLayerConfig& config, Generator& gen) {
   ln2_ = registerModule("ln_2", std::make_shared<nn::LayerNorm>(norm));
 }
 
-Tensor BertLayer::apply(const Tensor& x, const Tensor& keyPadding, DType compute) {
-  compute_ = compute;
+Tensor BertLayer::apply(const Tensor& x, const Tensor& keyPadding) {
   return forward({x, keyPadding})[0];
 }
 
@@ -23,9 +22,11 @@ std::vector<Tensor> BertLayer::forwardImpl(const std::vector<Tensor>& inputs) {
   // Post-LN: each norm takes the residual sum, fused into it (LayerNorm's {y, x + residual} form), and its
   // output is the stream. In the stream's dtype: the sublayers' outputs are widened to an fp32 stream (NOTE
   // [BERT's fp32 residual stream]); the sublayers read the stream in the compute dtype.
-  DType stream = x.dtype();
-  Tensor h = (*ln1_)(std::vector<Tensor>{attn_->apply(x.to(compute_), Tensor(), mask).to(stream), x})[0];
-  return {(*ln2_)(std::vector<Tensor>{mlp_->apply(h.to(compute_)).to(stream), h})[0]};
+  // The sublayers' dtype is their parameters' (from the module itself, so a recomputed forward sees the
+  // same).
+  DType stream = x.dtype(), compute = mlp_->parameters().front().dtype();
+  Tensor h = (*ln1_)(std::vector<Tensor>{attn_->apply(x.to(compute), Tensor(), mask).to(stream), x})[0];
+  return {(*ln2_)(std::vector<Tensor>{mlp_->apply(h.to(compute)).to(stream), h})[0]};
 }
 
 }  // namespace strata::models

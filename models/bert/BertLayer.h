@@ -25,9 +25,9 @@ struct BertLayerConfig {
 class BertLayer : public nn::Module {
  public:
   BertLayer(const BertLayerConfig& config, Generator& gen);
-  // x [B, S, C]; keyPadding [B, S] (non-zero: a padding position no query attends to) or undefined.
-  // `compute`: the sublayers' dtype; x may be fp32 beside a 16-bit compute (fp32Residual).
-  Tensor apply(const Tensor& x, const Tensor& keyPadding, DType compute);
+  // x [B, S, C]; keyPadding [B, S] (non-zero: a padding position no query attends to) or undefined. x may be
+  // fp32 beside 16-bit parameters (fp32Residual); the sublayers compute in their parameters' dtype.
+  Tensor apply(const Tensor& x, const Tensor& keyPadding = Tensor());
 
  protected:
   // forward({x}) or forward({x, keyPadding}) -> {y}.
@@ -37,7 +37,6 @@ class BertLayer : public nn::Module {
   std::shared_ptr<nn::Attention> attn_;
   std::shared_ptr<nn::LayerNorm> ln1_, ln2_;
   std::shared_ptr<nn::Mlp> mlp_;
-  DType compute_ = DType::F32;  // set by apply for the forward it runs
 };
 
 }  // namespace strata::models

@@ -414,16 +414,21 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
   return matmul(probs, v);
 }
 
+bool fusedAttentionDropout() {
+  static const bool fused = [] {
+    const char* e = std::getenv("STRATA_ATTENTION_DROPOUT");
+    return e != nullptr && std::strcmp(e, "fused") == 0;
+  }();
+  return fused;
+}
+
 bool flashAttentionUsable(const Tensor& q, const Tensor& k, const Tensor& v, double dropoutP, bool training) {
   static const bool disabled = [] {
     const char* e = std::getenv("STRATA_ATTENTION");
     return e != nullptr && std::strcmp(e, "composed") == 0;
   }();
-  static const bool fusedDropout = [] {
-    const char* e = std::getenv("STRATA_ATTENTION_DROPOUT");
-    return e != nullptr && std::strcmp(e, "fused") == 0;
-  }();
-  if (disabled || (training && dropoutP > 0.0 && !fusedDropout) || !q.device().isCuda()) return false;
+  if (disabled || (training && dropoutP > 0.0 && !fusedAttentionDropout()) || !q.device().isCuda())
+    return false;
   return ops::flashAttentionSupported(q, k, v);
 }
 

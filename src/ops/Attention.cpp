@@ -90,6 +90,9 @@ FlashAttentionResult flashAttention(const Tensor& qIn, const Tensor& kIn, const 
   r.lse2 = Tensor::empty({B, H, Sq}, statsDType(q.dtype()), q.device());
   AttentionOptions o = options;
   o.scale = resolveScale(options, D);
+  r.dropout = o.dropout;
+  r.seed = o.seed;
+  r.offset = o.offset;
   // NOTE [Fused attention dropout]: cuDNN draws its own mask.
   if (o.dropout == 0.0 && cudnnChosen(q.device(), options.backend) &&
       kernel<CudnnAttentionKernel>("cudnn_attention", q.device())(q, k, v, r.out, r.lse2, o)) {
@@ -121,6 +124,10 @@ void flashAttentionBackward(const Tensor& qIn, const Tensor& kIn, const Tensor& 
   Tensor q = aligned(qIn), k = aligned(kIn), v = aligned(vIn), dout = aligned(doutIn);
   AttentionOptions o = options;
   o.scale = resolveScale(options, qIn.size(3));
+  STRATA_CHECK(
+      o.dropout == saved.dropout && (o.dropout == 0.0 || (o.seed == saved.seed && o.offset == saved.offset)),
+      "flash attention backward: dropout {} (seed {}, offset {}) differs from the forward's {} ({}, {})",
+      o.dropout, o.seed, o.offset, saved.dropout, saved.seed, saved.offset);
   if (saved.cudnn) {
     STRATA_CHECK(o.dropout == 0.0, "flash attention backward: cuDNN ran the forward without dropout");
     Tensor natural = affine(saved.lse2, std::log(2.0), 0.0);

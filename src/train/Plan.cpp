@@ -11,6 +11,7 @@
 #include "models/t5/T5.h"
 #include "strata/autograd/Functions.h"
 #include "strata/core/Error.h"
+#include "strata/train/Corruption.h"
 #include "strata/train/Trainer.h"
 
 namespace strata::train {
@@ -77,8 +78,11 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
       fmt::format("{} activations, micro-batch {}, train.recompute {}", dtypeName(compute), b, recompute));
   // L blocks' kept activations: whole; without the MLP activation's output (selective); or each block's
   // inputs (the stream's two parts) plus one block recomputed at a time (full).
-  auto blocks = [&](int64_t layers, uint64_t layer, int64_t tokens, int64_t hidden, int64_t ffn) {
-    if (recompute == "full") return uint64_t(layers) * 2 * e * uint64_t(tokens * hidden) + layer;
+  // `stream`: the bytes of one element of the stream between blocks (e, or 4 for BERT's fp32 stream).
+  auto blocks = [&](int64_t layers, uint64_t layer, int64_t tokens, int64_t hidden, int64_t ffn,
+                    uint64_t stream = 0) {
+    if (recompute == "full")
+      return uint64_t(layers) * 2 * (stream > 0 ? stream : e) * uint64_t(tokens * hidden) + layer;
     if (recompute == "selective") return uint64_t(layers) * (layer - e * uint64_t(tokens * ffn));
     return uint64_t(layers) * layer;
   };
@@ -91,7 +95,7 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
     if (!onGpu)
       why = "CPU";
     else if (dropout > 0)
-      why = fmt::format("dropout {} while training", dropout);
+      why = fmt::format("dropout {} while training; STRATA_ATTENTION_DROPOUT=fused fuses it", dropout);
     else if (!flashHeadDim(headDim))
       why = fmt::format("head dim {}", headDim);
     if (extra != nullptr) why += std::string(why.empty() ? "" : ", ") + extra;
@@ -101,7 +105,7 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
     case models::Objective::CausalLM: {
       models::GptConfig g = models::gptConfig(spec);
       int64_t t = b * g.seqLength, headDim = g.hiddenSize / g.numHeads;
-      bool fused = onGpu && g.dropout == 0 && flashHeadDim(headDim);
+      bool fused = onGpu && (g.dropout == 0 || fusedAttentionDropout()) && flashHeadDim(headDim);
       uint64_t layer = blockBytes(e, t, g.hiddenSize, g.hiddenSize, g.ffn());
       uint64_t scores = fused ? 0 : scoresBytes(e, b, g.numHeads, g.seqLength, g.seqLength, g.dropout > 0);
       a.terms.push_back({fmt::format("{} blocks x {}", g.numLayers, gib(layer + scores)),
@@ -114,15 +118,26 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
     case models::Objective::MaskedLM: {
       models::BertConfig c = models::bertConfig(spec);
       int64_t t = b * c.seqLength, headDim = c.hiddenSize / c.numHeads;
-      bool fused = onGpu && c.dropout == 0 && flashHeadDim(headDim);
+      bool fused = onGpu && (c.dropout == 0 || fusedAttentionDropout()) && flashHeadDim(headDim);
       uint64_t layer = blockBytes(e, t, c.hiddenSize, c.hiddenSize, c.ffn());
+      // NOTE [BERT's fp32 residual stream]: each norm keeps an fp32 sum and each sublayer a 16-bit copy of
+      // the stream, 4 more bytes per element for each of the two.
+      bool wideStream = c.fp32Residual && e == 2;
+      if (wideStream) {
+        layer += 8 * uint64_t(t * c.hiddenSize);
+        a.assumptions.push_back("model.fp32_residual: the stream between the layers in fp32");
+      }
       uint64_t scores = fused ? 0 : scoresBytes(e, b, c.numHeads, c.seqLength, c.seqLength, c.dropout > 0);
       a.terms.push_back({fmt::format("{} blocks x {}", c.numLayers, gib(layer + scores)),
-                         blocks(c.numLayers, layer + scores, t, c.hiddenSize, c.ffn())});
-      // The MLM transform (dense, GELU, LayerNorm) and the logits at every position, kept by the loss, with
-      // the fp32 gradient its backward forms.
-      a.terms.push_back({"MLM head and full logits",
-                         4 * e * uint64_t(t * c.hiddenSize) + (e + 4) * uint64_t(t) * uint64_t(c.vocabSize)});
+                         blocks(c.numLayers, layer + scores, t, c.hiddenSize, c.ffn(), wideStream ? 4 : e)});
+      // Training runs the MLM head on the chosen tokens only (train::mlmMask: 15% of each row, the count
+      // rounded up to kMlmPositionAlign rows): its transform (dense, GELU, LayerNorm) and their logits, kept
+      // by the loss, with the fp32 gradient its backward forms.
+      int64_t chosen = std::min<int64_t>(t, (int64_t(std::ceil(0.15 * double(t))) + kMlmPositionAlign - 1) /
+                                                kMlmPositionAlign * kMlmPositionAlign);
+      a.terms.push_back(
+          {fmt::format("MLM head on {} chosen tokens", chosen),
+           4 * e * uint64_t(chosen * c.hiddenSize) + (e + 4) * uint64_t(chosen) * uint64_t(c.vocabSize)});
       attentionNote(fused, composedReason(c.dropout, headDim, nullptr));
       break;
     }
@@ -131,7 +146,7 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
       int64_t te = b * c.seqLength, td = b * c.decoderSeqLength, inner = c.innerSize();
       int64_t ffn = c.gatedGelu ? 2 * c.ffnHiddenSize : c.ffnHiddenSize;
       bool dropout = c.dropout > 0;
-      bool crossFused = onGpu && !dropout && flashHeadDim(c.headDim);
+      bool crossFused = onGpu && (!dropout || fusedAttentionDropout()) && flashHeadDim(c.headDim);
       // Self-attention carries the relative position bias: always the composed path.
       uint64_t enc = blockBytes(e, te, c.hiddenSize, inner, ffn) +
                      scoresBytes(e, b, c.numHeads, c.seqLength, c.seqLength, dropout);

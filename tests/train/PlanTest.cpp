@@ -146,6 +146,29 @@ TEST_CASE("plan: the activation estimate matches the measured GPT-6.7B forward",
   REQUIRE(train::estimateActivations(spec, 8, DType::BF16, true).bytes > a.bytes + (1ull << 30));
 }
 
+TEST_CASE("plan: BERT's MLM head on the chosen tokens, and its fp32 residual stream", "[train][plan]") {
+  train::Config c = configFile("zoo/bert-large.yaml", {"model.seq_length=512"});
+  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
+  train::ActivationEstimate a = train::estimateActivations(spec, 16, DType::BF16, /*onGpu=*/true);
+  // 16 x 512 tokens: 15% is 1229, rounded up to 1280 rows of 64.
+  bool head = false;
+  for (const auto& t : a.terms) head = head || t.what == "MLM head on 1280 chosen tokens";
+  REQUIRE(head);
+  // The fp32 stream keeps 8 more bytes per element and layer (two fp32 sums, two 16-bit copies).
+  spec.fp32Residual = true;
+  train::ActivationEstimate wide = train::estimateActivations(spec, 16, DType::BF16, true);
+  REQUIRE(wide.bytes - a.bytes == uint64_t(spec.numLayers) * 8 * 16 * 512 * uint64_t(spec.hiddenSize));
+  // Inert in fp32.
+  REQUIRE(train::estimateActivations(spec, 16, DType::F32, true).bytes == train::estimateActivations(
+                                                                              [&] {
+                                                                                models::ModelSpec s = spec;
+                                                                                s.fp32Residual = false;
+                                                                                return s;
+                                                                              }(),
+                                                                              16, DType::F32, true)
+                                                                              .bytes);
+}
+
 TEST_CASE("plan: state past the host budget goes to the SSD, and a config too big is refused",
           "[train][plan]") {
   train::PlanOptions options = roundMachine();

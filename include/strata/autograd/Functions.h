@@ -167,5 +167,7 @@ Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, doubl
 // only with STRATA_ATTENTION_DROPOUT=fused (Strata's kernel; the composed path otherwise) until the fused
 // dropout has been checked on a GPU.
 bool flashAttentionUsable(const Tensor& q, const Tensor& k, const Tensor& v, double dropoutP, bool training);
+// STRATA_ATTENTION_DROPOUT=fused: attention dropout may take the fused path (read once).
+bool fusedAttentionDropout();
 
 }  // namespace strata

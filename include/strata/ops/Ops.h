@@ -185,6 +185,9 @@ struct FlashAttentionResult {
   Tensor out;   // [B, Sq, H, D] contiguous
   Tensor lse2;  // fp32 (f64 for f64) [B, H, Sq]: log2-domain log-sum-exp of each row, kept for the backward
   bool cudnn = false;  // cuDNN ran the forward, so its backward runs too
+  // The forward's dropout and its mask's (seed, offset): the backward must be given the same.
+  double dropout = 0.0;
+  uint64_t seed = 0, offset = 0;
 };
 bool flashAttentionSupported(const Tensor& q, const Tensor& k, const Tensor& v);
 FlashAttentionResult flashAttention(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -384,11 +384,12 @@ int placeOf(int thread, int threads) {
   return places.cpus[size_t(places.localRank * threads + thread)];
 }
 
-// STRATA_CPU_PIN=all: pins the calling thread to its slice's first CPU while it lives, then restores the
-// thread's own affinity.
+// STRATA_CPU_PIN=all: pin() (by thread 0 of the team, the calling thread, with the team's size) pins it to
+// its slice's first CPU until the CallerPin goes, which restores the thread's own affinity.
 class CallerPin {
  public:
-  explicit CallerPin(int threads) {
+  CallerPin() = default;
+  void pin(int threads) {
     int cpu = cpuPlaces().caller ? placeOf(0, threads) : -1;
     if (cpu < 0 || pthread_getaffinity_np(pthread_self(), sizeof(saved_), &saved_) != 0) return;
     cpu_set_t set;
@@ -421,8 +422,9 @@ void pinWorker(int thread, int threads) {
 // NOTE [CPU AdamW split]
 // The static split gives each thread one contiguous range, the same every step. A thread that the scheduler
 // shares with another, or that runs on a slower core, then holds up the whole update. With
-// STRATA_CPU_SPLIT=steal each range is taken in blocks of kSplitBlock elements (a multiple of 64, so no two
-// threads write into one cache line) through a per-range atomic cursor: a thread walks its own range first,
+// STRATA_CPU_SPLIT=steal each range is taken in blocks of kSplitBlock elements (a multiple of 64, so where a
+// set's streams start on a cache line no two threads write into one line) through a per-range atomic cursor,
+// at most kMaxSplitThreads threads: a thread walks its own range first,
 // as the static split does, then takes the blocks still left in the others'. Which thread updates an element
 // does not change its bits. STRATA_CPU_SPLIT=static (the default) keeps the plain split; the bench
 // (bench_cpu_adamw --split) measures both.
@@ -515,9 +517,9 @@ void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWH
     updateRange(isa, sets, h, k, 0, total);
     return;
   }
-  threads = std::min(threads, kMaxSplitThreads);
-  CallerPin callerPin(threads);
   bool steal = split == CpuSplit::Steal;
+  if (steal) threads = std::min(threads, kMaxSplitThreads);  // one cursor each
+  CallerPin callerPin;
   // One cursor per thread's range, each on its own cache line: the next block of the range to take.
   struct alignas(64) Cursor {
     std::atomic<int64_t> next;
@@ -526,7 +528,10 @@ void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWH
 #pragma omp parallel num_threads(threads)
   {
     int t = omp_get_thread_num(), count = omp_get_num_threads();
-    pinWorker(t, count);
+    if (t == 0)
+      callerPin.pin(count);
+    else
+      pinWorker(t, count);
     // Cuts at multiples of 64 elements: where a set's streams start on a cache line (chunk flats do), no
     // two threads write into one line.
     auto cut = [&](int i) { return i == count ? total : (total * i / count) & ~int64_t(63); };
