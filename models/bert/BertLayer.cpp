@@ -20,10 +20,9 @@ std::vector<Tensor> BertLayer::forwardImpl(const std::vector<Tensor>& inputs) {
   AttentionMask mask;
   if (inputs.size() > 1) mask.keyPadding = inputs[1];
   // Post-LN: each norm takes the residual sum, fused into it (LayerNorm's {y, x + residual} form), and its
-  // output is the stream. In the stream's dtype: the sublayers' outputs are widened to an fp32 stream (NOTE
-  // [BERT's fp32 residual stream]); the sublayers read the stream in the compute dtype.
-  // The sublayers' dtype is their parameters' (from the module itself, so a recomputed forward sees the
-  // same).
+  // output is the stream. The sublayers compute in their parameters' dtype (read from the module, so a
+  // recomputed forward sees the same) and their outputs join the stream in its dtype: fp32 beside 16-bit
+  // parameters with NOTE [BERT's fp32 residual stream].
   DType stream = x.dtype(), compute = mlp_->parameters().front().dtype();
   Tensor h = (*ln1_)(std::vector<Tensor>{attn_->apply(x.to(compute), Tensor(), mask).to(stream), x})[0];
   return {(*ln2_)(std::vector<Tensor>{mlp_->apply(h.to(compute)).to(stream), h})[0]};

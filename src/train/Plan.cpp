@@ -133,7 +133,8 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
       // Training runs the MLM head on the chosen tokens only (train::mlmMask: 15% of each row, the count
       // rounded up to kMlmPositionAlign rows): its transform (dense, GELU, LayerNorm) and their logits, kept
       // by the loss, with the fp32 gradient its backward forms.
-      int64_t chosen = std::min<int64_t>(t, (int64_t(std::ceil(0.15 * double(t))) + kMlmPositionAlign - 1) /
+      double share = MlmMaskingOptions{}.maskProbability;
+      int64_t chosen = std::min<int64_t>(t, (int64_t(std::ceil(share * double(t))) + kMlmPositionAlign - 1) /
                                                 kMlmPositionAlign * kMlmPositionAlign);
       a.terms.push_back(
           {fmt::format("MLM head on {} chosen tokens", chosen),
@@ -286,8 +287,7 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   if (p.fits && offDevice && dtypeSize(p.compute) == 2 && in.gradientDType == DType::F32)
     p.notes.push_back(
         fmt::format("precision.grad_accum_dtype: {} would keep the gradient buffers in 16 bits, {} less on "
-                    "the device for "
-                    "more of the optimizer state there (micro-batches then add in 16 bits)",
+                    "the device for more of the optimizer state there (micro-batches then add in 16 bits)",
                     dtypeName(p.compute), gib(in.gradientBytes / 2)));
   // Bytes by kind and tier: an fp32 chunk whose state stays on the device has no separate master (the engine
   // counts it so too).

@@ -159,14 +159,10 @@ TEST_CASE("plan: BERT's MLM head on the chosen tokens, and its fp32 residual str
   train::ActivationEstimate wide = train::estimateActivations(spec, 16, DType::BF16, true);
   REQUIRE(wide.bytes - a.bytes == uint64_t(spec.numLayers) * 8 * 16 * 512 * uint64_t(spec.hiddenSize));
   // Inert in fp32.
-  REQUIRE(train::estimateActivations(spec, 16, DType::F32, true).bytes == train::estimateActivations(
-                                                                              [&] {
-                                                                                models::ModelSpec s = spec;
-                                                                                s.fp32Residual = false;
-                                                                                return s;
-                                                                              }(),
-                                                                              16, DType::F32, true)
-                                                                              .bytes);
+  models::ModelSpec narrow = spec;
+  narrow.fp32Residual = false;
+  REQUIRE(train::estimateActivations(spec, 16, DType::F32, true).bytes ==
+          train::estimateActivations(narrow, 16, DType::F32, true).bytes);
 }
 
 TEST_CASE("plan: state past the host budget goes to the SSD, and a config too big is refused",

@@ -377,6 +377,14 @@ const CpuPlaces& cpuPlaces() {
   return places;
 }
 
+// Binds the calling thread to one CPU; false where the system refuses.
+bool pinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+}
+
 // The slice's CPU for thread `thread` of `threads`, or -1 where the kernel does not pin (above).
 int placeOf(int thread, int threads) {
   const CpuPlaces& places = cpuPlaces();
@@ -392,10 +400,7 @@ class CallerPin {
   void pin(int threads) {
     int cpu = cpuPlaces().caller ? placeOf(0, threads) : -1;
     if (cpu < 0 || pthread_getaffinity_np(pthread_self(), sizeof(saved_), &saved_) != 0) return;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    pinned_ = pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+    pinned_ = pinTo(cpu);
   }
   ~CallerPin() {
     if (pinned_) pthread_setaffinity_np(pthread_self(), sizeof(saved_), &saved_);
@@ -412,11 +417,7 @@ void pinWorker(int thread, int threads) {
   int cpu = thread == 0 ? -1 : placeOf(thread, threads);
   if (cpu < 0) return;
   thread_local int pinnedTo = -1;
-  if (pinnedTo == cpu) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0) pinnedTo = cpu;
+  if (pinnedTo != cpu && pinTo(cpu)) pinnedTo = cpu;
 }
 
 // NOTE [CPU AdamW split]
@@ -424,10 +425,9 @@ void pinWorker(int thread, int threads) {
 // shares with another, or that runs on a slower core, then holds up the whole update. With
 // STRATA_CPU_SPLIT=steal each range is taken in blocks of kSplitBlock elements (a multiple of 64, so where a
 // set's streams start on a cache line no two threads write into one line) through a per-range atomic cursor,
-// at most kMaxSplitThreads threads: a thread walks its own range first,
-// as the static split does, then takes the blocks still left in the others'. Which thread updates an element
-// does not change its bits. STRATA_CPU_SPLIT=static (the default) keeps the plain split; the bench
-// (bench_cpu_adamw --split) measures both.
+// for at most kMaxSplitThreads threads: a thread walks its own range first, as the static split does, then
+// takes the blocks still left in the others'. Which thread updates an element does not change its bits.
+// STRATA_CPU_SPLIT=static (the default) keeps the plain split; bench_cpu_adamw --split measures both.
 constexpr int kMaxSplitThreads = 256;
 constexpr int64_t kSplitBlock = 32768;
 
