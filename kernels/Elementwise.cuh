@@ -145,13 +145,23 @@ __global__ void randomKernel(T* __restrict__ out, int64_t n, uint64_t seed, uint
   }
 }
 
+// One thread per group of 8 counters (NOTE [Dropout bits]): one Philox evaluation gives the group's 8 keep
+// bits. `groups` counts the groups from offset / 8 to (offset + n - 1) / 8; the first and last may be
+// partial.
 template <class T>
-__global__ void dropoutKernel(T* __restrict__ out, const T* __restrict__ in, int64_t n, float p,
-                              AccT<T> scale, uint64_t seed, uint64_t offset) {
+__global__ void dropoutKernel(T* __restrict__ out, const T* __restrict__ in, int64_t n, int64_t groups,
+                              uint32_t threshold, AccT<T> scale, uint64_t seed, uint64_t offset) {
   int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    bool keep = philoxUniform(seed, offset + uint64_t(i)) >= p;
-    out[i] = keep ? fromAcc<T>(toAcc(in[i]) * scale) : fromAcc<T>(AccT<T>(0));
+  uint64_t first = offset >> 3;
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += stride) {
+    uint32_t bits = dropKeepByte(seed, first + uint64_t(g), threshold);
+    int64_t i0 = int64_t((first + uint64_t(g)) * 8 - offset);
+#pragma unroll
+    for (int l = 0; l < 8; ++l) {
+      int64_t i = i0 + l;
+      if (i < 0 || i >= n) continue;
+      out[i] = (bits >> l) & 1u ? fromAcc<T>(toAcc(in[i]) * scale) : fromAcc<T>(AccT<T>(0));
+    }
   }
 }
 

@@ -46,9 +46,10 @@ struct Params {
   float scaleLog2 = 0;  // softmax scale * log2(e)
   float scale = 0;
   bool causal = false;
-  int shift = 0;        // causal: key j is hidden from query i when j > i + shift (shift = Sk - Sq)
-  float dropout = 0;    // DROP instances: the probability of dropping
-  float dropScale = 1;  // 1 / (1 - dropout)
+  int shift = 0;               // causal: key j is hidden from query i when j > i + shift (shift = Sk - Sq)
+  uint32_t dropThreshold = 0;  // DROP instances: dropThreshold(p) (NOTE [Dropout bits] in core/Philox.h)
+  float dropScale = 1;         // 1 / (1 - p)
+  bool dropGroups = false;     // offset and Sk are multiples of 8: each 8-key group is one Philox evaluation
   uint64_t seed = 0, offset = 0;
 };
 
@@ -56,10 +57,66 @@ struct Params {
 // ((bh * Sq + i) * Sk + j) of the [B, H, Sq, Sk] probabilities.
 __device__ __forceinline__ bool dropKeeps(const Params& p, int bh, int i, int j) {
   uint64_t index = p.offset + (uint64_t(bh) * uint64_t(p.Sq) + uint64_t(i)) * uint64_t(p.Sk) + uint64_t(j);
-  return philoxUniform(p.seed, index) >= p.dropout;
+  return dropKeep(p.seed, index, p.dropThreshold);
 }
 
 constexpr int kBlockN = 64;  // keys per tile (forward, dQ); queries per tile (dK/dV)
+
+// Where p.dropGroups: the keep bits of keys [8 j8, 8 j8 + 8) for query i of head bh (bit l: key 8 j8 + l).
+__device__ __forceinline__ uint32_t dropGroupBits(const Params& p, int bh, int i, int j8) {
+  uint64_t group =
+      (p.offset >> 3) + (uint64_t(bh) * uint64_t(p.Sq) + uint64_t(i)) * uint64_t(p.Sk >> 3) + uint64_t(j8);
+  return dropKeepByte(p.seed, group, p.dropThreshold);
+}
+
+// Where p.dropGroups: the keep bits of a warp's 16 x 64 tile in the accumulator layout (queries row0 + g and
+// row0 + g + 8, keys col0 + 8 nt + 2t + {0, 1}; g = lane / 4, t = lane % 4; col0 a multiple of 64). The four
+// threads of a quad share their rows, and each 8-key group is one Philox evaluation, so thread t evaluates
+// the groups of tiles nt = t and t + 4 for both rows (one byte each) and the quad trades them by shuffles:
+// 4 evaluations per thread where one per element took 32. Element (half, nt, e) lands on bit
+// 16 half + 2 nt + e for the forward (one word for both rows) and 4 nt + 2 half + e otherwise (as the dQ
+// kernel's s[nt][e]).
+template <bool FORWARD>
+__device__ __forceinline__ uint32_t dropRowTile(const Params& p, int bh, int row0, int col0, int lane) {
+  static_assert(kBlockN == 64, "two groups of four 8-key tiles per row");
+  int g = lane >> 2, t = lane & 3;
+  uint32_t mine = 0;  // byte k = 2 half + q: the group of tile 4 q + t in row g + 8 half
+#pragma unroll 1
+  for (int k = 0; k < 4; ++k)
+    mine |= dropGroupBits(p, bh, row0 + g + (k >> 1) * 8, (col0 >> 3) + 4 * (k & 1) + t) << (8 * k);
+  uint32_t keep = 0;
+#pragma unroll
+  for (int src = 0; src < 4; ++src) {
+    uint32_t w = __shfl_sync(0xffffffffu, mine, (lane & ~3) | src);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      int half = k >> 1, nt = 4 * (k & 1) + src;
+      keep |= ((w >> (8 * k + 2 * t)) & 3u) << (FORWARD ? 16 * half + 2 * nt : 4 * nt + 2 * half);
+    }
+  }
+  return keep;
+}
+
+// Where p.dropGroups: the dK/dV kernel's keep bits for a warp's transposed 16 x 64 tile (keys key0 + g and
+// key0 + g + 8, key0 a multiple of 16; queries q0 + 8 nt + 2t + {0, 1}), bit 4 nt + e as its s[nt][e]. A
+// query's 8-key group spans the 8 threads g = 0..7 of one t: thread g evaluates the 4 groups of tile nt = g
+// (2 queries x 2 key groups) and the 8 threads trade them by shuffles.
+__device__ __forceinline__ uint32_t dropColTile(const Params& p, int bh, int key0, int q0, int lane) {
+  static_assert(kBlockN == 64, "8 query tiles, one per row of the quad layout");
+  int g = lane >> 2, t = lane & 3;
+  uint32_t mine = 0;  // byte e: query q0 + 8 g + 2t + (e & 1), key group key0 / 8 + (e >> 1)
+#pragma unroll 1
+  for (int e = 0; e < 4; ++e)
+    mine |= dropGroupBits(p, bh, q0 + 8 * g + 2 * t + (e & 1), (key0 >> 3) + (e >> 1)) << (8 * e);
+  uint32_t keep = 0;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    uint32_t w = __shfl_sync(0xffffffffu, mine, 4 * nt + t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) keep |= ((w >> (8 * e + g)) & 1u) << (4 * nt + e);
+  }
+  return keep;
+}
 
 // ---- PTX wrappers
 // ---------------------------------------------------------------------------------------------------
@@ -298,7 +355,21 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
     int col0 = j * BN;
     if (col0 + BN > p.Sk || (p.causal && col0 + BN - 1 > m0 + p.shift))
       maskTile(s, m0 + wr0, col0, p.Sk, p.causal, p.shift, lane);
-      // Online softmax over this tile, rows g (half 0) and g + 8 (half 1).
+    uint32_t keepBoth = 0;  // DROP: bit 16 half + 2 nt + e set where element (nt, 2 half + e) survives
+    if constexpr (DROP) {
+      if (p.dropGroups) {
+        keepBoth = dropRowTile<true>(p, bh, m0 + wr0, col0, lane);
+      } else {
+        // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
+#pragma unroll 1
+        for (int bit = 0; bit < BN / 2; ++bit) {
+          int row = m0 + wr0 + (lane >> 2) + (bit >> 4) * 8;
+          int col = col0 + ((bit & 15) >> 1) * 8 + 2 * (lane & 3) + (bit & 1);
+          if (dropKeeps(p, bh, row, col)) keepBoth |= 1u << bit;
+        }
+      }
+    }
+    // Online softmax over this tile, rows g (half 0) and g + 8 (half 1).
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float mx = -INFINITY;
@@ -311,14 +382,7 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
       float alpha = exp2f(mRow[half] - mUse);
       mRow[half] = mNew;
       float sum = 0.0f;
-      uint32_t keep = 0;  // DROP: bit nt * 2 + e set where element (nt, 2 * half + e) survives
-      if constexpr (DROP) {
-        int row = m0 + wr0 + (lane >> 2) + half * 8;
-        // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
-#pragma unroll 1
-        for (int bit = 0; bit < BN / 4; ++bit)
-          if (dropKeeps(p, bh, row, col0 + (bit >> 1) * 8 + 2 * (lane & 3) + (bit & 1))) keep |= 1u << bit;
-      }
+      uint32_t keep = keepBoth >> (16 * half);  // DROP: bit nt * 2 + e set where (nt, 2 * half + e) survives
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
@@ -434,11 +498,15 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
     uint32_t keep = 0;  // DROP: bit nt * 4 + e set where s[nt][e] survives dropout
     static_assert(!DROP || BM / 8 * 4 <= 32, "the keep bits fit one word");
     if constexpr (DROP) {
-      // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
+      if (p.dropGroups) {
+        keep = dropColTile(p, bh, n0 + wr0, i * BM, lane);
+      } else {
+        // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
 #pragma unroll 1
-      for (int bit = 0; bit < BM / 2; ++bit) {
-        int key = key0 + ((bit & 3) >> 1) * 8, query = i * BM + (bit >> 2) * 8 + 2 * (lane & 3) + (bit & 1);
-        if (key < p.Sk && query < p.Sq && dropKeeps(p, bh, query, key)) keep |= 1u << bit;
+        for (int bit = 0; bit < BM / 2; ++bit) {
+          int key = key0 + ((bit & 3) >> 1) * 8, query = i * BM + (bit >> 2) * 8 + 2 * (lane & 3) + (bit & 1);
+          if (key < p.Sk && query < p.Sq && dropKeeps(p, bh, query, key)) keep |= 1u << bit;
+        }
       }
     }
 #pragma unroll
@@ -533,12 +601,16 @@ __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
     gemmABt<T, D, DS, BN / 8>(dp, sDo, wr0, vT, lane);
     uint32_t keep = 0;  // DROP: bit nt * 4 + e set where s[nt][e] survives dropout
     if constexpr (DROP) {
-      // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
+      if (p.dropGroups) {
+        keep = dropRowTile<false>(p, bh, m0 + wr0, col0, lane);
+      } else {
+        // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
 #pragma unroll 1
-      for (int bit = 0; bit < BN / 2; ++bit) {
-        int row = m0 + wr0 + (lane >> 2) + ((bit & 3) >> 1) * 8;
-        int col = col0 + (bit >> 2) * 8 + 2 * (lane & 3) + (bit & 1);
-        if (row < p.Sq && col < p.Sk && dropKeeps(p, bh, row, col)) keep |= 1u << bit;
+        for (int bit = 0; bit < BN / 2; ++bit) {
+          int row = m0 + wr0 + (lane >> 2) + ((bit & 3) >> 1) * 8;
+          int col = col0 + (bit >> 2) * 8 + 2 * (lane & 3) + (bit & 1);
+          if (row < p.Sq && col < p.Sk && dropKeeps(p, bh, row, col)) keep |= 1u << bit;
+        }
       }
     }
 #pragma unroll

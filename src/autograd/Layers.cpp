@@ -344,7 +344,7 @@ Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& t
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   if (!training || p == 0.0) return x;
-  uint64_t seed = gen.seed(), offset = gen.reserve(uint64_t(x.numel()));
+  uint64_t seed = gen.seed(), offset = gen.reserve(uint64_t(x.numel()), 8);
   Tensor out = ops::dropout(x, p, seed, offset);
   Shape shape = x.shape();
   recordFunction("DropoutBackward", {x}, {out}, [=](const Grads& g) {
@@ -417,7 +417,7 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
 bool fusedAttentionDropout() {
   static const bool fused = [] {
     const char* e = std::getenv("STRATA_ATTENTION_DROPOUT");
-    return e != nullptr && std::strcmp(e, "fused") == 0;
+    return e == nullptr || std::strcmp(e, "composed") != 0;
   }();
   return fused;
 }
@@ -441,7 +441,7 @@ ops::AttentionOptions attentionOptions(const Tensor& q, const Tensor& k, bool ca
   if (dropoutP > 0.0) {
     o.dropout = dropoutP;
     o.seed = gen.seed();
-    o.offset = gen.reserve(uint64_t(q.size(0) * q.size(2) * q.size(1) * k.size(1)));
+    o.offset = gen.reserve(uint64_t(q.size(0) * q.size(2) * q.size(1) * k.size(1)), 8);
   }
   return o;
 }

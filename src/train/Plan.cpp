@@ -95,7 +95,7 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
     if (!onGpu)
       why = "CPU";
     else if (dropout > 0)
-      why = fmt::format("dropout {} while training; STRATA_ATTENTION_DROPOUT=fused fuses it", dropout);
+      why = fmt::format("dropout {} while training under STRATA_ATTENTION_DROPOUT=composed", dropout);
     else if (!flashHeadDim(headDim))
       why = fmt::format("head dim {}", headDim);
     if (extra != nullptr) why += std::string(why.empty() ? "" : ", ") + extra;
@@ -256,6 +256,7 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   // The placement: the store's own function, as the engine calls it (m and v on the SSD in
   // store.nvme_state_dtype).
   uint64_t nvmeMomentBytes = dtypeSize(nvmeStateDType(c));
+  uint64_t hostBudget = p.budgets.host;
   try {
     std::vector<uint64_t> nvmeBytes;
     // (Adafactor's state has no SSD form yet: its bytes as they are.)
@@ -274,6 +275,11 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
           "gradients and new parameters), so the host budget for state is {}",
           gib(reserve), gib(p.budgets.host)));
   } catch (const Error& e) {
+    if (p.budgets.host < hostBudget)
+      p.notes.push_back(fmt::format(
+          "store.delayed_update: the host budget for state was lowered to {} to leave room for the pending "
+          "update of the SSD chunks (their gradients and new parameters)",
+          gib(p.budgets.host)));
     p.placement = zero::StorePlacement{};
     p.placement.parameterBytes = in.parameterBytes;
     if (p.fits) {
@@ -450,10 +456,29 @@ std::string formatPlan(const ModelStatePlan& p) {
                      gib(uint64_t(p.inputs.layout.chunkElems) * dtypeSize(p.compute)),
                      gib(uint64_t(p.inputs.largestChunkElems) * dtypeSize(p.compute)));
 
-  out << fmt::format(
-      "optimizer      {}: {:.3f} bytes of optimizer state per parameter (fp32 masters included{})\n",
-      p.optimizer, p.optimizerBytesPerParameter,
-      p.optimizer == "adafactor" ? "; the second moment factored per matrix" : "");
+  // A refusal before any placement (the state does not fit the budgets) has no tables of where state lives
+  // or of the step: they would show an empty placement. The caller prints the refusal.
+  bool placed = p.fits || !p.placement.optimizerTier.empty();
+  if (placed)
+    out << fmt::format(
+        "optimizer      {}: {:.3f} bytes of optimizer state per parameter (fp32 masters included{})\n",
+        p.optimizer, p.optimizerBytesPerParameter,
+        p.optimizer == "adafactor" ? "; the second moment factored per matrix" : "");
+  else
+    out << fmt::format("optimizer      {}\n", p.optimizer);
+
+  if (!placed) {
+    auto orDash = [](uint64_t b) { return b ? gib(b) : std::string("-"); };
+    out << "\nmodel state per rank: no placement within the budgets (the error below says what is short)\n";
+    out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "", "device", "host", "ssd");
+    out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "budget", orDash(p.budgets.device),
+                       orDash(p.budgets.host), orDash(p.budgets.nvme));
+    if (!p.notes.empty()) {
+      out << "\nnotes:\n";
+      for (const std::string& n : p.notes) out << "  - " << n << "\n";
+    }
+    return out.str();
+  }
 
   out << "\nmodel state per rank, by tier:\n";
   out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "", "device", "host", "ssd");

@@ -61,3 +61,43 @@ TEST_CASE("dropout keeps about 1-p of the elements and scales them", "[core][ran
   REQUIRE(ops::dropout(x, 0.25, 11, 0).toVector<float>() == v);
   REQUIRE(ops::dropout(x, 0.25, 11, 1).toVector<float>() != v);
 }
+
+TEST_CASE("dropout's draw is element offset + i of the counter space, eight to a Philox evaluation",
+          "[core][random]") {
+  // NOTE [Dropout bits]: the kernel evaluates one group of 8 counters at a time; a draw at any offset and of
+  // any length must still give element i the bits of counter offset + i, so a draw at offset o + k equals the
+  // tail of the draw at offset o.
+  Tensor x = ops::ones({1003});
+  uint32_t threshold = dropThreshold(0.3);
+  for (uint64_t offset : {0u, 5u, 8u, 13u}) {
+    auto y = ops::dropout(x, 0.3, 21, offset).toVector<float>();
+    for (size_t i = 0; i < y.size(); ++i) {
+      INFO("offset " << offset << " element " << i);
+      REQUIRE((y[i] != 0.0f) == dropKeep(21, offset + i, threshold));
+    }
+    auto tail = ops::dropout(ops::ones({1000}), 0.3, 21, offset + 3).toVector<float>();
+    REQUIRE(std::equal(tail.begin(), tail.end(), y.begin() + 3));
+  }
+  // The 16-bit threshold: p honoured to 1/65536, and the edges exact.
+  REQUIRE(dropThreshold(0.0) == 0u);
+  REQUIRE(dropThreshold(0.1) == 6554u);
+  REQUIRE(dropThreshold(1.0) == 65536u);
+  for (uint64_t g = 0; g < 64; ++g) {
+    REQUIRE(dropKeepByte(3, g, 0) == 0xFFu);    // p = 0 keeps all
+    REQUIRE(dropKeepByte(3, g, 65536u) == 0u);  // p = 1 keeps none
+  }
+  // Dropout's evaluations are not the uniform draws' (the top counter bit sets them apart).
+  REQUIRE(dropKeepByte(3, 0, 32768u) != 0u);
+  size_t same = 0;
+  for (uint64_t c = 0; c < 256; ++c)
+    same += (philox4x32(c, 3).x[0] == philox4x32(c | (uint64_t(1) << 63), 3).x[0]);
+  REQUIRE(same == 0);
+}
+
+TEST_CASE("dropout draws start on a group of eight", "[core][random]") {
+  Generator gen(4);
+  REQUIRE(gen.reserve(5) == 0);
+  REQUIRE(gen.reserve(3, 8) == 8);
+  REQUIRE(gen.reserve(16, 8) == 16);
+  REQUIRE(gen.state().offset == 32);
+}

@@ -77,8 +77,9 @@ TEST_CASE("[cuda] random numbers and dropout masks match the cpu", "[cuda][parit
          },
          {ops::zeros({1})}, {1e-5, 1e-4});
   Tensor x = randomOf({3001}, DType::F32, 1);
-  REQUIRE(ops::dropout(x, 0.3, 5, 17).toVector<float>() ==
-          ops::dropout(x.to(kGpu), 0.3, 5, 17).toVector<float>());
+  for (uint64_t offset : {17u, 16u, 3u})  // partial first groups, and a whole one (NOTE [Dropout bits])
+    REQUIRE(ops::dropout(x, 0.3, 5, offset).toVector<float>() ==
+            ops::dropout(x.to(kGpu), 0.3, 5, offset).toVector<float>());
 }
 
 TEST_CASE("[cuda] elementwise ops match the cpu for every dtype", "[cuda][parity]") {
@@ -564,32 +565,36 @@ TEST_CASE("[cuda] fused attention with dropout drops what the cpu reference drop
       Tensor k = randomOf({c.B, c.Sk, c.H, c.D}, DType::BF16, 108, -1, 1);
       Tensor v = randomOf({c.B, c.Sk, c.H, c.D}, DType::BF16, 109, -1, 1);
       Tensor g = randomOf({c.B, c.Sq, c.H, c.D}, DType::BF16, 110, -1, 1);
-      auto run = [&](Device dev, double dropout, bool* cudnn) {
-        Tensor qd = ops::to(q, dev, q.dtype()), kd = ops::to(k, dev, k.dtype()),
-               vd = ops::to(v, dev, v.dtype());
-        // With dropout cuDNN is asked for (and must not run); without, Strata's kernel for the comparison.
-        ops::AttentionBackend backend =
-            dropout > 0 ? ops::AttentionBackend::Cudnn : ops::AttentionBackend::Native;
-        ops::AttentionOptions o{0.0, causal, backend, dropout, 1234, 777};
-        ops::FlashAttentionResult r = ops::flashAttention(qd, kd, vd, o);
-        Tensor dq = ops::emptyLike(qd), dk = ops::emptyLike(kd), dv = ops::emptyLike(vd);
-        ops::flashAttentionBackward(qd, kd, vd, r, ops::to(g, dev, g.dtype()), dq, dk, dv, o);
-        if (cudnn) *cudnn = r.cudnn;
-        return std::vector<Tensor>{r.out, r.lse2, dq, dk, dv};
-      };
-      bool cudnn = true;
-      auto cpu = run(Device::cpu(), 0.1, nullptr), gpu = run(kGpu, 0.1, &cudnn);
-      REQUIRE_FALSE(cudnn);
-      for (size_t i = 0; i < cpu.size(); ++i) {
-        INFO("output " << i);
-        double worst = test::closeness(gpu[i].toVector<double>(), cpu[i].toVector<double>(), 2e-2, 2e-2);
-        INFO("worst scaled error " << worst);
-        REQUIRE(worst <= 1.0);
+      // Offset 777 takes the kernels' per-element draws; 776 with Sk a multiple of 8 their grouped ones.
+      for (uint64_t offset : {uint64_t(777), uint64_t(776)}) {
+        INFO("offset " << offset);
+        auto run = [&](Device dev, double dropout, bool* cudnn) {
+          Tensor qd = ops::to(q, dev, q.dtype()), kd = ops::to(k, dev, k.dtype()),
+                 vd = ops::to(v, dev, v.dtype());
+          // With dropout cuDNN is asked for (and must not run); without, Strata's kernel for the comparison.
+          ops::AttentionBackend backend =
+              dropout > 0 ? ops::AttentionBackend::Cudnn : ops::AttentionBackend::Native;
+          ops::AttentionOptions o{0.0, causal, backend, dropout, 1234, offset};
+          ops::FlashAttentionResult r = ops::flashAttention(qd, kd, vd, o);
+          Tensor dq = ops::emptyLike(qd), dk = ops::emptyLike(kd), dv = ops::emptyLike(vd);
+          ops::flashAttentionBackward(qd, kd, vd, r, ops::to(g, dev, g.dtype()), dq, dk, dv, o);
+          if (cudnn) *cudnn = r.cudnn;
+          return std::vector<Tensor>{r.out, r.lse2, dq, dk, dv};
+        };
+        bool cudnn = true;
+        auto cpu = run(Device::cpu(), 0.1, nullptr), gpu = run(kGpu, 0.1, &cudnn);
+        REQUIRE_FALSE(cudnn);
+        for (size_t i = 0; i < cpu.size(); ++i) {
+          INFO("output " << i);
+          double worst = test::closeness(gpu[i].toVector<double>(), cpu[i].toVector<double>(), 2e-2, 2e-2);
+          INFO("worst scaled error " << worst);
+          REQUIRE(worst <= 1.0);
+        }
+        // Dropout changed the output (and left the softmax statistics alone).
+        auto plain = run(kGpu, 0.0, nullptr);
+        REQUIRE(test::closeness(gpu[0].toVector<double>(), plain[0].toVector<double>(), 2e-2, 2e-2) > 1.0);
+        REQUIRE(test::closeness(gpu[1].toVector<double>(), plain[1].toVector<double>(), 1e-6, 1e-6) <= 1.0);
       }
-      // Dropout changed the output (and left the softmax statistics alone).
-      auto plain = run(kGpu, 0.0, nullptr);
-      REQUIRE(test::closeness(gpu[0].toVector<double>(), plain[0].toVector<double>(), 2e-2, 2e-2) > 1.0);
-      REQUIRE(test::closeness(gpu[1].toVector<double>(), plain[1].toVector<double>(), 1e-6, 1e-6) <= 1.0);
     }
   }
 }

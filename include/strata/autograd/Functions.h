@@ -163,11 +163,12 @@ Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool ca
 Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, double scale = 0.0,
                             double dropoutP = 0.0, Generator& gen = defaultGenerator());
 // Whether the fused path serves these operands ([B, S, H, D] views) and options on their device: CUDA,
-// bf16/f16, head dim 64, 80 or 128. STRATA_ATTENTION=composed turns it off. Dropout while training takes it
-// only with STRATA_ATTENTION_DROPOUT=fused (Strata's kernel; the composed path otherwise) until the fused
-// dropout has been checked on a GPU.
+// bf16/f16, head dim 64, 80 or 128. STRATA_ATTENTION=composed turns it off. Dropout while training runs in
+// Strata's kernel (never cuDNN's), which replays the composed path's mask (NOTE [Fused attention dropout]);
+// STRATA_ATTENTION_DROPOUT=composed sends it to the composed path instead.
 bool flashAttentionUsable(const Tensor& q, const Tensor& k, const Tensor& v, double dropoutP, bool training);
-// STRATA_ATTENTION_DROPOUT=fused: attention dropout may take the fused path (read once).
+// Whether attention dropout may take the fused path: yes unless STRATA_ATTENTION_DROPOUT=composed (read
+// once).
 bool fusedAttentionDropout();
 
 }  // namespace strata

@@ -16,10 +16,11 @@ class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : state_{seed, 0} {}
   void manualSeed(uint64_t seed) { state_ = {seed, 0}; }
-  // Reserves `count` counters and returns the first.
-  uint64_t reserve(uint64_t count) {
-    uint64_t first = state_.offset;
-    state_.offset += count;
+  // Reserves `count` counters and returns the first, a multiple of `align` (dropout draws start on a group of
+  // 8: NOTE [Dropout bits] in core/Philox.h).
+  uint64_t reserve(uint64_t count, uint64_t align = 1) {
+    uint64_t first = (state_.offset + align - 1) / align * align;
+    state_.offset = first + count;
     return first;
   }
   uint64_t seed() const { return state_.seed; }

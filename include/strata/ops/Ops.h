@@ -170,10 +170,11 @@ enum class AttentionBackend : uint8_t { Auto, Native, Cudnn };
 bool cudnnAttentionBuilt();
 // NOTE [Fused attention dropout]: with dropout > 0 the probabilities are dropped as ops::dropout drops a
 // [B, H, Sq, Sk] tensor of them with (seed, offset): element (b, h, i, j) is kept when
-// philoxUniform(seed, offset + ((b * H + h) * Sq + i) * Sk + j) >= dropout, and kept ones are scaled by
-// 1 / (1 - dropout). That is the mask the composed attention (softmax, then dropout) draws from the same
-// generator state, so the two paths agree; nothing is stored, the backward replays it. Strata's kernels
-// only: cuDNN's draws its own mask, so dropout never goes to cuDNN.
+// dropKeep(seed, offset + ((b * H + h) * Sq + i) * Sk + j, dropThreshold(dropout)) (NOTE [Dropout bits] in
+// core/Philox.h: 8 neighbouring keys share one Philox evaluation), and kept ones are scaled by 1 / (1 -
+// dropout). That is the mask the composed attention (softmax, then dropout) draws from the same generator
+// state, so the two paths agree; nothing is stored, the backward replays it. Strata's kernels only: cuDNN's
+// draws its own mask, so dropout never goes to cuDNN.
 struct AttentionOptions {
   double scale = 0.0;
   bool causal = false;

@@ -34,13 +34,19 @@ struct DropMask {
   const AttentionOptions& opt;
   int64_t H, Sq, Sk;
   double keepScale;
+  uint32_t threshold;
   DropMask(const AttentionOptions& o, int64_t h, int64_t sq, int64_t sk)
-      : opt(o), H(h), Sq(sq), Sk(sk), keepScale(o.dropout > 0 ? 1.0 / (1.0 - o.dropout) : 1.0) {}
+      : opt(o),
+        H(h),
+        Sq(sq),
+        Sk(sk),
+        keepScale(o.dropout > 0 ? 1.0 / (1.0 - o.dropout) : 1.0),
+        threshold(dropThreshold(o.dropout)) {}
   template <class F>
   F factor(int64_t b, int64_t h, int64_t i, int64_t j) const {
     if (opt.dropout <= 0) return F(1);
     uint64_t index = opt.offset + uint64_t(((b * H + h) * Sq + i) * Sk + j);
-    return philoxUniform(opt.seed, index) >= float(opt.dropout) ? F(keepScale) : F(0);
+    return dropKeep(opt.seed, index, threshold) ? F(keepScale) : F(0);
   }
 };
 

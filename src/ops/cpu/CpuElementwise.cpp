@@ -43,12 +43,19 @@ void dropout(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64
     const T* in = static_cast<const T*>(x.data());
     T* o = static_cast<T*>(out.data());
     int64_t n = x.numel();
+    if (n == 0) return;
     C scale = C(1.0 / (1.0 - p));
-    float pf = float(p);
+    uint32_t threshold = dropThreshold(p);
+    // One Philox evaluation per group of 8 counters (NOTE [Dropout bits]); the first and last may be partial.
+    uint64_t first = offset >> 3, groups = ((offset + uint64_t(n) - 1) >> 3) - first + 1;
 #pragma omp parallel for if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      bool keep = philoxUniform(seed, offset + uint64_t(i)) >= pf;
-      o[i] = keep ? T(C(in[i]) * scale) : T(C(0));
+    for (int64_t g = 0; g < int64_t(groups); ++g) {
+      uint32_t bits = dropKeepByte(seed, first + uint64_t(g), threshold);
+      for (int l = 0; l < 8; ++l) {
+        int64_t i = int64_t((first + uint64_t(g)) * 8 + uint64_t(l) - offset);
+        if (i < 0 || i >= n) continue;
+        o[i] = (bits >> l) & 1u ? T(C(in[i]) * scale) : T(C(0));
+      }
     }
   });
 }

@@ -31,7 +31,8 @@ fl::Params params(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.scaleLog2 = float(opt.scale * 1.4426950408889634);
   p.causal = opt.causal;
   p.shift = p.Sk - p.Sq;
-  p.dropout = float(opt.dropout);
+  p.dropThreshold = dropThreshold(opt.dropout);
+  p.dropGroups = opt.offset % 8 == 0 && p.Sk % 8 == 0;
   p.dropScale = opt.dropout > 0 ? float(1.0 / (1.0 - opt.dropout)) : 1.0f;
   p.seed = opt.seed;
   p.offset = opt.offset;

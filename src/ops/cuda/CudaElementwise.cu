@@ -148,8 +148,11 @@ void dropout(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64
   DeviceGuard guard(x.device().index);
   visitFloatingCuda(x.dtype(), "dropout", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    kernels::dropoutKernel<T><<<gridFor(x.numel()), kThreads, 0, streamOf(x)>>>(
-        static_cast<T*>(out.data()), static_cast<const T*>(x.data()), x.numel(), float(p),
+    int64_t n = x.numel();
+    if (n == 0) return;
+    auto groups = int64_t(((offset + uint64_t(n) - 1) >> 3) - (offset >> 3) + 1);
+    kernels::dropoutKernel<T><<<gridFor(groups), kThreads, 0, streamOf(x)>>>(
+        static_cast<T*>(out.data()), static_cast<const T*>(x.data()), n, groups, dropThreshold(p),
         kernels::AccT<T>(1.0 / (1.0 - p)), seed, offset);
     STRATA_CUDA_CHECK_LAUNCH();
   });
