@@ -417,7 +417,10 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
 bool fusedAttentionDropout() {
   static const bool fused = [] {
     const char* e = std::getenv("STRATA_ATTENTION_DROPOUT");
-    return e == nullptr || std::strcmp(e, "composed") != 0;
+    if (e == nullptr || std::strcmp(e, "fused") == 0) return true;
+    STRATA_CHECK(std::strcmp(e, "composed") == 0,
+                 "STRATA_ATTENTION_DROPOUT is '{}': fused (the default) or composed", e);
+    return false;
   }();
   return fused;
 }

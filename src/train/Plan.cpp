@@ -94,7 +94,7 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
     std::string why;
     if (!onGpu)
       why = "CPU";
-    else if (dropout > 0)
+    else if (dropout > 0 && !fusedAttentionDropout())
       why = fmt::format("dropout {} while training under STRATA_ATTENTION_DROPOUT=composed", dropout);
     else if (!flashHeadDim(headDim))
       why = fmt::format("head dim {}", headDim);
@@ -469,7 +469,7 @@ std::string formatPlan(const ModelStatePlan& p) {
 
   if (!placed) {
     auto orDash = [](uint64_t b) { return b ? gib(b) : std::string("-"); };
-    out << "\nmodel state per rank: no placement within the budgets (the error below says what is short)\n";
+    out << "\nmodel state per rank: no placement within the budgets (the error below says why)\n";
     out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "", "device", "host", "ssd");
     out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "budget", orDash(p.budgets.device),
                        orDash(p.budgets.host), orDash(p.budgets.nvme));

@@ -153,6 +153,19 @@ TEST_CASE("plan: the activation estimate matches the measured GPT-6.7B forward",
   REQUIRE(train::estimateActivations(spec, 8, DType::BF16, false).bytes > a.bytes + (1ull << 30));
 }
 
+TEST_CASE("plan: attention says why it is composed", "[train][plan]") {
+  // gpt-nano's heads are 32 wide: composed for the head dim, not for its dropout (which the fused kernel
+  // takes), unless STRATA_ATTENTION_DROPOUT=composed sends dropout there first.
+  train::ModelStatePlan p = train::planModelState(
+      configFile("gpt-nano.yaml", {"model.dropout=0.1", "train.device=cuda"}), roundMachine());
+  std::string why;
+  for (const std::string& a : p.activations.assumptions)
+    if (a.find("composed attention") != std::string::npos) why = a;
+  INFO(why);
+  REQUIRE(why.find(fusedAttentionDropout() ? "head dim 32" : "dropout 0.1") != std::string::npos);
+  REQUIRE((why.find("dropout") != std::string::npos) == !fusedAttentionDropout());
+}
+
 TEST_CASE("plan: BERT's MLM head on the chosen tokens, and its fp32 residual stream", "[train][plan]") {
   train::Config c = configFile("zoo/bert-large.yaml", {"model.seq_length=512"});
   models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());

@@ -19,6 +19,7 @@ class Generator {
   // Reserves `count` counters and returns the first, a multiple of `align` (dropout draws start on a group of
   // 8: NOTE [Dropout bits] in core/Philox.h).
   uint64_t reserve(uint64_t count, uint64_t align = 1) {
+    if (align == 0) align = 1;
     uint64_t first = (state_.offset + align - 1) / align * align;
     state_.offset = first + count;
     return first;

@@ -225,8 +225,9 @@ Tensor crossEntropyBackward(const Tensor& gradLoss, const Tensor& logits, const 
 void crossEntropyInPlace(const Tensor& logits, const Tensor& target, const Tensor& rowLoss,
                          const Tensor& valid, bool grad, int64_t ignoreIndex = -100);
 
-// Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is a function of (seed,
-// offset + element index), so it is the same on every device and can be replayed for the backward.
+// Zeroes each element with probability p (to 1/65536: NOTE [Dropout bits] in core/Philox.h) and scales the
+// rest by 1/(1-p). The mask is a function of (seed, offset + element index), so it is the same on every
+// device and can be replayed for the backward.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 
 // ---- optimizer updates

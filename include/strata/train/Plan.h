@@ -16,11 +16,11 @@
 //   hidden size, i = heads x head dim, f the FFN width, doubled for a gated FFN): LayerNorm inputs and
 //   outputs, q, k and v, the attention output, the FFN's input, hidden and activation. At GPT's i = h, f = 4h
 //   that is 16 e t h (32 t h in bf16), Korthikanti et al.'s 34 t h less the dropout masks (Strata replays
-//   masks, never stores them). Fused attention keeps no S x S scores; the composed path (dropout while
-//   training, T5's relative bias, a head dim other than 64/80/128) keeps the probabilities, twice with
-//   dropout. No activation checkpointing: no config key turns it on for the zoo. Heads: GPT and T5 compute
-//   the loss in row chunks of the logits (linearCrossEntropy); BERT keeps its logits and an fp32 gradient of
-//   them.
+//   masks, never stores them). Fused attention keeps no S x S scores, with or without dropout; the composed
+//   path (T5's relative bias, a head dim other than 64/80/128, dropout under
+//   STRATA_ATTENTION_DROPOUT=composed) keeps the probabilities, twice with dropout. No activation
+//   checkpointing: no config key turns it on for the zoo. Heads: GPT and T5 compute the loss in row chunks of
+//   the logits (linearCrossEntropy); BERT keeps its logits and an fp32 gradient of them.
 // - Step time: compute = training FLOPs of the step's tokens / (calibrated GEMM TFLOP/s x the efficiency
 //   kComputeEfficiency), plus the device's own update at memory speed; for host and SSD chunks, the fp32
 //   gradients out and the 16-bit parameters in over PCIe, the CPU AdamW, and the SSD reading and writing
