@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "TestUtil.h"
+#include "strata/core/Philox.h"
 
 using namespace strata;
 
@@ -545,6 +546,70 @@ TEST_CASE("[cuda] fused attention matches the cpu reference, forward and backwar
             {q, kv, g}, tol);
       }
     }
+  }
+}
+
+namespace {
+
+// NOTE [Fused attention dropout], element by element rather than to a tolerance. With q = 0 every
+// probability is 1/Sk. With v the identity (v[j, d] = 1 where d == j; Sk <= D) output (i, d) is
+// z(i, d) / (Sk (1 - p)), zero exactly where the mask drops probability (i, j = d). With a one-hot dO
+// (dO[i, d] = 1 where d == i; Sq <= D), dV[j, d] = z(d, j) / (Sk (1 - p)): the dK/dV kernel's mask.
+void requireExactDropMask(Device dev, DType dt, int64_t B, int64_t Sq, int64_t Sk, int64_t H, int64_t D,
+                          uint64_t offset) {
+  const double p = 0.3;
+  const uint64_t seed = 4321;
+  std::vector<float> v(size_t(B * Sk * H * D), 0.0f), g(size_t(B * Sq * H * D), 0.0f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t j = 0; j < Sk; ++j) v[size_t(((b * Sk + j) * H + h) * D + j)] = 1.0f;
+      for (int64_t i = 0; i < Sq; ++i) g[size_t(((b * Sq + i) * H + h) * D + i)] = 1.0f;
+    }
+  Tensor vt = ops::to(Tensor::fromVector(v, {B, Sk, H, D}), dev, dt);
+  Tensor gt = ops::to(Tensor::fromVector(g, {B, Sq, H, D}), dev, dt);
+  Tensor q = ops::zeros({B, Sq, H, D}, dt, dev), k = ops::zeros({B, Sk, H, D}, dt, dev);
+  ops::AttentionOptions o{0.0, false, ops::AttentionBackend::Native, p, seed, offset};
+  ops::FlashAttentionResult r = ops::flashAttention(q, k, vt, o);
+  Tensor dq = ops::emptyLike(q), dk = ops::emptyLike(k), dv = ops::emptyLike(vt);
+  ops::flashAttentionBackward(q, k, vt, r, gt, dq, dk, dv, o);
+  auto out = r.out.toVector<float>(), dV = dv.toVector<float>();
+  uint32_t threshold = dropThreshold(p);
+  auto keep = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+    return dropKeep(seed, offset + uint64_t(((b * H + h) * Sq + i) * Sk + j), threshold);
+  };
+  int64_t wrong = 0, kept = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < Sq; ++i)
+        for (int64_t j = 0; j < Sk; ++j) {
+          bool k1 = keep(b, h, i, j);
+          kept += k1;
+          wrong += (out[size_t(((b * Sq + i) * H + h) * D + j)] != 0.0f) != k1;
+          wrong += (dV[size_t(((b * Sk + j) * H + h) * D + i)] != 0.0f) != k1;
+        }
+    }
+  INFO("B " << B << " Sq " << Sq << " Sk " << Sk << " H " << H << " D " << D << " offset " << offset);
+  REQUIRE(wrong == 0);
+  REQUIRE(double(kept) / double(B * H * Sq * Sk) == Approx(1.0 - p).margin(0.03));
+}
+
+}  // namespace
+
+TEST_CASE("fused attention's dropout mask, element by element, on the cpu", "[attention][dropout]") {
+  // The reference the GPU kernels are held to, and the check itself, in CI.
+  requireExactDropMask(Device::cpu(), DType::F32, 2, 40, 64, 2, 64, 776);
+  requireExactDropMask(Device::cpu(), DType::F32, 1, 60, 60, 1, 64, 777);
+}
+
+TEST_CASE("[cuda] fused attention's dropout mask, element by element", "[cuda][parity][attention]") {
+  STRATA_REQUIRE_CUDA();
+  // Grouped draws (offset and Sk multiples of 8) and per-element ones; Sq and Sk off and on the 64 tiles.
+  for (DType dt : {DType::BF16, DType::F16}) {
+    requireExactDropMask(kGpu, dt, 2, 64, 64, 2, 64, 776);
+    requireExactDropMask(kGpu, dt, 1, 100, 120, 3, 128, 800);
+    requireExactDropMask(kGpu, dt, 2, 77, 56, 2, 80, 16);
+    requireExactDropMask(kGpu, dt, 1, 62, 60, 2, 64, 777);
+    requireExactDropMask(kGpu, dt, 1, 128, 128, 1, 128, 5);
   }
 }
 
