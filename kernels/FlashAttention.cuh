@@ -69,17 +69,28 @@ __device__ __forceinline__ uint32_t dropGroupBits(const Params& p, int bh, int i
   return dropKeepByte(p.seed, group, p.dropThreshold);
 }
 
-// Where p.dropGroups: the keep bits of a warp's 16 x 64 tile in the accumulator layout (queries row0 + g and
-// row0 + g + 8, keys col0 + 8 nt + 2t + {0, 1}; g = lane / 4, t = lane % 4; col0 a multiple of 64). The four
-// threads of a quad share their rows, and each 8-key group is one Philox evaluation, so thread t evaluates
-// the groups of tiles nt = t and t + 4 for both rows (one byte each) and the quad trades them by shuffles:
-// 4 evaluations per thread where one per element took 32. Element (half, nt, e) lands on bit
-// 16 half + 2 nt + e for the forward (one word for both rows) and 4 nt + 2 half + e otherwise (as the dQ
-// kernel's s[nt][e]).
+// The keep bits of a warp's 16 x 64 tile in the accumulator layout (queries row0 + g and row0 + g + 8, keys
+// col0 + 8 nt + 2t + {0, 1}; g = lane / 4, t = lane % 4; col0 a multiple of 64). Element (half, nt, e) lands
+// on bit 16 half + 2 nt + e for the forward (one word for both rows) and 4 nt + 2 half + e otherwise (as the
+// dQ kernel's s[nt][e]). Where p.dropGroups each 8-key group is one Philox evaluation and the four threads of
+// a quad share their rows, so thread t evaluates the groups of tiles nt = t and t + 4 for both rows (one byte
+// each) and the quad trades them by shuffles: 4 evaluations per thread where one per element takes 32.
+// Bits of elements past Sq or Sk are left clear (they are masked or never stored either way).
 template <bool FORWARD>
 __device__ __forceinline__ uint32_t dropRowTile(const Params& p, int bh, int row0, int col0, int lane) {
   static_assert(kBlockN == 64, "two groups of four 8-key tiles per row");
   int g = lane >> 2, t = lane & 3;
+  if (!p.dropGroups) {
+    uint32_t keep = 0;
+    // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
+#pragma unroll 1
+    for (int bit = 0; bit < 32; ++bit) {
+      int half = FORWARD ? bit >> 4 : (bit & 3) >> 1, nt = FORWARD ? (bit & 15) >> 1 : bit >> 2;
+      int row = row0 + g + 8 * half, col = col0 + 8 * nt + 2 * t + (bit & 1);
+      if (row < p.Sq && col < p.Sk && dropKeeps(p, bh, row, col)) keep |= 1u << bit;
+    }
+    return keep;
+  }
   uint32_t mine = 0;  // byte k = 2 half + q: the group of tile 4 q + t in row g + 8 half
 #pragma unroll 1
   for (int k = 0; k < 4; ++k)
@@ -97,13 +108,23 @@ __device__ __forceinline__ uint32_t dropRowTile(const Params& p, int bh, int row
   return keep;
 }
 
-// Where p.dropGroups: the dK/dV kernel's keep bits for a warp's transposed 16 x 64 tile (keys key0 + g and
-// key0 + g + 8, key0 a multiple of 16; queries q0 + 8 nt + 2t + {0, 1}), bit 4 nt + e as its s[nt][e]. A
+// The dK/dV kernel's keep bits for a warp's transposed 16 x 64 tile (keys key0 + g and key0 + g + 8, key0 a
+// multiple of 16; queries q0 + 8 nt + 2t + {0, 1}), bit 4 nt + e as its s[nt][e]. Where p.dropGroups a
 // query's 8-key group spans the 8 threads g = 0..7 of one t: thread g evaluates the 4 groups of tile nt = g
 // (2 queries x 2 key groups) and the 8 threads trade them by shuffles.
 __device__ __forceinline__ uint32_t dropColTile(const Params& p, int bh, int key0, int q0, int lane) {
   static_assert(kBlockN == 64, "8 query tiles, one per row of the quad layout");
   int g = lane >> 2, t = lane & 3;
+  if (!p.dropGroups) {
+    uint32_t keep = 0;
+    // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
+#pragma unroll 1
+    for (int bit = 0; bit < 32; ++bit) {
+      int key = key0 + g + 8 * ((bit & 3) >> 1), query = q0 + 8 * (bit >> 2) + 2 * t + (bit & 1);
+      if (key < p.Sk && query < p.Sq && dropKeeps(p, bh, query, key)) keep |= 1u << bit;
+    }
+    return keep;
+  }
   uint32_t mine = 0;  // byte e: query q0 + 8 g + 2t + (e & 1), key group key0 / 8 + (e >> 1)
 #pragma unroll 1
   for (int e = 0; e < 4; ++e)
@@ -356,20 +377,8 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
     if (col0 + BN > p.Sk || (p.causal && col0 + BN - 1 > m0 + p.shift))
       maskTile(s, m0 + wr0, col0, p.Sk, p.causal, p.shift, lane);
     uint32_t keepBoth = 0;  // DROP: bit 16 half + 2 nt + e set where element (nt, 2 half + e) survives
-    if constexpr (DROP) {
-      if (p.dropGroups) {
-        keepBoth = dropRowTile<true>(p, bh, m0 + wr0, col0, lane);
-      } else {
-        // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
-#pragma unroll 1
-        for (int bit = 0; bit < BN / 2; ++bit) {
-          int row = m0 + wr0 + (lane >> 2) + (bit >> 4) * 8;
-          int col = col0 + ((bit & 15) >> 1) * 8 + 2 * (lane & 3) + (bit & 1);
-          if (dropKeeps(p, bh, row, col)) keepBoth |= 1u << bit;
-        }
-      }
-    }
-    // Online softmax over this tile, rows g (half 0) and g + 8 (half 1).
+    if constexpr (DROP) keepBoth = dropRowTile<true>(p, bh, m0 + wr0, col0, lane);
+      // Online softmax over this tile, rows g (half 0) and g + 8 (half 1).
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float mx = -INFINITY;
@@ -497,18 +506,7 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
     int key0 = n0 + wr0 + (lane >> 2);
     uint32_t keep = 0;  // DROP: bit nt * 4 + e set where s[nt][e] survives dropout
     static_assert(!DROP || BM / 8 * 4 <= 32, "the keep bits fit one word");
-    if constexpr (DROP) {
-      if (p.dropGroups) {
-        keep = dropColTile(p, bh, n0 + wr0, i * BM, lane);
-      } else {
-        // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
-#pragma unroll 1
-        for (int bit = 0; bit < BM / 2; ++bit) {
-          int key = key0 + ((bit & 3) >> 1) * 8, query = i * BM + (bit >> 2) * 8 + 2 * (lane & 3) + (bit & 1);
-          if (key < p.Sk && query < p.Sq && dropKeeps(p, bh, query, key)) keep |= 1u << bit;
-        }
-      }
-    }
+    if constexpr (DROP) keep = dropColTile(p, bh, n0 + wr0, i * BM, lane);
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt) {
 #pragma unroll
@@ -600,19 +598,7 @@ __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
     float dp[BN / 8][4] = {};
     gemmABt<T, D, DS, BN / 8>(dp, sDo, wr0, vT, lane);
     uint32_t keep = 0;  // DROP: bit nt * 4 + e set where s[nt][e] survives dropout
-    if constexpr (DROP) {
-      if (p.dropGroups) {
-        keep = dropRowTile<false>(p, bh, m0 + wr0, col0, lane);
-      } else {
-        // Not unrolled: one Philox evaluation live at a time keeps the registers for the tiles.
-#pragma unroll 1
-        for (int bit = 0; bit < BN / 2; ++bit) {
-          int row = m0 + wr0 + (lane >> 2) + ((bit & 3) >> 1) * 8;
-          int col = col0 + (bit >> 2) * 8 + 2 * (lane & 3) + (bit & 1);
-          if (row < p.Sq && col < p.Sk && dropKeeps(p, bh, row, col)) keep |= 1u << bit;
-        }
-      }
-    }
+    if constexpr (DROP) keep = dropRowTile<false>(p, bh, m0 + wr0, col0, lane);
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll

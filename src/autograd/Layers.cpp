@@ -418,8 +418,8 @@ bool fusedAttentionDropout() {
   static const bool fused = [] {
     const char* e = std::getenv("STRATA_ATTENTION_DROPOUT");
     if (e == nullptr || std::strcmp(e, "fused") == 0) return true;
-    STRATA_CHECK(std::strcmp(e, "composed") == 0,
-                 "STRATA_ATTENTION_DROPOUT is '{}': fused (the default) or composed", e);
+    STRATA_USER_CHECK(std::strcmp(e, "composed") == 0,
+                      "STRATA_ATTENTION_DROPOUT is '{}': fused (the default) or composed", e);
     return false;
   }();
   return fused;

@@ -456,29 +456,30 @@ std::string formatPlan(const ModelStatePlan& p) {
                      gib(uint64_t(p.inputs.layout.chunkElems) * dtypeSize(p.compute)),
                      gib(uint64_t(p.inputs.largestChunkElems) * dtypeSize(p.compute)));
 
-  // A refusal before any placement (the state does not fit the budgets) has no tables of where state lives
-  // or of the step: they would show an empty placement. The caller prints the refusal.
-  bool placed = p.fits || !p.placement.optimizerTier.empty();
-  if (placed)
-    out << fmt::format(
-        "optimizer      {}: {:.3f} bytes of optimizer state per parameter (fp32 masters included{})\n",
-        p.optimizer, p.optimizerBytesPerParameter,
-        p.optimizer == "adafactor" ? "; the second moment factored per matrix" : "");
-  else
-    out << fmt::format("optimizer      {}\n", p.optimizer);
-
-  if (!placed) {
-    auto orDash = [](uint64_t b) { return b ? gib(b) : std::string("-"); };
-    out << "\nmodel state per rank: no placement within the budgets (the error below says why)\n";
-    out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "", "device", "host", "ssd");
+  auto orDash = [](uint64_t b) { return b ? gib(b) : std::string("-"); };
+  auto budgetRow = [&] {
     out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "budget", orDash(p.budgets.device),
                        orDash(p.budgets.host), orDash(p.budgets.nvme));
-    if (!p.notes.empty()) {
-      out << "\nnotes:\n";
-      for (const std::string& n : p.notes) out << "  - " << n << "\n";
-    }
+  };
+  auto notes = [&] {
+    if (p.notes.empty()) return;
+    out << "\nnotes:\n";
+    for (const std::string& n : p.notes) out << "  - " << n << "\n";
+  };
+  // A refusal before any placement (the state does not fit the budgets) has no tables of where state lives
+  // or of the step: they would show an empty placement. The caller prints the refusal.
+  if (!p.fits && p.placement.optimizerTier.empty()) {
+    out << fmt::format("optimizer      {}\n", p.optimizer);
+    out << "\nmodel state per rank: no placement within the budgets (the error below says why)\n";
+    out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "", "device", "host", "ssd");
+    budgetRow();
+    notes();
     return out.str();
   }
+  out << fmt::format(
+      "optimizer      {}: {:.3f} bytes of optimizer state per parameter (fp32 masters included{})\n",
+      p.optimizer, p.optimizerBytesPerParameter,
+      p.optimizer == "adafactor" ? "; the second moment factored per matrix" : "");
 
   out << "\nmodel state per rank, by tier:\n";
   out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "", "device", "host", "ssd");
@@ -491,11 +492,9 @@ std::string formatPlan(const ModelStatePlan& p) {
     }
     out << "\n";
   }
-  auto orDash = [](uint64_t b) { return b ? gib(b) : std::string("-"); };
   out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "model state", orDash(total[0]), orDash(total[1]),
                      orDash(total[2]));
-  out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "budget", orDash(p.budgets.device),
-                     orDash(p.budgets.host), orDash(p.budgets.nvme));
+  budgetRow();
   size_t chunksOn[zero::kNumTiers] = {};
   for (zero::Tier t : p.placement.optimizerTier) ++chunksOn[int(t)];
   out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "optimizer chunks", chunksOn[0], chunksOn[1],
@@ -542,10 +541,7 @@ std::string formatPlan(const ModelStatePlan& p) {
     else
       out << "  bound by       compute\n";
   }
-  if (!p.notes.empty()) {
-    out << "\nnotes:\n";
-    for (const std::string& n : p.notes) out << "  - " << n << "\n";
-  }
+  notes();
   return out.str();
 }
 
