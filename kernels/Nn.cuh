@@ -1,7 +1,12 @@
 // Embedding gather / scatter-add and cross-entropy over rows of logits.
 //
 // - embeddingKernel: one block per output row copies one weight row.
-// - embeddingBackwardKernel: one block per input row adds into an fp32 gradient with atomics (rows repeat).
+// - embeddingBackward: deterministic. embeddingKeysKernel writes each input row's id (ids out of range become
+//   V) and position; a stable radix sort (cub) groups the positions by id, in order;
+//   embeddingBackwardSortedKernel runs one block per sorted position, and the block at the start of each id's
+//   run adds the run's gradient rows to that id's fp32 gradient row one after another, in input order. No
+//   atomics: the same bits on every run (which ZeRO's stage-for-stage and resume checks compare), and the CPU
+//   kernel's order.
 // - crossEntropyKernel: one block per row, online max/sum (one read of the row), writes loss, log-sum-exp and
 //   a valid flag. The backward recomputes softmax from the logits and the saved log-sum-exp, so no
 //   probability tensor outlives the forward.
@@ -27,14 +32,31 @@ __global__ void embeddingKernel(const T* __restrict__ weight, const I* __restric
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = weight[row * C + c];
 }
 
-template <class T, class I>
-__global__ void embeddingBackwardKernel(const T* __restrict__ gy, const I* __restrict__ idx,
-                                        float* __restrict__ gw, int64_t C, int64_t V) {
-  int64_t n = blockIdx.x;
-  int64_t row = int64_t(idx[n]);
-  if (row < 0 || row >= V) return;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-    atomicAdd(gw + row * C + c, float(toAcc(gy[n * C + c])));
+template <class I>
+__global__ void embeddingKeysKernel(const I* __restrict__ idx, int64_t N, int64_t V, int* __restrict__ keys,
+                                    int* __restrict__ positions) {
+  int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < N; n += stride) {
+    int64_t row = int64_t(idx[n]);
+    keys[n] = row < 0 || row >= V ? int(V) : int(row);
+    positions[n] = int(n);
+  }
+}
+
+template <class T>
+__global__ void embeddingBackwardSortedKernel(const T* __restrict__ gy, const int* __restrict__ rows,
+                                              const int* __restrict__ positions, float* __restrict__ gw,
+                                              int64_t N, int64_t C, int64_t V) {
+  int64_t s = blockIdx.x;
+  int row = rows[s];
+  if (row >= V || (s > 0 && rows[s - 1] == row)) return;
+  int64_t end = s + 1;
+  while (end < N && rows[end] == row) ++end;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = gw[int64_t(row) * C + c];
+    for (int64_t j = s; j < end; ++j) acc += float(toAcc(gy[int64_t(positions[j]) * C + c]));
+    gw[int64_t(row) * C + c] = acc;
+  }
 }
 
 template <class T, class I>

@@ -353,6 +353,25 @@ TEST_CASE("[cuda] embedding and cross entropy match the cpu", "[cuda][parity]") 
   }
 }
 
+TEST_CASE("[cuda] embedding backward sums repeated ids in input order: the cpu's bits, every run",
+          "[cuda][parity]") {
+  STRATA_REQUIRE_CUDA();
+  // 4096 ids drawn from 37 rows: each repeats about a hundred times, so an unordered (atomic) sum would round
+  // differently from run to run.
+  Generator gen(71);
+  Tensor idx = ops::affine(ops::rand({4096}, gen, DType::F32, Device::cpu(), 0, 37), 1, 0).to(DType::I64);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor g = randomOf({4096, 40}, dt, 72);
+    auto backward = [&](Device d) {
+      return ops::embeddingBackward(g.to(d), idx.to(d), 37, DType::F32).to(Device::cpu()).toVector<float>();
+    };
+    std::vector<float> cpu = backward(Device::cpu());
+    std::vector<float> gpu = backward(Device::cuda());
+    CHECK(gpu == cpu);
+    CHECK(backward(Device::cuda()) == gpu);
+  }
+}
+
 TEST_CASE("[cuda] autograd through a small network matches the cpu", "[cuda][parity][autograd]") {
   STRATA_REQUIRE_CUDA();
   auto run = [](Device dev) {

@@ -1,5 +1,6 @@
 // CUDA launchers and registration: embedding and cross-entropy.
 #include <cstdlib>
+#include <cub/device/device_radix_sort.cuh>
 #include <string>
 
 #include "kernels/Nn.cuh"
@@ -40,15 +41,38 @@ void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
 void embeddingBackward(const Tensor& gy, const Tensor& indices, const Tensor& gw) {
   DeviceGuard guard(gy.device().index);
   int64_t V = gw.size(0), C = gw.size(1), N = indices.numel();
+  if (N == 0) return;
+  STRATA_CHECK(V < (int64_t(1) << 30) && N < (int64_t(1) << 31), "embedding_backward: {} rows of {} ids", N,
+               V);
+  Device device = gy.device();
+  cudaStream_t stream = streamOf(gy);
+  // Ids and positions, sorted by id (stable: each id's positions stay in input order). The sort looks at the
+  // bits that ids up to V (out of range) use.
+  Tensor keys = Tensor::empty({N}, DType::I32, device), sortedKeys = Tensor::empty({N}, DType::I32, device);
+  Tensor positions = Tensor::empty({N}, DType::I32, device), sorted = Tensor::empty({N}, DType::I32, device);
+  visitIndexType(indices.dtype(), [&](auto itag) {
+    using I = typename decltype(itag)::type;
+    kernels::embeddingKeysKernel<I><<<gridFor(N), 256, 0, stream>>>(static_cast<const I*>(indices.data()), N,
+                                                                    V, static_cast<int*>(keys.data()),
+                                                                    static_cast<int*>(positions.data()));
+    STRATA_CUDA_CHECK_LAUNCH();
+  });
+  int endBit = 1;
+  while ((int64_t(1) << endBit) <= V) ++endBit;
+  size_t scratchBytes = 0;
+  STRATA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, scratchBytes, static_cast<int*>(keys.data()), static_cast<int*>(sortedKeys.data()),
+      static_cast<int*>(positions.data()), static_cast<int*>(sorted.data()), int(N), 0, endBit, stream));
+  Tensor scratch = Tensor::empty({int64_t(std::max<size_t>(scratchBytes, 1))}, DType::U8, device);
+  STRATA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      scratch.data(), scratchBytes, static_cast<int*>(keys.data()), static_cast<int*>(sortedKeys.data()),
+      static_cast<int*>(positions.data()), static_cast<int*>(sorted.data()), int(N), 0, endBit, stream));
   visitFloatingCuda(gy.dtype(), "embedding_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    visitIndexType(indices.dtype(), [&](auto itag) {
-      using I = typename decltype(itag)::type;
-      kernels::embeddingBackwardKernel<T, I><<<unsigned(N), threadsFor(C), 0, streamOf(gy)>>>(
-          static_cast<const T*>(gy.data()), static_cast<const I*>(indices.data()),
-          static_cast<float*>(gw.data()), C, V);
-      STRATA_CUDA_CHECK_LAUNCH();
-    });
+    kernels::embeddingBackwardSortedKernel<T><<<unsigned(N), threadsFor(C), 0, stream>>>(
+        static_cast<const T*>(gy.data()), static_cast<const int*>(sortedKeys.data()),
+        static_cast<const int*>(sorted.data()), static_cast<float*>(gw.data()), N, C, V);
+    STRATA_CUDA_CHECK_LAUNCH();
   });
 }
 
