@@ -1,5 +1,5 @@
 // Elementwise kernels: map (any functor of ElementwiseFunctors.h over N inputs), copy with dtype conversion,
-// fill, arange, Philox random and dropout.
+// fill, arange, Philox random, dropout, and a spin that holds a stream (a test aid).
 //
 // Layout: map and copy have a contiguous path (16-byte packs when every pointer is aligned, one element per
 // thread otherwise) and a strided path that decomposes a linear index over the coalesced dims
@@ -144,6 +144,19 @@ __global__ void randomKernel(T* __restrict__ out, int64_t n, uint64_t seed, uint
     out[i] = fromAcc<T>(AccT<T>(v));
   }
 }
+
+// One thread that returns once the global timer has advanced `nanoseconds` past its start: the stream it
+// runs on is held that long (a test aid, ops::spin).
+__global__ void spinKernel(uint64_t nanoseconds) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
+// ----------------------------------------------------------------------------------------------------------
 
 // One thread per group of 8 counters (NOTE [Dropout bits]): one Philox evaluation gives the group's 8 keep
 // bits. `groups` counts the groups from offset / 8 to (offset + n - 1) / 8; the first and last may be

@@ -1,11 +1,15 @@
 #include "strata/core/Device.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <set>
 #include <utility>
+
+#include <fmt/format.h>
 
 #include "strata/core/Error.h"
 
@@ -86,21 +90,96 @@ std::string deviceName(Device d) {
   return toString(d);
 }
 
+namespace {
+// A /proc/meminfo field in bytes (0 when unreadable).
+uint64_t meminfoBytes(const char* field) {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t kb = 0;
+  while (in >> key >> kb >> unit)
+    if (key == field) return kb * 1024;
+  return 0;
+}
+}  // namespace
+
 uint64_t deviceMemoryBytes(Device d) {
-  if (d.isCpu()) {
-    std::ifstream in("/proc/meminfo");
-    std::string key, unit;
-    uint64_t kb = 0;
-    while (in >> key >> kb >> unit)
-      if (key == "MemTotal:") return kb * 1024;
-    return 0;
-  }
+  if (d.isCpu()) return meminfoBytes("MemTotal:");
 #if STRATA_CUDA
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, d.index) == cudaSuccess) return uint64_t(prop.totalGlobalMem);
   cudaGetLastError();
 #endif
   return 0;
+}
+
+uint64_t deviceFreeBytes(Device d) {
+  if (d.isCpu()) return meminfoBytes("MemAvailable:");
+#if STRATA_CUDA
+  bindThreadToProcessDevice();
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) return 0;
+  size_t freeBytes = 0, totalBytes = 0;
+  bool ok = cudaSetDevice(d.index) == cudaSuccess && cudaMemGetInfo(&freeBytes, &totalBytes) == cudaSuccess;
+  cudaSetDevice(previous);
+  if (ok) return uint64_t(freeBytes);
+  cudaGetLastError();
+#endif
+  return 0;
+}
+
+std::string deviceUuid(Device d) {
+  if (d.isCpu()) return "";
+#if STRATA_CUDA
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, d.index) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  std::string hex;
+  for (char byte : prop.uuid.bytes) hex += fmt::format("{:02x}", uint8_t(byte));
+  return hex;
+#else
+  return "";
+#endif
+}
+
+std::string hostIdentity() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) name[0] = '\0';
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(name) + "/" + boot;
+}
+
+namespace {
+std::atomic<int> processDevice{-1};
+}  // namespace
+
+void setProcessDevice(Device d) {
+  STRATA_CHECK(d.isCuda(), "setProcessDevice: {} is not a GPU", toString(d));
+#if STRATA_CUDA
+  int count = cudaDeviceCount();
+  STRATA_CHECK(d.index >= 0 && d.index < count,
+               "setProcessDevice: cuda:{} requested but {} CUDA device(s) are visible", d.index, count);
+  processDevice.store(d.index);
+  cudaError_t rc = cudaSetDevice(d.index);
+  STRATA_CHECK(rc == cudaSuccess, "cudaSetDevice({}) failed: {}", d.index, cudaGetErrorString(rc));
+#else
+  STRATA_FAIL("setProcessDevice({}): this build of Strata has no CUDA support", toString(d));
+#endif
+}
+
+int processDeviceIndex() {
+  return processDevice.load();
+}
+
+void bindThreadToProcessDevice() {
+#if STRATA_CUDA
+  thread_local int bound = -1;
+  int device = processDevice.load(std::memory_order_relaxed);
+  if (device < 0 || bound == device) return;
+  if (cudaSetDevice(device) == cudaSuccess) bound = device;
+#endif
 }
 
 int cudaDeviceCount() {

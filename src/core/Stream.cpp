@@ -51,6 +51,7 @@ Stream Stream::create(Device device) {
 
 void Stream::synchronize() const {
 #if STRATA_CUDA
+  bindThreadToProcessDevice();
   if (device_.isCuda()) STRATA_CUDA_CHECK(cudaStreamSynchronize(cuda::nativeStream(*this)));
 #endif
 }
@@ -93,6 +94,7 @@ void Event::record(const Stream& stream) {
                toString(stream.device()));
   hostTimeNs_.store(steadyNowNs(), std::memory_order_release);
 #if STRATA_CUDA
+  bindThreadToProcessDevice();  // NOTE [Process device]
   if (event_)
     STRATA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), cuda::nativeStream(stream)));
 #endif
@@ -101,6 +103,7 @@ void Event::record(const Stream& stream) {
 void Event::block(const Stream& stream) const {
 #if STRATA_CUDA
   if (!event_) return;  // a CPU event: complete when recorded
+  bindThreadToProcessDevice();
   if (stream.device().isCuda()) {
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(cuda::nativeStream(stream), static_cast<cudaEvent_t>(event_), 0));
   } else {
@@ -115,12 +118,14 @@ void Event::block(const Stream& stream) const {
 
 void Event::synchronize() const {
 #if STRATA_CUDA
+  bindThreadToProcessDevice();
   if (event_) STRATA_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
 #endif
 }
 
 bool Event::query() const {
 #if STRATA_CUDA
+  bindThreadToProcessDevice();
   if (event_) {
     cudaError_t st = cudaEventQuery(static_cast<cudaEvent_t>(event_));
     if (st == cudaErrorNotReady) return false;
@@ -145,7 +150,7 @@ float Event::elapsedMs(const Event& end) const {
 
 DeviceStreams DeviceStreams::create(Device device) {
   return DeviceStreams{device.isCpu() ? Stream() : Stream::create(device), Stream::create(device),
-                       Stream::create(device), Stream::create(device)};
+                       Stream::create(device), Stream::create(device), Stream::create(device)};
 }
 
 const DeviceStreams& deviceStreams(Device device) {

@@ -1,5 +1,6 @@
 #include "strata/dist/Launch.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -52,6 +53,14 @@ LaunchInfo launchInfoFrom(const std::function<const char*(const char*)>& lookup)
     info.worldSize = readInt(lookup, sizeVar, info.rank + 1);
     info.source = "SLURM";
   }
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE"}) {
+    if (!isSet(lookup, var)) continue;
+    info.localSize = readInt(lookup, var, 1);
+    STRATA_USER_CHECK(info.localSize >= 1 && info.localRank < info.localSize,
+                      "environment variable {}={} does not hold local rank {}", var, info.localSize,
+                      info.localRank);
+    break;
+  }
   STRATA_USER_CHECK(info.worldSize >= 1, "environment variable {} must be at least 1", sizeVar);
   STRATA_USER_CHECK(info.rank < info.worldSize, "rank {} (from {}) is not below the world size {} (from {})",
                     info.rank, rankVar, info.worldSize, sizeVar);
@@ -60,6 +69,11 @@ LaunchInfo launchInfoFrom(const std::function<const char*(const char*)>& lookup)
 
 LaunchInfo launchInfoFromEnvironment() {
   return launchInfoFrom([](const char* name) { return std::getenv(name); });
+}
+
+uint64_t perRankShare(uint64_t total, int localSize) {
+  if (localSize <= 1 || total == 0) return total;
+  return std::max<uint64_t>(1, total / uint64_t(localSize));
 }
 
 int gpuForLocalRank(int localRank, int deviceCount) {

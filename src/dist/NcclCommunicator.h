@@ -2,13 +2,21 @@
 // on.
 //
 // The NCCL communicator is non-blocking (ncclConfig_t.blocking = 0): every NCCL call may return
-// ncclInProgress and is then polled with ncclCommGetAsyncError, against the deadline. Collectives run on the
-// comm stream of the device. A watchdog thread keeps, for each collective in flight, an event recorded after
-// it and its deadline; on a timeout or an asynchronous NCCL error it records the failure, writes it to
-// stderr, aborts the NCCL communicator (kernels stuck waiting for a dead peer return, and so does any host
-// thread synchronising on them), and aborts the job a few seconds later unless the process ended first (NOTE
-// [Collective timeouts] in strata/dist/Communicator.h). The next collective on this communicator throws the
-// failure.
+// ncclInProgress and is then polled with ncclCommGetAsyncError, against the deadline. Collectives run on one
+// stream of the device (the comm stream, or the gather stream for a group's all-gathers: NOTE [Collective
+// lanes] in strata/dist/Communicator.h). A watchdog thread keeps, for each collective in flight, an event
+// recorded after it and its deadline; on a timeout or an asynchronous NCCL error it records the failure,
+// writes it to stderr, aborts the NCCL communicator (kernels stuck waiting for a dead peer return, and so
+// does any host thread synchronising on them), and aborts the job a few seconds later unless the process
+// ended first (NOTE [Collective timeouts] in strata/dist/Communicator.h). The next collective on this
+// communicator throws the failure.
+//
+// NOTE [One thread in NCCL at a time]
+// NCCL forbids concurrent calls on one communicator, and ncclCommAbort is one of them. Every NCCL call of
+// this class (the launching thread's group calls and polls, the watchdog's polls and its abort) is made
+// holding apiMutex_, and no call waits inside it: the communicator is non-blocking, so each call returns at
+// once. The watchdog only tries the lock for its polls (the launching thread may hold it) and takes it for
+// the abort. Lock order: apiMutex_ before mutex_ (the state's), never the other way.
 #pragma once
 
 #if STRATA_NCCL
@@ -28,19 +36,19 @@
 
 namespace strata::dist {
 
-class MpiCommunicator;
-
 class NcclCommunicator {
  public:
-  // Collective over the ranks of `mpi`: rank 0 makes the NCCL unique id and sends it with MPI_Bcast, then
-  // every rank joins the NCCL communicator on CUDA device `deviceIndex`.
-  NcclCommunicator(MpiCommunicator& mpi, int deviceIndex);
+  // Gives every rank of the group the same NCCL unique id: rank 0 fills it, `share` sends it to the others
+  // (MPI_Bcast over the group's MPI communicator; nothing at one rank).
+  using ShareId = std::function<void(ncclUniqueId& id)>;
+  // Collective over the ranks of `info`: every rank joins the NCCL communicator on CUDA device `deviceIndex`,
+  // its collectives on `stream` (a stream of that device).
+  NcclCommunicator(GroupInfo info, int deviceIndex, const Stream& stream, const ShareId& share);
   ~NcclCommunicator();
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
   int deviceIndex() const { return deviceIndex_; }
-  // The stream collectives run on: deviceStreams(cuda(deviceIndex)).comm.
   const Stream& stream() const { return stream_; }
 
   // As MpiCommunicator's; pointers are device memory of deviceIndex.
@@ -54,24 +62,29 @@ class NcclCommunicator {
   std::string failure() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct InFlight {
     Event done;
-    std::chrono::steady_clock::time_point deadline;
+    Clock::time_point deadline;
     CollectiveCall call;
   };
-  // Runs `launch` (NCCL calls inside one group) on the comm stream, waits out ncclInProgress, and hands the
-  // collective to the watchdog.
-  void enqueue(const CollectiveCall& call, const std::function<void()>& launch);
+  // Runs `launch` (NCCL calls inside one group; it returns the first call's error) on the stream, waits out
+  // ncclInProgress, and hands the collective to the watchdog.
+  void enqueue(const CollectiveCall& call, const std::function<ncclResult_t()>& launch);
   // Waits until the communicator's asynchronous state is no longer ncclInProgress; fails on an error or at
   // the deadline.
-  void settle(const CollectiveCall& call, std::chrono::steady_clock::time_point deadline);
+  void settle(const CollectiveCall& call, Clock::time_point deadline);
   void watch();
-  void recordFailure(const std::string& message);
+  void watchOnce();
+  // Records the first failure and aborts the NCCL communicator once (takes apiMutex_, then mutex_).
+  void fail(const std::string& message);
 
   GroupInfo info_;
   int deviceIndex_;
   Stream stream_;
   ncclComm_t comm_ = nullptr;
+  std::mutex apiMutex_;   // NOTE [One thread in NCCL at a time]
+  bool aborted_ = false;  // under apiMutex_: comm_ was aborted and must not be called again
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<InFlight> inFlight_;

@@ -218,13 +218,15 @@ Tensor MoE::exchangeThroughExperts(const Tensor& send, const std::vector<int64_t
   const ExpertParallel& ep = config_.expertParallel;
   const int64_t P = ep.size, El = numLocalExperts();
   Device device = send.device();
-  // How many real rows each rank sends to each of this rank's experts.
+  // How many real rows each rank sends to each of this rank's experts. The counts are on the host already and
+  // are needed there: they go through the group's host path (MPI), not through the GPU's comm stream, where
+  // reading them back would wait for every collective queued before them.
   std::vector<int64_t> received(static_cast<size_t>(P * El));
   {
-    Tensor sendCounts = Tensor::fromVector<int64_t>(count, {int64_t(count.size())}).to(device);
-    Tensor recvCounts = Tensor::empty({P * El}, DType::I64, device);
+    Tensor sendCounts = Tensor::fromVector<int64_t>(count, {int64_t(count.size())});
+    Tensor recvCounts = Tensor::empty({P * El}, DType::I64, Device::cpu());
     ep.allToAll(recvCounts, sendCounts);
-    received = recvCounts.to(Device::cpu()).toVector<int64_t>();
+    received = recvCounts.toVector<int64_t>();
   }
   Tensor recv = allToAll(send, ep);  // [P x El x capacity, C]: block s is rank s's rows for these experts
   // Each local expert's rows from every rank, contiguous; then where each output row goes back. An expert

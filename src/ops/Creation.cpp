@@ -24,6 +24,11 @@ Tensor zerosLike(const Tensor& t) {
   return zeros(t.shape(), t.dtype(), t.device());
 }
 
+void spin(Device device, double microseconds) {
+  STRATA_CHECK(microseconds >= 0 && std::isfinite(microseconds), "spin: {} microseconds", microseconds);
+  if (microseconds > 0) kernel<SpinKernel>("spin", device)(device, microseconds);
+}
+
 void fill(const Tensor& t, double value) {
   if (t.numel() == 0) return;
   t.storage()->bumpVersion();

@@ -25,6 +25,8 @@ using ArangeKernel = void(const Tensor& out, double start, double step);
 // out: contiguous floating. uniform: a + (b - a) u; normal: a + b z. Element i uses Philox counter offset +
 // i.
 using RandomKernel = void(const Tensor& out, uint64_t seed, uint64_t offset, bool normal, double a, double b);
+// Keeps the device's current stream busy for `microseconds` (>= 0).
+using SpinKernel = void(Device device, double microseconds);
 // dst, src: same device and shape, any strides and dtypes.
 using CopyKernel = void(const Tensor& dst, const Tensor& src);
 // out: contiguous; inputs: already expanded to out's shape (any strides), same dtype as out.

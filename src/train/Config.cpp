@@ -328,6 +328,8 @@ const std::vector<Field>& schema() {
     // dist
     f.push_back(floatField(
         "dist.timeout_s", [](Config & c) -> auto& { return c.dist.timeoutS; }, 0.1, 1e7));
+    f.push_back(stringField("dist.gpu_collectives", [](Config & c) -> auto& { return c.dist.gpuCollectives; },
+                            {"auto", "nccl", "staged"}));
     // checkpoint
     f.push_back(stringField(
         "checkpoint.save", [](Config & c) -> auto& { return c.checkpoint.save; }));

@@ -11,6 +11,7 @@
 #include "models/t5/T5.h"
 #include "strata/autograd/Functions.h"
 #include "strata/core/Error.h"
+#include "strata/dist/Launch.h"
 #include "strata/train/Corruption.h"
 #include "strata/train/Trainer.h"
 
@@ -178,6 +179,7 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
 ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   ModelStatePlan p;
   p.ranks = std::max(1, options.ranks);
+  p.ranksPerNode = options.ranksPerNode > 0 ? std::min(options.ranksPerNode, p.ranks) : p.ranks;
   // The machine: the calibration's figures, DESIGN.md's H200 for any it lacks.
   Calibration h200 = measuredH200();
   p.machine = options.calibration.value_or(h200);
@@ -234,9 +236,22 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   // Budgets, as the engine reads them (storeBudgets), with auto on the device being what the memory tracer
   // will measure: the device less the step's non-model memory.
   uint64_t deviceAuto = p.deviceCapacityBytes > nonModel ? p.deviceCapacityBytes - nonModel : 0;
+  // The ranks on one machine split its memory, disk and cores (NOTE [Per-node shares] in dist/Launch.h).
   uint64_t hostAvailable = m.hostAvailableBytes.value_or(*m.hostMemoryBytes);
-  p.budgets = storeBudgets(c, in.parameterBytes, p.onGpu ? deviceAuto : zero::kUnlimited, hostAvailable,
-                           c.zero.nvmePath.empty() ? 0 : *m.nvmeFreeBytes);
+  p.hostShareBytes = dist::perRankShare(hostAvailable, p.ranksPerNode);
+  p.nvmeShareBytes = dist::perRankShare(c.zero.nvmePath.empty() ? 0 : *m.nvmeFreeBytes, p.ranksPerNode);
+  p.cpuThreadShare = m.cpuThreads > 0 ? int(dist::perRankShare(uint64_t(m.cpuThreads), p.ranksPerNode)) : 0;
+  p.budgets = storeBudgets(c, in.parameterBytes, p.onGpu ? deviceAuto : zero::kUnlimited, p.hostShareBytes,
+                           p.nvmeShareBytes);
+  if (p.ranksPerNode > 1)
+    p.notes.push_back(fmt::format(
+        "{} ranks on one machine: each plans with its share of the host's {} available, the SSD's {} free "
+        "and "
+        "{} CPU threads{}",
+        p.ranksPerNode, gib(hostAvailable), gib(c.zero.nvmePath.empty() ? 0 : *m.nvmeFreeBytes), m.cpuThreads,
+        p.ranks > p.ranksPerNode
+            ? fmt::format(" ({} machines)", (p.ranks + p.ranksPerNode - 1) / p.ranksPerNode)
+            : std::string()));
   if (!p.onGpu) {
     p.notes.push_back("train.device cpu: the device tier is host memory too; no step time is predicted");
   } else if (c.zero.offloadOptimizerDevice == "none" &&
@@ -247,8 +262,9 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
         "device while it fits; store.gpu_budget_gb={:.1f} fixes this placement)",
         gib(p.deviceCapacityBytes), gib(nonModel), double(p.budgets.device) / double(1ull << 30)));
   }
-  p.notes.push_back(fmt::format("host budget: {} (store.host_budget_gb {}; auto is 90% of the {} available)",
-                                gib(p.budgets.host), c.store.hostBudgetGb, gib(hostAvailable)));
+  p.notes.push_back(fmt::format(
+      "host budget: {} (store.host_budget_gb {}; auto is 90% of the {} available{})", gib(p.budgets.host),
+      c.store.hostBudgetGb, gib(p.hostShareBytes), p.ranksPerNode > 1 ? " to this rank" : ""));
   if (p.budgets.nvme > 0)
     p.notes.push_back(fmt::format("SSD budget: {} in {} (store.nvme_budget_gb {})", gib(p.budgets.nvme),
                                   c.zero.nvmePath, c.store.nvmeBudgetGb));
@@ -385,18 +401,18 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
                                    gib(uint64_t(down)), *m.d2hGBs, gib(uint64_t(up)), *m.h2dGBs),
                        true});
     // Ranks on one machine share its cores.
-    double elems = double(offElems) * double(p.ranks);
+    double elems = double(offElems) * double(p.ranksPerNode);
     p.terms.push_back({"CPU AdamW", elems / *m.cpuAdamwElemsPerS,
                        fmt::format("{:.3g} elements at {:.2f} G/s{}", elems, *m.cpuAdamwElemsPerS / 1e9,
-                                   p.ranks > 1 ? " (all ranks share the CPU)" : ""),
+                                   p.ranksPerNode > 1 ? " (the machine's ranks share the CPU)" : ""),
                        true});
   }
   if (uint64_t nvme = p.placement.bytes[int(zero::Tier::Nvme)]; nvme > 0) {
-    double bytes = double(nvme) * double(p.ranks);
+    double bytes = double(nvme) * double(p.ranksPerNode);
     p.terms.push_back(
         {"SSD", bytes / (*m.nvmeReadGBs * 1e9) + bytes / (*m.nvmeWriteGBs * 1e9),
          fmt::format("read and write back {} at {:.2f} / {:.2f} GB/s{}", gib(uint64_t(bytes)), *m.nvmeReadGBs,
-                     *m.nvmeWriteGBs, p.ranks > 1 ? " (all ranks share it)" : ""),
+                     *m.nvmeWriteGBs, p.ranksPerNode > 1 ? " (the machine's ranks share it)" : ""),
          true});
   }
   if (p.terms.front().seconds < 0.05)
@@ -451,6 +467,11 @@ std::string formatPlan(const ModelStatePlan& p) {
       "{}\n",
       dtypeName(p.compute), p.onGpu ? "the GPU" : "the CPU", p.ranks, p.ranks == 1 ? "" : "s", p.inputs.stage,
       p.microBatch, p.accumulation, p.globalBatch);
+  if (p.ranksPerNode > 1)
+    out << fmt::format(
+        "per rank       {} of host memory, {} of SSD space, {} CPU threads ({} ranks on one machine)\n",
+        gib(p.hostShareBytes), p.nvmeShareBytes ? gib(p.nvmeShareBytes) : std::string("-"), p.cpuThreadShare,
+        p.ranksPerNode);
   out << fmt::format("chunks         {} of {} (zero_optimization.chunk_size_mb; the largest {})\n",
                      p.inputs.layout.chunks.size(),
                      gib(uint64_t(p.inputs.layout.chunkElems) * dtypeSize(p.compute)),

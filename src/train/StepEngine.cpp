@@ -18,6 +18,7 @@
 #include "strata/core/Generator.h"
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
+#include "strata/dist/Launch.h"
 #include "strata/dist/ProcessGroup.h"
 #include "strata/nn/MoE.h"
 #include "strata/ops/Ops.h"
@@ -85,7 +86,8 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
 }
 
 ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device device, DType compute,
-                               dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup)
+                               dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
+                               RankShares shares)
     : objective_(objective),
       model_(objective.model()),
       device_(device),
@@ -99,15 +101,17 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   if (compute_ == DType::F16)
     scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
         c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
-  // The device's memory (STRATA_DEVICE_MEMORY_GB stands in for it in tests).
+  // The device's memory (STRATA_DEVICE_MEMORY_GB stands in for it in tests), this rank's share of it where
+  // ranks share the device (NOTE [Per-node shares] in dist/Launch.h).
   const char* memoryOverride = std::getenv("STRATA_DEVICE_MEMORY_GB");
   deviceMemory_ = memoryOverride ? zero::parseBudgetGb(memoryOverride, 0, "STRATA_DEVICE_MEMORY_GB")
-                                 : deviceMemoryBytes(device_);
-  // One rank whose fp32 masters and 16-bit chunks would crowd the device together: the masters are made
-  // in host memory, and those of chunks whose state the placement keeps on the device move there after it.
+                                 : dist::perRankShare(deviceMemoryBytes(device_), shares.ranksOnDevice);
+  // A model whose fp32 masters and 16-bit chunks would crowd the device together: the masters are made in
+  // host memory, and those of chunks whose state the placement keeps on the device move there after it. On
+  // several ranks too: every rank builds the whole model's masters before it keeps its shard of them.
   uint64_t modelElems = 0;
   for (const Tensor& p : model_.parameters()) modelElems += uint64_t(p.numel());
-  bool mastersOnHost = ranks == 1 && !device_.isCpu() && dtypeSize(compute_) == 2 && deviceMemory_ > 0 &&
+  bool mastersOnHost = !device_.isCpu() && dtypeSize(compute_) == 2 && deviceMemory_ > 0 &&
                        double(modelElems) * 6 > 0.7 * double(deviceMemory_);
   // NOTE [Expert parallelism] in nn/MoE.h: the experts of expert-parallel MoE layers (family 1) are
   // sharded over the ranks that hold the same experts.
@@ -145,16 +149,17 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   if (c.precision.gradAccumDType != "fp32" && dtypeSize(compute_) == 2) chunks_->setGradientDType(compute_);
   std::vector<Tensor> masters = chunks_->takeMasters();
   // Every rank starts from the weights of its group's rank 0 (they are equal when built from one seed; this
-  // makes it so).
+  // makes it so). NOTE [Collective ordering and completion] in dist/Communicator.h: the broadcasts wait for
+  // the layout's writes, and the copies into the chunks wait for the broadcasts.
+  const Stream& commStream = deviceStreams(device_).comm;
+  streamWaits(commStream, currentStream(device_), device_);
   for (size_t i = 0; i < chunks_->numChunks(); ++i) {
-    if (ranksOf(i) == 1) continue;
-    if (!masters.empty()) {
-      comm(i).broadcast(masters[i], 0);
-      ops::copy(chunks_->paddedFlat(i), masters[i]);
-    } else {
-      comm(i).broadcast(chunks_->paddedFlat(i), 0);
-    }
+    if (!communicates(i)) continue;
+    comm(i).broadcast(masters.empty() ? chunks_->paddedFlat(i) : masters[i], 0);
   }
+  streamWaits(currentStream(device_), commStream, device_);
+  for (size_t i = 0; i < masters.size(); ++i)
+    if (communicates(i)) ops::copy(chunks_->paddedFlat(i), masters[i]);
   std::vector<zero::ShardRange> ranges;
   if (stage_ >= 1) {
     // Stages 1 and 2: this rank keeps the masters and moments of its shard of each chunk only.
@@ -192,7 +197,7 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
         arenas_.push_back(std::make_unique<zero::ChunkArena>(
             deviceAllocator(device_), size_t(plan.slotElems[k]) * dtypeSize(chunks_->dtype()),
             plan.slots[k]));
-        arenas_.back()->recordStream(deviceStreams(device_).comm);
+        arenas_.back()->recordStream(deviceStreams(device_).gather);
       }
       arenaClass_ = plan.classOf;
     }
@@ -223,10 +228,13 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
   uint64_t hostMasters = 0;
   for (const Tensor& m : masters)
     if (m.device().isCpu() && !device_.isCpu()) hostMasters += uint64_t(m.nbytes());
+  // The host's memory and disk are shared by the ranks on it (NOTE [Per-node shares] in dist/Launch.h).
   uint64_t hostAvailable = zero::availableHostBytes();
-  if (hostAvailable != zero::kUnlimited) hostAvailable += hostMasters;
+  if (hostAvailable != zero::kUnlimited)
+    hostAvailable = dist::perRankShare(hostAvailable, shares.ranksOnHost) + hostMasters;
   zero::StoreBudgets budgets =
-      storeBudgets(c, parameterBytes, zero::kUnlimited, hostAvailable, freeDiskBytes(c.zero.nvmePath));
+      storeBudgets(c, parameterBytes, zero::kUnlimited, hostAvailable,
+                   dist::perRankShare(freeDiskBytes(c.zero.nvmePath), shares.ranksOnHost));
   // NOTE [Memory tracer] in zero/Store.h: a model whose state would crowd the device starts with its
   // optimizer state off it, and the first step decides how much comes back.
   // On the SSD, m and v may be kept in half precision (the master stays fp32).
@@ -349,8 +357,12 @@ int ZeroStepEngine::rankIn(size_t c) const {
   return chunkGroups_[c] ? chunkGroups_[c]->rank() : 0;
 }
 
-int ZeroStepEngine::ranksOf(size_t c) const {
-  return chunkGroups_[c] ? chunkGroups_[c]->size() : 1;
+bool ZeroStepEngine::communicates(size_t c) const {
+  return chunkGroups_[c] && chunkGroups_[c]->communicator().communicates();
+}
+
+bool ZeroStepEngine::communicates() const {
+  return group_ && group_->communicator().communicates();
 }
 
 dist::Communicator& ZeroStepEngine::comm(size_t c) const {
@@ -368,19 +380,28 @@ void ZeroStepEngine::gradientsComplete(size_t chunk) {
     ops::fill(sink.buffer, 0.0);
   }
   Tensor grads = chunks_->ensureGradients(chunk);
-  if (ranksOf(chunk) == 1) return;
+  if (!communicates(chunk)) return;
+  // 16-bit gradient buffers (precision.grad_accum_dtype) are summed over the ranks in fp32: a 16-bit
+  // reduction would round at every hop of NCCL's ring.
+  Tensor wide = grads.dtype() == DType::F32 ? grads : ops::to(grads, device_, DType::F32);
   // NOTE [Collective ordering and completion] in dist/Communicator.h: the comm stream waits for the
   // backward that wrote the gradients.
-  streamWaits(deviceStreams(device_).comm, currentStream(device_), device_);
+  const Stream& commStream = deviceStreams(device_).comm;
+  streamWaits(commStream, currentStream(device_), device_);
   if (stage_ >= 2) {
     // Stages 2 and 3: reduce-scatter at once into this rank's fp32 shard; the chunk's full buffer goes back
     // to the allocator for the next chunk's gradients.
     zero::ShardRange r = shard(chunk);
-    shardGrads_[chunk] = Tensor::empty({r.size()}, grads.dtype(), device_);
-    comm(chunk).reduceScatter(shardGrads_[chunk], grads);
+    shardGrads_[chunk] = Tensor::empty({r.size()}, DType::F32, device_);
+    comm(chunk).reduceScatter(shardGrads_[chunk], wide);
     chunks_->releaseGradients(chunk);
   } else {
-    comm(chunk).allReduce(grads);
+    comm(chunk).allReduce(wide);
+    if (wide.data() != grads.data()) {
+      // Back into the 16-bit buffer, once the sum is there.
+      streamWaits(currentStream(device_), commStream, device_);
+      ops::copy(grads, wide);
+    }
   }
 }
 
@@ -388,12 +409,24 @@ void ZeroStepEngine::promoteTracedState() {
   optimizer_->finishDelayed();
   synchronizeDevice(device_);
   AllocatorStats stats = deviceAllocator(device_).stats();
-  uint64_t peak = stats.peakAllocatedBytes;
+  // With collectives on other streams, freed blocks wait for those streams before reuse and hold memory
+  // meanwhile: the step took its reserved peak from the device, not only its allocated one.
+  uint64_t peak =
+      communicates() ? std::max(stats.peakAllocatedBytes, stats.peakReservedBytes) : stats.peakAllocatedBytes;
   if (device_.isCpu())
     peak -= std::min(peak, placement_.bytes[int(zero::Tier::Host)]);  // one pool on the CPU
   uint64_t margin = std::min<uint64_t>(1ull << 30, deviceMemory_ / 16);
   uint64_t limit = uint64_t(0.92 * double(deviceMemory_));
   uint64_t room = limit > peak + margin ? limit - peak - margin : 0;
+  if (!device_.isCpu() && !std::getenv("STRATA_DEVICE_MEMORY_GB")) {
+    // What the device really has left: other processes' contexts (ranks sharing the GPU) and libraries'
+    // own buffers (NCCL's) are not in this allocator's figures. The step's transient peak above what is
+    // held now must still fit beside the promoted state.
+    uint64_t held = stats.allocatedBytes, cached = stats.reservedBytes - stats.allocatedBytes;
+    uint64_t free = deviceFreeBytes(device_) + cached;
+    uint64_t transient = peak > held ? peak - held : 0;
+    room = std::min(room, free > transient + margin ? free - transient - margin : 0);
+  }
   std::vector<uint64_t> deviceBytes;
   for (size_t c = 0; c < chunks_->numChunks(); ++c) deviceBytes.push_back(optimizer_->deviceStateBytes(c));
   std::vector<size_t> moved = zero::chunksToPromote(placement_, deviceBytes, room);
@@ -462,15 +495,15 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   // The gradients this rank updates from: the reduced chunks, or (stage 2) the reduced shards.
   std::vector<Tensor> grads(chunks_->numChunks());
   for (size_t c = 0; c < grads.size(); ++c)
-    grads[c] = stage_ >= 2 && ranksOf(c) > 1 ? shardGrads_[c] : chunks_->gradients(c);
-  if (ranks > 1) {
+    grads[c] = stage_ >= 2 && communicates(c) ? shardGrads_[c] : chunks_->gradients(c);
+  if (communicates()) {
     // The reductions ran on the comm stream: the update's reads wait for them.
     streamWaits(currentStream(device_), deviceStreams(device_).comm, device_);
   }
   // The squared norm over this rank's shard of every chunk (the whole chunks on one rank), summed over the
   // ranks in rank order: the same pieces, so the same bits, at every stage.
   Tensor sumSq = shardSquares(grads);
-  if (ranks > 1) {
+  if (communicates()) {
     Tensor both = ops::cat({sumSq.view({1}), stepLoss.view({1})}, 0);
     streamWaits(deviceStreams(device_).comm, currentStream(device_), device_);
     comm().allReduce(both);
@@ -504,16 +537,18 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
     optimizer_->stepChunks(lr, grads, coef);
     outcome.offloadSeconds = optimizer_->offDeviceSeconds();
     outcome.offloadPhases = optimizer_->offloadPhases();
-    if ((stage_ == 1 || stage_ == 2) && ranks > 1) {
-      // Each rank updated its shard of the 16-bit parameters: gather the chunks whole again.
-      streamWaits(deviceStreams(device_).comm, currentStream(device_), device_);
+    if ((stage_ == 1 || stage_ == 2) && communicates()) {
+      // Each rank updated its shard of the 16-bit parameters: gather the chunks whole again, on the gather
+      // lane (NOTE [Collective lanes] in dist/Communicator.h).
+      const Stream& gatherStream = deviceStreams(device_).gather;
+      streamWaits(gatherStream, currentStream(device_), device_);
       for (size_t c = 0; c < chunks_->numChunks(); ++c) {
-        if (ranksOf(c) == 1) continue;
+        if (!communicates(c)) continue;
         zero::ShardRange r = shard(c);
         Tensor full = chunks_->paddedFlat(c);
         comm(c).allGather(full, full.narrow(0, r.begin, r.size()));
       }
-      streamWaits(currentStream(device_), deviceStreams(device_).comm, device_);
+      streamWaits(currentStream(device_), gatherStream, device_);
     }
   }
   profiler::mark("optimizer step");
@@ -844,16 +879,16 @@ void ZeroStepEngine::startGather(size_t chunk) {
     slot = Tensor::empty({chunks_->paddedElems(chunk)}, chunks_->dtype(), device_);
   }
   peakGathered_ = std::max(peakGathered_, ++gatheredNow_);
-  const Stream& commStream = deviceStreams(device_).comm;
-  streamWaits(commStream, currentStream(device_), device_);
-  if (ranksOf(chunk) > 1) {
+  const Stream& gatherStream = deviceStreams(device_).gather;
+  streamWaits(gatherStream, currentStream(device_), device_);
+  if (communicates(chunk)) {
     comm(chunk).allGather(slot, paramShards_[chunk]);
   } else {
-    StreamGuard onComm(commStream);
+    StreamGuard onGather(gatherStream);
     ops::copy(slot, paramShards_[chunk]);
-    slot.storage()->recordStream(commStream);
+    slot.storage()->recordStream(gatherStream);
   }
-  gathered_[chunk]->record(commStream);
+  gathered_[chunk]->record(gatherStream);
   chunks_->repoint(chunk, slot.data(), device_);
   slots_[chunk] = slot;
 }

@@ -269,10 +269,13 @@ void Trainer::connect() {
     dist::ParallelOptions options;
     options.timeoutSeconds = config_.dist.timeoutS;
     options.deviceType = device_.type;
+    options.gpuCollectives = dist::parseGpuCollectives(config_.dist.gpuCollectives);
     parallel_ = std::make_shared<dist::ParallelContext>(options);
   }
-  // Several ranks on GPUs: each rank's GPU is its local rank's (modulo the GPUs present).
-  if (parallel_->worldSize() > 1 && device_.isCuda()) device_ = parallel_->device();
+  // Several ranks on GPUs: each rank's GPU is its local rank's (modulo the GPUs present); the context made it
+  // the process's (NOTE [Process device] in core/Device.h).
+  if (device_.isCuda() && parallel_->device().isCuda()) device_ = parallel_->device();
+  if (device_.isCuda() && processDeviceIndex() < 0) setProcessDevice(device_);
   // Rank 0 speaks for the job; the others only warn.
   if (!parallel_->isMain()) spdlog::set_level(spdlog::level::warn);
   int64_t ranks = parallel_->worldSize(), micro = config_.train.microBatchSize;
@@ -328,11 +331,13 @@ nn::ExpertParallel Trainer::expertParallel() const {
 void Trainer::setup() {
   for (const auto& warning : config_.warnings) spdlog::warn("{}", warning);
   nn::applyRecompute(objective_->model(), nn::parseRecompute(config_.train.recompute));
-  // CPU threads: train.threads, else OMP_NUM_THREADS when the user set it, else the physical cores.
+  // CPU threads: train.threads, else OMP_NUM_THREADS when the user set it, else this rank's share of the
+  // physical cores (NOTE [Per-node shares] in dist/Launch.h).
   if (config_.train.threads > 0)
     omp_set_num_threads(int(config_.train.threads));
   else if (std::getenv("OMP_NUM_THREADS") == nullptr)
-    omp_set_num_threads(physicalCpuCores());
+    omp_set_num_threads(
+        int(dist::perRankShare(uint64_t(physicalCpuCores()), parallel_->topology().ranksOnHost)));
   for (auto& [name, p] : model().namedParameters())
     STRATA_CHECK(p.device() == device_, "parameter '{}' is on {} but train.device is {}", name,
                  toString(p.device()), toString(device_));
@@ -423,7 +428,7 @@ double Trainer::evaluate(int64_t iters) {
     if (i < iters) total = ops::add(total, loss);
   }
   model().train();
-  if (ranks > 1) {
+  if (parallel_->world().communicator().communicates()) {
     // NOTE [Collective ordering and completion] in dist/Communicator.h.
     const Stream& comm = deviceStreams(device_).comm;
     streamWaits(comm, currentStream(device_), device_);
@@ -483,10 +488,12 @@ TrainResult Trainer::run() {
   optim::LrSchedule schedule{optim::lrStyleFromName(c.lrSchedule.style), c.optimizer.lr, c.optimizer.minLr,
                              c.lrSchedule.warmupIters,
                              c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
-  ZeroStepEngine engine(*objective_, c, device_, compute_, ranks > 1 ? &parallel_->world() : nullptr,
+  ZeroStepEngine engine(*objective_, c, device_, compute_,
+                        parallel_->world().communicator().communicates() ? &parallel_->world() : nullptr,
                         c.model.moeExpertParallelSize > 1
                             ? &parallel_->group(expertDataGroupName(c.model.moeExpertParallelSize))
-                            : nullptr);
+                            : nullptr,
+                        RankShares{parallel_->topology().ranksOnHost, parallel_->topology().ranksOnDevice});
   if (main && engine.placement().bytes[int(zero::Tier::Device)] != engine.placement().total())
     spdlog::info("{}", engine.placement().table());
 

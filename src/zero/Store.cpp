@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "strata/core/Device.h"
 #include "strata/core/Error.h"
 
 namespace strata::zero {
@@ -46,13 +47,8 @@ uint64_t parseBudgetGb(const std::string& text, uint64_t autoValue, const std::s
 }
 
 uint64_t availableHostBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return kUnlimited;
+  uint64_t bytes = deviceFreeBytes(Device::cpu());
+  return bytes > 0 ? bytes : kUnlimited;
 }
 
 size_t StorePlacement::chunksOn(Tier tier) const {

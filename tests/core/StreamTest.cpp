@@ -34,12 +34,12 @@ TEST_CASE("stream guard sets and restores the current stream", "[core][stream]")
   REQUIRE(currentStream(Device::cpu()) == before);
 }
 
-TEST_CASE("each device has four streams, and the compute stream is the current one by default",
+TEST_CASE("each device has five streams, and the compute stream is the current one by default",
           "[core][stream]") {
   const DeviceStreams& cpu = deviceStreams(Device::cpu());
   REQUIRE(&cpu == &deviceStreams(Device::cpu()));  // made once
   REQUIRE(currentStream(Device::cpu()) == cpu.compute);
-  std::vector<uint64_t> ids{cpu.compute.id(), cpu.h2d.id(), cpu.d2h.id(), cpu.comm.id()};
+  std::vector<uint64_t> ids{cpu.compute.id(), cpu.h2d.id(), cpu.d2h.id(), cpu.comm.id(), cpu.gather.id()};
   for (size_t i = 0; i < ids.size(); ++i)
     for (size_t j = i + 1; j < ids.size(); ++j) REQUIRE(ids[i] != ids[j]);
   // Stream ids are never reused, so an allocator pool keyed by a dead stream's id is never handed to a new

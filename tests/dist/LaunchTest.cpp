@@ -62,3 +62,33 @@ TEST_CASE("the GPU of a rank is its local rank modulo the device count", "[dist]
   CHECK(gpuForLocalRank(3, 1) == 0);
   CHECK(!test::errorOf([] { gpuForLocalRank(0, 0); }).empty());
 }
+
+TEST_CASE("the ranks on a host come from the launcher's local size, and split the host's resources",
+          "[dist]") {
+  CHECK(launchFrom({}).localSize == 1);
+  LaunchInfo mpi = launchFrom({{"OMPI_COMM_WORLD_RANK", "5"},
+                               {"OMPI_COMM_WORLD_SIZE", "8"},
+                               {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                               {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+  CHECK(mpi.localSize == 4);
+  CHECK(launchFrom({{"LOCAL_RANK", "1"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "2"}})
+            .localSize == 2);
+  CHECK(
+      launchFrom({{"SLURM_LOCALID", "2"}, {"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "3"}, {"LOCAL_SIZE", "3"}})
+          .localSize == 3);
+  // A local size that does not hold the local rank is a launcher's mistake, named.
+  std::string bad = test::errorOf([] {
+    launchFrom({{"OMPI_COMM_WORLD_RANK", "3"},
+                {"OMPI_COMM_WORLD_SIZE", "4"},
+                {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  });
+  CHECK(bad.find("OMPI_COMM_WORLD_LOCAL_SIZE=2 does not hold local rank 3") != std::string::npos);
+
+  // NOTE [Per-node shares]
+  CHECK(perRankShare(1000, 1) == 1000);
+  CHECK(perRankShare(1000, 4) == 250);
+  CHECK(perRankShare(16, 3) == 5);
+  CHECK(perRankShare(2, 4) == 1);  // never nothing: one thread, one byte
+  CHECK(perRankShare(0, 4) == 0);
+}

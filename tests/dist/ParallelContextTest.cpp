@@ -53,3 +53,59 @@ TEST_CASE("a context holds named groups; splitting one rank gives a one-rank gro
            ParallelContext bad(LaunchInfo{}, ParallelOptions{.timeoutSeconds = 0});
          }).empty());
 }
+
+TEST_CASE("the ranks' places say who shares a host and a GPU", "[dist]") {
+  // Two hosts: a has one GPU for three ranks, b two GPUs for two ranks.
+  std::vector<RankPlace> places = {{"a/1", "g0"}, {"a/1", "g0"}, {"a/1", "g0"}, {"b/2", "h0"}, {"b/2", "h1"}};
+  RankTopology onA = rankTopology(places, 1);
+  CHECK(onA.ranksOnHost == 3);
+  CHECK(onA.ranksOnDevice == 3);
+  CHECK(onA.gpusOnHost == 1);
+  CHECK(onA.mostRanksOnOneGpu == 3);
+  CHECK(onA.busiestGpu == "g0");
+  RankTopology onB = rankTopology(places, 4);
+  CHECK(onB.ranksOnHost == 2);
+  CHECK(onB.ranksOnDevice == 1);
+  CHECK(onB.gpusOnHost == 2);
+  CHECK(onB.mostRanksOnOneGpu == 3);  // the job's, not the host's
+  // CPU ranks: the host is the device.
+  RankTopology cpu = rankTopology({{"a/1", ""}, {"a/1", ""}, {"b/2", ""}}, 0);
+  CHECK(cpu.ranksOnHost == 2);
+  CHECK(cpu.ranksOnDevice == 2);
+  CHECK(cpu.gpusOnHost == 0);
+  CHECK(cpu.mostRanksOnOneGpu == 1);
+}
+
+TEST_CASE("more ranks than GPUs: auto stages through MPI, nccl is refused with the counts", "[dist]") {
+  // NOTE [GPU collectives]
+  RankTopology shared = rankTopology({{"a/1", "g0"}, {"a/1", "g0"}, {"a/1", "g1"}, {"a/1", "g1"}}, 0);
+  RankTopology ownGpus = rankTopology({{"a/1", "g0"}, {"a/1", "g1"}, {"b/1", "g0"}}, 0);
+  CHECK(resolveGpuCollectives(GpuCollectives::Auto, 4, shared) == GpuCollectives::Staged);
+  CHECK(resolveGpuCollectives(GpuCollectives::Staged, 4, shared) == GpuCollectives::Staged);
+  std::string refused = test::errorOf([&] { resolveGpuCollectives(GpuCollectives::Nccl, 4, shared); });
+  CHECK(refused.find("dist.gpu_collectives is nccl, but 2 ranks share one GPU") != std::string::npos);
+  CHECK(refused.find("on host a") != std::string::npos);
+  CHECK(refused.find("This job has 4 ranks") != std::string::npos);
+  CHECK(refused.find("dist.gpu_collectives: staged") != std::string::npos);
+  CHECK(resolveGpuCollectives(GpuCollectives::Auto, 3, ownGpus) == GpuCollectives::Nccl);
+  CHECK(resolveGpuCollectives(GpuCollectives::Nccl, 3, ownGpus) == GpuCollectives::Nccl);
+  CHECK(resolveGpuCollectives(GpuCollectives::Staged, 3, ownGpus) == GpuCollectives::Staged);
+  // One rank: local copies, unless NCCL is asked for (the one-rank NCCL communicator).
+  RankTopology one = rankTopology({{"a/1", "g0"}}, 0);
+  CHECK(resolveGpuCollectives(GpuCollectives::Auto, 1, one) == GpuCollectives::Auto);
+  CHECK(resolveGpuCollectives(GpuCollectives::Staged, 1, one) == GpuCollectives::Auto);
+  CHECK(resolveGpuCollectives(GpuCollectives::Nccl, 1, one) == GpuCollectives::Nccl);
+  CHECK(parseGpuCollectives("staged") == GpuCollectives::Staged);
+  CHECK(test::errorOf([] { parseGpuCollectives("mpi"); }).find("use auto, nccl or staged") !=
+        std::string::npos);
+}
+
+TEST_CASE("a CPU context of one rank keeps local copies and sizes itself from the launch", "[dist]") {
+  LaunchInfo launch;
+  launch.localSize = 3;
+  ParallelContext ctx(launch, ParallelOptions{.gpuCollectives = GpuCollectives::Nccl});
+  CHECK(!ctx.world().communicator().communicates());
+  CHECK(ctx.gpuCollectives() == GpuCollectives::Auto);  // a CPU context moves no CUDA tensors
+  CHECK(ctx.topology().ranksOnHost == 3);
+  CHECK(ctx.topology().ranksOnDevice == 3);
+}

@@ -348,3 +348,33 @@ TEST_CASE("the placement inputs of expert parallelism are expert-parallel rank 0
   dense.model.moeExpertParallelSize = 1;
   REQUIRE(in.parameterBytes < train::modelStateInputs(dense, 4, DType::F32).parameterBytes);
 }
+
+TEST_CASE("strata plan --ranks splits the host's memory, SSD space and cores between a machine's ranks",
+          "[train][plan]") {
+  // NOTE [Per-node shares] in dist/Launch.h.
+  train::PlanOptions options = roundMachine();
+  options.calibration->cpuThreads = 16;
+  train::Config c = configFile("gpt-nano.yaml", {"zero_optimization.nvme_path=/tmp/strata-plan-nvme"});
+  train::ModelStatePlan one = train::planModelState(c, options);
+  CHECK(one.ranksPerNode == 1);
+  CHECK(one.hostShareBytes == 1000ull << 30);
+  CHECK(one.budgets.host == (1000ull << 30) / 10 * 9);
+  CHECK(one.cpuThreadShare == 16);
+  options.ranks = 4;
+  train::ModelStatePlan four = train::planModelState(c, options);
+  CHECK(four.ranksPerNode == 4);
+  CHECK(four.hostShareBytes == 250ull << 30);
+  CHECK(four.nvmeShareBytes == 250ull << 30);
+  CHECK(four.budgets.host == (250ull << 30) / 10 * 9);
+  CHECK(four.budgets.nvme == (250ull << 30) / 10 * 9);
+  CHECK(four.cpuThreadShare == 4);
+  std::string text = train::formatPlan(four);
+  CHECK(text.find("per rank       250.00 GiB of host memory, 250.00 GiB of SSD space, 4 CPU threads (4 ranks "
+                  "on one machine)") != std::string::npos);
+  // Two machines of two ranks each.
+  options.ranksPerNode = 2;
+  train::ModelStatePlan two = train::planModelState(c, options);
+  CHECK(two.ranksPerNode == 2);
+  CHECK(two.hostShareBytes == 500ull << 30);
+  CHECK(two.cpuThreadShare == 8);
+}

@@ -230,11 +230,12 @@ int runCalibrate(const std::string& outPath, const std::string& nvmePath, double
 // (NOTE [Plan model] in train/Plan.h); a config that does not fit is refused with the largest model of its
 // family that does.
 int runPlan(const std::string& configPath, const std::vector<std::string>& overrides, int ranks,
-            const std::string& calibrationPath) {
+            int ranksPerNode, const std::string& calibrationPath) {
   STRATA_USER_CHECK(ranks >= 1, "plan: --ranks must be at least 1, got {}", ranks);
   train::Config c = train::loadConfig(configPath, overrides, /*requireData=*/false);
   train::PlanOptions options;
   options.ranks = ranks;
+  options.ranksPerNode = ranksPerNode;
   options.calibrationSource = calibrationPath.empty() ? train::defaultCalibrationPath() : calibrationPath;
   options.calibration = train::readCalibration(options.calibrationSource);
   STRATA_USER_CHECK(options.calibration || calibrationPath.empty(), "plan: no calibration file {}",
@@ -589,7 +590,7 @@ int main(int argc, char** argv) {
   bench->add_option("--nvme-gb", nvmeGb, "with --calibrate: GiB written and read back on the SSD (default 2)")
       ->check(CLI::PositiveNumber);
 
-  int planRanks = 1;
+  int planRanks = 1, planRanksPerNode = 0;
   std::string calibrationPath;
   auto* plan = app.add_subcommand(
       "plan",
@@ -598,6 +599,9 @@ int main(int argc, char** argv) {
   plan->add_option("config", config, "YAML config file")->required();
   plan->add_option("--set", overrides, "override a config key");
   plan->add_option("--ranks", planRanks, "ranks (GPUs) to plan for (default 1)")->check(CLI::PositiveNumber);
+  plan->add_option("--ranks-per-node", planRanksPerNode,
+                   "ranks on each machine, which split its host memory, SSD and cores (default: all of them)")
+      ->check(CLI::PositiveNumber);
   plan->add_option("--calibration", calibrationPath,
                    "calibration file (default $STRATA_CALIBRATION or ~/.cache/strata/calibration.json)");
 
@@ -705,7 +709,7 @@ int main(int argc, char** argv) {
       STRATA_USER_CHECK(!config.empty(), "bench: give a CONFIG (or --calibrate)");
       return runBench(config, overrides, benchIters, benchProfile);
     }
-    if (*plan) return runPlan(config, overrides, planRanks, calibrationPath);
+    if (*plan) return runPlan(config, overrides, planRanks, planRanksPerNode, calibrationPath);
     if (*generate)
       return runGenerate(checkpoint, prompt, tokens, temperatureOption->count() > 0 ? temperature : -1.0,
                          topK, seed, device);

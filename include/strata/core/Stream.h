@@ -1,6 +1,6 @@
-// Streams and events. Each device has four streams (compute, H2D, D2H, comm) ordered with events. On the CPU
-// the same API runs synchronously: work is done when the call returns, events are always complete. This lets
-// the overlap logic of the store and the optimizer run, unchanged, in CPU tests.
+// Streams and events. Each device has five streams (compute, H2D, D2H, comm, gather) ordered with events. On
+// the CPU the same API runs synchronously: work is done when the call returns, events are always complete.
+// This lets the overlap logic of the store and the optimizer run, unchanged, in CPU tests.
 //
 // NOTE [Event ordering across streams and threads]
 // An event marks the point of a stream at which it was recorded: `e.record(s1); e.block(s2)` makes work
@@ -78,13 +78,14 @@ class Event {
 void streamWaits(const Stream& waiter, const Stream& producer, Device device);
 
 struct DeviceStreams {
-  Stream compute, h2d, d2h, comm;
-  // Four new streams on `device` (on the CPU, `compute` is the default CPU stream).
+  // `comm` carries collectives and `gather` all-gathers (NOTE [Collective lanes] in dist/Communicator.h).
+  Stream compute, h2d, d2h, comm, gather;
+  // Five new streams on `device` (on the CPU, `compute` is the default CPU stream).
   static DeviceStreams create(Device device);
 };
 
-// The four streams of `device`, made on first use and alive for the process. The compute stream is the one
-// kernels launch on unless a StreamGuard says otherwise. CPU: the default CPU stream and three CPU streams.
+// The five streams of `device`, made on first use and alive for the process. The compute stream is the one
+// kernels launch on unless a StreamGuard says otherwise. CPU: the default CPU stream and four CPU streams.
 const DeviceStreams& deviceStreams(Device device);
 
 // The stream kernels launch on for `device`. Defaults to deviceStreams(device).compute; StreamGuard changes

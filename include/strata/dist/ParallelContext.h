@@ -25,6 +25,20 @@
 // flow is: the collective throws strata::Error, the error unwinds to the command's handler, which prints it,
 // and the context dies on the way. A command that fails for another reason on one rank only (a bad file)
 // should call abort() so the other ranks do not wait for it.
+//
+// NOTE [GPU collectives]
+// A CUDA run of several ranks moves CUDA tensors through NCCL when every rank has a GPU of its own, and
+// through MPI with host staging (NOTE [Staged GPU collectives] in Communicator.h) when some GPU serves
+// several ranks: NCCL refuses one GPU as two ranks of a communicator. At start the ranks tell each other
+// their host and GPU (MPI_Allgather of the host's identity and the GPU's UUID), and dist.gpu_collectives
+// decides:
+// - auto: NCCL, or staged where ranks share a GPU (logged once, as a correctness mode, not a fast one);
+// - nccl: NCCL; where ranks share a GPU, an error on every rank naming the GPU and the counts;
+// - staged: staged, always.
+// At one rank, nccl makes a one-rank NCCL communicator that every collective goes through (the engine's
+// one-rank shortcuts off: Communicator::communicates()), so one GPU runs NCCL's init, its dtypes, groups,
+// send/receive and the watchdog. auto and staged keep the one-rank group's local copies.
+// The context also makes its GPU the process's (NOTE [Process device] in core/Device.h).
 #pragma once
 
 #include <memory>
@@ -41,8 +55,33 @@ struct ParallelOptions {
   double timeoutSeconds = 300;  // dist.timeout_s: how long one collective may take
   // CPU: groups communicate CPU tensors (MPI). CUDA: CUDA tensors too (NCCL), on device localRank % count.
   DeviceType deviceType = DeviceType::CPU;
-  bool abortOnFailure = true;  // NOTE [Failure aborts the job]
+  bool abortOnFailure = true;                            // NOTE [Failure aborts the job]
+  GpuCollectives gpuCollectives = GpuCollectives::Auto;  // dist.gpu_collectives: NOTE [GPU collectives]
 };
+
+// Where one rank runs: its host's identity and its GPU's (empty on the CPU).
+struct RankPlace {
+  std::string host;
+  std::string gpu;
+};
+
+// What the ranks' places say about one rank's neighbours (NOTE [Per-node shares] in Launch.h).
+struct RankTopology {
+  int ranksOnHost = 1;    // ranks on this rank's host, itself included
+  int ranksOnDevice = 1;  // ranks on this rank's GPU (on its host for a CPU rank)
+  int gpusOnHost = 0;     // distinct GPUs the ranks of this rank's host use
+  // The GPU with the most ranks anywhere in the job, and how many; and that GPU's host.
+  int mostRanksOnOneGpu = 1;
+  std::string busiestGpu, busiestHost;
+};
+RankTopology rankTopology(const std::vector<RankPlace>& places, int rank);
+
+// The collectives' path for CUDA tensors (NOTE [GPU collectives]): Nccl or Staged, or Auto at one rank
+// where the group keeps its local copies. An error when `asked` is Nccl and ranks share a GPU.
+GpuCollectives resolveGpuCollectives(GpuCollectives asked, int worldSize, const RankTopology& topology);
+
+// True when this build has the NCCL backend (CUDA and MPI found NCCL).
+bool builtWithNccl();
 
 class ParallelContext {
  public:
@@ -62,6 +101,11 @@ class ParallelContext {
   bool isMain() const { return launch_.rank == 0; }
   // Where this rank computes: the CPU, or cuda(localRank % device count) for deviceType CUDA.
   Device device() const { return device_; }
+  // This rank's neighbours: from the ranks' places (MPI) with several ranks, else the launch environment's
+  // local size (NOTE [Per-node shares] in Launch.h).
+  const RankTopology& topology() const { return topology_; }
+  // How CUDA tensors travel (Auto: a CPU context, or one rank with local copies).
+  GpuCollectives gpuCollectives() const { return gpu_; }
 
   // The group of all ranks, named "world".
   ProcessGroup& world() const { return *groups_.front(); }
@@ -82,6 +126,8 @@ class ParallelContext {
   LaunchInfo launch_;
   ParallelOptions options_;
   Device device_;
+  RankTopology topology_;
+  GpuCollectives gpu_ = GpuCollectives::Auto;
   bool usesMpi_ = false;
   std::vector<std::unique_ptr<ProcessGroup>> groups_;  // world first
 };

@@ -49,7 +49,7 @@ namespace strata::nn {
 
 // NOTE [Expert parallelism]: this rank's place in the expert-parallel group, and the group's all_to_all
 // (equal blocks: block i of `out` is block `rank` of rank i's `in`; ordered with the compute stream by the
-// caller's function). size 1: every expert here, no exchange.
+// caller's function; host tensors too, for the routing counts). size 1: every expert here, no exchange.
 struct ExpertParallel {
   int size = 1;
   int rank = 0;

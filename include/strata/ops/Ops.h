@@ -29,6 +29,11 @@ Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::F32, Devic
 Tensor emptyLike(const Tensor& t);
 Tensor zerosLike(const Tensor& t);
 void fill(const Tensor& t, double value);
+// Occupies `device`'s current stream for `microseconds`: on a GPU one thread spins on the global timer, so
+// later work on that stream starts only after it; on the CPU (whose streams run work at the call) the calling
+// thread waits. A test aid that makes a missing wait between streams show as wrong numbers (NOTE [Comm delay]
+// in dist/Communicator.h).
+void spin(Device device, double microseconds);
 // dst <- src (same shape; any strides; dtype converted; devices may differ).
 void copy(const Tensor& dst, const Tensor& src);
 Tensor contiguous(const Tensor& t);

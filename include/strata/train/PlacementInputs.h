@@ -34,7 +34,7 @@ struct ModelStateInputs {
   std::vector<uint64_t> firstMomentBytes, secondMomentBytes;
   // Gradient buffers on the device: every padded chunk's (what backward accumulates into, across the
   // micro-batches of a step), and this rank's shards of them (stage >= 2 on several ranks: what is left
-  // after the last backward's reduce-scatter).
+  // after the last backward's reduce-scatter; fp32, since several ranks reduce in fp32).
   uint64_t gradientBytes = 0;
   DType gradientDType = DType::F32;  // what they accumulate in (precision.grad_accum_dtype)
   uint64_t gradientShardBytes = 0;

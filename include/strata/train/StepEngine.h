@@ -132,10 +132,18 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
 // gathers over `expertDataGroup` (the ranks holding the same experts) instead of `group`; every other step
 // of the engine is the same. Their gradients, summed over that group, are the global batch's too: each
 // rank's experts saw the tokens of its whole expert-parallel group.
+// How many ranks share this rank's host and device (NOTE [Per-node shares] in dist/Launch.h): the engine
+// sizes its automatic budgets from its share of the device's memory and of the host's memory and disk.
+struct RankShares {
+  int ranksOnHost = 1;
+  int ranksOnDevice = 1;
+};
+
 class ZeroStepEngine final : public StepEngine {
  public:
   ZeroStepEngine(Objective& objective, const Config& config, Device device, DType compute,
-                 dist::ProcessGroup* group = nullptr, dist::ProcessGroup* expertDataGroup = nullptr);
+                 dist::ProcessGroup* group = nullptr, dist::ProcessGroup* expertDataGroup = nullptr,
+                 RankShares shares = {});
   StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) override;
   SaveTensors checkpointModel() const override;
   SaveTensors checkpointOptimizer() const override;
@@ -168,7 +176,9 @@ class ZeroStepEngine final : public StepEngine {
   // The group chunk c is sharded over (null: one rank), this rank's place in it, and its communicator.
   dist::ProcessGroup* groupOf(size_t c) const { return chunkGroups_[c]; }
   int rankIn(size_t c) const;
-  int ranksOf(size_t c) const;
+  // Whether chunk c's collectives communicate (several ranks, or one rank through NCCL), and the group's.
+  bool communicates(size_t c) const;
+  bool communicates() const;
   dist::Communicator& comm(size_t c) const;
   zero::ShardRange shard(size_t c) const { return chunks_->shard(c, rankIn(c)); }
   void gradientsComplete(size_t chunk);

@@ -9,6 +9,8 @@
 namespace strata::cuda {
 
 DeviceGuard::DeviceGuard(int index) {
+  // NOTE [Process device]: a fresh thread takes the process's GPU first, so the guard restores that one.
+  bindThreadToProcessDevice();
   STRATA_CUDA_CHECK(cudaGetDevice(&previous_));
   changed_ = previous_ != index;
   if (changed_) STRATA_CUDA_CHECK(cudaSetDevice(index));

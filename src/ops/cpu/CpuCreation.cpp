@@ -1,4 +1,5 @@
 // CPU fill, arange, Philox random and strided copy with dtype conversion.
+#include <chrono>
 #include <cstring>
 
 #include "../Strided.h"
@@ -17,6 +18,14 @@ void fill(const Tensor& out, double value) {
 #pragma omp parallel for if (n > kParallelGrain)
     for (int64_t i = 0; i < n; ++i) p[i] = v;
   });
+}
+
+void spin(Device, double microseconds) {
+  auto until =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double, std::micro>(microseconds));
+  while (std::chrono::steady_clock::now() < until) {
+  }
 }
 
 void arange(const Tensor& out, double start, double step) {
@@ -78,6 +87,7 @@ void registerCreation(Registry& r) {
   r.add<ArangeKernel>("arange", DeviceType::CPU, &arange);
   r.add<RandomKernel>("random", DeviceType::CPU, &random);
   r.add<CopyKernel>("copy", DeviceType::CPU, &copy);
+  r.add<SpinKernel>("spin", DeviceType::CPU, &spin);
 }
 
 }  // namespace strata::ops::cpu

@@ -158,6 +158,13 @@ void dropout(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64
   });
 }
 
+void spin(Device device, double microseconds) {
+  DeviceGuard guard(device.index);
+  kernels::spinKernel<<<1, 1, 0, strata::cuda::nativeStream(currentStream(device))>>>(
+      uint64_t(microseconds * 1000.0));
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void registerCreation(Registry& r) {
@@ -165,6 +172,7 @@ void registerCreation(Registry& r) {
   r.add<ArangeKernel>("arange", DeviceType::CUDA, &arange);
   r.add<RandomKernel>("random", DeviceType::CUDA, &random);
   r.add<CopyKernel>("copy", DeviceType::CUDA, &copy);
+  r.add<SpinKernel>("spin", DeviceType::CUDA, &spin);
 }
 
 void registerElementwise(Registry& r) {

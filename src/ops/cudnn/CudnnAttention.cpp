@@ -53,6 +53,7 @@ cudnnHandle_t handleFor(Device device) {
   auto it = handles.find(device.index);
   if (it != handles.end()) return it->second;
   cudnnHandle_t h = nullptr;
+  cuda::DeviceGuard guard(device.index);  // a handle belongs to the device current at its creation
   cudnnStatus_t status = cudnnCreate(&h);
   STRATA_CHECK(status == CUDNN_STATUS_SUCCESS, "cuDNN attention: cudnnCreate failed: {}",
                cudnnGetErrorString(status));

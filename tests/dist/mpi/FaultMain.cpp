@@ -3,6 +3,8 @@
 //   mismatch: rank 0 calls allReduce on the world while the other ranks call barrier on another group.
 //   skip:     the last rank skips an allReduce the others call, then waits in a barrier.
 //   killed:   the last rank dies (std::_Exit) while the others are in an allReduce.
+// STRATA_DIST_TEST_DEVICE=cuda: the collectives move CUDA tensors (through NCCL, or through MPI with host
+// staging where the ranks share a GPU).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,11 +25,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argv[1];
-  ParallelContext ctx(ParallelOptions{.timeoutSeconds = 2});
+  const char* device = std::getenv("STRATA_DIST_TEST_DEVICE");
+  const bool gpu = device != nullptr && std::string(device) == "cuda";
+  ParallelContext ctx(
+      ParallelOptions{.timeoutSeconds = 2, .deviceType = gpu ? DeviceType::CUDA : DeviceType::CPU});
   Communicator& world = ctx.world().communicator();
   ProcessGroup& other = ctx.split("other", ctx.world(), 0, ctx.rank());
   const bool last = ctx.rank() == ctx.worldSize() - 1;
-  Tensor t = Tensor::fromVector<float>(std::vector<float>(4096, 1.0f), {4096});
+  Tensor t = Tensor::fromVector<float>(std::vector<float>(4096, 1.0f), {4096}).to(ctx.device());
   world.barrier();  // start together
   try {
     if (mode == "mismatch") {

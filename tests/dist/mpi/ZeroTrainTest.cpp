@@ -1,9 +1,14 @@
 // ZeRO stages 0 to 3 training a small GPT on N CPU ranks (mpirun -np 2 and -np 4 through CTest), against
 // the same run on one rank. Every rank runs every training run (they are collectives); rank 0 reads the
 // metrics and checks. Checks use CHECK, not REQUIRE, so no rank leaves early and strands the others.
+// STRATA_DIST_TEST_DEVICE=cuda runs the same tests on the GPU (ranks that share one GPU communicate through
+// MPI with host staging: NOTE [GPU collectives] in dist/ParallelContext.h), in fp32 so that the tolerances
+// against one rank hold; STRATA_DIST_TEST_SETS adds config overrides (comma-separated key=value) to every
+// run.
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,12 +18,35 @@
 
 #include "CatchShim.h"
 #include "strata/dist/ParallelContext.h"
+#include "strata/ops/Ops.h"
+#include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
 
 using namespace strata;
 namespace fs = std::filesystem;
 
 namespace {
+
+// The device the tests train on: the CPU, or the GPU under STRATA_DIST_TEST_DEVICE=cuda.
+bool onGpu() {
+  const char* d = std::getenv("STRATA_DIST_TEST_DEVICE");
+  return d != nullptr && std::string(d) == "cuda";
+}
+
+// STRATA_DIST_TEST_SETS: more overrides for every run.
+std::vector<std::string> extraSets() {
+  std::vector<std::string> out;
+  const char* text = std::getenv("STRATA_DIST_TEST_SETS");
+  std::string all = text ? text : "";
+  size_t start = 0;
+  while (start < all.size()) {
+    size_t end = all.find(',', start);
+    if (end == std::string::npos) end = all.size();
+    if (end > start) out.push_back(all.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
 
 struct Run {
   std::vector<double> losses, valLosses;
@@ -47,14 +75,16 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
   if (parallel->worldSize() > 1) parallel->world().communicator().barrier();
   std::vector<std::string> sets = {
       "data.path=" + corpusFor(dist::launchInfoFromEnvironment().rank).string(),
-      "train.out_dir=" + out.string(), "train.device=cpu", "train.threads=1", "model.num_layers=2",
-      "model.hidden_size=32", "model.num_attention_heads=2", "model.seq_length=32", "model.dropout=0",
-      "train.micro_batch_size=2", "train.global_batch_size=8", "train.train_iters=20", "train.log_interval=1",
-      "train.eval_interval=10", "train.eval_iters=6", "train.sample_length=8", "lr_schedule.warmup_iters=2",
-      "optimizer.lr=3e-3",
+      "train.out_dir=" + out.string(), onGpu() ? "train.device=cuda" : "train.device=cpu", "train.threads=1",
+      "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=2", "model.seq_length=32",
+      "model.dropout=0", "train.micro_batch_size=2", "train.global_batch_size=8", "train.train_iters=20",
+      "train.log_interval=1", "train.eval_interval=10", "train.eval_iters=6", "train.sample_length=8",
+      "lr_schedule.warmup_iters=2", "optimizer.lr=3e-3",
       // Small chunks, so each has several parameters and several split across shard boundaries.
       "zero_optimization.chunk_size_mb=0.02", "model.vocab_size=256",
       "zero_optimization.stage=" + std::to_string(stage)};
+  if (onGpu()) sets.push_back("precision.dtype=fp32");
+  for (auto& e : extraSets()) sets.push_back(e);
   for (auto& e : extra) sets.push_back(e);
   train::Trainer trainer(train::parseConfig("", "zero-test", sets), parallel);
   train::TrainResult result = trainer.run();
@@ -76,14 +106,19 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
   return run;
 }
 
+dist::ParallelOptions options() {
+  return dist::ParallelOptions{.timeoutSeconds = 60,
+                               .deviceType = onGpu() ? DeviceType::CUDA : DeviceType::CPU};
+}
+
 std::shared_ptr<dist::ParallelContext> world() {
-  return std::make_shared<dist::ParallelContext>(dist::ParallelOptions{.timeoutSeconds = 60});
+  return std::make_shared<dist::ParallelContext>(options());
 }
 
 // One rank alone, in this process: no collectives.
 std::shared_ptr<dist::ParallelContext> alone() {
   dist::LaunchInfo one;
-  return std::make_shared<dist::ParallelContext>(one, dist::ParallelOptions{.timeoutSeconds = 60});
+  return std::make_shared<dist::ParallelContext>(one, options());
 }
 
 double worstRelative(const std::vector<double>& a, const std::vector<double>& b) {
@@ -350,4 +385,52 @@ TEST_CASE("expert-parallel checkpoints resume exactly, and load at another exper
   CHECK(resumed.losses == tail);
   CHECK(single.losses.size() == 10);
   CHECK(worstRelative(single.losses, tail) < 1e-5);
+}
+
+TEST_CASE("the start-up broadcast gives every rank rank 0's weights, whatever each rank built",
+          "[dist][zero]") {
+  auto ctx = world();
+  Device device = onGpu() ? ctx->device() : Device::cpu();
+  std::vector<std::string> dtypes = {"fp32"};
+  if (onGpu()) dtypes.push_back("bf16");  // 16-bit chunks: the fp32 masters are broadcast, then copied in
+  for (const std::string& dtype : dtypes)
+    for (int stage : {0, 2}) {
+      auto config = [&](int seed) {
+        std::vector<std::string> sets = {
+            "data.path=" + corpusFor(dist::launchInfoFromEnvironment().rank).string(),
+            "model.num_layers=2",
+            "model.hidden_size=32",
+            "model.num_attention_heads=2",
+            "model.seq_length=32",
+            "model.vocab_size=256",
+            "zero_optimization.chunk_size_mb=0.02",
+            "precision.dtype=" + dtype,
+            "zero_optimization.stage=" + std::to_string(stage),
+            "train.seed=" + std::to_string(seed)};
+        for (auto& e : extraSets()) sets.push_back(e);
+        return train::parseConfig("", "broadcast-test", sets);
+      };
+      // Each rank builds the model from a seed of its own.
+      train::Config mine = config(100 + ctx->rank());
+      auto objective = train::makeObjective(mine, device);
+      DType compute = train::computeDTypeFor(mine, device);
+      train::ZeroStepEngine engine(*objective, mine, device, compute, &ctx->world());
+      // What rank 0 built, built again here.
+      train::Config first = config(100);
+      auto reference = train::makeObjective(first, device);
+      std::map<std::string, Tensor> expected;
+      for (auto& [name, p] : reference->model().namedParameters()) expected[name] = p;
+      size_t compared = 0, different = 0;
+      for (auto& [name, p] : objective->model().namedParameters()) {
+        std::vector<double> got = ops::to(p, Device::cpu(), DType::F64).toVector<double>();
+        std::vector<double> want =
+            ops::to(ops::to(expected.at(name), device, compute), Device::cpu(), DType::F64)
+                .toVector<double>();
+        ++compared;
+        different += got != want;
+      }
+      INFO(dtype << " at stage " << stage << " on rank " << ctx->rank());
+      CHECK(compared == expected.size());
+      CHECK(different == 0);
+    }
 }
