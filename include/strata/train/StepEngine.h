@@ -198,12 +198,14 @@ class ZeroStepEngine final : public StepEngine {
   std::vector<dist::ProcessGroup*> chunkGroups_;  // by chunk: group_, or expertDataGroup_ for expert chunks
   int rank_ = 0;
   std::unique_ptr<zero::ChunkManager> chunks_;
+  // The SSD tier, when the placement uses it. Declared before the optimizer so that it is destroyed after
+  // it: a delayed SSD update may still be using the tier when the engine goes (the optimizer waits for it).
+  std::unique_ptr<zero::NvmeTier> nvme_;
   std::unique_ptr<optim::ChunkOptimizer> optimizer_;
   std::unique_ptr<optim::LossScaler> scaler_;
   std::vector<Tensor> shardGrads_;   // stages 2, 3: this rank's reduced fp32 shard of each chunk's gradients
   std::vector<Tensor> paramShards_;  // stage 3: this rank's shard of each chunk's parameters
   zero::StorePlacement placement_;
-  std::unique_ptr<zero::NvmeTier> nvme_;  // the SSD tier, when the placement uses it
   // NOTE [Memory tracer]: the first step is traced, then optimizer state moves onto the device.
   bool trace_ = false;
   uint64_t deviceMemory_ = 0;
