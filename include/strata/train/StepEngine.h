@@ -172,6 +172,8 @@ class ZeroStepEngine final : public StepEngine {
   dist::Communicator& comm(size_t c) const;
   zero::ShardRange shard(size_t c) const { return chunks_->shard(c, rankIn(c)); }
   void gradientsComplete(size_t chunk);
+  // Stages 1 and 2 on several ranks: every chunk gathered whole from the ranks' shards (a collective).
+  void gatherShards();
   Tensor shardSquares(const std::vector<Tensor>& grads) const;
   // Stage 3 (NOTE [Parameter gathering] in StepEngine.cpp).
   void hookModules();
@@ -208,6 +210,7 @@ class ZeroStepEngine final : public StepEngine {
   zero::StorePlacement placement_;
   // NOTE [Memory tracer]: the first step is traced, then optimizer state moves onto the device.
   bool trace_ = false;
+  bool delayedUpdate_ = false;  // store.delayed_update (NOTE [Delayed SSD update] in optim/AdamW.h)
   uint64_t deviceMemory_ = 0;
   void promoteTracedState();
   std::vector<Tensor> slots_;  // stage 3: each chunk's gathered parameters while it is resident
