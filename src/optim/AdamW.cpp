@@ -184,8 +184,9 @@ struct AdamW::Lanes {
 // NOTE [Delayed SSD update] in AdamW.h: the update running behind the next step.
 struct AdamW::Delayed {
   std::future<void> job;
-  std::vector<size_t> chunks;         // the SSD chunks it updates, in order
+  std::vector<size_t> chunks;         // the SSD chunks the running update updates, in order
   std::vector<Tensor> grads, params;  // per chunk over its range: step t's gradients, the new parameters
+  std::vector<bool> pending;          // per chunk: params[c] is still to be written into the chunk
 };
 
 AdamW::~AdamW() {
@@ -193,11 +194,43 @@ AdamW::~AdamW() {
   if (delayed_ && delayed_->job.valid()) delayed_->job.wait();
 }
 
+void AdamW::waitDelayed() {
+  if (delayed_ && delayed_->job.valid()) delayed_->job.get();  // rethrows the worker's error
+}
+
 void AdamW::finishDelayed() {
-  if (!delayed_ || !delayed_->job.valid()) return;
+  if (!delayed_) return;
   NoGradGuard noGrad;
-  delayed_->job.get();  // rethrows the worker's error
-  for (size_t c : delayed_->chunks) ops::copy(paramFlats_[c], delayed_->params[c]);
+  waitDelayed();
+  for (size_t c = 0; c < delayed_->pending.size(); ++c)
+    if (delayed_->pending[c]) {
+      ops::copy(paramFlats_[c], delayed_->params[c]);
+      delayed_->pending[c] = false;
+    }
+}
+
+Tensor AdamW::pendingParameters(size_t c) {
+  waitDelayed();
+  return delayed_ && c < delayed_->pending.size() && delayed_->pending[c] ? delayed_->params[c] : Tensor();
+}
+
+bool AdamW::deferParameters(size_t c, const Tensor& values) {
+  STRATA_CHECK(c < paramFlats_.size() && values.numel() == paramFlats_[c].numel() &&
+                   values.dtype() == paramFlats_[c].dtype(),
+               "AdamW::deferParameters: chunk {}'s pending parameters need {} {} values, got {} {}", c,
+               c < paramFlats_.size() ? paramFlats_[c].numel() : 0,
+               c < paramFlats_.size() ? paramFlats_[c].dtype() : values.dtype(), values.numel(),
+               values.dtype());
+  waitDelayed();
+  if (!delayed_) delayed_ = std::make_unique<Delayed>();
+  Delayed& d = *delayed_;
+  d.grads.resize(homes_.size());
+  d.params.resize(homes_.size());
+  d.pending.resize(homes_.size(), false);
+  d.params[c] = ops::to(values, Device::cpu(), values.dtype()).clone();
+  d.grads[c] = Tensor();  // startDelayed makes the buffers again
+  d.pending[c] = true;
+  return true;
 }
 
 void AdamW::startDelayed(const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
@@ -207,6 +240,7 @@ void AdamW::startDelayed(const ops::AdamWHyper& h, const std::vector<Tensor>& gr
   d.chunks.clear();
   d.grads.resize(homes_.size());
   d.params.resize(homes_.size());
+  d.pending.resize(homes_.size(), false);
   for (size_t c = 0; c < homes_.size(); ++c) {
     if (homes_[c] != zero::Tier::Nvme) continue;
     const zero::ShardRange& r = ranges_[c];
@@ -217,6 +251,7 @@ void AdamW::startDelayed(const ops::AdamWHyper& h, const std::vector<Tensor>& gr
     }
     ops::copy(d.grads[c], g.numel() == r.size() ? g : g.narrow(0, r.begin, r.size()));
     d.chunks.push_back(c);
+    d.pending[c] = true;  // read only after the worker is waited for
   }
   Tensor scale = hostScale.defined() ? hostScale.clone() : Tensor();
   d.job = std::async(std::launch::async, [this, h, scale] {
@@ -593,7 +628,13 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
 
 void AdamW::moveToDevice(size_t c, Device device) {
   NoGradGuard noGrad;
-  finishDelayed();
+  // NOTE [Delayed SSD update]: the state is final once the worker is done; the chunk's parameters take their
+  // pending values now, as the device's own update would have written them. The other chunks' stay pending.
+  waitDelayed();
+  if (delayed_ && c < delayed_->pending.size() && delayed_->pending[c]) {
+    ops::copy(paramFlats_[c], delayed_->params[c]);
+    delayed_->pending[c] = false;
+  }
   if (homes_[c] == zero::Tier::Device) return;
   HostState st = hostState(c);
   const zero::ShardRange& r = ranges_[c];

@@ -497,7 +497,8 @@ bool parsePiece(const std::string& name, std::string* kind, int64_t* chunk, int6
   size_t dot = name.find('.');
   if (dot == std::string::npos) return false;
   std::string k = name.substr(0, dot);
-  if (k != "param" && k != "exp_avg" && k != "exp_avg_sq" && k != "adafactor_v") return false;
+  if (k != "param" && k != "exp_avg" && k != "exp_avg_sq" && k != "adafactor_v" && k != "delayed_param")
+    return false;
   size_t at = name.find('@', dot);
   auto digits = [](const std::string& t) {
     return !t.empty() && std::all_of(t.begin(), t.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
@@ -614,8 +615,8 @@ void ChunkCheckpointReader::readBytes(size_t file, uint64_t offset, size_t bytes
   }
 }
 
-void ChunkCheckpointReader::readParameterRange(const std::string& kind, const std::string& name,
-                                               int64_t begin, int64_t end, float* dst) {
+int64_t ChunkCheckpointReader::readParameterRange(const std::string& kind, const std::string& name,
+                                                  int64_t begin, int64_t end, float* dst, bool whole) {
   if (kind == "param" && !chunked_) {
     auto it = wholeParams_.find(name);
     STRATA_USER_CHECK(it != wholeParams_.end(), "checkpoint {} has no parameter '{}'", dir_, name);
@@ -623,13 +624,14 @@ void ChunkCheckpointReader::readParameterRange(const std::string& kind, const st
     STRATA_USER_CHECK(e.dtype == DType::F32, "checkpoint {}: parameter '{}' is saved as {}, not fp32", dir_,
                       name, dtypeName(e.dtype));
     readBytes(it->second.first, e.begin + uint64_t(begin) * 4, size_t(end - begin) * 4, dst);
-    return;
+    return end - begin;
   }
   auto slot = std::find_if(state_.layout.slots.begin(), state_.layout.slots.end(),
                            [&](const zero::ChunkSlot& s) { return s.name == name; });
   STRATA_USER_CHECK(slot != state_.layout.slots.end(), "checkpoint {} has no parameter '{}'", dir_, name);
   int64_t a = slot->offset + begin, b = slot->offset + end, covered = 0;
   auto kindIt = pieces_.find(kind);
+  if (kindIt == pieces_.end() && !whole) return 0;
   STRATA_USER_CHECK(kindIt != pieces_.end(), "checkpoint {} holds no {} state", dir_, kind);
   auto chunkIt = kindIt->second.find(slot->chunk);
   if (chunkIt != kindIt->second.end())
@@ -640,9 +642,10 @@ void ChunkCheckpointReader::readParameterRange(const std::string& kind, const st
                 dst + (lo - a));
       covered += hi - lo;
     }
-  STRATA_USER_CHECK(covered == b - a,
+  STRATA_USER_CHECK(covered == b - a || !whole,
                     "checkpoint {} is incomplete: its shards hold {} of the {} elements of '{}' ({} state)",
                     dir_, covered, b - a, name, kind);
+  return covered;
 }
 
 void ChunkCheckpointReader::readParameter(const std::string& name, void* dst) {
@@ -664,6 +667,18 @@ void ChunkCheckpointReader::readChunkRange(const zero::ChunkLayout& layout, cons
     int64_t lo = std::max(s.offset, begin), hi = std::min(s.offset + s.numel, end);
     if (lo < hi) readParameterRange(kind, s.name, lo - s.offset, hi - s.offset, dst + (lo - begin));
   }
+}
+
+int64_t ChunkCheckpointReader::readSavedChunkRange(const zero::ChunkLayout& layout, const std::string& kind,
+                                                   int64_t chunk, int64_t begin, int64_t end, float* dst) {
+  int64_t read = 0;
+  for (int64_t k : layout.chunks[size_t(chunk)].slots) {
+    const zero::ChunkSlot& s = layout.slots[size_t(k)];
+    int64_t lo = std::max(s.offset, begin), hi = std::min(s.offset + s.numel, end);
+    if (lo < hi)
+      read += readParameterRange(kind, s.name, lo - s.offset, hi - s.offset, dst + (lo - begin), false);
+  }
+  return read;
 }
 
 void ChunkCheckpointReader::checkParameters(const zero::ChunkLayout& layout) const {

@@ -98,6 +98,7 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
       expertDataGroup_(expertDataGroup) {
   int ranks = group_ ? group_->size() : 1;
   rank_ = group_ ? group_->rank() : 0;
+  delayedUpdate_ = c.store.delayedUpdate;
   if (compute_ == DType::F16)
     scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
         c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
@@ -406,7 +407,9 @@ void ZeroStepEngine::gradientsComplete(size_t chunk) {
 }
 
 void ZeroStepEngine::promoteTracedState() {
-  optimizer_->finishDelayed();
+  // NOTE [Delayed SSD update] in optim/AdamW.h: a pending delayed update stays pending; moveToDevice writes
+  // the moved chunks' own parameters.
+  optimizer_->waitDelayed();
   synchronizeDevice(device_);
   AllocatorStats stats = deviceAllocator(device_).stats();
   // With collectives on other streams, freed blocks wait for those streams before reuse and hold memory
@@ -444,6 +447,9 @@ void ZeroStepEngine::promoteTracedState() {
   STRATA_CHECK(placement_.total() == modelStateBytes(),
                "the store holds {} bytes across its tiers, {} of model state", placement_.total(),
                modelStateBytes());
+  // A moved chunk's pending parameters went into this rank's shard only: every rank gathers the chunks
+  // again (the same collectives on every rank, whatever each one moved).
+  if (delayedUpdate_ && (stage_ == 1 || stage_ == 2)) gatherShards();
   if (rank_ == 0) {
     auto gib = [](uint64_t b) { return double(b) / double(1ull << 30); };
     spdlog::info(
@@ -537,19 +543,8 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
     optimizer_->stepChunks(lr, grads, coef);
     outcome.offloadSeconds = optimizer_->offDeviceSeconds();
     outcome.offloadPhases = optimizer_->offloadPhases();
-    if ((stage_ == 1 || stage_ == 2) && communicates()) {
-      // Each rank updated its shard of the 16-bit parameters: gather the chunks whole again, on the gather
-      // lane (NOTE [Collective lanes] in dist/Communicator.h).
-      const Stream& gatherStream = deviceStreams(device_).gather;
-      streamWaits(gatherStream, currentStream(device_), device_);
-      for (size_t c = 0; c < chunks_->numChunks(); ++c) {
-        if (!communicates(c)) continue;
-        zero::ShardRange r = shard(c);
-        Tensor full = chunks_->paddedFlat(c);
-        comm(c).allGather(full, full.narrow(0, r.begin, r.size()));
-      }
-      streamWaits(currentStream(device_), gatherStream, device_);
-    }
+    // Each rank updated its shard of the 16-bit parameters: gather the chunks whole again.
+    if (stage_ == 1 || stage_ == 2) gatherShards();
   }
   profiler::mark("optimizer step");
   chunks_->releaseGradients();
@@ -558,6 +553,20 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   memlog(device_, "update", ++steps_);
   if (trace_ && steps_ == 1) promoteTracedState();
   return outcome;
+}
+
+void ZeroStepEngine::gatherShards() {
+  if (!communicates()) return;
+  // On the gather lane (NOTE [Collective lanes] in dist/Communicator.h).
+  const Stream& gatherStream = deviceStreams(device_).gather;
+  streamWaits(gatherStream, currentStream(device_), device_);
+  for (size_t c = 0; c < chunks_->numChunks(); ++c) {
+    if (!communicates(c)) continue;
+    zero::ShardRange r = shard(c);
+    Tensor full = chunks_->paddedFlat(c);
+    comm(c).allGather(full, full.narrow(0, r.begin, r.size()));
+  }
+  streamWaits(currentStream(device_), gatherStream, device_);
 }
 
 Tensor ZeroStepEngine::shardSquares(const std::vector<Tensor>& grads) const {
@@ -618,11 +627,14 @@ SaveTensor ZeroStepEngine::savePiece(const char* kind, size_t c, int field) cons
                         return all.narrow(0, offset, n);
                       }};
   }
-  // The fp32 values: the masters, or fp32 chunks' own parameters (their shard at stage 3).
+  // The fp32 values: the masters, or fp32 chunks' own parameters (their shard at stage 3); where those lag
+  // their state, the values the next update writes into them (NOTE [Delayed update checkpoints]).
   STRATA_CHECK(field == zero::NvmeTier::Master, "savePiece: chunk {}'s state is not on the SSD", c);
-  const Tensor& values = optimizer_->hasMaster(c) ? optimizer_->masterFlats()[c]
-                         : stage_ == 3            ? paramShards_[c]
-                                                  : chunks_->paddedFlat(c);
+  Tensor pending = optimizer_->hasMaster(c) ? Tensor() : optimizer_->pendingParameters(c);
+  Tensor values = optimizer_->hasMaster(c) ? optimizer_->masterFlats()[c]
+                  : pending.defined()      ? pending
+                  : stage_ == 3            ? paramShards_[c]
+                                           : chunks_->paddedFlat(c);
   Tensor t = chunkRange(values, r, r.begin, end);
   return SaveTensor{name, t.shape(), t.dtype(), [t] { return t; }};
 }
@@ -639,8 +651,22 @@ SaveTensor ZeroStepEngine::saveField(const optim::ChunkStateField& field, size_t
                     [t] { return t.dtype() == DType::F32 ? t : ops::to(t, Device::cpu(), DType::F32); }};
 }
 
+// NOTE [Delayed update checkpoints]
+// With a delayed SSD update pending (NOTE [Delayed SSD update] in optim/AdamW.h) a save changes nothing
+// live: it waits for the worker and saves the state as every update left it (the masters, m and v, which
+// `strata generate` and `convert` read), and beside it, for each chunk whose parameters lag, this rank's
+// shard of the parameters as the next step's forward reads them, "delayed_param.<c>@<begin>" in the
+// optimizer file (fp32; 4 bytes per SSD-resident parameter). A full load (not load_model_only) puts those
+// into the chunks over the masters' values and hands the masters' values to the optimizer as pending
+// (deferParameters): the next step's forward reads the stale parameters and its update first writes the
+// new ones, as in the run that saved. At the world size, stage, chunk size and placement that saved it the
+// resume continues that run bit for bit. Elsewhere the checkpoint loads as any does (by parameter name):
+// the first step after it still reads what the saving run's would, and the updates then follow this run's
+// placement, so the curve departs from the saving run's where that placement delays other chunks than it
+// did (as another world size's sums do anyway). A run with store.delayed_update off writes the pending
+// values at its first update, and delays nothing after that.
 SaveTensors ZeroStepEngine::checkpointModel() const {
-  optimizer_->finishDelayed();  // NOTE [Delayed SSD update]: the state as every update left it
+  optimizer_->waitDelayed();  // NOTE [Delayed update checkpoints]: the state final, nothing written
   SaveTensors out;
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     zero::ShardRange r = shard(c);
@@ -651,11 +677,18 @@ SaveTensors ZeroStepEngine::checkpointModel() const {
 }
 
 SaveTensors ZeroStepEngine::checkpointOptimizer() const {
-  optimizer_->finishDelayed();
+  optimizer_->waitDelayed();
   SaveTensors out;
   for (size_t c = 0; c < chunks_->numChunks(); ++c) {
     zero::ShardRange r = shard(c);
-    if (r.begin >= std::min(r.end, chunks_->layout().chunks[c].used)) continue;
+    int64_t end = std::min(r.end, chunks_->layout().chunks[c].used);
+    if (r.begin >= end) continue;
+    if (optimizer_->pendingParameters(c).defined()) {
+      // NOTE [Delayed update checkpoints]: the parameters the next forward reads, behind their state.
+      Tensor t = chunkRange(stage_ == 3 ? paramShards_[c] : chunks_->paddedFlat(c), r, r.begin, end);
+      out.push_back(SaveTensor{chunkPieceName("delayed_param", savedIndex_[c], r.begin), t.shape(),
+                               DType::F32, [t] { return ops::to(t, Device::cpu(), DType::F32); }});
+    }
     if (optimizer_->home(c) == zero::Tier::Nvme) {
       out.push_back(savePiece("exp_avg", c, zero::NvmeTier::FirstMoment));
       out.push_back(savePiece("exp_avg_sq", c, zero::NvmeTier::SecondMoment));
@@ -766,6 +799,23 @@ void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
       ops::copy(field.values, Tensor::fromHost(host.data(), DType::F32, host.size(), {field.values.numel()},
                                                field.values.device()));
     }
+  }
+  // NOTE [Delayed update checkpoints]: parameters saved behind their state go back into the chunks, and the
+  // values just loaded wait for the next update.
+  if (!optimizer || !reader.hasKind("delayed_param")) return;
+  for (size_t c = 0; c < chunks_->numChunks(); ++c) {
+    // What the forward reads: the whole chunk, or at stage 3 this rank's shard of it.
+    Tensor live = stage_ == 3 ? paramShards_[c] : chunks_->paddedFlat(c);
+    int64_t begin = stage_ == 3 ? shard(c).begin : 0;
+    int64_t end = std::min(begin + live.numel(), layout.chunks[c].used);
+    if (begin >= end) continue;
+    host = live.toVector<float>();
+    if (reader.readSavedChunkRange(layout, "delayed_param", int64_t(c), begin, end, host.data()) == 0)
+      continue;
+    zero::ShardRange range = optimizer_->ranges()[c];
+    Tensor next = chunkRange(live, shard(c), range.begin, range.end);
+    if (!optimizer_->deferParameters(c, next)) continue;
+    ops::copy(live, Tensor::fromHost(host.data(), DType::F32, host.size(), {live.numel()}, live.device()));
   }
 }
 

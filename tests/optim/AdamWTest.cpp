@@ -521,3 +521,99 @@ TEST_CASE("the delayed SSD update lands each step's update one step late, and eq
     REQUIRE(v == reference.secondMoments()[c].toVector<float>());
   }
 }
+
+TEST_CASE(
+    "with a delayed SSD update pending, a checkpoint's reads change nothing, and moving a chunk to the "
+    "device is the run that had it there from the start",
+    "[optim][adamw][chunks][store][nvme][delayed]") {
+  // NOTE [Delayed SSD update]: after the first step, with its update of the SSD chunks 1 and 3 pending, `a`
+  // is read as a checkpoint reads it and then moves chunk 1's state to the device (the memory tracer's
+  // promotion). `b` had chunk 1 on the device from the start. Chunk 3 keeps its stale parameters until the
+  // next update in both; chunk 1 takes its new ones at once.
+  fs::path dir = test::freshDir("strata-adamw-delayed-move");
+  auto make = [](Generator& g) {
+    std::vector<std::pair<std::string, Tensor>> ps;
+    for (int k = 0; k < 5; ++k) {
+      Tensor t = ops::rand({60 + 10 * k, 16}, g, DType::F32, Device::cpu(), -0.5, 0.5);
+      t.setRequiresGrad(true);
+      ps.emplace_back("p" + std::to_string(k), t);
+    }
+    return ps;
+  };
+  using zero::Tier;
+  std::vector<Tier> homesA = {Tier::Host, Tier::Nvme, Tier::Device, Tier::Nvme, Tier::Host};
+  std::vector<Tier> homesB = {Tier::Host, Tier::Device, Tier::Device, Tier::Nvme, Tier::Host};
+  Generator g1(41), g2(41), gen(9);
+  auto ps1 = make(g1), ps2 = make(g2);
+  int64_t chunkBytes = 100 * 16 * 2;  // one parameter per chunk
+  zero::ChunkManager c1(ps1, chunkBytes, DType::BF16), c2(ps2, chunkBytes, DType::BF16);
+  size_t n = c1.numChunks();
+  REQUIRE(n == homesA.size());
+  std::vector<int64_t> elemsA, elemsB;
+  for (size_t c = 0; c < n; ++c) {
+    elemsA.push_back(homesA[c] == Tier::Nvme ? c1.paddedElems(c) : 0);
+    elemsB.push_back(homesB[c] == Tier::Nvme ? c2.paddedElems(c) : 0);
+  }
+  zero::NvmeTier nvmeA(dir.string(), 1, elemsA, DType::F32), nvmeB(dir.string(), 2, elemsB, DType::F32);
+  optim::AdamWConfig cfg{0.01, 0.9, 0.95, 1e-8, 0.1};
+  cfg.delayedSsdUpdate = true;
+  optim::AdamW a(c1, c1.takeMasters(), cfg, {}, {}, homesA, &nvmeA);
+  optim::AdamW b(c2, c2.takeMasters(), cfg, {}, {}, homesB, &nvmeB);
+  auto chunkValues = [&](zero::ChunkManager& cm) {
+    std::vector<std::vector<double>> out;
+    for (size_t c = 0; c < n; ++c) out.push_back(cm.paddedFlat(c).toVector<double>());
+    return out;
+  };
+  for (int step = 0; step < 5; ++step) {
+    std::vector<Tensor> ga, gb;
+    for (size_t c = 0; c < n; ++c) {
+      Tensor g = ops::rand({c1.paddedElems(c)}, gen, DType::F32, Device::cpu(), -1, 1);
+      ga.push_back(g);
+      gb.push_back(g.clone());
+    }
+    Tensor scale = step % 2 ? ops::full({}, 0.6, DType::F32, Device::cpu()) : Tensor();
+    a.stepChunks(0.01, ga, scale);
+    b.stepChunks(0.01, gb, scale);
+    INFO("step " << step);
+    if (step == 0) {
+      auto before = chunkValues(c1);
+      // What a checkpoint reads: the worker waited for, the pending parameters, the SSD's state.
+      a.waitDelayed();
+      REQUIRE(!a.pendingParameters(0).defined());  // host memory: updated in the step
+      Tensor pending3 = a.pendingParameters(3);
+      REQUIRE(pending3.defined());
+      REQUIRE(pending3.toVector<double>() == b.pendingParameters(3).toVector<double>());
+      REQUIRE(pending3.toVector<double>() != before[3]);
+      // The SSD holds the finished state, whose master rounds to the pending parameters.
+      std::vector<float> master(static_cast<size_t>(elemsA[3])), masterB(static_cast<size_t>(elemsB[3]));
+      nvmeA.read(3, zero::NvmeTier::Master, master.data());
+      nvmeB.read(3, zero::NvmeTier::Master, masterB.data());
+      REQUIRE(master == masterB);
+      Tensor rounded = Tensor::fromVector(master, {elemsA[3]}).to(DType::BF16);
+      REQUIRE(rounded.toVector<double>() == pending3.toVector<double>());
+      REQUIRE(chunkValues(c1) == before);
+      a.moveToDevice(1, Device::cpu());
+      REQUIRE(a.home(1) == Tier::Device);
+      REQUIRE(!a.pendingParameters(1).defined());
+      REQUIRE(a.pendingParameters(3).defined());
+      auto after = chunkValues(c1);
+      REQUIRE(after[3] == before[3]);  // still on the SSD: stale until the next update
+      REQUIRE(after[1] != before[1]);
+    }
+    auto va = chunkValues(c1), vb = chunkValues(c2);
+    for (size_t c = 0; c < n; ++c) {
+      INFO("chunk " << c);
+      REQUIRE(va[c] == vb[c]);
+    }
+  }
+  a.finishDelayed();
+  b.finishDelayed();
+  REQUIRE(chunkValues(c1) == chunkValues(c2));
+  REQUIRE(a.masterFlats()[1].toVector<float>() == b.masterFlats()[1].toVector<float>());
+  REQUIRE(a.firstMoments()[1].toVector<float>() == b.firstMoments()[1].toVector<float>());
+  REQUIRE(a.secondMoments()[1].toVector<float>() == b.secondMoments()[1].toVector<float>());
+  std::vector<float> x(static_cast<size_t>(elemsA[3])), y(static_cast<size_t>(elemsB[3]));
+  nvmeA.read(3, zero::NvmeTier::SecondMoment, x.data());
+  nvmeB.read(3, zero::NvmeTier::SecondMoment, y.data());
+  REQUIRE(x == y);
+}

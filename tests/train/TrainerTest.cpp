@@ -782,6 +782,56 @@ TEST_CASE("store.delayed_update trains with the SSD chunks one step behind, clos
   REQUIRE(fs::exists(base / "delayed" / "ckpt" / "step-20" / "optimizer-rank0.safetensors"));
 }
 
+TEST_CASE(
+    "with the delayed SSD update a checkpoint changes nothing and a resume continues the run exactly, "
+    "at ZeRO stages 1 to 3",
+    "[train][trainer][store][nvme][delayed][checkpoint]") {
+  // NOTE [Delayed update checkpoints]: every chunk's state on the SSD, updated one step late. The run that
+  // saves at steps 5 and 10, each time with that step's update pending, is the straight run step for step;
+  // the run resumed from step 10 continues it bit for bit, and so does one resumed at another chunk size
+  // (every chunk still on the SSD: the same parameters lag).
+  fs::path base = test::freshDir("strata-delayed-resume");
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    fs::path dir = base / ("stage" + std::to_string(stage));
+    auto with = [&](std::vector<std::string> extra) {
+      std::vector<std::string> sets = {"zero_optimization.stage=" + std::to_string(stage),
+                                       "zero_optimization.offload_optimizer.device=nvme",
+                                       "zero_optimization.nvme_path=" + (dir / "nvme").string(),
+                                       "store.delayed_update=true", "zero_optimization.chunk_size_mb=0.02",
+                                       // One thread: the worker's update and the step's OpenMP team share
+                                       // the CI machine's two cores.
+                                       "train.threads=1"};
+      sets.insert(sets.end(), extra.begin(), extra.end());
+      return sets;
+    };
+    // (It saves nothing, so its engine goes with the last step's update still running.)
+    train::Trainer(tinyConfig(dir / "straight", with({}))).run();
+    fs::path ckpt = dir / "ckpt";
+    train::Trainer(tinyConfig(dir / "saving", with({"train.exit_interval=10", "checkpoint.save_interval=5",
+                                                    "checkpoint.save=" + ckpt.string()})))
+        .run();
+    std::string step10 = (ckpt / "step-10").string();
+    train::Trainer(tinyConfig(dir / "resumed", with({"checkpoint.load=" + step10}))).run();
+    auto straight = records(dir / "straight");
+    auto saving = records(dir / "saving");
+    auto resumed = records(dir / "resumed");
+    REQUIRE(straight.size() == 22);  // 20 steps and 2 evaluations
+    REQUIRE(saving.size() == 11);
+    requireSameCurves(std::vector<nlohmann::json>(straight.begin(), straight.begin() + 11), saving);
+    REQUIRE(resumed.size() == 11);
+    std::vector<nlohmann::json> tail(straight.end() - 11, straight.end());
+    requireSameCurves(tail, resumed);
+    // The parameters that lag their masters are in the checkpoint beside them.
+    REQUIRE(train::ChunkCheckpointReader(step10).hasKind("delayed_param"));
+    if (stage != 2) continue;
+    train::Trainer(tinyConfig(dir / "rechunked",
+                              with({"checkpoint.load=" + step10, "zero_optimization.chunk_size_mb=0.01"})))
+        .run();
+    requireSameCurves(tail, records(dir / "rechunked"));
+  }
+}
+
 namespace {
 // Adafactor through the trainer (optim/Adafactor.h): an explicit lr, a bf16 first moment (so the
 // checkpoint's exp_avg is widened and narrowed again), small chunks.

@@ -60,13 +60,22 @@ struct AdamWConfig {
 //   stale), every other chunk's from after it; the gradients at step t + 1 are taken at those parameters;
 // - every update is applied exactly once, with the gradients of its own step: after finishDelayed() the state
 //   is what the undelayed optimizer reaches from the same sequence of gradients.
-// finishDelayed() runs before anything reads the state (a checkpoint, the memory tracer's move, loading), so
-// a run that saves lands the pending update before the next forward instead of after it (one step less
-// stale there). It costs 4 bytes per SSD-resident parameter of host memory for the gradients, plus the
-// 16-bit parameters', which the engine takes out of an automatic host budget (train/StepEngine.cpp); that
-// sends more state to the SSD, so it pays off only where the SSD's share is small (BENCHMARKS.md: at 16.6B on
-// one H200 it doubled the SSD's state and the step). A non-finite step is skipped before any of this, as
-// always.
+// Between two steps the new parameters are pending (pendingParameters): the chunks keep the stale ones until
+// the next update writes them. Nothing between the steps writes them early, which would change the run (and
+// at ZeRO stages 1 and 2 on several ranks leave each rank with its own shard one update ahead of the others'
+// copies of it):
+// - a checkpoint waits for the worker (waitDelayed) and saves the finished state, with the stale parameters
+//   beside it ("delayed_param" pieces); loading puts those back into the chunks and makes the masters'
+//   values pending again (deferParameters). A resume so continues the uninterrupted run bit for bit (NOTE
+//   [Delayed update checkpoints] in train/StepEngine.cpp);
+// - the memory tracer's promotion (moveToDevice) writes the moved chunk's pending parameters at once: its
+//   state now lives on the device, where updates are not delayed, and the run is the one that had it there
+//   from the start (with fp32 state on the SSD). At stages 1 and 2 on several ranks the engine then gathers
+//   the chunks again.
+// It costs 4 bytes per SSD-resident parameter of host memory for the gradients, plus the 16-bit parameters',
+// which the engine takes out of an automatic host budget (train/StepEngine.cpp); that sends more state to the
+// SSD, so it pays off only where the SSD's share is small (BENCHMARKS.md: at 16.6B on one H200 it doubled the
+// SSD's state and the step). A non-finite step is skipped before any of this, as always.
 
 // NOTE [Pipelined update]
 // After the step-end decision (NOTE [Step-end decision] in train/StepEngine.h) the chunked form updates:
@@ -154,12 +163,16 @@ class AdamW final : public ChunkOptimizer {
   void writeParameters() override;
   // Whether chunk c's fp32 values are separate from its parameters (16-bit chunks, or state on the host).
   bool hasMaster(size_t c) const override { return c < masters_.size() && masters_[c].defined(); }
-  // Waits for a delayed SSD update still running (NOTE [Delayed SSD update]) and writes its parameters into
-  // the chunks; nothing when none is pending. Rethrows the worker's error.
+  // NOTE [Delayed SSD update]: waits for a delayed SSD update still running (its state is then final, its
+  // parameters pending) and rethrows the worker's error; finishDelayed() also writes every pending parameter
+  // into the chunks. Nothing when none is running or pending.
+  void waitDelayed() override;
   void finishDelayed() override;
+  Tensor pendingParameters(size_t c) override;
+  bool deferParameters(size_t c, const Tensor& values) override;
   // Moves chunk c's optimizer state from the host or the SSD to `device` (the memory tracer's promotion):
-  // its master, m and v become device tensors updated by the device's kernel. An fp32 chunk's parameters
-  // become their own master again.
+  // its master, m and v become device tensors updated by the device's kernel, and its pending parameters go
+  // into the chunk at once. An fp32 chunk's parameters become their own master again.
   void moveToDevice(size_t c, Device device) override;
   zero::Tier home(size_t c) const override { return c < homes_.size() ? homes_[c] : zero::Tier::Device; }
   // The chunked form's flat buffers, per chunk over its range: masters (undefined where the parameters are

@@ -51,8 +51,19 @@ class ChunkOptimizer {
   virtual void stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale) = 0;
   virtual int64_t stepCount() const = 0;
   virtual void setStepCount(int64_t step) = 0;
-  // Lands an update still running in the background (NOTE [Delayed SSD update] in optim/AdamW.h).
+  // NOTE [Delayed SSD update] in optim/AdamW.h: an update that runs in the background and leaves chunks'
+  // parameters one update behind their state until the next update writes them.
+  // Waits for such an update: its state is then final (what a checkpoint reads), its parameters pending.
+  virtual void waitDelayed() {}
+  // Waits for it and writes every pending parameter into the chunks.
   virtual void finishDelayed() {}
+  // The values (over ranges()[c], in the parameters' dtype, on the host) that the next update writes into
+  // chunk c's parameters before it runs, where they lag the chunk's state; undefined where they do not.
+  // Waits for a running update.
+  virtual Tensor pendingParameters(size_t /*c*/) { return Tensor(); }
+  // Makes `values` (as pendingParameters gives them) chunk c's pending parameters, for a checkpoint saved
+  // with them pending. False where the optimizer keeps none (nothing is done).
+  virtual bool deferParameters(size_t /*c*/, const Tensor& /*values*/) { return false; }
   virtual const std::vector<zero::ShardRange>& ranges() const = 0;
   virtual zero::Tier home(size_t c) const = 0;
   // Whether chunk c's fp32 values are separate from its parameters, and those masters per chunk (undefined

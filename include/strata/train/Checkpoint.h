@@ -141,7 +141,9 @@ std::string resolveCheckpoint(const std::string& path);
 // lies. ChunkCheckpointReader finds any range of any parameter among all the ranks' pieces, so a checkpoint
 // loads at any world size and any chunk size (resharding by parameter name), and `strata convert` streams it
 // one parameter at a time. An optimizer's state in a layout of its own (Adafactor's factored second moment,
-// "adafactor_v.<c>@<begin>") is saved the same way but reloads only into the same chunks and shards.
+// "adafactor_v.<c>@<begin>") is saved the same way but reloads only into the same chunks and shards. With a
+// delayed SSD update pending, "delayed_param.<c>@<begin>" pieces hold the parameters that lag their masters
+// (NOTE [Delayed update checkpoints] in train/StepEngine.cpp).
 // Checkpoints of the older form (whole per-parameter tensors, whole per-chunk
 // moments "exp_avg.<c>") read through the same reader.
 std::string chunkPieceName(const std::string& kind, int64_t chunk, int64_t begin);
@@ -178,6 +180,11 @@ class ChunkCheckpointReader {
   // checkpoint holds it, and the gaps between parameters are zero.
   void readChunkRange(const zero::ChunkLayout& layout, const std::string& kind, int64_t chunk, int64_t begin,
                       int64_t end, float* dst);
+  // As readChunkRange, for a kind saved for some elements only (the delayed update's "delayed_param", NOTE
+  // [Delayed update checkpoints] in train/StepEngine.cpp): writes those the checkpoint holds, leaves the
+  // others, and returns how many it wrote.
+  int64_t readSavedChunkRange(const zero::ChunkLayout& layout, const std::string& kind, int64_t chunk,
+                              int64_t begin, int64_t end, float* dst);
   // Refuses a `layout` whose parameters differ from the saved ones (missing, extra or reshaped; all listed).
   void checkParameters(const zero::ChunkLayout& layout) const;
 
@@ -187,9 +194,10 @@ class ChunkCheckpointReader {
     size_t file = 0;
     uint64_t offset = 0;  // of element `begin` in the file
   };
-  // Elements [begin, end) of parameter `name`'s flat values, of `kind`, as fp32.
-  void readParameterRange(const std::string& kind, const std::string& name, int64_t begin, int64_t end,
-                          float* dst);
+  // Elements [begin, end) of parameter `name`'s flat values, of `kind`, as fp32; with `whole` every one of
+  // them must be saved, else those saved are read. Returns how many were read.
+  int64_t readParameterRange(const std::string& kind, const std::string& name, int64_t begin, int64_t end,
+                             float* dst, bool whole = true);
   void readBytes(size_t file, uint64_t offset, size_t bytes, void* dst);
 
   std::string dir_;

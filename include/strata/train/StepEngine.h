@@ -182,6 +182,8 @@ class ZeroStepEngine final : public StepEngine {
   dist::Communicator& comm(size_t c) const;
   zero::ShardRange shard(size_t c) const { return chunks_->shard(c, rankIn(c)); }
   void gradientsComplete(size_t chunk);
+  // Stages 1 and 2 on several ranks: every chunk gathered whole from the ranks' shards (a collective).
+  void gatherShards();
   Tensor shardSquares(const std::vector<Tensor>& grads) const;
   // Stage 3 (NOTE [Parameter gathering] in StepEngine.cpp).
   void hookModules();
@@ -208,14 +210,17 @@ class ZeroStepEngine final : public StepEngine {
   std::vector<dist::ProcessGroup*> chunkGroups_;  // by chunk: group_, or expertDataGroup_ for expert chunks
   int rank_ = 0;
   std::unique_ptr<zero::ChunkManager> chunks_;
+  // The SSD tier, when the placement uses it. Declared before the optimizer so that it is destroyed after
+  // it: a delayed SSD update may still be using the tier when the engine goes (the optimizer waits for it).
+  std::unique_ptr<zero::NvmeTier> nvme_;
   std::unique_ptr<optim::ChunkOptimizer> optimizer_;
   std::unique_ptr<optim::LossScaler> scaler_;
   std::vector<Tensor> shardGrads_;   // stages 2, 3: this rank's reduced fp32 shard of each chunk's gradients
   std::vector<Tensor> paramShards_;  // stage 3: this rank's shard of each chunk's parameters
   zero::StorePlacement placement_;
-  std::unique_ptr<zero::NvmeTier> nvme_;  // the SSD tier, when the placement uses it
   // NOTE [Memory tracer]: the first step is traced, then optimizer state moves onto the device.
   bool trace_ = false;
+  bool delayedUpdate_ = false;  // store.delayed_update (NOTE [Delayed SSD update] in optim/AdamW.h)
   uint64_t deviceMemory_ = 0;
   void promoteTracedState();
   std::vector<Tensor> slots_;  // stage 3: each chunk's gathered parameters while it is resident

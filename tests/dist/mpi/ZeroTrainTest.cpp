@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "CatchShim.h"
+#include "models/Zoo.h"
 #include "strata/dist/ParallelContext.h"
 #include "strata/ops/Ops.h"
+#include "strata/train/CausalLmObjective.h"
 #include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
 
@@ -66,13 +68,14 @@ fs::path corpusFor(int rank) {
   return corpus;
 }
 
-// 20 steps (or `iters`) of a 2-layer GPT at a global batch of 8 sequences, one record per step, on the ranks
-// of `parallel`. Only rank 0's metrics exist; the other ranks return no losses.
-Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::string& name, int stage,
-             std::vector<std::string> extra = {}) {
-  fs::path out = fs::temp_directory_path() / ("strata-zero-" + std::to_string(::getppid()) + "-" + name);
-  if (parallel->isMain()) fs::remove_all(out);
-  if (parallel->worldSize() > 1) parallel->world().communicator().barrier();
+// The output directory of the run `name` (the same on every rank).
+fs::path runDir(const std::string& name) {
+  return fs::temp_directory_path() / ("strata-zero-" + std::to_string(::getppid()) + "-" + name);
+}
+
+// The config of trainRun's run `name`.
+train::Config runConfig(const std::string& name, int stage, const std::vector<std::string>& extra) {
+  fs::path out = runDir(name);
   std::vector<std::string> sets = {
       "data.path=" + corpusFor(dist::launchInfoFromEnvironment().rank).string(),
       "train.out_dir=" + out.string(), onGpu() ? "train.device=cuda" : "train.device=cpu", "train.threads=1",
@@ -86,7 +89,17 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
   if (onGpu()) sets.push_back("precision.dtype=fp32");
   for (auto& e : extraSets()) sets.push_back(e);
   for (auto& e : extra) sets.push_back(e);
-  train::Trainer trainer(train::parseConfig("", "zero-test", sets), parallel);
+  return train::parseConfig("", "zero-test", sets);
+}
+
+// 20 steps (or `iters`) of a 2-layer GPT at a global batch of 8 sequences, one record per step, on the ranks
+// of `parallel`. Only rank 0's metrics exist; the other ranks return no losses.
+Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::string& name, int stage,
+             std::vector<std::string> extra = {}) {
+  fs::path out = runDir(name);
+  if (parallel->isMain()) fs::remove_all(out);
+  if (parallel->worldSize() > 1) parallel->world().communicator().barrier();
+  train::Trainer trainer(runConfig(name, stage, extra), parallel);
   train::TrainResult result = trainer.run();
   Run run;
   run.checkpoint = result.checkpoint;
@@ -433,4 +446,112 @@ TEST_CASE("the start-up broadcast gives every rank rank 0's weights, whatever ea
       CHECK(compared == expected.size());
       CHECK(different == 0);
     }
+}
+
+TEST_CASE(
+    "the delayed SSD update at ZeRO stages 1 to 3 on N ranks: a checkpoint changes nothing, a resume "
+    "continues exactly",
+    "[dist][zero][store][delayed]") {
+  // NOTE [Delayed update checkpoints] in train/StepEngine.cpp: every chunk's state on the SSD (each rank's
+  // file under its own directory), updated one step late. The run that saves at steps 5 and 10, each time
+  // with that step's update pending, is the straight run step for step, and the run resumed from step 10
+  // continues it bit for bit. The same checkpoint loads on one rank, where only the gradients' sums differ.
+  auto ctx = world();
+  std::string tag = std::to_string(ctx->rank());
+  fs::path nvme =
+      fs::temp_directory_path() / ("strata-zero-delayed-nvme-" + std::to_string(::getppid()) + "-" + tag);
+  std::vector<std::string> delayed = {"zero_optimization.offload_optimizer.device=nvme",
+                                      "zero_optimization.nvme_path=" + nvme.string(),
+                                      "store.delayed_update=true", "train.sample_length=0"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> sets = delayed;
+    sets.insert(sets.end(), more.begin(), more.end());
+    return sets;
+  };
+  for (int stage : {1, 2, 3}) {
+    std::string name = "delayed-stage" + std::to_string(stage);
+    Run straight = trainRun(ctx, name + "-straight", stage, delayed);
+    Run saving = trainRun(ctx, name + "-saving", stage,
+                          with({"train.exit_interval=10", "checkpoint.save_interval=5"}));
+    fs::path saved = fs::path(saving.checkpoint).parent_path() / "step-10";
+    Run resumed = trainRun(ctx, name + "-again", stage, with({"checkpoint.load=" + saved.string()}));
+    Run single =
+        trainRun(alone(), name + "-single-" + tag, stage, with({"checkpoint.load=" + saved.string()}));
+    if (!ctx->isMain()) continue;
+    INFO("stage " << stage << " on " << ctx->worldSize() << " ranks");
+    CHECK(straight.losses.size() == 20);
+    CHECK(straight.stateNvmeGb.back() > 0);
+    std::vector<double> head(straight.losses.begin(), straight.losses.begin() + 10);
+    CHECK(saving.losses == head);
+    CHECK(saving.valLosses ==
+          std::vector<double>(straight.valLosses.begin(), straight.valLosses.begin() + 1));
+    std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
+    CHECK(resumed.losses == tail);
+    CHECK(resumed.valLosses == std::vector<double>(straight.valLosses.begin() + 1, straight.valLosses.end()));
+    CHECK(single.losses.size() == 10);
+    CHECK(worstRelative(single.losses, tail) < 1e-4);
+  }
+}
+
+TEST_CASE(
+    "the memory tracer moves state with a delayed SSD update pending and changes no number, at ZeRO "
+    "stages 1 and 2 on N ranks",
+    "[dist][zero][store][delayed][tracer]") {
+  // NOTE [Delayed SSD update] in optim/AdamW.h: the run starts traced (a "device" of 1.9x the model state
+  // per rank), its optimizer state in host memory and on the SSD, the SSD's updated one step late. After the
+  // first step, with that step's update pending, the tracer brings every SSD chunk's state onto the device,
+  // where nothing is delayed: each rank writes its moved shards' pending parameters and the ranks gather the
+  // chunks again. From then on the run is the one with all state in memory, number for number.
+  auto ctx = world();
+  std::string tag = std::to_string(ctx->rank());
+  fs::path nvme =
+      fs::temp_directory_path() / ("strata-zero-tracer-nvme-" + std::to_string(::getppid()) + "-" + tag);
+  std::vector<std::string> shape = {"model.hidden_size=128", "model.seq_length=16", "train.train_iters=6",
+                                    "train.eval_interval=0", "train.sample_length=0"};
+  for (int stage : {1, 2}) {
+    std::string name = "delayed-tracer-stage" + std::to_string(stage);
+    Run memory = trainRun(ctx, name + "-memory", stage, shape);
+    // The model state per rank, from rank 0's metrics (every rank reads them).
+    ctx->world().communicator().barrier();
+    double state = 0;
+    {
+      std::ifstream in(runDir(name + "-memory") / "metrics.jsonl");
+      std::string line;
+      while (std::getline(in, line)) state = nlohmann::json::parse(line)["mem_model_state_gb"].get<double>();
+    }
+    REQUIRE(state > 0);
+    std::vector<std::string> traced = shape;
+    traced.insert(traced.end(),
+                  {"store.host_budget_gb=" + std::to_string(0.3 * state), "store.nvme_state_dtype=fp32",
+                   "zero_optimization.nvme_path=" + nvme.string(), "store.delayed_update=true"});
+    const char* previous = std::getenv("STRATA_DEVICE_MEMORY_GB");
+    std::string saved = previous ? previous : "";
+    setenv("STRATA_DEVICE_MEMORY_GB", std::to_string(1.9 * state).c_str(), 1);
+    Run moved;
+    uint64_t startNvme = 0, startDevice = 0;
+    try {
+      {
+        // The placement the first step runs with.
+        train::Config config = runConfig(name + "-engine", stage, traced);
+        auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
+        train::CausalLmObjective objective(model, nullptr);
+        train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32, &ctx->world());
+        startNvme = engine.placement().bytes[int(zero::Tier::Nvme)];
+        startDevice = engine.placement().chunksOn(zero::Tier::Device);
+      }
+      moved = trainRun(ctx, name + "-traced", stage, traced);
+    } catch (...) {
+      saved.empty() ? unsetenv("STRATA_DEVICE_MEMORY_GB")
+                    : setenv("STRATA_DEVICE_MEMORY_GB", saved.c_str(), 1);
+      throw;
+    }
+    saved.empty() ? unsetenv("STRATA_DEVICE_MEMORY_GB") : setenv("STRATA_DEVICE_MEMORY_GB", saved.c_str(), 1);
+    INFO("stage " << stage << " on " << ctx->worldSize() << " ranks, rank " << ctx->rank());
+    CHECK(startNvme > 0);
+    CHECK(startDevice == 0);
+    if (!ctx->isMain()) continue;
+    CHECK(memory.losses.size() == 6);
+    CHECK(moved.losses == memory.losses);
+    CHECK(moved.stateNvmeGb.back() == 0);  // every SSD chunk came back (the largest rank's figure)
+  }
 }
