@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
@@ -319,14 +321,84 @@ std::string isoNow() {
 
 }  // namespace
 
-Calibration calibrate(const std::string& nvmePath, uint64_t nvmeBytes) {
+std::string thisHostName() {
+  char hostname[256] = {0};
+  return ::gethostname(hostname, sizeof(hostname) - 1) == 0 ? std::string(hostname) : std::string();
+}
+
+Calibration probeMachine(const std::string& nvmePath) {
   Calibration c;
   c.date = isoNow();
-  char hostname[256] = {0};
-  if (::gethostname(hostname, sizeof(hostname) - 1) == 0) c.host = hostname;
+  c.host = thisHostName();
   if (uint64_t total = deviceMemoryBytes(Device::cpu()); total > 0) c.hostMemoryBytes = total;
   if (uint64_t available = zero::availableHostBytes(); available != zero::kUnlimited)
     c.hostAvailableBytes = available;
+  if (const char* gb = std::getenv("STRATA_HOST_MEMORY_GB")) {
+    // A smaller machine, for tests: its memory, all of it available.
+    c.hostMemoryBytes = zero::parseBudgetGb(gb, 0, "STRATA_HOST_MEMORY_GB");
+    c.hostAvailableBytes = c.hostMemoryBytes;
+  }
+  c.cpuThreads = physicalCpuCores();
+  if (cudaAvailable()) {
+    Device gpu = Device::cuda(0);
+    c.deviceName = deviceName(gpu);
+    if (uint64_t total = deviceMemoryBytes(gpu); total > 0) c.deviceMemoryBytes = total;
+  }
+  if (!nvmePath.empty()) {
+    c.nvmePath = std::filesystem::absolute(nvmePath).string();
+    if (uint64_t free = freeDiskBytes(nvmePath); free > 0) c.nvmeFreeBytes = free;
+  }
+  return c;
+}
+
+MachineChoice chooseMachine(const std::string& machine, const std::string& calibrationPath,
+                            const std::string& nvmePath) {
+  MachineChoice out;
+  if (machine == "h200") {
+    out.calibration = measuredH200();
+    out.source = "DESIGN.md's measured H200 (--machine h200)";
+    return out;
+  }
+  STRATA_USER_CHECK(machine == "here", "--machine is '{}': use here (this machine) or h200", machine);
+  if (!calibrationPath.empty()) {
+    std::optional<Calibration> file = readCalibration(calibrationPath);
+    STRATA_USER_CHECK(file.has_value(), "no calibration file {}", calibrationPath);
+    out.calibration = *file;
+    out.source = calibrationPath;
+    return out;
+  }
+  Calibration here = probeMachine(nvmePath);
+  std::string path = defaultCalibrationPath();
+  std::optional<Calibration> file = readCalibration(path);
+  if (file && file->host == here.host) {
+    // The file's rates; what this machine has now where the file says nothing.
+    Calibration c = *file;
+    if (!c.deviceMemoryBytes && here.deviceMemoryBytes) {
+      c.deviceName = here.deviceName;
+      c.deviceMemoryBytes = here.deviceMemoryBytes;
+    }
+    if (!c.hostMemoryBytes) c.hostMemoryBytes = here.hostMemoryBytes;
+    if (!c.hostAvailableBytes) c.hostAvailableBytes = here.hostAvailableBytes;
+    if (c.cpuThreads == 0) c.cpuThreads = here.cpuThreads;
+    if (!here.nvmePath.empty() && (c.nvmePath != here.nvmePath || !c.nvmeFreeBytes))
+      c.nvmeFreeBytes = here.nvmeFreeBytes;
+    out.calibration = c;
+    out.source = path;
+    return out;
+  }
+  out.calibration = here;
+  out.source = "this machine";
+  if (file)
+    out.notes.push_back(
+        fmt::format("{} describes host '{}', not this one ('{}'): not used", path, file->host, here.host));
+  out.notes.push_back(
+      "no calibration of this machine: its memory, cores and disk are read now, its rates (GEMM, PCIe, CPU "
+      "AdamW, SSD) are DESIGN.md's H200 figures; `strata bench --calibrate` measures them");
+  return out;
+}
+
+Calibration calibrate(const std::string& nvmePath, uint64_t nvmeBytes) {
+  Calibration c = probeMachine(nvmePath);
   omp_set_num_threads(physicalCpuCores());
   c.cpuThreads = omp_get_max_threads();
   auto step = [](const char* what) {
@@ -335,8 +407,6 @@ Calibration calibrate(const std::string& nvmePath, uint64_t nvmeBytes) {
   };
   if (cudaAvailable()) {
     Device gpu = Device::cuda(0);
-    c.deviceName = deviceName(gpu);
-    if (uint64_t total = deviceMemoryBytes(gpu); total > 0) c.deviceMemoryBytes = total;
     step("PCIe, pinned host memory <-> device");
     measureTransfers(c, gpu);
     step("bf16 GEMM");
@@ -344,8 +414,6 @@ Calibration calibrate(const std::string& nvmePath, uint64_t nvmeBytes) {
   }
   step("CPU AdamW");
   c.cpuAdamwElemsPerS = measureCpuAdamw(int64_t(64) << 20, 5);
-  c.nvmePath = std::filesystem::absolute(nvmePath).string();
-  if (uint64_t free = freeDiskBytes(nvmePath); free > 0) c.nvmeFreeBytes = free;
   // Leave the disk most of its room: at most half of what is free.
   uint64_t bytes = std::min<uint64_t>(nvmeBytes, c.nvmeFreeBytes.value_or(nvmeBytes) / 2);
   if (bytes >= (16ull << 20)) {

@@ -179,10 +179,15 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
 ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   ModelStatePlan p;
   p.ranks = std::max(1, options.ranks);
+  p.machineSource = options.calibration ? options.calibrationSource : "DESIGN.md";
   p.ranksPerNode = options.ranksPerNode > 0 ? std::min(options.ranksPerNode, p.ranks) : p.ranks;
   // The machine: the calibration's figures, DESIGN.md's H200 for any it lacks.
   Calibration h200 = measuredH200();
   p.machine = options.calibration.value_or(h200);
+  // The device training runs on: train.device, with auto meaning the machine's GPU when it has one (a
+  // machine described without a GPU plans the CPU run that `strata train` would make there).
+  bool machineHasGpu = p.machine.deviceMemoryBytes.has_value();
+  p.onGpu = c.train.device == "auto" ? machineHasGpu : Device::parse(c.train.device).isCuda();
   auto fill = [&](auto& field, const auto& fallback, const char* what) {
     if (field) return;
     field = fallback;
@@ -190,20 +195,22 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
       p.notes.push_back(
           fmt::format("{}: not in {}; DESIGN.md's H200 figure", what, options.calibrationSource));
   };
-  fill(p.machine.deviceName, h200.deviceName, "device");
-  fill(p.machine.deviceMemoryBytes, h200.deviceMemoryBytes, "device memory");
-  fill(p.machine.h2dGBs, h200.h2dGBs, "H2D bandwidth");
-  fill(p.machine.d2hGBs, h200.d2hGBs, "D2H bandwidth");
-  fill(p.machine.gemmTflops, h200.gemmTflops, "GEMM rate");
+  if (p.onGpu) {
+    fill(p.machine.deviceName, h200.deviceName, "device");
+    fill(p.machine.deviceMemoryBytes, h200.deviceMemoryBytes, "device memory");
+    fill(p.machine.h2dGBs, h200.h2dGBs, "H2D bandwidth");
+    fill(p.machine.d2hGBs, h200.d2hGBs, "D2H bandwidth");
+    fill(p.machine.gemmTflops, h200.gemmTflops, "GEMM rate");
+  }
   fill(p.machine.hostMemoryBytes, h200.hostMemoryBytes, "host memory");
   fill(p.machine.cpuAdamwElemsPerS, h200.cpuAdamwElemsPerS, "CPU AdamW rate");
   fill(p.machine.nvmeWriteGBs, h200.nvmeWriteGBs, "SSD write bandwidth");
   fill(p.machine.nvmeReadGBs, h200.nvmeReadGBs, "SSD read bandwidth");
+  if (c.zero.nvmePath.empty())
+    p.machine.nvmeFreeBytes = p.machine.nvmeFreeBytes.value_or(0);  // no SSD tier: its space is not asked
   fill(p.machine.nvmeFreeBytes, h200.nvmeFreeBytes, "SSD free space");
   const Calibration& m = p.machine;
 
-  // The device training runs on: train.device, with auto meaning the GPU the plan is for.
-  p.onGpu = c.train.device == "auto" || Device::parse(c.train.device).isCuda();
   p.compute = computeDTypeFor(c, p.onGpu ? Device::cuda(0) : Device::cpu());
   p.spec = modelSpecFrom(c, Device::cpu());
   p.parameters = models::numParameters(p.spec);
@@ -231,7 +238,7 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   p.gradientPeakBytes = p.accumulation > 1 ? in.gradientBytes : gradientsAtUpdate;
   p.workspaceBytes = (p.onGpu ? kDeviceWorkspaceBytes : 0) + in.gatherBytes;
   uint64_t nonModel = working + p.workspaceBytes;
-  p.deviceCapacityBytes = p.onGpu ? *m.deviceMemoryBytes : *m.hostMemoryBytes;
+  p.deviceCapacityBytes = p.onGpu ? *m.deviceMemoryBytes : m.hostAvailableBytes.value_or(*m.hostMemoryBytes);
 
   // Budgets, as the engine reads them (storeBudgets), with auto on the device being what the memory tracer
   // will measure: the device less the step's non-model memory.
@@ -253,7 +260,7 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
             ? fmt::format(" ({} machines)", (p.ranks + p.ranksPerNode - 1) / p.ranksPerNode)
             : std::string()));
   if (!p.onGpu) {
-    p.notes.push_back("train.device cpu: the device tier is host memory too; no step time is predicted");
+    p.notes.push_back("a CPU run: the device tier is host memory too; no step time is predicted");
   } else if (c.zero.offloadOptimizerDevice == "none" &&
              (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto")) {
     p.notes.push_back(fmt::format(
@@ -337,6 +344,17 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
 
   p.devicePeakBytes = p.placement.bytes[int(zero::Tier::Device)] + nonModel;
   if (p.placement.optimizerTier.empty()) p.devicePeakBytes = in.parameterBytes + nonModel;
+  if (!p.onGpu && p.fits &&
+      p.devicePeakBytes + p.placement.bytes[int(zero::Tier::Host)] > p.deviceCapacityBytes) {
+    // A CPU run keeps everything in host memory: its state, activations and gradient buffers.
+    p.fits = false;
+    p.refusal = fmt::format(
+        "the CPU run needs {} of host memory (model state {}, activations {}, gradient buffers {}), over the "
+        "{} "
+        "available",
+        gib(p.devicePeakBytes + p.placement.bytes[int(zero::Tier::Host)]), gib(p.placement.total()),
+        gib(p.activations.bytes), gib(p.gradientPeakBytes), gib(p.deviceCapacityBytes));
+  }
   if (p.onGpu && p.fits && p.devicePeakBytes > p.deviceCapacityBytes) {
     p.fits = false;
     p.refusal = fmt::format(
@@ -457,10 +475,15 @@ std::string formatPlan(const ModelStatePlan& p) {
   std::ostringstream out;
   out << fmt::format("model          {}: {}, {:.3f} B parameters\n", p.spec.arch,
                      models::describeShape(p.spec), double(p.parameters) / 1e9);
-  out << fmt::format("machine        {}, {} device memory, {} host memory{}\n", *p.machine.deviceName,
-                     gib(*p.machine.deviceMemoryBytes), gib(*p.machine.hostMemoryBytes),
-                     p.machine.host == "DESIGN.md"
-                         ? " (no calibration file: DESIGN.md's measured H200)"
+  out << fmt::format("machine        {}, {} host memory{}\n",
+                     p.machine.deviceMemoryBytes
+                         ? fmt::format("{}, {} device memory", p.machine.deviceName.value_or("GPU"),
+                                       gib(*p.machine.deviceMemoryBytes))
+                         : std::string("no GPU"),
+                     gib(*p.machine.hostMemoryBytes),
+                     p.machine.host == "DESIGN.md" ? " (DESIGN.md's measured H200)"
+                     : p.machineSource == "this machine"
+                         ? fmt::format(" ({}, read now)", p.machine.host)
                          : fmt::format(" (calibrated on {} {})", p.machine.host, p.machine.date));
   out << fmt::format(
       "run            {} on {}, {} rank{}, ZeRO stage {}, micro-batch {} x {} accumulation = global batch "

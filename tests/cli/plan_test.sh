@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `strata plan` on every config in configs/ and configs/zoo/, on the CPU, with DESIGN.md's H200 figures (no
-# calibration file): each one either plans (exit 0, the tier table and a predicted step) or is refused with
-# one clear error that names the largest model of its family that fits (exit 1).
+# `strata plan` on every config in configs/ and configs/zoo/, for DESIGN.md's H200 (--machine h200): each one
+# either plans (exit 0, the tier table and a predicted step) or is refused with one clear error that names the
+# largest model of its family that fits (exit 1). Then plans of the CPU run on a small machine.
 # Usage: plan_test.sh STRATA_BINARY CONFIGS_DIR
 set -uo pipefail
 strata=$1
@@ -9,7 +9,7 @@ configs=$2
 export STRATA_CALIBRATION=/nonexistent/strata-calibration.json
 failures=0
 for config in "$configs"/*.yaml "$configs"/zoo/*.yaml; do
-  out=$("$strata" plan "$config" 2>&1)
+  out=$("$strata" plan "$config" --machine h200 2>&1)
   rc=$?
   if [ "$rc" -eq 0 ]; then
     grep -q "model state per rank, by tier" <<<"$out" && grep -q "activations" <<<"$out" &&
@@ -26,10 +26,20 @@ for config in "$configs"/*.yaml "$configs"/zoo/*.yaml; do
   if grep -q "terminate called" <<<"$out"; then echo "FAIL: $config: terminate called" >&2; failures=$((failures + 1)); fi
 done
 # A config that fits only with the SSD tier plans its SSD term; --ranks plans collectives.
-out=$("$strata" plan "$configs/gpt3-13b.yaml" --set model.seq_length=512 --set train.global_batch_size=4 \
+out=$("$strata" plan "$configs/gpt3-13b.yaml" --machine h200 --set model.seq_length=512 --set train.global_batch_size=4 \
   --set zero_optimization.nvme_path=/tmp --set store.host_budget_gb=40 2>&1)
 grep -Eq "^  SSD " <<<"$out" || { echo "FAIL: no SSD term: $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
-out=$("$strata" plan "$configs/gpt3-1.3b.yaml" --ranks 2 --set zero_optimization.stage=2 2>&1)
+out=$("$strata" plan "$configs/gpt3-1.3b.yaml" --machine h200 --ranks 2 --set zero_optimization.stage=2 2>&1)
 grep -Eq "^  collectives " <<<"$out" ||
   { echo "FAIL: no collectives term at 2 ranks: $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
+# The CPU run on a machine of 23.5 GiB: gpt-nano plans in fp32 on the CPU; the 1.3B model (14.7 GiB of state and
+# about 100 GiB of activations) is refused before any allocation, naming the memory.
+export STRATA_HOST_MEMORY_GB=23.5
+out=$("$strata" plan "$configs/gpt-nano.yaml" --set train.device=cpu 2>&1)
+[ $? -eq 0 ] && grep -q "f32 on the CPU" <<<"$out" && grep -q "23.50 GiB host memory" <<<"$out" ||
+  { echo "FAIL: gpt-nano's CPU plan: $(echo "$out" | head -4)" >&2; failures=$((failures + 1)); }
+out=$(timeout 60 "$strata" plan "$configs/gpt3-1.3b.yaml" --set train.device=cpu 2>&1)
+rc=$?
+[ $rc -eq 1 ] && grep -q "error: .*does not fit: the CPU run needs .* of host memory" <<<"$out" ||
+  { echo "FAIL: the 1.3B CPU plan was not refused (exit $rc): $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
 exit $((failures > 0))

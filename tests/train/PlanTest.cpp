@@ -378,3 +378,54 @@ TEST_CASE("strata plan --ranks splits the host's memory, SSD space and cores bet
   CHECK(two.hostShareBytes == 500ull << 30);
   CHECK(two.cpuThreadShare == 8);
 }
+
+TEST_CASE("a machine without a GPU plans the CPU run, and refuses what its memory cannot hold",
+          "[train][plan]") {
+  train::PlanOptions options = roundMachine();
+  options.calibration->deviceName.reset();
+  options.calibration->deviceMemoryBytes.reset();
+  options.calibration->hostMemoryBytes = uint64_t(23.5 * double(1ull << 30));
+  train::ModelStatePlan nano = train::planModelState(configFile("gpt-nano.yaml"), options);
+  CHECK(!nano.onGpu);
+  CHECK(nano.compute == DType::F32);
+  CHECK(nano.fits);
+  CHECK(train::formatPlan(nano).find("machine        no GPU, 23.50 GiB host memory") != std::string::npos);
+  train::ModelStatePlan big = train::planModelState(configFile("gpt3-1.3b.yaml"), options);
+  CHECK(!big.fits);
+  CHECK(big.refusal.find("the CPU run needs") != std::string::npos);
+  CHECK(big.refusal.find("over the 23.50 GiB available") != std::string::npos);
+  // The same machine told to train on a GPU plans for one (DESIGN.md's H200 figures fill in, and say so).
+  train::ModelStatePlan asked =
+      train::planModelState(configFile("gpt-nano.yaml", {"train.device=cuda"}), options);
+  CHECK(asked.onGpu);
+  CHECK(asked.compute == DType::BF16);
+}
+
+TEST_CASE("strata plan uses a calibration file only for the machine it describes", "[train][plan]") {
+  fs::path dir = test::freshDir("strata-plan-machine");
+  fs::path file = dir / "calibration.json";
+  train::Calibration other = train::measuredH200();
+  other.host = "some-other-host";
+  other.cpuAdamwElemsPerS = 1.25e9;
+  train::writeCalibration(other, file.string());
+  setenv("STRATA_CALIBRATION", file.string().c_str(), 1);
+  train::MachineChoice here = train::chooseMachine("here", "", "");
+  CHECK(here.source == "this machine");
+  CHECK(here.calibration.host == train::thisHostName());
+  CHECK(!here.calibration.cpuAdamwElemsPerS.has_value());  // rates are not read, only memory and cores
+  REQUIRE(here.notes.size() == 2);
+  CHECK(here.notes[0].find("describes host 'some-other-host', not this one") != std::string::npos);
+  // The same file for this host is used, its gaps filled from the machine.
+  other.host = train::thisHostName();
+  other.hostAvailableBytes.reset();
+  train::writeCalibration(other, file.string());
+  train::MachineChoice mine = train::chooseMachine("here", "", "");
+  CHECK(mine.source == file.string());
+  CHECK(mine.calibration.cpuAdamwElemsPerS == 1.25e9);
+  CHECK(mine.calibration.hostAvailableBytes.has_value());
+  // Explicitly: any file, and the H200.
+  CHECK(train::chooseMachine("here", file.string(), "").source == file.string());
+  CHECK(train::chooseMachine("h200", "", "").calibration.host == "DESIGN.md");
+  CHECK(test::errorOf([] { train::chooseMachine("laptop", "", ""); }).find("use here") != std::string::npos);
+  unsetenv("STRATA_CALIBRATION");
+}

@@ -230,24 +230,19 @@ int runCalibrate(const std::string& outPath, const std::string& nvmePath, double
 // (NOTE [Plan model] in train/Plan.h); a config that does not fit is refused with the largest model of its
 // family that does.
 int runPlan(const std::string& configPath, const std::vector<std::string>& overrides, int ranks,
-            int ranksPerNode, const std::string& calibrationPath) {
+            int ranksPerNode, const std::string& machine, const std::string& calibrationPath) {
   STRATA_USER_CHECK(ranks >= 1, "plan: --ranks must be at least 1, got {}", ranks);
   train::Config c = train::loadConfig(configPath, overrides, /*requireData=*/false);
   train::PlanOptions options;
   options.ranks = ranks;
   options.ranksPerNode = ranksPerNode;
-  options.calibrationSource = calibrationPath.empty() ? train::defaultCalibrationPath() : calibrationPath;
-  options.calibration = train::readCalibration(options.calibrationSource);
-  STRATA_USER_CHECK(options.calibration || calibrationPath.empty(), "plan: no calibration file {}",
-                    calibrationPath);
+  // The machine it runs on, unless told otherwise (--machine h200, --calibration FILE).
+  train::MachineChoice chosen = train::chooseMachine(machine, calibrationPath, c.zero.nvmePath);
+  options.calibration = chosen.calibration;
+  options.calibrationSource = chosen.source;
   train::ModelStatePlan plan = train::planModelState(c, options);
   std::printf("%s", train::formatPlan(plan).c_str());
-  std::fflush(stdout);
-  if (!options.calibration)
-    std::printf(
-        "  - no calibration file (%s): the figures are DESIGN.md's measured H200; write one with "
-        "`strata bench --calibrate` on the training machine\n",
-        options.calibrationSource.c_str());
+  for (const std::string& note : chosen.notes) std::printf("  - %s\n", note.c_str());
   std::fflush(stdout);
   if (plan.fits) return 0;
   std::optional<train::Config> largest = train::largestFittingModel(c, options);
@@ -591,6 +586,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
 
   int planRanks = 1, planRanksPerNode = 0;
+  std::string planMachine = "here";
   std::string calibrationPath;
   auto* plan = app.add_subcommand(
       "plan",
@@ -602,6 +598,10 @@ int main(int argc, char** argv) {
   plan->add_option("--ranks-per-node", planRanksPerNode,
                    "ranks on each machine, which split its host memory, SSD and cores (default: all of them)")
       ->check(CLI::PositiveNumber);
+  plan->add_option(
+      "--machine", planMachine,
+      "the machine to plan for: here (default: this machine, with its calibration file when it has "
+      "one) or h200 (DESIGN.md's measured H200)");
   plan->add_option("--calibration", calibrationPath,
                    "calibration file (default $STRATA_CALIBRATION or ~/.cache/strata/calibration.json)");
 
@@ -709,7 +709,7 @@ int main(int argc, char** argv) {
       STRATA_USER_CHECK(!config.empty(), "bench: give a CONFIG (or --calibrate)");
       return runBench(config, overrides, benchIters, benchProfile);
     }
-    if (*plan) return runPlan(config, overrides, planRanks, planRanksPerNode, calibrationPath);
+    if (*plan) return runPlan(config, overrides, planRanks, planRanksPerNode, planMachine, calibrationPath);
     if (*generate)
       return runGenerate(checkpoint, prompt, tokens, temperatureOption->count() > 0 ? temperature : -1.0,
                          topK, seed, device);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace strata::train {
 
@@ -55,6 +56,26 @@ SsdRates measureSsd(const std::string& directory, uint64_t bytes, uint64_t block
 // The CPU AdamW kernel (ops::adamw on fp32 parameters, gradients, m and v, writing bf16 copies) over
 // `elements`, on the threads OpenMP has: elements per second, the best of `repeats`.
 double measureCpuAdamw(int64_t elements, int repeats = 5);
+
+// What this machine has, read without timing anything: its GPU (cuda:0), host memory (MemTotal, MemAvailable;
+// STRATA_HOST_MEMORY_GB stands in for both in tests), physical cores, and the free space under `nvmePath`. No
+// rates.
+Calibration probeMachine(const std::string& nvmePath);
+// This machine's host name.
+std::string thisHostName();
+
+// The machine `strata plan` plans for, and where its figures came from. `machine` is "here" or "h200"
+// (DESIGN.md's measured H200). Here: an explicit `calibrationPath` is used as it is; otherwise the default
+// calibration file when it describes this host (its rates, with what probeMachine reads filling its gaps),
+// else probeMachine alone (the plan then takes the rates from the H200, and `notes` say so). A calibration
+// file of another host is never used for this one.
+struct MachineChoice {
+  Calibration calibration;
+  std::string source;
+  std::vector<std::string> notes;
+};
+MachineChoice chooseMachine(const std::string& machine, const std::string& calibrationPath,
+                            const std::string& nvmePath);
 
 // Measures everything this machine has (the GPU parts only with one), printing progress to stdout.
 Calibration calibrate(const std::string& nvmePath, uint64_t nvmeBytes);

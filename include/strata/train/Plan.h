@@ -92,6 +92,7 @@ struct ModelStatePlan {
   int cpuThreadShare = 0;
   int64_t microBatch = 1, accumulation = 1, globalBatch = 1;
   Calibration machine;             // every figure the plan used
+  std::string machineSource;       // where they came from (PlanOptions::calibrationSource)
   std::vector<std::string> notes;  // where each figure came from, and what differs from today's engine
   ModelStateInputs inputs;
   zero::StoreBudgets budgets;
