@@ -12,6 +12,37 @@
 #include "strata/core/Error.h"
 
 namespace strata {
+
+namespace {
+thread_local const char* currentPurpose = nullptr;
+
+std::string humanBytes(size_t bytes) {
+  if (bytes >= (size_t(1) << 30)) return detail::format("{} GiB", double(bytes) / double(1ull << 30));
+  return detail::format("{} MiB", double(bytes) / double(1ull << 20));
+}
+}  // namespace
+
+MemoryPurpose::MemoryPurpose(const char* what) : previous_(currentPurpose) {
+  currentPurpose = what;
+}
+
+MemoryPurpose::~MemoryPurpose() {
+  currentPurpose = previous_;
+}
+
+const char* MemoryPurpose::current() {
+  return currentPurpose;
+}
+
+OutOfMemory::OutOfMemory(const std::string& memory, Device device, size_t bytes, std::string figures)
+    : Error(detail::format("out of memory: {} could not give {} ({} bytes){}", memory, humanBytes(bytes),
+                           bytes, currentPurpose ? detail::format(" for {}", currentPurpose) : std::string()),
+            /*location=*/{}, /*userFacing=*/true),
+      device_(device),
+      bytes_(bytes),
+      purpose_(currentPurpose ? currentPurpose : ""),
+      figures_(std::move(figures)) {}
+
 namespace {
 
 constexpr size_t kCpuAlignment = 64;
@@ -43,8 +74,10 @@ class CpuAllocator final : public Allocator {
     size_t rounded = (std::max<size_t>(bytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     void* p = std::aligned_alloc(kCpuAlignment, rounded);
     std::lock_guard<std::mutex> lock(mutex_);
-    if (p == nullptr) countFailure(stats_);
-    STRATA_CHECK(p != nullptr, "host allocation of {} bytes failed", bytes);
+    if (p == nullptr) {
+      countFailure(stats_);
+      throw OutOfMemory("host memory", Device::cpu(), bytes, "aligned_alloc returned null");
+    }
     sizes_[p] = rounded;
     countAllocation(stats_, rounded);
     return p;
@@ -90,8 +123,9 @@ class HostStateAllocator final : public Allocator {
       std::lock_guard<std::mutex> lock(mutex_);
       countFailure(stats_);
     }
-    STRATA_CHECK(p != MAP_FAILED, "host state allocation of {} bytes failed: {}", bytes,
-                 std::strerror(errno));
+    if (p == MAP_FAILED)
+      throw OutOfMemory("host memory for optimizer state", Device::cpu(), bytes,
+                        detail::format("mmap: {}", std::strerror(errno)));
     bool locked = false;
 #if STRATA_CUDA
     if (pinned_ && cudaAvailable()) {
@@ -250,9 +284,10 @@ void* CachingAllocator::allocate(size_t bytes, const Stream& stream) {
   void* p = tryAllocate(bytes, stream);
   if (!p) {
     AllocatorStats s = stats();
-    STRATA_FAIL("{}: out of memory allocating {} bytes ({} allocated, {} reserved, {} cached)", name_,
-                roundSize(bytes), s.allocatedBytes, s.reservedBytes,
-                s.reservedBytes - s.allocatedBytes - s.pendingBytes);
+    throw OutOfMemory(
+        name_, device_, roundSize(bytes),
+        detail::format("{} allocated, {} reserved, {} cached, {} awaiting other streams", s.allocatedBytes,
+                       s.reservedBytes, s.reservedBytes - s.allocatedBytes - s.pendingBytes, s.pendingBytes));
   }
   return p;
 }
@@ -464,11 +499,11 @@ void* PinnedHostPool::allocate(size_t bytes) {
   void* p = cache_.tryAllocate(bytes, Stream());
   if (!p) {
     AllocatorStats s = cache_.stats();
-    STRATA_FAIL(
-        "pinned host pool exhausted: {} bytes requested, {} of {} bytes in use ({} awaiting GPU streams); "
-        "raise the pool capacity (zero_optimization.buffer_count or store.host_budget_gb) or free staging "
-        "buffers",
-        bytes, s.allocatedBytes, capacity_, s.pendingBytes);
+    throw OutOfMemory(
+        "the pinned host pool (zero_optimization.buffer_count and store.host_budget_gb size it)",
+        Device::cpu(), bytes,
+        detail::format("{} of {} bytes in use, {} awaiting GPU streams", s.allocatedBytes, capacity_,
+                       s.pendingBytes));
   }
   return p;
 }

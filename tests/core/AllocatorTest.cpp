@@ -286,7 +286,7 @@ TEST_CASE("pinned host pool never grows past its capacity", "[core][allocator]")
     pool.allocate(512);
     FAIL("pool should be exhausted");
   } catch (const Error& e) {
-    REQUIRE(std::string(e.what()).find("pinned host pool exhausted") != std::string::npos);
+    REQUIRE(std::string(e.what()).find("out of memory: the pinned host pool") != std::string::npos);
   }
   pool.deallocate(a);
   void* c = pool.allocate(4000);  // fits again after a free, reusing the block
@@ -349,7 +349,7 @@ TEST_CASE("pinned host pool releases cached blocks before it grows past its budg
   REQUIRE(watch.peak <= 8192);
   // Held blocks count: 6144 + 4096 > 8192.
   std::string error = test::errorOf([&] { pool.allocate(4096); });
-  REQUIRE(error.find("pinned host pool exhausted") != std::string::npos);
+  REQUIRE(error.find("out of memory: the pinned host pool") != std::string::npos);
   // A block a GPU stream still reads counts too: the pool waits for that stream, then reuses the block.
   Stream copyStream = Stream::create(Device::cpu());
   pool.recordStream(b, copyStream);
@@ -390,7 +390,7 @@ TEST_CASE("pinned host pool stays within its budget under concurrent use", "[cor
         held.emplace_back(p, n);
         served++;
       } catch (const Error& e) {
-        if (std::string(e.what()).find("pinned host pool exhausted") != std::string::npos)
+        if (std::string(e.what()).find("out of memory: the pinned host pool") != std::string::npos)
           exhausted++;
         else
           otherErrors++;
@@ -602,4 +602,33 @@ TEST_CASE("the host state allocator gives page-aligned blocks of their own and c
   REQUIRE(a.stats().allocatedBytes == before);
   REQUIRE(a.device() == Device::cpu());
   REQUIRE_FALSE(isPageLocked(q));  // no GPU in this check, or freed
+}
+
+TEST_CASE("out of memory names the memory, the bytes and what they were for", "[core][allocator]") {
+  // NOTE [Out of memory]
+  PinnedHostPool pool(8192);
+  void* a = pool.allocate(8192);
+  {
+    MemoryPurpose outer("optimizer state");
+    MemoryPurpose inner("a staging buffer");
+    CHECK(std::string(MemoryPurpose::current()) == "a staging buffer");
+    try {
+      pool.allocate(4096);
+      FAIL("the pool should be exhausted");
+    } catch (const OutOfMemory& e) {
+      CHECK(e.userFacing());
+      CHECK(e.purpose() == "a staging buffer");
+      CHECK(e.bytes() >= 4096);
+      CHECK(e.device() == Device::cpu());
+      CHECK(e.message().find("out of memory: the pinned host pool") != std::string::npos);
+      CHECK(e.message().find("for a staging buffer") != std::string::npos);
+      CHECK(e.figures().find("8192 of 8192 bytes in use") != std::string::npos);
+    }
+  }
+  CHECK(MemoryPurpose::current() == nullptr);
+  pool.deallocate(a);
+  // The host allocator: an impossible request is OutOfMemory too, not a check failure.
+  std::string huge = test::errorOf([] { cpuAllocator().allocate(size_t(1) << 62); });
+  CHECK(huge.find("out of memory: host memory could not give") != std::string::npos);
+  CHECK(huge.find("check failed") == std::string::npos);
 }

@@ -33,6 +33,13 @@
 // (numCacheFlushes) show fragmentation turning into stalls: a flush frees every cached block, and on CUDA
 // cudaFree synchronises the device. Stage 3's gathered chunks come from one reservation of fixed-size slots
 // (zero/ChunkArena.h) so that they add none of it.
+//
+// NOTE [Out of memory]
+// An allocation that cannot be served throws OutOfMemory, never a bare check failure: a user-facing Error
+// that names the memory (the allocator and its device), the bytes, and what they were for: the calling
+// thread's innermost MemoryPurpose ("activations", "a stage-3 gather slot", ...). The allocator's own figures
+// travel beside the message (figures(); `strata` prints them under STRATA_DEBUG=1). Code that knows more (the
+// trainer: what the device holds by tier, the setting to change) catches it and says so in one line.
 #pragma once
 
 #include <cstddef>
@@ -47,9 +54,41 @@
 #include <vector>
 
 #include "strata/core/Device.h"
+#include "strata/core/Error.h"
 #include "strata/core/Stream.h"
 
 namespace strata {
+
+// What the calling thread allocates for, until the scope ends (NOTE [Out of memory]). Scopes nest; the
+// innermost names the allocation. `what` must outlive the scope (a literal).
+class MemoryPurpose {
+ public:
+  explicit MemoryPurpose(const char* what);
+  ~MemoryPurpose();
+  MemoryPurpose(const MemoryPurpose&) = delete;
+  MemoryPurpose& operator=(const MemoryPurpose&) = delete;
+  // The innermost purpose of the calling thread, or nullptr.
+  static const char* current();
+
+ private:
+  const char* previous_;
+};
+
+class OutOfMemory : public Error {
+ public:
+  // `memory`: the allocator's name ("cuda-caching:0", "host", ...); `figures`: its figures at the failure.
+  OutOfMemory(const std::string& memory, Device device, size_t bytes, std::string figures);
+  Device device() const { return device_; }
+  size_t bytes() const { return bytes_; }
+  // What the allocation was for, or "" when no MemoryPurpose was open.
+  const std::string& purpose() const { return purpose_; }
+  const std::string& figures() const { return figures_; }
+
+ private:
+  Device device_;
+  size_t bytes_;
+  std::string purpose_, figures_;
+};
 
 struct AllocatorStats {
   size_t allocatedBytes = 0;  // bytes handed out and not yet returned
