@@ -17,6 +17,16 @@
 using namespace strata;
 using namespace strata::dist;
 
+// A GPU and an NCCL build, or the test returns (CTest counts a CUDA-less machine's return as skipped).
+#define STRATA_REQUIRE_NCCL()                 \
+  do {                                        \
+    STRATA_REQUIRE_CUDA();                    \
+    if (!builtWithNccl()) {                   \
+      WARN("no NCCL in this build: skipped"); \
+      return;                                 \
+    }                                         \
+  } while (0)
+
 namespace {
 
 // Sets an environment variable for a scope.
@@ -81,11 +91,7 @@ std::vector<double> gptLosses(const std::string& name, int stage, const std::str
 
 TEST_CASE("NCCL at one rank trains a GPT at stages 0 to 3 bit for bit like the local path, comm delay on",
           "[cuda][dist]") {
-  STRATA_REQUIRE_CUDA();
-  if (!builtWithNccl()) {
-    WARN("no NCCL in this build: skipped");
-    return;
-  }
+  STRATA_REQUIRE_NCCL();
   ScopedEnv delay("STRATA_COMM_DELAY_US", "2000");
   for (const char* dtype : {"bf16", "fp32"})
     for (int stage : {0, 1, 2, 3}) {
@@ -99,11 +105,7 @@ TEST_CASE("NCCL at one rank trains a GPT at stages 0 to 3 bit for bit like the l
 }
 
 TEST_CASE("NCCL at one rank: every collective goes through NCCL and equals the local copy", "[cuda][dist]") {
-  STRATA_REQUIRE_CUDA();
-  if (!builtWithNccl()) {
-    WARN("no NCCL in this build: skipped");
-    return;
-  }
+  STRATA_REQUIRE_NCCL();
   auto ctx = ncclAlone();
   Device gpu = ctx->device();
   REQUIRE(gpu.isCuda());
@@ -150,11 +152,7 @@ TEST_CASE("NCCL at one rank: every collective goes through NCCL and equals the l
 }
 
 TEST_CASE("the comm delay makes a missing wait on a collective's stream read stale numbers", "[cuda][dist]") {
-  STRATA_REQUIRE_CUDA();
-  if (!builtWithNccl()) {
-    WARN("no NCCL in this build: skipped");
-    return;
-  }
+  STRATA_REQUIRE_NCCL();
   auto ctx = ncclAlone();
   Device gpu = ctx->device();
   Communicator& comm = ctx->world().communicator();
@@ -178,11 +176,7 @@ TEST_CASE("the comm delay makes a missing wait on a collective's stream read sta
 
 TEST_CASE("a collective that outlasts dist.timeout_s fails with the named error, not a crash",
           "[cuda][dist]") {
-  STRATA_REQUIRE_CUDA();
-  if (!builtWithNccl()) {
-    WARN("no NCCL in this build: skipped");
-    return;
-  }
+  STRATA_REQUIRE_NCCL();
   auto ctx = ncclAlone(/*timeoutSeconds=*/2);
   Device gpu = ctx->device();
   Communicator& comm = ctx->world().communicator();
