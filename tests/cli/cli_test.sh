@@ -12,13 +12,15 @@ fail() {
 }
 
 # run NAME EXPECTED_RC PATTERN [ARGS...]: runs strata, checks the exit status and that the output holds PATTERN
-# (an extended regex) and no "terminate called".
+# (an extended regex) and no "terminate called". The output stays in $last.
+last=
 run() {
   local name=$1 want=$2 pattern=$3
   shift 3
   local out rc
   out=$("$strata" "$@" 2>&1)
   rc=$?
+  last=$out
   [ "$rc" -eq "$want" ] || fail "$name: exit status $rc, expected $want; output: $(echo "$out" | tail -3)"
   grep -Eq -- "$pattern" <<<"$out" || fail "$name: output lacks /$pattern/: $(echo "$out" | tail -3)"
   if grep -q "terminate called" <<<"$out"; then fail "$name: terminate called"; fi
@@ -103,7 +105,11 @@ for arch in gpt bert t5; do
   from=$work/$arch/ckpt
   [ "$arch" = gpt ] && from=$work/run/ckpt
   run "convert --hf $arch" 0 "config.json \(HF ${classes[$arch]}" convert "$from" "$work/$arch-hf" --hf
-  run "convert --from-hf $arch" 0 "^wrote .*/step-0: " convert --from-hf "$work/$arch-hf" "$work/$arch-back"
+  run "convert --from-hf $arch" 0 "^built $arch \(HF ${classes[$arch]}\): .*layers" convert --from-hf "$work/$arch-hf" \
+    "$work/$arch-back"
+  # What it built: the head, the activation, the positions.
+  grep -Eq "^  (MLM )?head .*; (GELU|ReLU|gated GELU)" <<<"$last" ||
+    fail "convert --from-hf $arch does not say what head it built: $last"
   before=$("$strata" generate "$from" --prompt "${prompts[$arch]}" --tokens 4 --device cpu 2>&1)
   after=$("$strata" generate "$work/$arch-back" --prompt "${prompts[$arch]}" --tokens 4 --device cpu 2>&1)
   [ -n "$before" ] && [ "$before" = "$after" ] || fail "$arch: imported from HF it generates '$after', not '$before'"
