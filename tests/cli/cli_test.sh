@@ -81,6 +81,10 @@ run "resume into another model is refused" 1 "model.num_layers: 1 in the checkpo
 # The zoo: each architecture counted by its own formula.
 run "info bert-mini counts BERT's parameters" 0 "^parameters +3325956 " info configs/zoo/bert-mini.yaml
 run "info t5-mini counts T5's parameters" 0 "^parameters +7280384 " info configs/zoo/t5-mini.yaml
+run "info says t5-mini's head" 0 "^head +head of its own \(lm_head\), decoder output unscaled; gated GELU" info \
+  configs/zoo/t5-mini.yaml
+run "info shows a position table longer than the sequence" 0 "seq 128 \(512 positions\)" info \
+  configs/zoo/bert-mini.yaml --set model.max_position_embeddings=512
 run "info zoo lists the architectures and sizes" 0 "^configs/zoo/t5-base.yaml +t5 +span corruption +222.9M" info zoo
 # bert-mini and t5-mini through train and generate (tiny shapes, a few steps).
 zoo=(--set "data.path=$work/corpus.txt" --set train.device=cpu --set model.num_layers=1 --set model.hidden_size=32

@@ -112,6 +112,7 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   int64_t params = models::numParameters(spec);
   double flops = models::flopsPerToken(spec);
   std::printf("model          %s: %s\n", c.model.arch.c_str(), models::describeShape(spec).c_str());
+  std::printf("head           %s\n", models::describeHead(spec).c_str());
   std::printf("parameters     %ld (%.3f B)\n", long(params), double(params) / 1e9);
   std::printf("FLOPs/token    %.4g (%s, training)\n", flops, models::flopsFormula(spec).c_str());
   std::printf("tokens/iter    %ld\n", long(c.train.globalBatchSize * c.model.seqLength));
