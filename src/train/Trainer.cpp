@@ -229,6 +229,8 @@ void checkModelSection(const std::string& checkpoint, std::map<std::string, std:
     auto it = current.find(key);
     if (it == current.end() || sameConfigValue(it->second, value) || key == "model.init_std") continue;
     std::string line = detail::format("{}: {} in the checkpoint, {} in this config", key, value, it->second);
+    if (key == "model.max_position_embeddings")
+      line += " (0 means model.seq_length; set it to the checkpoint's to train at another length)";
     (isShapeKey(key) ? shape : other).push_back(line);
   }
   std::string list;

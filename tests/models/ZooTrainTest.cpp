@@ -277,6 +277,7 @@ TEST_CASE(
   std::string e = test::errorOf([&] { train::Trainer(tune("shorter-table", {"model.seq_length=16"})); });
   REQUIRE(e.find("model.max_position_embeddings: 32 in the checkpoint, 16 in this config") !=
           std::string::npos);
+  REQUIRE(e.find("set it to the checkpoint's to train at another length") != std::string::npos);
   // A manifest without the keys HF interop added reads as the model it was: a table of seq_length rows.
   fs::path manifest = fs::path(ckpt) / "manifest.json";
   nlohmann::json j;
