@@ -2,7 +2,11 @@
 // it against HF transformers): it builds the config's model and objective as `strata train` does, optionally
 // loads a checkpoint's weights (`strata convert --from-hf` writes one from an HF model), and writes
 //   --trace OUT.safetensors: one fp32 forward and backward on training micro-batch 0 (train/BatchTrace.h):
-//       the model inputs by HF argument names, the logits, "loss" and "grad.<HF name>" of every parameter;
+//       the model inputs by HF argument names ("input_ids", "labels"; BERT with the NSP head,
+//       model.bert_binary_head, adds BertForPreTraining's "token_type_ids" and "next_sentence_label"), the
+//       logits ("logits"; BERT with the NSP head: "prediction_logits" [B, S, vocab] and
+//       "seq_relationship_logits" [B, 2] instead), "loss" (with the NSP head the MLM cross-entropy plus the
+//       NSP one, as BertForPreTraining's loss) and "grad.<HF name>" of every parameter;
 //   --inputs OUT.safetensors --batches N: the model inputs of training micro-batches 0 .. N-1, as
 //       "<HF argument>.<i>": what `strata train` with the same config trains on at steps 1 .. N (one rank,
 //       no gradient accumulation), so a reference can train on the same corrupted batches.
@@ -22,6 +26,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -116,35 +122,39 @@ int main(int argc, char** argv) {
   int64_t batches = 0, steps = 0, warmup = 10;
   bool useEngine = false, fp32Norms = false;
   double lr = 1e-3;
-  for (int i = 1; i < argc; i += 2) {
-    std::string a = argv[i], v = i + 1 < argc ? argv[i + 1] : "";
+  // Every option but the two flags takes a value. A missing one (the end of the line, or the next option
+  // where the value should be) is an error, not an empty path that writes nothing.
+  const std::map<std::string, std::function<void(const std::string&)>> options = {
+      {"--config", [&](const std::string& v) { config = v; }},
+      {"--set", [&](const std::string& v) { overrides.push_back(v); }},
+      {"--load", [&](const std::string& v) { load = v; }},
+      {"--trace", [&](const std::string& v) { tracePath = v; }},
+      {"--inputs", [&](const std::string& v) { inputsPath = v; }},
+      {"--compute", [&](const std::string& v) { computeName = v; }},
+      {"--curve", [&](const std::string& v) { curvePath = v; }},
+      {"--steps", [&](const std::string& v) { steps = std::stoll(v); }},
+      {"--lr", [&](const std::string& v) { lr = std::stod(v); }},
+      {"--warmup", [&](const std::string& v) { warmup = std::stoll(v); }},
+      {"--batches", [&](const std::string& v) { batches = std::stoll(v); }}};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
     if (a == "--engine" || a == "--fp32-norms") {
       (a == "--engine" ? useEngine : fp32Norms) = true;
-      --i;  // a flag: no value
-    } else if (a == "--config")
-      config = v;
-    else if (a == "--set")
-      overrides.push_back(v);
-    else if (a == "--load")
-      load = v;
-    else if (a == "--trace")
-      tracePath = v;
-    else if (a == "--inputs")
-      inputsPath = v;
-    else if (a == "--compute")
-      computeName = v;
-    else if (a == "--curve")
-      curvePath = v;
-    else if (a == "--steps")
-      steps = std::stoll(v);
-    else if (a == "--lr")
-      lr = std::stod(v);
-    else if (a == "--warmup")
-      warmup = std::stoll(v);
-    else if (a == "--batches")
-      batches = std::stoll(v);
-    else {
+      continue;
+    }
+    auto option = options.find(a);
+    if (option == options.end()) {
       std::fprintf(stderr, "zoo_parity: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+    if (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0) {
+      std::fprintf(stderr, "zoo_parity: %s needs a value\n", a.c_str());
+      return 2;
+    }
+    try {
+      option->second(argv[++i]);
+    } catch (const std::logic_error&) {  // std::stoll, std::stod
+      std::fprintf(stderr, "zoo_parity: %s takes a number, got '%s'\n", a.c_str(), argv[i]);
       return 2;
     }
   }

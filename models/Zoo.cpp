@@ -24,6 +24,25 @@ nn::Activation activationOf(const ModelSpec& s, nn::Activation fallback) {
   STRATA_USER_FAIL("model.activation '{}' does not apply to model.arch '{}'", s.activation, s.arch);
 }
 
+// The keys of one architecture left at their defaults by the others.
+void checkOtherArchKeys(const ModelSpec& s) {
+  STRATA_USER_CHECK(s.arch == "t5" || s.scaleDecoderOutputs == "default",
+                    "model.scale_decoder_outputs is t5's; leave it at default for model.arch '{}'", s.arch);
+  STRATA_USER_CHECK(s.arch != "t5" || s.maxPositionEmbeddings == 0,
+                    "t5 has relative positions and no position table: leave model.max_position_embeddings "
+                    "at 0");
+  STRATA_USER_CHECK(s.arch == "bert" || s.padTokenId == -1,
+                    "model.pad_token_id is bert's [PAD] (gpt feeds no padding; t5's [PAD] is its "
+                    "tokenizer's): leave it at -1 for model.arch '{}'",
+                    s.arch);
+}
+
+// ", 512 positions" when the position table is longer than the training sequence.
+template <class Config>
+std::string positionsNote(const Config& c) {
+  return c.positions() != c.seqLength ? detail::format(" ({} positions)", c.positions()) : std::string();
+}
+
 }  // namespace
 
 std::string activationName(const ModelSpec& spec) {
@@ -67,12 +86,14 @@ GptConfig gptConfig(const ModelSpec& s) {
   STRATA_USER_CHECK(s.kvChannels == 0,
                     "gpt's heads are hidden_size / num_attention_heads wide: leave "
                     "model.kv_channels at 0");
+  checkOtherArchKeys(s);
   GptConfig c;
   c.numLayers = s.numLayers;
   c.hiddenSize = s.hiddenSize;
   c.numHeads = s.numHeads;
   c.ffnHiddenSize = s.ffnHiddenSize;
   c.seqLength = s.seqLength;
+  c.maxPositionEmbeddings = s.maxPositionEmbeddings;
   c.vocabSize = s.vocabSize;
   c.dropout = s.dropout;
   c.layerNormEps = s.layerNormEps;
@@ -94,13 +115,16 @@ BertConfig bertConfig(const ModelSpec& s) {
   STRATA_USER_CHECK(s.kvChannels == 0,
                     "bert's heads are hidden_size / num_attention_heads wide: leave "
                     "model.kv_channels at 0");
+  checkOtherArchKeys(s);
   BertConfig c;
   c.numLayers = s.numLayers;
   c.hiddenSize = s.hiddenSize;
   c.numHeads = s.numHeads;
   c.ffnHiddenSize = s.ffnHiddenSize;
   c.seqLength = s.seqLength;
+  c.maxPositionEmbeddings = s.maxPositionEmbeddings;
   c.vocabSize = s.vocabSize;
+  c.padTokenId = s.padTokenId;
   c.typeVocabSize = s.numTokentypes;
   c.dropout = s.dropout;
   c.layerNormEps = s.layerNormEps;
@@ -117,6 +141,7 @@ T5Config t5Config(const ModelSpec& s) {
   STRATA_USER_CHECK(!s.fp32Residual,
                     "model.fp32_residual is for bert; t5 keeps its residual stream in the "
                     "compute dtype");
+  checkOtherArchKeys(s);
   T5Config c;
   c.numLayers = s.numLayers;
   c.numDecoderLayers = s.decoderNumLayers;
@@ -135,6 +160,11 @@ T5Config t5Config(const ModelSpec& s) {
   STRATA_USER_CHECK(c.gatedGelu || s.activation == "default" || s.activation == "relu",
                     "model.activation '{}': t5 uses relu (v1.0) or gated_gelu (v1.1)", s.activation);
   c.tieWordEmbeddings = !s.untieEmbeddingsAndOutputWeights;
+  c.scaleDecoderOutputs =
+      s.scaleDecoderOutputs == "default" ? c.tieWordEmbeddings : s.scaleDecoderOutputs == "true";
+  STRATA_USER_CHECK(s.scaleDecoderOutputs == "default" || s.scaleDecoderOutputs == "true" ||
+                        s.scaleDecoderOutputs == "false",
+                    "model.scale_decoder_outputs is default, true or false, got '{}'", s.scaleDecoderOutputs);
   STRATA_USER_CHECK(!s.bias, "t5 has no biases: set model.bias = false");
   copyMoeFields(c, s);
   STRATA_USER_CHECK(c.moeNumExperts == 0 || !c.gatedGelu,
@@ -178,7 +208,7 @@ std::vector<std::pair<std::string, Shape>> parameterShapes(const ModelSpec& s) {
   GptConfig g = gptConfig(s);
   int64_t C = g.hiddenSize, F = g.ffn();
   std::vector<std::pair<std::string, Shape>> out{{"wte.weight", {g.vocabSize, C}},
-                                                 {"wpe.weight", {g.seqLength, C}}};
+                                                 {"wpe.weight", {g.positions(), C}}};
   auto linear = [&](const std::string& name, int64_t in, int64_t n) {
     out.emplace_back(name + ".weight", Shape{in, n});
     if (g.bias) out.emplace_back(name + ".bias", Shape{n});
@@ -242,13 +272,13 @@ std::string describeShape(const ModelSpec& s) {
   switch (objective(s.arch)) {
     case Objective::CausalLM: {
       GptConfig g = gptConfig(s);
-      return detail::format("{} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {}", g.numLayers,
-                            g.hiddenSize, g.numHeads, g.ffn(), g.seqLength, g.vocabSize);
+      return detail::format("{} layers, hidden {}, {} heads, ffn {}, seq {}{}, vocab {}", g.numLayers,
+                            g.hiddenSize, g.numHeads, g.ffn(), g.seqLength, positionsNote(g), g.vocabSize);
     }
     case Objective::MaskedLM: {
       BertConfig b = bertConfig(s);
-      return detail::format("{} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {}{}", b.numLayers,
-                            b.hiddenSize, b.numHeads, b.ffn(), b.seqLength, b.vocabSize,
+      return detail::format("{} layers, hidden {}, {} heads, ffn {}, seq {}{}, vocab {}{}", b.numLayers,
+                            b.hiddenSize, b.numHeads, b.ffn(), b.seqLength, positionsNote(b), b.vocabSize,
                             b.nspHead ? ", NSP head" : "");
     }
     case Objective::SpanCorruption: {
@@ -257,10 +287,39 @@ std::string describeShape(const ModelSpec& s) {
           "{} + {} layers, hidden {}, {} heads of {}, ffn {} ({}), seq {} -> {}, vocab {}{}{}", t.numLayers,
           t.decoderLayers(), t.hiddenSize, t.numHeads, t.headDim, t.ffnHiddenSize,
           t.gatedGelu ? "gated GELU" : "ReLU", t.seqLength, t.decoderSeqLength, t.vocabSize,
-          t.tieWordEmbeddings ? "" : ", untied head",
+          t.tieWordEmbeddings == t.scaleDecoderOutputs
+              ? (t.tieWordEmbeddings ? "" : ", untied head")
+              : (t.tieWordEmbeddings ? ", tied unscaled head" : ", untied scaled head"),
           t.moeNumExperts > 0 ? detail::format(", Switch: {} experts top-{} every {} layers", t.moeNumExperts,
                                                t.moeTopK, t.moeEvery)
                               : std::string());
+    }
+  }
+  unknownArch(s.arch);
+}
+
+std::string describeHead(const ModelSpec& s) {
+  switch (objective(s.arch)) {
+    case Objective::CausalLM: {
+      GptConfig g = gptConfig(s);
+      return detail::format("head tied to wte; GELU (tanh); {} positions", g.positions());
+    }
+    case Objective::MaskedLM: {
+      BertConfig b = bertConfig(s);
+      const char* act = b.activation == nn::Activation::GeluErf    ? "GELU (erf)"
+                        : b.activation == nn::Activation::GeluTanh ? "GELU (tanh)"
+                                                                   : "ReLU";
+      return detail::format(
+          "MLM head tied to the word embeddings{}; {}; {} positions, {} token types; [PAD] {}",
+          b.nspHead ? ", pooler and NSP head" : "", act, b.positions(), b.typeVocabSize, b.padId());
+    }
+    case Objective::SpanCorruption: {
+      T5Config t = t5Config(s);
+      return detail::format("head {}, decoder output {}; {}; relative positions ({} buckets, distance {})",
+                            t.tieWordEmbeddings ? "tied to shared" : "of its own (lm_head)",
+                            t.scaleDecoderOutputs ? "scaled by d_model^-0.5" : "unscaled",
+                            t.gatedGelu ? "gated GELU (tanh)" : "ReLU", t.relativeAttentionNumBuckets,
+                            t.relativeAttentionMaxDistance);
     }
   }
   unknownArch(s.arch);

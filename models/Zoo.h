@@ -35,8 +35,18 @@ struct ModelSpec {
   // t5 relu (v1.0; v1.1 is gated_gelu with untied embeddings).
   std::string activation = "default";
   bool untieEmbeddingsAndOutputWeights = false;  // T5 v1.1's own lm_head
-  bool bertBinaryHead = false;                   // BERT's pooler and NSP head
-  bool fp32Residual = false;                     // BERT's residual stream in fp32 (model.fp32_residual)
+  // T5's decoder output scaled by d_model^-0.5 before the head (model.scale_decoder_outputs): "true",
+  // "false", or "default": scaled when the head is tied. v1.0 is tied and scaled, v1.1 untied and unscaled as
+  // transformers 4.x writes it; transformers 5.x ties every T5 head and writes v1.1 tied and unscaled.
+  std::string scaleDecoderOutputs = "default";
+  // Rows of the learned position table (gpt, bert; model.max_position_embeddings); 0: seq_length. Training
+  // windows (seqLength) may be shorter than the table: HF's bert-base has 512 positions.
+  int64_t maxPositionEmbeddings = 0;
+  // BERT's [PAD] (model.pad_token_id); -1: vocab_size - 4, the byte layout's (bytes, then [PAD] [CLS] [SEP]
+  // [MASK]). Lookups of it add nothing to the word embeddings' gradient (HF's padding_idx).
+  int64_t padTokenId = -1;
+  bool bertBinaryHead = false;  // BERT's pooler and NSP head
+  bool fp32Residual = false;    // BERT's residual stream in fp32 (model.fp32_residual)
   // GPT with mixture-of-experts MLPs (model.moe_*; nn/MoE.h): 0 experts is the dense GPT.
   int64_t moeNumExperts = 0, moeTopK = 1, moeEvery = 2;
   double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0, moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;
@@ -66,6 +76,9 @@ std::vector<std::string> architectures();
 // model.activation with "default" replaced by the architecture's own (gpt gelu_tanh, bert gelu, t5 relu): two
 // specs of one architecture build the same layers when these agree (a checkpoint's "gelu" is bert's default).
 std::string activationName(const ModelSpec& spec);
+// The model's head in words, for `strata convert --from-hf` and `strata info`: tied or not, T5's scaling, the
+// activation, the position table and BERT's [PAD] ("head tied to wte; GELU (tanh); 1024 positions").
+std::string describeHead(const ModelSpec& spec);
 // Parameters and training FLOPs per token of the model a spec builds, from the architecture's own formula,
 // without building it.
 int64_t numParameters(const ModelSpec& spec);

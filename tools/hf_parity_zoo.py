@@ -1,9 +1,18 @@
 #!/usr/bin/env python3
-"""Parity of Strata's BERT and T5 with HF transformers' BertForMaskedLM and T5ForConditionalGeneration, on the GPU.
+"""Parity of Strata's BERT and T5 with HF transformers' BertForMaskedLM (BertForPreTraining) and
+T5ForConditionalGeneration, on the GPU.
 
-For BERT and two T5 variants, from the zoo's mini shapes (configs/zoo/bert-mini.yaml, t5-mini.yaml: 4 layers, hidden
-256; T5 v1.0 with a ReLU feed-forward and the head tied to the embedding, v1.1 with the gated GELU and a head of its
-own, or on transformers 5.x, whose T5 always ties the head, the gated GELU with the tied head):
+For BERT and T5 variants from the zoo's mini shapes (configs/zoo/bert-mini.yaml, t5-mini.yaml: 4 layers, hidden 256):
+- bert: BertForMaskedLM with bert-mini's ids ([PAD] 256) and 128 positions;
+- bert-positions: a position table of 512 (bert-base's) trained at 128 (model.max_position_embeddings), and HF's
+  default pad_token_id 0, the model's [PAD] whatever the tokenizer's layout;
+- bert-nsp: BertForPreTraining, the pooler and next-sentence head (model.bert_binary_head): token types and NSP
+  labels in, "prediction_logits" and "seq_relationship_logits" out, MLM + NSP loss;
+- t5-v1.0: the ReLU feed-forward, the head tied to the embedding and the decoder output scaled by d_model^-0.5;
+- t5-v1.1: the gated GELU, unscaled, built as T5Config(tie_word_embeddings=False): transformers 4.x gives it a head of
+  its own, 5.x ties it (scale_decoder_outputs false), and Strata is told which by `convert --from-hf`;
+- t5-v1.1-untied: the gated GELU with a head of its own on any transformers (google/t5-v1_1-*, flan-t5-*; 5.x writes
+  it with tie_word_embeddings true, an lm_head.weight of its own and scale_decoder_outputs false):
 1. Import. A random-init HF model of that shape is saved with save_pretrained (config.json, model.safetensors) and
    imported with `build/strata convert --from-hf`: the same path a user's HF checkpoint takes.
 2. fp32 forward and backward. `build/bench/zoo_parity` builds the config's model and objective as `strata train`
@@ -32,12 +41,14 @@ own, or on transformers 5.x, whose T5 always ties the head, the gated GELU with 
 Prints a PASS/FAIL table; exit status 1 when a check fails; the work files (each side's curve in <variant>-curves.json,
 the logs) stay in the directory it names. About 1-2 minutes on one H200 (mostly start-up); --device cpu with
 --steps 30 took 10 minutes on a 2-core development machine, all PASS (fp32 curves: BERT equal to 4 digits through
-30 steps, T5 v1.0 within 0.31% on 10-step averages: its ReLU makes tiny differences grow from step 13 on).
+30 steps, T5 v1.0 within 0.31% on 10-step averages: its ReLU makes tiny differences grow from step 13 on). There, with
+transformers 5.24, --steps 20 over bert-positions, bert-nsp, t5-v1.1 (tied and unscaled on 5.x) and t5-v1.1-untied
+passed too (10-step averages within 0.02%), and --steps 0 over all seven variants (fp32 checks only) took 3.5 minutes.
 
 Switch Transformers (--variants switch): switch-mini against a random-init SwitchTransformersForConditionalGeneration
 with 8 experts in every other block, at capacities that drop no token on either side.
 
-Usage: python3 tools/hf_parity_zoo.py [--variants bert,t5-v1.0,t5-v1.1,switch] [--steps 100] [--strata build/strata]
+Usage: python3 tools/hf_parity_zoo.py [--variants bert,t5-v1.0,t5-v1.1,...] [--steps 100] [--strata build/strata]
                                       [--parity-binary build/bench/zoo_parity] [--keep DIR] [--device cuda]
                                       [--set KEY=VALUE]...
 --set adds a config override to every variant's Strata side (e.g. --variants bert --set model.fp32_residual=true:
@@ -60,19 +71,19 @@ from safetensors.torch import load_file
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-# The variants checked: (zoo config, its --set overrides, the HF config's keys that differ between them).
+# The variants checked: (zoo config, its --set overrides, the HF config's keys that differ between them). A T5's
+# head (tied or not, scaled or not) is set on the Strata side from the HF model built (t5_head_overrides).
 VARIANTS = {
     "bert": ("bert-mini", [], {}),
+    "bert-positions": ("bert-mini", ["model.max_position_embeddings=512", "model.pad_token_id=0"],
+                       dict(max_position_embeddings=512, pad_token_id=0)),
+    "bert-nsp": ("bert-mini", ["model.bert_binary_head=true"], {}),
     # v1.0: ReLU feed-forward, the head tied to the embedding (the decoder output scaled by d_model^-0.5 first).
-    "t5-v1.0": ("t5-mini", ["model.activation=relu", "model.untie_embeddings_and_output_weights=false"],
-                dict(feed_forward_proj="relu", tie_word_embeddings=True)),
-    # v1.1: gated GELU, a head of its own, no scaling (t5-mini as it is).
+    "t5-v1.0": ("t5-mini", ["model.activation=relu"], dict(feed_forward_proj="relu", tie_word_embeddings=True)),
+    # v1.1: gated GELU, no scaling; a head of its own on 4.x, tied on 5.x.
     "t5-v1.1": ("t5-mini", [], dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
-    # The gated GELU with v1.0's tied, scaled head: what t5-v1.1 falls back to on transformers releases whose T5
-    # always ties the head (5.x: tie_word_embeddings=False only turns the scaling off there, a combination Strata
-    # does not build).
-    "t5-gated-tied": ("t5-mini", ["model.untie_embeddings_and_output_weights=false"],
-                      dict(feed_forward_proj="gated-gelu", tie_word_embeddings=True)),
+    # v1.1 with a head of its own on every release (hf_model unties it where transformers tied it).
+    "t5-v1.1-untied": ("t5-mini", [], dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
     # Switch Transformers (SwitchTransformersForConditionalGeneration): switch-mini, 8 top-1 experts in every other
     # block. A capacity no token overflows on either side (Strata: factor 8 = E/k over the batch; HF: 128 per
     # sequence), and no auxiliary losses in Strata's loss, since HF's forward without labels adds none.
@@ -98,13 +109,17 @@ def hf_model(variant):
             return SwitchTransformersForConditionalGeneration(cfg, attn_implementation="eager")
         except TypeError:
             return SwitchTransformersForConditionalGeneration(cfg)
-    if variant == "bert":
+    if variant.startswith("bert"):
         # Ids: bytes 0..255, [PAD] 256, [CLS] 257, [SEP] 258, [MASK] 259 (MaskedLmObjective).
+        keys = dict(max_position_embeddings=128, pad_token_id=256)
+        keys.update(VARIANTS[variant][2])
         cfg = BertConfig(vocab_size=260, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                         intermediate_size=1024, max_position_embeddings=128, type_vocab_size=2, hidden_act="gelu",
-                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, layer_norm_eps=1e-12,
-                         initializer_range=0.02, pad_token_id=256)
-        cls = BertForMaskedLM
+                         intermediate_size=1024, type_vocab_size=2, hidden_act="gelu", hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0, layer_norm_eps=1e-12, initializer_range=0.02, **keys)
+        if variant == "bert-nsp":
+            from transformers import BertForPreTraining as cls
+        else:
+            cls = BertForMaskedLM
     else:
         # Ids as ByT5 ([PAD] 0 = decoder start, [EOS] 1), sentinels from 383 down (SpanCorruptionObjective).
         cfg = T5Config(vocab_size=384, d_model=256, d_kv=64, d_ff=640, num_layers=4, num_decoder_layers=4,
@@ -116,6 +131,10 @@ def hf_model(variant):
         model = cls(cfg, attn_implementation="eager")
     except TypeError:
         model = cls(cfg)
+    if variant == "t5-v1.1-untied" and t5_head_tied(model):
+        # transformers 5.x ties every T5 head: a head of its own, as a 4.x v1.1 checkpoint loaded into 5.x has
+        # (save_pretrained then writes lm_head.weight beside shared.weight, and from_pretrained keeps them apart).
+        model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight))
     return model
 
 
@@ -123,9 +142,19 @@ def t5_head_tied(model):
     return model.lm_head.weight.data_ptr() == model.shared.weight.data_ptr()
 
 
+def t5_head_overrides(model):
+    """Strata's keys for the HF model's head: tied or not, the decoder output scaled by d_model^-0.5 or not (4.x
+    scales exactly when the config ties; 5.x says so in scale_decoder_outputs)."""
+    cfg = model.config
+    scaled = getattr(cfg, "scale_decoder_outputs", cfg.tie_word_embeddings)
+    return [f"model.untie_embeddings_and_output_weights={'false' if t5_head_tied(model) else 'true'}",
+            f"model.scale_decoder_outputs={'true' if scaled else 'false'}"]
+
+
 def load_hf(arch, directory):
-    from transformers import BertForMaskedLM, T5ForConditionalGeneration
-    cls = BertForMaskedLM if arch == "bert" else T5ForConditionalGeneration
+    from transformers import BertForMaskedLM, BertForPreTraining, T5ForConditionalGeneration
+    cls = BertForPreTraining if arch == "bert-nsp" else BertForMaskedLM if arch.startswith("bert") else \
+        T5ForConditionalGeneration
     if arch == "switch":
         from transformers import SwitchTransformersForConditionalGeneration as cls
     try:
@@ -146,28 +175,42 @@ DEVICE = "cuda"
 
 
 def hf_logits(arch, model, inputs):
-    """HF's logits and mean masked cross-entropy on Strata's model inputs (fp32 loss, -100 ignored)."""
+    """HF's outputs by the trace's names ("logits", or BertForPreTraining's "prediction_logits" and
+    "seq_relationship_logits") and the loss Strata's objective takes on Strata's model inputs: the mean masked
+    cross-entropy (fp32, -100 ignored), plus the next-sentence cross-entropy with the NSP head."""
     ids, labels = inputs["input_ids"].to(DEVICE), inputs["labels"].to(DEVICE)
-    if arch == "bert":
-        logits = model(input_ids=ids).logits
+    if arch == "bert-nsp":
+        out = model(input_ids=ids, token_type_ids=inputs["token_type_ids"].to(DEVICE))
+        outputs = {"prediction_logits": out.prediction_logits, "seq_relationship_logits": out.seq_relationship_logits}
+        nsp = F.cross_entropy(out.seq_relationship_logits.float(), inputs["next_sentence_label"].to(DEVICE).reshape(-1))
+    elif arch.startswith("bert"):
+        outputs, nsp = {"logits": model(input_ids=ids).logits}, 0.0
     else:
-        logits = model(input_ids=ids, decoder_input_ids=model._shift_right(labels)).logits
+        outputs = {"logits": model(input_ids=ids, decoder_input_ids=model._shift_right(labels)).logits}
+        nsp = 0.0
+    logits = outputs["prediction_logits" if arch == "bert-nsp" else "logits"]
     loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-    return logits, loss
+    return outputs, loss + nsp
+
+
+# The model inputs each side takes by HF argument name (the trace's and the --inputs file's keys).
+INPUTS = ("input_ids", "labels", "token_type_ids", "next_sentence_label")
 
 
 def fp32_parity(arch, model, trace, rows):
     model.to(DEVICE).float().train()  # dropout is 0; train mode as training runs it
     model.zero_grad(set_to_none=True)
-    inputs = {k: v for k, v in trace.items() if k in ("input_ids", "labels")}
-    logits, loss = hf_logits(arch, model, inputs)
+    inputs = {k: v for k, v in trace.items() if k in INPUTS}
+    outputs, loss = hf_logits(arch, model, inputs)
     loss.backward()
-    s_logits = trace["logits"].to(DEVICE)
-    assert s_logits.shape == logits.shape, (s_logits.shape, logits.shape)
-    dl = (s_logits - logits.detach()).abs().max().item()
-    scale = max(1.0, logits.detach().abs().max().item())
-    rows.append((arch, "fp32 logits max |diff|", f"{dl:.2e} (max |logit| {scale:.1f})", f"<= {1e-4 * scale:.1e}",
-                 dl <= 1e-4 * scale))
+    for name, logits in outputs.items():
+        assert name in trace, f"the Strata trace has no {name} (it has {sorted(trace)})"
+        s_logits = trace[name].to(DEVICE)
+        assert s_logits.shape == logits.shape, (name, s_logits.shape, logits.shape)
+        dl = (s_logits - logits.detach()).abs().max().item()
+        scale = max(1.0, logits.detach().abs().max().item())
+        rows.append((arch, f"fp32 {name} max |diff|", f"{dl:.2e} (max |logit| {scale:.1f})", f"<= {1e-4 * scale:.1e}",
+                     dl <= 1e-4 * scale))
     dloss = abs(trace["loss"].item() - loss.item())
     rows.append((arch, "fp32 loss |diff|", f"{dloss:.2e} (Strata {trace['loss'].item():.6f}, HF {loss.item():.6f})",
                  "<= 1e-4", dloss <= 1e-4))
@@ -240,7 +283,7 @@ def hf_curve(arch, hf_dir, batches, steps, config, lr, warmup):
     for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / warmup)
-        inputs = {"input_ids": batches[f"input_ids.{step}"], "labels": batches[f"labels.{step}"]}
+        inputs = {k: batches[f"{k}.{step}"] for k in INPUTS if f"{k}.{step}" in batches}
         with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
             _, loss = hf_logits(arch, model, inputs)
         loss.backward()
@@ -269,7 +312,8 @@ def compare_curves(arch, strata_loss, hf_loss, steps, rows, tmp, window=10):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--variants", default="bert,t5-v1.0,t5-v1.1", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="bert,bert-positions,bert-nsp,t5-v1.0,t5-v1.1,t5-v1.1-untied",
+                    help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lr", type=float, default=None,
                     help="peak learning rate for every variant (default: bert 5e-4, the others 1e-3)")
@@ -291,14 +335,10 @@ def main():
     for arch in args.variants.split(","):
         name, overrides, _ = VARIANTS[arch]
         model = hf_model(arch)
-        if arch == "t5-v1.1" and t5_head_tied(model):
-            print(f"t5-v1.1: this transformers ties T5's head whatever tie_word_embeddings says (it only turns the "
-                  f"d_model^-0.5 scaling off): checking the gated GELU with the tied head instead (t5-gated-tied)")
-            arch = "t5-gated-tied"
-            name, overrides, _ = VARIANTS[arch]
-            model = hf_model(arch)
         if arch.startswith("t5"):
-            assert t5_head_tied(model) == ("model.untie_embeddings_and_output_weights=false" in overrides), arch
+            overrides = overrides + t5_head_overrides(model)
+            print(f"{arch}: HF's head is {'tied' if t5_head_tied(model) else 'its own'}: Strata with "
+                  f"{' '.join(overrides)}")
         config = os.path.join(ROOT, "configs", "zoo", f"{name}.yaml")
         sets = [a for kv in overrides + args.set for a in ("--set", kv)]
         hf_dir, ckpt = os.path.join(tmp, f"{arch}-hf"), os.path.join(tmp, f"{arch}-ckpt")
@@ -317,7 +357,7 @@ def main():
         fp32_parity(arch, model, load_file(trace_path), rows)
         del model
         if args.steps > 0:
-            lr = args.lr if args.lr is not None else (5e-4 if arch == "bert" else 1e-3)
+            lr = args.lr if args.lr is not None else (5e-4 if arch.startswith("bert") else 1e-3)
             strata_loss = strata_curve(args, arch, config, sets, ckpt, tmp, args.steps, lr, args.warmup)
             hf_loss = hf_curve(arch, hf_dir, load_file(inputs_path), args.steps, config, lr, args.warmup)
             compare_curves(arch, strata_loss, hf_loss, args.steps, rows, tmp)

@@ -8,7 +8,7 @@ namespace strata::models {
 std::vector<std::pair<std::string, Shape>> BertConfig::parameterShapes() const {
   int64_t C = hiddenSize, F = ffn();
   std::vector<std::pair<std::string, Shape>> out{{"embeddings.word.weight", {vocabSize, C}},
-                                                 {"embeddings.position.weight", {seqLength, C}},
+                                                 {"embeddings.position.weight", {positions(), C}},
                                                  {"embeddings.token_type.weight", {typeVocabSize, C}},
                                                  {"embeddings.ln.weight", {C}},
                                                  {"embeddings.ln.bias", {C}}};
@@ -61,14 +61,22 @@ Bert::Bert(const BertConfig& config) : config_(config) {
                     config.hiddenSize, config.numHeads);
   STRATA_USER_CHECK(config.typeVocabSize > 0, "model.num_tokentypes must be positive, got {}",
                     config.typeVocabSize);
+  STRATA_USER_CHECK(config.positions() >= config.seqLength,
+                    "model.max_position_embeddings ({}) is shorter than model.seq_length ({}): the position "
+                    "table needs a row for every position of a sequence",
+                    config.maxPositionEmbeddings, config.seqLength);
+  STRATA_USER_CHECK(config.padId() >= 0 && config.padId() < config.vocabSize,
+                    "model.pad_token_id ({}) is not an id of the vocabulary (model.vocab_size {})",
+                    config.padId(), config.vocabSize);
   Generator gen(config.seed);
   int64_t C = config.hiddenSize;
-  auto embedding = [&](int64_t n) {
-    return std::make_shared<nn::Embedding>(nn::EmbeddingConfig{n, C, config.initStd, config.device}, gen);
+  auto embedding = [&](int64_t n, int64_t paddingIdx = -1) {
+    return std::make_shared<nn::Embedding>(
+        nn::EmbeddingConfig{n, C, config.initStd, config.device, paddingIdx}, gen);
   };
   // Registration order is first-use order (the chunk layout packs parameters in it).
-  words_ = registerModule("embeddings.word", embedding(config.vocabSize));
-  positions_ = registerModule("embeddings.position", embedding(config.seqLength));
+  words_ = registerModule("embeddings.word", embedding(config.vocabSize, config.padId()));
+  positions_ = registerModule("embeddings.position", embedding(config.positions()));
   tokenTypes_ = registerModule("embeddings.token_type", embedding(config.typeVocabSize));
   embeddingLn_ = registerModule("embeddings.ln", std::make_shared<nn::LayerNorm>(nn::NormConfig{
                                                      C, config.layerNormEps, true, config.device}));
@@ -112,8 +120,10 @@ Bert::Bert(const BertConfig& config) : config_(config) {
 Tensor Bert::hidden(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask, DType compute) {
   STRATA_CHECK(ids.dim() == 2, "bert: token ids must be [batch, seq], got {}", toString(ids.shape()));
   int64_t B = ids.size(0), S = ids.size(1);
-  STRATA_USER_CHECK(S <= config_.seqLength, "bert: sequence of {} tokens exceeds model.seq_length {}", S,
-                    config_.seqLength);
+  STRATA_USER_CHECK(S <= config_.positions(),
+                    "bert: sequence of {} tokens exceeds the {} positions (model.max_position_embeddings, 0: "
+                    "model.seq_length)",
+                    S, config_.positions());
   for (const Tensor* t : {&tokenTypes, &attentionMask})
     STRATA_CHECK(!t->defined() || t->shape() == ids.shape(),
                  "bert: token types and attention mask must be shaped like the ids {}, got {}",

@@ -24,8 +24,13 @@ struct BertConfig {
   int64_t hiddenSize = 768;
   int64_t numHeads = 12;
   int64_t ffnHiddenSize = 0;  // 0 means 4 * hiddenSize
-  int64_t seqLength = 512;    // position embeddings (HF max_position_embeddings); also the FLOPs' sequence
+  int64_t seqLength = 512;    // the training sequence (its FLOPs, the objective's windows)
+  // Rows of the position table (HF's max_position_embeddings); 0 means seqLength.
+  int64_t maxPositionEmbeddings = 0;
   int64_t vocabSize = 30522;
+  // [PAD]: lookups of it add nothing to the word embeddings' gradient (HF's padding_idx, pad_token_id); -1
+  // means vocabSize - 4, the byte layout's [PAD] (train/MaskedLmObjective.h).
+  int64_t padTokenId = -1;
   int64_t typeVocabSize = 2;
   double dropout = 0.1;  // hidden and attention-probability dropout
   double layerNormEps = 1e-12;
@@ -38,6 +43,8 @@ struct BertConfig {
   Device device = Device::cpu();
 
   int64_t ffn() const { return ffnHiddenSize > 0 ? ffnHiddenSize : 4 * hiddenSize; }
+  int64_t positions() const { return maxPositionEmbeddings > 0 ? maxPositionEmbeddings : seqLength; }
+  int64_t padId() const { return padTokenId >= 0 ? padTokenId : vocabSize - 4; }
   // Every parameter by name and shape in first-use order (the tied decoder counted once), without building.
   std::vector<std::pair<std::string, Shape>> parameterShapes() const;
   int64_t numParameters() const;

@@ -55,11 +55,11 @@ std::string bertHfConfigJson(const BertConfig& c) {
                    {"hidden_act", act},
                    {"hidden_dropout_prob", c.dropout},
                    {"attention_probs_dropout_prob", c.dropout},
-                   {"max_position_embeddings", c.seqLength},
+                   {"max_position_embeddings", c.positions()},
                    {"type_vocab_size", c.typeVocabSize},
                    {"initializer_range", c.initStd},
                    {"layer_norm_eps", c.layerNormEps},
-                   {"pad_token_id", 0},
+                   {"pad_token_id", c.padId()},
                    {"position_embedding_type", "absolute"},
                    {"tie_word_embeddings", true},
                    {"torch_dtype", "float32"}};

@@ -15,7 +15,7 @@ int64_t gptParameters(const GptConfig& g, int64_t experts) {
   int64_t b = g.bias ? 1 : 0;
   int64_t mlp = (C * F + b * F) + (F * C + b * C);
   int64_t block = 2 * (2 * C) + (C * 3 * C + b * 3 * C) + (C * C + b * C);
-  int64_t total = g.vocabSize * C + g.seqLength * C + L * block + 2 * C;
+  int64_t total = g.vocabSize * C + g.positions() * C + L * block + 2 * C;
   for (int64_t i = 0; i < L; ++i) total += g.isMoeLayer(i) ? C * g.moeNumExperts + experts * mlp : mlp;
   return total;
 }
@@ -35,6 +35,10 @@ double GptConfig::flopsPerToken() const {
 
 Gpt::Gpt(const GptConfig& config) : config_(config) {
   STRATA_CHECK(config.numLayers > 0, "model.num_layers must be positive, got {}", config.numLayers);
+  STRATA_USER_CHECK(config.positions() >= config.seqLength,
+                    "model.max_position_embeddings ({}) is shorter than model.seq_length ({}): the position "
+                    "table needs a row for every position of a window",
+                    config.maxPositionEmbeddings, config.seqLength);
   STRATA_CHECK(config.hiddenSize % config.numHeads == 0,
                "model.hidden_size ({}) must be divisible by model.num_attention_heads ({})",
                config.hiddenSize, config.numHeads);
@@ -46,7 +50,7 @@ Gpt::Gpt(const GptConfig& config) : config_(config) {
   wpe_ = registerModule(
       "wpe",
       std::make_shared<nn::Embedding>(
-          nn::EmbeddingConfig{config.seqLength, config.hiddenSize, config.initStd, config.device}, gen));
+          nn::EmbeddingConfig{config.positions(), config.hiddenSize, config.initStd, config.device}, gen));
   blocks_ = registerModule("h", std::make_shared<nn::ModuleList>());
   // GPT-2: residual projections start smaller, by 1/sqrt(2 * layers), so the residual stream's variance stays
   // put.
@@ -73,8 +77,10 @@ Gpt::Gpt(const GptConfig& config) : config_(config) {
 Tensor Gpt::hidden(const Tensor& ids, DType compute) {
   STRATA_CHECK(ids.dim() == 2, "gpt: token ids must be [batch, seq], got {}", toString(ids.shape()));
   int64_t T = ids.size(1);
-  STRATA_CHECK(T <= config_.seqLength, "gpt: sequence of {} tokens exceeds model.seq_length {}", T,
-               config_.seqLength);
+  STRATA_CHECK(T <= config_.positions(),
+               "gpt: sequence of {} tokens exceeds the {} positions (model.max_position_embeddings, 0: "
+               "model.seq_length)",
+               T, config_.positions());
   Tensor pos = ops::arange(0, double(T), 1, DType::I64, ids.device());
   // Two statements, not one sum: the operands of + are evaluated in an unspecified order (g++ takes wpe
   // first), and the chunk layout follows the order of first use, which models::parameterShapes lists as wte,

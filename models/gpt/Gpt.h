@@ -19,6 +19,7 @@ struct GptConfig {
   int64_t numHeads = 12;
   int64_t ffnHiddenSize = 0;  // 0 means 4 * hiddenSize
   int64_t seqLength = 1024;
+  int64_t maxPositionEmbeddings = 0;  // rows of wpe (HF's n_positions); 0 means seqLength
   int64_t vocabSize = 50257;
   double dropout = 0.0;
   double layerNormEps = 1e-5;
@@ -33,6 +34,7 @@ struct GptConfig {
   nn::ExpertParallel expertParallel;  // NOTE [Expert parallelism] in nn/MoE.h
 
   int64_t ffn() const { return ffnHiddenSize > 0 ? ffnHiddenSize : 4 * hiddenSize; }
+  int64_t positions() const { return maxPositionEmbeddings > 0 ? maxPositionEmbeddings : seqLength; }
   bool isMoeLayer(int64_t i) const { return moeNumExperts > 0 && (i + 1) % moeEvery == 0; }
   // Parameters (tied head counted once; every expert) and training FLOPs per token: 6 N_active + 12 L d s
   // (attention), N_active counting the top-k experts a token runs through (and the router).

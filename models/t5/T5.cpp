@@ -19,6 +19,7 @@ T5Config T5Config::v1_1() {
   c.numLayers = 8;
   c.gatedGelu = true;
   c.tieWordEmbeddings = false;
+  c.scaleDecoderOutputs = false;
   c.dropout = 0.0;  // v1.1 pre-trains without dropout
   return c;
 }
@@ -183,7 +184,7 @@ Tensor T5::decoderHidden(const Tensor& inputIds, const Tensor& attentionMask, co
   Tensor pad = padding(attentionMask);
   Tensor memory = encoder_->apply(shared_->apply(inputIds, compute), pad);
   Tensor h = decoder_->apply(shared_->apply(decoderInputIds, compute), Tensor(), memory, pad);
-  return config_.tieWordEmbeddings ? h * std::pow(double(config_.hiddenSize), -0.5) : h;
+  return config_.scaleDecoderOutputs ? h * std::pow(double(config_.hiddenSize), -0.5) : h;
 }
 
 nn::Embedding& T5::head() {

@@ -1,8 +1,9 @@
 // T5 encoder-decoder, v1.0 and v1.1. The token embedding "shared" feeds both stacks ("encoder", "decoder":
-// models/t5/T5Stack.h); the LM head is either tied to it (v1.0: the decoder output is scaled by d_model^-0.5
-// first, as HF does) or a table of its own, "lm_head" (v1.1). v1.0 uses a ReLU feed-forward, v1.1 the gated
-// GELU. Attention is unscaled (the q projection's initialisation carries 1/sqrt(d_kv)) and has no biases.
-// models/t5/T5Hf.h maps the names onto HF's T5ForConditionalGeneration.
+// models/t5/T5Stack.h); the LM head is either tied to it or a table of its own, "lm_head", and the decoder
+// output is scaled by d_model^-0.5 before it or not: v1.0 is tied and scaled, v1.1 untied and unscaled (as
+// transformers 4.x has it; 5.x ties every T5 head, and its v1.1 is tied and unscaled). v1.0 uses a ReLU
+// feed-forward, v1.1 the gated GELU. Attention is unscaled (the q projection's initialisation carries
+// 1/sqrt(d_kv)) and has no biases. models/t5/T5Hf.h maps the names onto HF's T5ForConditionalGeneration.
 //
 // Masks follow HF: attention masks are 1 for a token and 0 for padding (undefined: none); labels are -100
 // where no loss is taken.
@@ -35,6 +36,9 @@ struct T5Config {
   double initFactor = 1.0;  // HF's initializer_factor
   bool gatedGelu = false;   // v1.1's gated-gelu feed-forward (v1.0: ReLU)
   bool tieWordEmbeddings = true;
+  // The decoder output times d_model^-0.5 before the head: v1.0 (tied), and transformers 5.x's v1.1 is tied
+  // and unscaled (HF's scale_decoder_outputs).
+  bool scaleDecoderOutputs = true;
   // Switch Transformers (model.moe_*; nn/MoE.h): with moeNumExperts > 0, block i of each stack has
   // moeNumExperts ReLU experts as its feed-forward when i % moeEvery == 1 (every block for moeEvery 1), HF's
   // rule for encoder_sparse_step and decoder_sparse_step.
@@ -88,7 +92,7 @@ class T5 : public nn::Module {
 
  private:
   Tensor padding(const Tensor& attentionMask) const;
-  // The decoder's final states, scaled by d_model^-0.5 when the head is tied.
+  // The decoder's final states, scaled by d_model^-0.5 when config.scaleDecoderOutputs.
   Tensor decoderHidden(const Tensor& inputIds, const Tensor& attentionMask, const Tensor& decoderInputIds,
                        DType compute);
   nn::Embedding& head();

@@ -87,12 +87,12 @@ std::string t5HfConfigJson(const T5Config& c) {
                    {"num_heads", c.numHeads},
                    {"relative_attention_num_buckets", c.relativeAttentionNumBuckets},
                    {"relative_attention_max_distance", c.relativeAttentionMaxDistance},
-                   {"n_positions", c.seqLength},
                    {"dropout_rate", c.dropout},
                    {"layer_norm_epsilon", c.layerNormEps},
                    {"initializer_factor", c.initFactor},
                    {"feed_forward_proj", c.gatedGelu ? "gated-gelu" : "relu"},
                    {"tie_word_embeddings", c.tieWordEmbeddings},
+                   {"scale_decoder_outputs", c.scaleDecoderOutputs},
                    {"is_encoder_decoder", true},
                    {"pad_token_id", 0},
                    {"eos_token_id", 1},
@@ -100,8 +100,13 @@ std::string t5HfConfigJson(const T5Config& c) {
                    {"torch_dtype", "float32"}};
   if (c.moeNumExperts > 0) {
     // Switch Transformers: T5's keys, and its experts'.
+    STRATA_USER_CHECK(c.scaleDecoderOutputs == c.tieWordEmbeddings,
+                      "HF's SwitchTransformers scales the decoder output exactly when its head is tied: "
+                      "model.scale_decoder_outputs {} with {} head has no HF form",
+                      c.scaleDecoderOutputs ? "true" : "false", c.tieWordEmbeddings ? "a tied" : "an untied");
     j["architectures"] = {"SwitchTransformersForConditionalGeneration"};
     j["model_type"] = "switch_transformers";
+    j.erase("scale_decoder_outputs");
     j["num_sparse_encoder_layers"] = switchSparseLayers(c, c.numLayers);
     j["num_sparse_decoder_layers"] = switchSparseLayers(c, c.decoderLayers());
     j["num_experts"] = c.moeNumExperts;

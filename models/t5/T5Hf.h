@@ -15,9 +15,11 @@
 namespace strata::models {
 
 HfLayout t5HfLayout(const T5Config& config);
-// HF's config.json (feed_forward_proj "relu" or "gated-gelu", tie_word_embeddings per the version); a
-// switch_transformers one for a T5 with experts (expert_capacity: the per-sequence capacity that
-// moe_capacity_factor gives a sequence of seq_length tokens).
+// HF's config.json (feed_forward_proj "relu" or "gated-gelu"; tie_word_embeddings and scale_decoder_outputs
+// as transformers 5.x writes them, which 4.x reads right for v1.0 (tied, scaled) and v1.1 (untied, unscaled):
+// a tied unscaled or untied scaled head needs transformers 5); a switch_transformers one for a T5 with
+// experts (expert_capacity: the per-sequence capacity that moe_capacity_factor gives a sequence of seq_length
+// tokens).
 std::string t5HfConfigJson(const T5Config& config);
 // The number of sparse layers HF's SwitchTransformersConfig takes for a stack of `layers`
 // (num_sparse_*_layers), after checking that HF's sparse step (layers / that number) is the config's

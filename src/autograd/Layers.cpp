@@ -248,7 +248,7 @@ Tensor rmsNorm(const Tensor& x, const Tensor& weight, double eps) {
   return r.y;
 }
 
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
+Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t paddingIdx) {
   Tensor out = ops::embedding(weight, indices);
   Tensor idx = saved(indices);
   int64_t V = weight.size(0);
@@ -257,6 +257,14 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   recordFunction("EmbeddingBackward", {weight}, {out}, [=](const Grads& g) {
     Tensor g2 = detail::viewRaw(ops::contiguous(g[0]), {-1, g[0].size(-1)});
     Tensor ids = detail::viewRaw(ops::contiguous(idx), {-1});
+    if (paddingIdx >= 0) {
+      // The padding id's rows of the output gradient become zeros before the scatter. The comparison is in
+      // fp32 (exact for ids below 2^24); its 0/1 then scales the rows in their own dtype.
+      Tensor id = ids.to(ids.device(), DType::F32);
+      Tensor pad = ops::eq(id, ops::full({}, double(paddingIdx), DType::F32, id.device()));
+      Tensor keep = ops::affine(pad, -1.0, 1.0).to(g2.device(), g2.dtype());
+      g2 = ops::mul(g2, detail::viewRaw(keep, {-1, 1}));
+    }
     // Scattered straight into the table's gradient buffer when it has one (a [V, C] pass saved).
     autograd::GradSink sink = autograd::claimGradBuffer(leaf);
     if (sink && sink.buffer.dtype() == (g2.dtype() == DType::F64 ? DType::F64 : DType::F32)) {

@@ -37,15 +37,17 @@ std::vector<Tensor> Linear::forwardImpl(const std::vector<Tensor>& inputs) {
   return {linear(inputs.at(0), weight, bias)};
 }
 
-Embedding::Embedding(const EmbeddingConfig& config, Generator& gen) {
+Embedding::Embedding(const EmbeddingConfig& config, Generator& gen) : paddingIdx_(config.paddingIdx) {
   STRATA_CHECK(config.numEmbeddings > 0 && config.embeddingDim > 0, "Embedding: sizes must be positive");
+  STRATA_CHECK(config.paddingIdx < config.numEmbeddings, "Embedding: padding id {} is past its {} rows",
+               config.paddingIdx, config.numEmbeddings);
   weight = registerParameter("weight", ops::randn({config.numEmbeddings, config.embeddingDim}, gen,
                                                   DType::F32, config.device, 0, config.initStd));
 }
 
 Tensor Embedding::lookup(const Tensor& ids, DType dtype) {
   checkComputeDType("Embedding", weight, dtype);
-  return embedding(weight, ids);
+  return embedding(weight, ids, paddingIdx_);
 }
 
 Tensor Embedding::apply(const Tensor& ids, DType dtype) {

@@ -160,6 +160,15 @@ const std::vector<Field>& schema() {
     f.push_back(intField(
         "model.moe_expert_parallel_size", [](Config & c) -> auto& { return c.model.moeExpertParallelSize; },
         1, 4096));
+    // model: what HF checkpoints carry besides the shapes
+    f.push_back(intField(
+        "model.max_position_embeddings", [](Config & c) -> auto& { return c.model.maxPositionEmbeddings; },
+        0));
+    f.push_back(intField(
+        "model.pad_token_id", [](Config & c) -> auto& { return c.model.padTokenId; }, -1));
+    f.push_back(stringField("model.scale_decoder_outputs",
+                            [](Config & c) -> auto& { return c.model.scaleDecoderOutputs; },
+                            {"default", "true", "false"}));
     // data
     f.push_back(stringField(
         "data.path", [](Config & c) -> auto& { return c.data.path; }));

@@ -44,13 +44,19 @@ MaskedLmObjective::MaskedLmObjective(std::shared_ptr<models::Bert> model,
                 wordPiece->tokenId("[MASK]")};
     STRATA_USER_CHECK(special_.pad >= 0 && special_.cls >= 0 && special_.sep >= 0 && special_.mask >= 0,
                       "bert: the WordPiece vocabulary lacks one of [PAD], [CLS], [SEP], [MASK]");
+    STRATA_USER_CHECK(model_->config().padId() == special_.pad,
+                      "bert: the WordPiece vocabulary's [PAD] is {} but the model's is {}: set "
+                      "model.pad_token_id to {}",
+                      special_.pad, model_->config().padId(), special_.pad);
     STRATA_USER_CHECK(wordPiece->vocabSize() <= V,
                       "bert: the WordPiece vocabulary has {} tokens but model.vocab_size is {}",
                       wordPiece->vocabSize(), V);
     dataVocab_ = wordPiece->vocabSize();
   } else {
     STRATA_USER_CHECK(V > 4, "bert: model.vocab_size ({}) leaves no room below the 4 special tokens", V);
-    special_ = {V - 4, V - 3, V - 2, V - 1};
+    // [PAD] is the model's (model.pad_token_id; an HF checkpoint's pad_token_id): the id whose word-embedding
+    // row takes no gradient from lookups. Its default is V - 4.
+    special_ = {model_->config().padId(), V - 3, V - 2, V - 1};
     dataVocab_ = V - 4;
     if (tokenizer_)
       STRATA_USER_CHECK(tokenizer_->vocabSize() <= dataVocab_,

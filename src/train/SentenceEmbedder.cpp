@@ -96,8 +96,8 @@ SentenceEmbedder::SentenceEmbedder(const std::string& modelDir, const SentenceEm
                     "embed: {}/vocab.txt has {} tokens but config.json's vocab_size is {}", modelDir,
                     tokenizer_->vocabSize(), bert.vocabSize);
   maxSeqLength_ = options_.maxSeqLength > 0 ? options_.maxSeqLength
-                                            : sentenceConfig.value("max_seq_length", bert.seqLength);
-  maxSeqLength_ = std::min(maxSeqLength_, bert.seqLength);
+                                            : sentenceConfig.value("max_seq_length", bert.positions());
+  maxSeqLength_ = std::min(maxSeqLength_, bert.positions());
   STRATA_USER_CHECK(maxSeqLength_ >= 2, "embed: a maximum sequence length of {} leaves no room for a token",
                     maxSeqLength_);
 

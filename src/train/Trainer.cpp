@@ -84,6 +84,9 @@ models::ModelSpec modelSpecFrom(const Config& c, Device device) {
   s.moeEvalCapacityFactor = c.model.moeEvalCapacityFactor;
   s.moeAuxLossCoef = c.model.moeAuxLossCoef;
   s.moeZLossCoef = c.model.moeZLossCoef;
+  s.maxPositionEmbeddings = c.model.maxPositionEmbeddings;
+  s.padTokenId = c.model.padTokenId;
+  s.scaleDecoderOutputs = c.model.scaleDecoderOutputs;
   s.seed = c.train.seed;
   s.device = device;
   return s;
@@ -161,14 +164,16 @@ class InterruptGuard {
   }, previousTerm_{};
 };
 
-// Keys of the model section that change a tensor's shape: a checkpoint differing in one of them can never be
-// loaded. The others (dropout, layer_norm_eps) only warn, and init_std does not matter after the first step.
+// Keys of the model section that change a tensor's shape or what the model computes: a checkpoint differing
+// in one of them can never be loaded. The others (dropout, layer_norm_eps, the training lengths seq_length
+// and decoder_seq_length) only warn, and init_std does not matter after the first step.
 bool isShapeKey(const std::string& key) {
   for (const char* k :
        {"model.arch", "model.num_layers", "model.hidden_size", "model.num_attention_heads",
-        "model.ffn_hidden_size", "model.seq_length", "model.vocab_size", "model.bias", "model.kv_channels",
-        "model.decoder_num_layers", "model.num_tokentypes", "model.relative_attention_num_buckets",
-        "model.activation", "model.untie_embeddings_and_output_weights", "model.bert_binary_head"})
+        "model.ffn_hidden_size", "model.max_position_embeddings", "model.vocab_size", "model.bias",
+        "model.kv_channels", "model.decoder_num_layers", "model.num_tokentypes",
+        "model.relative_attention_num_buckets", "model.activation",
+        "model.untie_embeddings_and_output_weights", "model.scale_decoder_outputs", "model.bert_binary_head"})
     if (key == k) return true;
   return false;
 }
@@ -201,12 +206,31 @@ void checkModelSection(const std::string& checkpoint, std::map<std::string, std:
       spec.activation = activation->second;
       activation->second = models::activationName(spec);
     }
+    // What HF checkpoints carry (models::ModelSpec): max_position_embeddings 0, or absent in a checkpoint
+    // from before the key, is seq_length's table (gpt, bert); pad_token_id -1 is vocab_size - 4 (bert); T5's
+    // scale_decoder_outputs default follows the head's tying. A section without seq_length (`convert
+    // --from-hf` records no training length) keeps its table size as written.
+    if (arch != m->end() && arch->second != "t5" && seq != m->end()) {
+      std::string& positions = (*m)["model.max_position_embeddings"];
+      if (positions.empty() || sameConfigValue(positions, "0")) positions = seq->second;
+    }
+    auto pad = m->find("model.pad_token_id"), vocab = m->find("model.vocab_size");
+    if (arch != m->end() && arch->second == "bert" && pad != m->end() && vocab != m->end() &&
+        sameConfigValue(pad->second, "-1"))
+      pad->second = std::to_string(std::stoll(vocab->second) - 4);
+    auto untie = m->find("model.untie_embeddings_and_output_weights");
+    if (arch != m->end() && arch->second == "t5" && untie != m->end()) {
+      std::string& scale = (*m)["model.scale_decoder_outputs"];
+      if (scale.empty() || scale == "default") scale = untie->second == "true" ? "false" : "true";
+    }
   }
   std::vector<std::string> shape, other;
   for (const auto& [key, value] : saved) {
     auto it = current.find(key);
     if (it == current.end() || sameConfigValue(it->second, value) || key == "model.init_std") continue;
     std::string line = detail::format("{}: {} in the checkpoint, {} in this config", key, value, it->second);
+    if (key == "model.max_position_embeddings")
+      line += " (0 means model.seq_length; set it to the checkpoint's to train at another length)";
     (isShapeKey(key) ? shape : other).push_back(line);
   }
   std::string list;

@@ -150,6 +150,29 @@ TEST_CASE("gradcheck: embedding", "[autograd][gradcheck]") {
   gradCheck([idx](const Ins& x) { return embedding(x[0], idx); }, {randomDouble({5, 4}, 51)});
 }
 
+TEST_CASE("embedding with a padding id: its lookups add nothing to the table's gradient", "[autograd]") {
+  Tensor idx = Tensor::fromVector<int64_t>({3, 0, 3, 1, 2, 0}, {2, 3});
+  for (DType dt : {DType::F64, DType::F32}) {
+    Tensor plain = randomDouble({5, 4}, 53).to(dt), padded = randomDouble({5, 4}, 53).to(dt);
+    plain.setRequiresGrad(true);
+    padded.setRequiresGrad(true);
+    Tensor projection = randomDouble({2, 3, 4}, 54).to(dt);
+    Tensor a = embedding(plain, idx), b = embedding(padded, idx, 3);
+    // The padding id's rows are still read.
+    REQUIRE(b.toVector<double>() == a.toVector<double>());
+    backward(sum(mul(a, projection)));
+    backward(sum(mul(b, projection)));
+    std::vector<double> ga = plain.grad().toVector<double>(), gb = padded.grad().toVector<double>();
+    for (int64_t row = 0; row < 5; ++row)
+      for (int64_t c = 0; c < 4; ++c) {
+        INFO("row " << row << " column " << c);
+        size_t i = size_t(row * 4 + c);
+        REQUIRE(gb[i] == (row == 3 ? 0.0 : ga[i]));
+        if (row == 3) REQUIRE(ga[i] != 0.0);
+      }
+  }
+}
+
 TEST_CASE("gradcheck: cross entropy with ignore_index", "[autograd][gradcheck]") {
   Tensor target = Tensor::fromVector<int64_t>({2, -100, 0, 4}, {4});
   gradCheck([target](const Ins& x) { return crossEntropy(x[0], target); }, {randomDouble({4, 5}, 52, -2, 2)});

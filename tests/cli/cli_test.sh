@@ -12,13 +12,15 @@ fail() {
 }
 
 # run NAME EXPECTED_RC PATTERN [ARGS...]: runs strata, checks the exit status and that the output holds PATTERN
-# (an extended regex) and no "terminate called".
+# (an extended regex) and no "terminate called". The output stays in $last.
+last=
 run() {
   local name=$1 want=$2 pattern=$3
   shift 3
   local out rc
   out=$("$strata" "$@" 2>&1)
   rc=$?
+  last=$out
   [ "$rc" -eq "$want" ] || fail "$name: exit status $rc, expected $want; output: $(echo "$out" | tail -3)"
   grep -Eq -- "$pattern" <<<"$out" || fail "$name: output lacks /$pattern/: $(echo "$out" | tail -3)"
   if grep -q "terminate called" <<<"$out"; then fail "$name: terminate called"; fi
@@ -79,6 +81,10 @@ run "resume into another model is refused" 1 "model.num_layers: 1 in the checkpo
 # The zoo: each architecture counted by its own formula.
 run "info bert-mini counts BERT's parameters" 0 "^parameters +3325956 " info configs/zoo/bert-mini.yaml
 run "info t5-mini counts T5's parameters" 0 "^parameters +7280384 " info configs/zoo/t5-mini.yaml
+run "info says t5-mini's head" 0 "^head +head of its own \(lm_head\), decoder output unscaled; gated GELU" info \
+  configs/zoo/t5-mini.yaml
+run "info shows a position table longer than the sequence" 0 "seq 128 \(512 positions\)" info \
+  configs/zoo/bert-mini.yaml --set model.max_position_embeddings=512
 run "info zoo lists the architectures and sizes" 0 "^configs/zoo/t5-base.yaml +t5 +span corruption +222.9M" info zoo
 # bert-mini and t5-mini through train and generate (tiny shapes, a few steps).
 zoo=(--set "data.path=$work/corpus.txt" --set train.device=cpu --set model.num_layers=1 --set model.hidden_size=32
@@ -103,7 +109,11 @@ for arch in gpt bert t5; do
   from=$work/$arch/ckpt
   [ "$arch" = gpt ] && from=$work/run/ckpt
   run "convert --hf $arch" 0 "config.json \(HF ${classes[$arch]}" convert "$from" "$work/$arch-hf" --hf
-  run "convert --from-hf $arch" 0 "^wrote .*/step-0: " convert --from-hf "$work/$arch-hf" "$work/$arch-back"
+  run "convert --from-hf $arch" 0 "^built $arch \(HF ${classes[$arch]}\): .*layers" convert --from-hf "$work/$arch-hf" \
+    "$work/$arch-back"
+  # What it built: the head, the activation, the positions.
+  grep -Eq "^  (MLM )?head .*; (GELU|ReLU|gated GELU)" <<<"$last" ||
+    fail "convert --from-hf $arch does not say what head it built: $last"
   before=$("$strata" generate "$from" --prompt "${prompts[$arch]}" --tokens 4 --device cpu 2>&1)
   after=$("$strata" generate "$work/$arch-back" --prompt "${prompts[$arch]}" --tokens 4 --device cpu 2>&1)
   [ -n "$before" ] && [ "$before" = "$after" ] || fail "$arch: imported from HF it generates '$after', not '$before'"

@@ -1,6 +1,9 @@
+#include <algorithm>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "TestUtil.h"
+#include "models/ZooHf.h"
 #include "models/bert/Bert.h"
 #include "models/bert/BertHf.h"
 #include "models/gpt/Gpt.h"
@@ -221,4 +224,65 @@ TEST_CASE("BERT's fp32 residual stream: bf16 sublayers around an fp32 stream, cl
                     << ", fp32 stream " << dWidened);
   REQUIRE(std::abs(lWidened - l32) <= std::abs(lBf16 - l32) + 1e-3);
   REQUIRE(dWidened < dBf16);
+}
+
+TEST_CASE("BERT's [PAD]: its word-embedding row takes no gradient from lookups, as HF's padding_idx",
+          "[models][bert]") {
+  Tensor ids = Tensor::fromVector<int64_t>({5, 0, 0, 7, 0, 9}, {1, 6});
+  std::map<int64_t, std::vector<double>> rowZero;  // the gradient of word row 0, by [PAD] id
+  for (int64_t pad : {int64_t(0), int64_t(3)}) {
+    models::BertConfig c = tiny();
+    c.padTokenId = pad;
+    models::Bert bert(c);
+    // The encoder's output alone (projected: a LayerNorm's output sums to a constant), so no tied decoder
+    // adds to the table's gradient.
+    Tensor projection = test::randomDouble({1, 6, 32}, 7).to(DType::F32);
+    backward(sum(mul(bert.encode(ids, Tensor(), Tensor(), DType::F32), projection)));
+    Tensor grad;
+    for (auto& [name, p] : bert.namedParameters())
+      if (name == "embeddings.word.weight") grad = p.grad();
+    rowZero[pad] = grad.narrow(0, 0, 1).contiguous().toVector<double>();
+    std::vector<double> row5 = grad.narrow(0, 5, 1).contiguous().toVector<double>();
+    REQUIRE(std::any_of(row5.begin(), row5.end(), [](double g) { return g != 0.0; }));
+  }
+  REQUIRE(std::all_of(rowZero[0].begin(), rowZero[0].end(), [](double g) { return g == 0.0; }));
+  REQUIRE(std::any_of(rowZero[3].begin(), rowZero[3].end(), [](double g) { return g != 0.0; }));
+  // The default [PAD] is the byte layout's, vocab_size - 4; an id outside the vocabulary is refused.
+  REQUIRE(tiny().padId() == 46);
+  models::BertConfig bad = tiny();
+  bad.padTokenId = 50;
+  REQUIRE(test::errorOf([&] { models::Bert b(bad); }).find("model.pad_token_id") != std::string::npos);
+}
+
+TEST_CASE("BERT's position table (model.max_position_embeddings) is longer than the sequence it trains at",
+          "[models][bert][hf]") {
+  models::ModelSpec s = tinySpec();
+  s.maxPositionEmbeddings = 40;
+  auto shapes = models::parameterShapes(s);
+  REQUIRE(shapes[1] == std::make_pair(std::string("embeddings.position.weight"), Shape{40, 32}));
+  models::Bert bert(models::bertConfig(s));
+  // A sequence longer than seq_length (16) fits the table; one past the table does not.
+  REQUIRE(bert.encode(ops::zeros({1, 40}, DType::I64), Tensor(), Tensor(), DType::F32).size(1) == 40);
+  REQUIRE(test::errorOf([&] {
+            bert.encode(ops::zeros({1, 41}, DType::I64), Tensor(), Tensor(), DType::F32);
+          }).find("exceeds the 40 positions") != std::string::npos);
+  REQUIRE(models::describeShape(s).find("seq 16 (40 positions)") != std::string::npos);
+  s.maxPositionEmbeddings = 8;
+  REQUIRE(test::errorOf([&] { models::buildModule(s); }).find("model.max_position_embeddings (8)") !=
+          std::string::npos);
+}
+
+TEST_CASE("BERT's HF config.json: the table's rows and the model's [PAD] (256 for byte-level bert-mini)",
+          "[models][bert][hf]") {
+  models::ModelSpec s = tinySpec();
+  s.vocabSize = 260;
+  s.seqLength = 128;
+  nlohmann::json j = nlohmann::json::parse(models::bertHfConfigJson(models::bertConfig(s)));
+  REQUIRE(j.at("pad_token_id") == 256);
+  REQUIRE(j.at("max_position_embeddings") == 128);
+  s.padTokenId = 0;
+  s.maxPositionEmbeddings = 512;
+  j = nlohmann::json::parse(models::bertHfConfigJson(models::bertConfig(s)));
+  REQUIRE(j.at("pad_token_id") == 0);
+  REQUIRE(j.at("max_position_embeddings") == 512);
 }

@@ -1,4 +1,7 @@
+#include <nlohmann/json.hpp>
+
 #include "TestUtil.h"
+#include "models/ZooHf.h"
 #include "models/gpt/Gpt.h"
 #include "models/gpt/GptHf.h"
 #include "nn/HookTrace.h"
@@ -68,6 +71,31 @@ TEST_CASE("GPT names map to HF GPT-2 names and back", "[models][gpt][hf]") {
   REQUIRE(models::gptNameFromHf("lm_head.weight").empty());
   REQUIRE(models::gptNameFromHf("transformer.h.0.attn.bias").empty());
   REQUIRE_THROWS_AS(models::gptNameToHf("encoder.weight"), Error);
+}
+
+TEST_CASE("GPT's position table (model.max_position_embeddings, HF's n_positions) and its HF form",
+          "[models][gpt][hf]") {
+  models::ModelSpec s = test::tinyGptSpec();
+  s.maxPositionEmbeddings = 40;
+  auto shapes = models::parameterShapes(s);
+  REQUIRE(shapes[1] == std::make_pair(std::string("wpe.weight"), Shape{40, 32}));
+  auto model = models::buildModule(s);
+  REQUIRE(model->numParameters() == models::numParameters(s));
+  nlohmann::json j = nlohmann::json::parse(models::hfConfigJson(s));
+  REQUIRE(j.at("n_positions") == 40);
+  REQUIRE(j.at("n_inner").is_null());  // HF's 4 x n_embd
+  auto keys = models::modelConfigFromHf(j.dump());
+  REQUIRE(keys.at("model.max_position_embeddings") == "40");
+  REQUIRE(keys.at("model.ffn_hidden_size") == "0");
+  // A GPT with experts has no HF class: said as such, with what to use instead, not as a missing name.
+  s.moeNumExperts = 2;
+  for (const auto& f :
+       std::vector<std::function<void()>>{[&] { models::hfConfigJson(s); }, [&] { models::hfLayout(s); },
+                                          [&] { models::hfModelClass(s); }}) {
+    std::string e = test::errorOf(f);
+    REQUIRE(e.find("no HF transformers architecture") != std::string::npos);
+    REQUIRE(e.find("strata convert CHECKPOINT OUT.safetensors") != std::string::npos);
+  }
 }
 
 namespace {

@@ -1,4 +1,6 @@
+#include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "TestUtil.h"
 #include "models/ZooHf.h"
@@ -26,6 +28,7 @@ models::T5Config tiny(bool v11) {
   c.dropout = 0.0;
   c.gatedGelu = v11;
   c.tieWordEmbeddings = !v11;
+  c.scaleDecoderOutputs = !v11;
   return c;
 }
 }  // namespace
@@ -203,4 +206,45 @@ TEST_CASE(
   c.numLayers = 5;
   c.moeEvery = 3;
   REQUIRE(test::errorOf([&] { models::t5HfConfigJson(c); }).find("no HF form") != std::string::npos);
+}
+
+TEST_CASE(
+    "T5's head: tying and the d_model^-0.5 scaling are separate (transformers 5.x's v1.1 is tied and "
+    "unscaled)",
+    "[models][t5][hf]") {
+  Tensor in = Tensor::fromVector<int64_t>({3, 4, 5}, {1, 3}),
+         dec = Tensor::fromVector<int64_t>({0, 6}, {1, 2});
+  models::T5Config scaled = tiny(true);
+  scaled.tieWordEmbeddings = true;
+  scaled.scaleDecoderOutputs = true;
+  models::T5Config unscaled = scaled;
+  unscaled.scaleDecoderOutputs = false;
+  models::T5 a(scaled), b(unscaled);  // one seed: the same weights
+  Tensor la = a.logits(in, Tensor(), dec, DType::F32), lb = b.logits(in, Tensor(), dec, DType::F32);
+  test::requireClose(lb, la * std::sqrt(16.0), 1e-5, 1e-5);
+  // The spec's default follows the tying; model.scale_decoder_outputs sets it either way.
+  models::ModelSpec s;
+  s.arch = "t5";
+  s.bias = false;
+  REQUIRE(models::t5Config(s).scaleDecoderOutputs);
+  s.untieEmbeddingsAndOutputWeights = true;
+  REQUIRE(!models::t5Config(s).scaleDecoderOutputs);
+  s.untieEmbeddingsAndOutputWeights = false;
+  s.scaleDecoderOutputs = "false";
+  REQUIRE(!models::t5Config(s).scaleDecoderOutputs);
+  REQUIRE(models::t5Config(s).tieWordEmbeddings);
+  REQUIRE(models::describeHead(s).find("tied to shared, decoder output unscaled") != std::string::npos);
+  // HF's config.json says both, as transformers 5.x writes them.
+  nlohmann::json j = nlohmann::json::parse(models::t5HfConfigJson(unscaled));
+  REQUIRE(j.at("tie_word_embeddings") == true);
+  REQUIRE(j.at("scale_decoder_outputs") == false);
+  REQUIRE(!j.contains("n_positions"));  // T5 has no position table
+  // Keys of other architectures are refused for t5, and t5's for them.
+  s.maxPositionEmbeddings = 512;
+  REQUIRE(test::errorOf([&] { models::t5Config(s); }).find("model.max_position_embeddings") !=
+          std::string::npos);
+  models::ModelSpec gpt;
+  gpt.scaleDecoderOutputs = "true";
+  REQUIRE(test::errorOf([&] { models::buildModule(gpt); }).find("model.scale_decoder_outputs") !=
+          std::string::npos);
 }

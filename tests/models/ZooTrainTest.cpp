@@ -112,8 +112,8 @@ TEST_CASE("gpt-moe-nano learns tiny Shakespeare through the trainer, as dense gp
   const train::TrainResult& moe = results["gpt-moe-nano"];
   INFO("gpt-moe-nano val " << moe.valLoss << ", gpt-nano val " << results["gpt-nano"].valLoss);
   REQUIRE(runs["gpt-moe-nano"].losses.size() == 120);
-  // Measured (2026-12-01, CPU, f32): val 2.4986 for gpt-moe-nano, 2.5063 for gpt-nano. Over the configs' whole
-  // 1500 steps (H200, bf16; BENCHMARKS.md) gpt-moe-nano ends below gpt-nano, 1.7612 against 1.7643.
+  // Measured (2026-12-01, CPU, f32): val 2.4986 for gpt-moe-nano, 2.5063 for gpt-nano. Over the configs'
+  // whole 1500 steps (H200, bf16; BENCHMARKS.md) gpt-moe-nano ends below gpt-nano, 1.7612 against 1.7643.
   REQUIRE(moe.valLoss < 2.6);
   REQUIRE(std::abs(moe.valLoss - results["gpt-nano"].valLoss) < 0.15);
   // The routing metrics are in the records: 2 MoE layers of 8 experts.
@@ -213,6 +213,18 @@ TEST_CASE("modelSpecFrom carries the encoder architectures' keys", "[models][tra
   REQUIRE(s.decoderSeqLength == 32);
   REQUIRE(s.activation == "gated_gelu");
   REQUIRE(s.untieEmbeddingsAndOutputWeights);
+  REQUIRE(s.scaleDecoderOutputs == "default");
+  REQUIRE(!models::t5Config(s).scaleDecoderOutputs);  // v1.1: untied and unscaled
+  train::Config tied = train::loadConfig(
+      std::string(STRATA_SOURCE_DIR) + "/configs/zoo/t5-mini.yaml",
+      {"model.untie_embeddings_and_output_weights=false", "model.scale_decoder_outputs=false"}, false);
+  REQUIRE(train::modelSpecFrom(tied, Device::cpu()).scaleDecoderOutputs == "false");
+  train::Config bert =
+      train::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/zoo/bert-mini.yaml",
+                        {"model.max_position_embeddings=512", "model.pad_token_id=0"}, false);
+  models::ModelSpec bs = train::modelSpecFrom(bert, Device::cpu());
+  REQUIRE(bs.maxPositionEmbeddings == 512);
+  REQUIRE(bs.padTokenId == 0);
   train::Config b =
       train::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/zoo/bert-base.yaml", {}, false);
   REQUIRE(train::modelSpecFrom(b, Device::cpu()).bertBinaryHead);
@@ -240,4 +252,43 @@ TEST_CASE("train.recompute selective and full give bert and t5 the losses of non
     REQUIRE(runs["full"].losses == runs["none"].losses);
     REQUIRE(runs["full"].valLosses == runs["none"].valLosses);
   }
+}
+
+TEST_CASE(
+    "a checkpoint's position table is model.max_position_embeddings: fine-tuning at a shorter "
+    "seq_length loads it, and a checkpoint from before the key is seq_length's table",
+    "[models][train][checkpoint]") {
+  fs::path base = test::freshDir("strata-zoo-positions");
+  std::vector<std::string> sets = tinyShape();  // seq_length 32
+  sets.push_back("train.train_iters=2");
+  sets.push_back("checkpoint.save=" + (base / "ckpt").string());
+  train::Trainer(zooConfig("bert-mini", base / "run", sets)).run();
+  std::string ckpt = (base / "ckpt" / "step-2").string();
+  auto tune = [&](const std::string& name, std::vector<std::string> more) {
+    std::vector<std::string> s = tinyShape();
+    s.push_back("checkpoint.load=" + ckpt);
+    s.push_back("checkpoint.load_model_only=true");
+    s.insert(s.end(), more.begin(), more.end());
+    return zooConfig("bert-mini", base / name, s);
+  };
+  REQUIRE(train::Trainer(tune("short", {"model.seq_length=16", "model.max_position_embeddings=32"}))
+              .model()
+              .numParameters() == train::Trainer(tune("same", {})).model().numParameters());
+  std::string e = test::errorOf([&] { train::Trainer(tune("shorter-table", {"model.seq_length=16"})); });
+  REQUIRE(e.find("model.max_position_embeddings: 32 in the checkpoint, 16 in this config") !=
+          std::string::npos);
+  REQUIRE(e.find("set it to the checkpoint's to train at another length") != std::string::npos);
+  // A manifest without the keys HF interop added reads as the model it was: a table of seq_length rows.
+  fs::path manifest = fs::path(ckpt) / "manifest.json";
+  nlohmann::json j;
+  std::ifstream(manifest) >> j;
+  REQUIRE(j.contains("model"));
+  for (const char* key :
+       {"model.max_position_embeddings", "model.pad_token_id", "model.scale_decoder_outputs"})
+    REQUIRE(j["model"].erase(key) == 1);
+  std::ofstream(manifest) << j.dump(2);
+  REQUIRE(test::errorOf([&] { train::Trainer(tune("old", {})); }).empty());
+  e = test::errorOf([&] { train::Trainer(tune("old-shorter", {"model.seq_length=16"})); });
+  REQUIRE(e.find("model.max_position_embeddings: 32 in the checkpoint, 16 in this config") !=
+          std::string::npos);
 }

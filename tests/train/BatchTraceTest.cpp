@@ -132,6 +132,29 @@ TEST_CASE("traceBatch: inputs, logits, loss and HF-named gradients of bert and t
   }
 }
 
+TEST_CASE("traceBatch of BERT with the NSP head: BertForPreTraining's inputs and outputs, MLM + NSP loss",
+          "[train][parity]") {
+  fs::path out = test::freshDir("strata-trace-bert-nsp");
+  train::Trainer trainer(tinyZoo("bert-mini", out, {"model.bert_binary_head=true"}));
+  models::ModelSpec spec = train::modelSpecFrom(trainer.config(), trainer.device());
+  train::BatchTrace trace = train::traceBatch(trainer.objective(), trainer.batch(train::Split::Train, 1),
+                                              DType::F32, models::hfLayout(spec));
+  // The names tools/hf_parity_zoo.py reads: BertForPreTraining's arguments and outputs, no "logits".
+  std::vector<std::string> inputs, outputs;
+  for (auto& [name, t] : trace.inputs) inputs.push_back(name);
+  for (auto& [name, t] : trace.outputs) outputs.push_back(name);
+  REQUIRE(inputs == std::vector<std::string>{"input_ids", "token_type_ids", "labels", "next_sentence_label"});
+  REQUIRE(outputs == std::vector<std::string>{"prediction_logits", "seq_relationship_logits"});
+  const Tensor& nsp = named(trace.outputs, "seq_relationship_logits");
+  REQUIRE(nsp.shape() == Shape{3, 2});
+  // The loss is the MLM cross-entropy plus the next-sentence one.
+  double mlm = crossEntropyByHand(named(trace.outputs, "prediction_logits"), named(trace.inputs, "labels"));
+  double next = crossEntropyByHand(nsp, named(trace.inputs, "next_sentence_label"));
+  INFO("loss " << trace.loss.item() << ", MLM " << mlm << " + NSP " << next);
+  REQUIRE(std::abs(trace.loss.item() - (mlm + next)) < 1e-5);
+  REQUIRE(named(trace.gradients, "grad.cls.seq_relationship.weight").shape() == Shape{2, 32});
+}
+
 TEST_CASE("Trainer::batch hands out the micro-batches strata train trains on", "[train][parity]") {
   for (std::string name : {"bert-mini", "t5-mini"}) {
     INFO(name);

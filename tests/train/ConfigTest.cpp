@@ -175,3 +175,24 @@ TEST_CASE("optimizer.type adafactor and its keys", "[train][config][adafactor]")
   REQUIRE(errorOf("optimizer:\n  type: adafactor\nprecision:\n  dtype: fp16\n  grad_accum_dtype: bf16\n")
               .find("the compute dtype") != std::string::npos);
 }
+
+TEST_CASE("the model keys HF checkpoints carry: max_position_embeddings, pad_token_id, scale_decoder_outputs",
+          "[train][config][hf]") {
+  auto c =
+      parseConfig("model:\n  arch: t5\n  bias: false\n  scale_decoder_outputs: false\n", "t.yaml", {}, false);
+  REQUIRE(c.model.scaleDecoderOutputs == "false");
+  REQUIRE(c.model.maxPositionEmbeddings == 0);  // seq_length's table
+  REQUIRE(c.model.padTokenId == -1);            // vocab_size - 4
+  auto effective = train::effectiveValues(c, "model.");
+  REQUIRE(effective.at("model.scale_decoder_outputs") == "false");
+  REQUIRE(effective.at("model.max_position_embeddings") == "0");
+  REQUIRE(effective.at("model.pad_token_id") == "-1");
+  auto b = parseConfig("", "t.yaml", {"model.max_position_embeddings=512", "model.pad_token_id=0"}, false);
+  REQUIRE(b.model.maxPositionEmbeddings == 512);
+  REQUIRE(b.model.padTokenId == 0);
+  REQUIRE(
+      errorOf("model:\n  scale_decoder_outputs: sometimes\n").find("must be one of default, true, false") !=
+      std::string::npos);
+  REQUIRE(errorOf("model:\n  pad_token_id: -2\n").find("out of range") != std::string::npos);
+  REQUIRE(errorOf("model:\n  max_position_embeddings: -1\n").find("out of range") != std::string::npos);
+}

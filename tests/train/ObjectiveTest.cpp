@@ -1,5 +1,6 @@
 // The training objectives: what a micro-batch of windows becomes for each architecture, and that it is a
 // pure function of the windows, the batch's index and split, and the seed.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -8,6 +9,7 @@
 #include "strata/train/CausalLmObjective.h"
 #include "strata/train/MaskedLmObjective.h"
 #include "strata/train/SpanCorruptionObjective.h"
+#include "strata/train/WordPieceTokenizer.h"
 
 using namespace strata;
 
@@ -220,4 +222,30 @@ TEST_CASE("generate: BERT fills masks, T5 decodes, both leave the mode as it was
   REQUIRE(!t5->model().isTraining());
   // Greedy by default: the same text every time.
   REQUIRE(t5->generate("to be <extra_id_0> be", {5, -1, 40, 2}, DType::F32)->text == decoded->text);
+}
+
+TEST_CASE("masked LM's [PAD] is the model's: model.pad_token_id, or a WordPiece vocabulary's that agrees",
+          "[train][objective][mlm]") {
+  models::ModelSpec spec = tinySpec("bert");
+  spec.padTokenId = 0;  // an HF checkpoint's pad_token_id
+  auto objective = std::dynamic_pointer_cast<train::MaskedLmObjective>(objectiveFor(spec));
+  REQUIRE(objective->specialTokens().pad == 0);
+  REQUIRE(objective->specialTokens().cls == 257);
+  // The byte with the [PAD] id is never chosen for masking, as HF's collator leaves its pad token alone.
+  REQUIRE(std::find(objective->masking().specialTokenIds.begin(), objective->masking().specialTokenIds.end(),
+                    0) != objective->masking().specialTokenIds.end());
+  REQUIRE(std::dynamic_pointer_cast<train::MaskedLmObjective>(objectiveFor(tinySpec("bert")))
+              ->specialTokens()
+              .pad == 256);
+  // A WordPiece vocabulary's [PAD] must be the model's: that row is the one that takes no gradient.
+  auto wordPiece = std::make_shared<train::WordPieceTokenizer>(
+      std::vector<std::string>{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "##s"});
+  spec.vocabSize = 16;
+  spec.padTokenId = -1;  // 12
+  std::string e =
+      test::errorOf([&] { train::makeObjective("bert", models::buildModule(spec), wordPiece, 7); });
+  REQUIRE(e.find("set model.pad_token_id to 0") != std::string::npos);
+  spec.padTokenId = 0;
+  auto agreed = train::makeObjective("bert", models::buildModule(spec), wordPiece, 7);
+  REQUIRE(std::dynamic_pointer_cast<train::MaskedLmObjective>(agreed)->specialTokens().pad == 0);
 }

@@ -112,6 +112,7 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   int64_t params = models::numParameters(spec);
   double flops = models::flopsPerToken(spec);
   std::printf("model          %s: %s\n", c.model.arch.c_str(), models::describeShape(spec).c_str());
+  std::printf("head           %s\n", models::describeHead(spec).c_str());
   std::printf("parameters     %ld (%.3f B)\n", long(params), double(params) / 1e9);
   std::printf("FLOPs/token    %.4g (%s, training)\n", flops, models::flopsFormula(spec).c_str());
   std::printf("tokens/iter    %ld\n", long(c.train.globalBatchSize * c.model.seqLength));
@@ -353,81 +354,51 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
 }
 
 // With --hf, OUTPUT is a directory that HF's from_pretrained loads (GPT2LMHeadModel, BertForMaskedLM or
-// BertForPreTraining, T5ForConditionalGeneration): model.safetensors and config.json. A path ending in
-// .safetensors is written as named, with config.json beside it.
+// BertForPreTraining, T5ForConditionalGeneration, SwitchTransformersForConditionalGeneration):
+// model.safetensors and config.json (train::exportHfCheckpoint). Without it OUTPUT is one safetensors file
+// under Strata's names.
 int runConvert(const std::string& checkpoint, const std::string& output, bool hf) {
-  namespace fs = std::filesystem;
-  std::string dir = train::resolveCheckpoint(checkpoint);
-  train::Config c = train::checkpointConfig(dir);
   bool toFile = output.size() > 12 && output.substr(output.size() - 12) == ".safetensors";
   STRATA_USER_CHECK(hf || toFile,
                     "convert: OUTPUT must end in .safetensors (or pass --hf to write an HF directory)");
-  fs::path file = toFile ? fs::path(output) : fs::path(output) / "model.safetensors";
-  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
-  std::string configJson;
-  models::HfLayout layout;
   if (hf) {
-    configJson = models::hfConfigJson(spec, c.data.tokenizer == "gpt2" ? 50256 : -1);
-    layout = models::hfLayout(spec);
+    train::HfExportResult r = train::exportHfCheckpoint(checkpoint, output);
+    std::string streamed = r.peakBufferBytes > 0 ? ", streaming (at most " +
+                                                       humanBytes(double(r.peakBufferBytes)) + " in memory)"
+                                                 : std::string();
+    std::printf("wrote %zu tensors (%s) to %s%s\n", r.tensors, humanBytes(double(r.bytes)).c_str(),
+                r.weightsPath.c_str(), streamed.c_str());
+    std::printf("wrote %s (HF %s; tied tensors are left to from_pretrained)\n", r.configPath.c_str(),
+                r.modelClass.c_str());
+    for (const std::string& note : r.notes) std::printf("note: %s\n", note.c_str());
+    return 0;
   }
-  if (!file.parent_path().empty()) fs::create_directories(file.parent_path());
-  std::map<std::string, std::string> metadata{{"format", "pt"}, {"source", dir}};
-  if (!hf || models::isRenameOnly(layout)) {
-    // Tensor by tensor, renamed: the model is never whole in memory.
-    std::map<std::string, std::string> names;
-    for (const models::HfTensor& t : layout) names[t.param] = t.hfName;
-    std::function<std::string(const std::string&)> rename;
-    if (hf)
-      rename = [&](const std::string& name) {
-        auto it = names.find(name);
-        STRATA_USER_CHECK(it != names.end(), "{}: tensor '{}' has no {} counterpart", dir, name,
-                          models::hfModelClass(spec));
-        return it->second;
-      };
-    train::MergeStats stats = train::mergeModelShards(dir, file.string(), rename, metadata);
-    std::printf("wrote %zu tensors (%s) from %s to %s, streaming (at most %s in memory)\n", stats.tensors,
-                humanBytes(double(stats.bytes)).c_str(), dir.c_str(), file.c_str(),
-                humanBytes(double(stats.peakBufferBytes)).c_str());
-  } else {
-    // HF splits or transposes some parameters: build the model, then cut its tensors HF's way.
-    std::shared_ptr<nn::Module> model = models::buildModule(spec);
-    auto weights = train::loadModelShards(dir);
-    for (auto& [name, p] : model->namedParameters()) {
-      auto it = weights.find(name);
-      STRATA_USER_CHECK(it != weights.end(), "checkpoint {} has no tensor '{}'", dir, name);
-      ops::copy(p, it->second);
-    }
-    auto tensors = models::exportHf(*model, layout);
-    size_t bytes = 0;
-    for (const auto& [name, t] : tensors) bytes += t.nbytes();
-    train::writeSafetensors(file.string(), tensors, metadata);
-    std::printf("wrote %zu tensors (%s) from %s to %s\n", tensors.size(), humanBytes(double(bytes)).c_str(),
-                dir.c_str(), file.c_str());
-  }
-  if (hf) {
-    fs::path cfg = file.parent_path() / "config.json";
-    std::ofstream(cfg) << configJson;
-    STRATA_USER_CHECK(fs::exists(cfg), "cannot write {}", cfg.string());
-    std::printf("wrote %s (HF %s; tied tensors are left to from_pretrained)%s\n", cfg.c_str(),
-                models::hfModelClass(spec).c_str(),
-                file.filename() == "model.safetensors"
-                    ? ""
-                    : "; from_pretrained looks for model.safetensors, so rename the weights or convert to a "
-                      "directory");
-  }
+  std::string dir = train::resolveCheckpoint(checkpoint);
+  std::filesystem::path file(output);
+  if (!file.parent_path().empty()) std::filesystem::create_directories(file.parent_path());
+  // Tensor by tensor: the model is never whole in memory.
+  train::MergeStats stats =
+      train::mergeModelShards(dir, file.string(), {}, {{"format", "pt"}, {"source", dir}});
+  std::printf("wrote %zu tensors (%s) from %s to %s, streaming (at most %s in memory)\n", stats.tensors,
+              humanBytes(double(stats.bytes)).c_str(), dir.c_str(), file.c_str(),
+              humanBytes(double(stats.peakBufferBytes)).c_str());
   return 0;
 }
 
 // An HF transformers directory (config.json, model.safetensors) -> a Strata checkpoint under the save
 // directory OUTPUT (step-0 and `latest`), which `strata generate` runs and `checkpoint.load` (with
-// checkpoint.load_model_only) trains on from.
+// checkpoint.load_model_only) trains on from. It says what it built: the architecture, the shapes, the head
+// (tied or not, T5's scaling), the activation and the positions.
 int runConvertFromHf(const std::string& hfDir, const std::string& output) {
   train::HfImportResult r = train::importHfCheckpoint(hfDir, output);
   std::string ignored;
   for (const auto& name : r.unused) ignored += (ignored.empty() ? "" : ", ") + name;
-  std::printf("wrote %s: %s (%ld parameters) from %s%s\n", r.checkpointDir.c_str(),
-              models::describeShape(r.spec).c_str(), long(r.parameters), r.weightsPath.c_str(),
-              r.unused.empty() ? "" : (" (not kept: " + ignored + ")").c_str());
+  std::printf("built %s (HF %s): %s\n  %s\n", r.spec.arch.c_str(), r.modelClass.c_str(),
+              models::describeShape(r.spec).c_str(), models::describeHead(r.spec).c_str());
+  std::printf("wrote %s (%ld parameters) from %s%s\n", r.checkpointDir.c_str(), long(r.parameters),
+              r.weightsPath.c_str(), r.unused.empty() ? "" : (" (not kept: " + ignored + ")").c_str());
+  std::printf("HF's config.json has no training length: the config that loads it sets model.seq_length%s\n",
+              r.spec.arch == "t5" ? " and model.decoder_seq_length" : " (up to the table's positions)");
   return 0;
 }
 

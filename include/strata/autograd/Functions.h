@@ -105,7 +105,9 @@ Tensor layerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
 std::array<Tensor, 2> addLayerNorm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                                    const Tensor& bias, double eps = 1e-5);
 Tensor rmsNorm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
-Tensor embedding(const Tensor& weight, const Tensor& indices);
+// Rows of weight [V, C] at indices. paddingIdx >= 0: lookups of that id add nothing to weight's gradient (its
+// row is still read; torch's padding_idx, which HF's BERT gives its word embeddings).
+Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t paddingIdx = -1);
 // Mean cross-entropy of logits [N, V] against target [N], skipping ignoreIndex. fp32 scalar (f64 for f64
 // logits). The backward keeps only the logits and one log-sum-exp per row.
 Tensor crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIndex = -100);

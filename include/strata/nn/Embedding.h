@@ -11,6 +11,8 @@ struct EmbeddingConfig {
   int64_t embeddingDim = 0;
   double initStd = 0.02;
   Device device = Device::cpu();
+  // >= 0: lookups of this id add nothing to the table's gradient (torch's padding_idx; BERT's [PAD]).
+  int64_t paddingIdx = -1;
 };
 
 class Embedding : public Module {
@@ -31,6 +33,8 @@ class Embedding : public Module {
 
  private:
   Tensor lookup(const Tensor& ids, DType dtype);
+
+  int64_t paddingIdx_ = -1;
 };
 
 }  // namespace strata::nn

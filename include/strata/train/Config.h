@@ -51,6 +51,12 @@ struct ModelConfig {
   // Expert parallelism (Megatron's expert_model_parallel_size): the experts of each MoE layer split over
   // groups of this many ranks, tokens exchanged by all_to_all; it divides the world size and the experts.
   int64_t moeExpertParallelSize = 1;
+  // What HF checkpoints carry besides the shapes (models::ModelSpec says what each means): the position
+  // table's rows (gpt, bert; 0: seq_length), BERT's [PAD] (-1: vocab_size - 4) and whether T5 scales its
+  // decoder output before the head (default: when the head is tied).
+  int64_t maxPositionEmbeddings = 0;
+  int64_t padTokenId = -1;
+  std::string scaleDecoderOutputs = "default";
 };
 
 struct DataConfig {

@@ -6,7 +6,9 @@
 //
 // Special tokens: a WordPiece vocabulary's own [PAD], [CLS], [SEP] and [MASK]; with any other tokenizer
 // they are the last four ids of model.vocab_size ([PAD], [CLS], [SEP], [MASK]) and the data's ids lie
-// below them (bert-mini: bytes 0..255, then 256..259).
+// below them (bert-mini: bytes 0..255, then 256..259). [PAD] is always the model's (model.pad_token_id,
+// whose default is that vocab_size - 4): an HF checkpoint's pad_token_id (HF's default is 0) stays its [PAD],
+// a token that is never chosen for masking and whose embedding row, as in HF, takes no gradient from lookups.
 #pragma once
 
 #include <memory>
