@@ -22,6 +22,13 @@ std::string humanBytes(size_t bytes) {
 }
 }  // namespace
 
+OutOfMemory::OutOfMemory(const OutOfMemory& cause, const std::string& explanation)
+    : Error(cause.message() + ": " + explanation, {}, /*userFacing=*/true),
+      device_(cause.device_),
+      bytes_(cause.bytes_),
+      purpose_(cause.purpose_),
+      figures_(cause.figures_) {}
+
 MemoryPurpose::MemoryPurpose(const char* what) : previous_(currentPurpose) {
   currentPurpose = what;
 }

@@ -16,6 +16,7 @@
 
 #include "models/Zoo.h"
 #include "models/ZooHf.h"
+#include "strata/core/Allocator.h"
 #include "strata/optim/Adafactor.h"
 #include "strata/strata.h"
 #include "strata/train/Calibration.h"
@@ -506,6 +507,9 @@ int reportError(const std::exception& e) {
       std::fprintf(stderr, "error: %s [%s]\n", error->message().c_str(), error->location().c_str());
     else
       std::fprintf(stderr, "error: %s\n", e.what());
+    // NOTE [Out of memory]: the allocator's own figures, for a bug report.
+    if (const auto* oom = dynamic_cast<const OutOfMemory*>(&e); oom && withLocation)
+      std::fprintf(stderr, "  the allocator's figures: %s\n", oom->figures().c_str());
   } else if (const auto* fsError = dynamic_cast<const std::filesystem::filesystem_error*>(&e)) {
     std::fprintf(stderr, "error: %s\n", fsError->what());
   } else if (dynamic_cast<const std::bad_alloc*>(&e)) {

@@ -78,6 +78,8 @@ class OutOfMemory : public Error {
  public:
   // `memory`: the allocator's name ("cuda-caching:0", "host", ...); `figures`: its figures at the failure.
   OutOfMemory(const std::string& memory, Device device, size_t bytes, std::string figures);
+  // The same failure with what the caller knows added to its message (what holds the memory, what to change).
+  OutOfMemory(const OutOfMemory& cause, const std::string& explanation);
   Device device() const { return device_; }
   size_t bytes() const { return bytes_; }
   // What the allocation was for, or "" when no MemoryPurpose was open.
