@@ -28,6 +28,11 @@ std::atomic<int> wakeFd{-1};
 std::atomic<int64_t> heartbeatNs{0};
 std::atomic<int64_t> stopEndedNs{0};
 std::atomic<bool> takeContinue{false};
+// What the handler records with the first signal, for the monitor's message: the trainer's phase and its
+// iterations done then (the monitor may print after the loop has moved on).
+std::atomic<int> currentPhase{0};
+std::atomic<int64_t> iterationsDone{0}, iterationsAtSignal{0};
+std::atomic<bool> mpirunNotice{false};
 
 // The monitor's heartbeat is 10 per second; a SIGCONT that finds it older than this ends a stop. The monitor
 // also notes a gap that long when it wakes (the stop it just woke from), in case it wakes before the
@@ -59,8 +64,12 @@ extern "C" void onStopSignal(int sig) {
     ::_exit(130);
   }
   int expected = 0;
-  pendingSignal.compare_exchange_strong(expected, sig == SIGCONT ? SIGTERM : sig);
-  unsigned char byte = static_cast<unsigned char>(sig);
+  if (pendingSignal.compare_exchange_strong(expected, sig == SIGCONT ? SIGTERM : sig)) {
+    iterationsAtSignal.store(iterationsDone.load());
+    mpirunNotice.store(sig == SIGCONT);
+  }
+  // The signal and the phase it came in, in one byte (signals are below 64, phases 0 to 2).
+  unsigned char byte = static_cast<unsigned char>(sig + 64 * currentPhase.load());
   int fd = wakeFd.load();
   if (fd >= 0) {
     ssize_t ignored = ::write(fd, &byte, 1);
@@ -158,6 +167,9 @@ InterruptMonitor::InterruptMonitor(Options options) : options_(std::move(options
   // The handler must never block on a full pipe.
   ::fcntl(wakeWrite_, F_SETFL, ::fcntl(wakeWrite_, F_GETFL) | O_NONBLOCK);
   pendingSignal.store(0);
+  mpirunNotice.store(false);
+  currentPhase.store(int(Phase::Training));
+  iterationsDone.store(0);
   heartbeatNs.store(monotonicNs());
   stopEndedNs.store(0);
   wakeFd.store(wakeWrite_);
@@ -196,10 +208,14 @@ int InterruptMonitor::pending() const {
   return pendingSignal.load();
 }
 
-void InterruptMonitor::progress(int64_t iterationsDone, bool willSave, const std::string& noSaveReason,
+bool InterruptMonitor::fromMpirun() const {
+  return mpirunNotice.load();
+}
+
+void InterruptMonitor::progress(int64_t done, bool willSave, const std::string& noSaveReason,
                                 double stopSeconds) {
   std::lock_guard<std::mutex> lock(mutex_);
-  iterationsDone_ = iterationsDone;
+  train::iterationsDone.store(done);
   willSave_ = willSave;
   noSaveReason_ = noSaveReason;
   stopSeconds_ = stopSeconds;
@@ -217,7 +233,7 @@ void InterruptMonitor::setResumeCommand(const std::string& command) {
 }
 
 void InterruptMonitor::setPhase(Phase phase) {
-  phase_.store(phase);
+  currentPhase.store(int(phase));
 }
 
 void InterruptMonitor::watch() {
@@ -233,7 +249,7 @@ void InterruptMonitor::watch() {
     for (ssize_t i = 0; i < n; ++i) {
       if (bytes[i] == 0 || noticed_) continue;
       noticed_ = true;
-      onNotice(bytes[i]);
+      onNotice(bytes[i] % 64, Phase(bytes[i] / 64));
     }
   }
 }
@@ -246,12 +262,12 @@ std::vector<RankProcess> InterruptMonitor::lostRanks() const {
   return lost;
 }
 
-void InterruptMonitor::onNotice(int signal) {
+void InterruptMonitor::onNotice(int signal, Phase phase) {
   bool main = options_.rank == 0;
-  Phase phase = phase_.load();
   std::unique_lock<std::mutex> lock(mutex_);
   if (phase != Phase::Training) {
-    // Already stopping, or done training (the checkpoint is written): a later notice changes nothing.
+    // It came when the ranks had agreed to stop, or were done training (the checkpoint is written): it
+    // changes nothing, and a rank that has gone since is no loss.
     if (main && signal == SIGINT)
       spdlog::warn("interrupt: {}; interrupt again to exit now",
                    phase == Phase::Stopping ? "already stopping" : "training is over");
@@ -289,7 +305,7 @@ void InterruptMonitor::onNotice(int signal) {
     ::_exit(1);
   }
   if (!main) return;  // rank 0 speaks for the job; a signal to another rank shows at the step's end
-  int64_t next = iterationsDone_ + 1;
+  int64_t next = iterationsAtSignal.load() + 1;
   std::string saving =
       willSave_ ? " and saving a checkpoint" : ", then stopping without a checkpoint (" + noSaveReason_ + ")";
   if (signal == SIGCONT) {

@@ -869,6 +869,7 @@ TrainResult Trainer::run() {
     result.steps = done;
     if (signal != 0) {
       result.interruptSignal = signal;
+      result.stoppedByMpirun = interrupts.fromMpirun();
       if (main)
         spdlog::warn("stopped by {} after iteration {}{}", signal == SIGINT ? "SIGINT" : "SIGTERM", done,
                      lastSaved == done ? "; checkpoint " + result.checkpoint + " holds it" : "");

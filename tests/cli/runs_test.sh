@@ -6,7 +6,17 @@
 set -uo pipefail
 strata=$(realpath "$1")
 work=$(mktemp -d /tmp/strata-runs-XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# Whatever this script started and is still running is ended with it (mpirun's ranks first).
+started=()
+cleanup() {
+  local p
+  for p in "${started[@]}"; do
+    pkill -9 -P "$p" 2>/dev/null
+    kill -9 "$p" 2>/dev/null
+  done
+  [ "${KEEP:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
 cd "$(dirname "$0")/../.."
 failures=0
 fail() {
@@ -27,6 +37,7 @@ start() {
   shift
   "$@" >"$log" 2>&1 &
   pid=$!
+  started+=("$pid")
   for _ in $(seq 1 600); do grep -q "iteration " "$log" 2>/dev/null && break; sleep 0.1; done
 }
 
@@ -78,8 +89,9 @@ esac
 # Pasted with a changed learning rate it is refused, the setting named; as printed it continues the run.
 eval "$resume --set optimizer.lr=0.5" >"$work/changed.log" 2>&1
 expect "a resume with a changed setting is refused" 1 $? "optimizer.lr: 0.002 in the checkpoint, 0.5 now" "$work/changed.log"
-eval "$resume" >"$work/pasted.log" 2>&1 &
+eval "exec $resume" >"$work/pasted.log" 2>&1 &
 pid=$!
+started+=("$pid")
 for _ in $(seq 1 600); do grep -q "iteration  *$((step + 2))/" "$work/pasted.log" 2>/dev/null && break; sleep 0.1; done
 kill -TERM "$pid"
 wait "$pid"

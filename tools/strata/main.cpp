@@ -147,10 +147,10 @@ int runTrain(const std::string& configPath, std::vector<std::string> overrides, 
       std::printf("checkpoint %s; resume with:\n  %s\n", last.c_str(), resumeWith.c_str());
     else
       std::printf("no checkpoint was saved (set checkpoint.save to keep interrupted runs)\n");
-    if (train::launchedByOpenMpi())
+    if (r.stoppedByMpirun)
       std::printf(
-          "(after Ctrl-C mpirun returns only once its kill timeout has passed twice; the ranks are done, and "
-          "a second Ctrl-C ends it now)\n");
+          "(mpirun returns only once its kill timeout has passed twice; the ranks are done, and a second "
+          "Ctrl-C ends it now)\n");
     std::fflush(stdout);
     return 128 + r.interruptSignal;
   }

@@ -76,11 +76,13 @@ class InterruptMonitor {
 
   // The signal asking this rank to stop: SIGINT, SIGTERM (mpirun's notice counts as SIGTERM), or 0.
   int pending() const;
+  // The signal pending is mpirun's notice (Ctrl-C or a signal to mpirun).
+  bool fromMpirun() const;
 
   // What the messages say, kept current by the trainer. `willSave`: a stop now writes a checkpoint (else
   // `noSaveReason` says why not); `stopSeconds`: how long the slowest step and the last save took (0:
   // unknown); `lastGood`: the newest complete checkpoint of this run ("" when none) and its iteration.
-  void progress(int64_t iterationsDone, bool willSave, const std::string& noSaveReason, double stopSeconds);
+  void progress(int64_t done, bool willSave, const std::string& noSaveReason, double stopSeconds);
   void checkpointSaved(const std::string& lastGood, int64_t step);
   void setResumeCommand(const std::string& command);
   // Stopping: the ranks agreed to stop (a notice now changes nothing); Finished: training is over.
@@ -88,7 +90,8 @@ class InterruptMonitor {
 
  private:
   void watch();
-  void onNotice(int signal);
+  // The first signal, and the phase the trainer was in when it came.
+  void onNotice(int signal, Phase phase);
   std::vector<RankProcess> lostRanks() const;
 
   Options options_;
@@ -96,11 +99,9 @@ class InterruptMonitor {
   int wakeRead_ = -1, wakeWrite_ = -1;
   std::thread thread_;
   std::atomic<bool> quit_{false};
-  std::atomic<Phase> phase_{Phase::Training};
   bool noticed_ = false;  // the monitor thread's: the first notice was handled
 
   mutable std::mutex mutex_;  // guards the fields below
-  int64_t iterationsDone_ = 0;
   bool willSave_ = false;
   std::string noSaveReason_ = "no save directory: set checkpoint.save";
   double stopSeconds_ = 0;

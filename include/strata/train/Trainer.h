@@ -32,10 +32,11 @@ struct TrainResult {
   int64_t evaluations = 0;
   int64_t skippedSteps = 0;  // steps not applied: fp16 overflows and non-finite bf16/fp32 steps
   std::string sample;
-  TrainRecord last;         // the last logged interval (speed, memory): what `strata bench` reports
-  std::string checkpoint;   // the last checkpoint written ("" when none)
-  int interruptSignal = 0;  // SIGINT or SIGTERM when the run stopped early on one, else 0
-  size_t chunks = 0;        // parameter chunks the step engine laid out
+  TrainRecord last;              // the last logged interval (speed, memory): what `strata bench` reports
+  std::string checkpoint;        // the last checkpoint written ("" when none)
+  int interruptSignal = 0;       // SIGINT or SIGTERM when the run stopped early on one, else 0
+  bool stoppedByMpirun = false;  // it was mpirun's notice that the job is ending (train/Interrupts.h)
+  size_t chunks = 0;             // parameter chunks the step engine laid out
   // The checkpoint resumed was at or past train.train_iters already: nothing was trained (nor sampled).
   bool alreadyComplete = false;
 };
