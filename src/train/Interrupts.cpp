@@ -14,7 +14,6 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
-#include <sstream>
 
 #include "strata/core/Error.h"
 

@@ -48,13 +48,13 @@ bool isLaunchSetting(const std::string& key) {
 }
 
 // Settings of the run's course that a resume may change: how long it runs, how often it logs, evaluates and
-// saves, and where its output goes.
+// saves, where its output goes, and the training lengths (a model trained at 128 tokens goes on at 512).
 bool isCourseSetting(const std::string& key) {
-  for (const char* k : {"train.train_iters", "train.exit_interval", "train.log_interval",
-                        "train.eval_interval", "train.eval_iters", "train.sample_length",
-                        "train.sample_prompt", "train.out_dir", "train.max_nonfinite_steps", "model.init_std",
-                        "model.seq_length", "model.decoder_seq_length", "checkpoint.save",
-                        "checkpoint.save_interval", "checkpoint.keep_last"})
+  for (const char* k :
+       {"train.train_iters", "train.exit_interval", "train.log_interval", "train.eval_interval",
+        "train.eval_iters", "train.sample_length", "train.sample_prompt", "train.out_dir",
+        "train.max_nonfinite_steps", "model.init_std", "model.seq_length", "model.decoder_seq_length",
+        "checkpoint.save", "checkpoint.save_interval", "checkpoint.keep_last"})
     if (key == k) return true;
   return false;
 }

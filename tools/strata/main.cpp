@@ -149,8 +149,8 @@ int runTrain(const std::string& configPath, std::vector<std::string> overrides, 
       std::printf("no checkpoint was saved (set checkpoint.save to keep interrupted runs)\n");
     if (r.stoppedByMpirun)
       std::printf(
-          "(mpirun returns only once its kill timeout has passed twice; the ranks are done, and a second "
-          "Ctrl-C ends it now)\n");
+          "(mpirun may take up to twice its kill timeout to return; the ranks are done, and a second Ctrl-C "
+          "ends it now)\n");
     std::fflush(stdout);
     return 128 + r.interruptSignal;
   }

@@ -16,8 +16,8 @@
 // job is ending (a stopped process wakes to find the monitor's heartbeat a second or more old, and ignores
 // it) and stops as for SIGTERM: it has 2T to finish the step and save. Strata's launch line sets T
 // (`mpirun --mca odls_base_sigkill_timeout 30`, docs/checkpoints.md); the trainer warns at start when it is
-// unset, and once a step and a save have been timed, when they would not fit. mpirun itself returns only 2T
-// after the notice, whatever the ranks do.
+// unset, and once a step and a save have been timed, when they would not fit. mpirun itself may take up to
+// 2T to return (it sleeps through its kill sequence), whatever the ranks do.
 //
 // The messages come from a monitor thread, not the handler: it checks first whether every rank on this host
 // is alive (a rank killed with -9 is gone by the time mpirun's notice arrives). If one is not, no step can

@@ -19,9 +19,9 @@
 // default, and the global batch stays the run's at any world size. A setting that is given and differs from
 // the run's is refused, all of them listed, unless it may change on resume (mayChangeOnResume), or
 // checkpoint.allow_changes is true. Those that may change are of two kinds. The run's course (how long it
-// runs, how often it logs, evaluates and saves, where its output goes) is the run's unless given. This
-// launch's settings (where model state lives, the device, threads, the collective timeout, expert
-// parallelism: none changes what a step computes) are the command's, given or default, never the
+// runs, how often it logs, evaluates and saves, where its output goes, the training lengths) is the run's
+// unless given. This launch's settings (where model state lives, the device, threads, the collective timeout,
+// expert parallelism: none changes what a step computes) are the command's, given or default, never the
 // checkpoint's, so a run resumes at another world size or on another machine. checkpoint.load,
 // load_model_only, resume and allow_changes describe the start itself and are never taken from the
 // checkpoint. A data file under another path with the same bytes is no change. A resume from checkpoint.load
