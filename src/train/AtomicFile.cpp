@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "strata/core/Error.h"
+#include "strata/core/FileError.h"
 
 namespace strata::train {
 
@@ -46,7 +47,7 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
     ssize_t wrote = ::write(fd_, p, std::min<size_t>(bytes, size_t(1) << 30));
     if (wrote < 0 && errno == EINTR) continue;
     STRATA_USER_CHECK(wrote > 0, "cannot write {}: {}", path_,
-                      wrote < 0 ? std::strerror(errno) : "the write made no progress");
+                      wrote < 0 ? fileErrorText(errno) : "the write made no progress");
     p += wrote;
     bytes -= size_t(wrote);
   }
@@ -55,7 +56,7 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
 void AtomicFileWriter::commit() {
   STRATA_CHECK(fd_ >= 0 && !committed_, "{} committed twice", path_);
   // Data before name: after a crash the new name never points at blocks that did not reach the disk.
-  STRATA_USER_CHECK(::fsync(fd_) == 0, "cannot write {}: fsync failed: {}", path_, std::strerror(errno));
+  STRATA_USER_CHECK(::fsync(fd_) == 0, "cannot write {}: fsync failed: {}", path_, fileErrorText(errno));
   int closed = ::close(fd_);
   fd_ = -1;
   STRATA_USER_CHECK(closed == 0, "cannot write {}: close failed: {}", path_, std::strerror(errno));

@@ -13,6 +13,7 @@
 
 #include "AtomicFile.h"
 #include "strata/core/Checksum.h"
+#include "strata/core/FileError.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::train {
@@ -81,7 +82,7 @@ FileDigest writeTextSynced(const std::string& path, const std::string& text) {
   auto fail = [&](const char* what) {
     int err = errno;
     ::close(fd);
-    STRATA_USER_FAIL("{} of {} failed: {}", what, path, std::strerror(err));
+    STRATA_USER_FAIL("{} of {} failed: {}", what, path, fileErrorText(err));
   };
   const char* p = text.data();
   size_t n = text.size();
@@ -432,6 +433,8 @@ std::string saveCheckpoint(const std::string& saveDir, const SaveTensors& model,
                     {"model", state.model},
                     {"layout", state.layout.slots.empty() ? json(nullptr) : layoutToJson(state.layout)},
                     {"config", state.config}};
+      if (!state.runId.empty()) manifest["run_id"] = state.runId;
+      if (!state.effective.empty()) manifest["effective_config"] = state.effective;
       writeTextSynced((tmpDir / "manifest.json").string(), manifest.dump(2));
       fsyncDir(tmpDir.string());
       fs::remove_all(finalDir);
@@ -470,6 +473,9 @@ CheckpointState stateFromManifest(const json& manifest, const std::string& dir) 
     state.chunked = manifest.value("chunked", false);
     state.config = manifest["config"].get<std::map<std::string, std::string>>();
     if (manifest.contains("model")) state.model = manifest["model"].get<std::map<std::string, std::string>>();
+    state.runId = manifest.value("run_id", std::string());
+    if (manifest.contains("effective_config"))
+      state.effective = manifest["effective_config"].get<std::map<std::string, std::string>>();
     if (manifest.contains("layout") && manifest["layout"].is_object())
       state.layout = layoutFromJson(manifest["layout"], dir + "/manifest.json");
   } catch (const json::exception& e) {
@@ -821,7 +827,8 @@ std::vector<std::string> removeStaleTemporaries(const std::string& saveDir) {
   return removed;
 }
 
-std::vector<std::string> pruneCheckpoints(const std::string& saveDir, int64_t keep) {
+std::vector<std::string> pruneCheckpoints(const std::string& saveDir, int64_t keep,
+                                          const std::string& runId) {
   std::vector<std::string> removed;
   if (keep <= 0 || !fs::is_directory(saveDir)) return removed;
   std::string latest;
@@ -830,7 +837,17 @@ std::vector<std::string> pruneCheckpoints(const std::string& saveDir, int64_t ke
   std::vector<std::pair<int64_t, std::string>> steps;
   for (const auto& entry : fs::directory_iterator(saveDir)) {
     std::string name = entry.path().filename().string();
-    if (entry.is_directory() && stepOf(name) >= 0) steps.emplace_back(stepOf(name), name);
+    if (!entry.is_directory() || stepOf(name) < 0) continue;
+    // Only this run's: a directory without a readable manifest, or of another run, is not ours to delete.
+    std::string owner;
+    try {
+      json manifest = json::parse(std::ifstream(entry.path() / "manifest.json"));
+      if (!manifest.is_object()) continue;
+      owner = manifest.value("run_id", std::string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (owner == runId) steps.emplace_back(stepOf(name), name);
   }
   std::sort(steps.begin(), steps.end());
   for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) {

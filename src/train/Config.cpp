@@ -350,6 +350,11 @@ const std::vector<Field>& schema() {
         "checkpoint.keep_last", [](Config & c) -> auto& { return c.checkpoint.keepLast; }, 0));
     f.push_back(boolField(
         "checkpoint.load_model_only", [](Config & c) -> auto& { return c.checkpoint.loadModelOnly; }));
+    // runs across restarts (train/Run.h)
+    f.push_back(boolField(
+        "checkpoint.resume", [](Config & c) -> auto& { return c.checkpoint.resume; }));
+    f.push_back(boolField(
+        "checkpoint.allow_changes", [](Config & c) -> auto& { return c.checkpoint.allowChanges; }));
     return f;
   }();
   return fields;
@@ -480,6 +485,29 @@ struct Loader {
     assign(*f, node, "--set " + spec);
   }
 
+  // A key's effective text as effectiveValues wrote it: strings are taken as they are (no YAML parsing), the
+  // others parsed as YAML.
+  void setEffective(const std::string& key, const std::string& text) {
+    const Field* f = findField(key);
+    if (!f) {
+      config.warnings.push_back(detail::format(
+          "{}: the recorded setting '{}' is not a config key of this version; it is left out", origin, key));
+      return;
+    }
+    YAML::Node node;
+    if (f->kind == Kind::String) {
+      node = YAML::Node(text);
+    } else {
+      try {
+        node = YAML::Load(text);
+      } catch (const YAML::Exception& e) {
+        STRATA_USER_FAIL("{}: the recorded value '{}' of '{}' cannot be parsed: {}", origin, text, key,
+                         e.what());
+      }
+    }
+    assign(*f, node, origin);
+  }
+
   std::string place(const std::string& key) const {
     auto it = where.find(key);
     return it != where.end() ? it->second : origin + " (default)";
@@ -574,6 +602,21 @@ Config parseWith(const YAML::Node& root, const std::string& origin, const std::s
 }
 
 }  // namespace
+
+Config configFromValues(const std::map<std::string, std::string>& values, const std::string& origin,
+                        bool requireData) {
+  Loader loader;
+  loader.origin = origin;
+  loader.requireData = requireData;
+  // Only what differs from the defaults counts as set (Config::values), as in a config file.
+  std::map<std::string, std::string> defaults = effectiveValues(Config{});
+  for (const auto& [key, text] : values) {
+    auto it = defaults.find(key);
+    if (it == defaults.end() || it->second != text) loader.setEffective(key, text);
+  }
+  loader.validate();
+  return loader.config;
+}
 
 Config parseConfig(const std::string& yaml, const std::string& origin,
                    const std::vector<std::string>& overrides, bool requireData) {

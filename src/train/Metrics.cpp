@@ -15,6 +15,7 @@
 
 #include "strata/core/Checksum.h"
 #include "strata/core/Error.h"
+#include "strata/core/FileError.h"
 
 namespace strata::train {
 
@@ -54,16 +55,19 @@ double wallTime() {
 
 }  // namespace
 
-TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
+constexpr const char* kRunTag = ".run-";
+
+TensorBoardWriter::TensorBoardWriter(const std::string& dir, const std::string& runId) : runId_(runId) {
   std::filesystem::create_directories(dir);
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
   // Several writers of one process in one second (tests, repeated runs) get distinct files.
   static std::atomic<int> serial{0};
   int n = serial++;
-  path_ = (std::filesystem::path(dir) / fmt::format("events.out.tfevents.{}.{}.{}{}", int64_t(wallTime()),
+  path_ = (std::filesystem::path(dir) / fmt::format("events.out.tfevents.{}.{}.{}{}{}", int64_t(wallTime()),
                                                     std::string(host), getpid(),
-                                                    n > 0 ? fmt::format(".{}", n) : std::string()))
+                                                    n > 0 ? fmt::format(".{}", n) : std::string(),
+                                                    runId.empty() ? std::string() : kRunTag + runId))
               .string();
   out_.open(path_, std::ios::binary);
   STRATA_USER_CHECK(out_.good(), "cannot create TensorBoard event file {}: {}", path_, std::strerror(errno));
@@ -85,14 +89,15 @@ void TensorBoardWriter::writeRecord(const std::string& payload) {
 
 void TensorBoardWriter::flush() {
   out_.flush();
-  STRATA_USER_CHECK(out_.good(), "cannot write TensorBoard event file {}: {}", path_, std::strerror(errno));
+  STRATA_USER_CHECK(out_.good(), "cannot write TensorBoard event file {}: {}", path_, fileErrorText(errno));
 }
 
 void TensorBoardWriter::sessionStart(int64_t step) {
-  // SessionLog { status = 1 (START) }, Event { wall_time = 1; step = 2; session_log = 6 }
+  // SessionLog { status = 1 (START); msg = 3 }, Event { wall_time = 1; step = 2; session_log = 6 }
   std::string log;
   tag(log, 1, 0);
   varint(log, 1);
+  if (!runId_.empty()) bytesField(log, 3, "run " + runId_);
   std::string event;
   fixedField(event, 1, wallTime());
   tag(event, 2, 0);
@@ -115,6 +120,11 @@ void TensorBoardWriter::scalar(const std::string& name, double value, int64_t st
   varint(event, uint64_t(step));
   bytesField(event, 5, summary);
   writeRecord(event);
+}
+
+std::string eventFileRunId(const std::string& fileName) {
+  size_t at = fileName.rfind(kRunTag);
+  return at == std::string::npos ? std::string() : fileName.substr(at + std::strlen(kRunTag));
 }
 
 std::string formatDuration(double seconds) {
@@ -158,10 +168,11 @@ void keepRecordsThrough(const std::string& path, int64_t resumeStep) {
 
 }  // namespace
 
-MetricsLogger::MetricsLogger(const std::string& outDir, int64_t resumeStep)
+MetricsLogger::MetricsLogger(const std::string& outDir, int64_t resumeStep, const std::string& runId)
     : jsonlPath_((std::filesystem::create_directories(outDir),
                   (std::filesystem::path(outDir) / "metrics.jsonl").string())),
-      tb_(outDir) {
+      runId_(runId),
+      tb_(outDir, runId) {
   keepRecordsThrough(jsonlPath_, resumeStep);
   jsonl_.open(jsonlPath_, std::ios::app);
   STRATA_USER_CHECK(jsonl_.good(), "cannot open {}: {}", jsonlPath_, std::strerror(errno));
@@ -172,7 +183,7 @@ MetricsLogger::MetricsLogger(const std::string& outDir, int64_t resumeStep)
 void MetricsLogger::writeLine(const std::string& line) {
   jsonl_ << line << "\n";
   jsonl_.flush();
-  STRATA_USER_CHECK(jsonl_.good(), "cannot write {}: {}", jsonlPath_, std::strerror(errno));
+  STRATA_USER_CHECK(jsonl_.good(), "cannot write {}: {}", jsonlPath_, fileErrorText(errno));
 }
 
 void MetricsLogger::train(const TrainRecord& r) {
@@ -189,6 +200,7 @@ void MetricsLogger::train(const TrainRecord& r) {
                    {"elapsed_s", r.elapsedSeconds},
                    {"skipped_steps", r.skippedSteps},
                    {"offload_ms", r.offloadMs}};
+  if (!runId_.empty()) j["run_id"] = runId_;
   for (const auto& [phase, ms] : r.offloadPhasesMs) j["offload_" + phase + "_ms"] = ms;
   if (!r.offloadPhasesMs.empty()) j["offload_gpu_share"] = r.offloadGpuShare;
   for (const auto& [tier, gb] : r.memoryGb) {
@@ -247,7 +259,9 @@ void MetricsLogger::train(const TrainRecord& r) {
 }
 
 void MetricsLogger::eval(int64_t step, double valLoss) {
-  writeLine(nlohmann::json{{"step", step}, {"val_loss", valLoss}}.dump());
+  nlohmann::json j{{"step", step}, {"val_loss", valLoss}};
+  if (!runId_.empty()) j["run_id"] = runId_;
+  writeLine(j.dump());
   spdlog::info("evaluation at iteration {} | val loss {:.4f}", step, valLoss);
   tb_.scalar("val/loss", valLoss, step);
   tb_.flush();

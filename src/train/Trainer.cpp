@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <nlohmann/json.hpp>
+
 #include <omp.h>
 #include <unistd.h>
 
@@ -21,13 +23,16 @@
 #include "strata/core/Philox.h"
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
+#include "strata/dist/Launch.h"
 #include "strata/nn/MoE.h"
 #include "strata/nn/TransformerBlock.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/LrSchedule.h"
 #include "strata/train/Checkpoint.h"
+#include "strata/train/Interrupts.h"
 #include "strata/train/LossPlot.h"
 #include "strata/train/Metrics.h"
+#include "strata/train/Run.h"
 #include "strata/train/SentencePieceTokenizer.h"
 #include "strata/train/StepEngine.h"
 
@@ -123,47 +128,6 @@ void ensureWritableDirectory(const std::string& dir, const std::string& key) {
   fs::remove(probe, ec);
 }
 
-// NOTE [Interrupts]
-// SIGINT/SIGTERM during Trainer::run only set a flag: the loop finishes the step it is in, saves a checkpoint
-// when saving is configured, and returns. A second SIGINT means "now": it exits at once with status 130.
-// The handlers are installed for the duration of run() and the previous ones restored after.
-std::atomic<int> pendingSignal{0};
-
-extern "C" void onInterrupt(int sig) {
-  if (pendingSignal.load() != 0 && sig == SIGINT) {
-    const char msg[] = "\nsecond interrupt: aborting now\n";
-    ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-    (void)ignored;
-    ::_exit(130);
-  }
-  pendingSignal.store(sig);
-  const char msg[] =
-      "\ninterrupt: finishing the current step and saving a checkpoint (interrupt again to abort now)\n";
-  ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-  (void)ignored;
-}
-
-class InterruptGuard {
- public:
-  InterruptGuard() {
-    pendingSignal.store(0);
-    struct sigaction action {};
-    action.sa_handler = onInterrupt;
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, &previousInt_);
-    sigaction(SIGTERM, &action, &previousTerm_);
-  }
-  ~InterruptGuard() {
-    sigaction(SIGINT, &previousInt_, nullptr);
-    sigaction(SIGTERM, &previousTerm_, nullptr);
-  }
-  int pending() const { return pendingSignal.load(); }
-
- private:
-  struct sigaction previousInt_ {
-  }, previousTerm_{};
-};
-
 // Keys of the model section that change a tensor's shape or what the model computes: a checkpoint differing
 // in one of them can never be loaded. The others (dropout, layer_norm_eps, the training lengths seq_length
 // and decoder_seq_length) only warn, and init_std does not matter after the first step.
@@ -187,43 +151,8 @@ void checkModelSection(const std::string& checkpoint, std::map<std::string, std:
   if (saved.empty())
     for (const auto& [key, value] : readCheckpointState(checkpoint).config)
       if (key.rfind("model.", 0) == 0) saved[key] = value;
-  // ffn_hidden_size 0 means 4 * hidden_size, decoder_seq_length 0 a quarter of seq_length, activation default
-  // the architecture's own (`convert --from-hf` writes what HF's config.json says).
-  for (auto* m : {&saved, &current}) {
-    auto ffn = m->find("model.ffn_hidden_size");
-    auto hidden = m->find("model.hidden_size");
-    if (ffn != m->end() && hidden != m->end() && sameConfigValue(ffn->second, "0"))
-      ffn->second = std::to_string(4 * std::stoll(hidden->second));
-    auto decoder = m->find("model.decoder_seq_length");
-    auto seq = m->find("model.seq_length");
-    if (decoder != m->end() && seq != m->end() && sameConfigValue(decoder->second, "0"))
-      decoder->second = std::to_string(std::max<int64_t>(1, std::stoll(seq->second) / 4));
-    auto activation = m->find("model.activation");
-    auto arch = m->find("model.arch");
-    if (activation != m->end() && arch != m->end()) {
-      models::ModelSpec spec;
-      spec.arch = arch->second;
-      spec.activation = activation->second;
-      activation->second = models::activationName(spec);
-    }
-    // What HF checkpoints carry (models::ModelSpec): max_position_embeddings 0, or absent in a checkpoint
-    // from before the key, is seq_length's table (gpt, bert); pad_token_id -1 is vocab_size - 4 (bert); T5's
-    // scale_decoder_outputs default follows the head's tying. A section without seq_length (`convert
-    // --from-hf` records no training length) keeps its table size as written.
-    if (arch != m->end() && arch->second != "t5" && seq != m->end()) {
-      std::string& positions = (*m)["model.max_position_embeddings"];
-      if (positions.empty() || sameConfigValue(positions, "0")) positions = seq->second;
-    }
-    auto pad = m->find("model.pad_token_id"), vocab = m->find("model.vocab_size");
-    if (arch != m->end() && arch->second == "bert" && pad != m->end() && vocab != m->end() &&
-        sameConfigValue(pad->second, "-1"))
-      pad->second = std::to_string(std::stoll(vocab->second) - 4);
-    auto untie = m->find("model.untie_embeddings_and_output_weights");
-    if (arch != m->end() && arch->second == "t5" && untie != m->end()) {
-      std::string& scale = (*m)["model.scale_decoder_outputs"];
-      if (scale.empty() || scale == "default") scale = untie->second == "true" ? "false" : "true";
-    }
-  }
+  spellOutModelDefaults(saved);
+  spellOutModelDefaults(current);
   std::vector<std::string> shape, other;
   for (const auto& [key, value] : saved) {
     auto it = current.find(key);
@@ -259,39 +188,61 @@ std::string expertDataGroupName(int64_t size) {
 }
 
 Trainer::Trainer(Config config, std::shared_ptr<dist::ParallelContext> parallel)
-    : config_(std::move(config)), parallel_(std::move(parallel)) {
-  connect();
-  tokenizer_ = makeTokenizer(config_);
-  models::ModelSpec spec = modelSpecFrom(config_, device_);
-  spec.expertParallel = expertParallel();
-  objective_ = makeObjective(config_.model.arch, models::buildModule(spec), tokenizer_, config_.train.seed);
-  setup();
+    : parallel_(std::move(parallel)) {
+  begin(config);
+  agreeOnSetup([&] { plan(config); });
+  agreeOnSetup([&] {
+    connect();
+    tokenizer_ = makeTokenizer(config_);
+    models::ModelSpec spec = modelSpecFrom(config_, device_);
+    spec.expertParallel = expertParallel();
+    objective_ = makeObjective(config_.model.arch, models::buildModule(spec), tokenizer_, config_.train.seed);
+    setup();
+  });
 }
 
 Trainer::Trainer(Config config, std::shared_ptr<nn::CausalLM> model,
                  std::shared_ptr<dist::ParallelContext> parallel)
-    : config_(std::move(config)), parallel_(std::move(parallel)) {
-  connect();
-  STRATA_CHECK(model != nullptr, "Trainer: no model given");
-  tokenizer_ = makeTokenizer(config_);
-  objective_ = std::make_shared<CausalLmObjective>(std::move(model), tokenizer_);
-  setup();
+    : parallel_(std::move(parallel)) {
+  begin(config);
+  agreeOnSetup([&] { plan(config); });
+  agreeOnSetup([&] {
+    connect();
+    STRATA_CHECK(model != nullptr, "Trainer: no model given");
+    tokenizer_ = makeTokenizer(config_);
+    objective_ = std::make_shared<CausalLmObjective>(std::move(model), tokenizer_);
+    setup();
+  });
 }
 
 Trainer::Trainer(Config config, std::shared_ptr<Objective> objective,
                  std::shared_ptr<dist::ParallelContext> parallel)
-    : config_(std::move(config)), objective_(std::move(objective)), parallel_(std::move(parallel)) {
-  connect();
-  STRATA_CHECK(objective_ != nullptr, "Trainer: no objective given");
-  tokenizer_ = makeTokenizer(config_);
-  setup();
+    : objective_(std::move(objective)), parallel_(std::move(parallel)) {
+  begin(config);
+  agreeOnSetup([&] { plan(config); });
+  agreeOnSetup([&] {
+    connect();
+    STRATA_CHECK(objective_ != nullptr, "Trainer: no objective given");
+    tokenizer_ = makeTokenizer(config_);
+    setup();
+  });
 }
 
-void Trainer::connect() {
-  device_ = resolveDevice(config_.train.device);
+void Trainer::begin(const Config& config) {
+  // The device and the collective timeout are this launch's, never a checkpoint's (NOTE [Resume is a
+  // property of the run] in train/Run.h), so the ranks connect before they plan. Every rank checks the
+  // device alike; only rank 0 reports it.
+  int rank = parallel_ ? parallel_->rank() : dist::launchInfoFromEnvironment().rank;
+  try {
+    device_ = resolveDevice(config.train.device);
+  } catch (const Error& e) {
+    if (rank != 0) throw ReportedByRankZero(e.message());
+    throw;
+  }
+  config_ = config;
   if (!parallel_) {
     dist::ParallelOptions options;
-    options.timeoutSeconds = config_.dist.timeoutS;
+    options.timeoutSeconds = config.dist.timeoutS;
     options.deviceType = device_.type;
     options.gpuCollectives = dist::parseGpuCollectives(config_.dist.gpuCollectives);
     parallel_ = std::make_shared<dist::ParallelContext>(options);
@@ -302,6 +253,77 @@ void Trainer::connect() {
   if (device_.isCuda() && processDeviceIndex() < 0) setProcessDevice(device_);
   // Rank 0 speaks for the job; the others only warn.
   if (!parallel_->isMain()) spdlog::set_level(spdlog::level::warn);
+}
+
+namespace {
+
+// Every rank's text, in rank order, through the CPU (MPI) path: the lengths, then the texts padded to the
+// longest.
+std::vector<std::string> gatherText(dist::Communicator& comm, const std::string& text) {
+  int n = comm.size();
+  if (n == 1) return {text};
+  Tensor lengths = Tensor::empty({n}, DType::I64, Device::cpu());
+  comm.allGather(lengths, Tensor::fromVector(std::vector<int64_t>{int64_t(text.size())}, {1}));
+  std::vector<int64_t> len = lengths.toVector<int64_t>();
+  int64_t longest = std::max<int64_t>(1, *std::max_element(len.begin(), len.end()));
+  std::string padded = text;
+  padded.resize(size_t(longest), '\0');
+  Tensor all = Tensor::empty({n * longest}, DType::U8, Device::cpu());
+  comm.allGather(all, Tensor::fromHost(padded.data(), DType::U8, padded.size(), {longest}, Device::cpu()));
+  std::vector<std::string> out;
+  const char* bytes = static_cast<const char*>(all.data());
+  for (int r = 0; r < n; ++r) out.emplace_back(bytes + r * longest, size_t(len[size_t(r)]));
+  return out;
+}
+
+}  // namespace
+
+void Trainer::plan(const Config& config) {
+  start_ = planRunStart(config);
+  config_ = start_.config;
+}
+
+void Trainer::agreeOnSetup(const std::function<void()>& work) {
+  bool main = parallel_->isMain();
+  std::exception_ptr failure;
+  std::string message;
+  try {
+    work();
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    const auto* error = dynamic_cast<const Error*>(&e);
+    message = error ? error->message() : e.what();
+  }
+  char host[256] = "localhost";
+  gethostname(host, sizeof(host) - 1);
+  nlohmann::json report{{"ok", failure == nullptr},
+                        {"error", message},
+                        {"run_id", runId_},
+                        {"pid", long(getpid())},
+                        {"host", std::string(host)}};
+  std::vector<std::string> reports = gatherText(parallel_->world().communicator(), report.dump());
+  std::string firstError;
+  int firstRank = -1;
+  rankProcesses_.clear();
+  for (size_t r = 0; r < reports.size(); ++r) {
+    nlohmann::json j = nlohmann::json::parse(reports[r]);
+    rankProcesses_.push_back(RankProcess{int(r), j["pid"].get<long>(), j["host"].get<std::string>()});
+    if (!j["ok"].get<bool>() && firstRank < 0) {
+      firstRank = int(r);
+      firstError = j["error"].get<std::string>();
+    }
+  }
+  if (firstRank < 0) {
+    runId_ = nlohmann::json::parse(reports[0])["run_id"].get<std::string>();
+    return;
+  }
+  // Rank 0 reports its own failure as it is, or another rank's with its number; the others stay quiet.
+  if (main && failure) std::rethrow_exception(failure);
+  if (main) STRATA_USER_FAIL("rank {}: {}", firstRank, firstError);
+  throw ReportedByRankZero(firstError);
+}
+
+void Trainer::connect() {
   int64_t ranks = parallel_->worldSize(), micro = config_.train.microBatchSize;
   // Unset, the global batch is one micro-batch per rank.
   if (!config_.train.globalBatchSizeSet) config_.train.globalBatchSize = micro * ranks;
@@ -354,6 +376,7 @@ nn::ExpertParallel Trainer::expertParallel() const {
 
 void Trainer::setup() {
   for (const auto& warning : config_.warnings) spdlog::warn("{}", warning);
+  for (const auto& note : start_.notes) spdlog::info("{}", note);
   nn::applyRecompute(objective_->model(), nn::parseRecompute(config_.train.recompute));
   // CPU threads: train.threads, else OMP_NUM_THREADS when the user set it, else this rank's share of the
   // physical cores (NOTE [Per-node shares] in dist/Launch.h).
@@ -374,8 +397,9 @@ void Trainer::setup() {
   ensureWritableDirectory(config_.train.outDir, "train.out_dir");
   if (!saveDirectory().empty()) {
     ensureWritableDirectory(saveDirectory(), "checkpoint.save");
-    for (const auto& name : removeStaleTemporaries(saveDirectory()))
-      spdlog::info("removed {} left by an interrupted save in {}", name, saveDirectory());
+    if (parallel_->isMain())
+      for (const auto& name : removeStaleTemporaries(saveDirectory()))
+        spdlog::info("removed {} left by an interrupted save in {}", name, saveDirectory());
   }
   std::string cacheDir = (fs::path(config_.train.outDir) / "cache").string();
   if (config_.data.format == "random") {
@@ -415,12 +439,16 @@ void Trainer::setup() {
     std::string dir = resolveCheckpoint(config_.checkpoint.load);
     checkModelSection(dir, readCheckpointState(dir).model, config_);
   }
+  // Last, once nothing else can stop the run: its id (a resume keeps its run's; a fresh start, or a
+  // checkpoint from before run ids, makes one), and its directories (NOTE [Run lineage]), by rank 0 alone.
+  if (parallel_->isMain()) {
+    runId_ = start_.runId.empty() ? newRunId() : start_.runId;
+    for (const auto& removed : claimRunDirectories(start_, runId_)) spdlog::info("removed {}", removed);
+  }
 }
 
 std::string Trainer::saveDirectory() const {
-  if (!config_.checkpoint.save.empty()) return config_.checkpoint.save;
-  if (config_.checkpoint.saveInterval > 0) return (fs::path(config_.train.outDir) / "checkpoints").string();
-  return "";
+  return saveDirectoryOf(config_);
 }
 
 DType Trainer::modelDType() {
@@ -469,22 +497,7 @@ static CheckpointGroup checkpointGroup(dist::Communicator& comm) {
   g.rank = comm.rank();
   g.worldSize = comm.size();
   g.barrier = [&comm] { comm.barrier(); };
-  g.allGather = [&comm](const std::string& text) {
-    // The lengths, then the texts padded to the longest, through the CPU (MPI) path.
-    int n = comm.size();
-    Tensor lengths = Tensor::empty({n}, DType::I64, Device::cpu());
-    comm.allGather(lengths, Tensor::fromVector(std::vector<int64_t>{int64_t(text.size())}, {1}));
-    std::vector<int64_t> len = lengths.toVector<int64_t>();
-    int64_t longest = std::max<int64_t>(1, *std::max_element(len.begin(), len.end()));
-    std::string padded = text;
-    padded.resize(size_t(longest), '\0');
-    Tensor all = Tensor::empty({n * longest}, DType::U8, Device::cpu());
-    comm.allGather(all, Tensor::fromHost(padded.data(), DType::U8, padded.size(), {longest}, Device::cpu()));
-    std::vector<std::string> out;
-    const char* bytes = static_cast<const char*>(all.data());
-    for (int r = 0; r < n; ++r) out.emplace_back(bytes + r * longest, size_t(len[size_t(r)]));
-    return out;
-  };
+  g.allGather = [&comm](const std::string& text) { return gatherText(comm, text); };
   return g;
 }
 
@@ -508,6 +521,40 @@ TrainResult Trainer::run() {
   int64_t T = objective_->tokensPerSequence();
   int ranks = parallel_->worldSize(), rank = parallel_->rank();
   bool main = parallel_->isMain();
+  TrainResult result;
+  result.valLoss = NAN;
+  if (!start_.checkpoint.empty() && start_.step >= c.train.trainIters) {
+    result.steps = start_.step;
+    result.checkpoint = start_.checkpoint;
+    result.alreadyComplete = true;
+    spdlog::info(
+        "{} holds iteration {} and train.train_iters is {}: the run is complete, there is nothing to train "
+        "(a larger train.train_iters continues it)",
+        start_.checkpoint, start_.step, c.train.trainIters);
+    return result;
+  }
+  std::string saveDir = saveDirectory();
+  // From here on signals only ask the loop to stop, mpirun's notice included, and a write past the file-size
+  // limit is an error, not SIGXFSZ (NOTE [Interrupts]); the SSD tier's file is made just below.
+  bool openMpi = launchedByOpenMpi();
+  KillTimeout killTimeout = openMpiKillTimeout();
+  InterruptMonitor::Options monitorOptions;
+  monitorOptions.rank = rank;
+  monitorOptions.worldSize = ranks;
+  monitorOptions.openMpi = openMpi;
+  monitorOptions.killTimeoutSeconds = openMpi ? killTimeout.seconds : 0;
+  monitorOptions.ranks = rankProcesses_;
+  InterruptMonitor interrupts(monitorOptions);
+  interrupts.setResumeCommand(resumeCommand_);
+  if (!start_.checkpoint.empty()) interrupts.checkpointSaved(start_.checkpoint, start_.step);
+  double killWindow = 2 * killTimeout.seconds;
+  if (main && openMpi && !saveDir.empty() && !killTimeout.set)
+    spdlog::warn(
+        "under mpirun, Ctrl-C leaves the ranks {:.0f} s (2 x Open MPI's odls_base_sigkill_timeout, {} {:.0f} "
+        "s) "
+        "to finish the step and save a checkpoint before it kills them: launch with `mpirun --mca "
+        "odls_base_sigkill_timeout 30 ...` (docs/checkpoints.md)",
+        killWindow, killTimeout.source, killTimeout.seconds);
   int64_t accum = c.train.globalBatchSize / (c.train.microBatchSize * ranks);
   optim::LrSchedule schedule{optim::lrStyleFromName(c.lrSchedule.style), c.optimizer.lr, c.optimizer.minLr,
                              c.lrSchedule.warmupIters,
@@ -543,11 +590,11 @@ TrainResult Trainer::run() {
       spdlog::info("resumed from {} at iteration {}", dir, startStep);
     }
   }
-  std::string saveDir = saveDirectory();
-  TrainResult result;
-  result.valLoss = NAN;
   int64_t lastSaved = -1;
+  double lastSaveSeconds = 0, slowestStepSeconds = 0;
+  bool windowWarned = false;
   auto save = [&](int64_t step) {
+    auto saveStart = std::chrono::steady_clock::now();
     CheckpointState st;
     StepEngineState engineState = engine.state();
     st.step = step;
@@ -558,6 +605,8 @@ TrainResult Trainer::run() {
     st.dataIndex = dataIndex;
     st.config = c.values;
     st.model = effectiveValues(c, "model.");
+    st.effective = effectiveValues(c);
+    st.runId = runId_;
     st.layout = engine.checkpointLayout();
     st.chunked = true;
     // Each rank writes the pieces of state its shards hold, nothing gathered; rank 0 the manifest.
@@ -565,15 +614,28 @@ TrainResult Trainer::run() {
                                      checkpointGroup(parallel_->world().communicator()));
     if (main) {
       spdlog::info("saved checkpoint {}", dir);
-      for (const auto& name : pruneCheckpoints(saveDir, c.checkpoint.keepLast))
+      for (const auto& name : pruneCheckpoints(saveDir, c.checkpoint.keepLast, runId_))
         spdlog::info("removed old checkpoint {} (checkpoint.keep_last {})", name, c.checkpoint.keepLast);
     }
     result.checkpoint = dir;
     lastSaved = step;
+    interrupts.checkpointSaved(dir, step);
+    lastSaveSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - saveStart).count();
+    // Checked once a step and a save are timed: would a stop under mpirun fit Open MPI's window?
+    if (main && openMpi && !windowWarned && slowestStepSeconds + lastSaveSeconds > 0.8 * killWindow) {
+      windowWarned = true;
+      spdlog::warn(
+          "a step and a save take {:.1f} s here, but under mpirun Ctrl-C leaves the ranks {:.0f} s (2 x "
+          "odls_base_sigkill_timeout, {:.0f} s from {}) before Open MPI kills them: launch with `mpirun "
+          "--mca "
+          "odls_base_sigkill_timeout {:.0f} ...` (docs/checkpoints.md)",
+          slowestStepSeconds + lastSaveSeconds, killWindow, killTimeout.seconds, killTimeout.source,
+          std::ceil(slowestStepSeconds + lastSaveSeconds) + 10);
+    }
   };
 
   std::unique_ptr<MetricsLogger> logger =
-      main ? std::make_unique<MetricsLogger>(c.train.outDir, startStep) : nullptr;
+      main ? std::make_unique<MetricsLogger>(c.train.outDir, startStep, runId_) : nullptr;
   spdlog::info("training {} ({} parameters) on {} ({}) in {}: {} iterations of {} sequences x {} tokens{}",
                c.model.arch, model().numParameters(), toString(device_), deviceName(device_),
                dtypeName(compute_), c.train.trainIters, c.train.globalBatchSize, T,
@@ -606,8 +668,8 @@ TrainResult Trainer::run() {
       spdlog::warn("could not draw {}: {}", svg, e.what());
     }
   };
-  InterruptGuard interrupts;
   for (int64_t iter = startStep; iter < c.train.trainIters; ++iter) {
+    auto stepStart = std::chrono::steady_clock::now();
     if (iter == profileFrom) profiler::start(device_, profileMode);
     double lr = schedule.at(iter);
     // This rank's slice of the global batch: the same windows a single rank would draw, in the same order.
@@ -673,14 +735,27 @@ TrainResult Trainer::run() {
       ++result.skippedSteps;
     }
     int64_t done = iter + 1;
+    slowestStepSeconds =
+        std::max(slowestStepSeconds,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - stepStart).count());
+    interrupts.progress(
+        done, !saveDir.empty() && nonfiniteRun == 0,
+        saveDir.empty() ? "no save directory: set checkpoint.save" : "the last step was not finite",
+        slowestStepSeconds + lastSaveSeconds);
     if (onIteration_) onIteration_(done);
     int signal = interrupts.pending();
     if (ranks > 1) {
-      // The ranks stop together: at the first iteration after which any of them saw a signal.
-      Tensor flag = Tensor::fromVector<int32_t>({signal}, {1});
+      // The ranks stop together: at the first iteration after which any of them saw a signal. The second
+      // value finds the lowest rank that saw one.
+      Tensor flag = Tensor::fromVector<int32_t>({signal, signal != 0 ? ranks - rank : 0}, {2});
       parallel_->world().communicator().allReduce(flag, dist::ReduceOp::Max);
-      signal = int(flag.item());
+      std::vector<int32_t> agreed = flag.toVector<int32_t>();
+      signal = agreed[0];
+      if (main && signal != 0 && agreed[1] != ranks)
+        spdlog::warn("{} reached rank {}: every rank stops after iteration {}",
+                     signal == SIGINT ? "SIGINT" : "SIGTERM", ranks - agreed[1], done);
     }
+    if (signal != 0) interrupts.setPhase(InterruptMonitor::Phase::Stopping);
     bool exiting = c.train.exitInterval > 0 && done % c.train.exitInterval == 0 && done < c.train.trainIters;
     bool last = done == c.train.trainIters || exiting || signal != 0;
     if (done % c.train.logInterval == 0 || last) {
@@ -794,8 +869,10 @@ TrainResult Trainer::run() {
     result.steps = done;
     if (signal != 0) {
       result.interruptSignal = signal;
-      spdlog::warn("stopped by {} after iteration {}{}", signal == SIGINT ? "SIGINT" : "SIGTERM", done,
-                   lastSaved == done ? "; checkpoint " + result.checkpoint + " holds it" : "");
+      result.stoppedByMpirun = interrupts.fromMpirun();
+      if (main)
+        spdlog::warn("stopped by {} after iteration {}{}", signal == SIGINT ? "SIGINT" : "SIGTERM", done,
+                     lastSaved == done ? "; checkpoint " + result.checkpoint + " holds it" : "");
       plotLoss();
       return result;
     }
@@ -804,6 +881,7 @@ TrainResult Trainer::run() {
       break;
     }
   }
+  interrupts.setPhase(InterruptMonitor::Phase::Finished);
   plotLoss();
   if (c.train.sampleLength > 0) {
     // Every rank samples the same tokens (ZeRO-3's forwards are collectives); rank 0 shows them. An

@@ -17,6 +17,7 @@
 #endif
 
 #include "strata/core/Error.h"
+#include "strata/core/FileError.h"
 #include "strata/core/Half.h"
 
 namespace strata::zero::detail {
@@ -282,7 +283,7 @@ void decodePiece(const IoPiece& piece, const void* buffer) {
 
 void ioFailed(const std::string& path, bool write, size_t bytes, uint64_t offset, int error) {
   STRATA_USER_FAIL("the SSD tier's {} of {} bytes at offset {} of {} failed: {}", write ? "write" : "read",
-                   bytes, offset, path, error != 0 ? std::strerror(error) : "end of file");
+                   bytes, offset, path, error != 0 ? fileErrorText(error) : "end of file");
 }
 
 std::unique_ptr<IoBackend> makeThreadsBackend(int fd, const std::string& path, int depth, size_t pieceBytes) {

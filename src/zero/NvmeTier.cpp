@@ -16,6 +16,7 @@
 
 #include "NvmeIo.h"
 #include "strata/core/Error.h"
+#include "strata/core/FileError.h"
 
 namespace strata::zero {
 
@@ -170,7 +171,7 @@ NvmeTier::NvmeTier(const std::string& directory, int rank, const std::vector<int
       STRATA_USER_FAIL(
           "cannot reserve {} bytes for the SSD tier in {}: {} (store.nvme_budget_gb, "
           "zero_optimization.nvme_path)",
-          fileBytes_, path_, std::strerror(err));
+          fileBytes_, path_, fileErrorText(err));
     }
   }
   blockBytes_ = size_t(io.blockBytes) / kAlign * kAlign;

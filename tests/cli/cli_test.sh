@@ -74,7 +74,7 @@ run "a corrupted tensor file is named" 1 "^error: checkpoint file .*model-rank0.
 cp -r "$work/run/ckpt/$step" "$work/bad-manifest"
 echo '{"step": ' >"$work/bad-manifest/manifest.json"
 run "a corrupted manifest is named" 1 "^error: .*bad-manifest/manifest.json is corrupted" generate "$work/bad-manifest"
-run "resume into another model is refused" 1 "model.num_layers: 1 in the checkpoint, 2 in this config" \
+run "resume into another model is refused" 1 "model.num_layers: 1 in the checkpoint, 2 now" \
   train "$cfg" "${tiny[@]}" --set model.num_layers=2 --set "checkpoint.load=$work/run/ckpt" \
   --set "train.out_dir=$work/run2"
 
@@ -159,7 +159,8 @@ interrupt() {
   grep -Eq -- "$pattern" "$out.log" || fail "$name: output lacks /$pattern/: $(tail -3 "$out.log")"
   echo "ok: $name"
 }
-interrupt "SIGINT saves and exits 130" "INT" 130 "resume with: strata train .*checkpoint.load=.*ckpt/step-" int
+interrupt "SIGINT saves and exits 130" "INT" 130 "finishing iteration [0-9]+ and saving a checkpoint" int
+grep -A1 "resume with:" "$work/int.log" | grep -q -- "strata train .* --resume$" || fail "SIGINT printed no resume command"
 [ -f "$work/int/ckpt/latest" ] || fail "SIGINT left no checkpoint"
 interrupt "SIGTERM saves and exits 143" "TERM" 143 "stopped by SIGTERM" term
 interrupt "a second SIGINT aborts at once" "INT INT" 130 "second interrupt: aborting now" twice

@@ -132,14 +132,29 @@ TEST_CASE("old checkpoints are pruned to keep_last and failed saves' leftovers r
           "[train][checkpoint]") {
   fs::path save = fs::temp_directory_path() / "strata-ckpt-prune";
   fs::remove_all(save);
-  for (int64_t step : {2, 4, 6, 8, 10})
-    train::saveCheckpoint(save.string(), smallModel(1), {}, stateAt(step));
-  auto removed = train::pruneCheckpoints(save.string(), 3);
+  // Another run's checkpoints (step-1, step-3) share the directory: pruning never touches them.
+  for (int64_t step : {1, 3}) {
+    train::CheckpointState other = stateAt(step);
+    other.runId = "other";
+    train::saveCheckpoint(save.string(), smallModel(1), {}, other);
+  }
+  for (int64_t step : {2, 4, 6, 8, 10}) {
+    train::CheckpointState mine = stateAt(step);
+    mine.runId = "mine";
+    train::saveCheckpoint(save.string(), smallModel(1), {}, mine);
+  }
+  REQUIRE(train::readCheckpointState(save.string()).runId == "mine");
+  auto removed = train::pruneCheckpoints(save.string(), 3, "mine");
   REQUIRE(removed == std::vector<std::string>{"step-2", "step-4"});
   REQUIRE(!fs::exists(save / "step-4"));
+  REQUIRE(fs::exists(save / "step-1"));
+  REQUIRE(fs::exists(save / "step-3"));
   REQUIRE(fs::exists(save / "step-6"));
   REQUIRE(fs::exists(save / "step-10"));
-  REQUIRE(train::pruneCheckpoints(save.string(), 0).empty());  // 0 keeps all
+  REQUIRE(train::pruneCheckpoints(save.string(), 0, "mine").empty());  // 0 keeps all
+  // The other run keeps its own newest one of two, and latest (step-10, mine) is never removed.
+  REQUIRE(train::pruneCheckpoints(save.string(), 1, "other") == std::vector<std::string>{"step-1"});
+  REQUIRE(fs::exists(save / "step-3"));
   fs::create_directories(save / "step-12.tmp");
   { std::ofstream(save / "latest.tmp") << "step-12\n"; }
   { std::ofstream(save / "notes.tmp") << "a user's file\n"; }

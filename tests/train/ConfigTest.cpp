@@ -196,3 +196,27 @@ TEST_CASE("the model keys HF checkpoints carry: max_position_embeddings, pad_tok
   REQUIRE(errorOf("model:\n  pad_token_id: -2\n").find("out of range") != std::string::npos);
   REQUIRE(errorOf("model:\n  max_position_embeddings: -1\n").find("out of range") != std::string::npos);
 }
+
+TEST_CASE("a config rebuilt from its effective values is the same config (what a resume starts from)",
+          "[train][config][resume]") {
+  auto c = parseConfig("model:\n  num_layers: 3\noptimizer:\n  betas: [0.8, 0.9]\n", "t.yaml",
+                       {"data.path=/tmp/a dir/x.txt", "train.global_batch_size=32", "store.gpu_budget_gb=1.5",
+                        "optimizer.lr=0.1"},
+                       false);
+  c.train.samplePrompt = "ROMEO:\n  a 'quoted' line";  // text YAML would read as a mapping
+  std::map<std::string, std::string> effective = train::effectiveValues(c);
+  train::Config back = train::configFromValues(effective, "manifest.json", false);
+  REQUIRE(train::effectiveValues(back) == effective);
+  REQUIRE(back.train.samplePrompt == "ROMEO:\n  a 'quoted' line");
+  REQUIRE(back.data.path == "/tmp/a dir/x.txt");
+  REQUIRE(back.optimizer.lr == 0.1);
+  REQUIRE(back.train.globalBatchSize == 32);
+  REQUIRE(back.train.globalBatchSizeSet);
+  // Only what differs from the defaults counts as set, so no warning about keys nobody gave.
+  REQUIRE(back.values.count("optimizer.adafactor_beta1") == 0);
+  REQUIRE(back.values.count("model.num_layers") == 1);
+  REQUIRE(back.warnings.empty());
+  // A key this version no longer has is left out with a warning, not an error.
+  effective["model.retired_key"] = "1";
+  REQUIRE(train::configFromValues(effective, "manifest.json", false).warnings.size() == 1);
+}

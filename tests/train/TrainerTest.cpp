@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "TestUtil.h"
+#include "TinyRun.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Metrics.h"
 #include "strata/train/StepEngine.h"
@@ -20,35 +21,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path corpus() {
-  fs::path p = fs::temp_directory_path() / "strata-trainer-corpus.txt";
-  if (!fs::exists(p)) {
-    std::ofstream out(p);
-    for (int i = 0; i < 400; ++i) out << "the quick brown fox jumps over the lazy dog " << i % 7 << "\n";
-  }
-  return p;
-}
-
 train::Config tinyConfig(const fs::path& outDir, std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"data.path=" + corpus().string(),
-                                "train.out_dir=" + outDir.string(),
-                                "train.device=cpu",
-                                "model.num_layers=2",
-                                "model.hidden_size=32",
-                                "model.num_attention_heads=2",
-                                "model.seq_length=32",
-                                "model.dropout=0.1",
-                                "train.micro_batch_size=4",
-                                "train.global_batch_size=8",
-                                "train.train_iters=20",
-                                "train.log_interval=1",
-                                "train.eval_interval=10",
-                                "train.eval_iters=2",
-                                "train.sample_length=0",
-                                "lr_schedule.warmup_iters=2",
-                                "optimizer.lr=0.003"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return train::parseConfig("", "test", o);
+  return test::tinyConfig(outDir, std::move(extra));
 }
 
 // The two runs' metrics hold the same steps with the same losses, number for number.
@@ -63,11 +37,7 @@ void requireSameCurves(const std::vector<nlohmann::json>& a, const std::vector<n
 }
 
 std::vector<nlohmann::json> records(const fs::path& outDir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(outDir / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
+  return test::metricsRecords(outDir);
 }
 
 }  // namespace
@@ -341,8 +311,14 @@ TEST_CASE("metrics: a failed write is an error, and a resume never logs a step t
     REQUIRE(r.contains("elapsed_s") == r.contains("loss"));
     REQUIRE(seen.insert({r["step"].get<int64_t>(), r.contains("val_loss")}).second);
   }
-  // A fresh run in that directory starts a fresh file.
-  train::Trainer(tinyConfig(run, {"train.train_iters=4", "train.eval_interval=0"})).run();
+  // A fresh run in that directory is another run (NOTE [Run lineage]): it stops before touching the file,
+  // and starting over replaces the file.
+  std::string e = test::errorOf([&] { train::Trainer(tinyConfig(run, {"train.train_iters=4"})); });
+  REQUIRE(e.find("hold another run's files") != std::string::npos);
+  REQUIRE(records(run).size() == first.size());
+  train::Config over = tinyConfig(run, {"train.train_iters=4", "train.eval_interval=0"});
+  over.checkpoint.overwrite = true;
+  train::Trainer(over).run();
   REQUIRE(records(run).size() == 4);
 }
 
@@ -362,7 +338,7 @@ TEST_CASE("resuming into a different model is refused with the differing keys",
     return "";
   };
   std::string e = errorOf({"model.num_layers=1"});
-  REQUIRE(e.find("model.num_layers: 2 in the checkpoint, 1 in this config") != std::string::npos);
+  REQUIRE(e.find("model.num_layers: 2 in the checkpoint, 1 now") != std::string::npos);
   e = errorOf({"model.bias=false", "model.num_attention_heads=4"});
   REQUIRE(e.find("model.bias") != std::string::npos);
   REQUIRE(e.find("model.num_attention_heads") != std::string::npos);
@@ -372,7 +348,13 @@ TEST_CASE("resuming into a different model is refused with the differing keys",
   // the activation HF's config.json names).
   REQUIRE(errorOf({"model.activation=gelu_tanh"}).empty());
   // Fine-tuning: the weights with another optimizer setup start a fresh run.
-  REQUIRE(errorOf({"checkpoint.load_model_only=true", "optimizer.lr=0.0001"}).empty());
+  fs::path elsewhere = fs::temp_directory_path() / "strata-trainer-shape-tune";
+  fs::remove_all(elsewhere);
+  REQUIRE(test::errorOf([&] {
+            train::Trainer t(
+                tinyConfig(elsewhere, {"checkpoint.load=" + ckpt.string(), "checkpoint.load_model_only=true",
+                                       "optimizer.lr=0.0001"}));
+          }).empty());
   fs::path tune = fs::temp_directory_path() / "strata-trainer-finetune";
   fs::remove_all(tune);
   train::Trainer tuned(

@@ -3,26 +3,32 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "models/Zoo.h"
 #include "models/ZooHf.h"
 #include "strata/core/Allocator.h"
+#include "strata/dist/Launch.h"
 #include "strata/optim/Adafactor.h"
 #include "strata/strata.h"
 #include "strata/train/Calibration.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
 #include "strata/train/HfImport.h"
+#include "strata/train/Interrupts.h"
 #include "strata/train/Plan.h"
 #include "strata/train/SentenceEmbedder.h"
 #include "strata/train/SentencePieceTokenizer.h"
@@ -37,23 +43,115 @@ namespace {
 
 const char* kCommands[] = {"train", "bench", "info", "plan", "generate", "convert", "tokenize", "embed"};
 
-int runTrain(const std::string& configPath, const std::vector<std::string>& overrides) {
-  train::Config config = train::loadConfig(configPath, overrides);
+// A word as a POSIX shell reads it back: as it is when it is plain, else in single quotes.
+std::string shellWord(const std::string& word) {
+  bool plain = !word.empty() && std::all_of(word.begin(), word.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("_./=:,+@%-", ch) != nullptr;
+  });
+  if (plain) return word;
+  std::string out = "'";
+  for (char ch : word) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+std::string shellLine(const std::vector<std::string>& words) {
+  std::string line;
+  for (const auto& w : words) line += (line.empty() ? "" : " ") + shellWord(w);
+  return line;
+}
+
+// The mpirun words that started this rank: its parent's command line up to this program when the parent is
+// mpirun (it is on rank 0's host), else `mpirun -np N` with what the environment shows. Open MPI's kill
+// timeout is added when it is unset (NOTE [Interrupts] in train/Interrupts.h).
+std::vector<std::string> mpirunWords(const std::vector<std::string>& own, int ranks) {
+  std::vector<std::string> parent;
+  {
+    std::ifstream in("/proc/" + std::to_string(getppid()) + "/cmdline", std::ios::binary);
+    std::string word;
+    while (std::getline(in, word, '\0')) parent.push_back(word);
+  }
+  std::vector<std::string> words;
+  std::string launcher = parent.empty() ? "" : std::filesystem::path(parent[0]).filename().string();
+  bool isMpirun = launcher == "mpirun" || launcher == "mpiexec" || launcher == "orterun";
+  // The parent's words end with this program's own (its path as given, then the same arguments).
+  if (isMpirun && parent.size() > own.size()) {
+    size_t at = parent.size() - own.size();
+    bool same = std::filesystem::path(parent[at]).filename() == std::filesystem::path(own[0]).filename();
+    for (size_t i = 1; same && i < own.size(); ++i) same = parent[at + i] == own[i];
+    if (same) words.assign(parent.begin(), parent.begin() + std::ptrdiff_t(at));
+  }
+  if (words.empty()) {
+    words = {"mpirun", "-np", std::to_string(ranks)};
+    const char* oversubscribe = std::getenv("OMPI_MCA_rmaps_base_oversubscribe");
+    if (oversubscribe && std::string(oversubscribe) == "1") words.push_back("--oversubscribe");
+    if (geteuid() == 0) words.push_back("--allow-run-as-root");
+  }
+  if (!train::openMpiKillTimeout().set)
+    words.insert(words.begin() + 1, {"--mca", "odls_base_sigkill_timeout", "30"});
+  return words;
+}
+
+// The command that resumes this run: the one that started it with --resume (and without --overwrite), the
+// save directory spelt out when the command's own config would not find it, and under mpirun the mpirun
+// words with their rank count.
+std::string resumeCommand(const std::vector<std::string>& argv, const train::Config& given,
+                          const train::Trainer& trainer) {
+  std::vector<std::string> words;
+  if (train::launchedByOpenMpi()) words = mpirunWords(argv, trainer.parallel().worldSize());
+  words.push_back(argv[0]);
+  for (size_t i = 1; i < argv.size(); ++i)
+    if (argv[i] != "--overwrite" && argv[i] != "--resume") words.push_back(argv[i]);
+  std::string saveDir = trainer.saveDirectory();
+  if (train::saveDirectoryOf(given) != saveDir) {
+    words.push_back("--set");
+    words.push_back("checkpoint.save=" + saveDir);
+  }
+  words.push_back("--resume");
+  return shellLine(words);
+}
+
+int runTrain(const std::string& configPath, std::vector<std::string> overrides, bool resume, bool overwrite,
+             const std::vector<std::string>& argv) {
+  // Under mpirun every rank reads the same config: a problem with it is rank 0's to print, once.
+  int launchRank = dist::launchInfoFromEnvironment().rank;
+  if (resume) overrides.push_back("checkpoint.resume=true");
+  train::Config config;
+  try {
+    config = train::loadConfig(configPath, overrides);
+  } catch (const Error& e) {
+    if (launchRank != 0) throw train::ReportedByRankZero(e.message());
+    throw;
+  }
+  config.checkpoint.overwrite = overwrite;
   train::Trainer trainer(config);
+  std::string resumeWith = resumeCommand(argv, config, trainer);
+  trainer.setResumeCommand(resumeWith);
   train::TrainResult r = trainer.run();
   if (!trainer.parallel().isMain())
     return r.interruptSignal != 0 ? 128 + r.interruptSignal : 0;  // rank 0 reports
+  if (r.alreadyComplete) {
+    std::printf(
+        "\nthe run is complete (checkpoint %s, iteration %ld); sample from it with: strata generate %s\n",
+        r.checkpoint.c_str(), long(r.steps), r.checkpoint.c_str());
+    return 0;
+  }
   std::string val = r.evaluations > 0 ? fmt::format(", val loss {:.4f}", r.valLoss) : std::string();
   std::string skipped =
       r.skippedSteps > 0 ? fmt::format(" ({} steps skipped)", r.skippedSteps) : std::string();
   if (r.interruptSignal != 0) {
     std::printf("\ninterrupted after %ld iterations: train loss %.4f%s%s\n", long(r.steps), r.trainLoss,
                 val.c_str(), skipped.c_str());
-    if (!r.checkpoint.empty())
-      std::printf("checkpoint %s; resume with: strata train %s --set checkpoint.load=%s\n",
-                  r.checkpoint.c_str(), configPath.c_str(), r.checkpoint.c_str());
+    // The newest complete checkpoint of the run: this one's, or the one it resumed.
+    std::string last = !r.checkpoint.empty() ? r.checkpoint : trainer.start().checkpoint;
+    if (!last.empty())
+      std::printf("checkpoint %s; resume with:\n  %s\n", last.c_str(), resumeWith.c_str());
     else
       std::printf("no checkpoint was saved (set checkpoint.save to keep interrupted runs)\n");
+    if (r.stoppedByMpirun)
+      std::printf(
+          "(mpirun may take up to twice its kill timeout to return; the ranks are done, and a second Ctrl-C "
+          "ends it now)\n");
+    std::fflush(stdout);
     return 128 + r.interruptSignal;
   }
   std::printf("\nfinished %ld iterations: train loss %.4f%s%s\n", long(r.steps), r.trainLoss, val.c_str(),
@@ -529,13 +627,27 @@ int main(int argc, char** argv) {
                        std::string("strata ") + STRATA_VERSION +
                            (builtWithCuda() ? " (CPU and CUDA backends)" : " (CPU backend only)"));
   spdlog::set_pattern("[%H:%M:%S] %v");
+  // A write past the file-size limit (ulimit -f) fails with EFBIG and an error naming the file, instead of
+  // SIGXFSZ ending the process without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   if (reportUnknownCommand(argc, argv)) return 2;
 
   std::string config;
   std::vector<std::string> overrides;
+  bool resume = false, overwrite = false;
   auto* train = app.add_subcommand("train", "train a model from a YAML config");
   train->add_option("config", config, "YAML config file")->required();
   train->add_option("--set", overrides, "override a config key: --set train.train_iters=100");
+  auto* resumeFlag = train->add_flag(
+      "--resume", resume,
+      "continue the run from the save directory's latest checkpoint, or start it when there is none "
+      "(checkpoint.resume)");
+  train
+      ->add_flag(
+          "--overwrite", overwrite,
+          "start over: remove another run's metrics, events and checkpoints from train.out_dir and the "
+          "save directory first")
+      ->excludes(resumeFlag);
 
   int64_t benchIters = 20;
   bool benchProfile = false, calibrate = false;
@@ -672,7 +784,8 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   try {
-    if (*train) return runTrain(config, overrides);
+    if (*train)
+      return runTrain(config, overrides, resume, overwrite, std::vector<std::string>(argv, argv + argc));
     if (*info)
       return config == "zoo" && !std::filesystem::exists(config) ? runInfoZoo() : runInfo(config, overrides);
     if (*bench) {
@@ -702,6 +815,8 @@ int main(int argc, char** argv) {
     if (*tokenize)
       return runTokenize(tokenizeInput, tokenizeOutput, tokenizerKind, vocabFile, mergesFile, tokenizeCased,
                          tokenizeThreads);
+  } catch (const train::ReportedByRankZero&) {
+    return 1;  // rank 0 printed it for the job
   } catch (const std::exception& e) {
     return reportError(e);
   } catch (...) {

@@ -82,6 +82,10 @@ struct CheckpointState {
   zero::ChunkLayout layout;
   int worldSize = 1;     // ranks that wrote the checkpoint
   bool chunked = false;  // the tensors are chunk pieces (NOTE [Sharded chunk checkpoints])
+  // The run that wrote it (NOTE [Run lineage] in train/Run.h; "" in checkpoints older than run ids), and the
+  // effective value of every config key, what a resume starts from (empty in older checkpoints).
+  std::string runId;
+  std::map<std::string, std::string> effective;
 };
 
 // The ranks that save one checkpoint together, and the two collectives the save needs. single() is one rank;
@@ -215,8 +219,9 @@ class ChunkCheckpointReader {
 
 // Removes what failed saves left in `saveDir` (step-<N>.tmp directories, latest.tmp); returns their names.
 std::vector<std::string> removeStaleTemporaries(const std::string& saveDir);
-// Deletes the oldest step-<N> directories of `saveDir` so that `keep` remain (0: keep all), never the one
-// `latest` names; returns the removed names.
-std::vector<std::string> pruneCheckpoints(const std::string& saveDir, int64_t keep);
+// Deletes the oldest step-<N> directories of run `runId` in `saveDir` so that `keep` of that run remain (0:
+// keep all), never the one `latest` names; another run's checkpoints are never touched. Returns the removed
+// names.
+std::vector<std::string> pruneCheckpoints(const std::string& saveDir, int64_t keep, const std::string& runId);
 
 }  // namespace strata::train

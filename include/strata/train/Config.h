@@ -175,6 +175,16 @@ struct CheckpointConfig {
   // Load only the model weights from `load` (fine-tuning with another optimizer setup): the step, optimizer
   // state, RNG and data position start fresh. The model's shape must still match.
   bool loadModelOnly = false;
+
+  // Runs across restarts (train/Run.h: NOTE [Run lineage], NOTE [Resume is a property of the run]).
+  // Continue from <save>/latest when the save directory has one, else start (`--resume`; `load: latest`).
+  bool resume = false;
+  // A resume may take settings that differ from the checkpoint's beyond the ones that may always change.
+  bool allowChanges = false;
+  // `strata train --overwrite` only (no config key, so no config file can make every rerun start over):
+  // remove other runs' metrics, events and checkpoints from train.out_dir and the save directory before
+  // starting.
+  bool overwrite = false;
 };
 
 struct Config {
@@ -215,5 +225,11 @@ optim::AdafactorConfig adafactorConfigFrom(const Config& config);
 size_t editDistance(const std::string& a, const std::string& b);
 // Whether two YAML texts of one key denote the same value (numbers compare as numbers).
 bool sameConfigValue(const std::string& a, const std::string& b);
+
+// Resuming (train/Run.h). A config made from the effective values a checkpoint's manifest recorded
+// (effectiveValues' text, key by key), on top of the defaults, and validated like a loaded one; `origin`
+// names it in errors. A recorded key this version no longer has is left out with a warning.
+Config configFromValues(const std::map<std::string, std::string>& values, const std::string& origin,
+                        bool requireData = true);
 
 }  // namespace strata::train

@@ -15,7 +15,9 @@ namespace strata::train {
 // hand-encoded Event protobufs, the format tensorboard reads.
 class TensorBoardWriter {
  public:
-  explicit TensorBoardWriter(const std::string& dir);
+  // A new event file in `dir`; a run's id (train/Run.h), when given, ends its name (".run-<id>") and is the
+  // message of its session-start records.
+  explicit TensorBoardWriter(const std::string& dir, const std::string& runId = "");
   void scalar(const std::string& tag, double value, int64_t step);
   // A SessionLog START at `step`: TensorBoard drops the events of earlier files at this step and after, so a
   // resumed run's curve replaces the orphaned tail of the interrupted one.
@@ -26,9 +28,12 @@ class TensorBoardWriter {
 
  private:
   void writeRecord(const std::string& payload);
-  std::string path_;
+  std::string path_, runId_;
   std::ofstream out_;
 };
+
+// The run id an event file's name carries ("" when none: a file of another writer, or of an older version).
+std::string eventFileRunId(const std::string& fileName);
 
 struct TrainRecord {
   int64_t step = 0, totalSteps = 0;
@@ -58,8 +63,9 @@ class MetricsLogger {
  public:
   // Opens outDir/metrics.jsonl and a new event file. Records of an earlier run past `resumeStep` are dropped
   // (all of them for a fresh run, resumeStep 0), so the file never holds two values for one step; the event
-  // file starts with a SessionLog START for TensorBoard to do the same.
-  MetricsLogger(const std::string& outDir, int64_t resumeStep);
+  // file starts with a SessionLog START for TensorBoard to do the same. Every record carries `runId` as
+  // "run_id" (NOTE [Run lineage] in train/Run.h).
+  MetricsLogger(const std::string& outDir, int64_t resumeStep, const std::string& runId = "");
   // A failed write (a full disk, a removed directory) throws naming the file: metrics are never truncated
   // silently.
   void train(const TrainRecord& r);
@@ -68,7 +74,7 @@ class MetricsLogger {
 
  private:
   void writeLine(const std::string& line);
-  std::string jsonlPath_;
+  std::string jsonlPath_, runId_;
   std::ofstream jsonl_;
   TensorBoardWriter tb_;
 };

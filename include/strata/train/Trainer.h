@@ -18,8 +18,10 @@
 #include "strata/train/CausalLmObjective.h"
 #include "strata/train/Config.h"
 #include "strata/train/Data.h"
+#include "strata/train/Interrupts.h"
 #include "strata/train/Metrics.h"
 #include "strata/train/Objective.h"
+#include "strata/train/Run.h"
 
 namespace strata::train {
 
@@ -30,15 +32,25 @@ struct TrainResult {
   int64_t evaluations = 0;
   int64_t skippedSteps = 0;  // steps not applied: fp16 overflows and non-finite bf16/fp32 steps
   std::string sample;
-  TrainRecord last;         // the last logged interval (speed, memory): what `strata bench` reports
-  std::string checkpoint;   // the last checkpoint written ("" when none)
-  int interruptSignal = 0;  // SIGINT or SIGTERM when the run stopped early on one, else 0
-  size_t chunks = 0;        // parameter chunks the step engine laid out
+  TrainRecord last;              // the last logged interval (speed, memory): what `strata bench` reports
+  std::string checkpoint;        // the last checkpoint written ("" when none)
+  int interruptSignal = 0;       // SIGINT or SIGTERM when the run stopped early on one, else 0
+  bool stoppedByMpirun = false;  // it was mpirun's notice that the job is ending (train/Interrupts.h)
+  size_t chunks = 0;             // parameter chunks the step engine laid out
+  // The checkpoint resumed was at or past train.train_iters already: nothing was trained (nor sampled).
+  bool alreadyComplete = false;
 };
 
 // Thrown when bf16/fp32 training meets train.max_nonfinite_steps non-finite steps in a row. No checkpoint is
 // written from that state.
 class DivergedError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Thrown on every rank but rank 0 when a check before training failed on some rank: rank 0 reports the
+// failure once for the job (with the rank it happened on), so `strata` prints nothing for this one.
+class ReportedByRankZero : public Error {
  public:
   using Error::Error;
 };
@@ -68,6 +80,11 @@ std::string expertDataGroupName(int64_t size);
 // (train.global_batch_size = micro_batch_size x accumulation steps x ranks) through a ZeroStepEngine at
 // zero_optimization.stage; rank 0 alone logs, writes metrics and checkpoints; memory figures are the
 // maximum over the ranks.
+//
+// A run starts as planRunStart decides (train/Run.h): fresh, or resumed with its checkpoint's settings.
+// Before any work the trainer claims its out_dir and save directory for its run id (NOTE [Run lineage]).
+// Under several ranks the checks before training are agreed: when one fails on any rank, every rank throws,
+// rank 0 with the message and the others ReportedByRankZero.
 class Trainer {
  public:
   // Builds config.model.arch from the zoo and trains it on its objective.
@@ -80,9 +97,16 @@ class Trainer {
   Trainer(Config config, std::shared_ptr<Objective> objective,
           std::shared_ptr<dist::ParallelContext> parallel = nullptr);
 
-  // Trains. SIGINT and SIGTERM during run() finish the current step, save a checkpoint when saving is
-  // configured, and return with interruptSignal set; a second SIGINT aborts at once (exit status 130).
+  // Trains. SIGINT and SIGTERM during run() (and mpirun ending the job) finish the current step on every
+  // rank, save a checkpoint when saving is configured, and return with interruptSignal set; a second SIGINT
+  // aborts at once (exit status 130). NOTE [Interrupts] in train/Interrupts.h. A resume of a checkpoint at or
+  // past train.train_iters returns at once with alreadyComplete.
   TrainResult run();
+  // The command that resumes this run, for the messages that name the last good checkpoint.
+  void setResumeCommand(std::string command) { resumeCommand_ = std::move(command); }
+  // How the run started (fresh, or resumed from which checkpoint, with which notes) and its id.
+  const RunStart& start() const { return start_; }
+  const std::string& runId() const { return runId_; }
   // Called after each completed iteration with its number (1-based), before checkpoints and interrupts are
   // looked at: progress reporting, tests.
   void onIteration(std::function<void(int64_t)> callback) { onIteration_ = std::move(callback); }
@@ -109,7 +133,15 @@ class Trainer {
 
  private:
   DType modelDType();
-  // Also makes the expert-parallel groups (model.moe_expert_parallel_size > 1), once per context and size.
+  // Resolves the device and makes the parallel context (errors before it exists are rank 0's to print).
+  void begin(const Config& config);
+  // How the run starts (planRunStart): the config it trains with.
+  void plan(const Config& config);
+  // Runs a part of the checks and construction before training on every rank and agrees on the outcome
+  // (see above); also shares rank 0's run id and every rank's process, for the interrupt monitor.
+  void agreeOnSetup(const std::function<void()>& work);
+  // The batch and expert-parallel settings against the ranks; makes the expert-parallel groups
+  // (model.moe_expert_parallel_size > 1), once per context and size.
   void connect();
   // The MoE layers' place in the "expert" group and its all_to_all (NOTE [Expert parallelism] in nn/MoE.h).
   nn::ExpertParallel expertParallel() const;
@@ -123,6 +155,9 @@ class Trainer {
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<TokenDataset> data_;
   std::function<void(int64_t)> onIteration_;
+  RunStart start_;
+  std::string runId_, resumeCommand_;
+  std::vector<RankProcess> rankProcesses_;  // every rank's process (train/Interrupts.h)
 };
 
 }  // namespace strata::train

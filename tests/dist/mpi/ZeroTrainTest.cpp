@@ -57,14 +57,19 @@ struct Run {
   std::string sample;
 };
 
-// A corpus every process (world rank) writes identically to a place of its own.
+// A corpus every process (world rank) writes identically to a place of its own, once, whole (by rename): a
+// resume compares the other ranks' copies with the one its checkpoint names.
 fs::path corpusFor(int rank) {
   fs::path dir = fs::temp_directory_path() /
                  ("strata-zero-corpus-" + std::to_string(::getppid()) + "-" + std::to_string(rank));
   fs::create_directories(dir);
   fs::path corpus = dir / "corpus.txt";
-  std::ofstream text(corpus);
-  for (int i = 0; i < 400; ++i) text << "to be or not to be, that is the question " << i % 7 << "\n";
+  if (fs::exists(corpus)) return corpus;
+  {
+    std::ofstream text(dir / "corpus.txt.tmp");
+    for (int i = 0; i < 400; ++i) text << "to be or not to be, that is the question " << i % 7 << "\n";
+  }
+  fs::rename(dir / "corpus.txt.tmp", corpus);
   return corpus;
 }
 

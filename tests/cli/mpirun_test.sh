@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# `strata train` on 2 ranks under a real mpirun, stopped the ways users stop it: Ctrl-C to mpirun (SIGINT to
+# it) saves one complete checkpoint of the step every rank stopped after, before Open MPI's kill, and says so
+# once; the printed resume command, pasted, resumes the run under mpirun; a rank killed with -9 is reported
+# lost with the last good checkpoint, and nothing claims to save; SIGINT to one rank stops every rank after the
+# same step; a config error prints once. Usage: mpirun_test.sh MPIEXEC STRATA_BINARY
+set -uo pipefail
+mpiexec=$1
+strata=$(realpath "$2")
+work=$(mktemp -d /tmp/strata-mpirun-XXXXXX)
+# Whatever this script started and is still running is ended with it (mpirun's ranks first).
+started=()
+cleanup() {
+  local p
+  for p in "${started[@]}"; do
+    pkill -9 -P "$p" 2>/dev/null
+    kill -9 "$p" 2>/dev/null
+  done
+  [ "${KEEP:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+cd "$(dirname "$0")/../.."
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+check() {
+  local name=$1 pattern=$2 log=$3
+  grep -Eq -- "$pattern" "$log" || fail "$name: output lacks /$pattern/: $(tail -5 "$log")"
+}
+# The number of lines of $2 matching /$1/.
+count() { grep -Ec -- "$1" "$2"; }
+# Waits until /$1/ appears in $2 (60 s at most).
+await() {
+  for _ in $(seq 1 600); do grep -Eq -- "$1" "$2" 2>/dev/null && return 0; sleep 0.1; done
+  fail "waited in vain for /$1/ in $2: $(tail -3 "$2")"
+}
+# The pid of rank $2 among mpirun $1's children.
+rankPid() {
+  local child
+  for child in $(pgrep -P "$1"); do
+    if tr '\0' '\n' <"/proc/$child/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      echo "$child"
+      return
+    fi
+  done
+}
+
+for i in $(seq 1 300); do echo "the quick brown fox jumps over the lazy dog $((i % 7))"; done >"$work/corpus.txt"
+# Open MPI's kill timeout as Strata's launch line sets it (docs/checkpoints.md), short for a test: a stop has
+# 2 x 3 s after mpirun's notice.
+mpirun=("$mpiexec" --oversubscribe --mca odls_base_sigkill_timeout 3 -np 2)
+long=(train configs/gpt-nano.yaml --set "data.path=$work/corpus.txt" --set train.device=cpu --set model.num_layers=2
+  --set model.hidden_size=64 --set model.num_attention_heads=2 --set model.seq_length=64 --set train.micro_batch_size=4
+  --set train.train_iters=100000 --set train.log_interval=1 --set train.eval_interval=0 --set train.sample_length=0
+  --set lr_schedule.warmup_iters=2 --set train.threads=1 --set "train.out_dir=$work/run"
+  --set "checkpoint.save=$work/run/ckpt")
+
+# A config error prints once for the job, not once per rank.
+"$mpiexec" --oversubscribe -np 2 "$strata" train configs/gpt-nano.yaml --set model.hiden_size=3 >"$work/config.log" 2>&1
+[ "$(count "^error: .*unknown config key 'model.hiden_size'" "$work/config.log")" -eq 1 ] ||
+  fail "a config error printed $(count "^error:" "$work/config.log") times: $(cat "$work/config.log")"
+echo "ok: a config error prints once"
+
+# Ctrl-C to mpirun.
+"${mpirun[@]}" "$strata" "${long[@]}" >"$work/int.log" 2>&1 &
+mpirun_pid=$!
+started+=("$mpirun_pid")
+await "iteration +3/" "$work/int.log"
+kill -INT "$mpirun_pid"
+wait "$mpirun_pid"
+check "Ctrl-C: mpirun's notice is announced" "mpirun is ending the job .* every rank is finishing iteration [0-9]+ and saving a checkpoint" "$work/int.log"
+[ "$(count "is ending the job|interrupt \\(SIG" "$work/int.log")" -eq 1 ] || fail "Ctrl-C: the stop was announced more than once"
+step=$(sed -n 's/.*stopped by SIGTERM after iteration \([0-9]*\); checkpoint.*/\1/p' "$work/int.log")
+[ -n "$step" ] && [ "$(cat "$work/run/ckpt/latest" 2>/dev/null)" = "step-$step" ] ||
+  fail "Ctrl-C: no checkpoint of the step the ranks stopped after: $(tail -5 "$work/int.log")"
+for r in 0 1; do
+  [ -s "$work/run/ckpt/step-$step/model-rank$r.safetensors" ] && [ -s "$work/run/ckpt/step-$step/optimizer-rank$r.safetensors" ] ||
+    fail "Ctrl-C: rank $r's shards of step-$step are missing"
+done
+resume=$(grep -A1 "resume with:" "$work/int.log" | tail -1 | sed 's/^ *//')
+[[ "$resume" == "$mpiexec "*" -np 2 $strata train "*" --resume" ]] || fail "Ctrl-C: the resume command is not complete: $resume"
+echo "ok: Ctrl-C to mpirun saves step-$step on both ranks"
+
+# The printed command, pasted: it resumes under mpirun. Then rank 1 is killed with -9: reported lost, with the
+# last good checkpoint, and no rank claims to save.
+eval "exec $resume" >"$work/pasted.log" 2>&1 &
+mpirun_pid=$!
+started+=("$mpirun_pid")
+await "iteration +$((step + 2))/" "$work/pasted.log"
+check "the pasted command resumes" "resumed from .*step-$step at iteration $step" "$work/pasted.log"
+rank1=$(rankPid "$mpirun_pid" 1)
+[ -n "$rank1" ] || fail "no rank 1 among mpirun's children"
+kill -9 "$rank1"
+wait "$mpirun_pid"
+check "kill -9: the rank is reported lost" "rank 1 \(pid $rank1\) lost" "$work/pasted.log"
+check "kill -9: the last good checkpoint is named" "The last good checkpoint is .*step-$step \(iteration $step\)" "$work/pasted.log"
+grep -q "saving a checkpoint" "$work/pasted.log" && fail "kill -9: a rank claimed to save"
+[ "$(cat "$work/run/ckpt/latest")" = "step-$step" ] || fail "kill -9: latest moved"
+python3 - "$work/run/metrics.jsonl" "$step" <<'EOF' || fail "metrics.jsonl is not one run's curve past step-$step"
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1])]
+steps = [r["step"] for r in records]
+assert steps == list(range(1, len(steps) + 1)), steps
+assert len(steps) > int(sys.argv[2]) + 1, steps
+assert len({r["run_id"] for r in records}) == 1
+EOF
+echo "ok: the pasted command resumes; a rank killed with -9 is reported lost"
+
+# SIGINT to one rank alone: every rank stops after the same step and saves; mpirun without the kill timeout
+# is warned about at the start.
+"$mpiexec" --oversubscribe -np 2 "$strata" "${long[@]}" --set "train.out_dir=$work/one" \
+  --set "checkpoint.save=$work/one/ckpt" >"$work/one.log" 2>&1 &
+mpirun_pid=$!
+started+=("$mpirun_pid")
+await "iteration +3/" "$work/one.log"
+check "an unset kill timeout is warned about" "launch with .mpirun --mca odls_base_sigkill_timeout" "$work/one.log"
+kill -INT "$(rankPid "$mpirun_pid" 1)"
+wait "$mpirun_pid"
+check "SIGINT to rank 1 stops every rank" "SIGINT reached rank 1: every rank stops after iteration [0-9]+" "$work/one.log"
+step=$(sed -n 's/.*every rank stops after iteration \([0-9]*\).*/\1/p' "$work/one.log")
+[ -n "$step" ] && [ "$(cat "$work/one/ckpt/latest" 2>/dev/null)" = "step-$step" ] &&
+  [ -s "$work/one/ckpt/step-$step/model-rank1.safetensors" ] || fail "SIGINT to rank 1: no checkpoint of step $step"
+echo "ok: SIGINT to one rank stops every rank after step $step"
+
+if [ "$failures" -gt 0 ]; then
+  echo "$failures mpirun check(s) failed" >&2
+  exit 1
+fi
+echo "all mpirun checks passed"
