@@ -77,7 +77,7 @@ ModelStateInputs modelStateInputs(const Config& c, int ranks, DType compute) {
   if (c.precision.gradAccumDType != "fp32" && elemBytes == 2) gradBytes = 2;
   in.gradientDType = gradBytes == 2 ? compute : gradBytes == 4 ? DType::F32 : compute;
   for (int64_t padded : in.paddedElems) in.gradientBytes += uint64_t(padded) * gradBytes;
-  // Several ranks reduce 16-bit buffers in fp32, into fp32 shards (ZeroStepEngine::gradientsComplete).
+  // Several ranks reduce 16-bit buffers in fp32, into fp32 shards (zero::GradientReducer).
   in.gradientShardBytes = uint64_t(in.rangeElemsTotal()) * (in.ranks > 1 ? 4 : gradBytes);
   in.largestChunkElems = largest;
   if (in.stage == 3) {

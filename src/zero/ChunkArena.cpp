@@ -42,7 +42,7 @@ uint64_t ChunkArenaPlan::bytes(size_t elemBytes) const {
 }
 
 size_t chunkArenaSlots(size_t numChunks, int64_t prefetchDepth) {
-  // What NOTE [Parameter gathering] (train/StepEngine.cpp) holds at once: the prefetched chunks, plus the
+  // What NOTE [Parameter gathering] (zero/ParameterGatherer.h) holds at once: the prefetched chunks, plus the
   // chunks of the running modules and, in backward, those still waiting for their gradients (the tied
   // embedding's from the head to the end of the pass, and the chunks a module straddles). Counted
   // (ZeroStepEngine::peakGatheredChunks) in tests/train/StepEngineTest.cpp: GPT, BERT and T5 with evaluations

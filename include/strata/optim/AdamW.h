@@ -67,13 +67,13 @@ struct AdamWConfig {
 // - a checkpoint waits for the worker (waitDelayed) and saves the finished state, with the stale parameters
 //   beside it ("delayed_param" pieces); loading puts those back into the chunks and makes the masters'
 //   values pending again (deferParameters). A resume so continues the uninterrupted run bit for bit (NOTE
-//   [Delayed update checkpoints] in train/StepEngine.cpp);
+//   [Delayed update checkpoints] in train/CheckpointPieces.h);
 // - the memory tracer's promotion (moveToDevice) writes the moved chunk's pending parameters at once: its
 //   state now lives on the device, where updates are not delayed, and the run is the one that had it there
 //   from the start (with fp32 state on the SSD). At stages 1 and 2 on several ranks the engine then gathers
 //   the chunks again.
 // It costs 4 bytes per SSD-resident parameter of host memory for the gradients, plus the 16-bit parameters',
-// which the engine takes out of an automatic host budget (train/StepEngine.cpp); that sends more state to the
+// which the engine takes out of an automatic host budget (train/ModelState.cpp); that sends more state to the
 // SSD, so it pays off only where the SSD's share is small (BENCHMARKS.md: at 16.6B on one H200 it doubled the
 // SSD's state and the step). A non-finite step is skipped before any of this, as always.
 

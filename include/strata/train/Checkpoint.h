@@ -147,7 +147,7 @@ std::string resolveCheckpoint(const std::string& path);
 // one parameter at a time. An optimizer's state in a layout of its own (Adafactor's factored second moment,
 // "adafactor_v.<c>@<begin>") is saved the same way but reloads only into the same chunks and shards. With a
 // delayed SSD update pending, "delayed_param.<c>@<begin>" pieces hold the parameters that lag their masters
-// (NOTE [Delayed update checkpoints] in train/StepEngine.cpp).
+// (NOTE [Delayed update checkpoints] in train/CheckpointPieces.h).
 // Checkpoints of the older form (whole per-parameter tensors, whole per-chunk
 // moments "exp_avg.<c>") read through the same reader.
 std::string chunkPieceName(const std::string& kind, int64_t chunk, int64_t begin);
@@ -185,7 +185,7 @@ class ChunkCheckpointReader {
   void readChunkRange(const zero::ChunkLayout& layout, const std::string& kind, int64_t chunk, int64_t begin,
                       int64_t end, float* dst);
   // As readChunkRange, for a kind saved for some elements only (the delayed update's "delayed_param", NOTE
-  // [Delayed update checkpoints] in train/StepEngine.cpp): writes those the checkpoint holds, leaves the
+  // [Delayed update checkpoints] in train/CheckpointPieces.h): writes those the checkpoint holds, leaves the
   // others, and returns how many it wrote.
   int64_t readSavedChunkRange(const zero::ChunkLayout& layout, const std::string& kind, int64_t chunk,
                               int64_t begin, int64_t end, float* dst);

@@ -27,26 +27,26 @@
 #pragma once
 
 #include <functional>
-#include <map>
 #include <memory>
-#include <utility>
+#include <vector>
 
-#include "strata/core/Stream.h"
-#include "strata/nn/Module.h"
 #include "strata/optim/ChunkOptimizer.h"
-#include "strata/optim/LossScaler.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
+#include "strata/train/MicroBatchSchedule.h"
 #include "strata/train/Objective.h"
 #include "strata/zero/ChunkArena.h"
 #include "strata/zero/ChunkManager.h"
-#include "strata/zero/NvmeTier.h"
 #include "strata/zero/Store.h"
 
 namespace strata::dist {
-class Communicator;
 class ProcessGroup;
 }  // namespace strata::dist
+
+namespace strata::zero {
+class GradientReducer;
+class ParameterGatherer;
+}  // namespace strata::zero
 
 namespace strata::train {
 
@@ -91,7 +91,8 @@ class StepEngine {
   virtual void restore(const StepEngineState& state) = 0;
   virtual const zero::ChunkManager& chunks() const = 0;
   // The layout a checkpoint's manifest records: chunks().layout(), and under expert parallelism the expert
-  // chunks of every expert-parallel rank too (NOTE [Expert-parallel checkpoints] in StepEngine.cpp).
+  // chunks of every expert-parallel rank too (NOTE [Expert-parallel checkpoints] in
+  // src/train/CheckpointPieces.h).
   virtual const zero::ChunkLayout& checkpointLayout() const = 0;
   // Bytes of model state this rank holds between steps: parameters, masters and optimizer moments.
   virtual size_t modelStateBytes() const = 0;
@@ -124,7 +125,7 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
 // - Stage 2: as 1, and each chunk's gradients are reduce-scattered into this rank's fp32 shard as soon as
 //   they are complete, and the chunk's full gradient buffer is released at once.
 // - Stage 3: as 2, and each rank keeps only its shard of the parameters as well; chunks are gathered whole
-//   while the modules that use them run (NOTE [Parameter gathering] in StepEngine.cpp).
+//   while the modules that use them run (NOTE [Parameter gathering] in zero/ParameterGatherer.h).
 // The norm is summed over each rank's shard pieces in a fixed order, so stages 0, 1 and 2 give the same
 // numbers bit for bit at one world size (CPU; NCCL's sums have an order of their own).
 // Expert parallelism (NOTE [Expert parallelism] in nn/MoE.h): the experts of MoE layers split over an
@@ -139,108 +140,69 @@ struct RankShares {
   int ranksOnDevice = 1;
 };
 
+// NOTE [Step engine parts]
+// ZeroStepEngine composes parts that each have one reason to change (docs/design.md has the table of who
+// owns which state and runs on which stream):
+// - the start-up (src/train/ModelState.h): the chunks, the start-up broadcast, the shards this rank keeps,
+//   the store's placement, the SSD tier and the optimizer; it ends in ModelState, where every byte of this
+//   rank's model state lives, and after a traced first step promotes optimizer state onto the device;
+// - zero::GradientReducer: each chunk's gradients reduced as they complete, per stage, on the comm stream;
+// - ShardedUpdate (src/train/ShardedUpdate.h): the norm, the step-end decision with fp16's loss scale, the
+//   optimizer's update and, at stages 1 and 2, the gathers of the updated parameters;
+// - zero::ParameterGatherer (stage 3): module hooks, gather slots and prefetch on the gather stream;
+// - CheckpointPieces (src/train/CheckpointPieces.h): the state as checkpoint pieces, and their load;
+// - a MicroBatchSchedule: which micro-batch runs forward and backward when.
+// step() is the step itself: the schedule runs each micro-batch's forward and backward, the reducer hands
+// over the reduced gradients, and the update ends the step.
+struct ModelState;
+class ShardedUpdate;
+class CheckpointPieces;
+
 class ZeroStepEngine final : public StepEngine {
  public:
   ZeroStepEngine(Objective& objective, const Config& config, Device device, DType compute,
                  dist::ProcessGroup* group = nullptr, dist::ProcessGroup* expertDataGroup = nullptr,
                  RankShares shares = {});
+  ~ZeroStepEngine() override;
   StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) override;
   SaveTensors checkpointModel() const override;
   SaveTensors checkpointOptimizer() const override;
   void loadState(ChunkCheckpointReader& reader, bool optimizer) override;
   StepEngineState state() const override;
   void restore(const StepEngineState& state) override;
-  const zero::ChunkManager& chunks() const override { return *chunks_; }
-  const zero::ChunkLayout& checkpointLayout() const override { return checkpointLayout_; }
+  const zero::ChunkManager& chunks() const override;
+  const zero::ChunkLayout& checkpointLayout() const override;
   size_t modelStateBytes() const override;
   // Where this rank's model state lives, bytes per tier (NOTE [Store placement] in zero/Store.h).
-  const zero::StorePlacement& placement() const { return placement_; }
+  const zero::StorePlacement& placement() const;
   // The optimizer over the chunks: AdamW or Adafactor (optimizer.type).
-  const optim::ChunkOptimizer& optimizer() const { return *optimizer_; }
+  const optim::ChunkOptimizer& optimizer() const;
   // Stage 3: the most chunks gathered at once so far, and the arenas they are gathered into, one per slot
   // class (zero::planChunkArena; none below stage 3 or with store.arena off). NOTE [Chunk arena] in
   // zero/ChunkArena.h.
-  size_t peakGatheredChunks() const { return peakGathered_; }
-  std::vector<const zero::ChunkArena*> arenas() const {
-    std::vector<const zero::ChunkArena*> out;
-    for (const auto& a : arenas_) out.push_back(a.get());
-    return out;
-  }
+  size_t peakGatheredChunks() const;
+  std::vector<const zero::ChunkArena*> arenas() const;
+  // Replaces the order micro-batches run in (SequentialSchedule unless set).
+  void setSchedule(std::unique_ptr<MicroBatchSchedule> schedule);
 
  private:
-  // One checkpoint piece of chunk c: its fp32 values (field Master), m or v over this rank's shard.
-  SaveTensor savePiece(const char* kind, size_t c, int field) const;
-  // One of chunk c's optimizer state fields (optim::ChunkStateField) as a checkpoint piece.
-  SaveTensor saveField(const optim::ChunkStateField& field, size_t c) const;
-  dist::Communicator& comm() const;
-  // The group chunk c is sharded over (null: one rank), this rank's place in it, and its communicator.
-  dist::ProcessGroup* groupOf(size_t c) const { return chunkGroups_[c]; }
-  int rankIn(size_t c) const;
-  // Whether chunk c's collectives communicate (several ranks, or one rank through NCCL), and the group's.
-  bool communicates(size_t c) const;
-  bool communicates() const;
-  dist::Communicator& comm(size_t c) const;
-  zero::ShardRange shard(size_t c) const { return chunks_->shard(c, rankIn(c)); }
-  void gradientsComplete(size_t chunk);
-  // Stages 1 and 2 on several ranks: every chunk gathered whole from the ranks' shards (a collective).
-  void gatherShards();
-  Tensor shardSquares(const std::vector<Tensor>& grads) const;
-  // Stage 3 (NOTE [Parameter gathering] in StepEngine.cpp).
-  void hookModules();
-  void gather(size_t chunk);
-  void startGather(size_t chunk);
-  void release(size_t chunk);
-  void releaseAll(bool prefetchedToo);
-
-  // NOTE [Expert-parallel checkpoints]: the whole model's layout, and each chunk's index in it.
-  void planCheckpointLayout(
-      const std::vector<std::pair<std::string, std::function<std::string(int)>>>& rename, int expertRanks,
-      int expertRank);
-  zero::ChunkLayout checkpointLayout_;
-  std::vector<int64_t> savedIndex_;
+  // One micro-batch's forward, its loss; and its backward from the loss as the step weighs it, `last` for
+  // the step's last one.
+  Tensor forward(const TokenBatch& batch);
+  void backward(const Tensor& loss, bool last);
 
   Objective& objective_;
-  nn::Module& model_;  // objective_.model()
   Device device_;
   DType compute_;
-  double clipGrad_;
-  int stage_ = 0;
-  dist::ProcessGroup* group_ = nullptr;
-  dist::ProcessGroup* expertDataGroup_ = nullptr;
-  std::vector<dist::ProcessGroup*> chunkGroups_;  // by chunk: group_, or expertDataGroup_ for expert chunks
-  int rank_ = 0;
-  std::unique_ptr<zero::ChunkManager> chunks_;
-  // The SSD tier, when the placement uses it. Declared before the optimizer so that it is destroyed after
-  // it: a delayed SSD update may still be using the tier when the engine goes (the optimizer waits for it).
-  std::unique_ptr<zero::NvmeTier> nvme_;
-  std::unique_ptr<optim::ChunkOptimizer> optimizer_;
-  std::unique_ptr<optim::LossScaler> scaler_;
-  std::vector<Tensor> shardGrads_;   // stages 2, 3: this rank's reduced fp32 shard of each chunk's gradients
-  std::vector<Tensor> paramShards_;  // stage 3: this rank's shard of each chunk's parameters
-  zero::StorePlacement placement_;
-  // NOTE [Memory tracer]: the first step is traced, then optimizer state moves onto the device.
-  bool trace_ = false;
   bool delayedUpdate_ = false;  // store.delayed_update (NOTE [Delayed SSD update] in optim/AdamW.h)
-  uint64_t deviceMemory_ = 0;
-  void promoteTracedState();
-  std::vector<Tensor> slots_;  // stage 3: each chunk's gathered parameters while it is resident
-  std::map<nn::Module*, std::vector<size_t>>
-      moduleChunks_;                              // stage 3: the chunks of each module's own parameters
-  std::vector<nn::Module*> active_;               // stage 3: modules whose forward is running
-  std::vector<std::unique_ptr<Event>> gathered_;  // stage 3: each chunk's last gather, on the comm stream
-  std::vector<bool> prefetched_;                  // stage 3: gathered ahead and not used yet
-  std::vector<size_t> order_;  // stage 3: the chunks in the order the first micro-batch gathered them
-  size_t cursor_ = 0;          // stage 3: how far this pass has come in order_
-  bool recording_ = true;
-  int64_t prefetchDepth_ = 2;
-  std::vector<int64_t> chunkNotices_;
   int64_t steps_ = 0;
-
-  // Stage 3 with store.arena: where slots_ live, and each gathered chunk's slot (-1: none).
-  std::vector<std::unique_ptr<zero::ChunkArena>> arenas_;
-  std::vector<int> arenaClass_;  // per chunk: its arena
-  std::vector<int> arenaSlot_;
-  size_t gatheredNow_ = 0, peakGathered_ = 0;  // stage 3: chunks gathered now, and the most at once
+  // The parts, in the order the start-up makes them; destroyed in reverse, the model state last.
+  std::unique_ptr<ModelState> state_;
+  std::unique_ptr<zero::ParameterGatherer> gatherer_;  // stage 3 only
+  std::unique_ptr<zero::GradientReducer> reducer_;
+  std::unique_ptr<ShardedUpdate> update_;
+  std::unique_ptr<CheckpointPieces> checkpoint_;
+  std::unique_ptr<MicroBatchSchedule> schedule_;
 };
 
 }  // namespace strata::train

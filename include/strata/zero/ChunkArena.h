@@ -2,7 +2,7 @@
 //
 // NOTE [Chunk arena]
 // At stage 3 every chunk's parameters are gathered whole into device memory while the modules that use them
-// run, and given back soon after (NOTE [Parameter gathering] in train/StepEngine.cpp): several times a
+// run, and given back soon after (NOTE [Parameter gathering] in zero/ParameterGatherer.h): several times a
 // step per chunk. Taken from the caching allocator, those blocks interleave with activations and gradient
 // buffers of other sizes, and the reserve grows with what it cannot reuse (NOTE [Fragmentation] in
 // core/Allocator.h). The arena takes the memory once instead: one reservation of K slots, each the size of

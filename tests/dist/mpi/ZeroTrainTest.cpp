@@ -457,9 +457,9 @@ TEST_CASE(
     "the delayed SSD update at ZeRO stages 1 to 3 on N ranks: a checkpoint changes nothing, a resume "
     "continues exactly",
     "[dist][zero][store][delayed]") {
-  // NOTE [Delayed update checkpoints] in train/StepEngine.cpp: every chunk's state on the SSD (each rank's
-  // file under its own directory), updated one step late. The run that saves at steps 5 and 10, each time
-  // with that step's update pending, is the straight run step for step, and the run resumed from step 10
+  // NOTE [Delayed update checkpoints] in train/CheckpointPieces.h: every chunk's state on the SSD (each
+  // rank's file under its own directory), updated one step late. The run that saves at steps 5 and 10, each
+  // time with that step's update pending, is the straight run step for step, and the run resumed from step 10
   // continues it bit for bit. The same checkpoint loads on one rank, where only the gradients' sums differ.
   auto ctx = world();
   std::string tag = std::to_string(ctx->rank());

@@ -1,0 +1,48 @@
+// ZeRO's gradient reduction: each chunk's gradients summed over the ranks that shard it, as soon as they are
+// final in the step's last backward (NOTE [Chunk gradients complete] in zero/ChunkManager.h), overlapping
+// the rest of that backward.
+// - Stages 0 and 1: the chunk's gradient buffer is all-reduced in place; every rank then holds the sum.
+// - Stages 2 and 3: it is reduce-scattered into this rank's fp32 shard, and the chunk's full buffer goes
+//   back to the allocator at once, for the next chunk's gradients.
+// The collectives run on the comm stream (NOTE [Collective lanes] in dist/Communicator.h), each after the
+// backward that wrote its gradients; finish() makes the compute stream wait for them. 16-bit gradient
+// buffers (precision.grad_accum_dtype) are summed in fp32: a 16-bit reduction would round at every hop of
+// NCCL's ring.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "strata/core/Tensor.h"
+#include "strata/zero/ChunkGroups.h"
+#include "strata/zero/ChunkManager.h"
+
+namespace strata::zero {
+
+class GradientReducer {
+ public:
+  // Listens to `chunks`' gradient-complete notices (a manager has one listener: the last one set), at ZeRO
+  // stage `stage`.
+  GradientReducer(ChunkManager& chunks, const ChunkGroups& groups, int stage, Device device);
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // After the step's last backward: checks that every chunk completed exactly once, and returns per chunk
+  // the gradients this rank updates from (the reduced chunk, or at stages 2 and 3 its reduced shard), with
+  // the compute stream ordered after the reductions.
+  std::vector<Tensor> finish();
+  // After the update: every gradient buffer and shard goes back to the allocator.
+  void release();
+
+ private:
+  void reduce(size_t chunk);
+
+  ChunkManager& chunks_;
+  const ChunkGroups& groups_;
+  int stage_;
+  Device device_;
+  std::vector<Tensor> shardGrads_;  // stages 2, 3: this rank's reduced fp32 shard of each chunk's gradients
+  std::vector<int64_t> notices_;    // by chunk: gradient-complete notices in this step
+};
+
+}  // namespace strata::zero

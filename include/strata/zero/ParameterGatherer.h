@@ -1,0 +1,89 @@
+// ZeRO-3's parameter gathers: each rank keeps only its shard of every chunk's parameters, and a chunk is
+// gathered whole while the modules that use it run, forward and backward.
+//
+// NOTE [Parameter gathering]
+// At stage 3 a chunk's storage is not resident except while gathered into a slot. A module's forward
+// pre-hook gathers the chunks that hold its own parameters; outside backward it first releases the gathered
+// chunks that neither it nor a module still running (its callers) needs, so a forward holds the chunks of a
+// few modules at a time. In backward a module's pre-backward hook gathers its chunks again, and a chunk is
+// released as soon as every one of its parameters has its gradient for the pass (nothing later in the pass
+// reads it). The step releases everything after each forward and each backward. Gathers run on the gather
+// stream (NOTE [Collective lanes] in dist/Communicator.h), and compute waits on the chunk's event only when
+// a module needs it. The first micro-batch records the order of the gathers (forward and backward); from
+// then on each gather also starts the next zero_optimization.prefetch_depth chunks of that order, which no
+// release touches until they are used (or until a pass leaves the order, as an evaluation's forwards do). A
+// chunk is gathered into a slot of the chunk arena (store.arena, NOTE [Chunk arena] in zero/ChunkArena.h),
+// or else into a block of the caching allocator.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "strata/core/Stream.h"
+#include "strata/core/Tensor.h"
+#include "strata/zero/ChunkArena.h"
+#include "strata/zero/ChunkGroups.h"
+#include "strata/zero/ChunkManager.h"
+
+namespace strata::nn {
+class Module;
+}
+
+namespace strata::zero {
+
+class ParameterGatherer {
+ public:
+  // Evicts every chunk of `chunks` (the model's parameters live in `parameterShards` now: this rank's shard
+  // of each chunk, which the update writes) and hooks `model`'s modules to gather them. `arena`: into the
+  // slots of chunk arenas (one per slot class, zero::planChunkArena), else into caching-allocator blocks.
+  // The hooks and the manager's pass-complete listener hold this gatherer: it lives as long as they run.
+  ParameterGatherer(ChunkManager& chunks, const ChunkGroups& groups, std::vector<Tensor> parameterShards,
+                    nn::Module& model, Device device, int64_t prefetchDepth, bool arena);
+  ParameterGatherer(const ParameterGatherer&) = delete;
+  ParameterGatherer& operator=(const ParameterGatherer&) = delete;
+
+  // After a micro-batch's forward: what its backward needs is gathered again, module by module (what was
+  // prefetched for it stays).
+  void forwardDone();
+  // After a micro-batch's backward: everything goes, prefetched chunks too; the first backward ends the
+  // recording of the order the later passes prefetch in.
+  void backwardDone();
+
+  // The most chunks gathered at once so far, and the arenas (none with store.arena off).
+  size_t peakGathered() const { return peakGathered_; }
+  std::vector<const ChunkArena*> arenas() const;
+
+ private:
+  void hookModules(nn::Module& model);
+  // Releases what neither the module starting nor a running one needs (forward only).
+  void releaseUnneeded(const std::vector<size_t>& own);
+  void gather(size_t chunk);
+  // Where the recorded order has reached with `chunk`, and the prefetches from there.
+  void prefetchAfter(size_t chunk);
+  void startGather(size_t chunk);
+  void release(size_t chunk);
+  void releaseAll(bool prefetchedToo);
+
+  ChunkManager& chunks_;
+  const ChunkGroups& groups_;
+  std::vector<Tensor> parameterShards_;  // this rank's shard of each chunk's parameters
+  Device device_;
+  int64_t prefetchDepth_;
+  std::vector<Tensor> slots_;  // each chunk's gathered parameters while it is resident
+  std::map<nn::Module*, std::vector<size_t>> moduleChunks_;  // the chunks of each module's own parameters
+  std::vector<nn::Module*> active_;                          // modules whose forward is running
+  std::vector<std::unique_ptr<Event>> gathered_;             // each chunk's last gather, on the gather stream
+  std::vector<bool> prefetched_;                             // gathered ahead and not used yet
+  std::vector<size_t> order_;  // the chunks in the order the first micro-batch gathered them
+  size_t cursor_ = 0;          // how far this pass has come in order_
+  bool recording_ = true;
+  // With store.arena: where slots_ live, and each gathered chunk's slot (-1: none).
+  std::vector<std::unique_ptr<ChunkArena>> arenas_;
+  std::vector<int> arenaClass_;  // per chunk: its arena
+  std::vector<int> arenaSlot_;
+  size_t gatheredNow_ = 0, peakGathered_ = 0;
+};
+
+}  // namespace strata::zero

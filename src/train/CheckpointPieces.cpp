@@ -1,0 +1,285 @@
+#include "train/CheckpointPieces.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "strata/autograd/GradMode.h"
+#include "strata/ops/Ops.h"
+#include "strata/zero/NvmeTier.h"
+
+namespace strata::train {
+
+namespace {
+
+// Elements [a, b) of chunk state `t`: the whole padded chunk, or the shard `r` of it.
+Tensor chunkRange(const Tensor& t, zero::ShardRange r, int64_t a, int64_t b) {
+  int64_t base = t.numel() == r.size() ? r.begin : 0;
+  return t.narrow(0, a - base, b - a);
+}
+
+// Reads a checkpoint's values of chunk state into one host buffer, as fp32: each piece of state reads the
+// range of its chunk it covers (the whole padded chunk, or this rank's shard), and converts on the way in (a
+// 16-bit parameter becomes its master rounded).
+struct StateReader {
+  ChunkCheckpointReader& reader;
+  const zero::ChunkLayout& layout;
+  const zero::ChunkGroups& groups;
+  std::vector<float> host;
+
+  // `numel` values from the chunk's element `begin` (-1: the shard's first when `numel` is the shard's size,
+  // else 0).
+  void read(int64_t numel, size_t c, const char* kind, int64_t begin = -1) {
+    zero::ShardRange r = groups.shard(c);
+    if (begin < 0) begin = numel == r.size() ? r.begin : 0;
+    int64_t end = std::min(begin + numel, layout.chunks[c].used);
+    host.assign(size_t(numel), 0.0f);
+    if (begin < end) reader.readChunkRange(layout, kind, int64_t(c), begin, end, host.data());
+  }
+  void fill(const Tensor& t, size_t c, const char* kind) {
+    read(t.numel(), c, kind);
+    ops::copy(t, Tensor::fromHost(host.data(), DType::F32, host.size(), {t.numel()}, t.device()));
+  }
+};
+
+// Chunk c's state on the SSD: its fields cover the optimizer's range (m and v zero without `optimizer`).
+void loadSsdChunk(ModelState& s, StateReader& in, size_t c, bool optimizer) {
+  zero::ShardRange range = s.optimizer->ranges()[c];
+  int64_t n = range.size();
+  in.read(n, c, "param", range.begin);
+  s.nvme->write(c, zero::NvmeTier::Master, in.host.data());
+  for (auto [kind, field] : {std::pair{"exp_avg", zero::NvmeTier::FirstMoment},
+                             std::pair{"exp_avg_sq", zero::NvmeTier::SecondMoment}}) {
+    if (optimizer)
+      in.read(n, c, kind, range.begin);
+    else
+      in.host.assign(size_t(n), 0.0f);
+    s.nvme->write(c, field, in.host.data());
+  }
+}
+
+// Chunk c's parameters, master and (with `optimizer`) optimizer state.
+void loadChunk(ModelState& s, StateReader& in, size_t c, bool optimizer, int64_t savedIndex) {
+  in.fill(s.parameterHome(c), c, "param");
+  if (s.optimizer->home(c) == zero::Tier::Nvme) {
+    loadSsdChunk(s, in, c, optimizer);
+    return;
+  }
+  if (s.optimizer->hasMaster(c)) in.fill(s.optimizer->masterFlats()[c], c, "param");
+  if (!optimizer) return;
+  for (const optim::ChunkStateField& field : s.optimizer->chunkState(c)) {
+    if (field.elementwise) {
+      in.fill(field.values, c, field.kind.c_str());
+      continue;
+    }
+    // The optimizer's own layout: the piece saved for this chunk's range (the same layout, checked before).
+    if (field.values.numel() == 0) continue;
+    in.host.assign(size_t(field.values.numel()), 0.0f);
+    STRATA_USER_CHECK(
+        in.reader.readChunkPiece(field.kind, savedIndex, s.optimizer->ranges()[c].begin, field.values.numel(),
+                                 in.host.data()),
+        "checkpoint {}: its {} state does not match this run's chunks (it reloads only at the chunk "
+        "size and world size it was saved with); set checkpoint.load_model_only: true to start the "
+        "optimizer fresh from its weights",
+        in.reader.directory(), field.kind);
+    ops::copy(field.values, Tensor::fromHost(in.host.data(), DType::F32, in.host.size(),
+                                             {field.values.numel()}, field.values.device()));
+  }
+}
+
+}  // namespace
+
+CheckpointPieces::CheckpointPieces(ModelState& state) : state_(state) {
+  planLayout();
+}
+
+void CheckpointPieces::planLayout() {
+  const zero::ChunkLayout& local = state_.chunks->layout();
+  const ExpertNames& experts = state_.experts;
+  layout_ = local;
+  savedIndex_.clear();
+  for (size_t c = 0; c < local.chunks.size(); ++c) savedIndex_.push_back(int64_t(c));
+  if (experts.rename.empty()) return;
+  std::map<std::string, const std::function<std::string(int)>*> byName;
+  for (const auto& [name, fn] : experts.rename) byName[name] = &fn;
+  auto nameOn = [&](const std::string& name, int rank) {
+    auto it = byName.find(name);
+    STRATA_CHECK(it != byName.end(), "expert chunk parameter '{}' is not an expert's", name);
+    return (*it->second)(rank);
+  };
+  std::vector<size_t> expertChunks;
+  for (size_t c = 0; c < local.chunks.size(); ++c)
+    if (local.chunks[c].family == 1) expertChunks.push_back(c);
+  for (auto& slot : layout_.slots)
+    if (local.chunks[size_t(slot.chunk)].family == 1) slot.name = nameOn(slot.name, 0);
+  for (int rank = 1; rank < experts.ranks; ++rank)
+    for (size_t c : expertChunks) {
+      int64_t index = int64_t(layout_.chunks.size());
+      if (rank == experts.rank) savedIndex_[c] = index;
+      zero::ChunkInfo info = local.chunks[c];
+      info.slots.clear();
+      for (int64_t k : local.chunks[c].slots) {
+        zero::ChunkSlot slot = local.slots[size_t(k)];
+        slot.name = nameOn(slot.name, rank);
+        slot.chunk = index;
+        info.slots.push_back(int64_t(layout_.slots.size()));
+        layout_.slots.push_back(std::move(slot));
+      }
+      layout_.chunks.push_back(std::move(info));
+    }
+}
+
+SaveTensor CheckpointPieces::savePiece(const char* kind, size_t c, int field) const {
+  const optim::ChunkOptimizer& chunkOptimizer = *state_.optimizer;
+  zero::ShardRange r = state_.groups.shard(c);
+  int64_t end = std::min(r.end, state_.chunks->layout().chunks[c].used);
+  std::string name = chunkPieceName(kind, savedIndex_[c], r.begin);
+  if (chunkOptimizer.home(c) == zero::Tier::Nvme) {
+    // Read from the SSD when the writer reaches it: one piece in memory at a time.
+    zero::NvmeTier* nvme = state_.nvme.get();
+    int64_t offset = r.begin - chunkOptimizer.ranges()[c].begin;
+    return SaveTensor{name,
+                      {end - r.begin},
+                      DType::F32,
+                      [nvme, c, field, offset, n = end - r.begin, whole = chunkOptimizer.ranges()[c].size()] {
+                        Tensor all = Tensor::empty({whole}, DType::F32, Device::cpu());
+                        nvme->read(c, zero::NvmeTier::Field(field), all.data<float>());
+                        return all.narrow(0, offset, n);
+                      }};
+  }
+  // The fp32 values: the masters, or fp32 chunks' own parameters (their shard at stage 3); where those lag
+  // their state, the values the next update writes into them (NOTE [Delayed update checkpoints]).
+  STRATA_CHECK(field == zero::NvmeTier::Master, "savePiece: chunk {}'s state is not on the SSD", c);
+  Tensor pending = chunkOptimizer.hasMaster(c) ? Tensor() : state_.optimizer->pendingParameters(c);
+  Tensor values = chunkOptimizer.hasMaster(c) ? chunkOptimizer.masterFlats()[c]
+                  : pending.defined()         ? pending
+                                              : state_.parameterHome(c);
+  Tensor t = chunkRange(values, r, r.begin, end);
+  return SaveTensor{name, t.shape(), t.dtype(), [t] { return t; }};
+}
+
+SaveTensor CheckpointPieces::saveField(const optim::ChunkStateField& field, size_t c) const {
+  // Elementwise fields as the masters (this rank's shard, cut at the used length); the optimizer's own
+  // layouts whole, named by the first element of the optimizer's range. Saved in fp32 (a bf16 first moment
+  // is widened when the writer reaches it).
+  zero::ShardRange r = state_.groups.shard(c);
+  Tensor t = field.values;
+  int64_t begin = field.elementwise ? r.begin : state_.optimizer->ranges()[c].begin;
+  if (field.elementwise)
+    t = chunkRange(t, r, r.begin, std::min(r.end, state_.chunks->layout().chunks[c].used));
+  return SaveTensor{chunkPieceName(field.kind, savedIndex_[c], begin), t.shape(), DType::F32,
+                    [t] { return t.dtype() == DType::F32 ? t : ops::to(t, Device::cpu(), DType::F32); }};
+}
+
+SaveTensors CheckpointPieces::model() const {
+  state_.optimizer->waitDelayed();  // NOTE [Delayed update checkpoints]: the state final, nothing written
+  SaveTensors out;
+  for (size_t c = 0; c < state_.chunks->numChunks(); ++c) {
+    zero::ShardRange r = state_.groups.shard(c);
+    if (r.begin < std::min(r.end, state_.chunks->layout().chunks[c].used))
+      out.push_back(savePiece("param", c, zero::NvmeTier::Master));
+  }
+  return out;
+}
+
+SaveTensors CheckpointPieces::optimizer() const {
+  optim::ChunkOptimizer& chunkOptimizer = *state_.optimizer;
+  chunkOptimizer.waitDelayed();
+  SaveTensors out;
+  for (size_t c = 0; c < state_.chunks->numChunks(); ++c) {
+    zero::ShardRange r = state_.groups.shard(c);
+    int64_t end = std::min(r.end, state_.chunks->layout().chunks[c].used);
+    if (r.begin >= end) continue;
+    if (chunkOptimizer.pendingParameters(c).defined()) {
+      // NOTE [Delayed update checkpoints]: the parameters the next forward reads, behind their state.
+      Tensor t = chunkRange(state_.parameterHome(c), r, r.begin, end);
+      out.push_back(SaveTensor{chunkPieceName("delayed_param", savedIndex_[c], r.begin), t.shape(),
+                               DType::F32, [t] { return ops::to(t, Device::cpu(), DType::F32); }});
+    }
+    if (chunkOptimizer.home(c) == zero::Tier::Nvme) {
+      out.push_back(savePiece("exp_avg", c, zero::NvmeTier::FirstMoment));
+      out.push_back(savePiece("exp_avg_sq", c, zero::NvmeTier::SecondMoment));
+      continue;
+    }
+    for (const optim::ChunkStateField& field : chunkOptimizer.chunkState(c)) {
+      // A field of the optimizer's own layout over a whole chunk (stage 0 on several ranks) is the same on
+      // every rank: rank 0 saves it.
+      bool whole = chunkOptimizer.ranges()[c].size() == state_.chunks->paddedElems(c);
+      if (!field.elementwise && (field.values.numel() == 0 || (whole && state_.groups.rankIn(c) != 0)))
+        continue;
+      out.push_back(saveField(field, c));
+    }
+  }
+  return out;
+}
+
+void CheckpointPieces::checkOptimizerState(ChunkCheckpointReader& reader) const {
+  const optim::ChunkOptimizer& chunkOptimizer = *state_.optimizer;
+  size_t n = state_.chunks->numChunks();
+  // The kinds this optimizer saves (AdamW: exp_avg and exp_avg_sq; Adafactor: adafactor_v, and exp_avg with
+  // a first moment).
+  std::vector<std::string> kinds;
+  for (size_t c = 0; c < n && kinds.empty(); ++c)
+    for (const optim::ChunkStateField& field : chunkOptimizer.chunkState(c)) kinds.push_back(field.kind);
+  if (kinds.empty()) kinds = {"exp_avg", "exp_avg_sq"};
+  for (const std::string& kind : kinds)
+    STRATA_USER_CHECK(reader.hasKind(kind),
+                      "checkpoint {} holds no {} state (no optimizer state, or another optimizer's); set "
+                      "checkpoint.load_model_only: true to start the optimizer fresh from its weights",
+                      reader.directory(), kind);
+  // A field in the optimizer's own layout (Adafactor's factored statistics) is not resharded by parameter:
+  // it reloads only into the chunks and shards it was saved from.
+  bool ownLayout = false;
+  for (size_t c = 0; c < n && !ownLayout; ++c)
+    for (const optim::ChunkStateField& field : chunkOptimizer.chunkState(c)) ownLayout |= !field.elementwise;
+  if (!ownLayout) return;
+  const zero::ChunkLayout& saved = reader.state().layout;
+  bool same = saved.chunks.size() == layout_.chunks.size() && saved.slots.size() == layout_.slots.size();
+  for (size_t k = 0; same && k < layout_.slots.size(); ++k)
+    same = saved.slots[k].name == layout_.slots[k].name && saved.slots[k].chunk == layout_.slots[k].chunk &&
+           saved.slots[k].offset == layout_.slots[k].offset;
+  int ranks = state_.groups.ranks();
+  STRATA_USER_CHECK(same && (state_.stage == 0 || reader.state().worldSize == ranks),
+                    "checkpoint {}: its optimizer state was saved with {} (world size {}), and reloads only "
+                    "into the same chunk layout and, at ZeRO stage >= 1, the same world size (this run: {} "
+                    "rank{}); set checkpoint.load_model_only: true to start the optimizer fresh from its "
+                    "weights",
+                    reader.directory(), same ? "these chunks" : "another chunk layout",
+                    reader.state().worldSize, ranks, ranks == 1 ? "" : "s");
+}
+
+void CheckpointPieces::load(ChunkCheckpointReader& reader, bool optimizer) {
+  NoGradGuard noGrad;
+  state_.optimizer->finishDelayed();
+  reader.checkParameters(layout_);
+  if (optimizer) checkOptimizerState(reader);
+  StateReader in{reader, state_.chunks->layout(), state_.groups, {}};
+  for (size_t c = 0; c < state_.chunks->numChunks(); ++c) loadChunk(state_, in, c, optimizer, savedIndex_[c]);
+  // NOTE [Delayed update checkpoints]: parameters saved behind their state go back into the chunks, and the
+  // values just loaded wait for the next update.
+  if (optimizer && reader.hasKind("delayed_param")) loadDelayedParameters(reader);
+}
+
+void CheckpointPieces::loadDelayedParameters(ChunkCheckpointReader& reader) {
+  const zero::ChunkLayout& layout = state_.chunks->layout();
+  std::vector<float> host;
+  for (size_t c = 0; c < state_.chunks->numChunks(); ++c) {
+    // What the forward reads: the whole chunk, or at stage 3 this rank's shard of it.
+    Tensor live = state_.parameterHome(c);
+    zero::ShardRange r = state_.groups.shard(c);
+    int64_t begin = state_.stage == 3 ? r.begin : 0;
+    int64_t end = std::min(begin + live.numel(), layout.chunks[c].used);
+    if (begin >= end) continue;
+    host = live.toVector<float>();
+    if (reader.readSavedChunkRange(layout, "delayed_param", int64_t(c), begin, end, host.data()) == 0)
+      continue;
+    zero::ShardRange range = state_.optimizer->ranges()[c];
+    Tensor next = chunkRange(live, r, range.begin, range.end);
+    if (!state_.optimizer->deferParameters(c, next)) continue;
+    ops::copy(live, Tensor::fromHost(host.data(), DType::F32, host.size(), {live.numel()}, live.device()));
+  }
+}
+
+}  // namespace strata::train

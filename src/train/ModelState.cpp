@@ -1,0 +1,359 @@
+#include "train/ModelState.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include "strata/autograd/GradMode.h"
+#include "strata/core/Allocator.h"
+#include "strata/core/Generator.h"
+#include "strata/core/Stream.h"
+#include "strata/dist/Communicator.h"
+#include "strata/dist/Launch.h"
+#include "strata/dist/ProcessGroup.h"
+#include "strata/nn/MoE.h"
+#include "strata/ops/Ops.h"
+#include "strata/optim/Adafactor.h"
+#include "strata/optim/AdamW.h"
+#include "strata/train/PlacementInputs.h"
+
+namespace strata::train {
+
+namespace {
+
+void emptyDeviceCache(Device device) {
+  if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device))) caching->emptyCache();
+}
+
+// NOTE [Expert parallelism] in nn/MoE.h: the experts of expert-parallel MoE layers (family 1) are sharded
+// over the ranks that hold the same experts. Their names go into `names`.
+ExpertNames findExperts(nn::Module& model, std::set<std::string>& names) {
+  ExpertNames experts;
+  for (auto& [name, module] : model.namedModules())
+    if (auto* moe = dynamic_cast<nn::MoE*>(module); moe && moe->config().expertParallel.size > 1) {
+      experts.ranks = moe->config().expertParallel.size;
+      experts.rank = moe->config().expertParallel.rank;
+      for (int64_t e = 0; e < moe->numLocalExperts(); ++e)
+        for (auto& [pname, p] : moe->expert(size_t(e)).namedParameters()) {
+          auto nameOn = [prefix = name + ".experts.", e, local = moe->numLocalExperts(), rest = "." + pname](
+                            int rank) { return prefix + std::to_string(local * rank + e) + rest; };
+          names.insert(nameOn(experts.rank));
+          experts.rename.emplace_back(nameOn(experts.rank), nameOn);
+        }
+    }
+  return experts;
+}
+
+// Every rank starts from the weights of its group's rank 0 (they are equal when built from one seed; this
+// makes it so). NOTE [Collective ordering and completion] in dist/Communicator.h: the broadcasts wait for
+// the layout's writes, and the copies into the chunks wait for the broadcasts.
+void broadcastStartingWeights(ModelState& s) {
+  const Stream& commStream = deviceStreams(s.device).comm;
+  streamWaits(commStream, currentStream(s.device), s.device);
+  for (size_t i = 0; i < s.chunks->numChunks(); ++i) {
+    if (!s.groups.communicates(i)) continue;
+    s.groups.comm(i).broadcast(s.masters.empty() ? s.chunks->paddedFlat(i) : s.masters[i], 0);
+  }
+  streamWaits(currentStream(s.device), commStream, s.device);
+  for (size_t i = 0; i < s.masters.size(); ++i)
+    if (s.groups.communicates(i)) ops::copy(s.chunks->paddedFlat(i), s.masters[i]);
+}
+
+// The ranges of optimizer state this rank keeps, and the shards of the masters and (stage 3) parameters.
+void keepShards(ModelState& s) {
+  size_t n = s.chunks->numChunks();
+  if (s.stage >= 1) {
+    // Stages 1 and 2: this rank keeps the masters and moments of its shard of each chunk only.
+    for (size_t i = 0; i < n; ++i) {
+      s.ranges.push_back(s.groups.shard(i));
+      if (!s.masters.empty())
+        s.masters[i] = s.masters[i].narrow(0, s.ranges[i].begin, s.ranges[i].size()).clone();
+    }
+    emptyDeviceCache(s.device);
+  } else {
+    for (size_t i = 0; i < n; ++i) s.ranges.push_back({0, s.chunks->paddedElems(i)});
+  }
+  // Stage 3: each rank keeps only its shard of the parameters too; a chunk is gathered whole into a slot
+  // while a module that uses it runs, forward and backward (NOTE [Parameter gathering] in
+  // zero/ParameterGatherer.h).
+  if (s.stage == 3)
+    for (size_t i = 0; i < n; ++i)
+      s.parameterShards.push_back(
+          s.chunks->paddedFlat(i).narrow(0, s.ranges[i].begin, s.ranges[i].size()).clone());
+}
+
+}  // namespace
+
+std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Device device, DType compute,
+                                                      int64_t chunkBytes, int shards, bool mastersOnHost,
+                                                      const zero::ChunkFamilies& families) {
+  // The first-use order from one loss of one sequence (token 0 throughout: the order of the module calls
+  // does not depend on the data), in eval mode, without gradients, in the parameters' own dtype, with the
+  // RNG state put back: the trace changes no number of the run.
+  nn::Module& model = objective.model();
+  GeneratorState rng = defaultGenerator().state();
+  bool training = model.isTraining();
+  model.eval();
+  auto params = model.parameters();
+  STRATA_CHECK(!params.empty(), "the model has no parameters");
+  DType source = params.front().dtype();
+  int64_t T = std::max<int64_t>(1, objective.windowLength());
+  Tensor ids = ops::zeros({1, T}, DType::I64, device);
+  std::vector<std::string> order;
+  try {
+    order = zero::recordFirstUse(model, [&] {
+      NoGradGuard noGrad;
+      objective.loss(TokenBatch{ids, ids}, source);
+    });
+  } catch (...) {
+    model.train(training);
+    defaultGenerator().setState(rng);
+    throw;
+  }
+  model.train(training);
+  defaultGenerator().setState(rng);
+  auto named = model.namedParameters();
+  std::vector<std::pair<std::string, Tensor>> ordered;
+  for (const auto& name : order)
+    for (const auto& [n, p] : named)
+      if (n == name) ordered.emplace_back(n, p);
+  auto chunks = std::make_unique<zero::ChunkManager>(
+      ordered, chunkBytes, compute, shards,
+      mastersOnHost ? std::optional<Device>(Device::cpu()) : std::nullopt, families);
+  // The model's old per-parameter storages went back to the caching allocator; return them to the device so
+  // the chunks' layout is what the step's activations see.
+  emptyDeviceCache(device);
+  return chunks;
+}
+
+ModelState layOutModelState(Objective& objective, const Config& c, Device device, DType compute,
+                            dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
+                            RankShares shares) {
+  ModelState s;
+  s.stage = int(c.zero.stage);
+  s.device = device;
+  int ranks = group ? group->size() : 1;
+  // The device's memory (STRATA_DEVICE_MEMORY_GB stands in for it in tests), this rank's share of it where
+  // ranks share the device (NOTE [Per-node shares] in dist/Launch.h).
+  const char* memoryOverride = std::getenv("STRATA_DEVICE_MEMORY_GB");
+  s.deviceMemoryGiven = memoryOverride != nullptr;
+  s.deviceMemory = memoryOverride ? zero::parseBudgetGb(memoryOverride, 0, "STRATA_DEVICE_MEMORY_GB")
+                                  : dist::perRankShare(deviceMemoryBytes(device), shares.ranksOnDevice);
+  // A model whose fp32 masters and 16-bit chunks would crowd the device together: the masters are made in
+  // host memory, and those of chunks whose state the placement keeps on the device move there after it. On
+  // several ranks too: every rank builds the whole model's masters before it keeps its shard of them.
+  uint64_t modelElems = 0;
+  for (const Tensor& p : objective.model().parameters()) modelElems += uint64_t(p.numel());
+  bool mastersOnHost = !device.isCpu() && dtypeSize(compute) == 2 && s.deviceMemory > 0 &&
+                       double(modelElems) * 6 > 0.7 * double(s.deviceMemory);
+  std::set<std::string> expertNames;
+  s.experts = findExperts(objective.model(), expertNames);
+  zero::ChunkFamilies families;
+  if (!expertNames.empty()) {
+    STRATA_CHECK(expertDataGroup != nullptr || ranks == 1,
+                 "ZeroStepEngine: expert-parallel MoE layers without an expert-data-parallel group");
+    families.of = [&](const std::string& name) { return expertNames.count(name) ? 1 : 0; };
+    families.shards = {ranks, expertDataGroup ? expertDataGroup->size() : 1};
+  }
+  s.chunks = layOutModelChunks(objective, device, compute, int64_t(c.zero.chunkSizeMb * double(1 << 20)),
+                               ranks, mastersOnHost, families);
+  s.groups = zero::ChunkGroups(*s.chunks, group, expertDataGroup);
+  // precision.grad_accum_dtype: 16-bit gradient buffers for 16-bit chunks (a CPU run of a bf16 config
+  // computes in fp32 and keeps fp32 ones).
+  if (c.precision.gradAccumDType != "fp32" && dtypeSize(compute) == 2) s.chunks->setGradientDType(compute);
+  s.masters = s.chunks->takeMasters();
+  broadcastStartingWeights(s);
+  keepShards(s);
+  return s;
+}
+
+namespace {
+
+// The store's budgets as `strata plan` reads them (train/PlacementInputs.h), so the two place alike, with
+// this rank's share of the host's memory and disk (NOTE [Per-node shares] in dist/Launch.h).
+zero::StoreBudgets budgetsFor(const ModelState& s, const Config& c, uint64_t parameterBytes,
+                              RankShares shares) {
+  if (!c.zero.nvmePath.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(c.zero.nvmePath, ec);
+    zero::removeStaleTierFiles(c.zero.nvmePath);  // before the free space is read
+  }
+  // Masters made in host memory (mastersOnHost) are the host state's own bytes, not memory in use.
+  uint64_t hostMasters = 0;
+  for (const Tensor& m : s.masters)
+    if (m.device().isCpu() && !s.device.isCpu()) hostMasters += uint64_t(m.nbytes());
+  uint64_t hostAvailable = zero::availableHostBytes();
+  if (hostAvailable != zero::kUnlimited)
+    hostAvailable = dist::perRankShare(hostAvailable, shares.ranksOnHost) + hostMasters;
+  return storeBudgets(c, parameterBytes, zero::kUnlimited, hostAvailable,
+                      dist::perRankShare(freeDiskBytes(c.zero.nvmePath), shares.ranksOnHost));
+}
+
+// What the placement weighs for each chunk: this rank's parameter bytes (on the device), each chunk's
+// optimizer state in memory and on the SSD (where m and v may be kept in half precision).
+struct StateBytes {
+  uint64_t parameters = 0;
+  std::vector<uint64_t> optimizer, nvme;
+};
+
+StateBytes stateBytes(const ModelState& s, const Config& c, const optim::AdafactorConfig& adafactor) {
+  StateBytes b;
+  for (size_t i = 0; i < s.chunks->numChunks(); ++i) {
+    b.parameters += s.parameterHome(i).nbytes();
+    // AdamW: master, m, v (fp32); Adafactor: the master and its state.
+    uint64_t elems = uint64_t(s.ranges[i].size());
+    b.optimizer.push_back(c.optimizer.type == "adafactor"
+                              ? elems * 4 +
+                                    optim::adafactorStateBytes(s.chunks->layout(), i, s.ranges[i], adafactor)
+                              : elems * 4 * 3);
+    b.nvme.push_back(elems * (4 + 2 * dtypeSize(nvmeStateDType(c))));
+  }
+  return b;
+}
+
+// NOTE [Store placement] in zero/Store.h: the parameters stay on the device; each chunk's optimizer state
+// goes to the device while its budget lasts, then to host memory, then to the SSD. NOTE [Memory tracer]: a
+// model whose state would crowd the device starts with its optimizer state off it, and the first step
+// decides how much comes back (s.traced).
+void place(ModelState& s, const Config& c, DType compute, const StateBytes& bytes,
+           zero::StoreBudgets budgets) {
+  bool autoDevice = c.zero.offloadOptimizerDevice == "none" &&
+                    (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto");
+  auto placeWithin = [&](zero::StoreBudgets b) {
+    if (autoDevice && s.deviceMemory > 0 && (!s.device.isCpu() || s.deviceMemoryGiven)) {
+      uint64_t estimate = bytes.parameters;
+      for (size_t i = 0; i < s.chunks->numChunks(); ++i)
+        estimate += bytes.optimizer[i] + uint64_t(s.chunks->paddedElems(i)) *
+                                             dtypeSize(s.chunks->gradientDType());  // state, gradient buffers
+      if (double(estimate) > 0.8 * double(s.deviceMemory)) {
+        // Off the device what the host and the SSD can hold; the first step measures what may come back.
+        uint64_t least = zero::smallestDeviceBudget(bytes.parameters, bytes.optimizer, b, bytes.nvme);
+        if (least != zero::kUnlimited) b.device = least;
+        s.traced = true;
+      }
+    }
+    return zero::placeModelState(bytes.parameters, bytes.optimizer, b, bytes.nvme);
+  };
+  // NOTE [Delayed SSD update] in optim/AdamW.h: the automatic host budget leaves room for the pending update.
+  std::vector<int64_t> rangeElems;
+  for (const auto& r : s.ranges) rangeElems.push_back(r.size());
+  s.placement = placeWithDelayedReserve(c, compute, rangeElems, budgets, placeWithin);
+}
+
+// The SSD tier the placement asks for, and the optimizer over every tier, which takes the masters.
+void makeOptimizer(ModelState& s, const Config& c, const optim::AdafactorConfig& adafactorConfig) {
+  std::vector<int64_t> nvmeElems(s.chunks->numChunks(), 0);
+  for (size_t i = 0; i < s.chunks->numChunks(); ++i)
+    if (s.placement.optimizerTier[i] == zero::Tier::Nvme) nvmeElems[i] = s.ranges[i].size();
+  if (s.placement.chunksOn(zero::Tier::Nvme) > 0)
+    s.nvme = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, s.groups.rank(), nvmeElems, nvmeStateDType(c),
+                                              zero::NvmeIoConfig{c.zero.aioBlockSize, c.zero.aioQueueDepth});
+  for (size_t i = 0; i < s.masters.size(); ++i)
+    if (s.placement.optimizerTier[i] == zero::Tier::Device && s.masters[i].device() != s.device)
+      s.masters[i] = ops::to(s.masters[i], s.device, DType::F32);
+  if (c.optimizer.type == "adafactor") {
+    s.optimizer = std::make_unique<optim::Adafactor>(*s.chunks, std::move(s.masters), adafactorConfig,
+                                                     s.ranges, s.parameterShards, s.placement.optimizerTier);
+  } else {
+    s.optimizer = std::make_unique<optim::AdamW>(
+        *s.chunks, std::move(s.masters),
+        optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
+                           c.optimizer.weightDecay, c.optimizer.pipeline, c.zero.pinMemory,
+                           std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4)),
+                           c.store.delayedUpdate, int(c.zero.bufferCount)},
+        s.ranges, s.parameterShards, s.placement.optimizerTier, s.nvme.get());
+  }
+  s.masters.clear();
+  STRATA_CHECK(s.optimizer->acceptsGradients(s.chunks->gradientDType()),
+               "optimizer.type {} does not read {} gradients", c.optimizer.type, s.chunks->gradientDType());
+}
+
+void checkPlacementTotal(const ModelState& s) {
+  STRATA_CHECK(s.placement.total() == s.bytes(),
+               "the store holds {} bytes across its tiers, {} of model state", s.placement.total(),
+               s.bytes());
+}
+
+}  // namespace
+
+void placeModelState(ModelState& s, const Config& c, DType compute, RankShares shares) {
+  optim::AdafactorConfig adafactorConfig = adafactorConfigFrom(c);
+  adafactorConfig.pinHostState = c.zero.pinMemory;
+  StateBytes bytes = stateBytes(s, c, adafactorConfig);
+  place(s, c, compute, bytes, budgetsFor(s, c, bytes.parameters, shares));
+  makeOptimizer(s, c, adafactorConfig);
+  // The bytes as they are: an fp32 chunk's state on the device has no separate master, and the SSD may keep
+  // m and v in half precision.
+  for (uint64_t& b : s.placement.bytes) b = 0;
+  for (size_t i = 0; i < s.chunks->numChunks(); ++i) {
+    uint64_t state = s.optimizer->stateBytes(i);
+    if (s.placement.optimizerTier[i] == zero::Tier::Nvme)
+      state = uint64_t(s.ranges[i].size()) * (4 + 2 * dtypeSize(s.nvme->stateDType()));
+    s.placement.optimizerBytes[i] = state;
+    s.placement.bytes[int(s.placement.optimizerTier[i])] += state;
+  }
+  s.placement.bytes[int(zero::Tier::Device)] += bytes.parameters;
+  checkPlacementTotal(s);
+}
+
+void promoteTracedState(ModelState& s) {
+  // NOTE [Delayed SSD update] in optim/AdamW.h: a pending delayed update stays pending; moveToDevice writes
+  // the moved chunks' own parameters.
+  s.optimizer->waitDelayed();
+  synchronizeDevice(s.device);
+  AllocatorStats stats = deviceAllocator(s.device).stats();
+  // With collectives on other streams, freed blocks wait for those streams before reuse and hold memory
+  // meanwhile: the step took its reserved peak from the device, not only its allocated one.
+  uint64_t peak = s.groups.communicates() ? std::max(stats.peakAllocatedBytes, stats.peakReservedBytes)
+                                          : stats.peakAllocatedBytes;
+  if (s.device.isCpu())
+    peak -= std::min(peak, s.placement.bytes[int(zero::Tier::Host)]);  // one pool on the CPU
+  uint64_t margin = std::min<uint64_t>(1ull << 30, s.deviceMemory / 16);
+  uint64_t limit = uint64_t(0.92 * double(s.deviceMemory));
+  uint64_t room = limit > peak + margin ? limit - peak - margin : 0;
+  if (!s.device.isCpu() && !std::getenv("STRATA_DEVICE_MEMORY_GB")) {
+    // What the device really has left: other processes' contexts (ranks sharing the GPU) and libraries'
+    // own buffers (NCCL's) are not in this allocator's figures. The step's transient peak above what is
+    // held now must still fit beside the promoted state.
+    uint64_t held = stats.allocatedBytes, cached = stats.reservedBytes - stats.allocatedBytes;
+    uint64_t free = deviceFreeBytes(s.device) + cached;
+    uint64_t transient = peak > held ? peak - held : 0;
+    room = std::min(room, free > transient + margin ? free - transient - margin : 0);
+  }
+  std::vector<uint64_t> deviceBytes;
+  for (size_t c = 0; c < s.chunks->numChunks(); ++c) deviceBytes.push_back(s.optimizer->deviceStateBytes(c));
+  std::vector<size_t> moved = zero::chunksToPromote(s.placement, deviceBytes, room);
+  uint64_t movedBytes = 0;
+  for (size_t c : moved) {
+    zero::Tier from = s.placement.optimizerTier[c];
+    s.optimizer->moveToDevice(c, s.device);
+    if (from == zero::Tier::Nvme) s.nvme->release(c);
+    s.placement.bytes[int(from)] -= s.placement.optimizerBytes[c];
+    s.placement.optimizerBytes[c] = deviceBytes[c];
+    s.placement.optimizerTier[c] = zero::Tier::Device;
+    s.placement.bytes[int(zero::Tier::Device)] += deviceBytes[c];
+    movedBytes += deviceBytes[c];
+  }
+  checkPlacementTotal(s);
+  if (s.groups.rank() == 0) {
+    auto gib = [](uint64_t b) { return double(b) / double(1ull << 30); };
+    spdlog::info(
+        "memory tracer: the first step peaked at {:.2f} GiB of the device's {:.2f} GiB; moved the "
+        "optimizer state of {} chunk{} ({:.2f} GiB) onto the device\n{}",
+        gib(peak), gib(s.deviceMemory), moved.size(), moved.size() == 1 ? "" : "s", gib(movedBytes),
+        s.placement.table());
+  }
+}
+
+size_t ModelState::bytes() const {
+  size_t total = 0;
+  for (size_t c = 0; c < chunks->numChunks(); ++c) total += parameterHome(c).nbytes();
+  for (size_t c = 0; c < chunks->numChunks(); ++c) total += optimizer->stateBytes(c);
+  if (nvme) total += nvme->stateBytes();
+  return total;
+}
+
+}  // namespace strata::train

@@ -1,0 +1,88 @@
+// Private to the step engine: its start-up, and what the start-up leaves, a plain description of where every
+// byte of this rank's model state lives (NOTE [Step engine parts] in train/StepEngine.h).
+//
+// The start-up, in this order (ZeroStepEngine's constructor):
+//   1. layOutModelState: the model in chunks of the compute dtype (layOutModelChunks), the fp32 masters of
+//      16-bit chunks taken out, every rank's chunks broadcast from its group's rank 0, and the shards this
+//      rank keeps: the optimizer state's range of each chunk (its shard at stage >= 1), and at stage 3 the
+//      parameters' shard too.
+//   2. (stage 3) zero::ParameterGatherer evicts the whole chunks and reserves its arena, before any
+//      optimizer state is allocated.
+//   3. placeModelState: the store's placement of each chunk's optimizer state (device, host or SSD; NOTE
+//      [Store placement] in zero/Store.h), the SSD tier and the optimizer over it.
+//   4. (traced runs) after the first step, promoteTracedState moves optimizer state onto the device.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/optim/ChunkOptimizer.h"
+#include "strata/train/Config.h"
+#include "strata/train/Objective.h"
+#include "strata/train/StepEngine.h"
+#include "strata/zero/ChunkGroups.h"
+#include "strata/zero/ChunkManager.h"
+#include "strata/zero/NvmeTier.h"
+#include "strata/zero/Store.h"
+
+namespace strata::dist {
+class ProcessGroup;
+}
+
+namespace strata::train {
+
+// The expert parameters of expert-parallel MoE layers (NOTE [Expert parallelism] in nn/MoE.h): each one's
+// name on this rank with a function giving its name on expert-parallel rank r (the checkpoint's names: NOTE
+// [Expert-parallel checkpoints] in train/CheckpointPieces.h), the expert-parallel size and this rank's place.
+struct ExpertNames {
+  std::vector<std::pair<std::string, std::function<std::string(int)>>> rename;
+  int ranks = 1, rank = 0;
+};
+
+struct ModelState {
+  int stage = 0;  // zero_optimization.stage
+  Device device = Device::cpu();
+  // The parameters: views into the chunks, whose bytes are resident between steps below stage 3.
+  std::unique_ptr<zero::ChunkManager> chunks;
+  zero::ChunkGroups groups;
+  ExpertNames experts;
+  // Per chunk: the elements whose optimizer state this rank keeps (the whole padded chunk at stage 0, this
+  // rank's shard above).
+  std::vector<zero::ShardRange> ranges;
+  std::vector<Tensor> parameterShards;  // stage 3: this rank's shard of each chunk's parameters
+  std::vector<Tensor> masters;          // 16-bit chunks' fp32 masters over `ranges`, until the optimizer's
+  // This rank's share of the device's memory (or STRATA_DEVICE_MEMORY_GB, `deviceMemoryGiven`).
+  uint64_t deviceMemory = 0;
+  bool deviceMemoryGiven = false;
+  // NOTE [Memory tracer] in zero/Store.h: the first step is traced, then optimizer state moves onto the
+  // device.
+  bool traced = false;
+  zero::StorePlacement placement;  // bytes per tier, and each chunk's optimizer-state tier
+  // The SSD tier, when the placement uses it. Declared before the optimizer so that it is destroyed after
+  // it: a delayed SSD update may still be using the tier when the engine goes (the optimizer waits for it).
+  std::unique_ptr<zero::NvmeTier> nvme;
+  std::unique_ptr<optim::ChunkOptimizer> optimizer;  // AdamW or Adafactor over `ranges`, homed by `placement`
+
+  // Chunk c's parameters as this rank keeps them between steps: the padded chunk, or at stage 3 its shard.
+  Tensor parameterHome(size_t c) const { return stage == 3 ? parameterShards[c] : chunks->paddedFlat(c); }
+  // Bytes of parameters, masters and optimizer state (every tier).
+  size_t bytes() const;
+};
+
+// Step 1 of the start-up: the chunks, the broadcast and the shards, over `group` (null: one rank) and, for
+// expert chunks, `expertDataGroup`.
+ModelState layOutModelState(Objective& objective, const Config& config, Device device, DType compute,
+                            dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
+                            RankShares shares);
+// Step 3: the placement, the SSD tier and the optimizer (which takes the masters).
+void placeModelState(ModelState& state, const Config& config, DType compute, RankShares shares);
+// Step 4 (NOTE [Memory tracer]): after the traced first step, the optimizer state of the chunks that fit
+// beside its peak moves onto the device (a pending delayed SSD update stays pending; the moved chunks'
+// pending parameters are written into this rank's part of them). Rank 0 logs the new placement.
+void promoteTracedState(ModelState& state);
+
+}  // namespace strata::train

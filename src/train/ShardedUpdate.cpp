@@ -1,0 +1,134 @@
+#include "train/ShardedUpdate.h"
+
+#include <cmath>
+
+#include "strata/core/Profiler.h"
+#include "strata/core/Stream.h"
+#include "strata/dist/Communicator.h"
+#include "strata/ops/Ops.h"
+#include "strata/optim/AdamW.h"
+
+namespace strata::train {
+
+ShardedUpdate::ShardedUpdate(ModelState& state, const Config& c, DType compute)
+    : state_(state), device_(state.device), clipGrad_(c.optimizer.clipGrad) {
+  if (compute == DType::F16)
+    scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
+        c.precision.initialLossScale, c.precision.lossScaleWindow, c.precision.minLossScale});
+}
+
+StepEnd ShardedUpdate::finish(const std::vector<Tensor>& grads, Tensor stepLoss, double lr) {
+  StepEnd end;
+  double scale = lossScale();
+  // The squared norm over this rank's shard of every chunk, summed over the ranks in rank order: the same
+  // pieces, so the same bits, at every stage.
+  Tensor sumSq = shardSquares(grads);
+  reduceOverRanks(sumSq, stepLoss);
+  end.loss = std::move(stepLoss);
+  end.sumSq = std::move(sumSq);
+  end.norm = ops::sqrt(end.sumSq);
+  profiler::mark("grad norm");
+  decide(scale, end);
+  StepOutcome& outcome = end.outcome;
+  if (outcome.applied) {
+    state_.optimizer->stepChunks(lr, grads, end.coef);
+    outcome.offloadSeconds = state_.optimizer->offDeviceSeconds();
+    outcome.offloadPhases = state_.optimizer->offloadPhases();
+    // Each rank updated its shard of the 16-bit parameters: gather the chunks whole again.
+    if (state_.stage == 1 || state_.stage == 2) gatherShards();
+  }
+  profiler::mark("optimizer step");
+  return end;
+}
+
+void ShardedUpdate::reduceOverRanks(Tensor& sumSq, Tensor& stepLoss) const {
+  if (!state_.groups.communicates()) return;
+  Tensor both = ops::cat({sumSq.view({1}), stepLoss.view({1})}, 0);
+  const Stream& commStream = deviceStreams(device_).comm;
+  streamWaits(commStream, currentStream(device_), device_);
+  state_.groups.comm().allReduce(both);
+  streamWaits(currentStream(device_), commStream, device_);
+  sumSq = both.narrow(0, 0, 1).view({});
+  stepLoss = both.narrow(0, 1, 1).view({});
+}
+
+void ShardedUpdate::decide(double scale, StepEnd& end) {
+  StepOutcome& outcome = end.outcome;
+  // NOTE [Step-end decision]: one host read decides the step. The next step's data is staged synchronously
+  // anyway, so this costs no overlap.
+  outcome.loss = end.loss.item();
+  double scaledNorm = end.norm.item();
+  outcome.finite = std::isfinite(outcome.loss) && std::isfinite(scaledNorm);
+  outcome.gradNorm = scaledNorm / scale;
+  if (scaler_) {
+    if (scaler_->update(outcome.finite ? scaledNorm : NAN)) {
+      // Unscale and clip in one factor handed to the fused update.
+      double c = 1.0 / scale;
+      if (clipGrad_ > 0 && outcome.gradNorm > clipGrad_) c *= clipGrad_ / (outcome.gradNorm + 1e-6);
+      end.coef = ops::full({}, c, DType::F32, device_);
+      outcome.applied = true;
+    }
+    outcome.lossScale = scaler_->scale();
+  } else if (outcome.finite) {
+    if (clipGrad_ > 0) end.coef = optim::clipCoefficient(end.norm, clipGrad_);
+    outcome.applied = true;
+  }
+}
+
+void ShardedUpdate::gatherShards() {
+  const zero::ChunkGroups& groups = state_.groups;
+  if (!groups.communicates()) return;
+  // On the gather lane (NOTE [Collective lanes] in dist/Communicator.h).
+  const Stream& gatherStream = deviceStreams(device_).gather;
+  streamWaits(gatherStream, currentStream(device_), device_);
+  for (size_t c = 0; c < state_.chunks->numChunks(); ++c) {
+    if (!groups.communicates(c)) continue;
+    zero::ShardRange r = groups.shard(c);
+    Tensor full = state_.chunks->paddedFlat(c);
+    groups.comm(c).allGather(full, full.narrow(0, r.begin, r.size()));
+  }
+  streamWaits(currentStream(device_), gatherStream, device_);
+}
+
+Tensor ShardedUpdate::shardSquares(const std::vector<Tensor>& grads) const {
+  // The pieces of the parameters inside this rank's shard of each chunk, in layout order; `grads` holds, per
+  // chunk, the whole (padded) chunk's gradients or just the shard's.
+  // 16-bit gradient buffers (precision.grad_accum_dtype) are widened to fp32 one chunk at a time, and the
+  // chunks' sums added in chunk order.
+  std::vector<Tensor> pieces;
+  Tensor sum;
+  const zero::ChunkLayout& layout = state_.chunks->layout();
+  for (size_t c = 0; c < grads.size(); ++c) {
+    zero::ShardRange r = state_.groups.shard(c);
+    int64_t base = grads[c].numel() == r.size() ? r.begin : 0;
+    bool widen = grads[c].dtype() != DType::F32;
+    Tensor g = widen ? ops::to(grads[c], device_, DType::F32) : grads[c];
+    for (int64_t k : layout.chunks[c].slots) {
+      const zero::ChunkSlot& slot = layout.slots[size_t(k)];
+      int64_t a = std::max(slot.offset, r.begin), b = std::min(slot.offset + slot.numel, r.end);
+      if (a < b) pieces.push_back(g.narrow(0, a - base, b - a));
+    }
+    if (widen && !pieces.empty()) {
+      Tensor part = ops::sumOfSquares(pieces);
+      sum = sum.defined() ? ops::add(sum, part) : part;
+      pieces.clear();
+    }
+  }
+  if (!pieces.empty()) {
+    Tensor part = ops::sumOfSquares(pieces);
+    sum = sum.defined() ? ops::add(sum, part) : part;
+  }
+  return sum.defined() ? sum : ops::zeros({}, DType::F32, device_);
+}
+
+void ShardedUpdate::saveScaler(StepEngineState& s) const {
+  if (!scaler_) return;
+  s.lossScale = scaler_->scale();
+  s.lossScaleGoodSteps = scaler_->goodSteps();
+}
+
+void ShardedUpdate::restoreScaler(const StepEngineState& s) {
+  if (scaler_ && s.lossScale > 0) scaler_->restore(s.lossScale, s.lossScaleGoodSteps);
+}
+
+}  // namespace strata::train

@@ -1,0 +1,61 @@
+// Private to the step engine: the step end over this rank's shards (NOTE [Step-end decision] in
+// train/StepEngine.h). From the reduced gradients (zero::GradientReducer::finish) it sums the squared norm
+// of this rank's shard pieces, reduces it with the step's loss over the ranks (one collective on the comm
+// stream), reads both on the host, decides the step (finite; fp16's loss scale) and its clip coefficient,
+// runs the optimizer over every tier, and at stages 1 and 2 gathers the chunks whole again from the ranks'
+// updated shards (on the gather stream). It owns fp16's loss scaler; the optimizer is the model state's.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "strata/core/Tensor.h"
+#include "strata/optim/LossScaler.h"
+#include "strata/train/Config.h"
+#include "strata/train/StepEngine.h"
+#include "train/ModelState.h"
+
+namespace strata::train {
+
+// What a step end leaves: the outcome, and its values on the device (the loss and squared norm summed over
+// the ranks, the norm, and the update's gradient scale). The engine holds the tensors until its step returns,
+// as the locals of one sequential step would, so the memory the tracer reads after the first step is the
+// same.
+struct StepEnd {
+  StepOutcome outcome;
+  Tensor loss, sumSq, norm, coef;
+};
+
+class ShardedUpdate {
+ public:
+  ShardedUpdate(ModelState& state, const Config& config, DType compute);
+
+  // fp16: the scale each micro-batch's loss is multiplied by before backward (the update unscales).
+  bool scalesLoss() const { return scaler_ != nullptr; }
+  double lossScale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  // The step end at learning rate `lr` from `grads` (per chunk, as GradientReducer::finish gives them) and
+  // the sum of the micro-batches' scaled losses on this rank.
+  StepEnd finish(const std::vector<Tensor>& grads, Tensor stepLoss, double lr);
+  // Stages 1 and 2 on several ranks: every chunk gathered whole from the ranks' shards (a collective on
+  // every rank).
+  void gatherShards();
+  // The loss scaler's counters in a checkpoint.
+  void saveScaler(StepEngineState& state) const;
+  void restoreScaler(const StepEngineState& state);
+
+ private:
+  // The squared norm over this rank's shard of every chunk (the whole chunks on one rank).
+  Tensor shardSquares(const std::vector<Tensor>& grads) const;
+  // The global squared norm and loss: this rank's summed with every rank's, in rank order.
+  void reduceOverRanks(Tensor& sumSq, Tensor& stepLoss) const;
+  // The outcome's loss, norm and decision from the host's reads, and the update's gradient scale (unscaling
+  // and clipping in one factor; undefined for 1).
+  void decide(double scale, StepEnd& end);
+
+  ModelState& state_;
+  Device device_;
+  double clipGrad_;
+  std::unique_ptr<optim::LossScaler> scaler_;  // fp16 only
+};
+
+}  // namespace strata::train

@@ -1,0 +1,70 @@
+#include "strata/zero/GradientReducer.h"
+
+#include "strata/autograd/GradMode.h"
+#include "strata/autograd/Node.h"
+#include "strata/core/Error.h"
+#include "strata/core/Stream.h"
+#include "strata/dist/Communicator.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::zero {
+
+GradientReducer::GradientReducer(ChunkManager& chunks, const ChunkGroups& groups, int stage, Device device)
+    : chunks_(chunks), groups_(groups), stage_(stage), device_(device) {
+  shardGrads_.resize(chunks_.numChunks());
+  notices_.assign(chunks_.numChunks(), 0);
+  chunks_.onGradientsComplete([this](size_t chunk) { reduce(chunk); });
+}
+
+void GradientReducer::reduce(size_t chunk) {
+  ++notices_[chunk];
+  NoGradGuard noGrad;
+  // A parameter that got no gradient in the step counts as a zero gradient: every element of the chunk is
+  // then a gradient the update may read (and the ranks agree on what they reduce).
+  for (const Tensor& p : chunks_.parameters(chunk)) {
+    if (p.grad().defined()) continue;
+    autograd::GradSink sink = autograd::claimGradBuffer(p, /*evenWithHooks=*/true);
+    ops::fill(sink.buffer, 0.0);
+  }
+  Tensor grads = chunks_.ensureGradients(chunk);
+  if (!groups_.communicates(chunk)) return;
+  Tensor wide = grads.dtype() == DType::F32 ? grads : ops::to(grads, device_, DType::F32);
+  // NOTE [Collective ordering and completion] in dist/Communicator.h: the comm stream waits for the
+  // backward that wrote the gradients.
+  const Stream& commStream = deviceStreams(device_).comm;
+  streamWaits(commStream, currentStream(device_), device_);
+  if (stage_ >= 2) {
+    ShardRange r = groups_.shard(chunk);
+    shardGrads_[chunk] = Tensor::empty({r.size()}, DType::F32, device_);
+    groups_.comm(chunk).reduceScatter(shardGrads_[chunk], wide);
+    chunks_.releaseGradients(chunk);
+  } else {
+    groups_.comm(chunk).allReduce(wide);
+    if (wide.data() != grads.data()) {
+      // Back into the 16-bit buffer, once the sum is there.
+      streamWaits(currentStream(device_), commStream, device_);
+      ops::copy(grads, wide);
+    }
+  }
+}
+
+std::vector<Tensor> GradientReducer::finish() {
+  // NOTE [Chunk gradients complete]: every chunk heard exactly once in the step's last backward.
+  for (size_t c = 0; c < notices_.size(); ++c) {
+    STRATA_CHECK(notices_[c] == 1, "chunk {}: {} gradient-complete notices in one step", c, notices_[c]);
+    notices_[c] = 0;
+  }
+  std::vector<Tensor> grads(chunks_.numChunks());
+  for (size_t c = 0; c < grads.size(); ++c)
+    grads[c] = stage_ >= 2 && groups_.communicates(c) ? shardGrads_[c] : chunks_.gradients(c);
+  // The reductions ran on the comm stream: the update's reads wait for them.
+  if (groups_.communicates()) streamWaits(currentStream(device_), deviceStreams(device_).comm, device_);
+  return grads;
+}
+
+void GradientReducer::release() {
+  chunks_.releaseGradients();
+  for (auto& g : shardGrads_) g = Tensor();
+}
+
+}  // namespace strata::zero

@@ -1,0 +1,191 @@
+#include "strata/zero/ParameterGatherer.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include "strata/autograd/Engine.h"
+#include "strata/autograd/GradMode.h"
+#include "strata/core/Allocator.h"
+#include "strata/dist/Communicator.h"
+#include "strata/nn/Module.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::zero {
+
+ParameterGatherer::ParameterGatherer(ChunkManager& chunks, const ChunkGroups& groups,
+                                     std::vector<Tensor> parameterShards, nn::Module& model, Device device,
+                                     int64_t prefetchDepth, bool arena)
+    : chunks_(chunks),
+      groups_(groups),
+      parameterShards_(std::move(parameterShards)),
+      device_(device),
+      prefetchDepth_(prefetchDepth) {
+  size_t n = chunks_.numChunks();
+  slots_.resize(n);
+  for (size_t i = 0; i < n; ++i) gathered_.push_back(std::make_unique<Event>(device_));
+  prefetched_.assign(n, false);
+  for (size_t i = 0; i < n; ++i) chunks_.evict(i);
+  if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
+  arenaSlot_.assign(n, -1);
+  if (arena) {
+    // NOTE [Chunk arena] in zero/ChunkArena.h: one reservation per slot class (the chunks of the layout's
+    // size, and the oversized ones), each of slots the size of its largest chunk.
+    std::vector<int64_t> used, padded;
+    for (size_t i = 0; i < n; ++i) {
+      used.push_back(chunks_.layout().chunks[i].used);
+      padded.push_back(chunks_.paddedElems(i));
+    }
+    ChunkArenaPlan plan = planChunkArena(used, padded, chunks_.layout().chunkElems, prefetchDepth_);
+    for (size_t k = 0; k < plan.slots.size(); ++k) {
+      arenas_.push_back(std::make_unique<ChunkArena>(
+          deviceAllocator(device_), size_t(plan.slotElems[k]) * dtypeSize(chunks_.dtype()), plan.slots[k]));
+      arenas_.back()->recordStream(deviceStreams(device_).gather);
+    }
+    arenaClass_ = plan.classOf;
+  }
+  hookModules(model);
+}
+
+std::vector<const ChunkArena*> ParameterGatherer::arenas() const {
+  std::vector<const ChunkArena*> out;
+  for (const auto& a : arenas_) out.push_back(a.get());
+  return out;
+}
+
+void ParameterGatherer::hookModules(nn::Module& model) {
+  std::map<const TensorImpl*, size_t> chunkOf;
+  for (size_t c = 0; c < chunks_.numChunks(); ++c)
+    for (const Tensor& p : chunks_.parameters(c)) chunkOf[&p.impl()] = c;
+  for (auto& [name, module] : model.namedModules()) {
+    std::vector<size_t> own;
+    for (const auto& [n, p] : module->namedParameters(/*recurse=*/false)) {
+      size_t c = chunkOf.at(&p.impl());
+      if (std::find(own.begin(), own.end(), c) == own.end()) own.push_back(c);
+    }
+    if (own.empty()) {
+      module->addForwardPreHook([this](nn::Module& m, const std::vector<Tensor>&) { active_.push_back(&m); });
+    } else {
+      module->addForwardPreHook([this, own](nn::Module& m, const std::vector<Tensor>&) {
+        // In backward, recomputation must not release.
+        if (!autograd::inBackwardPass()) releaseUnneeded(own);
+        for (size_t c : own) gather(c);
+        active_.push_back(&m);
+      });
+      module->addBackwardPreHook([this, own](nn::Module&) {
+        for (size_t c : own) gather(c);
+      });
+    }
+    moduleChunks_[module] = own;
+    module->addForwardHook([this](nn::Module& m, const std::vector<Tensor>&, const std::vector<Tensor>&) {
+      auto it = std::find(active_.rbegin(), active_.rend(), &m);
+      if (it != active_.rend()) active_.erase(std::next(it).base());
+    });
+  }
+  chunks_.onPassGradientsComplete([this](size_t chunk) { release(chunk); });
+}
+
+void ParameterGatherer::releaseUnneeded(const std::vector<size_t>& own) {
+  std::vector<bool> keep(slots_.size(), false);
+  for (size_t c : own) keep[c] = true;
+  for (nn::Module* a : active_)
+    for (size_t c : moduleChunks_[a]) keep[c] = true;
+  for (size_t c = 0; c < slots_.size(); ++c)
+    if (!keep[c]) release(c);
+}
+
+void ParameterGatherer::gather(size_t chunk) {
+  // This chunk's gather first: the prefetches queue behind it on the gather stream.
+  if (!slots_[chunk].defined()) startGather(chunk);
+  prefetched_[chunk] = false;
+  if (recording_)
+    order_.push_back(chunk);
+  else if (!order_.empty())
+    prefetchAfter(chunk);
+  // Use-time wait: compute waits for this chunk's gather only now.
+  gathered_[chunk]->block(currentStream(device_));
+}
+
+void ParameterGatherer::prefetchAfter(size_t chunk) {
+  // Where the recorded order has reached: the next use of this chunk from the cursor on (else from the
+  // start: a pass that went otherwise, such as an evaluation).
+  size_t n = order_.size();
+  size_t at = n;
+  for (size_t k = 0; k < n && at == n; ++k)
+    if (order_[(cursor_ + k) % n] == chunk) at = (cursor_ + k) % n;
+  if (at == n) return;
+  if (at != cursor_ % n) {
+    // The pass left the recorded order (an evaluation: forwards without backward), so what was prefetched
+    // for the order's next steps is not coming: unmarked, the releases may take it, instead of it holding
+    // memory (an arena slot) until the next backward ends.
+    for (size_t c = 0; c < prefetched_.size(); ++c)
+      if (c != chunk) prefetched_[c] = false;
+  }
+  cursor_ = at + 1;
+  // The next prefetch_depth chunks in the order go ahead on the gather stream.
+  for (size_t k = 0; k < size_t(prefetchDepth_) && cursor_ + k < n; ++k) {
+    size_t next = order_[cursor_ + k];
+    if (!slots_[next].defined()) {
+      startGather(next);
+      prefetched_[next] = true;
+    }
+  }
+}
+
+void ParameterGatherer::startGather(size_t chunk) {
+  NoGradGuard noGrad;
+  // Allocated on the compute stream (or an arena slot), written on the gather stream once compute has
+  // reached this point (the block may hold a chunk that compute read just before).
+  Tensor slot;
+  if (!arenas_.empty()) {
+    ChunkArena& arena = *arenas_[size_t(arenaClass_[chunk])];
+    arenaSlot_[chunk] = arena.acquire();
+    slot = arena.view(arenaSlot_[chunk], chunks_.paddedElems(chunk), chunks_.dtype());
+  } else {
+    slot = Tensor::empty({chunks_.paddedElems(chunk)}, chunks_.dtype(), device_);
+  }
+  peakGathered_ = std::max(peakGathered_, ++gatheredNow_);
+  const Stream& gatherStream = deviceStreams(device_).gather;
+  streamWaits(gatherStream, currentStream(device_), device_);
+  if (groups_.communicates(chunk)) {
+    groups_.comm(chunk).allGather(slot, parameterShards_[chunk]);
+  } else {
+    StreamGuard onGather(gatherStream);
+    ops::copy(slot, parameterShards_[chunk]);
+    slot.storage()->recordStream(gatherStream);
+  }
+  gathered_[chunk]->record(gatherStream);
+  chunks_.repoint(chunk, slot.data(), device_);
+  slots_[chunk] = slot;
+}
+
+void ParameterGatherer::release(size_t chunk) {
+  if (!slots_[chunk].defined() || prefetched_[chunk]) return;
+  chunks_.evict(chunk);
+  slots_[chunk] = Tensor();
+  --gatheredNow_;
+  if (!arenas_.empty()) {
+    arenas_[size_t(arenaClass_[chunk])]->release(arenaSlot_[chunk]);
+    arenaSlot_[chunk] = -1;
+  }
+}
+
+void ParameterGatherer::releaseAll(bool prefetchedToo) {
+  for (size_t c = 0; c < slots_.size(); ++c) {
+    if (prefetchedToo) prefetched_[c] = false;
+    release(c);
+  }
+  active_.clear();
+}
+
+void ParameterGatherer::forwardDone() {
+  releaseAll(/*prefetchedToo=*/false);
+}
+
+void ParameterGatherer::backwardDone() {
+  releaseAll(/*prefetchedToo=*/true);
+  // The first micro-batch's forward and backward recorded the order the later ones prefetch in.
+  recording_ = false;
+  cursor_ = 0;
+}
+
+}  // namespace strata::zero
