@@ -72,7 +72,7 @@ if has resume; then
   echo "== 4 ranks, stage 3, saving at 10: exit $?"
   for np in 2 1; do
     $mpi -np "$np" build/strata train "${nano[@]}" --set train.out_dir=$d/again$np \
-      --set checkpoint.load=$d/four/ckpt/step-10 >"$out/resume_$np.log" 2>&1
+      --set checkpoint.save=$d/again$np/ckpt --set checkpoint.load=$d/four/ckpt/step-10 >"$out/resume_$np.log" 2>&1
     echo "== resumed on $np rank(s): exit $?"
   done
   python3 - "$d" <<'EOF' | tee "$out/resume.txt"

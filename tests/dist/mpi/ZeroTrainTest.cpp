@@ -508,6 +508,14 @@ TEST_CASE(
   // where nothing is delayed: each rank writes its moved shards' pending parameters and the ranks gather the
   // chunks again. From then on the run is the one with all state in memory, number for number.
   auto ctx = world();
+  if (onGpu()) {
+    // The stand-in device (STRATA_DEVICE_MEMORY_GB, 1.9x the state) is sized by the CPU allocator's peak; the
+    // GPU's (2 MiB blocks, cuBLAS workspaces) leaves the tracer room for only some chunks, and those left on the
+    // SSD stay one update late: another run, not a failure. The delayed update's resume is checked on the GPU
+    // by the case above.
+    WARN("the delayed-update tracer case is sized for the CPU: skipped on the GPU");
+    return;
+  }
   std::string tag = std::to_string(ctx->rank());
   fs::path nvme =
       fs::temp_directory_path() / ("strata-zero-tracer-nvme-" + std::to_string(::getppid()) + "-" + tag);
