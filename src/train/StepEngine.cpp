@@ -92,7 +92,10 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   NoGradGuard noGrad;
   // The gradients and the step end's device values stay allocated until the step returns (StepEnd).
   std::vector<Tensor> grads = reducer_->finish();
-  StepEnd end = update_->finish(grads, std::move(stepLoss), lr);
+  StepEnd end = [&] {
+    MemoryPurpose purpose("the optimizer step");
+    return update_->finish(grads, std::move(stepLoss), lr);
+  }();
   reducer_->release();
   profiler::mark("zero grad");
   memlog(device_, "update", ++steps_);
@@ -106,6 +109,10 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
 }
 
 Tensor ZeroStepEngine::forward(const TokenBatch& batch) {
+  MemoryPurpose purpose("the activations of a micro-batch's forward");  // NOTE [Out of memory]
+  // STRATA_TEST_OOM_AT_STEP=k (a test switch): the first forward of step k fails as a full device would.
+  if (const char* k = std::getenv("STRATA_TEST_OOM_AT_STEP"); k && std::atoll(k) == steps_ + 1)
+    throw OutOfMemory(deviceAllocator(device_).name(), device_, size_t(1) << 30, "STRATA_TEST_OOM_AT_STEP");
   Tensor loss = objective_.loss(batch, compute_);
   // Backward gathers again, module by module (what was prefetched for it stays).
   if (gatherer_) gatherer_->forwardDone();
@@ -114,6 +121,7 @@ Tensor ZeroStepEngine::forward(const TokenBatch& batch) {
 }
 
 void ZeroStepEngine::backward(const Tensor& loss, bool last) {
+  MemoryPurpose purpose("a micro-batch's backward (activation gradients and gradient buffers)");
   state_->chunks->beginBackward(last);
   // fp16: scale the loss so small gradients stay representable; the update unscales them.
   strata::backward(update_->scalesLoss() ? loss * update_->lossScale() : loss);

@@ -20,6 +20,7 @@
 #include "strata/autograd/Engine.h"
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
+#include "strata/core/Allocator.h"
 #include "strata/core/Philox.h"
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
@@ -674,7 +675,20 @@ TrainResult Trainer::run() {
     double lr = schedule.at(iter);
     // This rank's slice of the global batch: the same windows a single rank would draw, in the same order.
     int64_t micro = 0, first = dataIndex + int64_t(rank) * accum;
-    StepOutcome step = engine.step([&] { return batch(Split::Train, first + micro++); }, accum, lr);
+    StepOutcome step;
+    try {
+      step = engine.step([&] { return batch(Split::Train, first + micro++); }, accum, lr);
+    } catch (const OutOfMemory& e) {
+      // NOTE [Out of memory]: what the memory holds, and what to change. Checkpoints already written stay.
+      const zero::StorePlacement& p = engine.placement();
+      auto gib = [](uint64_t b) { return fmt::format("{:.2f} GiB", double(b) / double(1ull << 30)); };
+      throw OutOfMemory(
+          e, fmt::format(
+                 "at iteration {}, with model state {} on the device and {} on the host (strata plan shows "
+                 "the placement); lower train.micro_batch_size, set train.recompute to selective or full, or "
+                 "lower store.gpu_budget_gb to leave the step more room",
+                 iter + 1, gib(p.bytes[int(zero::Tier::Device)]), gib(p.bytes[int(zero::Tier::Host)])));
+    }
     dataIndex += accum * ranks;
     lastNorm = step.gradNorm;
     lastScale = step.lossScale;

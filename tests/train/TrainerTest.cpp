@@ -1032,3 +1032,27 @@ TEST_CASE("model.moe_expert_parallel_size is checked against the experts and the
   REQUIRE(message({"model.moe_num_experts=4", "model.moe_expert_parallel_size=2"})
               .find("must divide the number of ranks (1)") != std::string::npos);
 }
+
+TEST_CASE(
+    "out of memory in a step says what for, what the device holds and what to change, and keeps the "
+    "checkpoints",
+    "[train][oom]") {
+  // NOTE [Out of memory]: STRATA_TEST_OOM_AT_STEP fails step 3's first forward as a full device would.
+  std::filesystem::path out = test::freshDir("strata-trainer-oom");
+  setenv("STRATA_TEST_OOM_AT_STEP", "3", 1);
+  std::string message;
+  try {
+    train::Trainer(test::tinyConfig(out, {"train.train_iters=6", "checkpoint.save_interval=1",
+                                          "checkpoint.save=" + (out / "ckpt").string()}))
+        .run();
+  } catch (const OutOfMemory& e) {
+    message = e.message();
+  }
+  unsetenv("STRATA_TEST_OOM_AT_STEP");
+  CHECK(message.find("out of memory: ") == 0);
+  CHECK(message.find("for the activations of a micro-batch's forward") != std::string::npos);
+  CHECK(message.find("at iteration 3, with model state") != std::string::npos);
+  CHECK(message.find("lower train.micro_batch_size, set train.recompute") != std::string::npos);
+  CHECK(std::filesystem::exists(out / "ckpt" / "step-2"));
+  CHECK(!std::filesystem::exists(out / "ckpt" / "step-3"));
+}
