@@ -8,23 +8,7 @@ set -uo pipefail
 mpiexec=$1
 strata=$(realpath "$2")
 work=$(mktemp -d /tmp/strata-mpirun-XXXXXX)
-# Whatever this script started and is still running is ended with it (mpirun's ranks first).
-started=()
-cleanup() {
-  local p
-  for p in "${started[@]}"; do
-    pkill -9 -P "$p" 2>/dev/null
-    kill -9 "$p" 2>/dev/null
-  done
-  [ "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
-cd "$(dirname "$0")/../.."
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
+source "$(dirname "${BASH_SOURCE[0]}")/run_lib.sh"
 check() {
   local name=$1 pattern=$2 log=$3
   grep -Eq -- "$pattern" "$log" || fail "$name: output lacks /$pattern/: $(tail -5 "$log")"

@@ -6,23 +6,7 @@
 set -uo pipefail
 strata=$(realpath "$1")
 work=$(mktemp -d /tmp/strata-runs-XXXXXX)
-# Whatever this script started and is still running is ended with it (mpirun's ranks first).
-started=()
-cleanup() {
-  local p
-  for p in "${started[@]}"; do
-    pkill -9 -P "$p" 2>/dev/null
-    kill -9 "$p" 2>/dev/null
-  done
-  [ "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
-cd "$(dirname "$0")/../.."
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
+source "$(dirname "${BASH_SOURCE[0]}")/run_lib.sh"
 # expect NAME EXPECTED_RC PATTERN FILE: the exit status and an extended regex in the output file.
 expect() {
   local name=$1 want=$2 rc=$3 pattern=$4 log=$5
