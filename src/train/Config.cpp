@@ -213,7 +213,7 @@ const std::vector<Field>& schema() {
     f.push_back(intField(
         "train.threads", [](Config & c) -> auto& { return c.train.threads; }, 0, 4096));
     f.push_back(stringField("train.recompute", [](Config & c) -> auto& { return c.train.recompute; },
-                            {"none", "selective", "full"}));
+                            {"auto", "none", "selective", "full"}));
     f.push_back(intField(
         "train.max_nonfinite_steps", [](Config & c) -> auto& { return c.train.maxNonfiniteSteps; }, 1));
     f.push_back(stringField(

@@ -185,11 +185,18 @@ zero::StoreBudgets budgetsFor(const ModelState& s, const Config& c, uint64_t par
   uint64_t hostMasters = 0;
   for (const Tensor& m : s.masters)
     if (m.device().isCpu() && !s.device.isCpu()) hostMasters += uint64_t(m.nbytes());
-  uint64_t hostAvailable = zero::availableHostBytes();
+  uint64_t hostAvailable = hostAvailableBytes();
   if (hostAvailable != zero::kUnlimited)
     hostAvailable = dist::perRankShare(hostAvailable, shares.ranksOnHost) + hostMasters;
+  // NOTE [Host headroom] in train/PlacementInputs.h.
+  const char* hostOverride = std::getenv("STRATA_HOST_MEMORY_GB");
+  uint64_t hostTotal = hostOverride ? zero::parseBudgetGb(hostOverride, 0, "STRATA_HOST_MEMORY_GB")
+                                    : deviceMemoryBytes(Device::cpu());
+  int64_t largest = 0;
+  for (size_t i = 0; i < s.chunks->numChunks(); ++i) largest = std::max(largest, s.chunks->paddedElems(i));
+  uint64_t headroom = dist::perRankShare(hostHeadroomBytes(c, largest, hostTotal), shares.ranksOnHost);
   return storeBudgets(c, parameterBytes, zero::kUnlimited, hostAvailable,
-                      dist::perRankShare(freeDiskBytes(c.zero.nvmePath), shares.ranksOnHost));
+                      dist::perRankShare(freeDiskBytes(c.zero.nvmePath), shares.ranksOnHost), headroom);
 }
 
 // What the placement weighs for each chunk: this rank's parameter bytes (on the device), each chunk's
@@ -218,10 +225,12 @@ StateBytes stateBytes(const ModelState& s, const Config& c, const optim::Adafact
 // goes to the device while its budget lasts, then to host memory, then to the SSD. NOTE [Memory tracer]: a
 // model whose state would crowd the device starts with its optimizer state off it, and the first step
 // decides how much comes back (s.traced).
-void place(ModelState& s, const Config& c, DType compute, const StateBytes& bytes,
-           zero::StoreBudgets budgets) {
+void place(ModelState& s, const Config& c, DType compute, const StateBytes& bytes, zero::StoreBudgets budgets,
+           uint64_t plannedDeviceBudget) {
   bool autoDevice = c.zero.offloadOptimizerDevice == "none" &&
                     (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto");
+  // One placement truth: the plan's budget for the device (train/Plan.h), where the trainer made one.
+  if (autoDevice && plannedDeviceBudget > 0) budgets.device = std::max(plannedDeviceBudget, bytes.parameters);
   auto placeWithin = [&](zero::StoreBudgets b) {
     if (autoDevice && s.deviceMemory > 0 && (!s.device.isCpu() || s.deviceMemoryGiven)) {
       uint64_t estimate = bytes.parameters;
@@ -283,7 +292,7 @@ void placeModelState(ModelState& s, const Config& c, DType compute, RankShares s
   optim::AdafactorConfig adafactorConfig = adafactorConfigFrom(c);
   adafactorConfig.pinHostState = c.zero.pinMemory;
   StateBytes bytes = stateBytes(s, c, adafactorConfig);
-  place(s, c, compute, bytes, budgetsFor(s, c, bytes.parameters, shares));
+  place(s, c, compute, bytes, budgetsFor(s, c, bytes.parameters, shares), shares.plannedDeviceBudget);
   makeOptimizer(s, c, adafactorConfig);
   // The bytes as they are: an fp32 chunk's state on the device has no separate master, and the SSD may keep
   // m and v in half precision.
@@ -312,8 +321,8 @@ void promoteTracedState(ModelState& s) {
   if (s.device.isCpu())
     peak -= std::min(peak, s.placement.bytes[int(zero::Tier::Host)]);  // one pool on the CPU
   uint64_t margin = std::min<uint64_t>(1ull << 30, s.deviceMemory / 16);
-  uint64_t limit = uint64_t(0.92 * double(s.deviceMemory));
-  uint64_t room = limit > peak + margin ? limit - peak - margin : 0;
+  uint64_t usable = usableDeviceBytes(s.deviceMemory);  // what `strata plan` fits within too
+  uint64_t room = usable > peak ? usable - peak : 0;
   if (!s.device.isCpu() && !std::getenv("STRATA_DEVICE_MEMORY_GB")) {
     // What the device really has left: other processes' contexts (ranks sharing the GPU) and libraries'
     // own buffers (NCCL's) are not in this allocator's figures. The step's transient peak above what is

@@ -1,6 +1,7 @@
 #include "strata/train/PlacementInputs.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
@@ -95,18 +96,42 @@ ModelStateInputs modelStateInputs(const Config& c, int ranks, DType compute) {
   return in;
 }
 
+uint64_t hostHeadroomBytes(const Config& c, int64_t largestChunkElems, uint64_t hostTotal) {
+  uint64_t reserve = std::max(hostTotal / 20, std::min<uint64_t>(8ull << 30, hostTotal / 4));
+  uint64_t piece = std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4));
+  uint64_t staging = uint64_t(std::max<int64_t>(2, c.zero.bufferCount)) * 2 * 4 * piece;
+  uint64_t ssd = c.zero.nvmePath.empty() ? 0 : 2 * 3 * 4 * uint64_t(largestChunkElems);
+  return reserve + staging + ssd;
+}
+
+uint64_t usableDeviceBytes(uint64_t capacity) {
+  uint64_t margin = std::min<uint64_t>(1ull << 30, capacity / 16);
+  uint64_t limit = uint64_t(0.92 * double(capacity));
+  return limit > margin ? limit - margin : 0;
+}
+
+uint64_t hostAvailableBytes() {
+  if (const char* gb = std::getenv("STRATA_HOST_MEMORY_GB"))
+    return zero::parseBudgetGb(gb, 0, "STRATA_HOST_MEMORY_GB");
+  return zero::availableHostBytes();
+}
+
 zero::StoreBudgets storeBudgets(const Config& c, uint64_t parameterBytes, uint64_t deviceAuto,
-                                uint64_t hostAvailable, uint64_t nvmeFree) {
+                                uint64_t hostAvailable, uint64_t nvmeFree, uint64_t hostHeadroom) {
   zero::StoreBudgets b;
   const std::string& offload = c.zero.offloadOptimizerDevice;
   b.device = offload == "cpu" || offload == "nvme"
                  ? parameterBytes
                  : zero::parseBudgetGb(c.store.gpuBudgetGb, deviceAuto, "store.gpu_budget_gb");
-  b.host = offload == "nvme" ? 0
-                             : zero::parseBudgetGb(
-                                   c.store.hostBudgetGb,
-                                   hostAvailable == zero::kUnlimited ? hostAvailable : hostAvailable / 10 * 9,
-                                   "store.host_budget_gb");
+  b.host = offload == "nvme"
+               ? 0
+               : zero::parseBudgetGb(
+                     c.store.hostBudgetGb,
+                     hostAvailable == zero::kUnlimited
+                         ? hostAvailable
+                         : std::min(hostAvailable / 10 * 9,
+                                    hostAvailable > hostHeadroom ? hostAvailable - hostHeadroom : 0),
+                     "store.host_budget_gb");
   b.nvme = zero::parseBudgetGb(c.store.nvmeBudgetGb, c.zero.nvmePath.empty() ? 0 : nvmeFree / 10 * 9,
                                "store.nvme_budget_gb");
   // Adafactor's state has no SSD form (optim/Adafactor.h): the device and the host hold it.

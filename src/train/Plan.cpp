@@ -63,9 +63,9 @@ std::string stateKindName(StateKind kind, DType compute, const std::string& opti
     case kMasters:
       return "fp32 masters";
     case kFirstMoments:
-      return adafactor ? "Adafactor m" : "AdamW m (fp32)";
+      return adafactor ? "Adafactor m" : "AdamW m";
     case kSecondMoments:
-      return adafactor ? "Adafactor v (factored)" : "AdamW v (fp32)";
+      return adafactor ? "Adafactor v (factored)" : "AdamW v";
     default:
       return "?";
   }
@@ -176,8 +176,12 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
   return a;
 }
 
-ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
+namespace {
+
+// The plan at the config's own train.recompute (none, selective or full).
+ModelStatePlan planAtRecompute(const Config& c, const PlanOptions& options) {
   ModelStatePlan p;
+  p.recompute = c.train.recompute;
   p.ranks = std::max(1, options.ranks);
   p.machineSource = options.calibration ? options.calibrationSource : "DESIGN.md";
   p.ranksPerNode = options.ranksPerNode > 0 ? std::min(options.ranksPerNode, p.ranks) : p.ranks;
@@ -233,23 +237,34 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   uint64_t inFlight = std::min<uint64_t>(2, in.layout.chunks.size()) * uint64_t(in.largestChunkElems) * 4;
   uint64_t gradientsAtUpdate = shardedGrads ? in.gradientShardBytes + inFlight : in.gradientBytes;
   // NOTE [Plan model]: with accumulation the gradients of earlier micro-batches live through later forwards.
-  uint64_t working = p.accumulation > 1 ? p.activations.bytes + in.gradientBytes
-                                        : std::max(p.activations.bytes, gradientsAtUpdate);
+  // NOTE [Plan model]: the backward's own buffers beside what the forward kept (kBackwardAllowance).
+  p.transientBytes = uint64_t(kBackwardAllowance * double(p.activations.bytes));
+  uint64_t working =
+      p.transientBytes + (p.accumulation > 1 ? p.activations.bytes + in.gradientBytes
+                                             : std::max(p.activations.bytes, gradientsAtUpdate));
   p.gradientPeakBytes = p.accumulation > 1 ? in.gradientBytes : gradientsAtUpdate;
   p.workspaceBytes = (p.onGpu ? kDeviceWorkspaceBytes : 0) + in.gatherBytes;
   uint64_t nonModel = working + p.workspaceBytes;
-  p.deviceCapacityBytes = p.onGpu ? *m.deviceMemoryBytes : m.hostAvailableBytes.value_or(*m.hostMemoryBytes);
+  // A CPU run's device is this rank's share of the host (NOTE [Per-node shares] in dist/Launch.h).
+  p.deviceCapacityBytes =
+      p.onGpu ? *m.deviceMemoryBytes
+              : dist::perRankShare(m.hostAvailableBytes.value_or(*m.hostMemoryBytes), p.ranksPerNode);
 
+  // What the step may take of the device: the memory tracer's own limit.
+  p.usableBytes = p.onGpu ? usableDeviceBytes(p.deviceCapacityBytes) : p.deviceCapacityBytes;
   // Budgets, as the engine reads them (storeBudgets), with auto on the device being what the memory tracer
-  // will measure: the device less the step's non-model memory.
-  uint64_t deviceAuto = p.deviceCapacityBytes > nonModel ? p.deviceCapacityBytes - nonModel : 0;
+  // will measure: the usable device less the step's non-model memory.
+  uint64_t deviceAuto = p.usableBytes > nonModel ? p.usableBytes - nonModel : 0;
   // The ranks on one machine split its memory, disk and cores (NOTE [Per-node shares] in dist/Launch.h).
   uint64_t hostAvailable = m.hostAvailableBytes.value_or(*m.hostMemoryBytes);
   p.hostShareBytes = dist::perRankShare(hostAvailable, p.ranksPerNode);
   p.nvmeShareBytes = dist::perRankShare(c.zero.nvmePath.empty() ? 0 : *m.nvmeFreeBytes, p.ranksPerNode);
   p.cpuThreadShare = m.cpuThreads > 0 ? int(dist::perRankShare(uint64_t(m.cpuThreads), p.ranksPerNode)) : 0;
+  // NOTE [Host headroom]: the system's reserve and the store's working memory stay out of the host budget.
+  uint64_t headroom =
+      dist::perRankShare(hostHeadroomBytes(c, in.largestChunkElems, *m.hostMemoryBytes), p.ranksPerNode);
   p.budgets = storeBudgets(c, in.parameterBytes, p.onGpu ? deviceAuto : zero::kUnlimited, p.hostShareBytes,
-                           p.nvmeShareBytes);
+                           p.nvmeShareBytes, headroom);
   if (p.ranksPerNode > 1)
     p.notes.push_back(fmt::format(
         "{} ranks on one machine: each plans with its share of the host's {} available, the SSD's {} free "
@@ -270,8 +285,10 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
         gib(p.deviceCapacityBytes), gib(nonModel), double(p.budgets.device) / double(1ull << 30)));
   }
   p.notes.push_back(fmt::format(
-      "host budget: {} (store.host_budget_gb {}; auto is 90% of the {} available{})", gib(p.budgets.host),
-      c.store.hostBudgetGb, gib(p.hostShareBytes), p.ranksPerNode > 1 ? " to this rank" : ""));
+      "host budget: {} (store.host_budget_gb {}; auto is the {} available{} less {} of headroom for the "
+      "system and the store's staging, at most 90%)",
+      gib(p.budgets.host), c.store.hostBudgetGb, gib(p.hostShareBytes),
+      p.ranksPerNode > 1 ? " to this rank" : "", gib(headroom)));
   if (p.budgets.nvme > 0)
     p.notes.push_back(fmt::format("SSD budget: {} in {} (store.nvme_budget_gb {})", gib(p.budgets.nvme),
                                   c.zero.nvmePath, c.store.nvmeBudgetGb));
@@ -355,15 +372,15 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
         gib(p.devicePeakBytes + p.placement.bytes[int(zero::Tier::Host)]), gib(p.placement.total()),
         gib(p.activations.bytes), gib(p.gradientPeakBytes), gib(p.deviceCapacityBytes));
   }
-  if (p.onGpu && p.fits && p.devicePeakBytes > p.deviceCapacityBytes) {
+  if (p.onGpu && p.fits && p.devicePeakBytes > p.usableBytes) {
     p.fits = false;
     p.refusal = fmt::format(
-        "the device needs {} at its peak (parameters {}, optimizer state {}, activations {}, gradient "
-        "buffers "
-        "{}, workspace {}), over its {}",
+        "the device needs {} at its peak (parameters {}, optimizer state {}, activations {} and the "
+        "backward's {}, gradient buffers {}, workspace {}), over the {} a step may use of its {}",
         gib(p.devicePeakBytes), gib(in.parameterBytes),
         gib(p.placement.bytes[int(zero::Tier::Device)] - in.parameterBytes), gib(p.activations.bytes),
-        gib(p.gradientPeakBytes), gib(p.workspaceBytes), gib(p.deviceCapacityBytes));
+        gib(p.transientBytes), gib(p.gradientPeakBytes), gib(p.workspaceBytes), gib(p.usableBytes),
+        gib(p.deviceCapacityBytes));
   }
 
   // Step time.
@@ -371,10 +388,23 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   p.flopsPerStep = models::flopsPerToken(p.spec) * tokens / double(p.ranks);
   if (!p.onGpu) return p;
   double gemm = *m.gemmTflops * 1e12;
-  p.terms.push_back({"compute", p.flopsPerStep / (gemm * kComputeEfficiency),
-                     fmt::format("{:.3g} FLOP / ({:.0f} TFLOP/s GEMM x {:.2f} efficiency)", p.flopsPerStep,
-                                 *m.gemmTflops, kComputeEfficiency),
-                     false});
+  // NOTE [Recompute auto]: full recomputation runs each block's forward again (a third more FLOPs, the head's
+  // included); selective reads and writes the MLP's activation once more, at memory speed.
+  double computed = p.flopsPerStep * (p.recompute == "full" ? 4.0 / 3.0 : 1.0);
+  p.terms.push_back(
+      {"compute", computed / (gemm * kComputeEfficiency),
+       fmt::format("{:.3g} FLOP{} / ({:.0f} TFLOP/s GEMM x {:.2f} efficiency)", computed,
+                   p.recompute == "full" ? " (the blocks' forward twice: train.recompute full)" : "",
+                   *m.gemmTflops, kComputeEfficiency),
+       false});
+  if (p.recompute == "selective") {
+    double bytes = 2.0 * double(dtypeSize(p.compute)) * tokens / double(p.ranks) * double(p.spec.numLayers) *
+                   double(p.spec.ffnHiddenSize > 0 ? p.spec.ffnHiddenSize : 4 * p.spec.hiddenSize);
+    p.terms.push_back({"recompute", bytes / (kDeviceUpdateGBs * 1e9),
+                       fmt::format("the MLP activations again: {} read and written at {:.1f} TB/s",
+                                   gib(uint64_t(bytes / 2)), kDeviceUpdateGBs / 1000),
+                       false});
+  }
   int64_t deviceElems = 0, offElems = 0;
   for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
     (p.placement.optimizerTier[i] == zero::Tier::Device ? deviceElems : offElems) += in.rangeElems[i];
@@ -410,20 +440,31 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
                                    gib(uint64_t(bytes)), *m.h2dGBs, *m.d2hGBs),
                        true});
   } else if (offElems > 0) {
-    // The gradients cross as they accumulate (fp32, or 16-bit: precision.grad_accum_dtype).
+    // NOTE [Plan model]: the host update after the backward. The gradients cross as they accumulate (fp32, or
+    // 16-bit: precision.grad_accum_dtype) and the new 16-bit parameters come back; the pipelined update's two
+    // lanes share the chunks (NOTE [Pipelined update] in optim/AdamW.h): the CPU takes the SSD chunks and
+    // pieces of the host chunks from the front, the GPU lane pieces from the back, their master, m and v
+    // crossing the link both ways. Ranks on one machine share its cores.
+    int64_t ssdElems = 0;
+    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
+      if (p.placement.optimizerTier[i] == zero::Tier::Nvme) ssdElems += in.rangeElems[i];
+    double hostElems = double(offElems - ssdElems), ssd = double(ssdElems);
     double down = double(offElems) * double(dtypeSize(in.gradientDType)),
            up = double(offElems) * double(dtypeSize(p.compute));
-    p.terms.push_back({"PCIe", down / (*m.d2hGBs * 1e9) + up / (*m.h2dGBs * 1e9),
-                       fmt::format("{} gradients out {} at {:.0f} GB/s, parameters in {} at {:.0f} GB/s",
-                                   in.gradientDType == DType::F32 ? "fp32" : dtypeName(in.gradientDType),
-                                   gib(uint64_t(down)), *m.d2hGBs, gib(uint64_t(up)), *m.h2dGBs),
-                       true});
-    // Ranks on one machine share its cores.
-    double elems = double(offElems) * double(p.ranksPerNode);
-    p.terms.push_back({"CPU AdamW", elems / *m.cpuAdamwElemsPerS,
-                       fmt::format("{:.3g} elements at {:.2f} G/s{}", elems, *m.cpuAdamwElemsPerS / 1e9,
-                                   p.ranksPerNode > 1 ? " (the machine's ranks share the CPU)" : ""),
-                       true});
+    double pcie = down / (*m.d2hGBs * 1e9) + up / (*m.h2dGBs * 1e9);
+    double cpu = *m.cpuAdamwElemsPerS / double(p.ranksPerNode);
+    double gpuLane = c.optimizer.pipeline ? std::min(*m.h2dGBs, *m.d2hGBs) * 1e9 / kGpuLaneBytesPerElem : 0;
+    double lanes = (ssd + hostElems) / (cpu + gpuLane);                      // the lanes finish together
+    if (gpuLane > 0 && ssd / cpu >= hostElems / gpuLane) lanes = ssd / cpu;  // the GPU lane ran out of pieces
+    p.terms.push_back(
+        {"host update", c.optimizer.pipeline ? std::max(pcie, lanes) : pcie + lanes,
+         fmt::format("{:.3g} elements: the CPU at {:.2f} G/s{}{}; {} gradients out {} at {:.0f} GB/s, "
+                     "parameters in {} at {:.0f} GB/s",
+                     double(offElems), cpu / 1e9, p.ranksPerNode > 1 ? " (this rank's share)" : "",
+                     gpuLane > 0 ? fmt::format(", the GPU lane at {:.2f} G/s", gpuLane / 1e9) : std::string(),
+                     in.gradientDType == DType::F32 ? "fp32" : dtypeName(in.gradientDType),
+                     gib(uint64_t(down)), *m.d2hGBs, gib(uint64_t(up)), *m.h2dGBs),
+         true});
   }
   if (uint64_t nvme = p.placement.bytes[int(zero::Tier::Nvme)]; nvme > 0) {
     double bytes = double(nvme) * double(p.ranksPerNode);
@@ -452,6 +493,42 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   return p;
 }
 
+// The modes train.recompute auto weighs, least recomputation first.
+constexpr const char* kRecomputeModes[] = {"none", "selective", "full"};
+
+}  // namespace
+
+ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
+  if (c.train.recompute != "auto") return planAtRecompute(c, options);
+  // NOTE [Recompute auto]: every mode that fits, the fastest predicted step; on the CPU (no step time) the
+  // least recomputation that fits.
+  std::vector<ModelStatePlan> plans;
+  for (const char* mode : kRecomputeModes) {
+    Config m = c;
+    m.train.recompute = mode;
+    plans.push_back(planAtRecompute(m, options));
+  }
+  auto time = [](const ModelStatePlan& p) { return p.terms.empty() ? 0.0 : p.serialSeconds; };
+  int best = -1;
+  for (int i = 0; i < int(plans.size()); ++i)
+    if (plans[size_t(i)].fits && (best < 0 || time(plans[size_t(i)]) < time(plans[size_t(best)]) * 0.999))
+      best = i;
+  std::vector<std::string> weighed;
+  for (const ModelStatePlan& p : plans)
+    weighed.push_back(!p.fits ? fmt::format("{} does not fit (peak {})", p.recompute, gib(p.devicePeakBytes))
+                      : p.terms.empty()
+                          ? fmt::format("{} fits (peak {})", p.recompute, gib(p.devicePeakBytes))
+                          : fmt::format("{} {} a step, peak {}", p.recompute, seconds(p.serialSeconds),
+                                        gib(p.devicePeakBytes)));
+  ModelStatePlan chosen = plans[size_t(best < 0 ? plans.size() - 1 : size_t(best))];
+  chosen.recomputeAuto = true;
+  chosen.recomputeWhy =
+      best < 0 ? fmt::format("train.recompute auto: no mode fits ({})", fmt::join(weighed, "; "))
+               : fmt::format("train.recompute auto chose {}: {}", chosen.recompute, fmt::join(weighed, "; "));
+  chosen.notes.insert(chosen.notes.begin(), chosen.recomputeWhy);
+  return chosen;
+}
+
 std::optional<Config> largestFittingModel(const Config& c, const PlanOptions& options) {
   const ModelConfig& m0 = c.model;
   int64_t h0 = m0.hiddenSize,
@@ -471,6 +548,91 @@ std::optional<Config> largestFittingModel(const Config& c, const PlanOptions& op
   return std::nullopt;
 }
 
+std::vector<std::string> fitAdvice(const Config& c, const PlanOptions& options) {
+  std::vector<std::string> out;
+  auto fits = [&](const Config& s, const PlanOptions& o) { return planModelState(s, o).fits; };
+  int ranks = std::max(1, options.ranks);
+  int64_t global = c.train.globalBatchSizeSet ? c.train.globalBatchSize : c.train.microBatchSize * ranks;
+  // A smaller micro-batch, the same global batch by accumulation.
+  for (int64_t b = c.train.microBatchSize / 2; b >= 1; b /= 2) {
+    if (global % (b * ranks) != 0) continue;
+    Config s = c;
+    s.train.microBatchSize = b;
+    s.train.globalBatchSize = global;
+    s.train.globalBatchSizeSet = true;
+    if (!fits(s, options)) continue;
+    out.push_back(fmt::format("--set train.micro_batch_size={} (the global batch stays {}, by accumulation)",
+                              b, global));
+    break;
+  }
+  // Budgets fixed by hand that automatic ones would beat.
+  if (c.store.gpuBudgetGb != "auto" || c.store.hostBudgetGb != "auto") {
+    Config s = c;
+    s.store.gpuBudgetGb = s.store.hostBudgetGb = "auto";
+    if (fits(s, options)) out.push_back("--set store.gpu_budget_gb=auto --set store.host_budget_gb=auto");
+  }
+  // The SSD tier.
+  if (c.zero.nvmePath.empty() && c.optimizer.type != "adafactor") {
+    Config s = c;
+    s.zero.nvmePath = "ssd";
+    PlanOptions o = options;
+    if (o.calibration) o.calibration->nvmeFreeBytes.reset();  // the plan's figure for an SSD's free space
+    ModelStatePlan p = planModelState(s, o);
+    if (p.fits)
+      out.push_back(fmt::format(
+          "--set zero_optimization.nvme_path=DIR: a directory on an SSD with {} free for the optimizer state "
+          "(planned with {} free)",
+          gib(p.placement.bytes[int(zero::Tier::Nvme)]), gib(p.machine.nvmeFreeBytes.value_or(0))));
+  }
+  // More ranks, each with its own GPU on this machine, the state sharded over them.
+  for (int r : {2, 4, 8}) {
+    if (r <= ranks) continue;
+    Config s = c;
+    s.zero.stage = std::max<int64_t>(c.zero.stage, 3);
+    if (c.train.globalBatchSizeSet && c.train.globalBatchSize % (c.train.microBatchSize * r) != 0)
+      s.train.globalBatchSize = c.train.microBatchSize * r;
+    PlanOptions o = options;
+    o.ranks = r;
+    // GPUs: one machine with r of them; the CPU: r machines (ranks on one host would share its memory).
+    bool gpu = planModelState(c, options).onGpu;
+    o.ranksPerNode = gpu ? r : 1;
+    if (!fits(s, o)) continue;
+    out.push_back(
+        fmt::format("mpirun -np {} {}{}", r,
+                    gpu ? fmt::format("on a machine with {} GPUs", r) : fmt::format("over {} machines", r),
+                    c.zero.stage < 3 ? " (--set zero_optimization.stage=3)" : ""));
+    break;
+  }
+  if (std::optional<Config> largest = largestFittingModel(c, options)) {
+    models::ModelSpec spec = modelSpecFrom(*largest, Device::cpu());
+    std::string line = fmt::format(
+        "a smaller model: the largest of its family that fits here has {:.2f} B parameters ({}): --set "
+        "model.num_layers={} --set model.hidden_size={} --set model.num_attention_heads={}",
+        double(models::numParameters(spec)) / 1e9, models::describeShape(spec), largest->model.numLayers,
+        largest->model.hiddenSize, largest->model.numAttentionHeads);
+    if (largest->model.decoderNumLayers > 0)
+      line += fmt::format(" --set model.decoder_num_layers={}", largest->model.decoderNumLayers);
+    if (largest->model.ffnHiddenSize > 0)
+      line += fmt::format(" --set model.ffn_hidden_size={}", largest->model.ffnHiddenSize);
+    out.push_back(line);
+  } else if (out.empty()) {
+    out.push_back(
+        "no model of its family fits at this micro-batch and sequence length: lower train.micro_batch_size "
+        "or model.seq_length");
+  }
+  return out;
+}
+
+std::string refusalMessage(const std::string& what, const Config& c, const ModelStatePlan& plan,
+                           const PlanOptions& options) {
+  std::string message = fmt::format("{} does not fit: {}.", what, plan.refusal);
+  if (plan.recomputeAuto) message += fmt::format("\n{}.", plan.recomputeWhy);
+  std::vector<std::string> advice = fitAdvice(c, options);
+  message += "\nWhat would fit:";
+  for (const std::string& a : advice) message += "\n  - " + a;
+  return message;
+}
+
 std::string formatPlan(const ModelStatePlan& p) {
   std::ostringstream out;
   out << fmt::format("model          {}: {}, {:.3f} B parameters\n", p.spec.arch,
@@ -487,9 +649,9 @@ std::string formatPlan(const ModelStatePlan& p) {
                          : fmt::format(" (calibrated on {} {})", p.machine.host, p.machine.date));
   out << fmt::format(
       "run            {} on {}, {} rank{}, ZeRO stage {}, micro-batch {} x {} accumulation = global batch "
-      "{}\n",
+      "{}, recompute {}{}\n",
       dtypeName(p.compute), p.onGpu ? "the GPU" : "the CPU", p.ranks, p.ranks == 1 ? "" : "s", p.inputs.stage,
-      p.microBatch, p.accumulation, p.globalBatch);
+      p.microBatch, p.accumulation, p.globalBatch, p.recompute, p.recomputeAuto ? " (auto)" : "");
   if (p.ranksPerNode > 1)
     out << fmt::format(
         "per rank       {} of host memory, {} of SSD space, {} CPU threads ({} ranks on one machine)\n",
@@ -553,16 +715,18 @@ std::string formatPlan(const ModelStatePlan& p) {
                      p.microBatch);
   for (const ActivationTerm& t : p.activations.terms)
     out << fmt::format("    {:<44} {:>12}\n", t.what, gib(t.bytes));
+  out << fmt::format("  {:<22} {:>12}  {:.0f}% of the activations (measured allowance)\n", "backward buffers",
+                     gib(p.transientBytes), 100 * kBackwardAllowance);
   if (p.workspaceBytes > 0)
     out << fmt::format("  {:<22} {:>12}  {}\n", "workspace", gib(p.workspaceBytes),
                        p.inputs.gatherBytes > 0
                            ? "CUDA context, cuBLASLt, allocator slack, stage-3 gather slots"
                            : "CUDA context, cuBLASLt, allocator slack");
   if (p.onGpu)
-    out << fmt::format(
-        "  {:<22} {:>12}  of {} ({:.0f}%)\n", "device peak", gib(p.devicePeakBytes),
-        gib(p.deviceCapacityBytes),
-        100.0 * double(p.devicePeakBytes) / double(std::max<uint64_t>(1, p.deviceCapacityBytes)));
+    out << fmt::format("  {:<22} {:>12}  of the {} a step may use ({:.0f}%; the device has {})\n",
+                       "device peak", gib(p.devicePeakBytes), gib(p.usableBytes),
+                       100.0 * double(p.devicePeakBytes) / double(std::max<uint64_t>(1, p.usableBytes)),
+                       gib(p.deviceCapacityBytes));
   out << "  assumptions: ";
   for (size_t i = 0; i < p.activations.assumptions.size(); ++i)
     out << (i ? "; " : "") << p.activations.assumptions[i];
@@ -578,10 +742,11 @@ std::string formatPlan(const ModelStatePlan& p) {
     };
     bool offloaded = p.serialSeconds > p.overlappedSeconds * 1.0001;
     out << fmt::format("  step           {:>10}  {}{}\n", seconds(p.serialSeconds), rate(p.serialSeconds),
-                       offloaded ? " (today's engine: the host update follows the backward)" : "");
+                       offloaded ? " (the host update follows the backward)" : "");
     if (offloaded)
-      out << fmt::format("  overlapped     {:>10}  {} (a pipelined optimizer: bound by {})\n",
-                         seconds(p.overlappedSeconds), rate(p.overlappedSeconds), p.bound);
+      out << fmt::format(
+          "  overlapped     {:>10}  {} (were the update to run beside the backward: bound by {})\n",
+          seconds(p.overlappedSeconds), rate(p.overlappedSeconds), p.bound);
     else
       out << "  bound by       compute\n";
   }

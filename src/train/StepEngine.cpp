@@ -61,7 +61,10 @@ ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device dev
 ZeroStepEngine::~ZeroStepEngine() = default;
 
 StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatches, double lr) {
-  if (state_->traced && steps_ == 0) deviceAllocator(device_).resetPeakStats();
+  // The first step's peak: what the memory tracer and the trainer's check of the plan read after it.
+  bool measureFirst = steps_ == 0 && device_.isCuda();
+  uint64_t stateOnDevice = state_->placement.bytes[int(zero::Tier::Device)];
+  if (measureFirst || (state_->traced && steps_ == 0)) deviceAllocator(device_).resetPeakStats();
   Tensor stepLoss = ops::zeros({}, DType::F32, device_);
   // Every micro-batch of every rank counts 1 / (micro-batches x ranks): the gradients' sum over ranks is the
   // global batch's mean gradient.
@@ -99,6 +102,10 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   reducer_->release();
   profiler::mark("zero grad");
   memlog(device_, "update", ++steps_);
+  if (measureFirst) {
+    uint64_t peak = deviceAllocator(device_).stats().peakAllocatedBytes;
+    firstStepWorking_ = peak > stateOnDevice ? peak - stateOnDevice : 0;
+  }
   if (state_->traced && steps_ == 1) {
     promoteTracedState(*state_);
     // A moved chunk's pending parameters went into this rank's shard only: every rank gathers the chunks

@@ -33,6 +33,7 @@
 #include "strata/train/Interrupts.h"
 #include "strata/train/LossPlot.h"
 #include "strata/train/Metrics.h"
+#include "strata/train/Plan.h"
 #include "strata/train/Run.h"
 #include "strata/train/SentencePieceTokenizer.h"
 #include "strata/train/StepEngine.h"
@@ -189,7 +190,7 @@ std::string expertDataGroupName(int64_t size) {
 }
 
 Trainer::Trainer(Config config, std::shared_ptr<dist::ParallelContext> parallel)
-    : parallel_(std::move(parallel)) {
+    : parallel_(std::move(parallel)), buildsModel_(true) {
   begin(config);
   agreeOnSetup([&] { plan(config); });
   agreeOnSetup([&] {
@@ -282,6 +283,41 @@ std::vector<std::string> gatherText(dist::Communicator& comm, const std::string&
 void Trainer::plan(const Config& config) {
   start_ = planRunStart(config);
   config_ = start_.config;
+  if (!buildsModel_) {
+    // A model given to the trainer: the config does not describe it, so there is no plan to weigh.
+    if (config_.train.recompute == "auto") config_.train.recompute = "none";
+    return;
+  }
+  // NOTE [Recompute auto] in train/Plan.h: the plan `strata plan` prints, of this machine, this launch's
+  // ranks and this rank's share of the device.
+  PlanOptions options;
+  options.ranks = parallel_->worldSize();
+  options.ranksPerNode = parallel_->topology().ranksOnHost;
+  MachineChoice machine = chooseMachine("here", "", config_.zero.nvmePath);
+  options.calibration = machine.calibration;
+  options.calibrationSource = machine.source;
+  Config planned = config_;
+  planned.train.device = device_.isCuda() ? "cuda" : "cpu";
+  if (const char* gb = std::getenv("STRATA_DEVICE_MEMORY_GB")) {
+    options.calibration->deviceMemoryBytes = zero::parseBudgetGb(gb, 0, "STRATA_DEVICE_MEMORY_GB");
+  } else if (device_.isCuda()) {
+    options.calibration->deviceMemoryBytes =
+        dist::perRankShare(deviceMemoryBytes(device_), parallel_->topology().ranksOnDevice);
+  }
+  ModelStatePlan p = planModelState(planned, options);
+  if (!p.fits)
+    STRATA_USER_FAIL("{}", refusalMessage(config_.sourcePath.empty() ? "the config" : config_.sourcePath,
+                                          planned, p, options));
+  if (p.recomputeAuto) {
+    config_.train.recompute = p.recompute;
+    if (parallel_->isMain()) spdlog::info("{}", p.recomputeWhy);
+  }
+  if (device_.isCuda()) plannedDeviceBudget_ = p.budgets.device;
+  // The allocator's share of the plan's non-model memory: the CUDA context and libraries are outside it.
+  if (device_.isCuda())
+    plannedWorkingBytes_ =
+        p.devicePeakBytes - p.placement.bytes[int(zero::Tier::Device)] -
+        std::min(p.devicePeakBytes - p.placement.bytes[int(zero::Tier::Device)], kDeviceWorkspaceBytes);
 }
 
 void Trainer::agreeOnSetup(const std::function<void()>& work) {
@@ -565,7 +601,8 @@ TrainResult Trainer::run() {
                         c.model.moeExpertParallelSize > 1
                             ? &parallel_->group(expertDataGroupName(c.model.moeExpertParallelSize))
                             : nullptr,
-                        RankShares{parallel_->topology().ranksOnHost, parallel_->topology().ranksOnDevice});
+                        RankShares{parallel_->topology().ranksOnHost, parallel_->topology().ranksOnDevice,
+                                   plannedDeviceBudget_});
   if (main && engine.placement().bytes[int(zero::Tier::Device)] != engine.placement().total())
     spdlog::info("{}", engine.placement().table());
 
@@ -699,6 +736,19 @@ TrainResult Trainer::run() {
     intervalPhases.ssdWait += step.offloadPhases.ssdWait;
     intervalPhases.gpuLaneWait += step.offloadPhases.gpuLaneWait;
     intervalPhases.gpuLaneShare += step.offloadPhases.gpuLaneShare;
+    if (iter == startStep && plannedWorkingBytes_ > 0 && main) {
+      // The plan's activations, gradient buffers and workspace against the first step's (NOTE [Plan model]).
+      uint64_t measured = engine.firstStepWorkingBytes();
+      double ratio = double(measured) / double(plannedWorkingBytes_);
+      auto gib = [](uint64_t b) { return double(b) / double(1ull << 30); };
+      uint64_t gap =
+          measured > plannedWorkingBytes_ ? measured - plannedWorkingBytes_ : plannedWorkingBytes_ - measured;
+      if (measured > 0 && (ratio > 1.1 || ratio < 0.9) && gap > (128ull << 20))
+        spdlog::warn(
+            "the first step held {:.2f} GiB on the device beside the model state (activations, gradient "
+            "buffers, workspace); the plan estimated {:.2f} GiB ({:+.0f}%)",
+            gib(measured), gib(plannedWorkingBytes_), 100.0 * (ratio - 1));
+    }
     if (result.chunks == 0) {
       result.chunks = engine.chunks().numChunks();
       const zero::ChunkLayout& layout = engine.chunks().layout();

@@ -42,4 +42,23 @@ out=$(timeout 60 "$strata" plan "$configs/gpt3-1.3b.yaml" --set train.device=cpu
 rc=$?
 [ $rc -eq 1 ] && grep -q "error: .*does not fit: the CPU run needs .* of host memory" <<<"$out" ||
   { echo "FAIL: the 1.3B CPU plan was not refused (exit $rc): $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
+# train and bench run the same plan before they allocate: on that machine the 1.3B bench, a 1T-parameter model
+# and an absurd sequence length are refused with the plan's message and what would fit, in seconds and in a few
+# hundred MiB (the model is never built).
+refuse() {
+  local what=$1
+  shift
+  out=$( (ulimit -v 2000000; timeout 60 "$strata" "$@" 2>&1) )
+  rc=$?
+  if [ $rc -ne 1 ] || ! grep -q "does not fit" <<<"$out" || ! grep -q "^What would fit:" <<<"$out"; then
+    echo "FAIL: $what was not refused by the plan (exit $rc): $(echo "$out" | tail -3)" >&2
+    failures=$((failures + 1))
+  else
+    echo "ok: $what refused: $(grep -m1 -A1 '^What would fit:' <<<"$out" | tail -1)"
+  fi
+}
+refuse "the 1.3B CPU bench" bench "$configs/gpt3-1.3b.yaml" --set train.device=cpu
+refuse "a 1T CPU bench" bench "$configs/gpt3-13b.yaml" --set train.device=cpu --set model.hidden_size=25600 \
+  --set model.num_layers=128 --set model.num_attention_heads=160
+refuse "seq_length 100000000" bench "$configs/gpt-nano.yaml" --set model.seq_length=100000000
 exit $((failures > 0))

@@ -1,5 +1,7 @@
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "TestUtil.h"
 #include "strata/autograd/Functions.h"
@@ -109,17 +111,28 @@ TEST_CASE("plan: GPT-6.7B with its optimizer on the host", "[train][plan]") {
   // The step-time terms from the machine's figures.
   REQUIRE(term(p, "compute")->seconds ==
           Approx(p.flopsPerStep / (1000e12 * train::kComputeEfficiency)).epsilon(1e-12));
-  REQUIRE(term(p, "PCIe")->seconds == Approx(4.0 * double(elems) / 25e9 + 2.0 * double(elems) / 50e9));
-  REQUIRE(term(p, "CPU AdamW")->seconds == Approx(double(elems) / 1e9));
+  // The host update: the CPU (1 G/s) and the GPU lane (25 GB/s / 24 B) share the elements, beside the
+  // gradients out (fp32 at 25 GB/s) and the parameters in (bf16 at 50 GB/s).
+  double lanes = double(elems) / (1e9 + 25e9 / train::kGpuLaneBytesPerElem);
+  REQUIRE(term(p, "host update")->seconds ==
+          Approx(std::max(lanes, 4.0 * double(elems) / 25e9 + 2.0 * double(elems) / 50e9)));
   REQUIRE(term(p, "SSD") == nullptr);
   REQUIRE(p.serialSeconds > p.overlappedSeconds);
-  REQUIRE(p.bound == "CPU AdamW");  // 6.7 s of CPU update against 4.4 s of compute
+  REQUIRE(p.bound == "compute");
+  // Without the pipeline the CPU alone updates, after the transfers.
+  train::ModelStatePlan serial = train::planModelState(
+      configFile("gpt3-6.7b.yaml",
+                 {"zero_optimization.offload_optimizer.device=cpu", "optimizer.pipeline=false"}),
+      options);
+  REQUIRE(term(serial, "host update")->seconds ==
+          Approx(double(elems) / 1e9 + 4.0 * double(elems) / 25e9 + 2.0 * double(elems) / 50e9));
   // B4 x 8 micro-batches: the gradients of all chunks live beside one micro-batch's activations.
   REQUIRE(p.accumulation == 8);
   REQUIRE(p.devicePeakBytes == p.inputs.parameterBytes + p.inputs.gradientBytes + p.activations.bytes +
-                                   train::kDeviceWorkspaceBytes);
+                                   p.transientBytes + train::kDeviceWorkspaceBytes);
+  REQUIRE(p.transientBytes == uint64_t(train::kBackwardAllowance * double(p.activations.bytes)));
   std::string text = train::formatPlan(p);
-  REQUIRE(text.find("CPU AdamW") != std::string::npos);
+  REQUIRE(text.find("host update") != std::string::npos);
   REQUIRE(text.find("fp32 masters") != std::string::npos);
   // State off the device: the plan says what bf16 gradient buffers would free; with them, the device holds
   // 2 bytes per element less and the gradients cross to the host at 2 bytes.
@@ -131,7 +144,8 @@ TEST_CASE("plan: GPT-6.7B with its optimizer on the host", "[train][plan]") {
   REQUIRE(bf16.fits);
   REQUIRE(bf16.inputs.gradientBytes * 2 == p.inputs.gradientBytes);
   REQUIRE(bf16.devicePeakBytes + p.inputs.gradientBytes / 2 == p.devicePeakBytes);
-  REQUIRE(term(bf16, "PCIe")->seconds == Approx(2.0 * double(elems) / 25e9 + 2.0 * double(elems) / 50e9));
+  REQUIRE(term(bf16, "host update")->seconds ==
+          Approx(std::max(lanes, 2.0 * double(elems) / 25e9 + 2.0 * double(elems) / 50e9)));
   REQUIRE(train::formatPlan(bf16).find("would keep") == std::string::npos);
 }
 
@@ -428,4 +442,106 @@ TEST_CASE("strata plan uses a calibration file only for the machine it describes
   CHECK(train::chooseMachine("h200", "", "").calibration.host == "DESIGN.md");
   CHECK(test::errorOf([] { train::chooseMachine("laptop", "", ""); }).find("use here") != std::string::npos);
   unsetenv("STRATA_CALIBRATION");
+}
+
+TEST_CASE(
+    "train.recompute auto takes the fastest mode that fits: none, selective and full each on some device",
+    "[train][plan][recompute]") {
+  train::Config c = configFile("gpt3-1.3b.yaml");
+  REQUIRE(c.train.recompute == "auto");
+  std::set<std::string> chosen;
+  for (uint64_t gib : {140, 60, 50, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 24, 20, 8}) {
+    CAPTURE(gib);
+    train::PlanOptions o = roundMachine();
+    o.calibration->deviceMemoryBytes = gib << 30;
+    train::ModelStatePlan p = train::planModelState(c, o);
+    // The rule (NOTE [Recompute auto]): the fastest predicted step of the fixed modes that fit, the least
+    // recomputation on a tie.
+    double best = 0;
+    std::string bestMode;
+    for (const char* mode : {"none", "selective", "full"}) {
+      train::Config m = c;
+      m.train.recompute = mode;
+      train::ModelStatePlan q = train::planModelState(m, o);
+      CHECK(!q.recomputeAuto);
+      if (q.fits && (bestMode.empty() || q.serialSeconds < best * 0.999)) {
+        best = q.serialSeconds;
+        bestMode = mode;
+      }
+    }
+    CHECK(p.recomputeAuto);
+    if (bestMode.empty()) {
+      CHECK(!p.fits);
+      CHECK(p.recomputeWhy.find("no mode fits") != std::string::npos);
+      continue;
+    }
+    REQUIRE(p.fits);
+    CHECK(p.recompute == bestMode);
+    CHECK(p.serialSeconds == Approx(best));
+    CHECK(train::formatPlan(p).find("recompute " + bestMode + " (auto)") != std::string::npos);
+    CHECK(p.recomputeWhy.find("auto chose " + bestMode) != std::string::npos);
+    chosen.insert(bestMode);
+  }
+  CHECK(chosen == std::set<std::string>{"none", "selective", "full"});
+  // Full recomputation's price: a third more FLOPs in the compute term.
+  train::PlanOptions o = roundMachine();
+  train::ModelStatePlan none =
+      train::planModelState(configFile("gpt3-1.3b.yaml", {"train.recompute=none"}), o);
+  train::ModelStatePlan full =
+      train::planModelState(configFile("gpt3-1.3b.yaml", {"train.recompute=full"}), o);
+  CHECK(term(full, "compute")->seconds == Approx(term(none, "compute")->seconds * 4.0 / 3.0));
+  CHECK(full.activations.bytes < none.activations.bytes);
+}
+
+TEST_CASE("a refused config names the settings that would fit, each checked by a plan", "[train][plan]") {
+  train::PlanOptions o = roundMachine();
+  o.calibration->deviceMemoryBytes = 24ull << 30;
+  train::Config c = configFile("gpt3-6.7b.yaml", {"train.recompute=none"});
+  train::ModelStatePlan p = train::planModelState(c, o);
+  REQUIRE(!p.fits);
+  std::vector<std::string> advice = train::fitAdvice(c, o);
+  REQUIRE(!advice.empty());
+  std::string message = train::refusalMessage("gpt3-6.7b.yaml", c, p, o);
+  CHECK(message.find("gpt3-6.7b.yaml does not fit: ") == 0);
+  CHECK(message.find("What would fit:") != std::string::npos);
+  // Each line's settings fit when planned: the micro-batch and the ranks lines.
+  for (const std::string& line : advice) {
+    CAPTURE(line);
+    if (line.rfind("--set train.micro_batch_size=", 0) == 0) {
+      train::Config s = c;
+      s.train.microBatchSize = std::stoll(line.substr(std::string("--set train.micro_batch_size=").size()));
+      s.train.globalBatchSize = c.train.globalBatchSize;
+      s.train.globalBatchSizeSet = true;
+      CHECK(train::planModelState(s, o).fits);
+    }
+    if (line.rfind("mpirun -np ", 0) == 0) {
+      train::Config s = c;
+      s.zero.stage = 3;
+      train::PlanOptions r = o;
+      r.ranks = r.ranksPerNode = std::stoi(line.substr(std::string("mpirun -np ").size()));
+      CHECK(train::planModelState(s, r).fits);
+    }
+  }
+  CHECK(message.find("a smaller model") != std::string::npos);
+}
+
+TEST_CASE("the trainer runs the plan before it builds the model: a CPU run too big for the host is refused",
+          "[train][plan][trainer]") {
+  setenv("STRATA_HOST_MEMORY_GB", "23.5", 1);
+  auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    train::Trainer trainer(
+        configFile("gpt3-1.3b.yaml", {"train.device=cpu", "data.format=random", "checkpoint.save=",
+                                      "train.out_dir=" + test::freshDir("strata-plan-refused").string()}));
+  } catch (const Error& e) {
+    message = e.message();
+  }
+  unsetenv("STRATA_HOST_MEMORY_GB");
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(message.find("does not fit: the CPU run needs") != std::string::npos);
+  CHECK(message.find("What would fit:") != std::string::npos);
+  CHECK(message.find("--set train.micro_batch_size=") != std::string::npos);
+  // Building the 1.3B model on the CPU alone takes longer than this.
+  CHECK(seconds < 10);
 }

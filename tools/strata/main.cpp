@@ -345,25 +345,7 @@ int runPlan(const std::string& configPath, const std::vector<std::string>& overr
   for (const std::string& note : chosen.notes) std::printf("  - %s\n", note.c_str());
   std::fflush(stdout);
   if (plan.fits) return 0;
-  std::optional<train::Config> largest = train::largestFittingModel(c, options);
-  std::string advice;
-  if (largest) {
-    models::ModelSpec spec = train::modelSpecFrom(*largest, Device::cpu());
-    advice = fmt::format(
-        "the largest model of its family that fits here: {:.2f} B parameters ({}): --set "
-        "model.num_layers={} --set model.hidden_size={} --set model.num_attention_heads={}",
-        double(models::numParameters(spec)) / 1e9, models::describeShape(spec), largest->model.numLayers,
-        largest->model.hiddenSize, largest->model.numAttentionHeads);
-    if (largest->model.decoderNumLayers > 0)
-      advice += fmt::format(" --set model.decoder_num_layers={}", largest->model.decoderNumLayers);
-    if (largest->model.ffnHiddenSize > 0)
-      advice += fmt::format(" --set model.ffn_hidden_size={}", largest->model.ffnHiddenSize);
-  } else {
-    advice =
-        "no model of its family fits at this micro-batch and sequence length; lower "
-        "train.micro_batch_size or model.seq_length";
-  }
-  STRATA_USER_FAIL("{} does not fit: {}.\n{}", configPath, plan.refusal, advice);
+  STRATA_USER_FAIL("{}", train::refusalMessage(configPath, c, plan, options));
 }
 
 // The configs folder: ./configs when there is one, else the source tree's this binary was built from.

@@ -84,7 +84,7 @@ struct TrainLoopConfig {
   int64_t threads = 0;  // CPU threads for OpenMP (0: the physical cores this process may run on)
   // What backward computes again instead of keeping: none, selective (the MLP activations) or full (each
   // block; nn::applyRecompute in nn/TransformerBlock.h). The numbers do not change.
-  std::string recompute = "none";
+  std::string recompute = "auto";  // NOTE [Recompute auto] in train/Plan.h
   // bf16/fp32: a step whose loss or gradient norm is not finite is skipped; this many in a row stop the run
   // with an error (fp16 skips and lowers the loss scale instead).
   int64_t maxNonfiniteSteps = 5;

@@ -49,12 +49,27 @@ struct ModelStateInputs {
 // The placement inputs of `config` on `ranks` ranks computing in `compute` (train::computeDTypeFor).
 ModelStateInputs modelStateInputs(const Config& config, int ranks, DType compute);
 
+// NOTE [Host headroom]
+// An automatic host budget (store.host_budget_gb auto) is what the host has available less its headroom, and
+// at most 90% of it: the headroom is a reserve left to the system, max(5% of the host's memory, min(8 GiB, a
+// quarter of it)), plus the store's own working memory beside the state: the pipelined update's page-locked
+// staging slots (zero_optimization.buffer_count x one piece's gradients and parameters) and, with an SSD
+// tier, its two buffer sets of the largest chunk's fp32 master, m and v (NOTE [SSD tier] in zero/NvmeTier.h).
+// Ranks on one host split it as they split the memory (NOTE [Per-node shares] in dist/Launch.h).
+// `largestChunkElems`: ModelStateInputs::largestChunkElems.
+uint64_t hostHeadroomBytes(const Config& config, int64_t largestChunkElems, uint64_t hostTotal);
+// What a step may take of a device of `capacity` bytes: 92% of it less a margin of min(1 GiB, 1/16 of it),
+// the memory tracer's limit (NOTE [Memory tracer] in zero/Store.h), which `strata plan` fits within.
+uint64_t usableDeviceBytes(uint64_t capacity);
+// What this host has available: MemAvailable, or STRATA_HOST_MEMORY_GB (a smaller machine, in tests).
+uint64_t hostAvailableBytes();
+
 // The store's budgets as the engine reads them: offload_optimizer.device cpu (or nvme) leaves the device the
-// parameters only, else store.gpu_budget_gb (auto: `deviceAuto`); store.host_budget_gb (auto: 90% of
-// `hostAvailable`); store.nvme_budget_gb (auto: 90% of `nvmeFree`, the free space of
+// parameters only, else store.gpu_budget_gb (auto: `deviceAuto`); store.host_budget_gb (auto: `hostAvailable`
+// less `hostHeadroom`, at most 90% of it); store.nvme_budget_gb (auto: 90% of `nvmeFree`, the free space of
 // zero_optimization.nvme_path, 0 without one). offload_optimizer.device nvme leaves the host nothing.
 zero::StoreBudgets storeBudgets(const Config& config, uint64_t parameterBytes, uint64_t deviceAuto,
-                                uint64_t hostAvailable, uint64_t nvmeFree);
+                                uint64_t hostAvailable, uint64_t nvmeFree, uint64_t hostHeadroom = 0);
 
 // The placement with the delayed SSD update's host reserve (NOTE [Delayed SSD update] in optim/AdamW.h): with
 // store.delayed_update and AdamW, the pending update keeps the SSD chunks' gradients (fp32, or 16-bit with

@@ -138,6 +138,9 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
 struct RankShares {
   int ranksOnHost = 1;
   int ranksOnDevice = 1;
+  // The device budget the trainer's plan gave store.gpu_budget_gb auto (train/Plan.h; 0: no plan): the
+  // placement starts within it, and the memory tracer, where it runs, refines it from the first step.
+  uint64_t plannedDeviceBudget = 0;
 };
 
 // NOTE [Step engine parts]
@@ -184,6 +187,9 @@ class ZeroStepEngine final : public StepEngine {
   std::vector<const zero::ChunkArena*> arenas() const;
   // Replaces the order micro-batches run in (SequentialSchedule unless set).
   void setSchedule(std::unique_ptr<MicroBatchSchedule> schedule);
+  // On a GPU, after the first step: the most device memory the step held beyond the model state on the device
+  // when it began (activations, gradient buffers, gather slots, workspace); 0 before, or on the CPU.
+  uint64_t firstStepWorkingBytes() const { return firstStepWorking_; }
 
  private:
   // One micro-batch's forward, its loss; and its backward from the loss as the step weighs it, `last` for
@@ -196,6 +202,7 @@ class ZeroStepEngine final : public StepEngine {
   DType compute_;
   bool delayedUpdate_ = false;  // store.delayed_update (NOTE [Delayed SSD update] in optim/AdamW.h)
   int64_t steps_ = 0;
+  uint64_t firstStepWorking_ = 0;
   // The parts, in the order the start-up makes them; destroyed in reverse, the model state last.
   std::unique_ptr<ModelState> state_;
   std::unique_ptr<zero::ParameterGatherer> gatherer_;  // stage 3 only

@@ -135,7 +135,9 @@ class Trainer {
   DType modelDType();
   // Resolves the device and makes the parallel context (errors before it exists are rank 0's to print).
   void begin(const Config& config);
-  // How the run starts (planRunStart): the config it trains with.
+  // How the run starts (planRunStart): the config it trains with. For a model built from the config, the
+  // memory plan of this machine (train/Plan.h) before anything is allocated: a config that cannot fit is
+  // refused with the plan's message, and train.recompute auto becomes the plan's choice.
   void plan(const Config& config);
   // Runs a part of the checks and construction before training on every rank and agrees on the outcome
   // (see above); also shares rank 0's run id and every rank's process, for the interrupt monitor.
@@ -156,6 +158,11 @@ class Trainer {
   std::unique_ptr<TokenDataset> data_;
   std::function<void(int64_t)> onIteration_;
   RunStart start_;
+  bool buildsModel_ = false;  // the model comes from config_ (the zoo), so the memory plan describes it
+  // The plan's activations, gradient buffers and gather slots on the device (0: no plan), and the step that
+  // compared them with the measured ones.
+  uint64_t plannedWorkingBytes_ = 0;
+  uint64_t plannedDeviceBudget_ = 0;  // the plan's store budget on the device (RankShares)
   std::string runId_, resumeCommand_;
   std::vector<RankProcess> rankProcesses_;  // every rank's process (train/Interrupts.h)
 };
