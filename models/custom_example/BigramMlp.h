@@ -23,6 +23,9 @@ class BigramMlp : public strata::nn::CausalLM {
     strata::Generator gen(seed);
     embed_ = registerModule("embed", std::make_shared<strata::nn::Embedding>(
                                          strata::nn::EmbeddingConfig{vocab, dim, 0.02, device}, gen));
+    // A Linear's weight is [in, out] (hidden.weight [2 dim, 4 dim], out.weight [4 dim, vocab]): the
+    // transpose of PyTorch's nn.Linear [out, in]. Weights brought from PyTorch go in transposed (see
+    // strata/nn/Linear.h).
     hidden_ =
         registerModule("hidden", std::make_shared<strata::nn::Linear>(
                                      strata::nn::LinearConfig{2 * dim, 4 * dim, true, 0.02, device}, gen));
