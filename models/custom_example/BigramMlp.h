@@ -5,6 +5,10 @@
 // The model implements logitsImpl(); callers use logits() and loss(), which run the module hooks around it
 // (ZeRO gathers and releases parameters there). Submodules are used through their entry points (apply), so
 // their hooks fire too.
+//
+// It names itself for the trainer's log (name()) and counts its training FLOPs per token
+// (flopsPerToken()), from which the trainer reports TFLOP/s and MFU; a model that counts none is logged with
+// "TFLOP/s unknown".
 #pragma once
 
 #include <strata/autograd/Functions.h>
@@ -13,6 +17,8 @@
 #include <strata/nn/Linear.h>
 
 #include <memory>
+#include <optional>
+#include <string>
 
 namespace example {
 
@@ -35,6 +41,13 @@ class BigramMlp : public strata::nn::CausalLM {
 
   int64_t contextLength() const override { return context_; }
   int64_t vocabSize() const override { return vocab_; }
+  std::string name() const override { return "bigram-mlp"; }
+  // The two GEMMs per token: x W with W [in, out] costs 2 x in x out FLOPs forward and twice that backward
+  // (the gradients of x and of W), so 6 x the weights' elements. The embedding is a lookup, and the biases,
+  // the GELU and the loss are elementwise: none of them counts.
+  std::optional<double> flopsPerToken() const override {
+    return 6.0 * double(hidden_->weight.numel() + out_->weight.numel());
+  }
 
  protected:
   strata::Tensor logitsImpl(const strata::Tensor& ids, strata::DType compute) override {
