@@ -4,7 +4,9 @@
 //
 // The model implements logitsImpl(); callers use logits() and loss(), which run the module hooks around it
 // (ZeRO gathers and releases parameters there). Submodules are used through their entry points (apply), so
-// their hooks fire too.
+// their hooks fire too: under ZeRO-3 a child's parameters are resident only during the child's call, so
+// code that reads hidden_->weight itself must run inside hidden_->call(...) (NOTE [Module calls] in
+// strata/nn/Module.h).
 //
 // It names itself for the trainer's log (name()) and counts its training FLOPs per token
 // (flopsPerToken()), from which the trainer reports TFLOP/s and MFU; a model that counts none is logged with
