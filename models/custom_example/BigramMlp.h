@@ -4,7 +4,13 @@
 //
 // The model implements logitsImpl(); callers use logits() and loss(), which run the module hooks around it
 // (ZeRO gathers and releases parameters there). Submodules are used through their entry points (apply), so
-// their hooks fire too.
+// their hooks fire too: under ZeRO-3 a child's parameters are resident only during the child's call, so
+// code that reads hidden_->weight itself must run inside hidden_->call(...) (NOTE [Module calls] in
+// strata/nn/Module.h).
+//
+// It names itself for the trainer's log (name()) and counts its training FLOPs per token
+// (flopsPerToken()), from which the trainer reports TFLOP/s and MFU; a model that counts none is logged with
+// "TFLOP/s unknown".
 #pragma once
 
 #include <strata/autograd/Functions.h>
@@ -13,6 +19,8 @@
 #include <strata/nn/Linear.h>
 
 #include <memory>
+#include <optional>
+#include <string>
 
 namespace example {
 
@@ -23,6 +31,9 @@ class BigramMlp : public strata::nn::CausalLM {
     strata::Generator gen(seed);
     embed_ = registerModule("embed", std::make_shared<strata::nn::Embedding>(
                                          strata::nn::EmbeddingConfig{vocab, dim, 0.02, device}, gen));
+    // A Linear's weight is [in, out] (hidden.weight [2 dim, 4 dim], out.weight [4 dim, vocab]): the
+    // transpose of PyTorch's nn.Linear [out, in]. Weights brought from PyTorch go in transposed (see
+    // strata/nn/Linear.h).
     hidden_ =
         registerModule("hidden", std::make_shared<strata::nn::Linear>(
                                      strata::nn::LinearConfig{2 * dim, 4 * dim, true, 0.02, device}, gen));
@@ -32,6 +43,13 @@ class BigramMlp : public strata::nn::CausalLM {
 
   int64_t contextLength() const override { return context_; }
   int64_t vocabSize() const override { return vocab_; }
+  std::string name() const override { return "bigram-mlp"; }
+  // The two GEMMs per token: x W with W [in, out] costs 2 x in x out FLOPs forward and twice that backward
+  // (the gradients of x and of W), so 6 x the weights' elements. The embedding is a lookup, and the biases,
+  // the GELU and the loss are elementwise: none of them counts.
+  std::optional<double> flopsPerToken() const override {
+    return 6.0 * double(hidden_->weight.numel() + out_->weight.numel());
+  }
 
  protected:
   strata::Tensor logitsImpl(const strata::Tensor& ids, strata::DType compute) override {

@@ -49,7 +49,8 @@ class Gpt : public nn::CausalLM {
 
   int64_t contextLength() const override { return config_.seqLength; }
   int64_t vocabSize() const override { return config_.vocabSize; }
-  double flopsPerToken() const override { return config_.flopsPerToken(); }
+  std::string name() const override { return "gpt"; }
+  std::optional<double> flopsPerToken() const override { return config_.flopsPerToken(); }
 
   const GptConfig& config() const { return config_; }
 

@@ -21,10 +21,15 @@ StorageImpl::~StorageImpl() {
 }
 
 void* StorageImpl::data() const {
-  STRATA_CHECK(data_ != nullptr || bytes_ == 0,
-               "storage '{}' ({} bytes) is not resident: gather its chunk first",
-               label_.empty() ? std::string("<unnamed>") : label_, bytes_);
+  if (!resident()) failNotResident(0, bytes_);
   return data_;
+}
+
+void StorageImpl::failNotResident(size_t begin, size_t end) const {
+  // The owner's message is about the user's code (which parameter it touched, and how to touch it).
+  if (notResidentMessage_) STRATA_USER_FAIL("{}", notResidentMessage_(begin, end));
+  STRATA_FAIL("storage '{}' ({} bytes) is not resident: gather its chunk first",
+              label_.empty() ? std::string("<unnamed>") : label_, bytes_);
 }
 
 void StorageImpl::releaseOwned() {

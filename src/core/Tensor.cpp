@@ -85,7 +85,21 @@ bool Tensor::isContiguous() const {
 }
 
 void* Tensor::data() const {
-  return static_cast<char*>(impl().storage->data()) + impl().offset * int64_t(dtypeSize(dtype()));
+  const StorageImpl& storage = *impl().storage;
+  size_t esz = dtypeSize(dtype()), begin = size_t(impl().offset) * esz;
+  if (!storage.resident()) {
+    // The bytes this view spans, so that the owner's error can name what lies there (a chunk's parameter).
+    int64_t lo = 0, hi = -1;  // the lowest and highest element from the offset (none when empty)
+    if (numel() > 0) {
+      hi = 0;
+      for (size_t d = 0; d < shape().size(); ++d) {
+        int64_t ext = (shape()[d] - 1) * strides()[d];
+        (ext < 0 ? lo : hi) += ext;
+      }
+    }
+    storage.failNotResident(size_t(impl().offset + lo) * esz, size_t(impl().offset + hi + 1) * esz);
+  }
+  return static_cast<char*>(storage.dataUnchecked()) + begin;
 }
 
 void Tensor::copyToHost(void* dst, DType dstType) const {

@@ -21,10 +21,6 @@ Tensor CausalLM::lossImpl(const Tensor& ids, const Tensor& targets, DType comput
   return crossEntropy(lg.reshape({-1, lg.size(-1)}), targets.reshape({-1}));
 }
 
-double CausalLM::flopsPerToken() const {
-  return 6.0 * double(numParameters());
-}
-
 std::vector<Tensor> CausalLM::forwardImpl(const std::vector<Tensor>& inputs) {
   DType compute = parameters().empty() ? DType::F32 : parameters()[0].dtype();
   if (inputs.size() > 1 && inputs[1].defined()) return {lossImpl(inputs[0], inputs[1], compute)};

@@ -186,6 +186,19 @@ void MetricsLogger::writeLine(const std::string& line) {
   STRATA_USER_CHECK(jsonl_.good(), "cannot write {}: {}", jsonlPath_, fileErrorText(errno));
 }
 
+void setThroughput(TrainRecord& r, std::optional<double> flopsPerToken, double peakFlops, int ranks) {
+  r.tflops.reset();
+  r.mfu.reset();
+  if (!flopsPerToken) return;
+  r.tflops = r.tokensPerSec * *flopsPerToken / 1e12 / double(ranks);
+  r.mfu = peakFlops > 0 ? *r.tflops * 1e12 / peakFlops : 0.0;
+}
+
+std::string formatThroughput(const TrainRecord& r) {
+  if (!r.tflops) return "TFLOP/s unknown";
+  return fmt::format("{:.2f} TFLOP/s | MFU {:.1f}%", *r.tflops, 100.0 * r.mfu.value_or(0.0));
+}
+
 void MetricsLogger::train(const TrainRecord& r) {
   std::string mem;
   nlohmann::json j{{"step", r.step},
@@ -195,11 +208,12 @@ void MetricsLogger::train(const TrainRecord& r) {
                    {"loss_scale", r.lossScale},
                    {"ms_per_iter", r.msPerIter},
                    {"tokens_per_s", r.tokensPerSec},
-                   {"tflops", r.tflops},
-                   {"mfu", r.mfu},
                    {"elapsed_s", r.elapsedSeconds},
                    {"skipped_steps", r.skippedSteps},
                    {"offload_ms", r.offloadMs}};
+  // No TFLOP/s or MFU fields for a model that counts no FLOPs (rather than a guess).
+  if (r.tflops) j["tflops"] = *r.tflops;
+  if (r.mfu) j["mfu"] = *r.mfu;
   if (!runId_.empty()) j["run_id"] = runId_;
   for (const auto& [phase, ms] : r.offloadPhasesMs) j["offload_" + phase + "_ms"] = ms;
   if (!r.offloadPhasesMs.empty()) j["offload_gpu_share"] = r.offloadGpuShare;
@@ -247,14 +261,14 @@ void MetricsLogger::train(const TrainRecord& r) {
   }
   spdlog::info(
       "iteration {:>6}/{:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | loss scale {:.0f}{} | {:.1f} "
-      "ms/iter | {:.0f} tokens/s | {:.2f} TFLOP/s | MFU {:.1f}%{} | elapsed {} | ETA {}",
+      "ms/iter | {:.0f} tokens/s | {}{} | elapsed {} | ETA {}",
       r.step, r.totalSteps, r.loss, r.lr, r.gradNorm, r.lossScale, skipped, r.msPerIter, r.tokensPerSec,
-      r.tflops, 100.0 * r.mfu, mem, formatDuration(r.elapsedSeconds), formatDuration(r.etaSeconds));
+      formatThroughput(r), mem, formatDuration(r.elapsedSeconds), formatDuration(r.etaSeconds));
   tb_.scalar("train/loss", r.loss, r.step);
   tb_.scalar("train/lr", r.lr, r.step);
   tb_.scalar("train/grad_norm", r.gradNorm, r.step);
   tb_.scalar("perf/tokens_per_s", r.tokensPerSec, r.step);
-  tb_.scalar("perf/tflops", r.tflops, r.step);
+  if (r.tflops) tb_.scalar("perf/tflops", *r.tflops, r.step);
   tb_.flush();
 }
 

@@ -675,7 +675,7 @@ TrainResult Trainer::run() {
   std::unique_ptr<MetricsLogger> logger =
       main ? std::make_unique<MetricsLogger>(c.train.outDir, startStep, runId_) : nullptr;
   spdlog::info("training {} ({} parameters) on {} ({}) in {}: {} iterations of {} sequences x {} tokens{}",
-               c.model.arch, model().numParameters(), toString(device_), deviceName(device_),
+               objective_->modelName(), model().numParameters(), toString(device_), deviceName(device_),
                dtypeName(compute_), c.train.trainIters, c.train.globalBatchSize, T,
                device_.isCpu() ? fmt::format(", {} CPU threads", omp_get_max_threads()) : std::string());
 
@@ -688,7 +688,8 @@ TrainResult Trainer::run() {
   auto runStart = std::chrono::steady_clock::now();
   auto intervalStart = runStart;
   double trainingSeconds = 0;  // measured step time since the start (evals and saves excluded), for the ETA
-  double flopsPerToken = objective_->flopsPerToken(), peak = peakFlops(device_, compute_);
+  std::optional<double> flopsPerToken = objective_->flopsPerToken();
+  double peak = peakFlops(device_, compute_);
   // STRATA_PROFILE=1: profile a few steps after warm-up and print where the time went (core/Profiler.h);
   // STRATA_PROFILE=gpu times the ops with events instead of synchronising at each.
   const char* profileEnv = std::getenv("STRATA_PROFILE");
@@ -700,7 +701,8 @@ TrainResult Trainer::run() {
   auto plotLoss = [&] {
     std::string svg = (fs::path(c.train.outDir) / "loss.svg").string();
     try {
-      std::string title = c.sourcePath.empty() ? c.model.arch : fs::path(c.sourcePath).stem().string();
+      std::string title =
+          c.sourcePath.empty() ? objective_->modelName() : fs::path(c.sourcePath).stem().string();
       if (logger && writeLossPlot(logger->jsonlPath(), svg, title)) spdlog::info("loss curves: {}", svg);
     } catch (const std::exception& e) {
       spdlog::warn("could not draw {}: {}", svg, e.what());
@@ -848,8 +850,7 @@ TrainResult Trainer::run() {
       trainingSeconds += seconds;
       r.msPerIter = 1000.0 * seconds / double(intervalSteps);
       r.tokensPerSec = double(intervalSteps * c.train.globalBatchSize * T) / seconds;
-      r.tflops = r.tokensPerSec * flopsPerToken / 1e12 / double(ranks);  // per GPU (per rank)
-      r.mfu = peak > 0 ? r.tflops * 1e12 / peak : 0.0;
+      setThroughput(r, flopsPerToken, peak, ranks);  // per GPU (per rank)
       r.elapsedSeconds = std::chrono::duration<double>(now - runStart).count();
       r.etaSeconds = trainingSeconds / double(done - startStep) * double(c.train.trainIters - done);
       if (device_.isCuda()) {

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <iterator>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "strata/autograd/Engine.h"
 #include "strata/autograd/GradMode.h"
@@ -24,6 +27,7 @@ ParameterGatherer::ParameterGatherer(ChunkManager& chunks, const ChunkGroups& gr
   slots_.resize(n);
   for (size_t i = 0; i < n; ++i) gathered_.push_back(std::make_unique<Event>(device_));
   prefetched_.assign(n, false);
+  explainResidency();
   for (size_t i = 0; i < n; ++i) chunks_.evict(i);
   if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
   arenaSlot_.assign(n, -1);
@@ -50,6 +54,46 @@ std::vector<const ChunkArena*> ParameterGatherer::arenas() const {
   std::vector<const ChunkArena*> out;
   for (const auto& a : arenas_) out.push_back(a.get());
   return out;
+}
+
+void ParameterGatherer::explainResidency() {
+  // A touch of a released chunk (the usual cause: a module reading a child's parameter outside the child's
+  // call) names the parameter touched, from its bytes, and the two ways to read it.
+  size_t esz = dtypeSize(chunks_.dtype());
+  for (size_t c = 0; c < chunks_.numChunks(); ++c) {
+    struct Held {
+      size_t begin, end;
+      std::string name;
+    };
+    std::vector<Held> held;
+    for (int64_t k : chunks_.layout().chunks[c].slots) {
+      const ChunkSlot& slot = chunks_.layout().slots[size_t(k)];
+      held.push_back({size_t(slot.offset) * esz, size_t(slot.offset + slot.numel) * esz, slot.name});
+    }
+    const Storage& storage = chunks_.paddedFlat(c).storage();
+    std::string chunk = storage->label();
+    size_t bytes = storage->bytes();
+    storage->setNotResidentMessage([held, chunk, bytes](size_t begin, size_t end) {
+      for (const Held& p : held) {
+        if (begin < p.begin || end > p.end) continue;
+        size_t dot = p.name.rfind('.');
+        std::string module =
+            dot == std::string::npos ? std::string("the model") : fmt::format("'{}'", p.name.substr(0, dot));
+        return fmt::format(
+            "parameter '{}' (in {}, {} bytes) is not resident: a parameter is resident under ZeRO-3 only "
+            "during its module's own call. Go through the child's forward (a call of {}: forward() or an "
+            "entry point such as Linear::apply), or declare the use by running the code that reads it as a "
+            "call of that module: module.call(inputs, body), or nn::fusedCall(modules, inputs, body) for "
+            "several (NOTE [Module calls] in strata/nn/Module.h)",
+            p.name, chunk, bytes, module);
+      }
+      return fmt::format(
+          "storage '{}' ({} bytes, parameters {} .. {}) is not resident: under ZeRO-3 a chunk is gathered "
+          "only during the calls of the modules whose parameters it holds (NOTE [Parameter gathering] in "
+          "strata/zero/ParameterGatherer.h)",
+          chunk, bytes, held.empty() ? "none" : held.front().name, held.empty() ? "none" : held.back().name);
+    });
+  }
 }
 
 void ParameterGatherer::hookModules(nn::Module& model) {

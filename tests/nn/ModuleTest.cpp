@@ -99,6 +99,18 @@ TEST_CASE("hooked modules compute the same gradients as unhooked ones", "[nn][mo
   test::requireClose(hooked.first->weight_.grad(), plain.first->weight_.grad(), 1e-12, 1e-12);
 }
 
+TEST_CASE("nn::Linear keeps its weight in x out, the transpose of PyTorch's, and computes x W + b", "[nn]") {
+  Generator gen(9);
+  nn::Linear lin(nn::LinearConfig{3, 2, true, 0.02, Device::cpu()}, gen);
+  REQUIRE(lin.weight.shape() == Shape{3, 2});
+  REQUIRE(lin.bias.shape() == Shape{2});
+  // Row i holds input i's weights: W = [[1, 2], [3, 4], [5, 6]], b = [10, 20].
+  ops::copy(lin.weight, Tensor::fromVector<float>({1, 2, 3, 4, 5, 6}, {3, 2}));
+  ops::copy(lin.bias, Tensor::fromVector<float>({10, 20}, {2}));
+  Tensor y = lin.apply(Tensor::fromVector<float>({1, 0, 1}, {1, 3}));
+  REQUIRE(y.toVector<float>() == std::vector<float>{16, 28});
+}
+
 TEST_CASE("layers compute in their parameters' dtype; castParameters converts a model in place", "[nn]") {
   Generator gen(7);
   nn::Linear lin(nn::LinearConfig{16, 12, true, 0.02, Device::cpu()}, gen);

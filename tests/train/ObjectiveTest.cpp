@@ -71,6 +71,18 @@ TEST_CASE("the objectives of the zoo's architectures", "[train][objective]") {
   REQUIRE(dynamic_cast<train::CausalLmObjective*>(objectiveFor(tinySpec("gpt")).get()) != nullptr);
   REQUIRE(dynamic_cast<train::MaskedLmObjective*>(objectiveFor(tinySpec("bert")).get()) != nullptr);
   REQUIRE(dynamic_cast<train::SpanCorruptionObjective*>(objectiveFor(tinySpec("t5")).get()) != nullptr);
+  // Each names its architecture for the log and counts the architecture's own FLOPs (strata info's figure).
+  models::ModelSpec moe = tinySpec("gpt");
+  moe.moeNumExperts = 4;
+  moe.moeEvery = 1;
+  for (const models::ModelSpec& spec : {tinySpec("gpt"), moe, tinySpec("bert"), tinySpec("t5")}) {
+    INFO(spec.arch << " with " << spec.moeNumExperts << " experts");
+    auto objective = objectiveFor(spec);
+    REQUIRE(objective->modelName() == spec.arch);
+    REQUIRE(objective->flopsPerToken().has_value());
+    REQUIRE(*objective->flopsPerToken() == models::flopsPerToken(spec));
+  }
+  REQUIRE(models::flopsPerToken(moe) != models::flopsPerToken(tinySpec("gpt")));
   // BERT's four special tokens take the last ids of the vocabulary: a byte tokenizer needs 260.
   models::ModelSpec small = tinySpec("bert");
   small.vocabSize = 258;

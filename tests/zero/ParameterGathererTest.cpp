@@ -7,6 +7,9 @@
 #include "TestUtil.h"
 #include "models/Zoo.h"
 #include "strata/autograd/Engine.h"
+#include "strata/autograd/Functions.h"
+#include "strata/nn/Linear.h"
+#include "strata/nn/ModuleList.h"
 #include "strata/ops/Ops.h"
 #include "strata/zero/ChunkGroups.h"
 #include "strata/zero/ParameterGatherer.h"
@@ -21,6 +24,43 @@ std::vector<std::vector<float>> gradientsOf(nn::Module& model) {
   for (auto& [name, p] : model.namedParameters()) out.push_back(p.grad().toVector<float>());
   return out;
 }
+
+// A block that reads its child's weight itself: directly in its forward (outside the child's call, which
+// ZeRO-3 does not gather for), or inside a call of the child (Module::call, the declared use).
+class Peeking : public nn::Module {
+ public:
+  Peeking(Generator& gen, bool throughChildCall) : throughChildCall_(throughChildCall) {
+    proj_ = registerModule("proj", std::make_shared<nn::Linear>(
+                                       nn::LinearConfig{8, 8, /*bias=*/false, 0.5, Device::cpu()}, gen));
+  }
+
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override {
+    auto body = [&](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{tanh(matmul(in[0], proj_->weight))};
+    };
+    return throughChildCall_ ? proj_->call(inputs, body) : body(inputs);
+  }
+
+ private:
+  bool throughChildCall_;
+  std::shared_ptr<nn::Linear> proj_;
+};
+
+class PeekingModel : public nn::Module {
+ public:
+  explicit PeekingModel(bool throughChildCall) {
+    Generator gen(5);
+    blocks_ = registerModule("blocks", std::make_shared<nn::ModuleList>());
+    for (int i = 0; i < 3; ++i) blocks_->append(std::make_shared<Peeking>(gen, throughChildCall));
+  }
+
+ protected:
+  std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override { return (*blocks_)(inputs); }
+
+ private:
+  std::shared_ptr<nn::ModuleList> blocks_;
+};
 
 }  // namespace
 
@@ -49,6 +89,7 @@ TEST_CASE("stage 3's gatherer keeps chunks resident only while their modules run
                                      arena);
     auto touch = [&] { model->namedParameters()[0].second.toVector<float>(); };
     REQUIRE(test::errorOf(touch).find("not resident") != std::string::npos);
+    REQUIRE(test::errorOf(touch).find("parameter 'wte.weight'") != std::string::npos);
     REQUIRE(gatherer.arenas().empty() == !arena);
     // Two passes: the first records the order of the gathers, the second prefetches along it.
     for (int pass = 0; pass < 2; ++pass) {
@@ -74,5 +115,46 @@ TEST_CASE("stage 3's gatherer keeps chunks resident only while their modules run
       }
       if (arena) REQUIRE(slotsPeak >= gatherer.peakGathered());
     }
+  }
+}
+
+TEST_CASE("stage 3: a module reading a child's parameter outside the child's call is told which and how",
+          "[zero][gather]") {
+  Generator gen(6);
+  Tensor x = ops::randn({4, 8}, gen);
+  // The unsharded reference, and a model that reads its children's weights inside their calls.
+  PeekingModel reference(/*throughChildCall=*/true);
+  Tensor referenceOut = reference.forward({x})[0];
+  backward(sum(referenceOut));
+  for (bool throughChildCall : {false, true}) {
+    INFO("through the child's call " << throughChildCall);
+    PeekingModel model(throughChildCall);
+    // One small chunk per block: nothing but the child's own call gathers its weight.
+    zero::ChunkManager chunks(model.namedParameters(), 256);
+    REQUIRE(chunks.numChunks() == 3);
+    zero::ChunkGroups groups(chunks, nullptr, nullptr);
+    std::vector<Tensor> shards;
+    for (size_t c = 0; c < chunks.numChunks(); ++c) shards.push_back(chunks.paddedFlat(c).clone());
+    zero::ParameterGatherer gatherer(chunks, groups, shards, model, Device::cpu(), /*prefetchDepth=*/1,
+                                     /*arena=*/false);
+    if (throughChildCall) {
+      Tensor out = model.forward({x})[0];
+      gatherer.forwardDone();
+      REQUIRE(out.toVector<float>() == referenceOut.toVector<float>());
+      chunks.beginBackward(true);
+      backward(sum(out));
+      gatherer.backwardDone();
+      REQUIRE(gradientsOf(model) == gradientsOf(reference));
+      continue;
+    }
+    // On one rank without ZeRO-3 this forward works; here it names the parameter, its module and the fix.
+    std::string error = test::errorOf([&] { model.forward({x}); });
+    INFO(error);
+    REQUIRE(error.find("parameter 'blocks.0.proj.weight'") != std::string::npos);
+    REQUIRE(error.find("not resident") != std::string::npos);
+    REQUIRE(error.find("resident under ZeRO-3 only during its module's own call") != std::string::npos);
+    REQUIRE(error.find("'blocks.0.proj'") != std::string::npos);
+    REQUIRE(error.find("module.call(inputs, body)") != std::string::npos);
+    REQUIRE(error.find("nn::fusedCall") != std::string::npos);
   }
 }

@@ -183,11 +183,9 @@ int runBench(const std::string& configPath, std::vector<std::string> overrides, 
   std::string memory;
   for (const auto& [tier, gib] : m.memoryGb) memory += fmt::format(" | {} {:.2f} GiB", tier, gib);
   for (const auto& [name, n] : m.counts) memory += fmt::format(" | {} {}", name, n);
-  std::printf(
-      "\nbench %s: %ld measured iterations after %ld warm-up | %.1f ms/iter | %.0f tokens/s | %.2f TFLOP/s | "
-      "MFU %.1f%%%s\n",
-      configPath.c_str(), long(iters), long(iters), m.msPerIter, m.tokensPerSec, m.tflops, 100.0 * m.mfu,
-      memory.c_str());
+  std::printf("\nbench %s: %ld measured iterations after %ld warm-up | %.1f ms/iter | %.0f tokens/s | %s%s\n",
+              configPath.c_str(), long(iters), long(iters), m.msPerIter, m.tokensPerSec,
+              train::formatThroughput(m).c_str(), memory.c_str());
   return 0;
 }
 

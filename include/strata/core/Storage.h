@@ -4,7 +4,9 @@
 // A parameter is a view into a chunk, and a chunk's bytes move between an arena slot on the GPU, a host
 // buffer and "not resident". The chunk manager moves them by calling `repoint()` / `evict()` on the
 // StorageImpl that every view shares, so modules never notice. Nothing may cache `data()` across calls:
-// re-read it each time. Touching a storage that is not resident throws, naming the storage's label.
+// re-read it each time. Touching a storage that is not resident throws, naming the storage's label, or as
+// the owner that evicted it explains (setNotResidentMessage: ZeRO-3's gatherer names the parameter touched
+// and how to use it while it is resident).
 //
 // NOTE [Content version and residency]
 // A storage counts two things apart. `version()` is its content version: ops that write into it bump it, and
@@ -18,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -67,6 +70,13 @@ class StorageImpl {
   void setLabel(std::string label) { label_ = std::move(label); }
   const std::string& label() const { return label_; }
 
+  // The error for touching bytes [begin, end) of this storage while it is not resident, from the owner that
+  // evicts it (which knows what lies there and what to do); without one the error names the label.
+  using NotResidentMessage = std::function<std::string(size_t begin, size_t end)>;
+  void setNotResidentMessage(NotResidentMessage message) { notResidentMessage_ = std::move(message); }
+  // Throws that error (data() for the whole storage, Tensor::data() for the bytes its view spans).
+  [[noreturn]] void failNotResident(size_t begin, size_t end) const;
+
  private:
   void releaseOwned();
 
@@ -77,6 +87,7 @@ class StorageImpl {
   uint64_t version_ = 0;
   uint64_t residencyVersion_ = 0;
   std::string label_;
+  NotResidentMessage notResidentMessage_;
 };
 
 using Storage = std::shared_ptr<StorageImpl>;

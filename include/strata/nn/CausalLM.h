@@ -5,6 +5,9 @@
 // the model's logitsImpl() / lossImpl(), which is what a model implements.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "strata/nn/Module.h"
 
 namespace strata::nn {
@@ -18,8 +21,15 @@ class CausalLM : public Module {
   // Longest sequence the model takes.
   virtual int64_t contextLength() const = 0;
   virtual int64_t vocabSize() const = 0;
-  // Training FLOPs per token (for TFLOP/s and MFU); the default is 6 * parameters.
-  virtual double flopsPerToken() const;
+  // What the model is, for the trainer's log ("training gpt (...)"): the zoo's architecture, or the name a
+  // user's model gives itself; "custom" unless it says.
+  virtual std::string name() const { return "custom"; }
+  // Training FLOPs per token (forward and backward), from which the trainer and `strata bench` report
+  // TFLOP/s and MFU; none (the default) when the model does not count them, and they then report "TFLOP/s
+  // unknown". A model counts its GEMMs: a matmul with a weight of n elements costs 2n FLOPs per token
+  // forward and 4n backward (the input's and the weight's gradients), so 6 x the parameters in matmuls,
+  // plus what is not a parameter's matmul (GPT's attention scores add 12 x layers x width x sequence).
+  virtual std::optional<double> flopsPerToken() const { return std::nullopt; }
 
  protected:
   virtual Tensor logitsImpl(const Tensor& ids, DType compute) = 0;

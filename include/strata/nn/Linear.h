@@ -1,6 +1,21 @@
-// y = x W + b with W stored [in, out] (the layout HF's GPT-2 Conv1D uses, so checkpoints map one to one).
+// y = x W + b with W stored [in, out]: the transpose of PyTorch's nn.Linear, whose weight is [out, in] (it is
+// the layout of HF's GPT-2 Conv1D, so GPT-2 checkpoints map one to one, and x W is a GEMM with no transpose).
 // The parameters are in the compute dtype (bf16 when training in bf16: views into the model's chunks, whose
 // fp32 masters the optimizer keeps); their gradients accumulate in fp32 buffers.
+//
+// Where the orientation matters to a user:
+// - Weights from PyTorch or from an HF checkpoint of nn.Linear layers (a state_dict, readSafetensors in
+//   train/Checkpoint.h) go in transposed: weight = w_torch^T. A square layer (in == out) takes the
+//   untransposed weight without a shape error and computes something else. `strata convert --from-hf` and
+//   `--hf` transpose for the zoo's models only (models/HfLayout.h, whose HfTensor::transpose a layout of
+//   one's own can use with importHf / exportHf); loadCheckpoint refuses a non-square weight of the other
+//   shape, naming it.
+// - Code of one's own over the weight: linear(x, weight, bias) and geluMlp() in autograd/Functions.h take
+//   [in, out], and rows are inputs (a fan-in is weight.size(0), PyTorch's weight.size(1)). Read it inside
+//   this layer's call (NOTE [Module calls] in Module.h).
+// - LinearConfig's init (normal(0, initStd) per element, zero bias) treats every element alike, so it does
+//   not depend on the orientation. An Embedding's table is [num, dim]; its tied use as an output layer
+//   (Embedding::unembed) multiplies by its transpose.
 #pragma once
 
 #include "strata/core/Generator.h"
@@ -16,13 +31,15 @@ struct LinearConfig {
   Device device = Device::cpu();
 };
 
+// y = x W + b, W [in, out] (PyTorch's nn.Linear weight transposed; see above).
 class Linear : public Module {
  public:
   Linear(const LinearConfig& config, Generator& gen);
   // x [..., in] -> [..., out]; the same as forward({x}).
   Tensor apply(const Tensor& x);
 
-  Tensor weight, bias;  // bias undefined when config.bias is false
+  Tensor weight;  // [in, out]: [inFeatures, outFeatures], not PyTorch's [out, in]
+  Tensor bias;    // [out]; undefined when config.bias is false
 
  protected:
   std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;

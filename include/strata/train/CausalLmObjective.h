@@ -19,7 +19,8 @@ class CausalLmObjective final : public Objective {
   int64_t windowLength() const override { return model_->contextLength(); }
   int64_t dataVocabSize() const override { return model_->vocabSize(); }
   int64_t tokensPerSequence() const override { return model_->contextLength(); }
-  double flopsPerToken() const override { return model_->flopsPerToken(); }
+  std::optional<double> flopsPerToken() const override { return model_->flopsPerToken(); }
+  std::string modelName() const override { return model_->name(); }
   Tensor loss(const TokenBatch& batch, DType compute) override;
   std::optional<Generation> generate(const std::string& prompt, const GenerateOptions& options,
                                      DType compute) override;

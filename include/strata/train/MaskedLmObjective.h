@@ -44,7 +44,8 @@ class MaskedLmObjective final : public Objective {
   int64_t windowLength() const override;
   int64_t dataVocabSize() const override { return dataVocab_; }
   int64_t tokensPerSequence() const override { return model_->contextLength(); }
-  double flopsPerToken() const override { return model_->flopsPerToken(); }
+  std::optional<double> flopsPerToken() const override { return model_->flopsPerToken(); }
+  std::string modelName() const override { return "bert"; }
   Tensor loss(const TokenBatch& batch, DType compute) override;
   // A pure function of the batch's windows, index and split, and the seed.
   MlmInputs inputs(const TokenBatch& batch) const;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,7 +39,10 @@ std::string eventFileRunId(const std::string& fileName);
 struct TrainRecord {
   int64_t step = 0, totalSteps = 0;
   double loss = 0, lr = 0, gradNorm = 0, lossScale = 1;
-  double msPerIter = 0, tokensPerSec = 0, tflops = 0, mfu = 0;
+  double msPerIter = 0, tokensPerSec = 0;
+  // Per GPU (per rank), from the model's training FLOPs per token: none when the model counts none
+  // (nn::CausalLM::flopsPerToken). MFU is 0 where the device's peak is unknown (the CPU). setThroughput.
+  std::optional<double> tflops, mfu;
   double elapsedSeconds = 0, etaSeconds = 0;  // since the run (or the resume) started; to the last iteration
   int64_t skippedSteps = 0;                   // in this interval: fp16 overflows and non-finite steps
   double offloadMs = 0;  // per step: the update of optimizer state off the device, which the device waits for
@@ -58,6 +62,14 @@ struct TrainRecord {
   };
   std::vector<MoELayer> moe;
 };
+
+// Sets r.tflops and r.mfu from r.tokensPerSec over `ranks` ranks at `flopsPerToken` training FLOPs per
+// token against the device's dense peak `peakFlops` (0: unknown, MFU 0); both none when the model counts no
+// FLOPs.
+void setThroughput(TrainRecord& r, std::optional<double> flopsPerToken, double peakFlops, int ranks);
+// "123.45 TFLOP/s | MFU 12.5%", or "TFLOP/s unknown" when the model counts no FLOPs: the log line's and
+// `strata bench`'s words.
+std::string formatThroughput(const TrainRecord& r);
 
 class MetricsLogger {
  public:

@@ -56,9 +56,13 @@ class Objective {
   virtual int64_t windowLength() const = 0;
   // Data token ids must lie in [0, dataVocabSize()); the model's ids above are the objective's own.
   virtual int64_t dataVocabSize() const = 0;
-  // Tokens the model reads per sequence, and training FLOPs per such token (throughput, TFLOP/s, MFU).
+  // Tokens the model reads per sequence, and training FLOPs per such token (throughput, TFLOP/s, MFU): none
+  // (the default) when the model does not count them, and the log says "TFLOP/s unknown".
   virtual int64_t tokensPerSequence() const = 0;
-  virtual double flopsPerToken() const = 0;
+  virtual std::optional<double> flopsPerToken() const { return std::nullopt; }
+  // What the model is, for the log: the zoo's architecture ("gpt", "bert", "t5") or a user's model's own
+  // name (nn::CausalLM::name); "custom" unless it says.
+  virtual std::string modelName() const { return "custom"; }
   // The mean loss of a micro-batch, computed in `compute` (through the model's calls, so ZeRO's hooks run).
   virtual Tensor loss(const TokenBatch& batch, DType compute) = 0;
   // What the model makes of `prompt` (in eval mode, without gradients; the mode is put back), or nothing when

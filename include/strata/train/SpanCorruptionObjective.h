@@ -51,7 +51,8 @@ class SpanCorruptionObjective final : public Objective {
   int64_t dataVocabSize() const override { return dataVocab_; }
   // T5's FLOPs per token count model.seq_length input tokens per sequence (models::T5Config).
   int64_t tokensPerSequence() const override { return model_->config().seqLength; }
-  double flopsPerToken() const override { return model_->flopsPerToken(); }
+  std::optional<double> flopsPerToken() const override { return model_->flopsPerToken(); }
+  std::string modelName() const override { return "t5"; }
   Tensor loss(const TokenBatch& batch, DType compute) override;
   // The encoder inputs and decoder labels of a micro-batch: a pure function of the batch's windows, index and
   // split, and the seed.

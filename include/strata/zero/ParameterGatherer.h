@@ -13,7 +13,10 @@
 // then on each gather also starts the next zero_optimization.prefetch_depth chunks of that order, which no
 // release touches until they are used (or until a pass leaves the order, as an evaluation's forwards do). A
 // chunk is gathered into a slot of the chunk arena (store.arena, NOTE [Chunk arena] in zero/ChunkArena.h),
-// or else into a block of the caching allocator.
+// or else into a block of the caching allocator. A parameter is thus sure to be resident only during its
+// module's own calls: code that reads a child's parameter outside the child's call (rather than through
+// Module::call or nn::fusedCall, NOTE [Module calls] in nn/Module.h) touches a released chunk, and the error
+// names the parameter and those two ways (explainResidency).
 #pragma once
 
 #include <cstdint>
@@ -56,6 +59,8 @@ class ParameterGatherer {
   std::vector<const ChunkArena*> arenas() const;
 
  private:
+  // Makes a touch of a released chunk an error that names the parameter touched and what to do.
+  void explainResidency();
   void hookModules(nn::Module& model);
   // Releases what neither the module starting nor a running one needs (forward only).
   void releaseUnneeded(const std::vector<size_t>& own);
