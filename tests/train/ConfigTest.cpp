@@ -1,9 +1,14 @@
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
+#include <variant>
 
 #include "TestUtil.h"
 #include "strata/optim/Adafactor.h"
 #include "strata/train/Config.h"
+#include "strata/train/ConfigKeys.h"
 
 using namespace strata;
 using strata::train::parseConfig;
@@ -16,6 +21,30 @@ std::string errorOf(const std::string& yaml, const std::vector<std::string>& ove
     return e.what();
   }
   return "";
+}
+
+// A YAML text as a config file holds it: nested mappings from dotted names, strings double-quoted.
+struct YamlTree {
+  std::string value;
+  std::map<std::string, YamlTree> children;
+};
+
+void emitYaml(const YamlTree& tree, const std::string& indent, std::string& out) {
+  for (const auto& [name, child] : tree.children) {
+    if (child.children.empty()) {
+      out += indent + name + ": " + child.value + "\n";
+    } else {
+      out += indent + name + ":\n";
+      emitYaml(child, indent + "  ", out);
+    }
+  }
+}
+
+std::string doubleQuoted(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s)
+    out += ch == '\n' ? std::string("\\n") : ch == '"' ? std::string("\\\"") : std::string(1, ch);
+  return out + "\"";
 }
 }  // namespace
 
@@ -219,4 +248,130 @@ TEST_CASE("a config rebuilt from its effective values is the same config (what a
   // A key this version no longer has is left out with a warning, not an error.
   effective["model.retired_key"] = "1";
   REQUIRE(train::configFromValues(effective, "manifest.json", false).warnings.size() == 1);
+}
+
+TEST_CASE("the key table: unique names under known sections, one-line docs, defaults within the rules",
+          "[train][config][keys]") {
+  std::set<std::string> names, sections;
+  for (const auto& section : train::configSections()) sections.insert(section.name);
+  train::Config defaults;
+  for (const auto& k : train::configKeyTable()) {
+    INFO(k.name);
+    REQUIRE(names.insert(k.name).second);
+    REQUIRE(sections.count(k.name.substr(0, k.name.find('.'))) == 1);
+    REQUIRE(!k.doc.empty());
+    REQUIRE(k.doc.find('\n') == std::string::npos);
+    train::ConfigMember member = k.member(defaults);
+    if (!k.choices.empty()) {
+      REQUIRE(std::holds_alternative<std::string*>(member));
+      REQUIRE(std::count(k.choices.begin(), k.choices.end(), *std::get<std::string*>(member)) == 1);
+    }
+    if (auto* i = std::get_if<int64_t*>(&member)) REQUIRE((double(**i) >= k.min && double(**i) <= k.max));
+    if (auto* d = std::get_if<double*>(&member)) REQUIRE((**d >= k.min && **d <= k.max));
+  }
+  REQUIRE(train::configKeys().size() == train::configKeyTable().size());
+}
+
+TEST_CASE("each key of the table sets a member of its own, which it reads back", "[train][config][keys]") {
+  const train::Config defaults;
+  auto before = train::effectiveValues(defaults);
+  for (const auto& k : train::configKeyTable()) {
+    INFO(k.name);
+    train::Config c;
+    std::visit(
+        [](auto* member) {
+          using T = std::remove_pointer_t<decltype(member)>;
+          if constexpr (std::is_same_v<T, bool>)
+            *member = !*member;
+          else if constexpr (std::is_same_v<T, std::string>)
+            *member += "x";
+          else if constexpr (std::is_same_v<T, std::vector<double>>)
+            member->push_back(0.5);
+          else
+            *member = *member * 2 + 3;
+        },
+        k.member(c));
+    auto after = train::effectiveValues(c);
+    REQUIRE(after.size() == before.size());
+    for (const auto& [name, text] : after) REQUIRE((text == before.at(name)) == (name != k.name));
+  }
+}
+
+TEST_CASE("a YAML file holding every key of the table at its default parses to the defaults",
+          "[train][config][keys]") {
+  const train::Config defaults;
+  YamlTree root;
+  for (const auto& k : train::configKeyTable()) {
+    YamlTree* node = &root;
+    for (size_t begin = 0, dot; begin <= k.name.size(); begin = dot + 1) {
+      dot = std::min(k.name.find('.', begin), k.name.size());
+      node = &node->children[k.name.substr(begin, dot - begin)];
+    }
+    std::string text = train::configValueText(k, defaults);
+    train::ConfigMember member = k.member(const_cast<train::Config&>(defaults));
+    node->value = std::holds_alternative<std::string*>(member) ? doubleQuoted(text) : text;
+  }
+  std::string yaml;
+  emitYaml(root, "", yaml);
+  train::Config parsed = parseConfig(yaml, "every-key.yaml", {}, false);
+  // Every key was read (Config::values holds what a file set), and each took its default.
+  REQUIRE(parsed.values.size() == train::configKeyTable().size());
+  for (const auto& k : train::configKeyTable()) REQUIRE(parsed.values.count(k.name) == 1);
+  REQUIRE(train::effectiveValues(parsed) == train::effectiveValues(parseConfig("", "empty.yaml", {}, false)));
+  REQUIRE(parsed.train.samplePrompt == "\n");
+  // And the parser reads no key the table lacks: one more key is refused.
+  REQUIRE(errorOf(yaml + "extra_section:\n  key: 1\n").find("unknown config key 'extra_section'") !=
+          std::string::npos);
+}
+
+TEST_CASE("the config reference lists every key with its type, default and meaning",
+          "[train][config][keys]") {
+  std::string doc = train::configReference();
+  for (const auto& k : train::configKeyTable()) {
+    INFO(k.name);
+    size_t at = doc.find("| `" + k.name + "` |");
+    REQUIRE(at != std::string::npos);
+    REQUIRE(doc.find("| `" + k.name + "` |", at + 1) == std::string::npos);
+  }
+  for (const auto& section : train::configSections())
+    REQUIRE(doc.find("\n## " + section.name + "\n") != std::string::npos);
+  REQUIRE(doc.find("| `model.num_layers` | integer ≥ 1 | `4` | transformer blocks") != std::string::npos);
+  REQUIRE(doc.find("| `model.arch` | `gpt`, `bert`, `t5` | `gpt` |") != std::string::npos);
+  // Defaults another key decides say so; numbers print as written, strings as YAML reads them back.
+  REQUIRE(doc.find("| `model.max_position_embeddings` | integer ≥ 0 | `0` (= seq_length) |") !=
+          std::string::npos);
+  REQUIRE(doc.find("| `optimizer.betas` | list of numbers, each in [0, 0.999999] | `[0.9, 0.95]` |") !=
+          std::string::npos);
+  REQUIRE(doc.find("| `train.sample_prompt` | string | `\"\\n\"` |") != std::string::npos);
+  REQUIRE(doc.find("| `store.gpu_budget_gb` | GiB, or `auto` | `auto` |") != std::string::npos);
+}
+
+TEST_CASE("an unknown key suggests the nearest: a typo, or the right key under another section",
+          "[train][config][keys]") {
+  using train::nearestConfigKey;
+  REQUIRE(nearestConfigKey("train.micro_batch") == "train.micro_batch_size");
+  REQUIRE(nearestConfigKey("model.n_layers") == "model.num_layers");
+  REQUIRE(nearestConfigKey("model.num_layer") == "model.num_layers");
+  REQUIRE(nearestConfigKey("model.micro_batch_size") == "train.micro_batch_size");
+  REQUIRE(nearestConfigKey("train.lr") == "optimizer.lr");
+  REQUIRE(nearestConfigKey("seq_length") == "model.seq_length");
+  REQUIRE(nearestConfigKey("trian") == "train");
+  REQUIRE(nearestConfigKey("zero_optimization.offload_optimizer.devise") ==
+          "zero_optimization.offload_optimizer.device");
+  REQUIRE(nearestConfigKey("foo.bar").empty());
+  REQUIRE(nearestConfigKey("completely_unrelated").empty());
+  // In a file (with its line) and in --set alike.
+  std::string file = errorOf("train:\n  train_iters: 5\n  micro_batch: 4\n");
+  REQUIRE(file.find("test.yaml:3: unknown config key 'train.micro_batch'; did you mean "
+                    "'train.micro_batch_size'?") != std::string::npos);
+  REQUIRE(errorOf("model:\n  micro_batch_size: 4\n").find("did you mean 'train.micro_batch_size'?") !=
+          std::string::npos);
+  REQUIRE(errorOf("trian:\n  seed: 1\n").find("did you mean 'train'?") != std::string::npos);
+  std::string set = errorOf("", {"model.n_layers=3"});
+  REQUIRE(set.find("--set model.n_layers=3: unknown config key 'model.n_layers'; did you mean "
+                   "'model.num_layers'?") != std::string::npos);
+  std::string far = errorOf("", {"foo.bar=1"});
+  REQUIRE(far.find("unknown config key 'foo.bar' (strata config --list") != std::string::npos);
+  REQUIRE(far.find("did you mean") == std::string::npos);
+  REQUIRE(errorOf("", {"model=3"}).find("'model' is a section, not a key") != std::string::npos);
 }

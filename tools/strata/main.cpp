@@ -1,4 +1,4 @@
-// The `strata` command: train, bench, info, plan, generate, convert, tokenize.
+// The `strata` command: train, bench, info, plan, generate, convert, tokenize, embed, config.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +27,7 @@
 #include "strata/train/Calibration.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Config.h"
+#include "strata/train/ConfigKeys.h"
 #include "strata/train/HfImport.h"
 #include "strata/train/Interrupts.h"
 #include "strata/train/Plan.h"
@@ -41,7 +42,8 @@ using namespace strata;
 
 namespace {
 
-const char* kCommands[] = {"train", "bench", "info", "plan", "generate", "convert", "tokenize", "embed"};
+const char* kCommands[] = {"train",   "bench",    "info",  "plan",  "generate",
+                           "convert", "tokenize", "embed", "config"};
 
 // A word as a POSIX shell reads it back: as it is when it is plain, else in single quotes.
 std::string shellWord(const std::string& word) {
@@ -757,6 +759,12 @@ int main(int argc, char** argv) {
                    "tokens per text, [CLS] and [SEP] included (default: sentence_bert_config.json's)")
       ->check(CLI::NonNegativeNumber);
 
+  bool listKeys = false;
+  auto* configCommand = app.add_subcommand(
+      "config",
+      "the config keys: --list prints each key's type, default and meaning (docs/configuration.md)");
+  configCommand->add_flag("--list", listKeys, "print every config key as Markdown, a table per section");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -790,6 +798,13 @@ int main(int argc, char** argv) {
       }
       STRATA_USER_CHECK(!checkpoint.empty() && !output.empty(), "convert: give CHECKPOINT and OUTPUT");
       return runConvert(checkpoint, output, hf);
+    }
+    if (*configCommand) {
+      STRATA_USER_CHECK(listKeys,
+                        "config: give --list to print every config key with its type, default and "
+                        "meaning");
+      std::fputs(train::configReference().c_str(), stdout);
+      return 0;
     }
     if (*embed) return runEmbed(embedModel, embedTexts, embedFile, device, embedBatch, embedMaxSeq);
     if (*tokenize)

@@ -2,7 +2,8 @@
 //
 // Keys use Megatron's names in snake_case, plus a DeepSpeed-style `zero_optimization` block. An unknown key,
 // a wrong type or an impossible value stops before any work with an error that names the key, the file and
-// the line, and suggests the nearest valid key. `--set a.b=v` overrides any key.
+// the line, and suggests the nearest valid key. `--set a.b=v` overrides any key. Every key, with its type,
+// default and meaning, is a row of the table in ConfigKeys.h; `strata config --list` prints it.
 #pragma once
 
 #include <cstdint>
@@ -213,7 +214,7 @@ Config loadConfig(const std::string& path, const std::vector<std::string>& overr
 // The same from YAML text (tests); `origin` names it in errors.
 Config parseConfig(const std::string& yaml, const std::string& origin,
                    const std::vector<std::string>& overrides = {}, bool requireData = true);
-// All valid keys, dotted.
+// All valid keys, dotted (configKeyTable()'s names).
 std::vector<std::string> configKeys();
 // The effective value of every key under `prefix` ("model." for the model section), defaults included, as
 // YAML text: what a checkpoint's manifest records to check a resume against.
