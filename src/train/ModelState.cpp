@@ -11,9 +11,9 @@
 #include "strata/core/Allocator.h"
 #include "strata/core/Generator.h"
 #include "strata/core/Stream.h"
-#include "strata/dist/Communicator.h"
-#include "strata/dist/Launch.h"
-#include "strata/dist/ProcessGroup.h"
+#include "strata/distributed/Communicator.h"
+#include "strata/distributed/Launch.h"
+#include "strata/distributed/ProcessGroup.h"
 #include "strata/nn/MoE.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/Adafactor.h"
@@ -48,8 +48,8 @@ ExpertNames findExperts(nn::Module& model, std::set<std::string>& names) {
 }
 
 // Every rank starts from the weights of its group's rank 0 (they are equal when built from one seed; this
-// makes it so). NOTE [Collective ordering and completion] in dist/Communicator.h: the broadcasts wait for
-// the layout's writes, and the copies into the chunks wait for the broadcasts.
+// makes it so). NOTE [Collective ordering and completion] in distributed/Communicator.h: the broadcasts wait
+// for the layout's writes, and the copies into the chunks wait for the broadcasts.
 void broadcastStartingWeights(ModelState& s) {
   const Stream& commStream = deviceStreams(s.device).comm;
   streamWaits(commStream, currentStream(s.device), s.device);
@@ -137,7 +137,7 @@ ModelState layOutModelState(Objective& objective, const Config& c, Device device
   s.device = device;
   int ranks = group ? group->size() : 1;
   // The device's memory (STRATA_DEVICE_MEMORY_GB stands in for it in tests), this rank's share of it where
-  // ranks share the device (NOTE [Per-node shares] in dist/Launch.h).
+  // ranks share the device (NOTE [Per-node shares] in distributed/Launch.h).
   const char* memoryOverride = std::getenv("STRATA_DEVICE_MEMORY_GB");
   s.deviceMemoryGiven = memoryOverride != nullptr;
   s.deviceMemory = memoryOverride ? zero::parseBudgetGb(memoryOverride, 0, "STRATA_DEVICE_MEMORY_GB")
@@ -173,7 +173,7 @@ ModelState layOutModelState(Objective& objective, const Config& c, Device device
 namespace {
 
 // The store's budgets as `strata plan` reads them (train/PlacementInputs.h), so the two place alike, with
-// this rank's share of the host's memory and disk (NOTE [Per-node shares] in dist/Launch.h).
+// this rank's share of the host's memory and disk (NOTE [Per-node shares] in distributed/Launch.h).
 zero::StoreBudgets budgetsFor(const ModelState& s, const Config& c, uint64_t parameterBytes,
                               RankShares shares) {
   if (!c.zero.nvmePath.empty()) {

@@ -11,7 +11,7 @@
 #include "models/t5/T5.h"
 #include "strata/autograd/Functions.h"
 #include "strata/core/Error.h"
-#include "strata/dist/Launch.h"
+#include "strata/distributed/Launch.h"
 #include "strata/train/Corruption.h"
 #include "strata/train/Trainer.h"
 
@@ -243,7 +243,8 @@ ModelStatePlan planModelState(const Config& c, const PlanOptions& options) {
   // Budgets, as the engine reads them (storeBudgets), with auto on the device being what the memory tracer
   // will measure: the device less the step's non-model memory.
   uint64_t deviceAuto = p.deviceCapacityBytes > nonModel ? p.deviceCapacityBytes - nonModel : 0;
-  // The ranks on one machine split its memory, disk and cores (NOTE [Per-node shares] in dist/Launch.h).
+  // The ranks on one machine split its memory, disk and cores (NOTE [Per-node shares] in
+  // distributed/Launch.h).
   uint64_t hostAvailable = m.hostAvailableBytes.value_or(*m.hostMemoryBytes);
   p.hostShareBytes = dist::perRankShare(hostAvailable, p.ranksPerNode);
   p.nvmeShareBytes = dist::perRankShare(c.zero.nvmePath.empty() ? 0 : *m.nvmeFreeBytes, p.ranksPerNode);

@@ -4,7 +4,7 @@
 
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
-#include "strata/dist/Communicator.h"
+#include "strata/distributed/Communicator.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/AdamW.h"
 
@@ -78,7 +78,7 @@ void ShardedUpdate::decide(double scale, StepEnd& end) {
 void ShardedUpdate::gatherShards() {
   const zero::ChunkGroups& groups = state_.groups;
   if (!groups.communicates()) return;
-  // On the gather lane (NOTE [Collective lanes] in dist/Communicator.h).
+  // On the gather lane (NOTE [Collective lanes] in distributed/Communicator.h).
   const Stream& gatherStream = deviceStreams(device_).gather;
   streamWaits(gatherStream, currentStream(device_), device_);
   for (size_t c = 0; c < state_.chunks->numChunks(); ++c) {

@@ -24,7 +24,7 @@
 #include "strata/core/Philox.h"
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
-#include "strata/dist/Launch.h"
+#include "strata/distributed/Launch.h"
 #include "strata/nn/MoE.h"
 #include "strata/nn/TransformerBlock.h"
 #include "strata/ops/Ops.h"
@@ -365,7 +365,7 @@ nn::ExpertParallel Trainer::expertParallel() const {
   out.size = group->size();
   out.rank = group->rank();
   out.allToAll = [group](const Tensor& dst, const Tensor& src) {
-    // NOTE [Collective ordering and completion] in dist/Communicator.h.
+    // NOTE [Collective ordering and completion] in distributed/Communicator.h.
     Device device = src.device();
     const Stream& comm = deviceStreams(device).comm;
     streamWaits(comm, currentStream(device), device);
@@ -380,7 +380,7 @@ void Trainer::setup() {
   for (const auto& note : start_.notes) spdlog::info("{}", note);
   nn::applyRecompute(objective_->model(), nn::parseRecompute(config_.train.recompute));
   // CPU threads: train.threads, else OMP_NUM_THREADS when the user set it, else this rank's share of the
-  // physical cores (NOTE [Per-node shares] in dist/Launch.h).
+  // physical cores (NOTE [Per-node shares] in distributed/Launch.h).
   if (config_.train.threads > 0)
     omp_set_num_threads(int(config_.train.threads));
   else if (std::getenv("OMP_NUM_THREADS") == nullptr)
@@ -482,7 +482,7 @@ double Trainer::evaluate(int64_t iters) {
   }
   model().train();
   if (parallel_->world().communicator().communicates()) {
-    // NOTE [Collective ordering and completion] in dist/Communicator.h.
+    // NOTE [Collective ordering and completion] in distributed/Communicator.h.
     const Stream& comm = deviceStreams(device_).comm;
     streamWaits(comm, currentStream(device_), device_);
     parallel_->world().communicator().allReduce(total);

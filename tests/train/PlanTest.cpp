@@ -351,7 +351,7 @@ TEST_CASE("the placement inputs of expert parallelism are expert-parallel rank 0
 
 TEST_CASE("strata plan --ranks splits the host's memory, SSD space and cores between a machine's ranks",
           "[train][plan]") {
-  // NOTE [Per-node shares] in dist/Launch.h.
+  // NOTE [Per-node shares] in distributed/Launch.h.
   train::PlanOptions options = roundMachine();
   options.calibration->cpuThreads = 16;
   train::Config c = configFile("gpt-nano.yaml", {"zero_optimization.nvme_path=/tmp/strata-plan-nvme"});

@@ -21,7 +21,7 @@
 #include "models/Zoo.h"
 #include "models/ZooHf.h"
 #include "strata/core/Allocator.h"
-#include "strata/dist/Launch.h"
+#include "strata/distributed/Launch.h"
 #include "strata/optim/Adafactor.h"
 #include "strata/strata.h"
 #include "strata/train/Calibration.h"

@@ -163,7 +163,7 @@ struct DistConfig {
   // How long one collective may take before the run stops with an error naming it (all ranks stop).
   double timeoutS = 300;
   // How CUDA tensors travel between ranks: auto, nccl or staged (NOTE [GPU collectives] in
-  // dist/ParallelContext.h).
+  // distributed/ParallelContext.h).
   std::string gpuCollectives = "auto";
 };
 

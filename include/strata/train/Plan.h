@@ -86,8 +86,8 @@ struct ModelStatePlan {
   bool onGpu = true;
   int ranks = 1;
   int ranksPerNode = 1;
-  // This rank's share of its machine (NOTE [Per-node shares] in dist/Launch.h): the host memory and SSD space
-  // the automatic budgets start from, and the CPU threads.
+  // This rank's share of its machine (NOTE [Per-node shares] in distributed/Launch.h): the host memory and
+  // SSD space the automatic budgets start from, and the CPU threads.
   uint64_t hostShareBytes = 0, nvmeShareBytes = 0;
   int cpuThreadShare = 0;
   int64_t microBatch = 1, accumulation = 1, globalBatch = 1;
@@ -114,7 +114,7 @@ struct ModelStatePlan {
 struct PlanOptions {
   int ranks = 1;
   // Ranks on each machine, which split its host memory, SSD space and CPU cores (NOTE [Per-node shares] in
-  // dist/Launch.h); 0: every rank on one machine.
+  // distributed/Launch.h); 0: every rank on one machine.
   int ranksPerNode = 0;
   // The machine; nullopt: measuredH200(). Fields it lacks come from measuredH200() too.
   std::optional<Calibration> calibration;

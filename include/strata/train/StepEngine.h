@@ -133,8 +133,8 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
 // gathers over `expertDataGroup` (the ranks holding the same experts) instead of `group`; every other step
 // of the engine is the same. Their gradients, summed over that group, are the global batch's too: each
 // rank's experts saw the tokens of its whole expert-parallel group.
-// How many ranks share this rank's host and device (NOTE [Per-node shares] in dist/Launch.h): the engine
-// sizes its automatic budgets from its share of the device's memory and of the host's memory and disk.
+// How many ranks share this rank's host and device (NOTE [Per-node shares] in distributed/Launch.h): the
+// engine sizes its automatic budgets from its share of the device's memory and of the host's memory and disk.
 struct RankShares {
   int ranksOnHost = 1;
   int ranksOnDevice = 1;

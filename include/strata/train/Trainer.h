@@ -11,7 +11,7 @@
 #include <string>
 
 #include "models/Zoo.h"
-#include "strata/dist/ParallelContext.h"
+#include "strata/distributed/ParallelContext.h"
 #include "strata/nn/CausalLM.h"
 #include "strata/nn/MoE.h"
 #include "strata/optim/AdamW.h"

@@ -1,11 +1,11 @@
 // Private to the dist layer: the reduction behind the MPI backend's deterministic sums (NOTE [Deterministic
-// reductions] in strata/dist/Communicator.h).
+// reductions] in strata/distributed/Communicator.h).
 #pragma once
 
 #include <cstdint>
 
 #include "strata/core/DType.h"
-#include "strata/dist/Communicator.h"
+#include "strata/distributed/Communicator.h"
 
 namespace strata::dist {
 

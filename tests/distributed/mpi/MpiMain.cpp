@@ -10,7 +10,7 @@
 #include <cstdio>
 
 #include "strata/core/Tensor.h"
-#include "strata/dist/ParallelContext.h"
+#include "strata/distributed/ParallelContext.h"
 
 int main(int argc, char** argv) {
   int failures = Catch::Session().run(argc, argv);

@@ -1,10 +1,10 @@
-#include "dist/NcclCommunicator.h"
+#include "distributed/NcclCommunicator.h"
 
 #if STRATA_NCCL
 #include <cstdio>
 
 #include "core/cuda/CudaContext.h"
-#include "dist/MpiCommunicator.h"
+#include "distributed/MpiCommunicator.h"
 #include "strata/core/Error.h"
 
 namespace strata::dist {

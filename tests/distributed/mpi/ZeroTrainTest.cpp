@@ -2,9 +2,9 @@
 // the same run on one rank. Every rank runs every training run (they are collectives); rank 0 reads the
 // metrics and checks. Checks use CHECK, not REQUIRE, so no rank leaves early and strands the others.
 // STRATA_DIST_TEST_DEVICE=cuda runs the same tests on the GPU (ranks that share one GPU communicate through
-// MPI with host staging: NOTE [GPU collectives] in dist/ParallelContext.h), in fp32 so that the tolerances
-// against one rank hold; STRATA_DIST_TEST_SETS adds config overrides (comma-separated key=value) to every
-// run.
+// MPI with host staging: NOTE [GPU collectives] in distributed/ParallelContext.h), in fp32 so that the
+// tolerances against one rank hold; STRATA_DIST_TEST_SETS adds config overrides (comma-separated key=value)
+// to every run.
 #include <unistd.h>
 
 #include <cmath>
@@ -18,7 +18,7 @@
 
 #include "CatchShim.h"
 #include "models/Zoo.h"
-#include "strata/dist/ParallelContext.h"
+#include "strata/distributed/ParallelContext.h"
 #include "strata/ops/Ops.h"
 #include "strata/train/CausalLmObjective.h"
 #include "strata/train/StepEngine.h"
@@ -510,9 +510,9 @@ TEST_CASE(
   auto ctx = world();
   if (onGpu()) {
     // The stand-in device (STRATA_DEVICE_MEMORY_GB, 1.9x the state) is sized by the CPU allocator's peak; the
-    // GPU's (2 MiB blocks, cuBLAS workspaces) leaves the tracer room for only some chunks, and those left on the
-    // SSD stay one update late: another run, not a failure. The delayed update's resume is checked on the GPU
-    // by the case above.
+    // GPU's (2 MiB blocks, cuBLAS workspaces) leaves the tracer room for only some chunks, and those left on
+    // the SSD stay one update late: another run, not a failure. The delayed update's resume is checked on the
+    // GPU by the case above.
     WARN("the delayed-update tracer case is sized for the CPU: skipped on the GPU");
     return;
   }

@@ -46,8 +46,8 @@
 #include <vector>
 
 #include "strata/core/Device.h"
-#include "strata/dist/Launch.h"
-#include "strata/dist/ProcessGroup.h"
+#include "strata/distributed/Launch.h"
+#include "strata/distributed/ProcessGroup.h"
 
 namespace strata::dist {
 

@@ -1,4 +1,4 @@
-#include "dist/MpiCommunicator.h"
+#include "distributed/MpiCommunicator.h"
 
 #if STRATA_MPI
 #include <chrono>
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <thread>
 
-#include "dist/RankOrderReduce.h"
+#include "distributed/RankOrderReduce.h"
 #include "strata/core/Error.h"
 
 namespace strata::dist {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "strata/core/DType.h"
-#include "strata/dist/Communicator.h"
+#include "strata/distributed/Communicator.h"
 
 namespace strata::dist {
 

@@ -4,12 +4,12 @@
 // The NCCL communicator is non-blocking (ncclConfig_t.blocking = 0): every NCCL call may return
 // ncclInProgress and is then polled with ncclCommGetAsyncError, against the deadline. Collectives run on one
 // stream of the device (the comm stream, or the gather stream for a group's all-gathers: NOTE [Collective
-// lanes] in strata/dist/Communicator.h). A watchdog thread keeps, for each collective in flight, an event
-// recorded after it and its deadline; on a timeout or an asynchronous NCCL error it records the failure,
-// writes it to stderr, aborts the NCCL communicator (kernels stuck waiting for a dead peer return, and so
-// does any host thread synchronising on them), and aborts the job a few seconds later unless the process
-// ended first (NOTE [Collective timeouts] in strata/dist/Communicator.h). The next collective on this
-// communicator throws the failure.
+// lanes] in strata/distributed/Communicator.h). A watchdog thread keeps, for each collective in flight, an
+// event recorded after it and its deadline; on a timeout or an asynchronous NCCL error it records the
+// failure, writes it to stderr, aborts the NCCL communicator (kernels stuck waiting for a dead peer return,
+// and so does any host thread synchronising on them), and aborts the job a few seconds later unless the
+// process ended first (NOTE [Collective timeouts] in strata/distributed/Communicator.h). The next collective
+// on this communicator throws the failure.
 //
 // NOTE [One thread in NCCL at a time]
 // NCCL forbids concurrent calls on one communicator, and ncclCommAbort is one of them. Every NCCL call of
@@ -30,9 +30,9 @@
 #include <string>
 #include <thread>
 
-#include "dist/CollectiveCall.h"
+#include "distributed/CollectiveCall.h"
 #include "strata/core/Stream.h"
-#include "strata/dist/Communicator.h"
+#include "strata/distributed/Communicator.h"
 
 namespace strata::dist {
 

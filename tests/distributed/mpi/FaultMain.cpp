@@ -14,7 +14,7 @@
 
 #include "strata/core/Error.h"
 #include "strata/core/Tensor.h"
-#include "strata/dist/ParallelContext.h"
+#include "strata/distributed/ParallelContext.h"
 
 using namespace strata;
 using namespace strata::dist;

@@ -1,4 +1,4 @@
-#include "dist/CollectiveCall.h"
+#include "distributed/CollectiveCall.h"
 
 #include <cstdio>
 #include <string_view>

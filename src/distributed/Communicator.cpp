@@ -1,12 +1,12 @@
-#include "strata/dist/Communicator.h"
+#include "strata/distributed/Communicator.h"
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 
-#include "dist/CollectiveCall.h"
-#include "dist/MpiCommunicator.h"
-#include "dist/NcclCommunicator.h"
+#include "distributed/CollectiveCall.h"
+#include "distributed/MpiCommunicator.h"
+#include "distributed/NcclCommunicator.h"
 #include "strata/core/Allocator.h"
 #include "strata/core/Error.h"
 #include "strata/core/Stream.h"

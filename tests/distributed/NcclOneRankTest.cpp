@@ -1,6 +1,7 @@
-// The GPU paths of the dist layer on one GPU (NOTE [GPU collectives] in dist/ParallelContext.h): a one-rank
-// NCCL communicator that every collective goes through, the comm delay that turns a missing wait into wrong
-// numbers (NOTE [Comm delay] in dist/Communicator.h), and a collective that outlasts dist.timeout_s.
+// The GPU paths of the dist layer on one GPU (NOTE [GPU collectives] in distributed/ParallelContext.h): a
+// one-rank NCCL communicator that every collective goes through, the comm delay that turns a missing wait
+// into wrong numbers (NOTE [Comm delay] in distributed/Communicator.h), and a collective that outlasts
+// dist.timeout_s.
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -11,7 +12,7 @@
 #include <vector>
 
 #include "TestUtil.h"
-#include "strata/dist/ParallelContext.h"
+#include "strata/distributed/ParallelContext.h"
 #include "strata/train/Trainer.h"
 
 using namespace strata;

@@ -1,9 +1,9 @@
 // Private to the dist layer: the MPI backend of Communicator, for CPU tensors. Built when STRATA_MPI is on.
 //
 // Each collective is a non-blocking MPI one (MPI_Iallgather, MPI_Ialltoallv, ...) polled with MPI_Test until
-// it completes or the group's deadline passes (NOTE [Collective timeouts] in strata/dist/Communicator.h). The
-// communicator's error handler returns errors instead of aborting, so an MPI failure (a peer's connection
-// lost) becomes a strata::Error naming the collective too.
+// it completes or the group's deadline passes (NOTE [Collective timeouts] in
+// strata/distributed/Communicator.h). The communicator's error handler returns errors instead of aborting, so
+// an MPI failure (a peer's connection lost) becomes a strata::Error naming the collective too.
 #pragma once
 
 #if STRATA_MPI
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/CollectiveCall.h"
-#include "strata/dist/Communicator.h"
+#include "distributed/CollectiveCall.h"
+#include "strata/distributed/Communicator.h"
 
 namespace strata::dist {
 

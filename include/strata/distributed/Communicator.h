@@ -1,5 +1,8 @@
 // Communicator: the collectives of one process group, on Tensors.
 //
+// The distributed layer (include/strata/distributed, src/distributed) keeps the short namespace strata::dist,
+// as torch.distributed is imported as dist.
+//
 // Every rank of the group calls the same collectives in the same order, with tensors of the same dtype and
 // size. The tensors are contiguous, and `in`/`out` are on the same device. Sizes are equal shards: for a
 // group of N ranks, allGather takes in.numel() * N == out.numel(), reduceScatter in.numel() == out.numel() *

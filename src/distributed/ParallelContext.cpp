@@ -1,4 +1,4 @@
-#include "strata/dist/ParallelContext.h"
+#include "strata/distributed/ParallelContext.h"
 
 #include <spdlog/spdlog.h>
 
@@ -9,8 +9,8 @@
 #include <map>
 #include <set>
 
-#include "dist/MpiCommunicator.h"
-#include "dist/NcclCommunicator.h"
+#include "distributed/MpiCommunicator.h"
+#include "distributed/NcclCommunicator.h"
 #include "strata/core/Error.h"
 #include "strata/core/Stream.h"
 
@@ -94,7 +94,7 @@ void addNccl(Communicator::Backends& b, const GroupInfo& info, Device device,
 #endif
 
 #if STRATA_MPI
-// NOTE [MPI lifetime] in strata/dist/ParallelContext.h.
+// NOTE [MPI lifetime] in strata/distributed/ParallelContext.h.
 void ensureMpiInitialized() {
   int initialized = 0;
   MPI_Initialized(&initialized);

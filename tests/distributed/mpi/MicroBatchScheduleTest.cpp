@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "CatchShim.h"
-#include "strata/dist/ParallelContext.h"
+#include "strata/distributed/ParallelContext.h"
 #include "strata/train/Data.h"
 #include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"

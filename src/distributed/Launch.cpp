@@ -1,4 +1,4 @@
-#include "strata/dist/Launch.h"
+#include "strata/distributed/Launch.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -7,7 +7,7 @@
 
 #include "CatchShim.h"
 #include "strata/core/Tensor.h"
-#include "strata/dist/ParallelContext.h"
+#include "strata/distributed/ParallelContext.h"
 #include "strata/ops/Ops.h"
 
 using namespace strata;

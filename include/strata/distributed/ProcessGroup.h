@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "strata/dist/Communicator.h"
+#include "strata/distributed/Communicator.h"
 
 namespace strata::dist {
 

@@ -1,4 +1,4 @@
-#include "dist/RankOrderReduce.h"
+#include "distributed/RankOrderReduce.h"
 
 #include <type_traits>
 
