@@ -18,7 +18,7 @@
 #include "strata/ops/Ops.h"
 #include "strata/optim/Adafactor.h"
 #include "strata/optim/AdamW.h"
-#include "strata/train/PlacementInputs.h"
+#include "strata/plan/PlacementInputs.h"
 
 namespace strata::train {
 
@@ -87,8 +87,9 @@ void keepShards(ModelState& s) {
 
 }  // namespace
 
-std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Device device, DType compute,
-                                                      int64_t chunkBytes, int shards, bool mastersOnHost,
+std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective, Device device,
+                                                      DType compute, int64_t chunkBytes, int shards,
+                                                      bool mastersOnHost,
                                                       const zero::ChunkFamilies& families) {
   // The first-use order from one loss of one sequence (token 0 throughout: the order of the module calls
   // does not depend on the data), in eval mode, without gradients, in the parameters' own dtype, with the
@@ -106,7 +107,7 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
   try {
     order = zero::recordFirstUse(model, [&] {
       NoGradGuard noGrad;
-      objective.loss(TokenBatch{ids, ids}, source);
+      objective.loss(data::TokenBatch{ids, ids}, source);
     });
   } catch (...) {
     model.train(training);
@@ -129,7 +130,7 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
   return chunks;
 }
 
-ModelState layOutModelState(Objective& objective, const Config& c, Device device, DType compute,
+ModelState layOutModelState(data::Objective& objective, const config::Config& c, Device device, DType compute,
                             dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
                             RankShares shares) {
   ModelState s;
@@ -172,9 +173,9 @@ ModelState layOutModelState(Objective& objective, const Config& c, Device device
 
 namespace {
 
-// The store's budgets as `strata plan` reads them (train/PlacementInputs.h), so the two place alike, with
+// The store's budgets as `strata plan` reads them (plan/PlacementInputs.h), so the two place alike, with
 // this rank's share of the host's memory and disk (NOTE [Per-node shares] in distributed/Launch.h).
-zero::StoreBudgets budgetsFor(const ModelState& s, const Config& c, uint64_t parameterBytes,
+zero::StoreBudgets budgetsFor(const ModelState& s, const config::Config& c, uint64_t parameterBytes,
                               RankShares shares) {
   if (!c.zero.nvmePath.empty()) {
     std::error_code ec;
@@ -188,8 +189,8 @@ zero::StoreBudgets budgetsFor(const ModelState& s, const Config& c, uint64_t par
   uint64_t hostAvailable = zero::availableHostBytes();
   if (hostAvailable != zero::kUnlimited)
     hostAvailable = dist::perRankShare(hostAvailable, shares.ranksOnHost) + hostMasters;
-  return storeBudgets(c, parameterBytes, zero::kUnlimited, hostAvailable,
-                      dist::perRankShare(freeDiskBytes(c.zero.nvmePath), shares.ranksOnHost));
+  return plan::storeBudgets(c, parameterBytes, zero::kUnlimited, hostAvailable,
+                            dist::perRankShare(plan::freeDiskBytes(c.zero.nvmePath), shares.ranksOnHost));
 }
 
 // What the placement weighs for each chunk: this rank's parameter bytes (on the device), each chunk's
@@ -199,7 +200,7 @@ struct StateBytes {
   std::vector<uint64_t> optimizer, nvme;
 };
 
-StateBytes stateBytes(const ModelState& s, const Config& c, const optim::AdafactorConfig& adafactor) {
+StateBytes stateBytes(const ModelState& s, const config::Config& c, const optim::AdafactorConfig& adafactor) {
   StateBytes b;
   for (size_t i = 0; i < s.chunks->numChunks(); ++i) {
     b.parameters += s.parameterHome(i).nbytes();
@@ -209,7 +210,7 @@ StateBytes stateBytes(const ModelState& s, const Config& c, const optim::Adafact
                               ? elems * 4 +
                                     optim::adafactorStateBytes(s.chunks->layout(), i, s.ranges[i], adafactor)
                               : elems * 4 * 3);
-    b.nvme.push_back(elems * (4 + 2 * dtypeSize(nvmeStateDType(c))));
+    b.nvme.push_back(elems * (4 + 2 * dtypeSize(plan::nvmeStateDType(c))));
   }
   return b;
 }
@@ -218,7 +219,7 @@ StateBytes stateBytes(const ModelState& s, const Config& c, const optim::Adafact
 // goes to the device while its budget lasts, then to host memory, then to the SSD. NOTE [Memory tracer]: a
 // model whose state would crowd the device starts with its optimizer state off it, and the first step
 // decides how much comes back (s.traced).
-void place(ModelState& s, const Config& c, DType compute, const StateBytes& bytes,
+void place(ModelState& s, const config::Config& c, DType compute, const StateBytes& bytes,
            zero::StoreBudgets budgets) {
   bool autoDevice = c.zero.offloadOptimizerDevice == "none" &&
                     (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto");
@@ -240,17 +241,18 @@ void place(ModelState& s, const Config& c, DType compute, const StateBytes& byte
   // NOTE [Delayed SSD update] in optim/AdamW.h: the automatic host budget leaves room for the pending update.
   std::vector<int64_t> rangeElems;
   for (const auto& r : s.ranges) rangeElems.push_back(r.size());
-  s.placement = placeWithDelayedReserve(c, compute, rangeElems, budgets, placeWithin);
+  s.placement = plan::placeWithDelayedReserve(c, compute, rangeElems, budgets, placeWithin);
 }
 
 // The SSD tier the placement asks for, and the optimizer over every tier, which takes the masters.
-void makeOptimizer(ModelState& s, const Config& c, const optim::AdafactorConfig& adafactorConfig) {
+void makeOptimizer(ModelState& s, const config::Config& c, const optim::AdafactorConfig& adafactorConfig) {
   std::vector<int64_t> nvmeElems(s.chunks->numChunks(), 0);
   for (size_t i = 0; i < s.chunks->numChunks(); ++i)
     if (s.placement.optimizerTier[i] == zero::Tier::Nvme) nvmeElems[i] = s.ranges[i].size();
   if (s.placement.chunksOn(zero::Tier::Nvme) > 0)
-    s.nvme = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, s.groups.rank(), nvmeElems, nvmeStateDType(c),
-                                              zero::NvmeIoConfig{c.zero.aioBlockSize, c.zero.aioQueueDepth});
+    s.nvme =
+        std::make_unique<zero::NvmeTier>(c.zero.nvmePath, s.groups.rank(), nvmeElems, plan::nvmeStateDType(c),
+                                         zero::NvmeIoConfig{c.zero.aioBlockSize, c.zero.aioQueueDepth});
   for (size_t i = 0; i < s.masters.size(); ++i)
     if (s.placement.optimizerTier[i] == zero::Tier::Device && s.masters[i].device() != s.device)
       s.masters[i] = ops::to(s.masters[i], s.device, DType::F32);
@@ -279,8 +281,8 @@ void checkPlacementTotal(const ModelState& s) {
 
 }  // namespace
 
-void placeModelState(ModelState& s, const Config& c, DType compute, RankShares shares) {
-  optim::AdafactorConfig adafactorConfig = adafactorConfigFrom(c);
+void placeModelState(ModelState& s, const config::Config& c, DType compute, RankShares shares) {
+  optim::AdafactorConfig adafactorConfig = config::adafactorConfigFrom(c);
   adafactorConfig.pinHostState = c.zero.pinMemory;
   StateBytes bytes = stateBytes(s, c, adafactorConfig);
   place(s, c, compute, bytes, budgetsFor(s, c, bytes.parameters, shares));

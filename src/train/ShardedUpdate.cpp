@@ -10,7 +10,7 @@
 
 namespace strata::train {
 
-ShardedUpdate::ShardedUpdate(ModelState& state, const Config& c, DType compute)
+ShardedUpdate::ShardedUpdate(ModelState& state, const config::Config& c, DType compute)
     : state_(state), device_(state.device), clipGrad_(c.optimizer.clipGrad) {
   if (compute == DType::F16)
     scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{

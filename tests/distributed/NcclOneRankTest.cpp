@@ -76,7 +76,7 @@ std::vector<double> gptLosses(const std::string& name, int stage, const std::str
                                    "zero_optimization.chunk_size_mb=0.05",
                                    "zero_optimization.stage=" + std::to_string(stage),
                                    "dist.gpu_collectives=" + collectives};
-  train::Trainer(train::parseConfig("", "nccl-one-rank", sets)).run();
+  train::Trainer(config::parseConfig("", "nccl-one-rank", sets)).run();
   std::vector<double> losses;
   std::ifstream in(out / "metrics.jsonl");
   std::string line;

@@ -18,7 +18,7 @@ TEST_CASE("a user-written model trains with the stock trainer", "[models][custom
   }
   fs::path out = fs::temp_directory_path() / "strata-custom-out";
   fs::remove_all(out);
-  train::Config c = train::parseConfig(
+  config::Config c = config::parseConfig(
       "", "test",
       {"data.path=" + corpus.string(), "train.out_dir=" + out.string(), "train.device=cpu",
        "model.hidden_size=16", "model.seq_length=16", "train.micro_batch_size=8", "train.train_iters=60",

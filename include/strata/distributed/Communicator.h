@@ -79,8 +79,8 @@
 
 namespace strata::dist {
 
-class MpiCommunicator;   // src/dist: the MPI backend
-class NcclCommunicator;  // src/dist: the NCCL backend
+class MpiCommunicator;   // src/distributed: the MPI backend
+class NcclCommunicator;  // src/distributed: the NCCL backend
 
 enum class ReduceOp { Sum, Max };
 const char* reduceOpName(ReduceOp op);

@@ -30,11 +30,11 @@
 #include <memory>
 #include <vector>
 
+#include "strata/config/Config.h"
+#include "strata/data/Objective.h"
 #include "strata/optim/ChunkOptimizer.h"
 #include "strata/train/Checkpoint.h"
-#include "strata/train/Config.h"
 #include "strata/train/MicroBatchSchedule.h"
-#include "strata/train/Objective.h"
 #include "strata/zero/ChunkArena.h"
 #include "strata/zero/ChunkManager.h"
 #include "strata/zero/Store.h"
@@ -71,7 +71,7 @@ struct StepEngineState {
 };
 
 // Hands out the micro-batches of one step, in order.
-using MicroBatchSource = std::function<TokenBatch()>;
+using MicroBatchSource = std::function<data::TokenBatch()>;
 
 class StepEngine {
  public:
@@ -104,13 +104,13 @@ class StepEngine {
 // `mastersOnHost`: 16-bit chunks' fp32 masters are made in host memory (a model too large for its masters
 // and chunks to share the device).
 // `families`: the parameters kept in chunks of their own, sharded over other ranks (expert parallelism).
-std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Device device, DType compute,
-                                                      int64_t chunkBytes, int shards = 1,
+std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective, Device device,
+                                                      DType compute, int64_t chunkBytes, int shards = 1,
                                                       bool mastersOnHost = false,
                                                       const zero::ChunkFamilies& families = {});
 
 // The step over the chunks of the objective's model on the ranks of `group` (null: one rank), each
-// micro-batch's loss from the objective (NOTE [Training objectives] in Objective.h): ZeRO stage
+// micro-batch's loss from the objective (NOTE [Training objectives] in data/Objective.h): ZeRO stage
 // zero_optimization.stage over chunks, AdamW or Adafactor (optimizer.type), clipping from
 // optimizer.clip_grad, and for fp16 dynamic loss scaling from the precision section. One rank is the same
 // path with N = 1.
@@ -160,7 +160,7 @@ class CheckpointPieces;
 
 class ZeroStepEngine final : public StepEngine {
  public:
-  ZeroStepEngine(Objective& objective, const Config& config, Device device, DType compute,
+  ZeroStepEngine(data::Objective& objective, const config::Config& config, Device device, DType compute,
                  dist::ProcessGroup* group = nullptr, dist::ProcessGroup* expertDataGroup = nullptr,
                  RankShares shares = {});
   ~ZeroStepEngine() override;
@@ -188,10 +188,10 @@ class ZeroStepEngine final : public StepEngine {
  private:
   // One micro-batch's forward, its loss; and its backward from the loss as the step weighs it, `last` for
   // the step's last one.
-  Tensor forward(const TokenBatch& batch);
+  Tensor forward(const data::TokenBatch& batch);
   void backward(const Tensor& loss, bool last);
 
-  Objective& objective_;
+  data::Objective& objective_;
   Device device_;
   DType compute_;
   bool delayedUpdate_ = false;  // store.delayed_update (NOTE [Delayed SSD update] in optim/AdamW.h)

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "CatchShim.h"
+#include "strata/data/Data.h"
 #include "strata/distributed/ParallelContext.h"
-#include "strata/train/Data.h"
 #include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
 
@@ -59,20 +59,20 @@ fs::path corpusFor(int rank) {
 // engine's own, sequential).
 ScheduledRun scheduledRun(dist::ParallelContext& ctx, int stage,
                           std::unique_ptr<train::MicroBatchSchedule> schedule) {
-  train::Config config =
-      train::parseConfig("", "schedule-test",
-                         {"data.path=" + corpusFor(ctx.rank()).string(), "model.num_layers=2",
-                          "model.hidden_size=32", "model.num_attention_heads=2", "model.seq_length=32",
-                          "model.vocab_size=256", "model.dropout=0", "zero_optimization.chunk_size_mb=0.02",
-                          "precision.dtype=fp32", "zero_optimization.stage=" + std::to_string(stage)});
-  auto objective = train::makeObjective(config, Device::cpu());
+  config::Config config =
+      config::parseConfig("", "schedule-test",
+                          {"data.path=" + corpusFor(ctx.rank()).string(), "model.num_layers=2",
+                           "model.hidden_size=32", "model.num_attention_heads=2", "model.seq_length=32",
+                           "model.vocab_size=256", "model.dropout=0", "zero_optimization.chunk_size_mb=0.02",
+                           "precision.dtype=fp32", "zero_optimization.stage=" + std::to_string(stage)});
+  auto objective = data::makeObjective(config, Device::cpu());
   train::ZeroStepEngine engine(*objective, config, Device::cpu(), DType::F32, &ctx.world());
   if (schedule) engine.setSchedule(std::move(schedule));
-  auto data = train::TokenDataset::random(256, 1 << 14, 7, 0.0);
+  auto data = data::TokenDataset::random(256, 1 << 14, 7, 0.0);
   int64_t index = 100 * ctx.rank();  // each rank its own batches
   auto next = [&] {
-    auto [ids, targets] = data.batch(train::Split::Train, index, 2, 32, 1, Device::cpu());
-    return train::TokenBatch{ids, targets, index++};
+    auto [ids, targets] = data.batch(data::Split::Train, index, 2, 32, 1, Device::cpu());
+    return data::TokenBatch{ids, targets, index++};
   };
   ScheduledRun run;
   for (int step = 0; step < 3; ++step) {

@@ -18,9 +18,9 @@
 
 #include "CatchShim.h"
 #include "models/Zoo.h"
+#include "strata/data/CausalLmObjective.h"
 #include "strata/distributed/ParallelContext.h"
 #include "strata/ops/Ops.h"
-#include "strata/train/CausalLmObjective.h"
 #include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
 
@@ -79,7 +79,7 @@ fs::path runDir(const std::string& name) {
 }
 
 // The config of trainRun's run `name`.
-train::Config runConfig(const std::string& name, int stage, const std::vector<std::string>& extra) {
+config::Config runConfig(const std::string& name, int stage, const std::vector<std::string>& extra) {
   fs::path out = runDir(name);
   std::vector<std::string> sets = {
       "data.path=" + corpusFor(dist::launchInfoFromEnvironment().rank).string(),
@@ -94,7 +94,7 @@ train::Config runConfig(const std::string& name, int stage, const std::vector<st
   if (onGpu()) sets.push_back("precision.dtype=fp32");
   for (auto& e : extraSets()) sets.push_back(e);
   for (auto& e : extra) sets.push_back(e);
-  return train::parseConfig("", "zero-test", sets);
+  return config::parseConfig("", "zero-test", sets);
 }
 
 // 20 steps (or `iters`) of a 2-layer GPT at a global batch of 8 sequences, one record per step, on the ranks
@@ -426,16 +426,16 @@ TEST_CASE("the start-up broadcast gives every rank rank 0's weights, whatever ea
             "zero_optimization.stage=" + std::to_string(stage),
             "train.seed=" + std::to_string(seed)};
         for (auto& e : extraSets()) sets.push_back(e);
-        return train::parseConfig("", "broadcast-test", sets);
+        return config::parseConfig("", "broadcast-test", sets);
       };
       // Each rank builds the model from a seed of its own.
-      train::Config mine = config(100 + ctx->rank());
-      auto objective = train::makeObjective(mine, device);
-      DType compute = train::computeDTypeFor(mine, device);
+      config::Config mine = config(100 + ctx->rank());
+      auto objective = data::makeObjective(mine, device);
+      DType compute = config::computeDTypeFor(mine, device);
       train::ZeroStepEngine engine(*objective, mine, device, compute, &ctx->world());
       // What rank 0 built, built again here.
-      train::Config first = config(100);
-      auto reference = train::makeObjective(first, device);
+      config::Config first = config(100);
+      auto reference = data::makeObjective(first, device);
       std::map<std::string, Tensor> expected;
       for (auto& [name, p] : reference->model().namedParameters()) expected[name] = p;
       size_t compared = 0, different = 0;
@@ -545,9 +545,9 @@ TEST_CASE(
     try {
       {
         // The placement the first step runs with.
-        train::Config config = runConfig(name + "-engine", stage, traced);
-        auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
-        train::CausalLmObjective objective(model, nullptr);
+        config::Config config = runConfig(name + "-engine", stage, traced);
+        auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+        data::CausalLmObjective objective(model, nullptr);
         train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32, &ctx->world());
         startNvme = engine.placement().bytes[int(zero::Tier::Nvme)];
         startDevice = engine.placement().chunksOn(zero::Tier::Device);
