@@ -9,9 +9,9 @@
 
 #include "models/Zoo.h"
 #include "models/gpt/GptHf.h"
+#include "strata/config/Config.h"
 #include "strata/strata.h"
 #include "strata/train/Checkpoint.h"
-#include "strata/train/Config.h"
 #include "strata/train/Trainer.h"
 
 using namespace strata;
@@ -39,9 +39,9 @@ int main(int argc, char** argv) {
       T = std::stoll(v);
   }
   try {
-    train::Config c = train::loadConfig(config, {}, false);
-    Device dev = train::resolveDevice(device);
-    models::ModelSpec spec = train::modelSpecFrom(c, dev);
+    config::Config c = config::loadConfig(config, {}, false);
+    Device dev = config::resolveDevice(device);
+    models::ModelSpec spec = config::modelSpecFrom(c, dev);
     auto model = models::buildModel(spec);
     model->eval();
     if (!importPath.empty()) {

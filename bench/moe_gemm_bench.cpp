@@ -1,4 +1,4 @@
-// The experts' GEMMs of one MoE layer, two ways, on the GPU (issue 14: "a loop of GEMMs or a batched one;
+// The experts' GEMMs of one MoE layer, two ways, on the GPU ("a loop of GEMMs or a batched one;
 // choose by measurement"). For each shape and routing, the forward GEMMs of every expert's MLP (x W1, then h
 // W2) over the tokens each expert keeps:
 //   loop     one GEMM pair per expert on its own rows (what nn::MoE runs: no padding, E launches each);

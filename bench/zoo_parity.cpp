@@ -1,7 +1,7 @@
 // Any zoo architecture's side of a parity check against another implementation (tools/hf_parity_zoo.py runs
 // it against HF transformers): it builds the config's model and objective as `strata train` does, optionally
 // loads a checkpoint's weights (`strata convert --from-hf` writes one from an HF model), and writes
-//   --trace OUT.safetensors: one fp32 forward and backward on training micro-batch 0 (train/BatchTrace.h):
+//   --trace OUT.safetensors: one fp32 forward and backward on training micro-batch 0 (data/BatchTrace.h):
 //       the model inputs by HF argument names ("input_ids", "labels"; BERT with the NSP head,
 //       model.bert_binary_head, adds BertForPreTraining's "token_type_ids" and "next_sentence_label"), the
 //       logits ("logits"; BERT with the NSP head: "prediction_logits" [B, S, vocab] and
@@ -32,11 +32,11 @@
 #include <vector>
 
 #include "models/ZooHf.h"
+#include "strata/config/Config.h"
+#include "strata/data/BatchTrace.h"
 #include "strata/nn/Norm.h"
 #include "strata/strata.h"
-#include "strata/train/BatchTrace.h"
 #include "strata/train/Checkpoint.h"
-#include "strata/train/Config.h"
 #include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
 
@@ -47,7 +47,7 @@ namespace {
 // On the host on purpose (a reference, not a fast path): every step moves the gradients and weights once.
 std::vector<double> referenceCurve(train::Trainer& trainer, DType compute, int64_t steps, double lr,
                                    int64_t warmup, bool fp32Norms) {
-  const train::Config& c = trainer.config();
+  const config::Config& c = trainer.config();
   nn::Module& model = trainer.model();
   model.train();
   // The masters start from the fp32 weights, before the cast rounds the model's copy.
@@ -68,7 +68,7 @@ std::vector<double> referenceCurve(train::Trainer& trainer, DType compute, int64
   std::vector<double> losses;
   for (int64_t step = 0; step < steps; ++step) {
     model.zeroGrad();
-    Tensor loss = trainer.objective().loss(trainer.batch(train::Split::Train, step), compute);
+    Tensor loss = trainer.objective().loss(trainer.batch(data::Split::Train, step), compute);
     backward(loss);
     losses.push_back(loss.item());
     std::vector<std::vector<float>> grads;
@@ -108,7 +108,7 @@ std::vector<double> engineCurve(train::Trainer& trainer, DType compute, int64_t 
   for (int64_t step = 0; step < steps; ++step) {
     double rate = lr * std::min(1.0, double(step + 1) / double(std::max<int64_t>(warmup, 1)));
     train::StepOutcome outcome =
-        engine.step([&] { return trainer.batch(train::Split::Train, step); }, 1, rate);
+        engine.step([&] { return trainer.batch(data::Split::Train, step); }, 1, rate);
     losses.push_back(outcome.loss);
   }
   return losses;
@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
       overrides.push_back("checkpoint.load=" + load);
       overrides.push_back("checkpoint.load_model_only=true");
     }
-    train::Config c = train::loadConfig(config, overrides);
+    config::Config c = config::loadConfig(config, overrides);
     train::Trainer trainer(c);
     nn::Module& model = trainer.model();
     if (!load.empty()) {
@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
       STRATA_USER_CHECK(batches > 0, "zoo_parity: --inputs needs --batches N");
       train::NamedTensors all;
       for (int64_t i = 0; i < batches; ++i)
-        for (auto& [name, t] : trainer.objective().modelInputs(trainer.batch(train::Split::Train, i)))
+        for (auto& [name, t] : trainer.objective().modelInputs(trainer.batch(data::Split::Train, i)))
           all.emplace_back(name + "." + std::to_string(i), t.to(Device::cpu()));
       train::writeSafetensors(inputsPath, all);
       std::printf("wrote the model inputs of %ld training micro-batches to %s\n", long(batches),
@@ -193,9 +193,9 @@ int main(int argc, char** argv) {
     if (!tracePath.empty()) {
       model.train();  // as training runs it (the parity configs set dropout 0)
       model.castParameters(compute);
-      models::HfLayout layout = models::hfLayout(train::modelSpecFrom(trainer.config(), trainer.device()));
-      train::BatchTrace trace =
-          train::traceBatch(trainer.objective(), trainer.batch(train::Split::Train, 0), compute, layout);
+      models::HfLayout layout = models::hfLayout(config::modelSpecFrom(trainer.config(), trainer.device()));
+      data::BatchTrace trace =
+          data::traceBatch(trainer.objective(), trainer.batch(data::Split::Train, 0), compute, layout);
       train::writeSafetensors(tracePath, trace.all());
       std::printf("loss %.6f\n", trace.loss.item());
     }

@@ -1,11 +1,11 @@
 // The model zoo: builds a model by architecture name from one spec shared by the architectures.
 //
-// Architectures and what they are trained on (the trainer's train::Objective for each, NOTE [Training
-// objectives] in strata/train/Objective.h):
-// - gpt: next-token prediction (nn::CausalLM; train::CausalLmObjective);
+// Architectures and what they are trained on (the trainer's data::Objective for each, NOTE [Training
+// objectives] in strata/data/Objective.h):
+// - gpt: next-token prediction (nn::CausalLM; data::CausalLmObjective);
 // - bert: masked LM, optionally with next-sentence prediction (models::Bert::mlmLoss / pretrainingLoss;
-//   train::MaskedLmObjective);
-// - t5: span corruption, encoder-decoder (models::T5::loss; train::SpanCorruptionObjective).
+//   data::MaskedLmObjective);
+// - t5: span corruption, encoder-decoder (models::T5::loss; data::SpanCorruptionObjective).
 #pragma once
 
 #include <memory>

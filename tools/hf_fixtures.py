@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the HF checkpoint fixtures of tests/train/hf_fixtures: for each case, the config.json that the installed
+"""Writes the HF checkpoint fixtures of tests/interop/hf_fixtures: for each case, the config.json that the installed
 transformers' save_pretrained writes and tensors.json, the names, shapes and dtypes of the tensors it puts in
 model.safetensors (the weights themselves are not kept: the CTest "HF checkpoints as transformers writes them ..."
 fills them with random numbers).
@@ -94,7 +94,7 @@ CASES = {"gpt2": gpt2, "bert": bert, "bert-nsp": bert_nsp, "t5-v1_0": t5_v1_0, "
 
 def main():
     major = transformers.__version__.split(".")[0]
-    out = os.path.join(ROOT, "tests", "train", "hf_fixtures", f"transformers-{major}")
+    out = os.path.join(ROOT, "tests", "interop", "hf_fixtures", f"transformers-{major}")
     cases = dict(CASES)
     if int(major) >= 5:
         cases["t5-v1_1-untied"] = None

@@ -16,7 +16,7 @@ For BERT and T5 variants from the zoo's mini shapes (configs/zoo/bert-mini.yaml,
 1. Import. A random-init HF model of that shape is saved with save_pretrained (config.json, model.safetensors) and
    imported with `build/strata convert --from-hf`: the same path a user's HF checkpoint takes.
 2. fp32 forward and backward. `build/bench/zoo_parity` builds the config's model and objective as `strata train`
-   does, loads the imported weights and traces training micro-batch 0 (train/BatchTrace.h): the model inputs the
+   does, loads the imported weights and traces training micro-batch 0 (data/BatchTrace.h): the model inputs the
    objective made (BERT: [CLS] window [SEP] with 15% masked 80/10/10; T5: span-corrupted input and target ids),
    the logits, the loss, and every gradient under its HF name. HF runs the same inputs (T5's decoder input is the
    labels shifted right on both sides) and the two are compared: logits max |diff| <= 1e-4 x max(1, max |logit|)

@@ -2,7 +2,7 @@
 # On the GPU machine, after tools/device_check.sh has built build/: the distributed GPU paths on one GPU.
 # - the dist suite (ZeRO stages 0-3, host and SSD tiers, expert parallelism, BERT and T5, sharded checkpoints,
 #   the start-up broadcast) on 2 and 4 ranks that share the GPU: CUDA tensors through MPI with host staging
-#   (NOTE [GPU collectives] in dist/ParallelContext.h), with the comm delay on (NOTE [Comm delay]);
+#   (NOTE [GPU collectives] in distributed/ParallelContext.h), with the comm delay on (NOTE [Comm delay]);
 # - a rank killed in a collective, and mismatched collectives, on CUDA tensors: every rank stops with the
 #   timeout error;
 # - a sharded checkpoint of 4 ranks sharing the GPU, resumed on 2 ranks and on 1;
@@ -37,7 +37,7 @@ if has faults; then
     for mode in killed mismatch; do
       flags=()
       [ "$mode" = killed ] && flags=(--enable-recovery)
-      STRATA_DIST_TEST_DEVICE=cuda tests/dist/mpi/fault_test.sh mpirun "$np" build/tests/strata_dist_faults \
+      STRATA_DIST_TEST_DEVICE=cuda tests/distributed/mpi/fault_test.sh mpirun "$np" build/tests/strata_dist_faults \
         "$mode" --bind-to none "${flags[@]}" >"$out/fault_${mode}_$np.log" 2>&1
       rc=$?
       echo "== $mode collective on $np ranks, CUDA tensors: exit $rc: $(tail -1 "$out/fault_${mode}_$np.log")"

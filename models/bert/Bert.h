@@ -29,7 +29,7 @@ struct BertConfig {
   int64_t maxPositionEmbeddings = 0;
   int64_t vocabSize = 30522;
   // [PAD]: lookups of it add nothing to the word embeddings' gradient (HF's padding_idx, pad_token_id); -1
-  // means vocabSize - 4, the byte layout's [PAD] (train/MaskedLmObjective.h).
+  // means vocabSize - 4, the byte layout's [PAD] (data/MaskedLmObjective.h).
   int64_t padTokenId = -1;
   int64_t typeVocabSize = 2;
   double dropout = 0.1;  // hidden and attention-probability dropout
@@ -64,7 +64,7 @@ class Bert : public nn::Module {
   // MLM logits [B, S, vocab].
   Tensor mlmLogits(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask, DType compute);
   // Mean MLM cross-entropy over the positions whose label is not -100 (fp32 scalar). With `positions` (i64
-  // [M]: flat indices b * S + s, as train::mlmMask gives them) the head runs on those tokens only and
+  // [M]: flat indices b * S + s, as data::mlmMask gives them) the head runs on those tokens only and
   // `labels` holds their labels [M]; otherwise `labels` is [B, S]. The same loss either way (summed in
   // another order).
   Tensor mlmLoss(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask,

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include <strata/train/Config.h>
+#include <strata/config/Config.h>
 #include <strata/train/Trainer.h>
 #include "BigramMlp.h"
 
@@ -14,8 +14,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--set" && i + 1 < argc) overrides.push_back(argv[++i]);
   try {
-    strata::train::Config c = strata::train::loadConfig(config, overrides);
-    strata::Device device = strata::train::resolveDevice(c.train.device);
+    strata::config::Config c = strata::config::loadConfig(config, overrides);
+    strata::Device device = strata::config::resolveDevice(c.train.device);
     auto model = std::make_shared<example::BigramMlp>(c.model.vocabSize, c.model.hiddenSize,
                                                       c.model.seqLength, device);
     strata::train::Trainer trainer(c, model);

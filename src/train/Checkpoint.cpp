@@ -11,7 +11,7 @@
 #include <set>
 #include <sstream>
 
-#include "AtomicFile.h"
+#include "core/AtomicFile.h"
 #include "strata/core/Checksum.h"
 #include "strata/core/FileError.h"
 #include "strata/ops/Ops.h"

@@ -11,14 +11,14 @@
 #include "strata/core/Allocator.h"
 #include "strata/core/Generator.h"
 #include "strata/core/Stream.h"
-#include "strata/dist/Communicator.h"
-#include "strata/dist/Launch.h"
-#include "strata/dist/ProcessGroup.h"
+#include "strata/distributed/Communicator.h"
+#include "strata/distributed/Launch.h"
+#include "strata/distributed/ProcessGroup.h"
 #include "strata/nn/MoE.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/Adafactor.h"
 #include "strata/optim/AdamW.h"
-#include "strata/train/PlacementInputs.h"
+#include "strata/plan/PlacementInputs.h"
 
 namespace strata::train {
 
@@ -48,8 +48,8 @@ ExpertNames findExperts(nn::Module& model, std::set<std::string>& names) {
 }
 
 // Every rank starts from the weights of its group's rank 0 (they are equal when built from one seed; this
-// makes it so). NOTE [Collective ordering and completion] in dist/Communicator.h: the broadcasts wait for
-// the layout's writes, and the copies into the chunks wait for the broadcasts.
+// makes it so). NOTE [Collective ordering and completion] in distributed/Communicator.h: the broadcasts wait
+// for the layout's writes, and the copies into the chunks wait for the broadcasts.
 void broadcastStartingWeights(ModelState& s) {
   const Stream& commStream = deviceStreams(s.device).comm;
   streamWaits(commStream, currentStream(s.device), s.device);
@@ -87,8 +87,9 @@ void keepShards(ModelState& s) {
 
 }  // namespace
 
-std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Device device, DType compute,
-                                                      int64_t chunkBytes, int shards, bool mastersOnHost,
+std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective, Device device,
+                                                      DType compute, int64_t chunkBytes, int shards,
+                                                      bool mastersOnHost,
                                                       const zero::ChunkFamilies& families) {
   // The first-use order from one loss of one sequence (token 0 throughout: the order of the module calls
   // does not depend on the data), in eval mode, without gradients, in the parameters' own dtype, with the
@@ -106,7 +107,7 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
   try {
     order = zero::recordFirstUse(model, [&] {
       NoGradGuard noGrad;
-      objective.loss(TokenBatch{ids, ids}, source);
+      objective.loss(data::TokenBatch{ids, ids}, source);
     });
   } catch (...) {
     model.train(training);
@@ -129,7 +130,7 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
   return chunks;
 }
 
-ModelState layOutModelState(Objective& objective, const Config& c, Device device, DType compute,
+ModelState layOutModelState(data::Objective& objective, const config::Config& c, Device device, DType compute,
                             dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
                             RankShares shares) {
   ModelState s;
@@ -137,7 +138,7 @@ ModelState layOutModelState(Objective& objective, const Config& c, Device device
   s.device = device;
   int ranks = group ? group->size() : 1;
   // The device's memory (STRATA_DEVICE_MEMORY_GB stands in for it in tests), this rank's share of it where
-  // ranks share the device (NOTE [Per-node shares] in dist/Launch.h).
+  // ranks share the device (NOTE [Per-node shares] in distributed/Launch.h).
   const char* memoryOverride = std::getenv("STRATA_DEVICE_MEMORY_GB");
   s.deviceMemoryGiven = memoryOverride != nullptr;
   s.deviceMemory = memoryOverride ? zero::parseBudgetGb(memoryOverride, 0, "STRATA_DEVICE_MEMORY_GB")
@@ -172,9 +173,9 @@ ModelState layOutModelState(Objective& objective, const Config& c, Device device
 
 namespace {
 
-// The store's budgets as `strata plan` reads them (train/PlacementInputs.h), so the two place alike, with
-// this rank's share of the host's memory and disk (NOTE [Per-node shares] in dist/Launch.h).
-zero::StoreBudgets budgetsFor(const ModelState& s, const Config& c, uint64_t parameterBytes,
+// The store's budgets as `strata plan` reads them (plan/PlacementInputs.h), so the two place alike, with
+// this rank's share of the host's memory and disk (NOTE [Per-node shares] in distributed/Launch.h).
+zero::StoreBudgets budgetsFor(const ModelState& s, const config::Config& c, uint64_t parameterBytes,
                               RankShares shares) {
   if (!c.zero.nvmePath.empty()) {
     std::error_code ec;
@@ -185,18 +186,19 @@ zero::StoreBudgets budgetsFor(const ModelState& s, const Config& c, uint64_t par
   uint64_t hostMasters = 0;
   for (const Tensor& m : s.masters)
     if (m.device().isCpu() && !s.device.isCpu()) hostMasters += uint64_t(m.nbytes());
-  uint64_t hostAvailable = hostAvailableBytes();
+  uint64_t hostAvailable = plan::hostAvailableBytes();
   if (hostAvailable != zero::kUnlimited)
     hostAvailable = dist::perRankShare(hostAvailable, shares.ranksOnHost) + hostMasters;
-  // NOTE [Host headroom] in train/PlacementInputs.h.
+  // NOTE [Host headroom] in plan/PlacementInputs.h.
   const char* hostOverride = std::getenv("STRATA_HOST_MEMORY_GB");
   uint64_t hostTotal = hostOverride ? zero::parseBudgetGb(hostOverride, 0, "STRATA_HOST_MEMORY_GB")
                                     : deviceMemoryBytes(Device::cpu());
   int64_t largest = 0;
   for (size_t i = 0; i < s.chunks->numChunks(); ++i) largest = std::max(largest, s.chunks->paddedElems(i));
-  uint64_t headroom = dist::perRankShare(hostHeadroomBytes(c, largest, hostTotal), shares.ranksOnHost);
-  return storeBudgets(c, parameterBytes, zero::kUnlimited, hostAvailable,
-                      dist::perRankShare(freeDiskBytes(c.zero.nvmePath), shares.ranksOnHost), headroom);
+  uint64_t headroom = dist::perRankShare(plan::hostHeadroomBytes(c, largest, hostTotal), shares.ranksOnHost);
+  return plan::storeBudgets(c, parameterBytes, zero::kUnlimited, hostAvailable,
+                            dist::perRankShare(plan::freeDiskBytes(c.zero.nvmePath), shares.ranksOnHost),
+                            headroom);
 }
 
 // What the placement weighs for each chunk: this rank's parameter bytes (on the device), each chunk's
@@ -206,7 +208,7 @@ struct StateBytes {
   std::vector<uint64_t> optimizer, nvme;
 };
 
-StateBytes stateBytes(const ModelState& s, const Config& c, const optim::AdafactorConfig& adafactor) {
+StateBytes stateBytes(const ModelState& s, const config::Config& c, const optim::AdafactorConfig& adafactor) {
   StateBytes b;
   for (size_t i = 0; i < s.chunks->numChunks(); ++i) {
     b.parameters += s.parameterHome(i).nbytes();
@@ -216,7 +218,7 @@ StateBytes stateBytes(const ModelState& s, const Config& c, const optim::Adafact
                               ? elems * 4 +
                                     optim::adafactorStateBytes(s.chunks->layout(), i, s.ranges[i], adafactor)
                               : elems * 4 * 3);
-    b.nvme.push_back(elems * (4 + 2 * dtypeSize(nvmeStateDType(c))));
+    b.nvme.push_back(elems * (4 + 2 * dtypeSize(plan::nvmeStateDType(c))));
   }
   return b;
 }
@@ -225,11 +227,11 @@ StateBytes stateBytes(const ModelState& s, const Config& c, const optim::Adafact
 // goes to the device while its budget lasts, then to host memory, then to the SSD. NOTE [Memory tracer]: a
 // model whose state would crowd the device starts with its optimizer state off it, and the first step
 // decides how much comes back (s.traced).
-void place(ModelState& s, const Config& c, DType compute, const StateBytes& bytes, zero::StoreBudgets budgets,
-           uint64_t plannedDeviceBudget) {
+void place(ModelState& s, const config::Config& c, DType compute, const StateBytes& bytes,
+           zero::StoreBudgets budgets, uint64_t plannedDeviceBudget) {
   bool autoDevice = c.zero.offloadOptimizerDevice == "none" &&
                     (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto");
-  // One placement truth: the plan's budget for the device (train/Plan.h), where the trainer made one.
+  // One placement truth: the plan's budget for the device (plan/Plan.h), where the trainer made one.
   if (autoDevice && plannedDeviceBudget > 0) budgets.device = std::max(plannedDeviceBudget, bytes.parameters);
   auto placeWithin = [&](zero::StoreBudgets b) {
     if (autoDevice && s.deviceMemory > 0 && (!s.device.isCpu() || s.deviceMemoryGiven)) {
@@ -249,17 +251,18 @@ void place(ModelState& s, const Config& c, DType compute, const StateBytes& byte
   // NOTE [Delayed SSD update] in optim/AdamW.h: the automatic host budget leaves room for the pending update.
   std::vector<int64_t> rangeElems;
   for (const auto& r : s.ranges) rangeElems.push_back(r.size());
-  s.placement = placeWithDelayedReserve(c, compute, rangeElems, budgets, placeWithin);
+  s.placement = plan::placeWithDelayedReserve(c, compute, rangeElems, budgets, placeWithin);
 }
 
 // The SSD tier the placement asks for, and the optimizer over every tier, which takes the masters.
-void makeOptimizer(ModelState& s, const Config& c, const optim::AdafactorConfig& adafactorConfig) {
+void makeOptimizer(ModelState& s, const config::Config& c, const optim::AdafactorConfig& adafactorConfig) {
   std::vector<int64_t> nvmeElems(s.chunks->numChunks(), 0);
   for (size_t i = 0; i < s.chunks->numChunks(); ++i)
     if (s.placement.optimizerTier[i] == zero::Tier::Nvme) nvmeElems[i] = s.ranges[i].size();
   if (s.placement.chunksOn(zero::Tier::Nvme) > 0)
-    s.nvme = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, s.groups.rank(), nvmeElems, nvmeStateDType(c),
-                                              zero::NvmeIoConfig{c.zero.aioBlockSize, c.zero.aioQueueDepth});
+    s.nvme =
+        std::make_unique<zero::NvmeTier>(c.zero.nvmePath, s.groups.rank(), nvmeElems, plan::nvmeStateDType(c),
+                                         zero::NvmeIoConfig{c.zero.aioBlockSize, c.zero.aioQueueDepth});
   for (size_t i = 0; i < s.masters.size(); ++i)
     if (s.placement.optimizerTier[i] == zero::Tier::Device && s.masters[i].device() != s.device)
       s.masters[i] = ops::to(s.masters[i], s.device, DType::F32);
@@ -288,8 +291,8 @@ void checkPlacementTotal(const ModelState& s) {
 
 }  // namespace
 
-void placeModelState(ModelState& s, const Config& c, DType compute, RankShares shares) {
-  optim::AdafactorConfig adafactorConfig = adafactorConfigFrom(c);
+void placeModelState(ModelState& s, const config::Config& c, DType compute, RankShares shares) {
+  optim::AdafactorConfig adafactorConfig = config::adafactorConfigFrom(c);
   adafactorConfig.pinHostState = c.zero.pinMemory;
   StateBytes bytes = stateBytes(s, c, adafactorConfig);
   place(s, c, compute, bytes, budgetsFor(s, c, bytes.parameters, shares), shares.plannedDeviceBudget);
@@ -321,7 +324,7 @@ void promoteTracedState(ModelState& s) {
   if (s.device.isCpu())
     peak -= std::min(peak, s.placement.bytes[int(zero::Tier::Host)]);  // one pool on the CPU
   uint64_t margin = std::min<uint64_t>(1ull << 30, s.deviceMemory / 16);
-  uint64_t usable = usableDeviceBytes(s.deviceMemory);  // what `strata plan` fits within too
+  uint64_t usable = plan::usableDeviceBytes(s.deviceMemory);  // what `strata plan` fits within too
   uint64_t room = usable > peak ? usable - peak : 0;
   if (!s.device.isCpu() && !std::getenv("STRATA_DEVICE_MEMORY_GB")) {
     // What the device really has left: other processes' contexts (ranks sharing the GPU) and libraries'

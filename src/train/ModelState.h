@@ -20,9 +20,9 @@
 #include <utility>
 #include <vector>
 
+#include "strata/config/Config.h"
+#include "strata/data/Objective.h"
 #include "strata/optim/ChunkOptimizer.h"
-#include "strata/train/Config.h"
-#include "strata/train/Objective.h"
 #include "strata/train/StepEngine.h"
 #include "strata/zero/ChunkGroups.h"
 #include "strata/zero/ChunkManager.h"
@@ -75,11 +75,11 @@ struct ModelState {
 
 // Step 1 of the start-up: the chunks, the broadcast and the shards, over `group` (null: one rank) and, for
 // expert chunks, `expertDataGroup`.
-ModelState layOutModelState(Objective& objective, const Config& config, Device device, DType compute,
-                            dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
+ModelState layOutModelState(data::Objective& objective, const config::Config& config, Device device,
+                            DType compute, dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
                             RankShares shares);
 // Step 3: the placement, the SSD tier and the optimizer (which takes the masters).
-void placeModelState(ModelState& state, const Config& config, DType compute, RankShares shares);
+void placeModelState(ModelState& state, const config::Config& config, DType compute, RankShares shares);
 // Step 4 (NOTE [Memory tracer]): after the traced first step, the optimizer state of the chunks that fit
 // beside its peak moves onto the device (a pending delayed SSD update stays pending; the moved chunks'
 // pending parameters are written into this rank's part of them). Rank 0 logs the new placement.

@@ -76,7 +76,7 @@ bool sameFileContents(const std::string& a, const std::string& b) {
 }
 
 bool sameSetting(const std::string& key, const std::string& a, const std::string& b) {
-  if (sameConfigValue(a, b)) return true;
+  if (config::sameConfigValue(a, b)) return true;
   bool dataFile = key == "data.path" || key == "data.vocab_file" || key == "data.merges_file";
   bool directory = key == "train.out_dir" || key == "checkpoint.save";
   if ((!dataFile && !directory) || a.empty() || b.empty()) return false;
@@ -177,15 +177,15 @@ void removeRunFiles(const RunFiles& files) {
 }
 
 // The config a resume of `saved` (the checkpoint `dir`) trains with: NOTE [Resume is a property of the run].
-Config resumeConfig(const Config& given, const CheckpointState& saved, const std::string& dir,
-                    std::vector<std::string>& notes) {
+config::Config resumeConfig(const config::Config& given, const CheckpointState& saved, const std::string& dir,
+                            std::vector<std::string>& notes) {
   // Checkpoints older than the effective settings recorded the keys their run set, as YAML text, and the
   // model section: the given config stays, and is checked against those.
   bool legacy = saved.effective.empty();
   std::map<std::string, std::string> recorded = legacy ? saved.config : saved.effective;
   if (legacy)
     for (const auto& [key, value] : saved.model) recorded.emplace(key, value);
-  std::map<std::string, std::string> now = legacy ? given.values : effectiveValues(given);
+  std::map<std::string, std::string> now = legacy ? given.values : config::effectiveValues(given);
   std::map<std::string, std::string> merged = recorded;
   // Compared by meaning (defaults spelt out), merged as written.
   std::map<std::string, std::string> recordedMeaning = recorded, nowMeaning = now;
@@ -230,7 +230,7 @@ Config resumeConfig(const Config& given, const CheckpointState& saved, const std
   merged["checkpoint.load_model_only"] = "false";
   merged["checkpoint.resume"] = given.checkpoint.resume ? "true" : "false";
   merged["checkpoint.allow_changes"] = given.checkpoint.allowChanges ? "true" : "false";
-  Config config = configFromValues(merged, dir + "/manifest.json");
+  config::Config config = config::configFromValues(merged, dir + "/manifest.json");
   config.sourcePath = given.sourcePath;
   config.checkpoint.overwrite = given.checkpoint.overwrite;
   return config;
@@ -242,11 +242,11 @@ void spellOutModelDefaults(std::map<std::string, std::string>& values) {
   std::map<std::string, std::string>* m = &values;
   auto ffn = m->find("model.ffn_hidden_size");
   auto hidden = m->find("model.hidden_size");
-  if (ffn != m->end() && hidden != m->end() && sameConfigValue(ffn->second, "0"))
+  if (ffn != m->end() && hidden != m->end() && config::sameConfigValue(ffn->second, "0"))
     ffn->second = std::to_string(4 * std::stoll(hidden->second));
   auto decoder = m->find("model.decoder_seq_length");
   auto seq = m->find("model.seq_length");
-  if (decoder != m->end() && seq != m->end() && sameConfigValue(decoder->second, "0"))
+  if (decoder != m->end() && seq != m->end() && config::sameConfigValue(decoder->second, "0"))
     decoder->second = std::to_string(std::max<int64_t>(1, std::stoll(seq->second) / 4));
   auto activation = m->find("model.activation");
   auto arch = m->find("model.arch");
@@ -262,11 +262,11 @@ void spellOutModelDefaults(std::map<std::string, std::string>& values) {
   // --from-hf` records no training length) keeps its table size as written.
   if (arch != m->end() && arch->second != "t5" && seq != m->end()) {
     std::string& positions = (*m)["model.max_position_embeddings"];
-    if (positions.empty() || sameConfigValue(positions, "0")) positions = seq->second;
+    if (positions.empty() || config::sameConfigValue(positions, "0")) positions = seq->second;
   }
   auto pad = m->find("model.pad_token_id"), vocab = m->find("model.vocab_size");
   if (arch != m->end() && arch->second == "bert" && pad != m->end() && vocab != m->end() &&
-      sameConfigValue(pad->second, "-1"))
+      config::sameConfigValue(pad->second, "-1"))
     pad->second = std::to_string(std::stoll(vocab->second) - 4);
   auto untie = m->find("model.untie_embeddings_and_output_weights");
   if (arch != m->end() && arch->second == "t5" && untie != m->end()) {
@@ -288,7 +288,7 @@ std::string newRunId() {
   return std::string(stamp) + "-" + suffix;
 }
 
-std::string saveDirectoryOf(const Config& config) {
+std::string saveDirectoryOf(const config::Config& config) {
   if (!config.checkpoint.save.empty()) return config.checkpoint.save;
   if (config.checkpoint.saveInterval > 0) return (fs::path(config.train.outDir) / "checkpoints").string();
   return "";
@@ -296,7 +296,7 @@ std::string saveDirectoryOf(const Config& config) {
 
 std::vector<std::string> resumeChangeableKeys() {
   std::vector<std::string> keys;
-  for (const auto& key : configKeys())
+  for (const auto& key : config::configKeys())
     if (mayChangeOnResume(key)) keys.push_back(key);
   return keys;
 }
@@ -305,9 +305,9 @@ bool mayChangeOnResume(const std::string& key) {
   return describesTheStart(key) || isLaunchSetting(key) || isCourseSetting(key);
 }
 
-RunStart planRunStart(const Config& config) {
+RunStart planRunStart(const config::Config& config) {
   RunStart start;
-  Config c = config;
+  config::Config c = config;
   if (c.checkpoint.load == "latest") {
     c.checkpoint.resume = true;
     c.checkpoint.load.clear();
@@ -395,7 +395,7 @@ std::vector<RunFiles> runFilesIn(const std::string& outDir, const std::string& s
 }
 
 std::vector<std::string> claimRunDirectories(const RunStart& start, const std::string& runId) {
-  const Config& c = start.config;
+  const config::Config& c = start.config;
   std::string saveDir = saveDirectoryOf(c);
   bool resuming = !start.checkpoint.empty();
   bool legacyIsOwn = resuming && start.runId.empty();

@@ -4,13 +4,13 @@
 
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
-#include "strata/dist/Communicator.h"
+#include "strata/distributed/Communicator.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/AdamW.h"
 
 namespace strata::train {
 
-ShardedUpdate::ShardedUpdate(ModelState& state, const Config& c, DType compute)
+ShardedUpdate::ShardedUpdate(ModelState& state, const config::Config& c, DType compute)
     : state_(state), device_(state.device), clipGrad_(c.optimizer.clipGrad) {
   if (compute == DType::F16)
     scaler_ = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
@@ -78,7 +78,7 @@ void ShardedUpdate::decide(double scale, StepEnd& end) {
 void ShardedUpdate::gatherShards() {
   const zero::ChunkGroups& groups = state_.groups;
   if (!groups.communicates()) return;
-  // On the gather lane (NOTE [Collective lanes] in dist/Communicator.h).
+  // On the gather lane (NOTE [Collective lanes] in distributed/Communicator.h).
   const Stream& gatherStream = deviceStreams(device_).gather;
   streamWaits(gatherStream, currentStream(device_), device_);
   for (size_t c = 0; c < state_.chunks->numChunks(); ++c) {

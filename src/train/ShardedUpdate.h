@@ -9,9 +9,9 @@
 #include <memory>
 #include <vector>
 
+#include "strata/config/Config.h"
 #include "strata/core/Tensor.h"
 #include "strata/optim/LossScaler.h"
-#include "strata/train/Config.h"
 #include "strata/train/StepEngine.h"
 #include "train/ModelState.h"
 
@@ -28,7 +28,7 @@ struct StepEnd {
 
 class ShardedUpdate {
  public:
-  ShardedUpdate(ModelState& state, const Config& config, DType compute);
+  ShardedUpdate(ModelState& state, const config::Config& config, DType compute);
 
   // fp16: the scale each micro-batch's loss is multiplied by before backward (the update unscales).
   bool scalesLoss() const { return scaler_ != nullptr; }

@@ -35,8 +35,8 @@ void memlog(Device device, const char* phase, int64_t step) {
 }
 }  // namespace
 
-ZeroStepEngine::ZeroStepEngine(Objective& objective, const Config& c, Device device, DType compute,
-                               dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
+ZeroStepEngine::ZeroStepEngine(data::Objective& objective, const config::Config& c, Device device,
+                               DType compute, dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
                                RankShares shares)
     : objective_(objective),
       device_(device),
@@ -71,7 +71,7 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   double share = 1.0 / double(microBatches * state_->groups.ranks());
   // What each micro-batch's forward made, its data and its loss, kept until its backward has run.
   struct InFlight {
-    TokenBatch batch;
+    data::TokenBatch batch;
     Tensor loss;
   };
   std::vector<InFlight> inFlight(static_cast<size_t>(microBatches));
@@ -115,7 +115,7 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   return end.outcome;
 }
 
-Tensor ZeroStepEngine::forward(const TokenBatch& batch) {
+Tensor ZeroStepEngine::forward(const data::TokenBatch& batch) {
   MemoryPurpose purpose("the activations of a micro-batch's forward");  // NOTE [Out of memory]
   // STRATA_TEST_OOM_AT_STEP=k (a test switch): the first forward of step k fails as a full device would.
   if (const char* k = std::getenv("STRATA_TEST_OOM_AT_STEP"); k && std::atoll(k) == steps_ + 1)

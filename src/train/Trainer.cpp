@@ -24,80 +24,22 @@
 #include "strata/core/Philox.h"
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
-#include "strata/dist/Launch.h"
+#include "strata/distributed/Launch.h"
 #include "strata/nn/MoE.h"
 #include "strata/nn/TransformerBlock.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/LrSchedule.h"
+#include "strata/plan/Plan.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Interrupts.h"
 #include "strata/train/LossPlot.h"
 #include "strata/train/Metrics.h"
-#include "strata/train/Plan.h"
 #include "strata/train/Run.h"
-#include "strata/train/SentencePieceTokenizer.h"
 #include "strata/train/StepEngine.h"
 
 namespace strata::train {
 
 namespace fs = std::filesystem;
-
-DType computeDTypeFor(const Config& config, Device device) {
-  const std::string& dt = config.precision.dtype;
-  if (dt == "fp16") return DType::F16;
-  if (dt == "bf16" && device.isCuda()) return DType::BF16;
-  return DType::F32;
-}
-
-Device resolveDevice(const std::string& name) {
-  if (name == "auto") return cudaAvailable() ? Device::cuda(0) : Device::cpu();
-  Device d = Device::parse(name);
-  if (d.isCuda()) {
-    STRATA_USER_CHECK(builtWithCuda(), "train.device is '{}' but this build of Strata has no CUDA support",
-                      name);
-    STRATA_USER_CHECK(d.index < cudaDeviceCount(), "train.device is '{}' but {} CUDA device(s) are visible",
-                      name, cudaDeviceCount());
-  }
-  return d;
-}
-
-models::ModelSpec modelSpecFrom(const Config& c, Device device) {
-  models::ModelSpec s;
-  s.arch = c.model.arch;
-  s.numLayers = c.model.numLayers;
-  s.hiddenSize = c.model.hiddenSize;
-  s.numHeads = c.model.numAttentionHeads;
-  s.ffnHiddenSize = c.model.ffnHiddenSize;
-  s.seqLength = c.model.seqLength;
-  s.vocabSize = c.model.vocabSize;
-  s.dropout = c.model.dropout;
-  s.layerNormEps = c.model.layerNormEps;
-  s.initStd = c.model.initStd;
-  s.bias = c.model.bias;
-  s.kvChannels = c.model.kvChannels;
-  s.decoderNumLayers = c.model.decoderNumLayers;
-  s.decoderSeqLength = c.model.decoderSeqLength;
-  s.numTokentypes = c.model.numTokentypes;
-  s.relativeAttentionNumBuckets = c.model.relativeAttentionNumBuckets;
-  s.relativeAttentionMaxDistance = c.model.relativeAttentionMaxDistance;
-  s.activation = c.model.activation;
-  s.untieEmbeddingsAndOutputWeights = c.model.untieEmbeddingsAndOutputWeights;
-  s.bertBinaryHead = c.model.bertBinaryHead;
-  s.fp32Residual = c.model.fp32Residual;
-  s.moeNumExperts = c.model.moeNumExperts;
-  s.moeTopK = c.model.moeTopK;
-  s.moeEvery = c.model.moeEvery;
-  s.moeCapacityFactor = c.model.moeCapacityFactor;
-  s.moeEvalCapacityFactor = c.model.moeEvalCapacityFactor;
-  s.moeAuxLossCoef = c.model.moeAuxLossCoef;
-  s.moeZLossCoef = c.model.moeZLossCoef;
-  s.maxPositionEmbeddings = c.model.maxPositionEmbeddings;
-  s.padTokenId = c.model.padTokenId;
-  s.scaleDecoderOutputs = c.model.scaleDecoderOutputs;
-  s.seed = c.train.seed;
-  s.device = device;
-  return s;
-}
 
 namespace {
 
@@ -147,8 +89,8 @@ bool isShapeKey(const std::string& key) {
 // Refuses a checkpoint whose model section differs from this config in a shape key, listing every
 // difference; warns about the others.
 void checkModelSection(const std::string& checkpoint, std::map<std::string, std::string> saved,
-                       const Config& config) {
-  std::map<std::string, std::string> current = effectiveValues(config, "model.");
+                       const config::Config& config) {
+  std::map<std::string, std::string> current = config::effectiveValues(config, "model.");
   // Checkpoints from before the manifest recorded the model section: compare the keys their config set.
   if (saved.empty())
     for (const auto& [key, value] : readCheckpointState(checkpoint).config)
@@ -158,7 +100,8 @@ void checkModelSection(const std::string& checkpoint, std::map<std::string, std:
   std::vector<std::string> shape, other;
   for (const auto& [key, value] : saved) {
     auto it = current.find(key);
-    if (it == current.end() || sameConfigValue(it->second, value) || key == "model.init_std") continue;
+    if (it == current.end() || config::sameConfigValue(it->second, value) || key == "model.init_std")
+      continue;
     std::string line = detail::format("{}: {} in the checkpoint, {} in this config", key, value, it->second);
     if (key == "model.max_position_embeddings")
       line += " (0 means model.seq_length; set it to the checkpoint's to train at another length)";
@@ -175,12 +118,6 @@ void checkModelSection(const std::string& checkpoint, std::map<std::string, std:
 
 }  // namespace
 
-std::shared_ptr<Objective> makeObjective(const Config& config, Device device) {
-  std::shared_ptr<const Tokenizer> tokenizer = makeTokenizer(config);
-  return makeObjective(config.model.arch, models::buildModule(modelSpecFrom(config, device)),
-                       std::move(tokenizer), config.train.seed);
-}
-
 std::string expertGroupName(int64_t size) {
   return "expert_parallel_" + std::to_string(size);
 }
@@ -189,21 +126,22 @@ std::string expertDataGroupName(int64_t size) {
   return "expert_data_parallel_" + std::to_string(size);
 }
 
-Trainer::Trainer(Config config, std::shared_ptr<dist::ParallelContext> parallel)
+Trainer::Trainer(config::Config config, std::shared_ptr<dist::ParallelContext> parallel)
     : parallel_(std::move(parallel)), buildsModel_(true) {
   begin(config);
   agreeOnSetup([&] { plan(config); });
   agreeOnSetup([&] {
     connect();
-    tokenizer_ = makeTokenizer(config_);
-    models::ModelSpec spec = modelSpecFrom(config_, device_);
+    tokenizer_ = data::makeTokenizer(config_);
+    models::ModelSpec spec = config::modelSpecFrom(config_, device_);
     spec.expertParallel = expertParallel();
-    objective_ = makeObjective(config_.model.arch, models::buildModule(spec), tokenizer_, config_.train.seed);
+    objective_ =
+        data::makeObjective(config_.model.arch, models::buildModule(spec), tokenizer_, config_.train.seed);
     setup();
   });
 }
 
-Trainer::Trainer(Config config, std::shared_ptr<nn::CausalLM> model,
+Trainer::Trainer(config::Config config, std::shared_ptr<nn::CausalLM> model,
                  std::shared_ptr<dist::ParallelContext> parallel)
     : parallel_(std::move(parallel)) {
   begin(config);
@@ -211,13 +149,13 @@ Trainer::Trainer(Config config, std::shared_ptr<nn::CausalLM> model,
   agreeOnSetup([&] {
     connect();
     STRATA_CHECK(model != nullptr, "Trainer: no model given");
-    tokenizer_ = makeTokenizer(config_);
-    objective_ = std::make_shared<CausalLmObjective>(std::move(model), tokenizer_);
+    tokenizer_ = data::makeTokenizer(config_);
+    objective_ = std::make_shared<data::CausalLmObjective>(std::move(model), tokenizer_);
     setup();
   });
 }
 
-Trainer::Trainer(Config config, std::shared_ptr<Objective> objective,
+Trainer::Trainer(config::Config config, std::shared_ptr<data::Objective> objective,
                  std::shared_ptr<dist::ParallelContext> parallel)
     : objective_(std::move(objective)), parallel_(std::move(parallel)) {
   begin(config);
@@ -225,18 +163,18 @@ Trainer::Trainer(Config config, std::shared_ptr<Objective> objective,
   agreeOnSetup([&] {
     connect();
     STRATA_CHECK(objective_ != nullptr, "Trainer: no objective given");
-    tokenizer_ = makeTokenizer(config_);
+    tokenizer_ = data::makeTokenizer(config_);
     setup();
   });
 }
 
-void Trainer::begin(const Config& config) {
+void Trainer::begin(const config::Config& config) {
   // The device and the collective timeout are this launch's, never a checkpoint's (NOTE [Resume is a
   // property of the run] in train/Run.h), so the ranks connect before they plan. Every rank checks the
   // device alike; only rank 0 reports it.
   int rank = parallel_ ? parallel_->rank() : dist::launchInfoFromEnvironment().rank;
   try {
-    device_ = resolveDevice(config.train.device);
+    device_ = config::resolveDevice(config.train.device);
   } catch (const Error& e) {
     if (rank != 0) throw ReportedByRankZero(e.message());
     throw;
@@ -280,7 +218,7 @@ std::vector<std::string> gatherText(dist::Communicator& comm, const std::string&
 
 }  // namespace
 
-void Trainer::plan(const Config& config) {
+void Trainer::plan(const config::Config& config) {
   start_ = planRunStart(config);
   config_ = start_.config;
   if (!buildsModel_) {
@@ -288,15 +226,15 @@ void Trainer::plan(const Config& config) {
     if (config_.train.recompute == "auto") config_.train.recompute = "none";
     return;
   }
-  // NOTE [Recompute auto] in train/Plan.h: the plan `strata plan` prints, of this machine, this launch's
+  // NOTE [Recompute auto] in plan/Plan.h: the plan `strata plan` prints, of this machine, this launch's
   // ranks and this rank's share of the device.
-  PlanOptions options;
+  plan::PlanOptions options;
   options.ranks = parallel_->worldSize();
   options.ranksPerNode = parallel_->topology().ranksOnHost;
-  MachineChoice machine = chooseMachine("here", "", config_.zero.nvmePath);
+  plan::MachineChoice machine = plan::chooseMachine("here", "", config_.zero.nvmePath);
   options.calibration = machine.calibration;
   options.calibrationSource = machine.source;
-  Config planned = config_;
+  config::Config planned = config_;
   planned.train.device = device_.isCuda() ? "cuda" : "cpu";
   if (const char* gb = std::getenv("STRATA_DEVICE_MEMORY_GB")) {
     options.calibration->deviceMemoryBytes = zero::parseBudgetGb(gb, 0, "STRATA_DEVICE_MEMORY_GB");
@@ -304,10 +242,11 @@ void Trainer::plan(const Config& config) {
     options.calibration->deviceMemoryBytes =
         dist::perRankShare(deviceMemoryBytes(device_), parallel_->topology().ranksOnDevice);
   }
-  ModelStatePlan p = planModelState(planned, options);
+  plan::ModelStatePlan p = plan::planModelState(planned, options);
   if (!p.fits)
-    STRATA_USER_FAIL("{}", refusalMessage(config_.sourcePath.empty() ? "the config" : config_.sourcePath,
-                                          planned, p, options));
+    STRATA_USER_FAIL(
+        "{}", plan::refusalMessage(config_.sourcePath.empty() ? "the config" : config_.sourcePath, planned, p,
+                                   options));
   if (p.recomputeAuto) {
     config_.train.recompute = p.recompute;
     if (parallel_->isMain()) spdlog::info("{}", p.recomputeWhy);
@@ -317,7 +256,7 @@ void Trainer::plan(const Config& config) {
   if (device_.isCuda())
     plannedWorkingBytes_ =
         p.devicePeakBytes - p.placement.bytes[int(zero::Tier::Device)] -
-        std::min(p.devicePeakBytes - p.placement.bytes[int(zero::Tier::Device)], kDeviceWorkspaceBytes);
+        std::min(p.devicePeakBytes - p.placement.bytes[int(zero::Tier::Device)], plan::kDeviceWorkspaceBytes);
 }
 
 void Trainer::agreeOnSetup(const std::function<void()>& work) {
@@ -401,7 +340,7 @@ nn::ExpertParallel Trainer::expertParallel() const {
   out.size = group->size();
   out.rank = group->rank();
   out.allToAll = [group](const Tensor& dst, const Tensor& src) {
-    // NOTE [Collective ordering and completion] in dist/Communicator.h.
+    // NOTE [Collective ordering and completion] in distributed/Communicator.h.
     Device device = src.device();
     const Stream& comm = deviceStreams(device).comm;
     streamWaits(comm, currentStream(device), device);
@@ -416,7 +355,7 @@ void Trainer::setup() {
   for (const auto& note : start_.notes) spdlog::info("{}", note);
   nn::applyRecompute(objective_->model(), nn::parseRecompute(config_.train.recompute));
   // CPU threads: train.threads, else OMP_NUM_THREADS when the user set it, else this rank's share of the
-  // physical cores (NOTE [Per-node shares] in dist/Launch.h).
+  // physical cores (NOTE [Per-node shares] in distributed/Launch.h).
   if (config_.train.threads > 0)
     omp_set_num_threads(int(config_.train.threads));
   else if (std::getenv("OMP_NUM_THREADS") == nullptr)
@@ -425,7 +364,7 @@ void Trainer::setup() {
   for (auto& [name, p] : model().namedParameters())
     STRATA_CHECK(p.device() == device_, "parameter '{}' is on {} but train.device is {}", name,
                  toString(p.device()), toString(device_));
-  compute_ = computeDTypeFor(config_, device_);
+  compute_ = config::computeDTypeFor(config_, device_);
   STRATA_USER_CHECK(config_.zero.offloadParamDevice == "none",
                     "{}: zero_optimization.offload_param (device {}) is not available in this build yet: the "
                     "parameters stay on the device; offload_optimizer (cpu, nvme) and the store budgets are",
@@ -441,11 +380,11 @@ void Trainer::setup() {
   std::string cacheDir = (fs::path(config_.train.outDir) / "cache").string();
   if (config_.data.format == "random") {
     // 16M tokens: enough distinct windows for any benchmark length; drawn from the run's seed.
-    data_ = std::make_unique<TokenDataset>(TokenDataset::random(objective_->dataVocabSize(), int64_t(1) << 24,
-                                                                uint64_t(config_.train.seed),
-                                                                config_.data.valFraction));
+    data_ = std::make_unique<data::TokenDataset>(
+        data::TokenDataset::random(objective_->dataVocabSize(), int64_t(1) << 24,
+                                   uint64_t(config_.train.seed), config_.data.valFraction));
   } else {
-    data_ = std::make_unique<TokenDataset>(TokenDataset::open(
+    data_ = std::make_unique<data::TokenDataset>(data::TokenDataset::open(
         config_.data.path, config_.data.format, *tokenizer_, cacheDir, config_.data.valFraction));
   }
   int64_t maxToken = data_->maxToken();
@@ -462,16 +401,16 @@ void Trainer::setup() {
         objective_->dataVocabSize());
   // The data's windows: the objective's length, plus the next-token targets' one.
   int64_t window = objective_->windowLength() + 1;
-  STRATA_USER_CHECK(data_->splitSize(Split::Train) > window,
+  STRATA_USER_CHECK(data_->splitSize(data::Split::Train) > window,
                     "the training split of {} has {} tokens, fewer than one window of {} (model.seq_length + "
                     "1); use more data or a shorter model.seq_length",
-                    config_.data.path, data_->splitSize(Split::Train), window);
+                    config_.data.path, data_->splitSize(data::Split::Train), window);
   if (config_.train.evalInterval > 0)
     STRATA_USER_CHECK(
-        data_->splitSize(Split::Val) > window,
+        data_->splitSize(data::Split::Val) > window,
         "the validation split of {} has {} tokens, fewer than one window of {} (model.seq_length "
         "+ 1); raise data.val_fraction (now {}) or set train.eval_interval=0",
-        config_.data.path, data_->splitSize(Split::Val), window, config_.data.valFraction);
+        config_.data.path, data_->splitSize(data::Split::Val), window, config_.data.valFraction);
   if (!config_.checkpoint.load.empty()) {
     std::string dir = resolveCheckpoint(config_.checkpoint.load);
     checkModelSection(dir, readCheckpointState(dir).model, config_);
@@ -494,10 +433,10 @@ DType Trainer::modelDType() {
   return params.empty() ? compute_ : params.front().dtype();
 }
 
-TokenBatch Trainer::batch(Split split, int64_t index) const {
+data::TokenBatch Trainer::batch(data::Split split, int64_t index) const {
   auto [ids, targets] = data_->batch(split, index, config_.train.microBatchSize, objective_->windowLength(),
                                      config_.train.seed, device_);
-  return TokenBatch{ids, targets, index, split};
+  return data::TokenBatch{ids, targets, index, split};
 }
 
 double Trainer::evaluate(int64_t iters) {
@@ -511,14 +450,14 @@ double Trainer::evaluate(int64_t iters) {
   int64_t rounds = (iters + ranks - 1) / ranks;
   for (int64_t k = 0; k < rounds; ++k) {
     int64_t i = k * ranks + parallel_->rank();
-    Tensor loss = ops::to(objective_->loss(batch(Split::Val, i < iters ? i : i % iters), modelDType()),
+    Tensor loss = ops::to(objective_->loss(batch(data::Split::Val, i < iters ? i : i % iters), modelDType()),
                           device_, DType::F32)
                       .view({1});
     if (i < iters) total = ops::add(total, loss);
   }
   model().train();
   if (parallel_->world().communicator().communicates()) {
-    // NOTE [Collective ordering and completion] in dist/Communicator.h.
+    // NOTE [Collective ordering and completion] in distributed/Communicator.h.
     const Stream& comm = deviceStreams(device_).comm;
     streamWaits(comm, currentStream(device_), device_);
     parallel_->world().communicator().allReduce(total);
@@ -538,18 +477,10 @@ static CheckpointGroup checkpointGroup(dist::Communicator& comm) {
   return g;
 }
 
-std::unique_ptr<Tokenizer> makeTokenizer(const Config& config) {
-  if (config.data.tokenizer == "gpt2")
-    return std::make_unique<Gpt2Tokenizer>(config.data.vocabFile, config.data.mergesFile);
-  if (config.data.tokenizer == "sentencepiece")
-    return std::make_unique<SentencePieceTokenizer>(config.data.vocabFile);
-  return std::make_unique<ByteTokenizer>();
-}
-
 std::string Trainer::sample(const std::string& prompt, int64_t length, double temperature, int64_t topK,
                             uint64_t seed) {
-  std::optional<Generation> g =
-      objective_->generate(prompt, GenerateOptions{length, temperature, topK, seed}, modelDType());
+  std::optional<data::Generation> g =
+      objective_->generate(prompt, data::GenerateOptions{length, temperature, topK, seed}, modelDType());
   return g ? g->text : std::string();
 }
 
@@ -642,8 +573,8 @@ TrainResult Trainer::run() {
     st.rng = defaultGenerator().state();
     st.dataIndex = dataIndex;
     st.config = c.values;
-    st.model = effectiveValues(c, "model.");
-    st.effective = effectiveValues(c);
+    st.model = config::effectiveValues(c, "model.");
+    st.effective = config::effectiveValues(c);
     st.runId = runId_;
     st.layout = engine.checkpointLayout();
     st.chunked = true;
@@ -716,7 +647,7 @@ TrainResult Trainer::run() {
     int64_t micro = 0, first = dataIndex + int64_t(rank) * accum;
     StepOutcome step;
     try {
-      step = engine.step([&] { return batch(Split::Train, first + micro++); }, accum, lr);
+      step = engine.step([&] { return batch(data::Split::Train, first + micro++); }, accum, lr);
     } catch (const OutOfMemory& e) {
       // NOTE [Out of memory]: what the memory holds, and what to change. Checkpoints already written stay.
       const zero::StorePlacement& p = engine.placement();
@@ -951,8 +882,9 @@ TrainResult Trainer::run() {
   if (c.train.sampleLength > 0) {
     // Every rank samples the same tokens (ZeRO-3's forwards are collectives); rank 0 shows them. An
     // objective that makes nothing of the prompt (BERT without a [MASK]) shows nothing.
-    std::optional<Generation> g = objective_->generate(
-        c.train.samplePrompt, GenerateOptions{c.train.sampleLength, -1, 40, c.train.seed}, modelDType());
+    std::optional<data::Generation> g =
+        objective_->generate(c.train.samplePrompt,
+                             data::GenerateOptions{c.train.sampleLength, -1, 40, c.train.seed}, modelDType());
     if (g) {
       result.sample = g->text;
       if (main) spdlog::info("sample:\n{}", g->display(c.train.samplePrompt));

@@ -1,6 +1,6 @@
 #include "strata/zero/ChunkGroups.h"
 
-#include "strata/dist/ProcessGroup.h"
+#include "strata/distributed/ProcessGroup.h"
 
 namespace strata::zero {
 

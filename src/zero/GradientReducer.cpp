@@ -4,7 +4,7 @@
 #include "strata/autograd/Node.h"
 #include "strata/core/Error.h"
 #include "strata/core/Stream.h"
-#include "strata/dist/Communicator.h"
+#include "strata/distributed/Communicator.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::zero {
@@ -29,7 +29,7 @@ void GradientReducer::reduce(size_t chunk) {
   Tensor grads = chunks_.ensureGradients(chunk);
   if (!groups_.communicates(chunk)) return;
   Tensor wide = grads.dtype() == DType::F32 ? grads : ops::to(grads, device_, DType::F32);
-  // NOTE [Collective ordering and completion] in dist/Communicator.h: the comm stream waits for the
+  // NOTE [Collective ordering and completion] in distributed/Communicator.h: the comm stream waits for the
   // backward that wrote the gradients.
   const Stream& commStream = deviceStreams(device_).comm;
   streamWaits(commStream, currentStream(device_), device_);

@@ -9,7 +9,7 @@
 #include "strata/autograd/Engine.h"
 #include "strata/autograd/GradMode.h"
 #include "strata/core/Allocator.h"
-#include "strata/dist/Communicator.h"
+#include "strata/distributed/Communicator.h"
 #include "strata/nn/Module.h"
 #include "strata/ops/Ops.h"
 

@@ -42,7 +42,7 @@ run "config path is a directory" 1 "^error: config file configs is a directory" 
 run "empty config" 1 "^error: config file .*empty.yaml is empty" train "$work/empty.yaml"
 run "user errors carry no source location" 1 "^error: .*unknown config key 'model.hiden_size'[^[]*$" \
   train "$cfg" --set model.hiden_size=3
-STRATA_DEBUG=1 run "STRATA_DEBUG=1 adds the location" 1 "\[src/train/Config.cpp:[0-9]+" \
+STRATA_DEBUG=1 run "STRATA_DEBUG=1 adds the location" 1 "\[src/config/Config.cpp:[0-9]+" \
   train "$cfg" --set model.hiden_size=3
 touch "$work/a-file"
 run "out_dir is a file" 1 "^error: 'train.out_dir' .*a-file is a file" train "$cfg" "${tiny[@]}" \

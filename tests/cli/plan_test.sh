@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `strata plan` on every config in configs/ and configs/zoo/, for DESIGN.md's H200 (--machine h200): each one
+# `strata plan` on every config in configs/ and configs/zoo/, for the reference H200 (--machine h200): each one
 # either plans (exit 0, the tier table and a predicted step) or is refused with one clear error that names the
 # largest model of its family that fits (exit 1). Then plans of the CPU run on a small machine.
 # Usage: plan_test.sh STRATA_BINARY CONFIGS_DIR

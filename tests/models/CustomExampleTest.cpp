@@ -36,13 +36,13 @@ std::string trainLogged(std::shared_ptr<nn::CausalLM> model, const fs::path& out
     for (int i = 0; i < 300; ++i) text << "abcabcabd abcabcabd\n";
   }
   fs::remove_all(out);
-  train::Config c =
-      train::parseConfig("", "test",
-                         {"data.path=" + corpus.string(), "train.out_dir=" + out.string(), "train.device=cpu",
-                          "model.hidden_size=16", "model.seq_length=16", "train.micro_batch_size=8",
-                          "train.train_iters=" + std::to_string(iters), "train.log_interval=10",
-                          "train.eval_interval=" + std::to_string(iters), "train.eval_iters=2",
-                          "train.sample_length=0", "lr_schedule.warmup_iters=5", "optimizer.lr=0.01"});
+  config::Config c = config::parseConfig(
+      "", "test",
+      {"data.path=" + corpus.string(), "train.out_dir=" + out.string(), "train.device=cpu",
+       "model.hidden_size=16", "model.seq_length=16", "train.micro_batch_size=8",
+       "train.train_iters=" + std::to_string(iters), "train.log_interval=10",
+       "train.eval_interval=" + std::to_string(iters), "train.eval_iters=2", "train.sample_length=0",
+       "lr_schedule.warmup_iters=5", "optimizer.lr=0.01"});
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
   auto& sinks = spdlog::default_logger()->sinks();

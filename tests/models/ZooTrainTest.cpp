@@ -8,10 +8,10 @@
 
 #include "TestUtil.h"
 #include "models/Zoo.h"
+#include "strata/config/Config.h"
+#include "strata/data/MaskedLmObjective.h"
+#include "strata/data/SpanCorruptionObjective.h"
 #include "strata/train/Checkpoint.h"
-#include "strata/train/Config.h"
-#include "strata/train/MaskedLmObjective.h"
-#include "strata/train/SpanCorruptionObjective.h"
 #include "strata/train/Trainer.h"
 
 using namespace strata;
@@ -20,11 +20,11 @@ namespace fs = std::filesystem;
 namespace {
 
 // The zoo config `name` on tiny Shakespeare (the config's own data path), on the CPU, with `sets` on top.
-train::Config zooConfig(const std::string& name, const fs::path& out, std::vector<std::string> sets) {
+config::Config zooConfig(const std::string& name, const fs::path& out, std::vector<std::string> sets) {
   std::vector<std::string> all = {"train.device=cpu", "train.out_dir=" + out.string(), "train.log_interval=1",
                                   "checkpoint.save="};
   all.insert(all.end(), sets.begin(), sets.end());
-  return train::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/zoo/" + name + ".yaml", all);
+  return config::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/zoo/" + name + ".yaml", all);
 }
 
 struct Curves {
@@ -70,7 +70,7 @@ TEST_CASE("bert-mini learns masked bytes of tiny Shakespeare through the trainer
   std::vector<std::string> sets = kShortRun;
   sets.push_back("train.sample_prompt=to be or not to b[MASK]");
   train::Trainer trainer(zooConfig("bert-mini", out, sets));
-  REQUIRE(dynamic_cast<train::MaskedLmObjective*>(&trainer.objective()) != nullptr);
+  REQUIRE(dynamic_cast<data::MaskedLmObjective*>(&trainer.objective()) != nullptr);
   REQUIRE(trainer.objective().windowLength() == 62);  // [CLS] 62 bytes [SEP]
   REQUIRE(trainer.objective().dataVocabSize() == 256);
   train::TrainResult r = trainer.run();
@@ -128,7 +128,7 @@ TEST_CASE("t5-mini learns span corruption of tiny Shakespeare through the traine
   sets.push_back("train.sample_length=12");
   sets.push_back("train.sample_prompt=To be, or not to be, <extra_id_0> is the question.");
   train::Trainer trainer(zooConfig("t5-mini", out, sets));
-  auto* objective = dynamic_cast<train::SpanCorruptionObjective*>(&trainer.objective());
+  auto* objective = dynamic_cast<data::SpanCorruptionObjective*>(&trainer.objective());
   REQUIRE(objective != nullptr);
   // 70 bytes -> 60 kept, 3 sentinels and EOS = 64 inputs; 10 noise bytes, 3 sentinels and EOS = 14 targets.
   REQUIRE(objective->windowLength() == 70);
@@ -205,9 +205,9 @@ TEST_CASE("bert and t5 resume exactly from the trainer's checkpoints", "[models]
 }
 
 TEST_CASE("modelSpecFrom carries the encoder architectures' keys", "[models][train]") {
-  train::Config c =
-      train::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/zoo/t5-mini.yaml", {}, false);
-  models::ModelSpec s = train::modelSpecFrom(c, Device::cpu());
+  config::Config c =
+      config::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/zoo/t5-mini.yaml", {}, false);
+  models::ModelSpec s = config::modelSpecFrom(c, Device::cpu());
   REQUIRE(s.kvChannels == 64);
   REQUIRE(s.decoderNumLayers == 4);
   REQUIRE(s.decoderSeqLength == 32);
@@ -215,19 +215,19 @@ TEST_CASE("modelSpecFrom carries the encoder architectures' keys", "[models][tra
   REQUIRE(s.untieEmbeddingsAndOutputWeights);
   REQUIRE(s.scaleDecoderOutputs == "default");
   REQUIRE(!models::t5Config(s).scaleDecoderOutputs);  // v1.1: untied and unscaled
-  train::Config tied = train::loadConfig(
+  config::Config tied = config::loadConfig(
       std::string(STRATA_SOURCE_DIR) + "/configs/zoo/t5-mini.yaml",
       {"model.untie_embeddings_and_output_weights=false", "model.scale_decoder_outputs=false"}, false);
-  REQUIRE(train::modelSpecFrom(tied, Device::cpu()).scaleDecoderOutputs == "false");
-  train::Config bert =
-      train::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/zoo/bert-mini.yaml",
-                        {"model.max_position_embeddings=512", "model.pad_token_id=0"}, false);
-  models::ModelSpec bs = train::modelSpecFrom(bert, Device::cpu());
+  REQUIRE(config::modelSpecFrom(tied, Device::cpu()).scaleDecoderOutputs == "false");
+  config::Config bert =
+      config::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/zoo/bert-mini.yaml",
+                         {"model.max_position_embeddings=512", "model.pad_token_id=0"}, false);
+  models::ModelSpec bs = config::modelSpecFrom(bert, Device::cpu());
   REQUIRE(bs.maxPositionEmbeddings == 512);
   REQUIRE(bs.padTokenId == 0);
-  train::Config b =
-      train::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/zoo/bert-base.yaml", {}, false);
-  REQUIRE(train::modelSpecFrom(b, Device::cpu()).bertBinaryHead);
+  config::Config b =
+      config::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/zoo/bert-base.yaml", {}, false);
+  REQUIRE(config::modelSpecFrom(b, Device::cpu()).bertBinaryHead);
   // The trainer counts what the zoo's formulas count.
   auto t5 = models::buildModule(s);
   REQUIRE(t5->numParameters() == models::numParameters(s));

@@ -1,5 +1,5 @@
 // The sequential micro-batch schedule: each micro-batch's forward, then its backward from the loss that
-// forward returned, in micro-batch order. (The engine under other schedules: tests/dist/mpi/
+// forward returned, in micro-batch order. (The engine under other schedules: tests/distributed/mpi/
 // MicroBatchScheduleTest.cpp.)
 #include <string>
 #include <vector>

@@ -81,7 +81,7 @@ TEST_CASE(
 
   // Starting over removes the first run's files, and only those.
   { std::ofstream(shared / "notes.txt") << "a user's file\n"; }
-  train::Config over = test::tinyConfig(
+  config::Config over = test::tinyConfig(
       b, {"checkpoint.save=" + shared.string(), "train.train_iters=2", "checkpoint.keep_last=1"});
   over.checkpoint.overwrite = true;
   train::Trainer second(over);
@@ -104,7 +104,7 @@ TEST_CASE("a resume takes the run's settings from its checkpoint and refuses giv
 
   // A bare config resumes the run as it was: its model, batch, schedule, out_dir and exit interval. Where
   // its state lives is this command's (the default chunks here): that changes no number.
-  train::Config bare = train::parseConfig(
+  config::Config bare = config::parseConfig(
       "", "bare",
       {"data.path=" + test::tinyCorpus().string(), "train.device=cpu", "checkpoint.load=" + ckpt.string()});
   train::Trainer resumed(bare);

@@ -55,7 +55,7 @@ ArenaRun stage3Run(const std::string& name, const std::vector<std::string>& mode
                                    "zero_optimization.prefetch_depth=" + std::to_string(depth),
                                    std::string("store.arena=") + (arena ? "true" : "false")};
   sets.insert(sets.end(), model.begin(), model.end());
-  train::TrainResult result = train::Trainer(train::parseConfig("", "arena-test", sets)).run();
+  train::TrainResult result = train::Trainer(config::parseConfig("", "arena-test", sets)).run();
   ArenaRun run;
   run.chunks = result.chunks;
   std::ifstream in(out / "metrics.jsonl");

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/train/Config.h"
+#include "strata/config/Config.h"
 
 namespace strata::test {
 
@@ -21,7 +21,7 @@ inline std::filesystem::path tinyCorpus() {
   return p;
 }
 
-inline train::Config tinyConfig(const std::filesystem::path& outDir, std::vector<std::string> extra = {}) {
+inline config::Config tinyConfig(const std::filesystem::path& outDir, std::vector<std::string> extra = {}) {
   std::vector<std::string> o = {"data.path=" + tinyCorpus().string(),
                                 "train.out_dir=" + outDir.string(),
                                 "train.device=cpu",
@@ -40,7 +40,7 @@ inline train::Config tinyConfig(const std::filesystem::path& outDir, std::vector
                                 "lr_schedule.warmup_iters=2",
                                 "optimizer.lr=0.003"};
   o.insert(o.end(), extra.begin(), extra.end());
-  return train::parseConfig("", "test", o);
+  return config::parseConfig("", "test", o);
 }
 
 // The records of <outDir>/metrics.jsonl, in order.

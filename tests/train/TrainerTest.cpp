@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-train::Config tinyConfig(const fs::path& outDir, std::vector<std::string> extra = {}) {
+config::Config tinyConfig(const fs::path& outDir, std::vector<std::string> extra = {}) {
   return test::tinyConfig(outDir, std::move(extra));
 }
 
@@ -316,7 +316,7 @@ TEST_CASE("metrics: a failed write is an error, and a resume never logs a step t
   std::string e = test::errorOf([&] { train::Trainer(tinyConfig(run, {"train.train_iters=4"})); });
   REQUIRE(e.find("hold another run's files") != std::string::npos);
   REQUIRE(records(run).size() == first.size());
-  train::Config over = tinyConfig(run, {"train.train_iters=4", "train.eval_interval=0"});
+  config::Config over = tinyConfig(run, {"train.train_iters=4", "train.eval_interval=0"});
   over.checkpoint.overwrite = true;
   train::Trainer(over).run();
   REQUIRE(records(run).size() == 4);
@@ -425,15 +425,15 @@ TEST_CASE("the step engine applies finite steps and leaves non-finite ones untou
           "[train][stepengine]") {
   fs::path out = fs::temp_directory_path() / "strata-step-engine";
   fs::remove_all(out);
-  train::Config config = tinyConfig(out, {"model.dropout=0"});
-  auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
-  train::CausalLmObjective objective(model, nullptr);
+  config::Config config = tinyConfig(out, {"model.dropout=0"});
+  auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+  data::CausalLmObjective objective(model, nullptr);
   train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
-  auto data = train::TokenDataset::random(256, 4096, 3, 0.0);
+  auto data = data::TokenDataset::random(256, 4096, 3, 0.0);
   int64_t index = 0;
   auto next = [&] {
-    auto [ids, targets] = data.batch(train::Split::Train, index, 4, 32, 1, Device::cpu());
-    return train::TokenBatch{ids, targets, index++};
+    auto [ids, targets] = data.batch(data::Split::Train, index, 4, 32, 1, Device::cpu());
+    return data::TokenBatch{ids, targets, index++};
   };
   train::StepOutcome ok = engine.step(next, 2, 1e-3);
   REQUIRE(ok.applied);
@@ -489,10 +489,10 @@ TEST_CASE("optimizer state offloaded to the host trains bit for bit like state o
     REQUIRE(tiers == Approx(last["mem_model_state_gb"].get<double>()).margin(1e-6));
   }
   // The placement itself, read from an engine: with offload every chunk's optimizer state is on the host.
-  train::Config config = tinyConfig(base / "engine", {"zero_optimization.offload_optimizer.device=cpu",
-                                                      "zero_optimization.chunk_size_mb=0.02"});
-  auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
-  train::CausalLmObjective objective(model, nullptr);
+  config::Config config = tinyConfig(base / "engine", {"zero_optimization.offload_optimizer.device=cpu",
+                                                       "zero_optimization.chunk_size_mb=0.02"});
+  auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+  data::CausalLmObjective objective(model, nullptr);
   train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
   const zero::StorePlacement& placement = engine.placement();
   REQUIRE(placement.chunksOn(zero::Tier::Host) == engine.chunks().numChunks());
@@ -532,9 +532,9 @@ TEST_CASE("the memory tracer starts off the device and brings the SSD's state ba
     {
       // The placement the first step runs with: the parameters alone on the device, the host (its budget)
       // and the SSD hold the optimizer state.
-      train::Config config = tinyConfig(base / "engine", traced);
-      auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
-      train::CausalLmObjective objective(model, nullptr);
+      config::Config config = tinyConfig(base / "engine", traced);
+      auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+      data::CausalLmObjective objective(model, nullptr);
       train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
       start = engine.placement();
     }
@@ -881,9 +881,9 @@ TEST_CASE("Adafactor trains through the step engine: device and host state give 
   }
   {
     // The split placement really splits, and the optimizer counts its own state (no SSD for Adafactor).
-    train::Config config = tinyConfig(base / "engine", adafactorSets({"store.gpu_budget_gb=0.0002"}));
-    auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
-    train::CausalLmObjective objective(model, nullptr);
+    config::Config config = tinyConfig(base / "engine", adafactorSets({"store.gpu_budget_gb=0.0002"}));
+    auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+    data::CausalLmObjective objective(model, nullptr);
     train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
     const zero::StorePlacement& placement = engine.placement();
     INFO(placement.table());

@@ -126,7 +126,7 @@ TEST_CASE("training numbers do not depend on the chunk layout", "[zero][chunks][
   for (const char* mb : {"1", "4", "64"}) {
     fs::path out = test::freshDir(std::string("strata-chunk-layout-") + mb);
     fs::path corpus = writeCorpus(out);
-    auto config = train::parseConfig(
+    auto config = config::parseConfig(
         "", "test",
         {"data.path=" + corpus.string(), "train.out_dir=" + out.string(), "train.device=cpu",
          "model.num_layers=4", "model.dropout=0.1", "train.micro_batch_size=4", "train.global_batch_size=8",
@@ -140,7 +140,7 @@ TEST_CASE("training numbers do not depend on the chunk layout", "[zero][chunks][
     train::CheckpointState saved = train::readCheckpointState((out / "ckpt").string());
     REQUIRE(saved.layout.chunks.size() == r.chunks);
     REQUIRE(saved.layout.slots.size() == 52);
-    auto model = models::buildModel(train::modelSpecFrom(config, Device::cpu()));
+    auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
     for (const auto& [name, p] : model->namedParameters()) {
       const zero::ChunkSlot& slot = saved.layout.slot(name);
       REQUIRE(slot.shape == p.shape());
@@ -216,7 +216,7 @@ TEST_CASE("one rank trains the same numbers at ZeRO stages 0 to 3", "[zero][chun
   for (int stage = 0; stage <= 3; ++stage) {
     fs::path out = test::freshDir("strata-one-rank-stage" + std::to_string(stage));
     fs::path corpus = writeCorpus(out);
-    auto config = train::parseConfig(
+    auto config = config::parseConfig(
         "", "test",
         {"data.path=" + corpus.string(), "train.out_dir=" + out.string(), "train.device=cpu",
          "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=2", "model.seq_length=32",

@@ -20,22 +20,22 @@
 
 #include "models/Zoo.h"
 #include "models/ZooHf.h"
+#include "strata/config/Config.h"
+#include "strata/config/ConfigKeys.h"
 #include "strata/core/Allocator.h"
-#include "strata/dist/Launch.h"
+#include "strata/data/SentencePieceTokenizer.h"
+#include "strata/data/Tokenize.h"
+#include "strata/data/WordPieceTokenizer.h"
+#include "strata/distributed/Launch.h"
+#include "strata/interop/HfImport.h"
+#include "strata/interop/SentenceEmbedder.h"
 #include "strata/optim/Adafactor.h"
+#include "strata/plan/Calibration.h"
+#include "strata/plan/Plan.h"
 #include "strata/strata.h"
-#include "strata/train/Calibration.h"
 #include "strata/train/Checkpoint.h"
-#include "strata/train/Config.h"
-#include "strata/train/ConfigKeys.h"
-#include "strata/train/HfImport.h"
 #include "strata/train/Interrupts.h"
-#include "strata/train/Plan.h"
-#include "strata/train/SentenceEmbedder.h"
-#include "strata/train/SentencePieceTokenizer.h"
-#include "strata/train/Tokenize.h"
 #include "strata/train/Trainer.h"
-#include "strata/train/WordPieceTokenizer.h"
 #include "strata/zero/ChunkLayout.h"
 
 using namespace strata;
@@ -96,7 +96,7 @@ std::vector<std::string> mpirunWords(const std::vector<std::string>& own, int ra
 // The command that resumes this run: the one that started it with --resume (and without --overwrite), the
 // save directory spelt out when the command's own config would not find it, and under mpirun the mpirun
 // words with their rank count.
-std::string resumeCommand(const std::vector<std::string>& argv, const train::Config& given,
+std::string resumeCommand(const std::vector<std::string>& argv, const config::Config& given,
                           const train::Trainer& trainer) {
   std::vector<std::string> words;
   if (train::launchedByOpenMpi()) words = mpirunWords(argv, trainer.parallel().worldSize());
@@ -117,9 +117,9 @@ int runTrain(const std::string& configPath, std::vector<std::string> overrides, 
   // Under mpirun every rank reads the same config: a problem with it is rank 0's to print, once.
   int launchRank = dist::launchInfoFromEnvironment().rank;
   if (resume) overrides.push_back("checkpoint.resume=true");
-  train::Config config;
+  config::Config config;
   try {
-    config = train::loadConfig(configPath, overrides);
+    config = config::loadConfig(configPath, overrides);
   } catch (const Error& e) {
     if (launchRank != 0) throw train::ReportedByRankZero(e.message());
     throw;
@@ -178,7 +178,7 @@ int runBench(const std::string& configPath, std::vector<std::string> overrides, 
         std::string("checkpoint.save="), std::string("checkpoint.save_interval=0"), "train.out_dir=" + out})
     overrides.push_back(kv);
   if (profile) setenv("STRATA_PROFILE", "1", 1);
-  train::Config config = train::loadConfig(configPath, overrides, /*requireData=*/false);
+  config::Config config = config::loadConfig(configPath, overrides, /*requireData=*/false);
   train::Trainer trainer(config);
   train::TrainResult r = trainer.run();
   const train::TrainRecord& m = r.last;
@@ -204,10 +204,10 @@ std::string humanBytes(double b) {
 }
 
 int runInfo(const std::string& configPath, const std::vector<std::string>& overrides) {
-  train::Config c = train::loadConfig(configPath, overrides, /*requireData=*/false);
+  config::Config c = config::loadConfig(configPath, overrides, /*requireData=*/false);
   // Counted from the architecture's own formula, so `info` answers instantly even for models that would not
   // fit here.
-  models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
+  models::ModelSpec spec = config::modelSpecFrom(c, Device::cpu());
   int64_t params = models::numParameters(spec);
   double flops = models::flopsPerToken(spec);
   std::printf("model          %s: %s\n", c.model.arch.c_str(), models::describeShape(spec).c_str());
@@ -222,21 +222,21 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
   // The configured device, present or not (info plans; it does not run).
   Device planned = c.train.device == "auto" ? (cudaAvailable() ? Device::cuda(0) : Device::cpu())
                                             : Device::parse(c.train.device);
-  DType compute = train::computeDTypeFor(c, planned);
+  DType compute = config::computeDTypeFor(c, planned);
   std::string dt = dtypeName(compute);
   struct Kind {
     std::string name;
     double bytesPerParam;
     std::string note;
   };
-  auto shapes = models::parameterShapes(train::modelSpecFrom(c, Device::cpu()));
+  auto shapes = models::parameterShapes(config::modelSpecFrom(c, Device::cpu()));
   bool adafactor = c.optimizer.type == "adafactor";
   std::string optimizerName = adafactor ? "Adafactor" : "AdamW";
   std::vector<Kind> kinds = {{dt + " parameters", double(dtypeSize(compute)), "views into the chunks"}};
   kinds.push_back({"fp32 gradients", 4, "flat buffer per chunk"});
   if (compute != DType::F32) kinds.push_back({"fp32 masters (" + optimizerName + ")", 4, "per chunk"});
   if (adafactor) {
-    optim::AdafactorConfig ac = train::adafactorConfigFrom(c);
+    optim::AdafactorConfig ac = config::adafactorConfigFrom(c);
     std::vector<Shape> shapeList;
     for (const auto& [name, shape] : shapes) shapeList.push_back(shape);
     double total = double(optim::adafactorStateBytes(shapeList, ac));
@@ -289,14 +289,14 @@ std::string optionalBytes(const std::optional<uint64_t>& value) {
   return value ? humanBytes(double(*value)) : std::string("-");
 }
 
-// `strata bench --calibrate`: this machine's rates and sizes, for `strata plan` (train/Calibration.h).
+// `strata bench --calibrate`: this machine's rates and sizes, for `strata plan` (plan/Calibration.h).
 int runCalibrate(const std::string& outPath, const std::string& nvmePath, double nvmeGb) {
-  std::string path = outPath.empty() ? train::defaultCalibrationPath() : outPath;
+  std::string path = outPath.empty() ? plan::defaultCalibrationPath() : outPath;
   std::string dir = nvmePath.empty() ? std::filesystem::temp_directory_path().string() : nvmePath;
   auto start = std::chrono::steady_clock::now();
-  train::Calibration c = train::calibrate(dir, uint64_t(nvmeGb * double(1ull << 30)));
+  plan::Calibration c = plan::calibrate(dir, uint64_t(nvmeGb * double(1ull << 30)));
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  train::writeCalibration(c, path);
+  plan::writeCalibration(c, path);
   std::printf("\n%-34s %s\n", "what", "measured");
   std::printf("%-34s %s\n", "device", c.deviceName.value_or("none (no GPU: GPU fields left out)").c_str());
   std::printf("%-34s %s\n", "device memory", optionalBytes(c.deviceMemoryBytes).c_str());
@@ -327,25 +327,25 @@ int runCalibrate(const std::string& outPath, const std::string& nvmePath, double
 }
 
 // `strata plan CONFIG`: where the model state will live, the activations and the predicted step time
-// (NOTE [Plan model] in train/Plan.h); a config that does not fit is refused with the largest model of its
+// (NOTE [Plan model] in plan/Plan.h); a config that does not fit is refused with the largest model of its
 // family that does.
 int runPlan(const std::string& configPath, const std::vector<std::string>& overrides, int ranks,
             int ranksPerNode, const std::string& machine, const std::string& calibrationPath) {
   STRATA_USER_CHECK(ranks >= 1, "plan: --ranks must be at least 1, got {}", ranks);
-  train::Config c = train::loadConfig(configPath, overrides, /*requireData=*/false);
-  train::PlanOptions options;
+  config::Config c = config::loadConfig(configPath, overrides, /*requireData=*/false);
+  plan::PlanOptions options;
   options.ranks = ranks;
   options.ranksPerNode = ranksPerNode;
   // The machine it runs on, unless told otherwise (--machine h200, --calibration FILE).
-  train::MachineChoice chosen = train::chooseMachine(machine, calibrationPath, c.zero.nvmePath);
+  plan::MachineChoice chosen = plan::chooseMachine(machine, calibrationPath, c.zero.nvmePath);
   options.calibration = chosen.calibration;
   options.calibrationSource = chosen.source;
-  train::ModelStatePlan plan = train::planModelState(c, options);
-  std::printf("%s", train::formatPlan(plan).c_str());
+  plan::ModelStatePlan plan = plan::planModelState(c, options);
+  std::printf("%s", plan::formatPlan(plan).c_str());
   for (const std::string& note : chosen.notes) std::printf("  - %s\n", note.c_str());
   std::fflush(stdout);
   if (plan.fits) return 0;
-  STRATA_USER_FAIL("{}", train::refusalMessage(configPath, c, plan, options));
+  STRATA_USER_FAIL("{}", plan::refusalMessage(configPath, c, plan, options));
 }
 
 // The configs folder: ./configs when there is one, else the source tree's this binary was built from.
@@ -382,8 +382,8 @@ int runInfoZoo() {
   for (const fs::path& folder : {dir, dir / "zoo"}) {
     for (const auto& entry : fs::directory_iterator(folder)) {
       if (entry.path().extension() != ".yaml") continue;
-      train::Config c = train::loadConfig(entry.path().string(), {}, /*requireData=*/false);
-      models::ModelSpec spec = train::modelSpecFrom(c, Device::cpu());
+      config::Config c = config::loadConfig(entry.path().string(), {}, /*requireData=*/false);
+      models::ModelSpec spec = config::modelSpecFrom(c, Device::cpu());
       rows.push_back(
           {fs::relative(entry.path(), dir.parent_path().empty() ? "." : dir.parent_path()).string(),
            c.model.arch, models::objectiveName(models::objective(c.model.arch)), models::describeShape(spec),
@@ -411,9 +411,9 @@ int runInfoZoo() {
 int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_t tokens, double temperature,
                 int64_t topK, uint64_t seed, const std::string& deviceName) {
   std::string dir = train::resolveCheckpoint(checkpoint);
-  train::Config c = train::checkpointConfig(dir);
-  Device device = train::resolveDevice(deviceName);
-  std::shared_ptr<train::Objective> objective = train::makeObjective(c, device);
+  config::Config c = interop::checkpointConfig(dir);
+  Device device = config::resolveDevice(deviceName);
+  std::shared_ptr<data::Objective> objective = data::makeObjective(c, device);
   nn::Module& model = objective->model();
   auto weights = train::loadModelShards(dir);
   for (auto& [name, p] : model.namedParameters()) {
@@ -426,8 +426,8 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
   }
   DType compute = device.isCpu() || c.precision.dtype == "fp32" ? DType::F32 : DType::BF16;
   model.castParameters(compute);  // layers compute in their parameters' dtype
-  std::optional<train::Generation> g =
-      objective->generate(prompt, train::GenerateOptions{tokens, temperature, topK, seed}, compute);
+  std::optional<data::Generation> g =
+      objective->generate(prompt, data::GenerateOptions{tokens, temperature, topK, seed}, compute);
   STRATA_USER_CHECK(g.has_value(), "model.arch {} {}; --prompt '{}' gives it nothing to do", c.model.arch,
                     objective->generateUsage(), prompt);
   std::printf("%s\n", g->display(prompt).c_str());
@@ -436,14 +436,14 @@ int runGenerate(const std::string& checkpoint, const std::string& prompt, int64_
 
 // With --hf, OUTPUT is a directory that HF's from_pretrained loads (GPT2LMHeadModel, BertForMaskedLM or
 // BertForPreTraining, T5ForConditionalGeneration, SwitchTransformersForConditionalGeneration):
-// model.safetensors and config.json (train::exportHfCheckpoint). Without it OUTPUT is one safetensors file
+// model.safetensors and config.json (interop::exportHfCheckpoint). Without it OUTPUT is one safetensors file
 // under Strata's names.
 int runConvert(const std::string& checkpoint, const std::string& output, bool hf) {
   bool toFile = output.size() > 12 && output.substr(output.size() - 12) == ".safetensors";
   STRATA_USER_CHECK(hf || toFile,
                     "convert: OUTPUT must end in .safetensors (or pass --hf to write an HF directory)");
   if (hf) {
-    train::HfExportResult r = train::exportHfCheckpoint(checkpoint, output);
+    interop::HfExportResult r = interop::exportHfCheckpoint(checkpoint, output);
     std::string streamed = r.peakBufferBytes > 0 ? ", streaming (at most " +
                                                        humanBytes(double(r.peakBufferBytes)) + " in memory)"
                                                  : std::string();
@@ -471,7 +471,7 @@ int runConvert(const std::string& checkpoint, const std::string& output, bool hf
 // checkpoint.load_model_only) trains on from. It says what it built: the architecture, the shapes, the head
 // (tied or not, T5's scaling), the activation and the positions.
 int runConvertFromHf(const std::string& hfDir, const std::string& output) {
-  train::HfImportResult r = train::importHfCheckpoint(hfDir, output);
+  interop::HfImportResult r = interop::importHfCheckpoint(hfDir, output);
   std::string ignored;
   for (const auto& name : r.unused) ignored += (ignored.empty() ? "" : ", ") + name;
   std::printf("built %s (HF %s): %s\n  %s\n", r.spec.arch.c_str(), r.modelClass.c_str(),
@@ -486,25 +486,25 @@ int runConvertFromHf(const std::string& hfDir, const std::string& output) {
 // Raw text -> a nanoGPT .bin of token ids, on every physical core, with a progress line on stderr.
 int runTokenize(const std::string& input, const std::string& output, const std::string& kind,
                 const std::string& vocabFile, const std::string& mergesFile, bool cased, int threads) {
-  std::unique_ptr<train::Tokenizer> tokenizer;
+  std::unique_ptr<data::Tokenizer> tokenizer;
   if (kind == "wordpiece") {
     STRATA_USER_CHECK(!vocabFile.empty(), "tokenize: the wordpiece tokenizer needs --vocab-file (vocab.txt)");
-    train::WordPieceOptions options;
+    data::WordPieceOptions options;
     options.lowerCase = !cased;
-    tokenizer = std::make_unique<train::WordPieceTokenizer>(vocabFile, options);
+    tokenizer = std::make_unique<data::WordPieceTokenizer>(vocabFile, options);
   } else if (kind == "sentencepiece") {
     STRATA_USER_CHECK(!vocabFile.empty(),
                       "tokenize: the sentencepiece tokenizer needs --vocab-file (a .model file, e.g. T5's "
                       "spiece.model)");
-    tokenizer = std::make_unique<train::SentencePieceTokenizer>(vocabFile);
+    tokenizer = std::make_unique<data::SentencePieceTokenizer>(vocabFile);
   } else if (kind == "gpt2") {
     STRATA_USER_CHECK(!vocabFile.empty() && !mergesFile.empty(),
                       "tokenize: the gpt2 tokenizer needs --vocab-file and --merges-file");
-    tokenizer = std::make_unique<train::Gpt2Tokenizer>(vocabFile, mergesFile);
+    tokenizer = std::make_unique<data::Gpt2Tokenizer>(vocabFile, mergesFile);
   } else {
-    tokenizer = std::make_unique<train::ByteTokenizer>();
+    tokenizer = std::make_unique<data::ByteTokenizer>();
   }
-  train::TokenizeOptions options;
+  data::TokenizeOptions options;
   options.threads = threads > 0 ? threads : physicalCpuCores();
   auto start = std::chrono::steady_clock::now();
   double lastPrint = -1;
@@ -518,13 +518,13 @@ int runTokenize(const std::string& input, const std::string& output, const std::
                  seconds > 0 ? mb / seconds : 0.0);
     if (done >= total) std::fprintf(stderr, "\n");
   };
-  train::TokenizeResult r = train::tokenizeFile(input, output, *tokenizer, options);
+  data::TokenizeResult r = data::tokenizeFile(input, output, *tokenizer, options);
   std::printf("wrote %ld %s tokens from %ld bytes to %s in %.1f s on %d threads\n", long(r.tokens),
               kind.c_str(), long(r.bytes), output.c_str(), r.seconds, options.threads);
   return 0;
 }
 
-// Mean-pooled, L2-normalised sentence embeddings (train/SentenceEmbedder.h): one line per text, its floats
+// Mean-pooled, L2-normalised sentence embeddings (interop/SentenceEmbedder.h): one line per text, its floats
 // separated by spaces, in the order given (--text values first, then the file's non-empty lines).
 int runEmbed(const std::string& modelDir, const std::vector<std::string>& texts, const std::string& file,
              const std::string& deviceName, int64_t batchSize, int64_t maxSeqLength) {
@@ -538,11 +538,11 @@ int runEmbed(const std::string& modelDir, const std::vector<std::string>& texts,
     }
   }
   STRATA_USER_CHECK(!all.empty(), "embed: no text given (--text TEXT, or --file with one text per line)");
-  train::SentenceEmbedderOptions options;
-  options.device = train::resolveDevice(deviceName);
+  interop::SentenceEmbedderOptions options;
+  options.device = config::resolveDevice(deviceName);
   options.batchSize = batchSize;
   options.maxSeqLength = maxSeqLength;
-  train::SentenceEmbedder embedder(modelDir, options);
+  interop::SentenceEmbedder embedder(modelDir, options);
   std::string line;
   for (const std::vector<float>& e : embedder.embed(all)) {
     line.clear();
@@ -562,7 +562,7 @@ bool reportUnknownCommand(int argc, char** argv) {
   std::string all;
   for (const char* command : kCommands) {
     if (given == command) return false;
-    size_t d = train::editDistance(given, command);
+    size_t d = config::editDistance(given, command);
     if (d < bestDistance) {
       bestDistance = d;
       best = command;
@@ -670,7 +670,7 @@ int main(int argc, char** argv) {
   plan->add_option(
       "--machine", planMachine,
       "the machine to plan for: here (default: this machine, with its calibration file when it has "
-      "one) or h200 (DESIGN.md's measured H200)");
+      "one) or h200 (the reference H200, measured)");
   plan->add_option("--calibration", calibrationPath,
                    "calibration file (default $STRATA_CALIBRATION or ~/.cache/strata/calibration.json)");
 
@@ -803,7 +803,7 @@ int main(int argc, char** argv) {
       STRATA_USER_CHECK(listKeys,
                         "config: give --list to print every config key with its type, default and "
                         "meaning");
-      std::fputs(train::configReference().c_str(), stdout);
+      std::fputs(config::configReference().c_str(), stdout);
       return 0;
     }
     if (*embed) return runEmbed(embedModel, embedTexts, embedFile, device, embedBatch, embedMaxSeq);

@@ -27,7 +27,7 @@ class Error : public std::runtime_error {
         userFacing_(userFacing) {}
   // The message without the source location.
   const std::string& message() const { return message_; }
-  // "src/train/Config.cpp:12, check failed: cond", or empty.
+  // "src/config/Config.cpp:12, check failed: cond", or empty.
   const std::string& location() const { return location_; }
   bool userFacing() const { return userFacing_; }
 

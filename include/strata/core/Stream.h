@@ -78,7 +78,8 @@ class Event {
 void streamWaits(const Stream& waiter, const Stream& producer, Device device);
 
 struct DeviceStreams {
-  // `comm` carries collectives and `gather` all-gathers (NOTE [Collective lanes] in dist/Communicator.h).
+  // `comm` carries collectives and `gather` all-gathers (NOTE [Collective lanes] in
+  // distributed/Communicator.h).
   Stream compute, h2d, d2h, comm, gather;
   // Five new streams on `device` (on the CPU, `compute` is the default CPU stream).
   static DeviceStreams create(Device device);

@@ -32,7 +32,7 @@ void fill(const Tensor& t, double value);
 // Occupies `device`'s current stream for `microseconds`: on a GPU one thread spins on the global timer, so
 // later work on that stream starts only after it; on the CPU (whose streams run work at the call) the calling
 // thread waits. A test aid that makes a missing wait between streams show as wrong numbers (NOTE [Comm delay]
-// in dist/Communicator.h).
+// in distributed/Communicator.h).
 void spin(Device device, double microseconds);
 // dst <- src (same shape; any strides; dtype converted; devices may differ).
 void copy(const Tensor& dst, const Tensor& src);

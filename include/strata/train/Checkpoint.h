@@ -75,7 +75,7 @@ struct CheckpointState {
   double lossScale = 0;                       // fp16's dynamic loss scale (0: none)
   int64_t lossScaleGoodSteps = 0;             // and its count of good steps since the scale last changed
   std::map<std::string, std::string> config;  // the keys the run set
-  // The effective value of every model.* key (Config.h's effectiveValues), checked on resume.
+  // The effective value of every model.* key (config/Config.h's effectiveValues), checked on resume.
   std::map<std::string, std::string> model;
   // Where each parameter lives: its chunk, offset, numel, shape and the chunks' dtype (empty when the run
   // had not laid out chunks yet).

@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/train/Config.h"
+#include "strata/config/Config.h"
 
 namespace strata::train {
 
@@ -42,7 +42,7 @@ std::string newRunId();
 
 // Where a config's checkpoints go: checkpoint.save, else <out_dir>/checkpoints when save_interval is set,
 // else "" (none).
-std::string saveDirectoryOf(const Config& config);
+std::string saveDirectoryOf(const config::Config& config);
 
 // The model section with its defaults spelt out, so a checkpoint's and a config's compare by meaning:
 // ffn_hidden_size 0 is 4 x hidden_size, decoder_seq_length 0 a quarter of seq_length, activation default
@@ -56,7 +56,7 @@ bool mayChangeOnResume(const std::string& key);
 std::vector<std::string> resumeChangeableKeys();
 
 struct RunStart {
-  Config config;                   // what the run trains with
+  config::Config config;           // what the run trains with
   std::string checkpoint;          // the step directory the run resumes; "" when it starts fresh
   int64_t step = 0;                // the iterations that checkpoint completed
   std::string runId;               // the resumed run's id; "" for a fresh start, or a checkpoint without one
@@ -69,7 +69,7 @@ struct RunStart {
 // fine-tuning job script can be rerun as it is); checkpoint.load resumes that checkpoint, or with
 // load_model_only starts a fresh run from its weights. A resume's settings are the checkpoint's (NOTE [Resume
 // is a property of the run]); given settings that may not change are refused with the list.
-RunStart planRunStart(const Config& config);
+RunStart planRunStart(const config::Config& config);
 
 // The run files of an output and a save directory, grouped by run id ("" for files of no known run):
 // metrics.jsonl (under every id its records carry), TensorBoard event files, checkpoint step directories.

@@ -30,11 +30,11 @@
 #include <memory>
 #include <vector>
 
+#include "strata/config/Config.h"
+#include "strata/data/Objective.h"
 #include "strata/optim/ChunkOptimizer.h"
 #include "strata/train/Checkpoint.h"
-#include "strata/train/Config.h"
 #include "strata/train/MicroBatchSchedule.h"
-#include "strata/train/Objective.h"
 #include "strata/zero/ChunkArena.h"
 #include "strata/zero/ChunkManager.h"
 #include "strata/zero/Store.h"
@@ -71,7 +71,7 @@ struct StepEngineState {
 };
 
 // Hands out the micro-batches of one step, in order.
-using MicroBatchSource = std::function<TokenBatch()>;
+using MicroBatchSource = std::function<data::TokenBatch()>;
 
 class StepEngine {
  public:
@@ -104,13 +104,13 @@ class StepEngine {
 // `mastersOnHost`: 16-bit chunks' fp32 masters are made in host memory (a model too large for its masters
 // and chunks to share the device).
 // `families`: the parameters kept in chunks of their own, sharded over other ranks (expert parallelism).
-std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Device device, DType compute,
-                                                      int64_t chunkBytes, int shards = 1,
+std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective, Device device,
+                                                      DType compute, int64_t chunkBytes, int shards = 1,
                                                       bool mastersOnHost = false,
                                                       const zero::ChunkFamilies& families = {});
 
 // The step over the chunks of the objective's model on the ranks of `group` (null: one rank), each
-// micro-batch's loss from the objective (NOTE [Training objectives] in Objective.h): ZeRO stage
+// micro-batch's loss from the objective (NOTE [Training objectives] in data/Objective.h): ZeRO stage
 // zero_optimization.stage over chunks, AdamW or Adafactor (optimizer.type), clipping from
 // optimizer.clip_grad, and for fp16 dynamic loss scaling from the precision section. One rank is the same
 // path with N = 1.
@@ -133,12 +133,12 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(Objective& objective, Devi
 // gathers over `expertDataGroup` (the ranks holding the same experts) instead of `group`; every other step
 // of the engine is the same. Their gradients, summed over that group, are the global batch's too: each
 // rank's experts saw the tokens of its whole expert-parallel group.
-// How many ranks share this rank's host and device (NOTE [Per-node shares] in dist/Launch.h): the engine
-// sizes its automatic budgets from its share of the device's memory and of the host's memory and disk.
+// How many ranks share this rank's host and device (NOTE [Per-node shares] in distributed/Launch.h): the
+// engine sizes its automatic budgets from its share of the device's memory and of the host's memory and disk.
 struct RankShares {
   int ranksOnHost = 1;
   int ranksOnDevice = 1;
-  // The device budget the trainer's plan gave store.gpu_budget_gb auto (train/Plan.h; 0: no plan): the
+  // The device budget the trainer's plan gave store.gpu_budget_gb auto (plan/Plan.h; 0: no plan): the
   // placement starts within it, and the memory tracer, where it runs, refines it from the first step.
   uint64_t plannedDeviceBudget = 0;
 };
@@ -163,7 +163,7 @@ class CheckpointPieces;
 
 class ZeroStepEngine final : public StepEngine {
  public:
-  ZeroStepEngine(Objective& objective, const Config& config, Device device, DType compute,
+  ZeroStepEngine(data::Objective& objective, const config::Config& config, Device device, DType compute,
                  dist::ProcessGroup* group = nullptr, dist::ProcessGroup* expertDataGroup = nullptr,
                  RankShares shares = {});
   ~ZeroStepEngine() override;
@@ -194,10 +194,10 @@ class ZeroStepEngine final : public StepEngine {
  private:
   // One micro-batch's forward, its loss; and its backward from the loss as the step weighs it, `last` for
   // the step's last one.
-  Tensor forward(const TokenBatch& batch);
+  Tensor forward(const data::TokenBatch& batch);
   void backward(const Tensor& loss, bool last);
 
-  Objective& objective_;
+  data::Objective& objective_;
   Device device_;
   DType compute_;
   bool delayedUpdate_ = false;  // store.delayed_update (NOTE [Delayed SSD update] in optim/AdamW.h)

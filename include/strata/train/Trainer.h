@@ -1,7 +1,7 @@
 // The training loop: data, model, AdamW with a schedule and clipping, gradient accumulation, evaluation,
 // metrics, checkpoints and a text sample at the end. Before any work it checks that the output and save
 // directories are writable and that the data holds a batch of each split it will read. It trains an
-// Objective (NOTE [Training objectives] in Objective.h): the zoo architecture's (next tokens, masked LM,
+// Objective (NOTE [Training objectives] in data/Objective.h): the zoo architecture's (next tokens, masked LM,
 // span corruption), or next tokens for any nn::CausalLM, so a user's own model trains through the same loop
 // (see models/custom_example).
 #pragma once
@@ -11,16 +11,17 @@
 #include <string>
 
 #include "models/Zoo.h"
-#include "strata/dist/ParallelContext.h"
+#include "strata/config/Config.h"
+#include "strata/config/Resolve.h"
+#include "strata/data/CausalLmObjective.h"
+#include "strata/data/Data.h"
+#include "strata/data/Objective.h"
+#include "strata/distributed/ParallelContext.h"
 #include "strata/nn/CausalLM.h"
 #include "strata/nn/MoE.h"
 #include "strata/optim/AdamW.h"
-#include "strata/train/CausalLmObjective.h"
-#include "strata/train/Config.h"
-#include "strata/train/Data.h"
 #include "strata/train/Interrupts.h"
 #include "strata/train/Metrics.h"
-#include "strata/train/Objective.h"
 #include "strata/train/Run.h"
 
 namespace strata::train {
@@ -55,20 +56,6 @@ class ReportedByRankZero : public Error {
   using Error::Error;
 };
 
-// "auto" -> cuda:0 when a GPU is present, else cpu.
-Device resolveDevice(const std::string& name);
-// The dtype training computes in, and the parameters' dtype once laid out in chunks: precision.dtype, with
-// bf16 on the CPU computing in fp32.
-DType computeDTypeFor(const Config& config, Device device);
-// The zoo's model spec for a config's model section, built on `device` with the config's seed.
-models::ModelSpec modelSpecFrom(const Config& config, Device device);
-
-// The tokenizer a config names (byte, or gpt2 from data.vocab_file and data.merges_file).
-std::unique_ptr<Tokenizer> makeTokenizer(const Config& config);
-// The objective of config.model.arch (models::buildModule's model for it, on `device`) with the config's
-// tokenizer: what `strata train` trains and `strata generate` runs.
-std::shared_ptr<Objective> makeObjective(const Config& config, Device device);
-
 // The ParallelContext groups of expert parallelism over groups of `size` ranks
 // (model.moe_expert_parallel_size): the ranks that split the experts between them (consecutive ranks), and
 // the ranks that hold the same experts (every size-th rank), over which ZeRO shards and reduces the experts.
@@ -88,13 +75,13 @@ std::string expertDataGroupName(int64_t size);
 class Trainer {
  public:
   // Builds config.model.arch from the zoo and trains it on its objective.
-  explicit Trainer(Config config, std::shared_ptr<dist::ParallelContext> parallel = nullptr);
+  explicit Trainer(config::Config config, std::shared_ptr<dist::ParallelContext> parallel = nullptr);
   // Trains `model` (already built on the config's device) on next tokens with the config's data, optimizer
   // and schedule.
-  Trainer(Config config, std::shared_ptr<nn::CausalLM> model,
+  Trainer(config::Config config, std::shared_ptr<nn::CausalLM> model,
           std::shared_ptr<dist::ParallelContext> parallel = nullptr);
   // Trains an objective of the user's own (its model already built on the config's device).
-  Trainer(Config config, std::shared_ptr<Objective> objective,
+  Trainer(config::Config config, std::shared_ptr<data::Objective> objective,
           std::shared_ptr<dist::ParallelContext> parallel = nullptr);
 
   // Trains. SIGINT and SIGTERM during run() (and mpirun ending the job) finish the current step on every
@@ -119,26 +106,26 @@ class Trainer {
                      uint64_t seed = 1);
 
   nn::Module& model() { return objective_->model(); }
-  Objective& objective() { return *objective_; }
+  data::Objective& objective() { return *objective_; }
   const dist::ParallelContext& parallel() const { return *parallel_; }
-  const Config& config() const { return config_; }
+  const config::Config& config() const { return config_; }
   Device device() const { return device_; }
   DType computeDType() const { return compute_; }
   // Where checkpoints go: checkpoint.save, else <out_dir>/checkpoints when save_interval is set, else "".
   std::string saveDirectory() const;
   // The micro-batch number `index` of a split, as run() and evaluate() draw it (one rank's micro-batches of
   // global batch g are g x accumulation x ranks + rank x accumulation + 0, 1, ...): what a check against
-  // another implementation feeds it (train/BatchTrace.h).
-  TokenBatch batch(Split split, int64_t index) const;
+  // another implementation feeds it (data/BatchTrace.h).
+  data::TokenBatch batch(data::Split split, int64_t index) const;
 
  private:
   DType modelDType();
   // Resolves the device and makes the parallel context (errors before it exists are rank 0's to print).
-  void begin(const Config& config);
+  void begin(const config::Config& config);
   // How the run starts (planRunStart): the config it trains with. For a model built from the config, the
-  // memory plan of this machine (train/Plan.h) before anything is allocated: a config that cannot fit is
+  // memory plan of this machine (plan/Plan.h) before anything is allocated: a config that cannot fit is
   // refused with the plan's message, and train.recompute auto becomes the plan's choice.
-  void plan(const Config& config);
+  void plan(const config::Config& config);
   // Runs a part of the checks and construction before training on every rank and agrees on the outcome
   // (see above); also shares rank 0's run id and every rank's process, for the interrupt monitor.
   void agreeOnSetup(const std::function<void()>& work);
@@ -149,13 +136,13 @@ class Trainer {
   nn::ExpertParallel expertParallel() const;
   void setup();
 
-  Config config_;
+  config::Config config_;
   Device device_;
   DType compute_ = DType::F32;
-  std::shared_ptr<Objective> objective_;
+  std::shared_ptr<data::Objective> objective_;
   std::shared_ptr<dist::ParallelContext> parallel_;
-  std::shared_ptr<const Tokenizer> tokenizer_;
-  std::unique_ptr<TokenDataset> data_;
+  std::shared_ptr<const data::Tokenizer> tokenizer_;
+  std::unique_ptr<data::TokenDataset> data_;
   std::function<void(int64_t)> onIteration_;
   RunStart start_;
   bool buildsModel_ = false;  // the model comes from config_ (the zoo), so the memory plan describes it

@@ -4,8 +4,8 @@
 // - Stages 0 and 1: the chunk's gradient buffer is all-reduced in place; every rank then holds the sum.
 // - Stages 2 and 3: it is reduce-scattered into this rank's fp32 shard, and the chunk's full buffer goes
 //   back to the allocator at once, for the next chunk's gradients.
-// The collectives run on the comm stream (NOTE [Collective lanes] in dist/Communicator.h), each after the
-// backward that wrote its gradients; finish() makes the compute stream wait for them. 16-bit gradient
+// The collectives run on the comm stream (NOTE [Collective lanes] in distributed/Communicator.h), each after
+// the backward that wrote its gradients; finish() makes the compute stream wait for them. 16-bit gradient
 // buffers (precision.grad_accum_dtype) are summed in fp32: a 16-bit reduction would round at every hop of
 // NCCL's ring.
 #pragma once

@@ -8,8 +8,8 @@
 // few modules at a time. In backward a module's pre-backward hook gathers its chunks again, and a chunk is
 // released as soon as every one of its parameters has its gradient for the pass (nothing later in the pass
 // reads it). The step releases everything after each forward and each backward. Gathers run on the gather
-// stream (NOTE [Collective lanes] in dist/Communicator.h), and compute waits on the chunk's event only when
-// a module needs it. The first micro-batch records the order of the gathers (forward and backward); from
+// stream (NOTE [Collective lanes] in distributed/Communicator.h), and compute waits on the chunk's event only
+// when a module needs it. The first micro-batch records the order of the gathers (forward and backward); from
 // then on each gather also starts the next zero_optimization.prefetch_depth chunks of that order, which no
 // release touches until they are used (or until a pass leaves the order, as an evaluation's forwards do). A
 // chunk is gathered into a slot of the chunk arena (store.arena, NOTE [Chunk arena] in zero/ChunkArena.h),

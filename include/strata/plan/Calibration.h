@@ -1,0 +1,83 @@
+// What a machine measures for `strata plan`: PCIe, GEMM, CPU AdamW and SSD rates, and memory sizes, kept in
+// a small JSON file that `strata bench --calibrate` writes (default ~/.cache/strata/calibration.json, or
+// $STRATA_CALIBRATION). Fields a machine cannot measure (the GPU's, without one) are absent from the file;
+// `strata plan` takes those from measuredH200() (the reference H200's measured figures) and says so.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace strata::plan {
+
+struct Calibration {
+  std::string date;  // ISO 8601, when it was measured
+  std::string host;  // hostname
+  // GPU (absent without one).
+  std::optional<std::string> deviceName;
+  std::optional<uint64_t> deviceMemoryBytes;
+  std::optional<double> h2dGBs, d2hGBs;  // pinned host memory <-> device, GB/s (1e9)
+  std::optional<double> gemmTflops;      // bf16 GEMMs at a training-like shape
+  std::string gemmShape;                 // what gemmTflops timed
+  // Host.
+  std::optional<uint64_t> hostMemoryBytes, hostAvailableBytes;  // MemTotal, MemAvailable
+  std::optional<double> cpuAdamwElemsPerS;                      // fp32 state, bf16 output, all threads
+  int cpuThreads = 0;
+  // SSD: O_DIRECT sequential 16 MiB blocks in nvmePath (buffered I/O with fdatasync where O_DIRECT is
+  // refused: nvmeDirect false).
+  std::optional<double> nvmeWriteGBs, nvmeReadGBs;
+  std::optional<uint64_t> nvmeFreeBytes;
+  std::string nvmePath;
+  bool nvmeDirect = true;
+
+  std::string toJson() const;
+  // Throws a user error naming `origin` on malformed JSON or a field of the wrong type.
+  static Calibration fromJson(const std::string& text, const std::string& origin);
+};
+
+// $STRATA_CALIBRATION, else $HOME/.cache/strata/calibration.json (else ./calibration.json).
+std::string defaultCalibrationPath();
+// Writes the file (creating its directory); throws a user error naming the path when it cannot.
+void writeCalibration(const Calibration& calibration, const std::string& path);
+// The file at `path`, or nullopt when there is none; a malformed file is an error naming it.
+std::optional<Calibration> readCalibration(const std::string& path);
+// The H200 machine's figures measured on the reference H200 (2026-11-29): what `strata
+// plan` assumes for a field no calibration file gives.
+Calibration measuredH200();
+
+struct SsdRates {
+  double writeGBs = 0, readGBs = 0;
+  bool direct = true;  // false: the file system refused O_DIRECT and buffered I/O with fdatasync served
+};
+// Sequential write then read of `bytes` (rounded up to whole blocks) in `blockBytes` blocks through one file
+// in `directory`, removed afterwards. Throws a user error naming the path on any I/O error.
+SsdRates measureSsd(const std::string& directory, uint64_t bytes, uint64_t blockBytes = 16ull << 20);
+// The CPU AdamW kernel (ops::adamw on fp32 parameters, gradients, m and v, writing bf16 copies) over
+// `elements`, on the threads OpenMP has: elements per second, the best of `repeats`.
+double measureCpuAdamw(int64_t elements, int repeats = 5);
+
+// What this machine has, read without timing anything: its GPU (cuda:0), host memory (MemTotal, MemAvailable;
+// STRATA_HOST_MEMORY_GB stands in for both in tests), physical cores, and the free space under `nvmePath`. No
+// rates.
+Calibration probeMachine(const std::string& nvmePath);
+// This machine's host name.
+std::string thisHostName();
+
+// The machine `strata plan` plans for, and where its figures came from. `machine` is "here" or "h200"
+// (the reference H200). Here: an explicit `calibrationPath` is used as it is; otherwise the default
+// calibration file when it describes this host (its rates, with what probeMachine reads filling its gaps),
+// else probeMachine alone (the plan then takes the rates from the H200, and `notes` say so). A calibration
+// file of another host is never used for this one.
+struct MachineChoice {
+  Calibration calibration;
+  std::string source;
+  std::vector<std::string> notes;
+};
+MachineChoice chooseMachine(const std::string& machine, const std::string& calibrationPath,
+                            const std::string& nvmePath);
+
+// Measures everything this machine has (the GPU parts only with one), printing progress to stdout.
+Calibration calibrate(const std::string& nvmePath, uint64_t nvmeBytes);
+
+}  // namespace strata::plan

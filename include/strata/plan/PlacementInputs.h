@@ -1,0 +1,96 @@
+// The inputs of the store's placement (NOTE [Store placement] in zero/Store.h) for a config, from the
+// architecture's parameter shapes alone: what ZeroStepEngine's constructor computes from its real chunks,
+// without building a tensor, so `strata plan` answers for a 20B model on a laptop. The chunk layout is the
+// one the engine records (models::parameterShapes lists the parameters in the first-use order the engine's
+// trace finds; a test checks it against the built model), padded to equal shards as ChunkManager pads it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "strata/config/Config.h"
+#include "strata/core/DType.h"
+#include "strata/zero/ChunkLayout.h"
+#include "strata/zero/Store.h"
+
+namespace strata::plan {
+
+struct ModelStateInputs {
+  DType compute = DType::BF16;
+  int ranks = 1;
+  int stage = 0;
+  zero::ChunkLayout layout;
+  std::vector<int64_t> paddedElems;  // per chunk: its length padded to a multiple of the ranks
+  std::vector<int64_t> rangeElems;   // per chunk: the elements whose optimizer state this rank keeps
+  // This rank's parameters on the device: the padded chunks, or their shards at stage 3.
+  uint64_t parameterBytes = 0;
+  // Per chunk: this rank's optimizer state as the engine asks the placement: AdamW's range x 12 bytes (fp32
+  // master, m, v); Adafactor's fp32 master (range x 4) and its state (optim::adafactorStateBytes, the
+  // pieces of rank 0's range).
+  std::vector<uint64_t> optimizerBytes;
+  // Per chunk, the parts of optimizerBytes: first and second moments (on the device or the host).
+  std::vector<uint64_t> firstMomentBytes, secondMomentBytes;
+  // Gradient buffers on the device: every padded chunk's (what backward accumulates into, across the
+  // micro-batches of a step), and this rank's shards of them (stage >= 2 on several ranks: what is left
+  // after the last backward's reduce-scatter; fp32, since several ranks reduce in fp32).
+  uint64_t gradientBytes = 0;
+  DType gradientDType = DType::F32;  // what they accumulate in (precision.grad_accum_dtype)
+  uint64_t gradientShardBytes = 0;
+  int64_t largestChunkElems = 0;  // padded
+  // Stage 3: the slots whole chunks are gathered into (the chunk arena's, store.arena; without it the one in
+  // use and prefetch_depth ahead).
+  uint64_t gatherBytes = 0;
+
+  int64_t rangeElemsTotal() const;
+};
+
+// The placement inputs of `config` on `ranks` ranks computing in `compute` (config::computeDTypeFor).
+ModelStateInputs modelStateInputs(const config::Config& config, int ranks, DType compute);
+
+// NOTE [Host headroom]
+// An automatic host budget (store.host_budget_gb auto) is what the host has available less its headroom, and
+// at most 90% of it: the headroom is a reserve left to the system, max(5% of the host's memory, min(8 GiB, a
+// quarter of it)), plus the store's own working memory beside the state: the pipelined update's page-locked
+// staging slots (zero_optimization.buffer_count x one piece's gradients and parameters) and, with an SSD
+// tier, its two buffer sets of the largest chunk's fp32 master, m and v (NOTE [SSD tier] in zero/NvmeTier.h).
+// Ranks on one host split it as they split the memory (NOTE [Per-node shares] in distributed/Launch.h).
+// `largestChunkElems`: ModelStateInputs::largestChunkElems.
+uint64_t hostHeadroomBytes(const config::Config& config, int64_t largestChunkElems, uint64_t hostTotal);
+// What a step may take of a device of `capacity` bytes: 92% of it less a margin of min(1 GiB, 1/16 of it),
+// the memory tracer's limit (NOTE [Memory tracer] in zero/Store.h), which `strata plan` fits within.
+uint64_t usableDeviceBytes(uint64_t capacity);
+// What this host has available: MemAvailable, or STRATA_HOST_MEMORY_GB (a smaller machine, in tests).
+uint64_t hostAvailableBytes();
+
+// The store's budgets as the engine reads them: offload_optimizer.device cpu (or nvme) leaves the device the
+// parameters only, else store.gpu_budget_gb (auto: `deviceAuto`); store.host_budget_gb (auto: `hostAvailable`
+// less `hostHeadroom`, at most 90% of it); store.nvme_budget_gb (auto: 90% of `nvmeFree`, the free space of
+// zero_optimization.nvme_path, 0 without one). offload_optimizer.device nvme leaves the host nothing.
+zero::StoreBudgets storeBudgets(const config::Config& config, uint64_t parameterBytes, uint64_t deviceAuto,
+                                uint64_t hostAvailable, uint64_t nvmeFree, uint64_t hostHeadroom = 0);
+
+// The placement with the delayed SSD update's host reserve (NOTE [Delayed SSD update] in optim/AdamW.h): with
+// store.delayed_update and AdamW, the pending update keeps the SSD chunks' gradients (fp32, or 16-bit with
+// precision.grad_accum_dtype) and new 16-bit parameters in host memory, (4 or 2) + compute size bytes per
+// SSD-resident element of `rangeElems`. An automatic
+// host budget (store.host_budget_gb auto) leaves room for them: budgets.host is lowered by the reserve and
+// `place` called again, since less room sends more state to the SSD, until the reserve settles (it only
+// grows, so within a round per chunk). An explicit host budget is taken as given, and without a delayed
+// update this is `place(budgets)`. The engine and `strata plan` both place through it.
+zero::StorePlacement placeWithDelayedReserve(
+    const config::Config& config, DType compute, const std::vector<int64_t>& rangeElems,
+    zero::StoreBudgets& budgets, const std::function<zero::StorePlacement(const zero::StoreBudgets&)>& place);
+// The reserve of that placement: bytes of host memory the delayed update keeps.
+uint64_t delayedUpdateReserveBytes(const config::Config& config, DType compute,
+                                   const std::vector<int64_t>& rangeElems,
+                                   const zero::StorePlacement& placement);
+
+// How the SSD tier stores m and v: store.nvme_state_dtype (fp32, bf16, fp16) as a dtype.
+DType nvmeStateDType(const config::Config& config);
+
+// Free bytes of the file system holding `path` (or its nearest existing parent); 0 when none can be read.
+uint64_t freeDiskBytes(const std::string& path);
+
+}  // namespace strata::plan

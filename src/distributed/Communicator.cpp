@@ -1,0 +1,374 @@
+#include "strata/distributed/Communicator.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "distributed/CollectiveCall.h"
+#include "distributed/MpiCommunicator.h"
+#include "distributed/NcclCommunicator.h"
+#include "strata/core/Allocator.h"
+#include "strata/core/Error.h"
+#include "strata/core/Stream.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::dist {
+
+const char* gpuCollectivesName(GpuCollectives mode) {
+  switch (mode) {
+    case GpuCollectives::Nccl:
+      return "nccl";
+    case GpuCollectives::Staged:
+      return "staged";
+    case GpuCollectives::Auto:
+      break;
+  }
+  return "auto";
+}
+
+GpuCollectives parseGpuCollectives(const std::string& text) {
+  if (text == "auto") return GpuCollectives::Auto;
+  if (text == "nccl") return GpuCollectives::Nccl;
+  if (text == "staged") return GpuCollectives::Staged;
+  STRATA_USER_FAIL("dist.gpu_collectives is '{}': use auto, nccl or staged", text);
+}
+
+const Stream& collectiveStream(Device device, bool gather) {
+  const DeviceStreams& streams = deviceStreams(device);
+  return gather ? streams.gather : streams.comm;
+}
+
+// Unique pointers to the backends need their complete types where they are destroyed: here.
+Communicator::Communicator(GroupInfo info, Backends backends)
+    : info_(std::move(info)),
+      mpi_(std::move(backends.mpi)),
+      nccl_(std::move(backends.nccl)),
+      ncclGather_(std::move(backends.ncclGather)),
+      gpu_(backends.gpu) {
+  STRATA_CHECK(info_.size >= 1 && info_.rank >= 0 && info_.rank < info_.size, "group '{}': rank {} of {}",
+               info_.name, info_.rank, info_.size);
+  STRATA_CHECK(info_.timeoutSeconds > 0, "group '{}': timeout {} s must be positive", info_.name,
+               info_.timeoutSeconds);
+  STRATA_CHECK((nccl_ == nullptr) == (ncclGather_ == nullptr), "group '{}': NCCL needs both lanes",
+               info_.name);
+  STRATA_CHECK(gpu_ != GpuCollectives::Staged || mpi_ != nullptr,
+               "group '{}': staged GPU collectives need MPI", info_.name);
+}
+
+Communicator::Communicator(GroupInfo info) : Communicator(std::move(info), Backends{}) {}
+
+Communicator::~Communicator() {
+  if (staging_[0].data || staging_[1].data) {
+    // A staged copy back to the GPU may still read the buffers (NOTE [Staged GPU collectives]); after a
+    // failure they are left alone, as a failed collective's tensors are.
+    if (!failed()) {
+      for (bool gather : {false, true}) collectiveStream(stagedDevice_, gather).synchronize();
+      for (Staging& s : staging_)
+        if (s.data) hostStateAllocator(true).deallocate(s.data);
+    }
+  }
+}
+
+bool Communicator::failed() const {
+  return !failure().empty();
+}
+
+std::string Communicator::failure() const {
+  {
+    std::lock_guard lock(mutex_);
+    if (!failure_.empty()) return failure_;
+  }
+#if STRATA_NCCL
+  for (const auto* nccl : {nccl_.get(), ncclGather_.get()})
+    if (nccl) {
+      std::string f = nccl->failure();
+      if (!f.empty()) return f;
+    }
+#endif
+  return {};
+}
+
+namespace {
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  auto* a0 = static_cast<const char*>(a.data());
+  auto* b0 = static_cast<const char*>(b.data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// NOTE [Comm delay]: microseconds from STRATA_COMM_DELAY_US (0: off), read at each collective so a test can
+// switch it.
+double commDelayMicroseconds() {
+  const char* text = std::getenv("STRATA_COMM_DELAY_US");
+  if (text == nullptr || *text == '\0') return 0.0;
+  char* end = nullptr;
+  double v = std::strtod(text, &end);
+  STRATA_USER_CHECK(end != text && *end == '\0' && v >= 0 && std::isfinite(v),
+                    "STRATA_COMM_DELAY_US='{}' is not a number of microseconds", text);
+  return v;
+}
+
+}  // namespace
+
+Device Communicator::checkTensors(const char* op, const Tensor& out, const Tensor& in) const {
+  std::string earlier = failure();
+  STRATA_USER_CHECK(earlier.empty(),
+                    "dist: {} on rank {} of group '{}' refused: an earlier collective failed: {}", op,
+                    info_.rank, info_.name, earlier);
+  STRATA_CHECK(out.defined() && in.defined(), "dist: {}: undefined tensor", op);
+  STRATA_CHECK(out.isContiguous() && in.isContiguous(), "dist: {}: tensors must be contiguous", op);
+  STRATA_CHECK(out.dtype() == in.dtype(), "dist: {}: out is {}, in is {}", op, out.dtype(), in.dtype());
+  STRATA_CHECK(out.device() == in.device(), "dist: {}: out is on {}, in on {}", op, out.device(),
+               in.device());
+  Device device = out.device();
+  if (local(device)) return device;
+  if (device.isCpu() || gpu_ == GpuCollectives::Staged) {
+    STRATA_CHECK(mpi_ != nullptr, "dist: {} of a {} tensor in group '{}' ({} ranks) needs MPI{}", op,
+                 toString(device), info_.name, info_.size,
+                 STRATA_MPI ? "" : ", and this build has none (STRATA_MPI=OFF)");
+    return device;
+  }
+#if STRATA_NCCL
+  STRATA_CHECK(nccl_ != nullptr,
+               "dist: {} of a CUDA tensor in group '{}': the group has no NCCL communicator (make the "
+               "ParallelContext with deviceType CUDA)",
+               op, info_.name);
+  STRATA_CHECK(device.index == nccl_->deviceIndex(),
+               "dist: {}: tensor on {}, group '{}' communicates on cuda:{}", op, device, info_.name,
+               nccl_->deviceIndex());
+#else
+  STRATA_FAIL("dist: {} of a CUDA tensor in group '{}' needs NCCL, and this build has none", op, info_.name);
+#endif
+  return device;
+}
+
+template <class Body>
+void Communicator::guarded(const Tensor& out, const Tensor& in, Body&& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    std::lock_guard lock(mutex_);
+    if (failure_.empty()) failure_ = e.message();
+    abandoned_.push_back(out.storage());
+    abandoned_.push_back(in.storage());
+    throw;
+  }
+  out.storage()->bumpVersion();
+}
+
+void Communicator::delayLane(Device device, bool gather) const {
+  double us = commDelayMicroseconds();
+  if (us <= 0 || !device.isCuda()) return;
+  StreamGuard onLane(collectiveStream(device, gather));
+  ops::spin(device, us);
+}
+
+void Communicator::localCopy(const Tensor& out, const Tensor& in, bool gather) const {
+  if (out.data() == in.data()) return;
+  const Stream& lane = collectiveStream(out.device(), gather);
+  copyAsync(out.data(), out.device(), in.data(), in.device(), out.nbytes(), lane);
+  if (out.device().isCuda()) {
+    out.storage()->recordStream(lane);
+    in.storage()->recordStream(lane);
+  }
+}
+
+void* Communicator::stagingBuffer(size_t index, size_t bytes) {
+  Staging& s = staging_[index];
+  if (s.bytes < bytes) {
+    // The previous buffer is no longer read: every staged collective waits for its lane before the host
+    // touches a buffer, and each buffer serves one collective at a time.
+    Allocator& pinned = hostStateAllocator(true);
+    if (s.data) pinned.deallocate(s.data);
+    s.data = nullptr;
+    s.bytes = 0;
+    s.data = pinned.allocate(bytes);
+    s.bytes = bytes;
+  }
+  return s.data;
+}
+
+void Communicator::staged(const Tensor& out, const Tensor& in, bool gather, bool inPlaceGather,
+                          const std::function<void(void* hostOut, const void* hostIn)>& hostOp) {
+  // NOTE [Staged GPU collectives]
+  Device device = out.device();
+  stagedDevice_ = device;
+  const Stream& lane = collectiveStream(device, gather);
+  const bool separateIn = in.data() != out.data() && !inPlaceGather;
+  void* hostOut = stagingBuffer(0, out.nbytes());
+  void* hostIn = separateIn ? stagingBuffer(1, in.nbytes()) : nullptr;
+  // The previous staged collective's copy back may still read these buffers: the lanes run in order, so the
+  // first copy below waits for it, and the host waits for the lane before it writes.
+  if (inPlaceGather) {
+    copyAsync(static_cast<char*>(hostOut) + size_t(info_.rank) * in.nbytes(), Device::cpu(), in.data(),
+              device, in.nbytes(), lane);
+  } else {
+    copyAsync(separateIn ? hostIn : hostOut, Device::cpu(), in.data(), device, in.nbytes(), lane);
+  }
+  lane.synchronize();
+  hostOp(hostOut, hostIn);
+  copyAsync(out.data(), device, hostOut, Device::cpu(), out.nbytes(), lane);
+  out.storage()->recordStream(lane);
+  in.storage()->recordStream(lane);
+}
+
+void Communicator::allGather(const Tensor& out, const Tensor& in) {
+  [[maybe_unused]] Device device = checkTensors("allGather", out, in);
+  STRATA_CHECK(
+      in.numel() * info_.size == out.numel(),
+      "dist: allGather in group '{}' ({} ranks): out has {} elements, in has {} (out must have in x {})",
+      info_.name, info_.size, out.numel(), in.numel(), info_.size);
+  const auto* myBlock = static_cast<const char*>(out.data()) + size_t(info_.rank) * in.nbytes();
+  const bool inPlace = in.data() == myBlock;
+  STRATA_CHECK(inPlace || !overlaps(out, in), "dist: allGather: in overlaps out but is not rank {}'s block",
+               info_.rank);
+  guarded(out, in, [&] {
+    if (local(device)) return localCopy(out, in, /*gather=*/true);
+    delayLane(device, /*gather=*/true);
+#if STRATA_MPI
+    if (device.isCpu())
+      return mpi_->allGather(out.data(), inPlace ? nullptr : in.data(), in.numel(), in.dtype());
+    if (gpu_ == GpuCollectives::Staged)
+      return staged(out, in, /*gather=*/true, inPlace, [&](void* hostOut, const void* hostIn) {
+        mpi_->allGather(hostOut, hostIn, in.numel(), in.dtype());
+      });
+#endif
+#if STRATA_NCCL
+    ncclGather_->allGather(out.data(), inPlace ? nullptr : in.data(), in.numel(), in.dtype());
+    out.storage()->recordStream(ncclGather_->stream());
+    in.storage()->recordStream(ncclGather_->stream());
+#endif
+  });
+}
+
+void Communicator::reduceScatter(const Tensor& out, const Tensor& in, ReduceOp op) {
+  [[maybe_unused]] Device device = checkTensors("reduceScatter", out, in);
+  STRATA_CHECK(
+      out.numel() * info_.size == in.numel(),
+      "dist: reduceScatter in group '{}' ({} ranks): in has {} elements, out has {} (in must have out x {})",
+      info_.name, info_.size, in.numel(), out.numel(), info_.size);
+  const auto* myBlock = static_cast<const char*>(in.data()) + size_t(info_.rank) * out.nbytes();
+  STRATA_CHECK(out.data() == myBlock || !overlaps(out, in),
+               "dist: reduceScatter: out overlaps in but is not rank {}'s block", info_.rank);
+  guarded(out, in, [&] {
+    if (local(device)) return localCopy(out, in, /*gather=*/false);
+    delayLane(device, /*gather=*/false);
+#if STRATA_MPI
+    if (device.isCpu()) return mpi_->reduceScatter(out.data(), in.data(), out.numel(), out.dtype(), op);
+    if (gpu_ == GpuCollectives::Staged)
+      return staged(out, in, /*gather=*/false, false, [&](void* hostOut, const void* hostIn) {
+        mpi_->reduceScatter(hostOut, hostIn, out.numel(), out.dtype(), op);
+      });
+#endif
+#if STRATA_NCCL
+    nccl_->reduceScatter(out.data(), in.data(), out.numel(), out.dtype(), op);
+    out.storage()->recordStream(nccl_->stream());
+    in.storage()->recordStream(nccl_->stream());
+#endif
+  });
+}
+
+void Communicator::allReduce(const Tensor& inout, ReduceOp op) {
+  [[maybe_unused]] Device device = checkTensors("allReduce", inout, inout);
+  if (local(device)) return;
+  guarded(inout, inout, [&] {
+    delayLane(device, /*gather=*/false);
+#if STRATA_MPI
+    if (device.isCpu()) return mpi_->allReduce(inout.data(), inout.numel(), inout.dtype(), op);
+    if (gpu_ == GpuCollectives::Staged)
+      return staged(inout, inout, /*gather=*/false, false, [&](void* hostOut, const void*) {
+        mpi_->allReduce(hostOut, inout.numel(), inout.dtype(), op);
+      });
+#endif
+#if STRATA_NCCL
+    nccl_->allReduce(inout.data(), inout.numel(), inout.dtype(), op);
+    inout.storage()->recordStream(nccl_->stream());
+#endif
+  });
+}
+
+void Communicator::broadcast(const Tensor& t, int root) {
+  [[maybe_unused]] Device device = checkTensors("broadcast", t, t);
+  STRATA_CHECK(root >= 0 && root < info_.size, "dist: broadcast in group '{}': root {} is not a rank of {}",
+               info_.name, root, info_.size);
+  if (local(device)) return;
+  guarded(t, t, [&] {
+    delayLane(device, /*gather=*/false);
+#if STRATA_MPI
+    if (device.isCpu()) return mpi_->broadcast(t.data(), t.numel(), t.dtype(), root);
+    if (gpu_ == GpuCollectives::Staged)
+      return staged(t, t, /*gather=*/false, false, [&](void* hostOut, const void*) {
+        mpi_->broadcast(hostOut, t.numel(), t.dtype(), root);
+      });
+#endif
+#if STRATA_NCCL
+    nccl_->broadcast(t.data(), t.numel(), t.dtype(), root);
+    t.storage()->recordStream(nccl_->stream());
+#endif
+  });
+}
+
+void Communicator::allToAll(const Tensor& out, const Tensor& in) {
+  [[maybe_unused]] Device device = checkTensors("allToAll", out, in);
+  STRATA_CHECK(
+      out.numel() == in.numel() && in.numel() % info_.size == 0,
+      "dist: allToAll in group '{}' ({} ranks): in and out need the same number of elements, divisible "
+      "by {}; in has {}, out {}",
+      info_.name, info_.size, info_.size, in.numel(), out.numel());
+  const bool inPlace = out.data() == in.data();
+  STRATA_CHECK(inPlace || !overlaps(out, in), "dist: allToAll: in and out overlap without being the same");
+  guarded(out, in, [&] {
+    if (local(device)) return localCopy(out, in, /*gather=*/false);
+    delayLane(device, /*gather=*/false);
+#if STRATA_MPI
+    if (device.isCpu()) return mpi_->allToAll(out.data(), in.data(), in.numel(), in.dtype());
+    if (gpu_ == GpuCollectives::Staged) {
+      // MPI's all-to-all reads and writes separate host buffers, in place or not.
+      Tensor source = in;
+      if (inPlace) {
+        const Stream& lane = collectiveStream(device, false);
+        source = Tensor::empty(in.shape(), in.dtype(), device);
+        copyAsync(source.data(), device, in.data(), device, in.nbytes(), lane);
+        source.storage()->recordStream(lane);
+      }
+      return staged(out, source, /*gather=*/false, false, [&](void* hostOut, const void* hostIn) {
+        mpi_->allToAll(hostOut, hostIn, in.numel(), in.dtype());
+      });
+    }
+#endif
+#if STRATA_NCCL
+    Tensor source = in;
+    if (inPlace) {  // NCCL's sends and receives run concurrently: send from a copy
+      source = Tensor::empty(in.shape(), in.dtype(), device);
+      copyAsync(source.data(), device, in.data(), device, in.nbytes(), nccl_->stream());
+      source.storage()->recordStream(nccl_->stream());
+    }
+    nccl_->allToAll(out.data(), source.data(), in.numel(), in.dtype());
+    out.storage()->recordStream(nccl_->stream());
+    in.storage()->recordStream(nccl_->stream());
+#endif
+  });
+}
+
+void Communicator::barrier() {
+  std::string earlier = failure();
+  STRATA_USER_CHECK(earlier.empty(),
+                    "dist: barrier on rank {} of group '{}' refused: an earlier collective failed: {}",
+                    info_.rank, info_.name, earlier);
+  if (info_.size == 1) return;
+#if STRATA_MPI
+  STRATA_CHECK(mpi_ != nullptr, "dist: barrier in group '{}' needs MPI", info_.name);
+  try {
+    mpi_->barrier();
+  } catch (const Error& e) {
+    std::lock_guard lock(mutex_);
+    if (failure_.empty()) failure_ = e.message();
+    throw;
+  }
+#else
+  STRATA_FAIL("dist: barrier in group '{}' ({} ranks) needs MPI, and this build has none", info_.name,
+              info_.size);
+#endif
+}
+
+}  // namespace strata::dist

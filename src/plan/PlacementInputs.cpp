@@ -1,0 +1,193 @@
+#include "strata/plan/PlacementInputs.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
+#include "models/Zoo.h"
+#include "strata/config/Resolve.h"
+#include "strata/core/Device.h"
+#include "strata/optim/Adafactor.h"
+#include "strata/zero/ChunkArena.h"
+
+namespace strata::plan {
+
+int64_t ModelStateInputs::rangeElemsTotal() const {
+  int64_t n = 0;
+  for (int64_t r : rangeElems) n += r;
+  return n;
+}
+
+ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType compute) {
+  ModelStateInputs in;
+  in.compute = compute;
+  in.ranks = std::max(1, ranks);
+  in.stage = int(c.zero.stage);
+  auto shapes = models::parameterShapes(config::modelSpecFrom(c, Device::cpu()));
+  // Expert parallelism (NOTE [Expert parallelism] in nn/MoE.h): a rank holds 1/P of each MoE layer's experts
+  // (rank 0's, "experts.0" .. "experts.E/P-1"), in chunks of their own sharded over the ranks / P that hold
+  // the same experts.
+  int64_t expertRanks = std::max<int64_t>(1, c.model.moeExpertParallelSize);
+  std::vector<int> families;
+  if (expertRanks > 1 && c.model.moeNumExperts > 0) {
+    int64_t local = c.model.moeNumExperts / expertRanks;
+    std::vector<std::pair<std::string, Shape>> kept;
+    for (auto& [name, shape] : shapes) {
+      size_t at = name.find(".experts.");
+      if (at == std::string::npos) {
+        kept.emplace_back(name, shape);
+        families.push_back(0);
+      } else if (std::stoll(name.substr(at + 9)) < local) {
+        kept.emplace_back(name, shape);
+        families.push_back(1);
+      }
+    }
+    shapes = std::move(kept);
+  }
+  in.layout = zero::planChunks(shapes, int64_t(c.zero.chunkSizeMb * double(1 << 20)), compute, families);
+  int expertDataRanks = std::max(1, in.ranks / int(expertRanks));
+  uint64_t elemBytes = dtypeSize(compute);
+  int64_t largest = 0;
+  bool adafactor = c.optimizer.type == "adafactor";
+  optim::AdafactorConfig adafactorConfig = config::adafactorConfigFrom(c);
+  for (size_t i = 0; i < in.layout.chunks.size(); ++i) {
+    const zero::ChunkInfo& chunk = in.layout.chunks[i];
+    // ChunkManager::padTo: the used length, rounded up to equal shards (of its family's ranks).
+    int shards = chunk.family == 1 ? expertDataRanks : in.ranks;
+    int64_t padded = (chunk.used + shards - 1) / shards * shards;
+    int64_t range = in.stage >= 1 ? padded / shards : padded;
+    in.paddedElems.push_back(padded);
+    in.rangeElems.push_back(range);
+    in.parameterBytes += uint64_t(in.stage == 3 ? range : padded) * elemBytes;
+    uint64_t first = uint64_t(range) * 4, second = uint64_t(range) * 4;
+    if (adafactor) {
+      uint64_t state = optim::adafactorStateBytes(in.layout, i, zero::ShardRange{0, range}, adafactorConfig);
+      first =
+          adafactorConfig.hasFirstMoment() ? uint64_t(range) * (adafactorConfig.firstMomentBf16 ? 2 : 4) : 0;
+      second = state - first;
+    }
+    in.firstMomentBytes.push_back(first);
+    in.secondMomentBytes.push_back(second);
+    in.optimizerBytes.push_back(uint64_t(range) * 4 + first + second);
+    largest = std::max(largest, padded);
+  }
+  // Gradients accumulate in fp32 for 16-bit parameters (ChunkManager), in the parameters' dtype otherwise,
+  // or in the 16-bit compute dtype when precision.grad_accum_dtype asks (as ZeroStepEngine sets it).
+  uint64_t gradBytes = std::max<uint64_t>(elemBytes, 4);
+  if (c.precision.gradAccumDType != "fp32" && elemBytes == 2) gradBytes = 2;
+  in.gradientDType = gradBytes == 2 ? compute : gradBytes == 4 ? DType::F32 : compute;
+  for (int64_t padded : in.paddedElems) in.gradientBytes += uint64_t(padded) * gradBytes;
+  // Several ranks reduce 16-bit buffers in fp32, into fp32 shards (zero::GradientReducer).
+  in.gradientShardBytes = uint64_t(in.rangeElemsTotal()) * (in.ranks > 1 ? 4 : gradBytes);
+  in.largestChunkElems = largest;
+  if (in.stage == 3) {
+    // The chunk arena's slots (zero/ChunkArena.h), or without it the chunk in use and those prefetched.
+    if (c.store.arena) {
+      std::vector<int64_t> used;
+      for (const zero::ChunkInfo& chunk : in.layout.chunks) used.push_back(chunk.used);
+      in.gatherBytes = zero::planChunkArena(used, in.paddedElems, in.layout.chunkElems, c.zero.prefetchDepth)
+                           .bytes(elemBytes);
+    } else {
+      in.gatherBytes =
+          uint64_t(1 + std::max<int64_t>(0, c.zero.prefetchDepth)) * uint64_t(largest) * elemBytes;
+    }
+  }
+  return in;
+}
+
+uint64_t hostHeadroomBytes(const config::Config& c, int64_t largestChunkElems, uint64_t hostTotal) {
+  uint64_t reserve = std::max(hostTotal / 20, std::min<uint64_t>(8ull << 30, hostTotal / 4));
+  uint64_t piece = std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4));
+  uint64_t staging = uint64_t(std::max<int64_t>(2, c.zero.bufferCount)) * 2 * 4 * piece;
+  uint64_t ssd = c.zero.nvmePath.empty() ? 0 : 2 * 3 * 4 * uint64_t(largestChunkElems);
+  return reserve + staging + ssd;
+}
+
+uint64_t usableDeviceBytes(uint64_t capacity) {
+  uint64_t margin = std::min<uint64_t>(1ull << 30, capacity / 16);
+  uint64_t limit = uint64_t(0.92 * double(capacity));
+  return limit > margin ? limit - margin : 0;
+}
+
+uint64_t hostAvailableBytes() {
+  if (const char* gb = std::getenv("STRATA_HOST_MEMORY_GB"))
+    return zero::parseBudgetGb(gb, 0, "STRATA_HOST_MEMORY_GB");
+  return zero::availableHostBytes();
+}
+
+zero::StoreBudgets storeBudgets(const config::Config& c, uint64_t parameterBytes, uint64_t deviceAuto,
+                                uint64_t hostAvailable, uint64_t nvmeFree, uint64_t hostHeadroom) {
+  zero::StoreBudgets b;
+  const std::string& offload = c.zero.offloadOptimizerDevice;
+  b.device = offload == "cpu" || offload == "nvme"
+                 ? parameterBytes
+                 : zero::parseBudgetGb(c.store.gpuBudgetGb, deviceAuto, "store.gpu_budget_gb");
+  b.host = offload == "nvme"
+               ? 0
+               : zero::parseBudgetGb(
+                     c.store.hostBudgetGb,
+                     hostAvailable == zero::kUnlimited
+                         ? hostAvailable
+                         : std::min(hostAvailable / 10 * 9,
+                                    hostAvailable > hostHeadroom ? hostAvailable - hostHeadroom : 0),
+                     "store.host_budget_gb");
+  b.nvme = zero::parseBudgetGb(c.store.nvmeBudgetGb, c.zero.nvmePath.empty() ? 0 : nvmeFree / 10 * 9,
+                               "store.nvme_budget_gb");
+  // Adafactor's state has no SSD form (optim/Adafactor.h): the device and the host hold it.
+  if (c.optimizer.type == "adafactor") b.nvme = 0;
+  return b;
+}
+
+uint64_t delayedUpdateReserveBytes(const config::Config& c, DType compute,
+                                   const std::vector<int64_t>& rangeElems,
+                                   const zero::StorePlacement& placement) {
+  if (!c.store.delayedUpdate || c.optimizer.type == "adafactor") return 0;
+  // The gradients as they accumulate: fp32, or 16-bit buffers (precision.grad_accum_dtype) for 16-bit chunks.
+  uint64_t gradBytes = c.precision.gradAccumDType != "fp32" && dtypeSize(compute) == 2 ? 2 : 4;
+  uint64_t reserve = 0;
+  for (size_t i = 0; i < rangeElems.size() && i < placement.optimizerTier.size(); ++i)
+    if (placement.optimizerTier[i] == zero::Tier::Nvme)
+      reserve += uint64_t(rangeElems[i]) * (gradBytes + dtypeSize(compute));
+  return reserve;
+}
+
+zero::StorePlacement placeWithDelayedReserve(
+    const config::Config& c, DType compute, const std::vector<int64_t>& rangeElems,
+    zero::StoreBudgets& budgets,
+    const std::function<zero::StorePlacement(const zero::StoreBudgets&)>& place) {
+  zero::StorePlacement placement = place(budgets);
+  bool autoHost = c.store.hostBudgetGb.empty() || c.store.hostBudgetGb == "auto";
+  if (!c.store.delayedUpdate || c.optimizer.type == "adafactor" || !autoHost ||
+      budgets.host == zero::kUnlimited)
+    return placement;
+  uint64_t host = budgets.host;
+  for (size_t round = 0; round <= rangeElems.size(); ++round) {
+    uint64_t reserve = delayedUpdateReserveBytes(c, compute, rangeElems, placement);
+    uint64_t wanted = host > reserve ? host - reserve : 0;
+    if (wanted == budgets.host) break;
+    budgets.host = wanted;
+    placement = place(budgets);
+  }
+  return placement;
+}
+
+DType nvmeStateDType(const config::Config& c) {
+  return c.store.nvmeStateDType == "bf16"   ? DType::BF16
+         : c.store.nvmeStateDType == "fp16" ? DType::F16
+                                            : DType::F32;
+}
+
+uint64_t freeDiskBytes(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec);
+  while (!p.empty() && !fs::exists(p, ec)) {
+    if (p == p.parent_path()) break;
+    p = p.parent_path();
+  }
+  fs::space_info space = fs::space(p, ec);
+  return ec ? 0 : uint64_t(space.available);
+}
+
+}  // namespace strata::plan

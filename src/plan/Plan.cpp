@@ -1,0 +1,759 @@
+#include "strata/plan/Plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "models/bert/Bert.h"
+#include "models/gpt/Gpt.h"
+#include "models/t5/T5.h"
+#include "strata/autograd/Functions.h"
+#include "strata/config/Resolve.h"
+#include "strata/core/Error.h"
+#include "strata/data/Corruption.h"
+#include "strata/distributed/Launch.h"
+
+namespace strata::plan {
+
+namespace {
+
+std::string gib(uint64_t bytes) {
+  if (bytes == zero::kUnlimited) return "unlimited";
+  if (bytes < (1ull << 30)) return fmt::format("{:.1f} MiB", double(bytes) / double(1ull << 20));
+  return fmt::format("{:.2f} GiB", double(bytes) / double(1ull << 30));
+}
+
+std::string seconds(double s) {
+  if (s < 1e-3) return fmt::format("{:.0f} us", s * 1e6);
+  if (s < 1) return fmt::format("{:.1f} ms", s * 1e3);
+  return fmt::format("{:.2f} s", s);
+}
+
+bool flashHeadDim(int64_t d) {
+  return d == 64 || d == 80 || d == 128;
+}
+
+// One transformer block's kept activations over `tokens` tokens (NOTE [Plan model]).
+uint64_t blockBytes(uint64_t e, int64_t tokens, int64_t hidden, int64_t inner, int64_t ffn) {
+  return e * uint64_t(tokens) * uint64_t(4 * hidden + 4 * inner + 2 * ffn);
+}
+
+// The S_q x S_k probabilities the composed attention keeps, per layer: once, twice with dropout.
+uint64_t scoresBytes(uint64_t e, int64_t batch, int64_t heads, int64_t sq, int64_t sk, bool dropout) {
+  return e * uint64_t(batch * heads) * uint64_t(sq) * uint64_t(sk) * (dropout ? 2 : 1);
+}
+
+// linearCrossEntropy: the head's input and its gradient, the fp32 weight gradient formed in the forward, and
+// one chunk of logits (the softmax gradient is written over them).
+uint64_t chunkedHeadBytes(uint64_t e, int64_t tokens, int64_t hidden, int64_t vocab) {
+  uint64_t rows = uint64_t(tokens);
+  uint64_t chunkLogits = std::min<uint64_t>(uint64_t(kLinearCrossEntropyChunkLogits), rows * uint64_t(vocab));
+  return 2 * e * rows * uint64_t(hidden) + 4 * uint64_t(vocab) * uint64_t(hidden) + chunkLogits * e;
+}
+
+}  // namespace
+
+std::string stateKindName(StateKind kind, DType compute, const std::string& optimizer) {
+  bool adafactor = optimizer == "adafactor";
+  switch (kind) {
+    case kParameters:
+      return compute == DType::F32 ? "fp32 parameters" : "16-bit parameters";
+    case kMasters:
+      return "fp32 masters";
+    case kFirstMoments:
+      return adafactor ? "Adafactor m" : "AdamW m";
+    case kSecondMoments:
+      return adafactor ? "Adafactor v (factored)" : "AdamW v";
+    default:
+      return "?";
+  }
+}
+
+ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b, DType compute, bool onGpu,
+                                       const std::string& recompute) {
+  ActivationEstimate a;
+  uint64_t e = dtypeSize(compute);
+  a.assumptions.push_back(
+      fmt::format("{} activations, micro-batch {}, train.recompute {}", dtypeName(compute), b, recompute));
+  // L blocks' kept activations: whole; without the MLP activation's output (selective); or each block's
+  // inputs (the stream's two parts) plus one block recomputed at a time (full).
+  // `stream`: the bytes of one element of the stream between blocks (e, or 4 for BERT's fp32 stream).
+  auto blocks = [&](int64_t layers, uint64_t layer, int64_t tokens, int64_t hidden, int64_t ffn,
+                    uint64_t stream = 0) {
+    if (recompute == "full")
+      return uint64_t(layers) * 2 * (stream > 0 ? stream : e) * uint64_t(tokens * hidden) + layer;
+    if (recompute == "selective") return uint64_t(layers) * (layer - e * uint64_t(tokens * ffn));
+    return uint64_t(layers) * layer;
+  };
+  auto attentionNote = [&](bool fused, const std::string& why) {
+    a.assumptions.push_back(fused ? "fused attention: no S x S scores kept"
+                                  : "composed attention keeps the S x S probabilities (" + why + ")");
+  };
+  auto composedReason = [&](double dropout, int64_t headDim, const char* extra) {
+    std::string why;
+    if (!onGpu)
+      why = "CPU";
+    else if (dropout > 0 && !fusedAttentionDropout())
+      why = fmt::format("dropout {} while training under STRATA_ATTENTION_DROPOUT=composed", dropout);
+    else if (!flashHeadDim(headDim))
+      why = fmt::format("head dim {}", headDim);
+    if (extra != nullptr) why += std::string(why.empty() ? "" : ", ") + extra;
+    return why;
+  };
+  switch (models::objective(spec.arch)) {
+    case models::Objective::CausalLM: {
+      models::GptConfig g = models::gptConfig(spec);
+      int64_t t = b * g.seqLength, headDim = g.hiddenSize / g.numHeads;
+      bool fused = onGpu && (g.dropout == 0 || fusedAttentionDropout()) && flashHeadDim(headDim);
+      uint64_t layer = blockBytes(e, t, g.hiddenSize, g.hiddenSize, g.ffn());
+      uint64_t scores = fused ? 0 : scoresBytes(e, b, g.numHeads, g.seqLength, g.seqLength, g.dropout > 0);
+      a.terms.push_back({fmt::format("{} blocks x {}", g.numLayers, gib(layer + scores)),
+                         blocks(g.numLayers, layer + scores, t, g.hiddenSize, g.ffn())});
+      a.terms.push_back({"final norm, chunked LM head and loss",
+                         e * uint64_t(t * g.hiddenSize) + chunkedHeadBytes(e, t, g.hiddenSize, g.vocabSize)});
+      attentionNote(fused, composedReason(g.dropout, headDim, nullptr));
+      break;
+    }
+    case models::Objective::MaskedLM: {
+      models::BertConfig c = models::bertConfig(spec);
+      int64_t t = b * c.seqLength, headDim = c.hiddenSize / c.numHeads;
+      bool fused = onGpu && (c.dropout == 0 || fusedAttentionDropout()) && flashHeadDim(headDim);
+      uint64_t layer = blockBytes(e, t, c.hiddenSize, c.hiddenSize, c.ffn());
+      // NOTE [BERT's fp32 residual stream]: each norm keeps an fp32 sum and each sublayer a 16-bit copy of
+      // the stream, 4 more bytes per element for each of the two.
+      bool wideStream = c.fp32Residual && e == 2;
+      if (wideStream) {
+        layer += 8 * uint64_t(t * c.hiddenSize);
+        a.assumptions.push_back("model.fp32_residual: the stream between the layers in fp32");
+      }
+      uint64_t scores = fused ? 0 : scoresBytes(e, b, c.numHeads, c.seqLength, c.seqLength, c.dropout > 0);
+      a.terms.push_back({fmt::format("{} blocks x {}", c.numLayers, gib(layer + scores)),
+                         blocks(c.numLayers, layer + scores, t, c.hiddenSize, c.ffn(), wideStream ? 4 : e)});
+      // Training runs the MLM head on the chosen tokens only (data::mlmMask: 15% of each row, the count
+      // rounded up to kMlmPositionAlign rows): its transform (dense, GELU, LayerNorm) and their logits, kept
+      // by the loss, with the fp32 gradient its backward forms.
+      double share = data::MlmMaskingOptions{}.maskProbability;
+      int64_t chosen =
+          std::min<int64_t>(t, (int64_t(std::ceil(share * double(t))) + data::kMlmPositionAlign - 1) /
+                                   data::kMlmPositionAlign * data::kMlmPositionAlign);
+      a.terms.push_back(
+          {fmt::format("MLM head on {} chosen tokens", chosen),
+           4 * e * uint64_t(chosen * c.hiddenSize) + (e + 4) * uint64_t(chosen) * uint64_t(c.vocabSize)});
+      attentionNote(fused, composedReason(c.dropout, headDim, nullptr));
+      break;
+    }
+    case models::Objective::SpanCorruption: {
+      models::T5Config c = models::t5Config(spec);
+      int64_t te = b * c.seqLength, td = b * c.decoderSeqLength, inner = c.innerSize();
+      int64_t ffn = c.gatedGelu ? 2 * c.ffnHiddenSize : c.ffnHiddenSize;
+      bool dropout = c.dropout > 0;
+      bool crossFused = onGpu && (!dropout || fusedAttentionDropout()) && flashHeadDim(c.headDim);
+      // Self-attention carries the relative position bias: always the composed path.
+      uint64_t enc = blockBytes(e, te, c.hiddenSize, inner, ffn) +
+                     scoresBytes(e, b, c.numHeads, c.seqLength, c.seqLength, dropout);
+      uint64_t dec =
+          blockBytes(e, td, c.hiddenSize, inner, ffn) +
+          scoresBytes(e, b, c.numHeads, c.decoderSeqLength, c.decoderSeqLength, dropout) +
+          // cross-attention: its norm and q input, q, the encoder's k and v, the output
+          e * uint64_t(td * (2 * c.hiddenSize + 2 * inner) + 2 * te * inner) +
+          (crossFused ? 0 : scoresBytes(e, b, c.numHeads, c.decoderSeqLength, c.seqLength, dropout));
+      a.terms.push_back(
+          {fmt::format("{} encoder blocks x {}", c.numLayers, gib(enc)), uint64_t(c.numLayers) * enc});
+      a.terms.push_back({fmt::format("{} decoder blocks x {}", c.decoderLayers(), gib(dec)),
+                         uint64_t(c.decoderLayers()) * dec});
+      a.terms.push_back(
+          {"final norms, chunked LM head and loss",
+           e * uint64_t((te + td) * c.hiddenSize) + chunkedHeadBytes(e, td, c.hiddenSize, c.vocabSize)});
+      a.assumptions.push_back(
+          "self-attention with T5's relative position bias runs composed: S x S probabilities kept");
+      if (!crossFused)
+        attentionNote(false, "cross-attention: " + composedReason(c.dropout, c.headDim, nullptr));
+      break;
+    }
+  }
+  for (const ActivationTerm& t : a.terms) a.bytes += t.bytes;
+  return a;
+}
+
+namespace {
+
+// The plan at the config's own train.recompute (none, selective or full).
+ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& options) {
+  ModelStatePlan p;
+  p.recompute = c.train.recompute;
+  p.ranks = std::max(1, options.ranks);
+  p.machineSource = options.calibration ? options.calibrationSource : "the reference H200";
+  p.ranksPerNode = options.ranksPerNode > 0 ? std::min(options.ranksPerNode, p.ranks) : p.ranks;
+  // The machine: the calibration's figures, the reference H200 for any it lacks.
+  Calibration h200 = measuredH200();
+  p.machine = options.calibration.value_or(h200);
+  // The device training runs on: train.device, with auto meaning the machine's GPU when it has one (a
+  // machine described without a GPU plans the CPU run that `strata train` would make there).
+  bool machineHasGpu = p.machine.deviceMemoryBytes.has_value();
+  p.onGpu = c.train.device == "auto" ? machineHasGpu : Device::parse(c.train.device).isCuda();
+  auto fill = [&](auto& field, const auto& fallback, const char* what) {
+    if (field) return;
+    field = fallback;
+    if (options.calibration)
+      p.notes.push_back(
+          fmt::format("{}: not in {}; the reference H200's figure", what, options.calibrationSource));
+  };
+  if (p.onGpu) {
+    fill(p.machine.deviceName, h200.deviceName, "device");
+    fill(p.machine.deviceMemoryBytes, h200.deviceMemoryBytes, "device memory");
+    fill(p.machine.h2dGBs, h200.h2dGBs, "H2D bandwidth");
+    fill(p.machine.d2hGBs, h200.d2hGBs, "D2H bandwidth");
+    fill(p.machine.gemmTflops, h200.gemmTflops, "GEMM rate");
+  }
+  fill(p.machine.hostMemoryBytes, h200.hostMemoryBytes, "host memory");
+  fill(p.machine.cpuAdamwElemsPerS, h200.cpuAdamwElemsPerS, "CPU AdamW rate");
+  fill(p.machine.nvmeWriteGBs, h200.nvmeWriteGBs, "SSD write bandwidth");
+  fill(p.machine.nvmeReadGBs, h200.nvmeReadGBs, "SSD read bandwidth");
+  if (c.zero.nvmePath.empty())
+    p.machine.nvmeFreeBytes = p.machine.nvmeFreeBytes.value_or(0);  // no SSD tier: its space is not asked
+  fill(p.machine.nvmeFreeBytes, h200.nvmeFreeBytes, "SSD free space");
+  const Calibration& m = p.machine;
+
+  p.compute = config::computeDTypeFor(c, p.onGpu ? Device::cuda(0) : Device::cpu());
+  p.spec = config::modelSpecFrom(c, Device::cpu());
+  p.parameters = models::numParameters(p.spec);
+  p.microBatch = c.train.microBatchSize;
+  p.globalBatch = c.train.globalBatchSizeSet ? c.train.globalBatchSize : c.train.microBatchSize * p.ranks;
+  if (p.globalBatch % (p.microBatch * p.ranks) != 0) {
+    p.fits = false;
+    p.refusal = fmt::format("train.global_batch_size {} is not a multiple of micro_batch_size {} x {} ranks",
+                            p.globalBatch, p.microBatch, p.ranks);
+  }
+  p.accumulation = std::max<int64_t>(1, p.globalBatch / (p.microBatch * p.ranks));
+
+  p.inputs = modelStateInputs(c, p.ranks, p.compute);
+  const ModelStateInputs& in = p.inputs;
+  p.optimizer = c.optimizer.type;
+  p.activations = estimateActivations(p.spec, p.microBatch, p.compute, p.onGpu, c.train.recompute);
+  // Gradient buffers: every chunk's while backward accumulates; after the last backward's reduce-scatter
+  // (stage >= 2, several ranks) only the shards and two chunks in flight.
+  bool shardedGrads = in.stage >= 2 && p.ranks > 1;
+  uint64_t inFlight = std::min<uint64_t>(2, in.layout.chunks.size()) * uint64_t(in.largestChunkElems) * 4;
+  uint64_t gradientsAtUpdate = shardedGrads ? in.gradientShardBytes + inFlight : in.gradientBytes;
+  // NOTE [Plan model]: with accumulation the gradients of earlier micro-batches live through later forwards.
+  // NOTE [Plan model]: the backward's own buffers beside what the forward kept (kBackwardAllowance).
+  p.transientBytes = uint64_t(kBackwardAllowance * double(p.activations.bytes));
+  uint64_t working =
+      p.transientBytes + (p.accumulation > 1 ? p.activations.bytes + in.gradientBytes
+                                             : std::max(p.activations.bytes, gradientsAtUpdate));
+  p.gradientPeakBytes = p.accumulation > 1 ? in.gradientBytes : gradientsAtUpdate;
+  p.workspaceBytes = (p.onGpu ? kDeviceWorkspaceBytes : 0) + in.gatherBytes;
+  uint64_t nonModel = working + p.workspaceBytes;
+  // A CPU run's device is this rank's share of the host (NOTE [Per-node shares] in distributed/Launch.h).
+  p.deviceCapacityBytes =
+      p.onGpu ? *m.deviceMemoryBytes
+              : dist::perRankShare(m.hostAvailableBytes.value_or(*m.hostMemoryBytes), p.ranksPerNode);
+
+  // What the step may take of the device: the memory tracer's own limit.
+  p.usableBytes = p.onGpu ? usableDeviceBytes(p.deviceCapacityBytes) : p.deviceCapacityBytes;
+  // Budgets, as the engine reads them (storeBudgets), with auto on the device being what the memory tracer
+  // will measure: the usable device less the step's non-model memory.
+  uint64_t deviceAuto = p.usableBytes > nonModel ? p.usableBytes - nonModel : 0;
+  // The ranks on one machine split its memory, disk and cores (NOTE [Per-node shares] in
+  // distributed/Launch.h).
+  uint64_t hostAvailable = m.hostAvailableBytes.value_or(*m.hostMemoryBytes);
+  p.hostShareBytes = dist::perRankShare(hostAvailable, p.ranksPerNode);
+  p.nvmeShareBytes = dist::perRankShare(c.zero.nvmePath.empty() ? 0 : *m.nvmeFreeBytes, p.ranksPerNode);
+  p.cpuThreadShare = m.cpuThreads > 0 ? int(dist::perRankShare(uint64_t(m.cpuThreads), p.ranksPerNode)) : 0;
+  // NOTE [Host headroom]: the system's reserve and the store's working memory stay out of the host budget.
+  uint64_t headroom =
+      dist::perRankShare(hostHeadroomBytes(c, in.largestChunkElems, *m.hostMemoryBytes), p.ranksPerNode);
+  p.budgets = storeBudgets(c, in.parameterBytes, p.onGpu ? deviceAuto : zero::kUnlimited, p.hostShareBytes,
+                           p.nvmeShareBytes, headroom);
+  if (p.ranksPerNode > 1)
+    p.notes.push_back(fmt::format(
+        "{} ranks on one machine: each plans with its share of the host's {} available, the SSD's {} free "
+        "and "
+        "{} CPU threads{}",
+        p.ranksPerNode, gib(hostAvailable), gib(c.zero.nvmePath.empty() ? 0 : *m.nvmeFreeBytes), m.cpuThreads,
+        p.ranks > p.ranksPerNode
+            ? fmt::format(" ({} machines)", (p.ranks + p.ranksPerNode - 1) / p.ranksPerNode)
+            : std::string()));
+  if (!p.onGpu) {
+    p.notes.push_back("a CPU run: the device tier is host memory too; no step time is predicted");
+  } else if (c.zero.offloadOptimizerDevice == "none" &&
+             (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto")) {
+    p.notes.push_back(fmt::format(
+        "store.gpu_budget_gb auto: the device's {} less {} of non-model memory (estimated here; the engine's "
+        "memory tracer measures it in the first step, then brings the SSD's and the host's state onto the "
+        "device while it fits; store.gpu_budget_gb={:.1f} fixes this placement)",
+        gib(p.deviceCapacityBytes), gib(nonModel), double(p.budgets.device) / double(1ull << 30)));
+  }
+  p.notes.push_back(fmt::format(
+      "host budget: {} (store.host_budget_gb {}; auto is the {} available{} less {} of headroom for the "
+      "system and the store's staging, at most 90%)",
+      gib(p.budgets.host), c.store.hostBudgetGb, gib(p.hostShareBytes),
+      p.ranksPerNode > 1 ? " to this rank" : "", gib(headroom)));
+  if (p.budgets.nvme > 0)
+    p.notes.push_back(fmt::format("SSD budget: {} in {} (store.nvme_budget_gb {})", gib(p.budgets.nvme),
+                                  c.zero.nvmePath, c.store.nvmeBudgetGb));
+
+  // The placement: the store's own function, as the engine calls it (m and v on the SSD in
+  // store.nvme_state_dtype).
+  uint64_t nvmeMomentBytes = dtypeSize(nvmeStateDType(c));
+  uint64_t hostBudget = p.budgets.host;
+  try {
+    std::vector<uint64_t> nvmeBytes;
+    // (Adafactor's state has no SSD form yet: its bytes as they are.)
+    for (size_t i = 0; i < in.rangeElems.size(); ++i)
+      nvmeBytes.push_back(p.optimizer == "adafactor"
+                              ? in.optimizerBytes[i]
+                              : uint64_t(in.rangeElems[i]) * (4 + 2 * nvmeMomentBytes));
+    p.placement =
+        placeWithDelayedReserve(c, p.compute, in.rangeElems, p.budgets, [&](const zero::StoreBudgets& b) {
+          return zero::placeModelState(in.parameterBytes, in.optimizerBytes, b, nvmeBytes);
+        });
+    uint64_t reserve = delayedUpdateReserveBytes(c, p.compute, in.rangeElems, p.placement);
+    if (reserve > 0)
+      p.notes.push_back(fmt::format(
+          "store.delayed_update: {} of host memory for the pending update of the SSD chunks (their "
+          "gradients and new parameters), so the host budget for state is {}",
+          gib(reserve), gib(p.budgets.host)));
+  } catch (const Error& e) {
+    if (p.budgets.host < hostBudget)
+      p.notes.push_back(fmt::format(
+          "store.delayed_update: the host budget for state was lowered to {} to leave room for the pending "
+          "update of the SSD chunks (their gradients and new parameters)",
+          gib(p.budgets.host)));
+    p.placement = zero::StorePlacement{};
+    p.placement.parameterBytes = in.parameterBytes;
+    if (p.fits) {
+      p.fits = false;
+      p.refusal = e.message();
+    }
+  }
+  // State off the device with fp32 gradient buffers for 16-bit parameters: 16-bit buffers would leave half of
+  // them to optimizer state on the device.
+  bool offDevice = p.placement.chunksOn(zero::Tier::Host) > 0 || p.placement.chunksOn(zero::Tier::Nvme) > 0;
+  if (p.fits && offDevice && dtypeSize(p.compute) == 2 && in.gradientDType == DType::F32)
+    p.notes.push_back(
+        fmt::format("precision.grad_accum_dtype: {} would keep the gradient buffers in 16 bits, {} less on "
+                    "the device for more of the optimizer state there (micro-batches then add in 16 bits)",
+                    dtypeName(p.compute), gib(in.gradientBytes / 2)));
+  // Bytes by kind and tier: an fp32 chunk whose state stays on the device has no separate master (the engine
+  // counts it so too).
+  p.kindBytes[kParameters][int(zero::Tier::Device)] = in.parameterBytes;
+  for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
+    int tier = int(p.placement.optimizerTier[i]);
+    uint64_t range = uint64_t(in.rangeElems[i]) * 4;
+    bool onSsd = p.placement.optimizerTier[i] == zero::Tier::Nvme && p.optimizer != "adafactor";
+    uint64_t moments = range / 4 * nvmeMomentBytes;
+    bool master = p.compute != DType::F32 || p.placement.optimizerTier[i] != zero::Tier::Device;
+    if (master) p.kindBytes[kMasters][tier] += range;
+    p.kindBytes[kFirstMoments][tier] += onSsd ? moments : in.firstMomentBytes[i];
+    p.kindBytes[kSecondMoments][tier] += onSsd ? moments : in.secondMomentBytes[i];
+    if (!master) {
+      p.placement.bytes[tier] -= range;
+      p.placement.optimizerBytes[i] -= range;
+    }
+  }
+
+  uint64_t optimizerBytes = 0;
+  for (int k : {kMasters, kFirstMoments, kSecondMoments})
+    for (int t = 0; t < zero::kNumTiers; ++t) optimizerBytes += p.kindBytes[k][t];
+  if (in.rangeElemsTotal() > 0)
+    p.optimizerBytesPerParameter = double(optimizerBytes) / double(in.rangeElemsTotal());
+
+  p.devicePeakBytes = p.placement.bytes[int(zero::Tier::Device)] + nonModel;
+  if (p.placement.optimizerTier.empty()) p.devicePeakBytes = in.parameterBytes + nonModel;
+  if (!p.onGpu && p.fits &&
+      p.devicePeakBytes + p.placement.bytes[int(zero::Tier::Host)] > p.deviceCapacityBytes) {
+    // A CPU run keeps everything in host memory: its state, activations and gradient buffers.
+    p.fits = false;
+    p.refusal = fmt::format(
+        "the CPU run needs {} of host memory (model state {}, activations {}, gradient buffers {}), over the "
+        "{} "
+        "available",
+        gib(p.devicePeakBytes + p.placement.bytes[int(zero::Tier::Host)]), gib(p.placement.total()),
+        gib(p.activations.bytes), gib(p.gradientPeakBytes), gib(p.deviceCapacityBytes));
+  }
+  if (p.onGpu && p.fits && p.devicePeakBytes > p.usableBytes) {
+    p.fits = false;
+    p.refusal = fmt::format(
+        "the device needs {} at its peak (parameters {}, optimizer state {}, activations {} and the "
+        "backward's {}, gradient buffers {}, workspace {}), over the {} a step may use of its {}",
+        gib(p.devicePeakBytes), gib(in.parameterBytes),
+        gib(p.placement.bytes[int(zero::Tier::Device)] - in.parameterBytes), gib(p.activations.bytes),
+        gib(p.transientBytes), gib(p.gradientPeakBytes), gib(p.workspaceBytes), gib(p.usableBytes),
+        gib(p.deviceCapacityBytes));
+  }
+
+  // Step time.
+  double tokens = double(p.globalBatch) * double(p.spec.seqLength);
+  p.flopsPerStep = models::flopsPerToken(p.spec) * tokens / double(p.ranks);
+  if (!p.onGpu) return p;
+  double gemm = *m.gemmTflops * 1e12;
+  // NOTE [Recompute auto]: full recomputation runs each block's forward again (a third more FLOPs, the head's
+  // included); selective reads and writes the MLP's activation once more, at memory speed.
+  double computed = p.flopsPerStep * (p.recompute == "full" ? 4.0 / 3.0 : 1.0);
+  p.terms.push_back(
+      {"compute", computed / (gemm * kComputeEfficiency),
+       fmt::format("{:.3g} FLOP{} / ({:.0f} TFLOP/s GEMM x {:.2f} efficiency)", computed,
+                   p.recompute == "full" ? " (the blocks' forward twice: train.recompute full)" : "",
+                   *m.gemmTflops, kComputeEfficiency),
+       false});
+  if (p.recompute == "selective") {
+    double bytes = 2.0 * double(dtypeSize(p.compute)) * tokens / double(p.ranks) * double(p.spec.numLayers) *
+                   double(p.spec.ffnHiddenSize > 0 ? p.spec.ffnHiddenSize : 4 * p.spec.hiddenSize);
+    p.terms.push_back({"recompute", bytes / (kDeviceUpdateGBs * 1e9),
+                       fmt::format("the MLP activations again: {} read and written at {:.1f} TB/s",
+                                   gib(uint64_t(bytes / 2)), kDeviceUpdateGBs / 1000),
+                       false});
+  }
+  int64_t deviceElems = 0, offElems = 0;
+  for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
+    (p.placement.optimizerTier[i] == zero::Tier::Device ? deviceElems : offElems) += in.rangeElems[i];
+  if (deviceElems > 0)
+    p.terms.push_back({"device update",
+                       double(deviceElems) * kDeviceUpdateBytesPerElem / (kDeviceUpdateGBs * 1e9),
+                       fmt::format("{:.3g} elements x {:.0f} B at {:.1f} TB/s", double(deviceElems),
+                                   kDeviceUpdateBytesPerElem, kDeviceUpdateGBs / 1000),
+                       false});
+  if (p.ranks > 1) {
+    // Per rank, a ring moves (N-1)/N of the buffer per pass: all-reduce two passes of fp32 gradients (stage
+    // 0); reduce-scatter of fp32 gradients and all-gather of the 16-bit parameters (1 and 2); stage 3 also
+    // gathers the parameters in each micro-batch's forward and backward.
+    double share = double(p.ranks - 1) / double(p.ranks), paramBytes = 0;
+    for (int64_t padded : in.paddedElems) paramBytes += double(padded) * double(dtypeSize(p.compute));
+    double gradBytes = double(in.gradientBytes);
+    double moved = in.stage == 0 ? 2 * gradBytes : gradBytes + paramBytes;
+    if (in.stage == 3) moved += 2 * paramBytes * double(p.accumulation);
+    p.terms.push_back(
+        {"collectives", moved * share / (kCollectiveBusGBs * 1e9),
+         fmt::format("{:.3g} B over NVLink at {:.0f} GB/s bus bandwidth", moved * share, kCollectiveBusGBs),
+         true});
+  }
+  if (offElems > 0 && p.optimizer == "adafactor") {
+    // NOTE [Adafactor host chunks] in optim/Adafactor.h: the masters and the state cross the link both ways
+    // and the GPU updates them.
+    double bytes = 0;
+    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
+      if (p.placement.optimizerTier[i] != zero::Tier::Device)
+        bytes += double(in.rangeElems[i]) * 4 + double(in.firstMomentBytes[i] + in.secondMomentBytes[i]);
+    p.terms.push_back({"PCIe", bytes / (*m.h2dGBs * 1e9) + bytes / (*m.d2hGBs * 1e9),
+                       fmt::format("masters and state in and out {} at {:.0f} / {:.0f} GB/s",
+                                   gib(uint64_t(bytes)), *m.h2dGBs, *m.d2hGBs),
+                       true});
+  } else if (offElems > 0) {
+    // NOTE [Plan model]: the host update after the backward. The gradients cross as they accumulate (fp32, or
+    // 16-bit: precision.grad_accum_dtype) and the new 16-bit parameters come back; the pipelined update's two
+    // lanes share the chunks (NOTE [Pipelined update] in optim/AdamW.h): the CPU takes the SSD chunks and
+    // pieces of the host chunks from the front, the GPU lane pieces from the back, their master, m and v
+    // crossing the link both ways. Ranks on one machine share its cores.
+    int64_t ssdElems = 0;
+    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
+      if (p.placement.optimizerTier[i] == zero::Tier::Nvme) ssdElems += in.rangeElems[i];
+    double hostElems = double(offElems - ssdElems), ssd = double(ssdElems);
+    double down = double(offElems) * double(dtypeSize(in.gradientDType)),
+           up = double(offElems) * double(dtypeSize(p.compute));
+    double pcie = down / (*m.d2hGBs * 1e9) + up / (*m.h2dGBs * 1e9);
+    double cpu = *m.cpuAdamwElemsPerS / double(p.ranksPerNode);
+    double gpuLane = c.optimizer.pipeline ? std::min(*m.h2dGBs, *m.d2hGBs) * 1e9 / kGpuLaneBytesPerElem : 0;
+    double lanes = (ssd + hostElems) / (cpu + gpuLane);                      // the lanes finish together
+    if (gpuLane > 0 && ssd / cpu >= hostElems / gpuLane) lanes = ssd / cpu;  // the GPU lane ran out of pieces
+    p.terms.push_back(
+        {"host update", c.optimizer.pipeline ? std::max(pcie, lanes) : pcie + lanes,
+         fmt::format("{:.3g} elements: the CPU at {:.2f} G/s{}{}; {} gradients out {} at {:.0f} GB/s, "
+                     "parameters in {} at {:.0f} GB/s",
+                     double(offElems), cpu / 1e9, p.ranksPerNode > 1 ? " (this rank's share)" : "",
+                     gpuLane > 0 ? fmt::format(", the GPU lane at {:.2f} G/s", gpuLane / 1e9) : std::string(),
+                     in.gradientDType == DType::F32 ? "fp32" : dtypeName(in.gradientDType),
+                     gib(uint64_t(down)), *m.d2hGBs, gib(uint64_t(up)), *m.h2dGBs),
+         true});
+  }
+  if (uint64_t nvme = p.placement.bytes[int(zero::Tier::Nvme)]; nvme > 0) {
+    double bytes = double(nvme) * double(p.ranksPerNode);
+    p.terms.push_back(
+        {"SSD", bytes / (*m.nvmeReadGBs * 1e9) + bytes / (*m.nvmeWriteGBs * 1e9),
+         fmt::format("read and write back {} at {:.2f} / {:.2f} GB/s{}", gib(uint64_t(bytes)), *m.nvmeReadGBs,
+                     *m.nvmeWriteGBs, p.ranksPerNode > 1 ? " (the machine's ranks share it)" : ""),
+         true});
+  }
+  if (p.terms.front().seconds < 0.05)
+    p.notes.push_back(
+        "a step this short is bound by kernel launches and small GEMMs, which the plan does not "
+        "model: read its compute time as a lower bound");
+  double gpu = 0;
+  for (const StepTerm& t : p.terms) {
+    p.serialSeconds += t.seconds;
+    if (!t.overlappable) gpu += t.seconds;
+  }
+  p.overlappedSeconds = gpu;
+  p.bound = "compute";
+  for (const StepTerm& t : p.terms)
+    if (t.overlappable && t.seconds > p.overlappedSeconds) {
+      p.overlappedSeconds = t.seconds;
+      p.bound = t.name;
+    }
+  return p;
+}
+
+// The modes train.recompute auto weighs, least recomputation first.
+constexpr const char* kRecomputeModes[] = {"none", "selective", "full"};
+
+}  // namespace
+
+ModelStatePlan planModelState(const config::Config& c, const PlanOptions& options) {
+  if (c.train.recompute != "auto") return planAtRecompute(c, options);
+  // NOTE [Recompute auto]: every mode that fits, the fastest predicted step; on the CPU (no step time) the
+  // least recomputation that fits.
+  std::vector<ModelStatePlan> plans;
+  for (const char* mode : kRecomputeModes) {
+    config::Config m = c;
+    m.train.recompute = mode;
+    plans.push_back(planAtRecompute(m, options));
+  }
+  auto time = [](const ModelStatePlan& p) { return p.terms.empty() ? 0.0 : p.serialSeconds; };
+  int best = -1;
+  for (int i = 0; i < int(plans.size()); ++i)
+    if (plans[size_t(i)].fits && (best < 0 || time(plans[size_t(i)]) < time(plans[size_t(best)]) * 0.999))
+      best = i;
+  std::vector<std::string> weighed;
+  for (const ModelStatePlan& p : plans)
+    weighed.push_back(!p.fits ? fmt::format("{} does not fit (peak {})", p.recompute, gib(p.devicePeakBytes))
+                      : p.terms.empty()
+                          ? fmt::format("{} fits (peak {})", p.recompute, gib(p.devicePeakBytes))
+                          : fmt::format("{} {} a step, peak {}", p.recompute, seconds(p.serialSeconds),
+                                        gib(p.devicePeakBytes)));
+  ModelStatePlan chosen = plans[size_t(best < 0 ? plans.size() - 1 : size_t(best))];
+  chosen.recomputeAuto = true;
+  chosen.recomputeWhy =
+      best < 0 ? fmt::format("train.recompute auto: no mode fits ({})", fmt::join(weighed, "; "))
+               : fmt::format("train.recompute auto chose {}: {}", chosen.recompute, fmt::join(weighed, "; "));
+  chosen.notes.insert(chosen.notes.begin(), chosen.recomputeWhy);
+  return chosen;
+}
+
+std::optional<config::Config> largestFittingModel(const config::Config& c, const PlanOptions& options) {
+  const config::ModelConfig& m0 = c.model;
+  int64_t h0 = m0.hiddenSize,
+          headWidth = std::max<int64_t>(1, h0 / std::max<int64_t>(1, m0.numAttentionHeads));
+  for (int64_t h = h0 / headWidth * headWidth; h >= headWidth; h -= headWidth) {
+    double scale = double(h) / double(h0);
+    config::Config s = c;
+    s.model.hiddenSize = h;
+    s.model.numAttentionHeads = std::max<int64_t>(1, h / headWidth);
+    s.model.numLayers = std::max<int64_t>(1, std::llround(double(m0.numLayers) * scale));
+    if (m0.decoderNumLayers > 0)
+      s.model.decoderNumLayers = std::max<int64_t>(1, std::llround(double(m0.decoderNumLayers) * scale));
+    if (m0.ffnHiddenSize > 0)
+      s.model.ffnHiddenSize = std::max<int64_t>(1, std::llround(double(m0.ffnHiddenSize) * scale));
+    if (planModelState(s, options).fits) return s;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> fitAdvice(const config::Config& c, const PlanOptions& options) {
+  std::vector<std::string> out;
+  auto fits = [&](const config::Config& s, const PlanOptions& o) { return planModelState(s, o).fits; };
+  int ranks = std::max(1, options.ranks);
+  int64_t global = c.train.globalBatchSizeSet ? c.train.globalBatchSize : c.train.microBatchSize * ranks;
+  // A smaller micro-batch, the same global batch by accumulation.
+  for (int64_t b = c.train.microBatchSize / 2; b >= 1; b /= 2) {
+    if (global % (b * ranks) != 0) continue;
+    config::Config s = c;
+    s.train.microBatchSize = b;
+    s.train.globalBatchSize = global;
+    s.train.globalBatchSizeSet = true;
+    if (!fits(s, options)) continue;
+    out.push_back(fmt::format("--set train.micro_batch_size={} (the global batch stays {}, by accumulation)",
+                              b, global));
+    break;
+  }
+  // Budgets fixed by hand that automatic ones would beat.
+  if (c.store.gpuBudgetGb != "auto" || c.store.hostBudgetGb != "auto") {
+    config::Config s = c;
+    s.store.gpuBudgetGb = s.store.hostBudgetGb = "auto";
+    if (fits(s, options)) out.push_back("--set store.gpu_budget_gb=auto --set store.host_budget_gb=auto");
+  }
+  // The SSD tier.
+  if (c.zero.nvmePath.empty() && c.optimizer.type != "adafactor") {
+    config::Config s = c;
+    s.zero.nvmePath = "ssd";
+    PlanOptions o = options;
+    if (o.calibration) o.calibration->nvmeFreeBytes.reset();  // the plan's figure for an SSD's free space
+    ModelStatePlan p = planModelState(s, o);
+    if (p.fits)
+      out.push_back(fmt::format(
+          "--set zero_optimization.nvme_path=DIR: a directory on an SSD with {} free for the optimizer state "
+          "(planned with {} free)",
+          gib(p.placement.bytes[int(zero::Tier::Nvme)]), gib(p.machine.nvmeFreeBytes.value_or(0))));
+  }
+  // More ranks, each with its own GPU on this machine, the state sharded over them.
+  for (int r : {2, 4, 8}) {
+    if (r <= ranks) continue;
+    config::Config s = c;
+    s.zero.stage = std::max<int64_t>(c.zero.stage, 3);
+    if (c.train.globalBatchSizeSet && c.train.globalBatchSize % (c.train.microBatchSize * r) != 0)
+      s.train.globalBatchSize = c.train.microBatchSize * r;
+    PlanOptions o = options;
+    o.ranks = r;
+    // GPUs: one machine with r of them; the CPU: r machines (ranks on one host would share its memory).
+    bool gpu = planModelState(c, options).onGpu;
+    o.ranksPerNode = gpu ? r : 1;
+    if (!fits(s, o)) continue;
+    out.push_back(
+        fmt::format("mpirun -np {} {}{}", r,
+                    gpu ? fmt::format("on a machine with {} GPUs", r) : fmt::format("over {} machines", r),
+                    c.zero.stage < 3 ? " (--set zero_optimization.stage=3)" : ""));
+    break;
+  }
+  if (std::optional<config::Config> largest = largestFittingModel(c, options)) {
+    models::ModelSpec spec = config::modelSpecFrom(*largest, Device::cpu());
+    std::string line = fmt::format(
+        "a smaller model: the largest of its family that fits here has {:.2f} B parameters ({}): --set "
+        "model.num_layers={} --set model.hidden_size={} --set model.num_attention_heads={}",
+        double(models::numParameters(spec)) / 1e9, models::describeShape(spec), largest->model.numLayers,
+        largest->model.hiddenSize, largest->model.numAttentionHeads);
+    if (largest->model.decoderNumLayers > 0)
+      line += fmt::format(" --set model.decoder_num_layers={}", largest->model.decoderNumLayers);
+    if (largest->model.ffnHiddenSize > 0)
+      line += fmt::format(" --set model.ffn_hidden_size={}", largest->model.ffnHiddenSize);
+    out.push_back(line);
+  } else if (out.empty()) {
+    out.push_back(
+        "no model of its family fits at this micro-batch and sequence length: lower train.micro_batch_size "
+        "or model.seq_length");
+  }
+  return out;
+}
+
+std::string refusalMessage(const std::string& what, const config::Config& c, const ModelStatePlan& plan,
+                           const PlanOptions& options) {
+  std::string message = fmt::format("{} does not fit: {}.", what, plan.refusal);
+  if (plan.recomputeAuto) message += fmt::format("\n{}.", plan.recomputeWhy);
+  std::vector<std::string> advice = fitAdvice(c, options);
+  message += "\nWhat would fit:";
+  for (const std::string& a : advice) message += "\n  - " + a;
+  return message;
+}
+
+std::string formatPlan(const ModelStatePlan& p) {
+  std::ostringstream out;
+  out << fmt::format("model          {}: {}, {:.3f} B parameters\n", p.spec.arch,
+                     models::describeShape(p.spec), double(p.parameters) / 1e9);
+  out << fmt::format("machine        {}, {} host memory{}\n",
+                     p.machine.deviceMemoryBytes
+                         ? fmt::format("{}, {} device memory", p.machine.deviceName.value_or("GPU"),
+                                       gib(*p.machine.deviceMemoryBytes))
+                         : std::string("no GPU"),
+                     gib(*p.machine.hostMemoryBytes),
+                     p.machine.host == "reference H200" ? " (the reference H200, measured; docs/memory.md)"
+                     : p.machineSource == "this machine"
+                         ? fmt::format(" ({}, read now)", p.machine.host)
+                         : fmt::format(" (calibrated on {} {})", p.machine.host, p.machine.date));
+  out << fmt::format(
+      "run            {} on {}, {} rank{}, ZeRO stage {}, micro-batch {} x {} accumulation = global batch "
+      "{}, recompute {}{}\n",
+      dtypeName(p.compute), p.onGpu ? "the GPU" : "the CPU", p.ranks, p.ranks == 1 ? "" : "s", p.inputs.stage,
+      p.microBatch, p.accumulation, p.globalBatch, p.recompute, p.recomputeAuto ? " (auto)" : "");
+  if (p.ranksPerNode > 1)
+    out << fmt::format(
+        "per rank       {} of host memory, {} of SSD space, {} CPU threads ({} ranks on one machine)\n",
+        gib(p.hostShareBytes), p.nvmeShareBytes ? gib(p.nvmeShareBytes) : std::string("-"), p.cpuThreadShare,
+        p.ranksPerNode);
+  out << fmt::format("chunks         {} of {} (zero_optimization.chunk_size_mb; the largest {})\n",
+                     p.inputs.layout.chunks.size(),
+                     gib(uint64_t(p.inputs.layout.chunkElems) * dtypeSize(p.compute)),
+                     gib(uint64_t(p.inputs.largestChunkElems) * dtypeSize(p.compute)));
+
+  auto orDash = [](uint64_t b) { return b ? gib(b) : std::string("-"); };
+  auto budgetRow = [&] {
+    out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "budget", orDash(p.budgets.device),
+                       orDash(p.budgets.host), orDash(p.budgets.nvme));
+  };
+  auto notes = [&] {
+    if (p.notes.empty()) return;
+    out << "\nnotes:\n";
+    for (const std::string& n : p.notes) out << "  - " << n << "\n";
+  };
+  // A refusal before any placement (the state does not fit the budgets) has no tables of where state lives
+  // or of the step: they would show an empty placement. The caller prints the refusal.
+  if (!p.fits && p.placement.optimizerTier.empty()) {
+    out << fmt::format("optimizer      {}\n", p.optimizer);
+    out << "\nmodel state per rank: no placement within the budgets (the error below says why)\n";
+    out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "", "device", "host", "ssd");
+    budgetRow();
+    notes();
+    return out.str();
+  }
+  out << fmt::format(
+      "optimizer      {}: {:.3f} bytes of optimizer state per parameter (fp32 masters included{})\n",
+      p.optimizer, p.optimizerBytesPerParameter,
+      p.optimizer == "adafactor" ? "; the second moment factored per matrix" : "");
+
+  out << "\nmodel state per rank, by tier:\n";
+  out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "", "device", "host", "ssd");
+  uint64_t total[zero::kNumTiers] = {};
+  for (int k = 0; k < kNumStateKinds; ++k) {
+    out << fmt::format("  {:<22}", stateKindName(StateKind(k), p.compute, p.optimizer));
+    for (int t = 0; t < zero::kNumTiers; ++t) {
+      out << fmt::format(" {:>12}", p.kindBytes[k][t] ? gib(p.kindBytes[k][t]) : "-");
+      total[t] += p.kindBytes[k][t];
+    }
+    out << "\n";
+  }
+  out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "model state", orDash(total[0]), orDash(total[1]),
+                     orDash(total[2]));
+  budgetRow();
+  size_t chunksOn[zero::kNumTiers] = {};
+  for (zero::Tier t : p.placement.optimizerTier) ++chunksOn[int(t)];
+  out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "optimizer chunks", chunksOn[0], chunksOn[1],
+                     chunksOn[2]);
+  out << "working memory on the " << (p.onGpu ? "device" : "host") << " (not model state):\n";
+  out << fmt::format("  {:<22} {:>12}  {}, {}\n", "gradient buffers", gib(p.gradientPeakBytes),
+                     dtypeName(p.inputs.gradientDType),
+                     p.accumulation > 1                   ? "every chunk, kept across the micro-batches"
+                     : p.inputs.stage >= 2 && p.ranks > 1 ? "this rank's shards and two chunks in flight"
+                                                          : "every chunk, from backward to the update");
+  out << fmt::format("  {:<22} {:>12}  one micro-batch of {}\n", "activations", gib(p.activations.bytes),
+                     p.microBatch);
+  for (const ActivationTerm& t : p.activations.terms)
+    out << fmt::format("    {:<44} {:>12}\n", t.what, gib(t.bytes));
+  out << fmt::format("  {:<22} {:>12}  {:.0f}% of the activations (measured allowance)\n", "backward buffers",
+                     gib(p.transientBytes), 100 * kBackwardAllowance);
+  if (p.workspaceBytes > 0)
+    out << fmt::format("  {:<22} {:>12}  {}\n", "workspace", gib(p.workspaceBytes),
+                       p.inputs.gatherBytes > 0
+                           ? "CUDA context, cuBLASLt, allocator slack, stage-3 gather slots"
+                           : "CUDA context, cuBLASLt, allocator slack");
+  if (p.onGpu)
+    out << fmt::format("  {:<22} {:>12}  of the {} a step may use ({:.0f}%; the device has {})\n",
+                       "device peak", gib(p.devicePeakBytes), gib(p.usableBytes),
+                       100.0 * double(p.devicePeakBytes) / double(std::max<uint64_t>(1, p.usableBytes)),
+                       gib(p.deviceCapacityBytes));
+  out << "  assumptions: ";
+  for (size_t i = 0; i < p.activations.assumptions.size(); ++i)
+    out << (i ? "; " : "") << p.activations.assumptions[i];
+  out << "\n";
+
+  if (!p.terms.empty()) {
+    out << "\npredicted step time per rank:\n";
+    for (const StepTerm& t : p.terms)
+      out << fmt::format("  {:<14} {:>10}  {}\n", t.name, seconds(t.seconds), t.detail);
+    double tokens = double(p.globalBatch) * double(p.spec.seqLength);
+    auto rate = [&](double s) {
+      return fmt::format("{:.0f} tokens/s, {:.0f} TFLOP/s per GPU", tokens / s, p.flopsPerStep / s / 1e12);
+    };
+    bool offloaded = p.serialSeconds > p.overlappedSeconds * 1.0001;
+    out << fmt::format("  step           {:>10}  {}{}\n", seconds(p.serialSeconds), rate(p.serialSeconds),
+                       offloaded ? " (the host update follows the backward)" : "");
+    if (offloaded)
+      out << fmt::format(
+          "  overlapped     {:>10}  {} (were the update to run beside the backward: bound by {})\n",
+          seconds(p.overlappedSeconds), rate(p.overlappedSeconds), p.bound);
+    else
+      out << "  bound by       compute\n";
+  }
+  notes();
+  return out.str();
+}
+
+}  // namespace strata::plan

@@ -1,0 +1,570 @@
+// ZeRO stages 0 to 3 training a small GPT on N CPU ranks (mpirun -np 2 and -np 4 through CTest), against
+// the same run on one rank. Every rank runs every training run (they are collectives); rank 0 reads the
+// metrics and checks. Checks use CHECK, not REQUIRE, so no rank leaves early and strands the others.
+// STRATA_DIST_TEST_DEVICE=cuda runs the same tests on the GPU (ranks that share one GPU communicate through
+// MPI with host staging: NOTE [GPU collectives] in distributed/ParallelContext.h), in fp32 so that the
+// tolerances against one rank hold; STRATA_DIST_TEST_SETS adds config overrides (comma-separated key=value)
+// to every run.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "CatchShim.h"
+#include "models/Zoo.h"
+#include "strata/data/CausalLmObjective.h"
+#include "strata/distributed/ParallelContext.h"
+#include "strata/ops/Ops.h"
+#include "strata/train/StepEngine.h"
+#include "strata/train/Trainer.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The device the tests train on: the CPU, or the GPU under STRATA_DIST_TEST_DEVICE=cuda.
+bool onGpu() {
+  const char* d = std::getenv("STRATA_DIST_TEST_DEVICE");
+  return d != nullptr && std::string(d) == "cuda";
+}
+
+// STRATA_DIST_TEST_SETS: more overrides for every run.
+std::vector<std::string> extraSets() {
+  std::vector<std::string> out;
+  const char* text = std::getenv("STRATA_DIST_TEST_SETS");
+  std::string all = text ? text : "";
+  size_t start = 0;
+  while (start < all.size()) {
+    size_t end = all.find(',', start);
+    if (end == std::string::npos) end = all.size();
+    if (end > start) out.push_back(all.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+struct Run {
+  std::vector<double> losses, valLosses;
+  std::vector<double> modelStateGb, stateHostGb, stateNvmeGb;
+  std::string checkpoint;
+  std::string sample;
+};
+
+// A corpus every process (world rank) writes identically to a place of its own, once, whole (by rename): a
+// resume compares the other ranks' copies with the one its checkpoint names.
+fs::path corpusFor(int rank) {
+  fs::path dir = fs::temp_directory_path() /
+                 ("strata-zero-corpus-" + std::to_string(::getppid()) + "-" + std::to_string(rank));
+  fs::create_directories(dir);
+  fs::path corpus = dir / "corpus.txt";
+  if (fs::exists(corpus)) return corpus;
+  {
+    std::ofstream text(dir / "corpus.txt.tmp");
+    for (int i = 0; i < 400; ++i) text << "to be or not to be, that is the question " << i % 7 << "\n";
+  }
+  fs::rename(dir / "corpus.txt.tmp", corpus);
+  return corpus;
+}
+
+// The output directory of the run `name` (the same on every rank).
+fs::path runDir(const std::string& name) {
+  return fs::temp_directory_path() / ("strata-zero-" + std::to_string(::getppid()) + "-" + name);
+}
+
+// The config of trainRun's run `name`.
+config::Config runConfig(const std::string& name, int stage, const std::vector<std::string>& extra) {
+  fs::path out = runDir(name);
+  std::vector<std::string> sets = {
+      "data.path=" + corpusFor(dist::launchInfoFromEnvironment().rank).string(),
+      "train.out_dir=" + out.string(), onGpu() ? "train.device=cuda" : "train.device=cpu", "train.threads=1",
+      "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=2", "model.seq_length=32",
+      "model.dropout=0", "train.micro_batch_size=2", "train.global_batch_size=8", "train.train_iters=20",
+      "train.log_interval=1", "train.eval_interval=10", "train.eval_iters=6", "train.sample_length=8",
+      "lr_schedule.warmup_iters=2", "optimizer.lr=3e-3",
+      // Small chunks, so each has several parameters and several split across shard boundaries.
+      "zero_optimization.chunk_size_mb=0.02", "model.vocab_size=256",
+      "zero_optimization.stage=" + std::to_string(stage)};
+  if (onGpu()) sets.push_back("precision.dtype=fp32");
+  for (auto& e : extraSets()) sets.push_back(e);
+  for (auto& e : extra) sets.push_back(e);
+  return config::parseConfig("", "zero-test", sets);
+}
+
+// 20 steps (or `iters`) of a 2-layer GPT at a global batch of 8 sequences, one record per step, on the ranks
+// of `parallel`. Only rank 0's metrics exist; the other ranks return no losses.
+Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::string& name, int stage,
+             std::vector<std::string> extra = {}) {
+  fs::path out = runDir(name);
+  if (parallel->isMain()) fs::remove_all(out);
+  if (parallel->worldSize() > 1) parallel->world().communicator().barrier();
+  train::Trainer trainer(runConfig(name, stage, extra), parallel);
+  train::TrainResult result = trainer.run();
+  Run run;
+  run.checkpoint = result.checkpoint;
+  run.sample = result.sample;
+  if (!parallel->isMain()) return run;
+  std::ifstream in(out / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) run.valLosses.push_back(j["val_loss"].get<double>());
+    if (!j.contains("loss")) continue;
+    run.losses.push_back(j["loss"].get<double>());
+    run.modelStateGb.push_back(j["mem_model_state_gb"].get<double>());
+    run.stateHostGb.push_back(j["mem_state_host_gb"].get<double>());
+    run.stateNvmeGb.push_back(j["mem_state_nvme_gb"].get<double>());
+  }
+  return run;
+}
+
+dist::ParallelOptions options() {
+  return dist::ParallelOptions{.timeoutSeconds = 60,
+                               .deviceType = onGpu() ? DeviceType::CUDA : DeviceType::CPU};
+}
+
+std::shared_ptr<dist::ParallelContext> world() {
+  return std::make_shared<dist::ParallelContext>(options());
+}
+
+// One rank alone, in this process: no collectives.
+std::shared_ptr<dist::ParallelContext> alone() {
+  dist::LaunchInfo one;
+  return std::make_shared<dist::ParallelContext>(one, options());
+}
+
+double worstRelative(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(std::abs(b[i]), 1e-30));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO stages 0 to 3 on N ranks train like one rank", "[dist][zero]") {
+  auto ctx = world();
+  int ranks = ctx->worldSize();
+  // The reference: every rank trains the whole global batch alone (rank 0's is the one compared).
+  Run reference = trainRun(alone(), "one-rank-" + std::to_string(ctx->rank()), 0);
+  std::map<int, Run> stages;
+  for (int stage : {0, 1, 2, 3}) stages[stage] = trainRun(ctx, "stage" + std::to_string(stage), stage);
+  // Stage 3 gathers into the chunk arena by default; into the caching allocator's blocks without it.
+  Run blocks = trainRun(ctx, "stage3-no-arena", 3, {"store.arena=false"});
+  if (!ctx->isMain()) return;
+  INFO(ranks << " ranks");
+  CHECK(reference.losses.size() == 20);
+  CHECK(blocks.losses == stages[3].losses);
+  CHECK(blocks.valLosses == stages[3].valLosses);
+  for (int stage : {0, 1, 2, 3}) {
+    INFO("stage " << stage);
+    CHECK(stages[stage].losses.size() == 20);
+    // The stages differ only in where state lives: the same sums in the same order, bit for bit.
+    CHECK(stages[stage].losses == stages[0].losses);
+    // Evaluation splits its batches over the ranks and sums them in one all-reduce.
+    CHECK(stages[stage].valLosses.size() == 2);
+    CHECK(stages[stage].valLosses == stages[0].valLosses);
+    CHECK(worstRelative(stages[stage].valLosses, reference.valLosses) < 1e-5);
+    // Against one rank the micro-batches' gradients are summed in another order (per rank, then across
+    // ranks), so the curves agree to rounding, not bitwise.
+    CHECK(worstRelative(stages[stage].losses, reference.losses) < 1e-5);
+  }
+  // Model state per rank: stages 1 and 2 keep 1/N of the moments (fp32 on the CPU: the parameters, 4 bytes,
+  // stay whole; m and v, 8 bytes, are sharded); stage 3 keeps 1/N of everything (up to the chunks' padding).
+  double whole = stages[0].modelStateGb.back(), params = whole / 3.0;
+  for (int stage : {1, 2}) {
+    double expected = params + 2.0 * params / double(ranks);
+    CHECK(stages[stage].modelStateGb.back() == Approx(expected).epsilon(0.02));
+  }
+  CHECK(stages[3].modelStateGb.back() == Approx(whole / double(ranks)).epsilon(0.02));
+}
+
+TEST_CASE("ZeRO stages 2 and 3 resume exactly from their checkpoints, at this world size and at one rank",
+          "[dist][zero][checkpoint]") {
+  auto ctx = world();
+  std::string tag = std::to_string(ctx->rank());
+  for (int stage : {2, 3}) {
+    std::string name = "resume-stage" + std::to_string(stage);
+    // Straight through 20 steps, saving at 10.
+    Run straight = trainRun(ctx, name + "-straight", stage, {"checkpoint.save_interval=10"});
+    fs::path saved = fs::path(straight.checkpoint).parent_path() / "step-10";
+    // 10 more steps from the step-10 checkpoint, on N ranks, then on one rank.
+    Run resumed = trainRun(ctx, name + "-again", stage, {"checkpoint.load=" + saved.string()});
+    Run single = trainRun(alone(), name + "-single-" + tag, 0, {"checkpoint.load=" + saved.string()});
+    if (!ctx->isMain()) continue;
+    INFO("stage " << stage);
+    // Each rank wrote its own pieces of the state, nothing gathered: about 1/N of it each.
+    uint64_t total = 0, largest = 0;
+    for (int r = 0; r < ctx->worldSize(); ++r)
+      for (const char* kind : {"model", "optimizer"}) {
+        fs::path file = saved / (std::string(kind) + "-rank" + std::to_string(r) + ".safetensors");
+        REQUIRE(fs::exists(file));
+        total += fs::file_size(file);
+        largest = std::max<uint64_t>(largest, fs::file_size(file));
+      }
+    // The state is 3 fp32 values per element (parameter, m, v); an optimizer file holds 2 of them for 1/N.
+    CHECK(double(largest) < 1.1 * double(total) * 2.0 / (3.0 * ctx->worldSize()));
+    CHECK(straight.losses.size() == 20);
+    CHECK(resumed.losses.size() == 10);
+    std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
+    CHECK(resumed.losses == tail);
+    CHECK(worstRelative(single.losses, tail) < 1e-5);
+  }
+}
+
+TEST_CASE("optimizer state on the host and SSD tiers trains like state on the device, at stages 1 and 3",
+          "[dist][zero][store]") {
+  auto ctx = world();
+  for (int stage : {1, 3}) {
+    std::string name = "offload-stage" + std::to_string(stage);
+    Run device = trainRun(ctx, name + "-device", stage);
+    Run host = trainRun(ctx, name + "-host", stage, {"zero_optimization.offload_optimizer.device=cpu"});
+    // All three tiers: each rank's SSD file under its own directory.
+    fs::path nvme = fs::temp_directory_path() /
+                    ("strata-zero-nvme-" + std::to_string(::getppid()) + "-" + std::to_string(ctx->rank()));
+    Run tiers =
+        trainRun(ctx, name + "-tiers", stage,
+                 // The parameters and a little state on the device (stage 3 shards the parameters).
+                 {"store.gpu_budget_gb=" + std::to_string(stage == 3 ? 0.00016 / ctx->worldSize() : 0.00015),
+                  "store.host_budget_gb=0.00006", "zero_optimization.nvme_path=" + nvme.string()});
+    CHECK(fs::is_empty(nvme));
+    if (!ctx->isMain()) continue;
+    INFO("stage " << stage);
+    REQUIRE(device.losses.size() == 20);
+    CHECK(host.losses == device.losses);
+    CHECK(host.valLosses == device.valLosses);
+    CHECK(tiers.losses == device.losses);
+    CHECK(tiers.valLosses == device.valLosses);
+    CHECK(tiers.stateNvmeGb.back() > 0);
+    CHECK(tiers.stateHostGb.back() > 0);
+    // The host holds no more than its budget on any rank (the metric is the largest rank's).
+    for (double gb : tiers.stateHostGb) CHECK(gb <= 0.00006);
+  }
+}
+
+TEST_CASE(
+    "Adafactor at ZeRO stages 0 to 3 on N ranks, its state on the device or the host, trains and resumes",
+    "[dist][zero][adafactor]") {
+  auto ctx = world();
+  std::vector<std::string> adafactor = {"optimizer.type=adafactor", "optimizer.lr=0.01",
+                                        "optimizer.adafactor_beta1=0.9",
+                                        "optimizer.adafactor_bf16_momentum=true"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), adafactor.begin(), adafactor.end());
+    return extra;
+  };
+  Run reference = trainRun(alone(), "adafactor-one-rank-" + std::to_string(ctx->rank()), 0, adafactor);
+  std::map<int, Run> stages;
+  for (int stage : {0, 1, 2, 3})
+    stages[stage] = trainRun(ctx, "adafactor-stage" + std::to_string(stage), stage,
+                             with({"checkpoint.save_interval=10"}));
+  Run host1 =
+      trainRun(ctx, "adafactor-stage1-host", 1, with({"zero_optimization.offload_optimizer.device=cpu"}));
+  Run host3 =
+      trainRun(ctx, "adafactor-stage3-host", 3, with({"zero_optimization.offload_optimizer.device=cpu"}));
+  fs::path saved = fs::path(stages[3].checkpoint).parent_path() / "step-10";
+  Run resumed = trainRun(ctx, "adafactor-stage3-again", 3, with({"checkpoint.load=" + saved.string()}));
+  // Stage 0: every rank holds each chunk's whole state, rank 0 saves it and every rank reads it.
+  fs::path saved0 = fs::path(stages[0].checkpoint).parent_path() / "step-10";
+  Run resumed0 = trainRun(ctx, "adafactor-stage0-again", 0, with({"checkpoint.load=" + saved0.string()}));
+  if (!ctx->isMain()) return;
+  INFO(ctx->worldSize() << " ranks");
+  REQUIRE(stages[0].losses.size() == 20);
+  // Stage 0 keeps whole chunks on every rank: one rank's numbers, up to the order of the gradients' sum
+  // (measured 1.1e-5 relative at 4 ranks: Adafactor's normalised update carries the rounding further than
+  // AdamW's does in the test above).
+  CHECK(worstRelative(stages[0].losses, reference.losses) < 1e-4);
+  // Stages 1 to 3 cut the chunks at the same shard boundaries, so each rank updates the same pieces
+  // (a parameter split across ranks keeps a full second moment per piece): the same bits at every stage.
+  CHECK(stages[2].losses == stages[1].losses);
+  CHECK(stages[3].losses == stages[1].losses);
+  // Host-resident state is the same update.
+  CHECK(host1.losses == stages[1].losses);
+  CHECK(host3.losses == stages[3].losses);
+  CHECK(stages[1].losses.back() < stages[1].losses.front() - 1.0);
+  // The sharded "adafactor_v" pieces reload at the world size they were saved with.
+  std::vector<double> tail(stages[3].losses.begin() + 10, stages[3].losses.end());
+  CHECK(resumed.losses == tail);
+  std::vector<double> tail0(stages[0].losses.begin() + 10, stages[0].losses.end());
+  CHECK(resumed0.losses == tail0);
+}
+
+TEST_CASE("bert and t5 at ZeRO stages 0 and 3 on N ranks train like one rank", "[dist][zero][zoo]") {
+  auto ctx = world();
+  // Two-layer encoders of the zoo's shapes, 6 steps: their corruptions (masks, spans, NSP pairs) are drawn
+  // from each window's global batch index, so every world size corrupts the same windows alike.
+  std::map<std::string, std::vector<std::string>> archs = {
+      {"bert",
+       {"model.arch=bert", "model.vocab_size=260", "model.bert_binary_head=true",
+        "model.layer_norm_eps=1e-12", "train.sample_length=0"}},
+      {"t5",
+       {"model.arch=t5", "model.vocab_size=384", "model.bias=false", "model.kv_channels=16",
+        "model.ffn_hidden_size=48", "model.decoder_num_layers=1", "model.decoder_seq_length=16",
+        "model.activation=gated_gelu", "model.untie_embeddings_and_output_weights=true",
+        "train.sample_length=6"}}};
+  for (auto& [arch, sets] : archs) {
+    sets.push_back("train.train_iters=6");
+    Run reference = trainRun(alone(), arch + "-one-rank-" + std::to_string(ctx->rank()), 0, sets);
+    Run stage0 = trainRun(ctx, arch + "-stage0", 0, sets);
+    Run stage3 = trainRun(ctx, arch + "-stage3", 3, sets);
+    if (!ctx->isMain()) continue;
+    INFO(arch << " on " << ctx->worldSize() << " ranks");
+    CHECK(reference.losses.size() == 6);
+    CHECK(stage0.losses.size() == 6);
+    CHECK(stage3.losses == stage0.losses);
+    CHECK(stage3.valLosses == stage0.valLosses);
+    CHECK(stage0.valLosses.size() == 1);
+    // As for GPT: against one rank only the order of the gradients' sums differs.
+    CHECK(worstRelative(stage0.losses, reference.losses) < 1e-5);
+    CHECK(worstRelative(stage0.valLosses, reference.valLosses) < 1e-5);
+    CHECK(stage0.losses.back() < stage0.losses.front());
+    // Every rank decodes the same tokens (T5's greedy decoding at stage 3 is a chain of collectives).
+    CHECK(stage3.sample == stage0.sample);
+  }
+}
+
+TEST_CASE("expert parallelism on N ranks trains like one rank, at ZeRO stages 0 and 3", "[dist][zero][moe]") {
+  auto ctx = world();
+  int ranks = ctx->worldSize();
+  // A GPT-MoE with 4 experts, top-2, at a capacity no token overflows (2 x 64 tokens x 2 / 4 = 64 slots per
+  // expert for 64 tokens): the routing is then the same whether the experts sit on one rank or several.
+  // Each rank routes its own micro-batches, which are the one-rank run's micro-batches.
+  std::vector<std::string> moe = {"model.moe_num_experts=4", "model.moe_top_k=2", "model.moe_every=1",
+                                  "model.moe_capacity_factor=2", "model.moe_eval_capacity_factor=2"};
+  auto with = [&](std::vector<std::string> sets, std::vector<std::string> more) {
+    sets.insert(sets.end(), more.begin(), more.end());
+    return sets;
+  };
+  Run reference = trainRun(alone(), "moe-one-rank-" + std::to_string(ctx->rank()), 0, moe);
+  Run dense = trainRun(ctx, "moe-data-parallel", 0, moe);
+  std::string ep = "model.moe_expert_parallel_size=" + std::to_string(ranks);
+  Run stage0 = trainRun(ctx, "moe-ep-stage0", 0, with(moe, {ep}));
+  Run stage3 = trainRun(ctx, "moe-ep-stage3", 3, with(moe, {ep}));
+  // Four ranks: two expert-parallel groups of two, whose experts ZeRO shards over the two ranks that hold
+  // them.
+  Run hybrid;
+  if (ranks == 4)
+    hybrid = trainRun(ctx, "moe-ep2-stage2", 2, with(moe, {"model.moe_expert_parallel_size=2"}));
+  if (!ctx->isMain()) return;
+  INFO(ranks << " ranks");
+  CHECK(reference.losses.size() == 20);
+  CHECK(stage0.losses.size() == 20);
+  // The same sums in the same order at every stage.
+  CHECK(stage3.losses == stage0.losses);
+  CHECK(stage3.valLosses == stage0.valLosses);
+  CHECK(stage3.sample == stage0.sample);
+  // Against one rank, the experts' rows arrive from several ranks and their gradients are summed in another
+  // order: equal to rounding.
+  CHECK(worstRelative(stage0.losses, reference.losses) < 1e-5);
+  CHECK(worstRelative(stage0.valLosses, reference.valLosses) < 1e-5);
+  CHECK(worstRelative(stage0.losses, dense.losses) < 1e-5);
+  CHECK(stage0.losses.back() < stage0.losses.front() - 0.5);
+  if (ranks == 4) {
+    CHECK(hybrid.losses.size() == 20);
+    CHECK(worstRelative(hybrid.losses, reference.losses) < 1e-5);
+  }
+  // Each rank holds 1/N of the experts: less model state than plain data parallelism at stage 0.
+  CHECK(stage0.modelStateGb.back() < 0.8 * dense.modelStateGb.back());
+}
+
+TEST_CASE("expert-parallel checkpoints resume exactly, and load at another expert-parallel size",
+          "[dist][zero][moe][checkpoint]") {
+  auto ctx = world();
+  int ranks = ctx->worldSize();
+  std::string tag = std::to_string(ctx->rank());
+  std::vector<std::string> moe = {"model.moe_num_experts=4",
+                                  "model.moe_top_k=2",
+                                  "model.moe_every=1",
+                                  "model.moe_capacity_factor=2",
+                                  "model.moe_eval_capacity_factor=2",
+                                  "model.moe_expert_parallel_size=" + std::to_string(ranks)};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> sets = moe;
+    sets.insert(sets.end(), more.begin(), more.end());
+    return sets;
+  };
+  Run straight = trainRun(ctx, "moe-resume-straight", 3, with({"checkpoint.save_interval=10"}));
+  fs::path saved = fs::path(straight.checkpoint).parent_path() / "step-10";
+  Run resumed = trainRun(ctx, "moe-resume-again", 3, with({"checkpoint.load=" + saved.string()}));
+  // Every expert's state, from every rank's pieces, into one rank that holds all experts.
+  std::vector<std::string> whole(moe.begin(), moe.end() - 1);  // no expert parallelism
+  whole.push_back("checkpoint.load=" + saved.string());
+  Run single = trainRun(alone(), "moe-resume-single-" + tag, 0, whole);
+  if (!ctx->isMain()) return;
+  CHECK(straight.losses.size() == 20);
+  CHECK(resumed.losses.size() == 10);
+  std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
+  CHECK(resumed.losses == tail);
+  CHECK(single.losses.size() == 10);
+  CHECK(worstRelative(single.losses, tail) < 1e-5);
+}
+
+TEST_CASE("the start-up broadcast gives every rank rank 0's weights, whatever each rank built",
+          "[dist][zero]") {
+  auto ctx = world();
+  Device device = onGpu() ? ctx->device() : Device::cpu();
+  std::vector<std::string> dtypes = {"fp32"};
+  if (onGpu()) dtypes.push_back("bf16");  // 16-bit chunks: the fp32 masters are broadcast, then copied in
+  for (const std::string& dtype : dtypes)
+    for (int stage : {0, 2}) {
+      auto config = [&](int seed) {
+        std::vector<std::string> sets = {
+            "data.path=" + corpusFor(dist::launchInfoFromEnvironment().rank).string(),
+            "model.num_layers=2",
+            "model.hidden_size=32",
+            "model.num_attention_heads=2",
+            "model.seq_length=32",
+            "model.vocab_size=256",
+            "zero_optimization.chunk_size_mb=0.02",
+            "precision.dtype=" + dtype,
+            "zero_optimization.stage=" + std::to_string(stage),
+            "train.seed=" + std::to_string(seed)};
+        for (auto& e : extraSets()) sets.push_back(e);
+        return config::parseConfig("", "broadcast-test", sets);
+      };
+      // Each rank builds the model from a seed of its own.
+      config::Config mine = config(100 + ctx->rank());
+      auto objective = data::makeObjective(mine, device);
+      DType compute = config::computeDTypeFor(mine, device);
+      train::ZeroStepEngine engine(*objective, mine, device, compute, &ctx->world());
+      // What rank 0 built, built again here.
+      config::Config first = config(100);
+      auto reference = data::makeObjective(first, device);
+      std::map<std::string, Tensor> expected;
+      for (auto& [name, p] : reference->model().namedParameters()) expected[name] = p;
+      size_t compared = 0, different = 0;
+      for (auto& [name, p] : objective->model().namedParameters()) {
+        std::vector<double> got = ops::to(p, Device::cpu(), DType::F64).toVector<double>();
+        std::vector<double> want =
+            ops::to(ops::to(expected.at(name), device, compute), Device::cpu(), DType::F64)
+                .toVector<double>();
+        ++compared;
+        different += got != want;
+      }
+      INFO(dtype << " at stage " << stage << " on rank " << ctx->rank());
+      CHECK(compared == expected.size());
+      CHECK(different == 0);
+    }
+}
+
+TEST_CASE(
+    "the delayed SSD update at ZeRO stages 1 to 3 on N ranks: a checkpoint changes nothing, a resume "
+    "continues exactly",
+    "[dist][zero][store][delayed]") {
+  // NOTE [Delayed update checkpoints] in train/CheckpointPieces.h: every chunk's state on the SSD (each
+  // rank's file under its own directory), updated one step late. The run that saves at steps 5 and 10, each
+  // time with that step's update pending, is the straight run step for step, and the run resumed from step 10
+  // continues it bit for bit. The same checkpoint loads on one rank, where only the gradients' sums differ.
+  auto ctx = world();
+  std::string tag = std::to_string(ctx->rank());
+  fs::path nvme =
+      fs::temp_directory_path() / ("strata-zero-delayed-nvme-" + std::to_string(::getppid()) + "-" + tag);
+  std::vector<std::string> delayed = {"zero_optimization.offload_optimizer.device=nvme",
+                                      "zero_optimization.nvme_path=" + nvme.string(),
+                                      "store.delayed_update=true", "train.sample_length=0"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> sets = delayed;
+    sets.insert(sets.end(), more.begin(), more.end());
+    return sets;
+  };
+  for (int stage : {1, 2, 3}) {
+    std::string name = "delayed-stage" + std::to_string(stage);
+    Run straight = trainRun(ctx, name + "-straight", stage, delayed);
+    Run saving = trainRun(ctx, name + "-saving", stage,
+                          with({"train.exit_interval=10", "checkpoint.save_interval=5"}));
+    fs::path saved = fs::path(saving.checkpoint).parent_path() / "step-10";
+    Run resumed = trainRun(ctx, name + "-again", stage, with({"checkpoint.load=" + saved.string()}));
+    Run single =
+        trainRun(alone(), name + "-single-" + tag, stage, with({"checkpoint.load=" + saved.string()}));
+    if (!ctx->isMain()) continue;
+    INFO("stage " << stage << " on " << ctx->worldSize() << " ranks");
+    CHECK(straight.losses.size() == 20);
+    CHECK(straight.stateNvmeGb.back() > 0);
+    std::vector<double> head(straight.losses.begin(), straight.losses.begin() + 10);
+    CHECK(saving.losses == head);
+    CHECK(saving.valLosses ==
+          std::vector<double>(straight.valLosses.begin(), straight.valLosses.begin() + 1));
+    std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
+    CHECK(resumed.losses == tail);
+    CHECK(resumed.valLosses == std::vector<double>(straight.valLosses.begin() + 1, straight.valLosses.end()));
+    CHECK(single.losses.size() == 10);
+    CHECK(worstRelative(single.losses, tail) < 1e-4);
+  }
+}
+
+TEST_CASE(
+    "the memory tracer moves state with a delayed SSD update pending and changes no number, at ZeRO "
+    "stages 1 and 2 on N ranks",
+    "[dist][zero][store][delayed][tracer]") {
+  // NOTE [Delayed SSD update] in optim/AdamW.h: the run starts traced (a "device" of 1.9x the model state
+  // per rank), its optimizer state in host memory and on the SSD, the SSD's updated one step late. After the
+  // first step, with that step's update pending, the tracer brings every SSD chunk's state onto the device,
+  // where nothing is delayed: each rank writes its moved shards' pending parameters and the ranks gather the
+  // chunks again. From then on the run is the one with all state in memory, number for number.
+  auto ctx = world();
+  if (onGpu()) {
+    // The stand-in device (STRATA_DEVICE_MEMORY_GB, 1.9x the state) is sized by the CPU allocator's peak; the
+    // GPU's (2 MiB blocks, cuBLAS workspaces) leaves the tracer room for only some chunks, and those left on
+    // the SSD stay one update late: another run, not a failure. The delayed update's resume is checked on the
+    // GPU by the case above.
+    WARN("the delayed-update tracer case is sized for the CPU: skipped on the GPU");
+    return;
+  }
+  std::string tag = std::to_string(ctx->rank());
+  fs::path nvme =
+      fs::temp_directory_path() / ("strata-zero-tracer-nvme-" + std::to_string(::getppid()) + "-" + tag);
+  std::vector<std::string> shape = {"model.hidden_size=128", "model.seq_length=16", "train.train_iters=6",
+                                    "train.eval_interval=0", "train.sample_length=0"};
+  for (int stage : {1, 2}) {
+    std::string name = "delayed-tracer-stage" + std::to_string(stage);
+    Run memory = trainRun(ctx, name + "-memory", stage, shape);
+    // The model state per rank, from rank 0's metrics (every rank reads them).
+    ctx->world().communicator().barrier();
+    double state = 0;
+    {
+      std::ifstream in(runDir(name + "-memory") / "metrics.jsonl");
+      std::string line;
+      while (std::getline(in, line)) state = nlohmann::json::parse(line)["mem_model_state_gb"].get<double>();
+    }
+    REQUIRE(state > 0);
+    std::vector<std::string> traced = shape;
+    traced.insert(traced.end(),
+                  {"store.host_budget_gb=" + std::to_string(0.3 * state), "store.nvme_state_dtype=fp32",
+                   "zero_optimization.nvme_path=" + nvme.string(), "store.delayed_update=true"});
+    const char* previous = std::getenv("STRATA_DEVICE_MEMORY_GB");
+    std::string saved = previous ? previous : "";
+    setenv("STRATA_DEVICE_MEMORY_GB", std::to_string(1.9 * state).c_str(), 1);
+    Run moved;
+    uint64_t startNvme = 0, startDevice = 0;
+    try {
+      {
+        // The placement the first step runs with.
+        config::Config config = runConfig(name + "-engine", stage, traced);
+        auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+        data::CausalLmObjective objective(model, nullptr);
+        train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32, &ctx->world());
+        startNvme = engine.placement().bytes[int(zero::Tier::Nvme)];
+        startDevice = engine.placement().chunksOn(zero::Tier::Device);
+      }
+      moved = trainRun(ctx, name + "-traced", stage, traced);
+    } catch (...) {
+      saved.empty() ? unsetenv("STRATA_DEVICE_MEMORY_GB")
+                    : setenv("STRATA_DEVICE_MEMORY_GB", saved.c_str(), 1);
+      throw;
+    }
+    saved.empty() ? unsetenv("STRATA_DEVICE_MEMORY_GB") : setenv("STRATA_DEVICE_MEMORY_GB", saved.c_str(), 1);
+    INFO("stage " << stage << " on " << ctx->worldSize() << " ranks, rank " << ctx->rank());
+    CHECK(startNvme > 0);
+    CHECK(startDevice == 0);
+    if (!ctx->isMain()) continue;
+    CHECK(memory.losses.size() == 6);
+    CHECK(moved.losses == memory.losses);
+    CHECK(moved.stateNvmeGb.back() == 0);  // every SSD chunk came back (the largest rank's figure)
+  }
+}

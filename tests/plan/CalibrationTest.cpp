@@ -1,0 +1,89 @@
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "TestUtil.h"
+#include "strata/plan/Calibration.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+TEST_CASE("a calibration file round-trips, and fields a machine lacks stay absent", "[train][calibration]") {
+  fs::path dir = test::freshDir("strata-calibration");
+  plan::Calibration c;
+  c.date = "2026-12-02T10:00:00";
+  c.host = "box";
+  c.deviceName = "NVIDIA H200";
+  c.deviceMemoryBytes = 150ull << 30;
+  c.h2dGBs = 52.5;
+  c.d2hGBs = 55.25;
+  c.gemmTflops = 701.5;
+  c.gemmShape = "layer GEMMs";
+  c.hostMemoryBytes = 125ull << 30;
+  c.hostAvailableBytes = 120ull << 30;
+  c.cpuAdamwElemsPerS = 3.5e9;
+  c.cpuThreads = 16;
+  c.nvmeWriteGBs = 1.4;
+  c.nvmeReadGBs = 1.5;
+  c.nvmeFreeBytes = 64ull << 30;
+  c.nvmePath = "/mnt/nvme";
+  c.nvmeDirect = false;
+  std::string path = (dir / "sub" / "calibration.json").string();
+  plan::writeCalibration(c, path);
+  std::optional<plan::Calibration> back = plan::readCalibration(path);
+  REQUIRE(back.has_value());
+  REQUIRE(back->toJson() == c.toJson());
+  REQUIRE(*back->gemmTflops == 701.5);
+  REQUIRE(*back->deviceMemoryBytes == (150ull << 30));
+  REQUIRE(back->nvmeDirect == false);
+
+  // Without a GPU the GPU fields are left out of the file and read back as absent.
+  plan::Calibration cpuOnly;
+  cpuOnly.cpuAdamwElemsPerS = 1e9;
+  std::string json = cpuOnly.toJson();
+  REQUIRE(json.find("h2d_gb_s") == std::string::npos);
+  REQUIRE(json.find("gemm") == std::string::npos);
+  plan::Calibration parsed = plan::Calibration::fromJson(json, "test");
+  REQUIRE(!parsed.h2dGBs);
+  REQUIRE(!parsed.deviceName);
+  REQUIRE(*parsed.cpuAdamwElemsPerS == 1e9);
+
+  REQUIRE(!plan::readCalibration((dir / "none.json").string()).has_value());
+}
+
+TEST_CASE("a malformed calibration file is an error naming it", "[train][calibration]") {
+  fs::path dir = test::freshDir("strata-calibration-bad");
+  std::string path = (dir / "bad.json").string();
+  std::ofstream(path) << "{ not json";
+  REQUIRE(test::errorOf([&] { plan::readCalibration(path); }).find(path) != std::string::npos);
+  std::string wrongType =
+      test::errorOf([] { plan::Calibration::fromJson(R"({"h2d_gb_s": "fast"})", "f.json"); });
+  REQUIRE(wrongType.find("h2d_gb_s") != std::string::npos);
+  REQUIRE(wrongType.find("f.json") != std::string::npos);
+  REQUIRE(test::errorOf([] {
+            plan::Calibration::fromJson(R"({"nvme_read_gb_s": 0})", "f.json");
+          }).find("nvme_read_gb_s") != std::string::npos);
+}
+
+TEST_CASE("the calibration path comes from STRATA_CALIBRATION, else the user's cache",
+          "[train][calibration]") {
+  const char* old = std::getenv("STRATA_CALIBRATION");
+  std::string saved = old ? old : "";
+  setenv("STRATA_CALIBRATION", "/some/where.json", 1);
+  REQUIRE(plan::defaultCalibrationPath() == "/some/where.json");
+  unsetenv("STRATA_CALIBRATION");
+  std::string path = plan::defaultCalibrationPath();
+  REQUIRE(path.find(".cache/strata/calibration.json") != std::string::npos);
+  if (old) setenv("STRATA_CALIBRATION", saved.c_str(), 1);
+}
+
+TEST_CASE("the SSD and CPU AdamW measurements run on a small size", "[train][calibration]") {
+  fs::path dir = test::freshDir("strata-calibration-ssd");
+  plan::SsdRates rates = plan::measureSsd(dir.string(), 3ull << 20, 1ull << 20);
+  REQUIRE(rates.writeGBs > 0);
+  REQUIRE(rates.readGBs > 0);
+  REQUIRE(fs::is_empty(dir));  // the probe file is gone
+  REQUIRE(test::errorOf([&] { plan::measureSsd(dir.string(), 1 << 20, 1000); }).find("4 KiB") !=
+          std::string::npos);
+  REQUIRE(plan::measureCpuAdamw(1 << 16, 2) > 0);
+}

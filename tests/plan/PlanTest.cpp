@@ -1,0 +1,545 @@
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "TestUtil.h"
+#include "strata/autograd/Functions.h"
+#include "strata/data/Objective.h"
+#include "strata/plan/Plan.h"
+#include "strata/train/StepEngine.h"
+#include "strata/train/Trainer.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+config::Config configFile(const std::string& name, std::vector<std::string> overrides = {}) {
+  return config::loadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/" + name, overrides,
+                            /*requireData=*/false);
+}
+
+// A machine with round figures, so the step-time terms can be checked by hand.
+plan::PlanOptions roundMachine() {
+  plan::Calibration m;
+  m.host = "test";
+  m.deviceName = "test GPU";
+  m.deviceMemoryBytes = 140ull << 30;
+  m.h2dGBs = 50;
+  m.d2hGBs = 25;
+  m.gemmTflops = 1000;
+  m.hostMemoryBytes = 1000ull << 30;
+  m.cpuAdamwElemsPerS = 1e9;
+  m.nvmeWriteGBs = 1;
+  m.nvmeReadGBs = 2;
+  m.nvmeFreeBytes = 1000ull << 30;
+  plan::PlanOptions options;
+  options.calibration = m;
+  options.calibrationSource = "test";
+  return options;
+}
+
+const plan::StepTerm* term(const plan::ModelStatePlan& p, const std::string& name) {
+  for (const auto& t : p.terms)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+fs::path corpus() {
+  fs::path p = fs::temp_directory_path() / "strata-plan-corpus.txt";
+  if (!fs::exists(p)) std::ofstream(p) << "the quick brown fox jumps over the lazy dog\n";
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("the plan's placement inputs are the engine's, without building the model", "[train][plan]") {
+  // A tiny GPT on the CPU with a device budget that splits the optimizer state between the tiers.
+  config::Config c = config::parseConfig(
+      "", "test",
+      {"data.path=" + corpus().string(), "train.device=cpu", "model.num_layers=2", "model.hidden_size=32",
+       "model.num_attention_heads=2", "model.seq_length=32", "train.micro_batch_size=2",
+       "zero_optimization.chunk_size_mb=0.02", "store.gpu_budget_gb=0.0003", "zero_optimization.stage=1"});
+  auto model = models::buildModel(config::modelSpecFrom(c, Device::cpu()));
+  data::CausalLmObjective objective(model, nullptr);
+  train::ZeroStepEngine engine(objective, c, Device::cpu(), DType::F32);
+  const zero::StorePlacement& real = engine.placement();
+
+  plan::ModelStatePlan p = plan::planModelState(c, roundMachine());
+  REQUIRE(p.fits);
+  REQUIRE(p.inputs.layout.chunks.size() == engine.chunks().numChunks());
+  REQUIRE(p.placement.parameterBytes == real.parameterBytes);
+  REQUIRE(p.placement.optimizerTier == real.optimizerTier);
+  REQUIRE(real.chunksOn(zero::Tier::Device) > 0);
+  REQUIRE(real.chunksOn(zero::Tier::Host) > 0);
+  for (int t = 0; t < zero::kNumTiers; ++t) {
+    INFO(zero::tierName(zero::Tier(t)));
+    REQUIRE(p.placement.bytes[t] == real.bytes[t]);
+    uint64_t kinds = 0;
+    for (int k = 0; k < plan::kNumStateKinds; ++k) kinds += p.kindBytes[k][t];
+    REQUIRE(kinds == real.bytes[t]);
+  }
+
+  // Two ranks: chunks padded to equal shards, each rank's range of them, as ChunkManager pads them.
+  auto chunks = train::layOutModelChunks(objective, Device::cpu(), DType::F32, int64_t(0.02 * (1 << 20)), 2);
+  for (int stage : {1, 3}) {
+    config::Config staged = c;
+    staged.zero.stage = stage;
+    plan::ModelStateInputs in = plan::modelStateInputs(staged, 2, DType::F32);
+    uint64_t params = 0;
+    for (size_t i = 0; i < chunks->numChunks(); ++i) {
+      REQUIRE(in.paddedElems[i] == chunks->paddedElems(i));
+      REQUIRE(in.rangeElems[i] == chunks->shard(i, 0).size());
+      params += uint64_t(stage == 3 ? chunks->shard(i, 0).size() : chunks->paddedElems(i)) * 4;
+    }
+    REQUIRE(in.parameterBytes == params);
+  }
+}
+
+TEST_CASE("plan: GPT-6.7B with its optimizer on the host", "[train][plan]") {
+  config::Config c = configFile("gpt3-6.7b.yaml", {"zero_optimization.offload_optimizer.device=cpu"});
+  plan::PlanOptions options = roundMachine();
+  plan::ModelStatePlan p = plan::planModelState(c, options);
+  REQUIRE(p.fits);
+  const int device = int(zero::Tier::Device), host = int(zero::Tier::Host);
+  uint64_t elems = uint64_t(p.inputs.rangeElemsTotal());
+  REQUIRE(p.kindBytes[plan::kParameters][device] == 2 * elems);
+  REQUIRE(p.kindBytes[plan::kMasters][device] == 0);
+  for (int k : {plan::kMasters, plan::kFirstMoments, plan::kSecondMoments})
+    REQUIRE(p.kindBytes[k][host] == 4 * elems);
+  // The step-time terms from the machine's figures.
+  REQUIRE(term(p, "compute")->seconds ==
+          Approx(p.flopsPerStep / (1000e12 * plan::kComputeEfficiency)).epsilon(1e-12));
+  // The host update: the CPU (1 G/s) and the GPU lane (25 GB/s / 24 B) share the elements, beside the
+  // gradients out (fp32 at 25 GB/s) and the parameters in (bf16 at 50 GB/s).
+  double lanes = double(elems) / (1e9 + 25e9 / plan::kGpuLaneBytesPerElem);
+  REQUIRE(term(p, "host update")->seconds ==
+          Approx(std::max(lanes, 4.0 * double(elems) / 25e9 + 2.0 * double(elems) / 50e9)));
+  REQUIRE(term(p, "SSD") == nullptr);
+  REQUIRE(p.serialSeconds > p.overlappedSeconds);
+  REQUIRE(p.bound == "compute");
+  // Without the pipeline the CPU alone updates, after the transfers.
+  plan::ModelStatePlan serial = plan::planModelState(
+      configFile("gpt3-6.7b.yaml",
+                 {"zero_optimization.offload_optimizer.device=cpu", "optimizer.pipeline=false"}),
+      options);
+  REQUIRE(term(serial, "host update")->seconds ==
+          Approx(double(elems) / 1e9 + 4.0 * double(elems) / 25e9 + 2.0 * double(elems) / 50e9));
+  // B4 x 8 micro-batches: the gradients of all chunks live beside one micro-batch's activations.
+  REQUIRE(p.accumulation == 8);
+  REQUIRE(p.devicePeakBytes == p.inputs.parameterBytes + p.inputs.gradientBytes + p.activations.bytes +
+                                   p.transientBytes + plan::kDeviceWorkspaceBytes);
+  REQUIRE(p.transientBytes == uint64_t(plan::kBackwardAllowance * double(p.activations.bytes)));
+  std::string text = plan::formatPlan(p);
+  REQUIRE(text.find("host update") != std::string::npos);
+  REQUIRE(text.find("fp32 masters") != std::string::npos);
+  // State off the device: the plan says what bf16 gradient buffers would free; with them, the device holds
+  // 2 bytes per element less and the gradients cross to the host at 2 bytes.
+  REQUIRE(text.find("precision.grad_accum_dtype: bf16 would keep") != std::string::npos);
+  plan::ModelStatePlan bf16 = plan::planModelState(
+      configFile("gpt3-6.7b.yaml",
+                 {"zero_optimization.offload_optimizer.device=cpu", "precision.grad_accum_dtype=bf16"}),
+      options);
+  REQUIRE(bf16.fits);
+  REQUIRE(bf16.inputs.gradientBytes * 2 == p.inputs.gradientBytes);
+  REQUIRE(bf16.devicePeakBytes + p.inputs.gradientBytes / 2 == p.devicePeakBytes);
+  REQUIRE(term(bf16, "host update")->seconds ==
+          Approx(std::max(lanes, 2.0 * double(elems) / 25e9 + 2.0 * double(elems) / 50e9)));
+  REQUIRE(plan::formatPlan(bf16).find("would keep") == std::string::npos);
+}
+
+TEST_CASE("plan: the activation estimate matches the measured GPT-6.7B forward", "[train][plan]") {
+  // BENCHMARKS.md (the 6.7B activation measurement): B8 x seq 512, 86.96 GiB after the engine was built,
+  // 103.8 after the forward: 16.84 GiB of activations.
+  config::Config c = configFile("gpt3-6.7b.yaml", {"model.seq_length=512", "train.micro_batch_size=8"});
+  models::ModelSpec spec = config::modelSpecFrom(c, Device::cpu());
+  plan::ActivationEstimate a = plan::estimateActivations(spec, 8, DType::BF16, /*onGpu=*/true);
+  REQUIRE(double(a.bytes) / double(1ull << 30) == Approx(16.84).epsilon(0.05));
+  // Attention dropout runs in the fused kernel (no S x S kept); under STRATA_ATTENTION_DROPOUT=composed it
+  // keeps S x S probabilities on top. On the CPU attention is always composed.
+  spec.dropout = 0.1;
+  uint64_t dropped = plan::estimateActivations(spec, 8, DType::BF16, true).bytes;
+  if (fusedAttentionDropout())
+    REQUIRE(dropped == a.bytes);
+  else
+    REQUIRE(dropped > a.bytes + (1ull << 30));
+  REQUIRE(plan::estimateActivations(spec, 8, DType::BF16, false).bytes > a.bytes + (1ull << 30));
+}
+
+TEST_CASE("plan: attention says why it is composed", "[train][plan]") {
+  // gpt-nano's heads are 32 wide: composed for the head dim, not for its dropout (which the fused kernel
+  // takes), unless STRATA_ATTENTION_DROPOUT=composed sends dropout there first.
+  plan::ModelStatePlan p = plan::planModelState(
+      configFile("gpt-nano.yaml", {"model.dropout=0.1", "train.device=cuda"}), roundMachine());
+  std::string why;
+  for (const std::string& a : p.activations.assumptions)
+    if (a.find("composed attention") != std::string::npos) why = a;
+  INFO(why);
+  REQUIRE(why.find(fusedAttentionDropout() ? "head dim 32" : "dropout 0.1") != std::string::npos);
+  REQUIRE((why.find("dropout") != std::string::npos) == !fusedAttentionDropout());
+}
+
+TEST_CASE("plan: BERT's MLM head on the chosen tokens, and its fp32 residual stream", "[train][plan]") {
+  config::Config c = configFile("zoo/bert-large.yaml", {"model.seq_length=512"});
+  models::ModelSpec spec = config::modelSpecFrom(c, Device::cpu());
+  plan::ActivationEstimate a = plan::estimateActivations(spec, 16, DType::BF16, /*onGpu=*/true);
+  // 16 x 512 tokens: 15% is 1229, rounded up to 1280 rows of 64.
+  bool head = false;
+  for (const auto& t : a.terms) head = head || t.what == "MLM head on 1280 chosen tokens";
+  REQUIRE(head);
+  // The fp32 stream keeps 8 more bytes per element and layer (two fp32 sums, two 16-bit copies).
+  spec.fp32Residual = true;
+  plan::ActivationEstimate wide = plan::estimateActivations(spec, 16, DType::BF16, true);
+  REQUIRE(wide.bytes - a.bytes == uint64_t(spec.numLayers) * 8 * 16 * 512 * uint64_t(spec.hiddenSize));
+  // Inert in fp32.
+  models::ModelSpec narrow = spec;
+  narrow.fp32Residual = false;
+  REQUIRE(plan::estimateActivations(spec, 16, DType::F32, true).bytes ==
+          plan::estimateActivations(narrow, 16, DType::F32, true).bytes);
+}
+
+TEST_CASE("plan: state past the host budget goes to the SSD, and a config too big is refused",
+          "[train][plan]") {
+  plan::PlanOptions options = roundMachine();
+  options.calibration->hostMemoryBytes = 100ull << 30;  // a 90 GiB host budget
+  options.calibration->nvmeFreeBytes = 100ull << 30;    // a 90 GiB SSD budget
+  config::Config c = configFile(
+      "gpt3-13b.yaml", {"model.seq_length=512", "train.micro_batch_size=4", "train.global_batch_size=4",
+                        "zero_optimization.nvme_path=/x", "zero_optimization.offload_optimizer.device=cpu"});
+  plan::ModelStatePlan p = plan::planModelState(c, options);
+  REQUIRE(p.fits);
+  const int host = int(zero::Tier::Host), nvme = int(zero::Tier::Nvme);
+  REQUIRE(p.placement.bytes[host] <= p.budgets.host);
+  REQUIRE(p.placement.bytes[nvme] > 0);
+  REQUIRE(p.placement.bytes[host] + p.placement.bytes[nvme] == 12 * uint64_t(p.inputs.rangeElemsTotal()));
+  // Chunk order: the SSD holds the tail.
+  bool seenNvme = false;
+  for (zero::Tier t : p.placement.optimizerTier) {
+    if (seenNvme) REQUIRE(t == zero::Tier::Nvme);
+    seenNvme = seenNvme || t == zero::Tier::Nvme;
+  }
+  double ssd = double(p.placement.bytes[nvme]);
+  REQUIRE(term(p, "SSD")->seconds == Approx(ssd / 2e9 + ssd / 1e9));
+  REQUIRE(p.bound == "SSD");
+
+  // Without an nvme_path there is no SSD tier: refused, and the largest model of the family that fits is
+  // smaller, fits, and keeps the head width.
+  c.zero.nvmePath.clear();
+  plan::ModelStatePlan refused = plan::planModelState(c, options);
+  REQUIRE(!refused.fits);
+  REQUIRE(refused.refusal.find("SSD") != std::string::npos);
+  // No tables of an empty placement or of its step: the budgets, and the refusal from the caller.
+  std::string refusedText = plan::formatPlan(refused);
+  REQUIRE(refusedText.find("no placement within the budgets") != std::string::npos);
+  REQUIRE(refusedText.find("bytes of optimizer state per parameter") == std::string::npos);
+  REQUIRE(refusedText.find("predicted step time") == std::string::npos);
+  std::optional<config::Config> largest = plan::largestFittingModel(c, options);
+  REQUIRE(largest.has_value());
+  REQUIRE(plan::planModelState(*largest, options).fits);
+  REQUIRE(largest->model.hiddenSize < c.model.hiddenSize);
+  REQUIRE(largest->model.hiddenSize / largest->model.numAttentionHeads == 128);
+  REQUIRE(models::numParameters(config::modelSpecFrom(*largest, Device::cpu())) > 5'000'000'000);
+
+  // A device too small for the parameters, gradients and activations is refused too, naming them.
+  c.zero.nvmePath = "/x";
+  options.calibration->deviceMemoryBytes = 40ull << 30;
+  plan::ModelStatePlan small = plan::planModelState(c, options);
+  REQUIRE(!small.fits);
+  REQUIRE(small.refusal.find("activations") != std::string::npos);
+}
+
+TEST_CASE("plan: the delayed SSD update's host reserve, as the engine leaves it", "[train][plan]") {
+  plan::PlanOptions options = roundMachine();
+  options.calibration->hostMemoryBytes = 100ull << 30;  // a 90 GiB automatic host budget
+  options.calibration->nvmeFreeBytes = 1000ull << 30;
+  std::vector<std::string> overrides{"model.seq_length=512", "train.micro_batch_size=4",
+                                     "train.global_batch_size=4", "zero_optimization.nvme_path=/x",
+                                     "zero_optimization.offload_optimizer.device=cpu"};
+  plan::ModelStatePlan plain = plan::planModelState(configFile("gpt3-13b.yaml", overrides), options);
+  overrides.push_back("store.delayed_update=true");
+  config::Config c = configFile("gpt3-13b.yaml", overrides);
+  plan::ModelStatePlan delayed = plan::planModelState(c, options);
+  REQUIRE(plain.fits);
+  REQUIRE(delayed.fits);
+  const int host = int(zero::Tier::Host), nvme = int(zero::Tier::Nvme);
+  // The reserve (fp32 gradient and bf16 parameter per SSD element) comes off the host budget, so more state
+  // goes to the SSD; budget less reserve is what state may use, and together they stay in the host budget.
+  uint64_t reserve =
+      plan::delayedUpdateReserveBytes(c, delayed.compute, delayed.inputs.rangeElems, delayed.placement);
+  uint64_t ssdElems = 0;
+  for (size_t i = 0; i < delayed.placement.optimizerTier.size(); ++i)
+    if (delayed.placement.optimizerTier[i] == zero::Tier::Nvme)
+      ssdElems += uint64_t(delayed.inputs.rangeElems[i]);
+  REQUIRE(reserve == ssdElems * 6);
+  REQUIRE(delayed.budgets.host + reserve <= plain.budgets.host);
+  REQUIRE(delayed.placement.bytes[host] <= delayed.budgets.host);
+  REQUIRE(delayed.placement.bytes[host] + reserve <= plain.budgets.host);
+  REQUIRE(delayed.placement.bytes[nvme] > plain.placement.bytes[nvme]);
+  bool noted = false;
+  for (const std::string& n : delayed.notes)
+    noted = noted || n.find("store.delayed_update") != std::string::npos;
+  REQUIRE(noted);
+  // An explicit host budget is taken as given.
+  overrides.push_back("store.host_budget_gb=80");
+  plan::ModelStatePlan fixed = plan::planModelState(configFile("gpt3-13b.yaml", overrides), options);
+  REQUIRE(fixed.budgets.host == 80ull << 30);
+  // bf16 gradient buffers: the pending update keeps 2 + 2 bytes per SSD element.
+  overrides.pop_back();
+  overrides.push_back("precision.grad_accum_dtype=bf16");
+  config::Config c16 = configFile("gpt3-13b.yaml", overrides);
+  plan::ModelStatePlan delayed16 = plan::planModelState(c16, options);
+  uint64_t ssd16 = 0;
+  for (size_t i = 0; i < delayed16.placement.optimizerTier.size(); ++i)
+    if (delayed16.placement.optimizerTier[i] == zero::Tier::Nvme)
+      ssd16 += uint64_t(delayed16.inputs.rangeElems[i]);
+  REQUIRE(ssd16 > 0);
+  REQUIRE(plan::delayedUpdateReserveBytes(c16, delayed16.compute, delayed16.inputs.rangeElems,
+                                          delayed16.placement) == ssd16 * 4);
+}
+
+TEST_CASE("plan and the placement inputs count Adafactor's factored state", "[train][plan][adafactor]") {
+  plan::PlanOptions options = roundMachine();
+  config::Config adam = configFile("gpt3-1.3b.yaml");
+  config::Config ada =
+      configFile("gpt3-1.3b.yaml", {"optimizer.type=adafactor", "optimizer.adafactor_beta1=0.9",
+                                    "optimizer.adafactor_bf16_momentum=true"});
+  plan::ModelStatePlan pa = plan::planModelState(adam, options), pf = plan::planModelState(ada, options);
+  REQUIRE(pa.optimizer == "adamw");
+  REQUIRE(pf.optimizer == "adafactor");
+  // AdamW: bf16 parameters, fp32 master, m and v: 12 bytes per parameter of optimizer state.
+  REQUIRE(pa.optimizerBytesPerParameter == Approx(12.0));
+  // Adafactor: the fp32 master (4), a bf16 m (2) and the factored v: a little over 6.
+  REQUIRE(pf.optimizerBytesPerParameter > 6.0);
+  REQUIRE(pf.optimizerBytesPerParameter < 6.1);
+  const plan::ModelStateInputs& in = pf.inputs;
+  for (size_t i = 0; i < in.layout.chunks.size(); ++i) {
+    REQUIRE(in.firstMomentBytes[i] == uint64_t(in.rangeElems[i]) * 2);
+    REQUIRE(in.optimizerBytes[i] == uint64_t(in.rangeElems[i]) * 6 + in.secondMomentBytes[i]);
+    REQUIRE(in.secondMomentBytes[i] < uint64_t(in.rangeElems[i]) / 10);
+  }
+  std::string text = plan::formatPlan(pf);
+  REQUIRE(text.find("Adafactor v (factored)") != std::string::npos);
+  REQUIRE(text.find("optimizer      adafactor") != std::string::npos);
+}
+
+TEST_CASE("the placement inputs of expert parallelism are expert-parallel rank 0's chunks",
+          "[train][plan][moe]") {
+  // A GPT-MoE with 4 experts over expert-parallel groups of 2, on 4 ranks: each rank holds 2 experts, which
+  // ZeRO shards over the 2 ranks holding the same ones.
+  config::Config c =
+      config::parseConfig("", "test",
+                          {"data.path=" + corpus().string(), "train.device=cpu", "model.num_layers=2",
+                           "model.hidden_size=32", "model.num_attention_heads=2", "model.seq_length=32",
+                           "model.moe_num_experts=4", "model.moe_expert_parallel_size=2",
+                           "zero_optimization.chunk_size_mb=0.02", "zero_optimization.stage=1"});
+  models::ModelSpec spec = config::modelSpecFrom(c, Device::cpu());
+  spec.expertParallel.size = 2;
+  // The layout's trace runs the exchanges; a copy stands in for the group (only the order of the calls
+  // counts).
+  spec.expertParallel.allToAll = [](const Tensor& out, const Tensor& in) { ops::copy(out, in); };
+  auto model = models::buildModel(spec);
+  data::CausalLmObjective objective(model, nullptr);
+  zero::ChunkFamilies families{
+      [](const std::string& name) { return name.find(".experts.") != std::string::npos ? 1 : 0; }, {4, 2}};
+  auto chunks = train::layOutModelChunks(objective, Device::cpu(), DType::F32, int64_t(0.02 * (1 << 20)), 4,
+                                         false, families);
+  plan::ModelStateInputs in = plan::modelStateInputs(c, 4, DType::F32);
+  REQUIRE(in.layout.slots.size() == chunks->layout().slots.size());
+  for (size_t k = 0; k < in.layout.slots.size(); ++k)
+    REQUIRE(in.layout.slots[k].name == chunks->layout().slots[k].name);
+  REQUIRE(in.paddedElems.size() == chunks->numChunks());
+  bool anyExpert = false;
+  for (size_t i = 0; i < chunks->numChunks(); ++i) {
+    REQUIRE(in.layout.chunks[i].family == chunks->family(i));
+    REQUIRE(in.paddedElems[i] == chunks->paddedElems(i));
+    REQUIRE(in.rangeElems[i] == chunks->shard(i, 0).size());
+    anyExpert |= chunks->family(i) == 1;
+  }
+  REQUIRE(anyExpert);
+  // Against plain data parallelism, a rank holds half the experts' parameters (stage 1 keeps them whole).
+  config::Config dense = c;
+  dense.model.moeExpertParallelSize = 1;
+  REQUIRE(in.parameterBytes < plan::modelStateInputs(dense, 4, DType::F32).parameterBytes);
+}
+
+TEST_CASE("strata plan --ranks splits the host's memory, SSD space and cores between a machine's ranks",
+          "[train][plan]") {
+  // NOTE [Per-node shares] in distributed/Launch.h.
+  plan::PlanOptions options = roundMachine();
+  options.calibration->cpuThreads = 16;
+  config::Config c = configFile("gpt-nano.yaml", {"zero_optimization.nvme_path=/tmp/strata-plan-nvme"});
+  plan::ModelStatePlan one = plan::planModelState(c, options);
+  CHECK(one.ranksPerNode == 1);
+  CHECK(one.hostShareBytes == 1000ull << 30);
+  CHECK(one.budgets.host == (1000ull << 30) / 10 * 9);
+  CHECK(one.cpuThreadShare == 16);
+  options.ranks = 4;
+  plan::ModelStatePlan four = plan::planModelState(c, options);
+  CHECK(four.ranksPerNode == 4);
+  CHECK(four.hostShareBytes == 250ull << 30);
+  CHECK(four.nvmeShareBytes == 250ull << 30);
+  CHECK(four.budgets.host == (250ull << 30) / 10 * 9);
+  CHECK(four.budgets.nvme == (250ull << 30) / 10 * 9);
+  CHECK(four.cpuThreadShare == 4);
+  std::string text = plan::formatPlan(four);
+  CHECK(text.find("per rank       250.00 GiB of host memory, 250.00 GiB of SSD space, 4 CPU threads (4 ranks "
+                  "on one machine)") != std::string::npos);
+  // Two machines of two ranks each.
+  options.ranksPerNode = 2;
+  plan::ModelStatePlan two = plan::planModelState(c, options);
+  CHECK(two.ranksPerNode == 2);
+  CHECK(two.hostShareBytes == 500ull << 30);
+  CHECK(two.cpuThreadShare == 8);
+}
+
+TEST_CASE("a machine without a GPU plans the CPU run, and refuses what its memory cannot hold",
+          "[train][plan]") {
+  plan::PlanOptions options = roundMachine();
+  options.calibration->deviceName.reset();
+  options.calibration->deviceMemoryBytes.reset();
+  options.calibration->hostMemoryBytes = uint64_t(23.5 * double(1ull << 30));
+  plan::ModelStatePlan nano = plan::planModelState(configFile("gpt-nano.yaml"), options);
+  CHECK(!nano.onGpu);
+  CHECK(nano.compute == DType::F32);
+  CHECK(nano.fits);
+  CHECK(plan::formatPlan(nano).find("machine        no GPU, 23.50 GiB host memory") != std::string::npos);
+  plan::ModelStatePlan big = plan::planModelState(configFile("gpt3-1.3b.yaml"), options);
+  CHECK(!big.fits);
+  CHECK(big.refusal.find("the CPU run needs") != std::string::npos);
+  CHECK(big.refusal.find("over the 23.50 GiB available") != std::string::npos);
+  // The same machine told to train on a GPU plans for one (the reference H200's figures fill in, and say so).
+  plan::ModelStatePlan asked =
+      plan::planModelState(configFile("gpt-nano.yaml", {"train.device=cuda"}), options);
+  CHECK(asked.onGpu);
+  CHECK(asked.compute == DType::BF16);
+}
+
+TEST_CASE("strata plan uses a calibration file only for the machine it describes", "[train][plan]") {
+  fs::path dir = test::freshDir("strata-plan-machine");
+  fs::path file = dir / "calibration.json";
+  plan::Calibration other = plan::measuredH200();
+  other.host = "some-other-host";
+  other.cpuAdamwElemsPerS = 1.25e9;
+  plan::writeCalibration(other, file.string());
+  setenv("STRATA_CALIBRATION", file.string().c_str(), 1);
+  plan::MachineChoice here = plan::chooseMachine("here", "", "");
+  CHECK(here.source == "this machine");
+  CHECK(here.calibration.host == plan::thisHostName());
+  CHECK(!here.calibration.cpuAdamwElemsPerS.has_value());  // rates are not read, only memory and cores
+  REQUIRE(here.notes.size() == 2);
+  CHECK(here.notes[0].find("describes host 'some-other-host', not this one") != std::string::npos);
+  // The same file for this host is used, its gaps filled from the machine.
+  other.host = plan::thisHostName();
+  other.hostAvailableBytes.reset();
+  plan::writeCalibration(other, file.string());
+  plan::MachineChoice mine = plan::chooseMachine("here", "", "");
+  CHECK(mine.source == file.string());
+  CHECK(mine.calibration.cpuAdamwElemsPerS == 1.25e9);
+  CHECK(mine.calibration.hostAvailableBytes.has_value());
+  // Explicitly: any file, and the H200.
+  CHECK(plan::chooseMachine("here", file.string(), "").source == file.string());
+  CHECK(plan::chooseMachine("h200", "", "").calibration.host == "reference H200");
+  CHECK(test::errorOf([] { plan::chooseMachine("laptop", "", ""); }).find("use here") != std::string::npos);
+  unsetenv("STRATA_CALIBRATION");
+}
+
+TEST_CASE(
+    "train.recompute auto takes the fastest mode that fits: none, selective and full each on some device",
+    "[train][plan][recompute]") {
+  config::Config c = configFile("gpt3-1.3b.yaml");
+  REQUIRE(c.train.recompute == "auto");
+  std::set<std::string> chosen;
+  for (uint64_t gib : {140, 60, 50, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 24, 20, 8}) {
+    CAPTURE(gib);
+    plan::PlanOptions o = roundMachine();
+    o.calibration->deviceMemoryBytes = gib << 30;
+    plan::ModelStatePlan p = plan::planModelState(c, o);
+    // The rule (NOTE [Recompute auto]): the fastest predicted step of the fixed modes that fit, the least
+    // recomputation on a tie.
+    double best = 0;
+    std::string bestMode;
+    for (const char* mode : {"none", "selective", "full"}) {
+      config::Config m = c;
+      m.train.recompute = mode;
+      plan::ModelStatePlan q = plan::planModelState(m, o);
+      CHECK(!q.recomputeAuto);
+      if (q.fits && (bestMode.empty() || q.serialSeconds < best * 0.999)) {
+        best = q.serialSeconds;
+        bestMode = mode;
+      }
+    }
+    CHECK(p.recomputeAuto);
+    if (bestMode.empty()) {
+      CHECK(!p.fits);
+      CHECK(p.recomputeWhy.find("no mode fits") != std::string::npos);
+      continue;
+    }
+    REQUIRE(p.fits);
+    CHECK(p.recompute == bestMode);
+    CHECK(p.serialSeconds == Approx(best));
+    CHECK(plan::formatPlan(p).find("recompute " + bestMode + " (auto)") != std::string::npos);
+    CHECK(p.recomputeWhy.find("auto chose " + bestMode) != std::string::npos);
+    chosen.insert(bestMode);
+  }
+  CHECK(chosen == std::set<std::string>{"none", "selective", "full"});
+  // Full recomputation's price: a third more FLOPs in the compute term.
+  plan::PlanOptions o = roundMachine();
+  plan::ModelStatePlan none = plan::planModelState(configFile("gpt3-1.3b.yaml", {"train.recompute=none"}), o);
+  plan::ModelStatePlan full = plan::planModelState(configFile("gpt3-1.3b.yaml", {"train.recompute=full"}), o);
+  CHECK(term(full, "compute")->seconds == Approx(term(none, "compute")->seconds * 4.0 / 3.0));
+  CHECK(full.activations.bytes < none.activations.bytes);
+}
+
+TEST_CASE("a refused config names the settings that would fit, each checked by a plan", "[train][plan]") {
+  plan::PlanOptions o = roundMachine();
+  o.calibration->deviceMemoryBytes = 24ull << 30;
+  config::Config c = configFile("gpt3-6.7b.yaml", {"train.recompute=none"});
+  plan::ModelStatePlan p = plan::planModelState(c, o);
+  REQUIRE(!p.fits);
+  std::vector<std::string> advice = plan::fitAdvice(c, o);
+  REQUIRE(!advice.empty());
+  std::string message = plan::refusalMessage("gpt3-6.7b.yaml", c, p, o);
+  CHECK(message.find("gpt3-6.7b.yaml does not fit: ") == 0);
+  CHECK(message.find("What would fit:") != std::string::npos);
+  // Each line's settings fit when planned: the micro-batch and the ranks lines.
+  for (const std::string& line : advice) {
+    CAPTURE(line);
+    if (line.rfind("--set train.micro_batch_size=", 0) == 0) {
+      config::Config s = c;
+      s.train.microBatchSize = std::stoll(line.substr(std::string("--set train.micro_batch_size=").size()));
+      s.train.globalBatchSize = c.train.globalBatchSize;
+      s.train.globalBatchSizeSet = true;
+      CHECK(plan::planModelState(s, o).fits);
+    }
+    if (line.rfind("mpirun -np ", 0) == 0) {
+      config::Config s = c;
+      s.zero.stage = 3;
+      plan::PlanOptions r = o;
+      r.ranks = r.ranksPerNode = std::stoi(line.substr(std::string("mpirun -np ").size()));
+      CHECK(plan::planModelState(s, r).fits);
+    }
+  }
+  CHECK(message.find("a smaller model") != std::string::npos);
+}
+
+TEST_CASE("the trainer runs the plan before it builds the model: a CPU run too big for the host is refused",
+          "[train][plan][trainer]") {
+  setenv("STRATA_HOST_MEMORY_GB", "23.5", 1);
+  auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    train::Trainer trainer(
+        configFile("gpt3-1.3b.yaml", {"train.device=cpu", "data.format=random", "checkpoint.save=",
+                                      "train.out_dir=" + test::freshDir("strata-plan-refused").string()}));
+  } catch (const Error& e) {
+    message = e.message();
+  }
+  unsetenv("STRATA_HOST_MEMORY_GB");
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(message.find("does not fit: the CPU run needs") != std::string::npos);
+  CHECK(message.find("What would fit:") != std::string::npos);
+  CHECK(message.find("--set train.micro_batch_size=") != std::string::npos);
+  // Building the 1.3B model on the CPU alone takes longer than this.
+  CHECK(seconds < 10);
+}
