@@ -391,7 +391,9 @@ std::vector<ConfigKey> makeTable() {
           shownAs(kBudgetType)),
       key(
           "store.host_budget_gb", [](Config& c) { return &c.store.hostBudgetGb; },
-          "optimizer state in host memory; auto: 90% of the memory available at start", shownAs(kBudgetType)),
+          "optimizer state in host memory; auto: what is available at start less the system's reserve and "
+          "the store's staging (NOTE [Host headroom]), at most 90%",
+          shownAs(kBudgetType)),
       key(
           "store.nvme_budget_gb", [](Config& c) { return &c.store.nvmeBudgetGb; },
           "optimizer state on the SSD; auto: 90% of the free space under zero_optimization.nvme_path",

@@ -281,10 +281,12 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   } else if (c.zero.offloadOptimizerDevice == "none" &&
              (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto")) {
     p.notes.push_back(fmt::format(
-        "store.gpu_budget_gb auto: the device's {} less {} of non-model memory (estimated here; the engine's "
-        "memory tracer measures it in the first step, then brings the SSD's and the host's state onto the "
-        "device while it fits; store.gpu_budget_gb={:.1f} fixes this placement)",
-        gib(p.deviceCapacityBytes), gib(nonModel), double(p.budgets.device) / double(1ull << 30)));
+        "store.gpu_budget_gb auto: the {} a step may use of the device's {} less {} of non-model memory "
+        "(estimated here; the engine starts from this placement, and where its memory tracer runs, it "
+        "measures the first step and brings more state onto the device while it fits; "
+        "store.gpu_budget_gb={:.1f} fixes this placement)",
+        gib(p.usableBytes), gib(p.deviceCapacityBytes), gib(nonModel),
+        double(p.budgets.device) / double(1ull << 30)));
   }
   p.notes.push_back(fmt::format(
       "host budget: {} (store.host_budget_gb {}; auto is the {} available{} less {} of headroom for the "
