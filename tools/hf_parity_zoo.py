@@ -37,8 +37,9 @@ For BERT and T5 variants from the zoo's mini shapes (configs/zoo/bert-mini.yaml,
    100 steps are chaotic in every implementation (BENCHMARKS.md, "BERT's bf16 departure": HF's own runs spike
    anywhere from 4.8 to 11.5 at step 34, and Strata fp32 runs from different seeds range from a spike to 11.7 to
    none), so a 2% comparison there compares two draws of the chaos, not two implementations; T5 v1.0 measured a
-   3.25% gap at 1e-3 and 0.43% at 5e-4 on the H200. The unscaled v1.1 heads start from a random head of standard
-   deviation 1 (losses of 48 to 107): their bf16 curves part early (BENCHMARKS.md, "BERT and T5").
+   3.25% gap at 1e-3 and 0.43% at 5e-4 on the H200. The unscaled v1.1 heads are drawn with standard deviation
+   d_model^-0.5 (HF's random init gives 1: first losses of 48 to 107, where bf16's rounding of logits of ~16
+   decides the curve; trained v1.1 checkpoints have logits of order one).
 
 Prints a PASS/FAIL table; exit status 1 when a check fails; the work files (each side's curve in <variant>-curves.json,
 the logs) stay in the directory it names. About 1-2 minutes on one H200 (mostly start-up); --device cpu with
@@ -137,6 +138,15 @@ def hf_model(variant):
         # transformers 5.x ties every T5 head: a head of its own, as a 4.x v1.1 checkpoint loaded into 5.x has
         # (save_pretrained then writes lm_head.weight beside shared.weight, and from_pretrained keeps them apart).
         model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight))
+    if variant.startswith("t5") and not getattr(model.config, "scale_decoder_outputs", model.config.tie_word_embeddings):
+        # An unscaled head (v1.1) from HF's random init has standard deviation 1 over a d_model-wide normed
+        # output: logits of standard deviation ~16 and a first loss near 100, where bf16's rounding of the logits
+        # decides the curve. Trained v1.1 checkpoints produce logits of order one; the head (the shared table when
+        # tied) is drawn with standard deviation d_model^-0.5 for that, on both sides (Strata imports this model).
+        d = model.config.d_model
+        with torch.no_grad():
+            head = model.shared.weight if t5_head_tied(model) else model.lm_head.weight
+            head.normal_(0.0, d ** -0.5)
     return model
 
 
