@@ -391,8 +391,8 @@ std::vector<ConfigKey> makeTable() {
           shownAs(kBudgetType)),
       key(
           "store.host_budget_gb", [](Config& c) { return &c.store.hostBudgetGb; },
-          "optimizer state in host memory; auto: what is available at start less the system's reserve and "
-          "the store's staging (NOTE [Host headroom]), at most 90%",
+          "optimizer state in host memory; auto: what is available at start less the system's reserve, "
+          "the store's staging and the process (NOTE [Host headroom]), at most 90%",
           shownAs(kBudgetType)),
       key(
           "store.nvme_budget_gb", [](Config& c) { return &c.store.nvmeBudgetGb; },

@@ -101,7 +101,7 @@ uint64_t hostHeadroomBytes(const config::Config& c, int64_t largestChunkElems, u
   uint64_t piece = std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4));
   uint64_t staging = uint64_t(std::max<int64_t>(2, c.zero.bufferCount)) * 2 * 4 * piece;
   uint64_t ssd = c.zero.nvmePath.empty() ? 0 : 2 * 3 * 4 * uint64_t(largestChunkElems);
-  return reserve + staging + ssd;
+  return reserve + staging + ssd + kProcessHostBytes;
 }
 
 uint64_t usableDeviceBytes(uint64_t capacity) {

@@ -548,24 +548,24 @@ TEST_CASE("the automatic host budget leaves the system its reserve and the store
           "[train][plan]") {
   // NOTE [Host headroom]: max(5%, min(8 GiB, a quarter)) of the host, the pipelined update's staging slots
   // (4 slots x 2 x 4 bytes x 4M elements = 128 MiB by default) and, with an SSD tier, two buffer sets of the
-  // largest chunk's master, m and v.
+  // largest chunk's master, m and v, and 1 GiB for the process.
   const uint64_t GiB = 1ull << 30, MiB = 1ull << 20;
   config::Config c = configFile("gpt-nano.yaml");
-  CHECK(plan::hostHeadroomBytes(c, 1 << 20, 125 * GiB) == 8 * GiB + 128 * MiB);
-  CHECK(plan::hostHeadroomBytes(c, 1 << 20, 1000 * GiB) == 50 * GiB + 128 * MiB);
-  CHECK(plan::hostHeadroomBytes(c, 1 << 20, 2 * GiB) == GiB / 2 + 128 * MiB);
+  CHECK(plan::hostHeadroomBytes(c, 1 << 20, 125 * GiB) == 9 * GiB + 128 * MiB);
+  CHECK(plan::hostHeadroomBytes(c, 1 << 20, 1000 * GiB) == 51 * GiB + 128 * MiB);
+  CHECK(plan::hostHeadroomBytes(c, 1 << 20, 2 * GiB) == GiB + GiB / 2 + 128 * MiB);
   config::Config ssd = configFile("gpt-nano.yaml", {"zero_optimization.nvme_path=/tmp/strata-headroom"});
-  CHECK(plan::hostHeadroomBytes(ssd, 1 << 20, 125 * GiB) == 8 * GiB + 128 * MiB + 24 * MiB);
+  CHECK(plan::hostHeadroomBytes(ssd, 1 << 20, 125 * GiB) == 9 * GiB + 128 * MiB + 24 * MiB);
   // auto is what is available less the headroom, at most 90% of it; a budget given is taken as given.
-  uint64_t headroom = 8 * GiB + 128 * MiB;
+  uint64_t headroom = 9 * GiB + 128 * MiB;
   CHECK(plan::storeBudgets(c, 0, zero::kUnlimited, 40 * GiB, 0, headroom).host == 40 * GiB - headroom);
   CHECK(plan::storeBudgets(c, 0, zero::kUnlimited, 125 * GiB, 0, headroom).host == 125 * GiB / 10 * 9);
   config::Config given = configFile("gpt-nano.yaml", {"store.host_budget_gb=39"});
   CHECK(plan::storeBudgets(given, 0, zero::kUnlimited, 40 * GiB, 0, headroom).host == 39 * GiB);
-  // The plan reads it so: a 64 GiB host keeps 8 GiB and the staging back.
+  // The plan reads it so: a 64 GiB host keeps 8 GiB, the staging and the process's 1 GiB back.
   plan::PlanOptions o = roundMachine();
   o.calibration->hostMemoryBytes = 64 * GiB;
   plan::ModelStatePlan p = plan::planModelState(configFile("gpt3-1.3b.yaml"), o);
-  CHECK(p.budgets.host == 64 * GiB - 8 * GiB - 128 * MiB);
+  CHECK(p.budgets.host == 64 * GiB - 9 * GiB - 128 * MiB);
   CHECK(plan::formatPlan(p).find("of headroom for the system") != std::string::npos);
 }

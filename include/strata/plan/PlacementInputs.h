@@ -54,9 +54,15 @@ ModelStateInputs modelStateInputs(const config::Config& config, int ranks, DType
 // at most 90% of it: the headroom is a reserve left to the system, max(5% of the host's memory, min(8 GiB, a
 // quarter of it)), plus the store's own working memory beside the state: the pipelined update's page-locked
 // staging slots (zero_optimization.buffer_count x one piece's gradients and parameters) and, with an SSD
-// tier, its two buffer sets of the largest chunk's fp32 master, m and v (NOTE [SSD tier] in zero/NvmeTier.h).
-// Ranks on one host split it as they split the memory (NOTE [Per-node shares] in distributed/Launch.h).
-// `largestChunkElems`: ModelStateInputs::largestChunkElems.
+// tier, its two buffer sets of the largest chunk's fp32 master, m and v (NOTE [SSD tier] in zero/NvmeTier.h),
+// plus the process's own (kProcessHostBytes). Ranks on one host split it as they split the memory (NOTE
+// [Per-node shares] in distributed/Launch.h). `largestChunkElems`: ModelStateInputs::largestChunkElems.
+//
+// Measured on the H200 (tools/bench_configs.py, BENCHMARKS.md): the 20.25B run as shipped held 108.0 GiB of
+// state in host memory with a host peak of 112.3 GiB, and MemAvailable fell to 8.0 GiB: 0.8 GiB beyond the
+// state, the staging and the SSD buffers went to the process (the CUDA runtime's and libraries' host memory,
+// the heap), which kProcessHostBytes now counts.
+constexpr uint64_t kProcessHostBytes = 1ull << 30;
 uint64_t hostHeadroomBytes(const config::Config& config, int64_t largestChunkElems, uint64_t hostTotal);
 // What a step may take of a device of `capacity` bytes: 92% of it less a margin of min(1 GiB, 1/16 of it),
 // the memory tracer's limit (NOTE [Memory tracer] in zero/Store.h), which `strata plan` fits within.
