@@ -21,6 +21,23 @@ inline std::filesystem::path freshDir(const std::string& name) {
   return dir;
 }
 
+// One layer of width 16 (2 heads, FFN 32, 16 positions) of a zoo architecture (gpt, bert, t5: bias-free,
+// heads of 8, `decoderSeqLength` target positions), over `vocab` tokens.
+inline models::ModelSpec tinyZooSpec(const std::string& arch, int64_t vocab, int64_t decoderSeqLength) {
+  models::ModelSpec s;
+  s.arch = arch;
+  s.numLayers = 1;
+  s.hiddenSize = 16;
+  s.numHeads = 2;
+  s.ffnHiddenSize = 32;
+  s.seqLength = 16;
+  s.vocabSize = vocab;
+  s.bias = arch != "t5";
+  s.kvChannels = arch == "t5" ? 8 : 0;
+  s.decoderSeqLength = arch == "t5" ? decoderSeqLength : 0;
+  return s;
+}
+
 // A two-layer GPT small enough for exhaustive checks: hidden 32, 2 heads, 16 positions, 64 tokens.
 inline models::ModelSpec tinyGptSpec() {
   models::ModelSpec spec;

@@ -17,3 +17,15 @@ fail() {
   echo "FAIL: $*" >&2
   failures=$((failures + 1))
 }
+
+# Whether FILE (a metrics.jsonl) is one run's continuous curve, steps 1, 2, ... past STEP + 1.
+one_curve() {
+  python3 - "$1" "$2" <<'EOF'
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1])]
+steps = [r["step"] for r in records]
+assert steps == list(range(1, len(steps) + 1)), steps
+assert len(steps) > int(sys.argv[2]) + 1, steps
+assert len({r["run_id"] for r in records}) == 1
+EOF
+}

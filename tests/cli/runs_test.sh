@@ -80,14 +80,7 @@ for _ in $(seq 1 600); do grep -q "iteration  *$((step + 2))/" "$work/pasted.log
 kill -TERM "$pid"
 wait "$pid"
 expect "the pasted command resumes the run" 143 $? "resumed from .*step-$step at iteration $step" "$work/pasted.log"
-python3 - "$work/long dir/metrics.jsonl" "$step" <<'EOF' || fail "metrics.jsonl after the resume is not one run's continuous curve"
-import json, sys
-records = [json.loads(line) for line in open(sys.argv[1])]
-steps = [r["step"] for r in records]
-assert steps == list(range(1, len(steps) + 1)), steps
-assert len(steps) > int(sys.argv[2]) + 1, steps
-assert len({r["run_id"] for r in records}) == 1
-EOF
+one_curve "$work/long dir/metrics.jsonl" "$step" || fail "metrics.jsonl after the resume is not one run's continuous curve"
 
 # A job script rerun with --resume: the first start trains, each rerun continues.
 job=(train "$cfg" "${tiny[@]}" --set train.train_iters=4 --set train.exit_interval=2 --set "train.out_dir=$work/job"

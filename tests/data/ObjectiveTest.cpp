@@ -16,17 +16,7 @@ using namespace strata;
 namespace {
 
 models::ModelSpec tinySpec(const std::string& arch, std::vector<std::string> keys = {}) {
-  models::ModelSpec s;
-  s.arch = arch;
-  s.numLayers = 1;
-  s.hiddenSize = 16;
-  s.numHeads = 2;
-  s.ffnHiddenSize = 32;
-  s.seqLength = 16;
-  s.vocabSize = arch == "bert" ? 260 : 384;
-  s.bias = arch != "t5";
-  s.kvChannels = arch == "t5" ? 8 : 0;
-  s.decoderSeqLength = arch == "t5" ? 16 : 0;
+  models::ModelSpec s = test::tinyZooSpec(arch, arch == "bert" ? 260 : 384, 16);
   for (const auto& k : keys)
     if (k == "nsp") s.bertBinaryHead = true;
   return s;

@@ -24,18 +24,7 @@ using nlohmann::json;
 namespace {
 
 models::ModelSpec smallVocabSpec(const std::string& arch) {
-  models::ModelSpec s;
-  s.arch = arch;
-  s.numLayers = 1;
-  s.hiddenSize = 16;
-  s.numHeads = 2;
-  s.ffnHiddenSize = 32;
-  s.seqLength = 16;
-  s.vocabSize = 99;
-  s.bias = arch != "t5";
-  s.kvChannels = arch == "t5" ? 8 : 0;
-  s.decoderSeqLength = arch == "t5" ? 8 : 0;
-  return s;
+  return test::tinyZooSpec(arch, 99, 8);
 }
 
 const fs::path kFixtures = fs::path(STRATA_SOURCE_DIR) / "tests" / "interop" / "hf_fixtures";
