@@ -220,7 +220,7 @@ Allocator& deviceAllocator(Device device) {
 #endif
 }
 
-// CachingAllocator
+// BlockCachingAllocator
 
 namespace {
 
@@ -235,6 +235,10 @@ class EventFence final : public StreamFence {
 };
 
 }  // namespace
+
+std::unique_ptr<StreamFence> eventFence(const Stream& stream) {
+  return std::make_unique<EventFence>(stream);
+}
 
 bool isPageLocked(const void* ptr, size_t bytes) {
 #if STRATA_CUDA
@@ -255,16 +259,13 @@ bool isPageLocked(const void* ptr, size_t bytes) {
 #endif
 }
 
-CachingAllocator::CachingAllocator(Device device, RawMemory raw, std::string name,
-                                   CachingAllocatorOptions options)
+BlockCachingAllocator::BlockCachingAllocator(Device device, RawMemory raw, std::string name,
+                                             CachingAllocatorOptions options)
     : device_(device), raw_(std::move(raw)), name_(std::move(name)), options_(std::move(options)) {
-  if (!options_.fence)
-    options_.fence = [](const Stream& stream) -> std::unique_ptr<StreamFence> {
-      return std::make_unique<EventFence>(stream);
-    };
+  if (!options_.fence) options_.fence = eventFence;
 }
 
-CachingAllocator::~CachingAllocator() {
+BlockCachingAllocator::~BlockCachingAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
   try {
     reapPendingLocked(true);
@@ -276,18 +277,14 @@ CachingAllocator::~CachingAllocator() {
   releaseCachedLocked(0);
 }
 
-size_t CachingAllocator::roundSize(size_t bytes) {
+size_t BlockCachingAllocator::roundSize(size_t bytes) {
   constexpr size_t kSmall = 512, kLarge = 2u << 20, kSmallLimit = 1u << 20;
   bytes = std::max<size_t>(bytes, 1);
   if (bytes <= kSmallLimit) return (bytes + kSmall - 1) / kSmall * kSmall;
   return (bytes + kLarge - 1) / kLarge * kLarge;
 }
 
-void* CachingAllocator::allocate(size_t bytes) {
-  return allocate(bytes, currentStream(device_));
-}
-
-void* CachingAllocator::allocate(size_t bytes, const Stream& stream) {
+void* BlockCachingAllocator::allocate(size_t bytes, const Stream& stream) {
   void* p = tryAllocate(bytes, stream);
   if (!p) {
     AllocatorStats s = stats();
@@ -299,7 +296,7 @@ void* CachingAllocator::allocate(size_t bytes, const Stream& stream) {
   return p;
 }
 
-void* CachingAllocator::tryAllocate(size_t bytes, const Stream& stream) {
+void* BlockCachingAllocator::tryAllocate(size_t bytes, const Stream& stream) {
   size_t size = roundSize(bytes);
   uint64_t streamId = stream.id();
   std::lock_guard<std::mutex> lock(mutex_);
@@ -329,7 +326,7 @@ void* CachingAllocator::tryAllocate(size_t bytes, const Stream& stream) {
   return p;
 }
 
-void* CachingAllocator::takeCachedLocked(uint64_t stream, size_t size) {
+void* BlockCachingAllocator::takeCachedLocked(uint64_t stream, size_t size) {
   // Best fit among the stream's cached blocks, but never hand out a block more than twice the request: that
   // would strand memory.
   auto it = freeBlocks_.lower_bound(PoolKey{stream, size});
@@ -344,7 +341,7 @@ void* CachingAllocator::takeCachedLocked(uint64_t stream, size_t size) {
   return p;
 }
 
-void* CachingAllocator::growLocked(size_t size) {
+void* BlockCachingAllocator::growLocked(size_t size) {
   size_t limit = options_.reserveLimitBytes;
   if (size > limit) return nullptr;
   if (stats_.reservedBytes + size > limit) releaseCachedLocked(limit - size);
@@ -361,7 +358,7 @@ void* CachingAllocator::growLocked(size_t size) {
   return p;
 }
 
-void CachingAllocator::deallocate(void* ptr) {
+void BlockCachingAllocator::deallocate(void* ptr) {
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = liveBlocks_.find(ptr);
@@ -380,7 +377,7 @@ void CachingAllocator::deallocate(void* ptr) {
   liveBlocks_.erase(it);
 }
 
-void CachingAllocator::recordStream(void* ptr, const Stream& stream) {
+void BlockCachingAllocator::recordStream(void* ptr, const Stream& stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = liveBlocks_.find(ptr);
   STRATA_CHECK(it != liveBlocks_.end(), "{}: recordStream on a pointer that is not a live block", name_);
@@ -391,7 +388,7 @@ void CachingAllocator::recordStream(void* ptr, const Stream& stream) {
   block.uses.push_back(stream);
 }
 
-void CachingAllocator::reapPendingLocked(bool wait) {
+void BlockCachingAllocator::reapPendingLocked(bool wait) {
   size_t kept = 0;
   for (size_t i = 0; i < pending_.size(); ++i) {
     PendingBlock& p = pending_[i];
@@ -416,18 +413,18 @@ void CachingAllocator::reapPendingLocked(bool wait) {
   pending_.resize(kept);
 }
 
-AllocatorStats CachingAllocator::stats() const {
+AllocatorStats BlockCachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
 }
 
-void CachingAllocator::emptyCache() {
+void BlockCachingAllocator::emptyCache() {
   std::lock_guard<std::mutex> lock(mutex_);
   reapPendingLocked(true);
   releaseCachedLocked(0);
 }
 
-bool CachingAllocator::hasCachedFit(size_t bytes) const {
+bool BlockCachingAllocator::hasCachedFit(size_t bytes) const {
   size_t size = roundSize(bytes);
   uint64_t stream = currentStream(device_).id();
   std::lock_guard<std::mutex> lock(mutex_);
@@ -435,14 +432,14 @@ bool CachingAllocator::hasCachedFit(size_t bytes) const {
   return it != freeBlocks_.end() && it->first.first == stream && it->first.second <= 2 * size;
 }
 
-void CachingAllocator::resetPeakStats() {
+void BlockCachingAllocator::resetPeakStats() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peakAllocatedBytes = stats_.allocatedBytes;
   stats_.peakReservedBytes = stats_.reservedBytes;
   stats_.allocatedAtPeakReservedBytes = stats_.allocatedBytes;
 }
 
-void CachingAllocator::releaseCachedLocked(size_t target) {
+void BlockCachingAllocator::releaseCachedLocked(size_t target) {
   if (stats_.reservedBytes <= target || freeBlocks_.empty()) return;
   if (target == 0) {
     for (auto& [key, ptr] : freeBlocks_) {

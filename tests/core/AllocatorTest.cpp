@@ -9,42 +9,12 @@
 #include <thread>
 
 #include "TestUtil.h"
+#include "core/ManualFences.h"
 
 using namespace strata;
+using strata::test::ManualFences;
 
 namespace {
-// Fences the test completes by hand: the allocator sees other streams' work as running until it does.
-struct ManualFences {
-  struct State {
-    uint64_t stream = 0;
-    bool complete = false;
-  };
-  std::vector<std::shared_ptr<State>> made;
-  int waits = 0;
-
-  struct Fence final : StreamFence {
-    std::shared_ptr<State> state;
-    ManualFences* owner;
-    bool done() override { return state->complete; }
-    void wait() override {
-      owner->waits++;
-      state->complete = true;  // the host "blocked" until the stream got there
-    }
-  };
-  FenceFactory factory() {
-    return [this](const Stream& stream) -> std::unique_ptr<StreamFence> {
-      auto f = std::make_unique<Fence>();
-      f->state = std::make_shared<State>(State{stream.id(), false});
-      f->owner = this;
-      made.push_back(f->state);
-      return f;
-    };
-  }
-  void completeAll() {
-    for (auto& s : made) s->complete = true;
-  }
-};
-
 struct CountingRaw {
   int allocs = 0, frees = 0;
   RawMemory raw() {
@@ -62,7 +32,7 @@ struct CountingRaw {
 
 TEST_CASE("caching allocator reuses freed blocks and tracks stats", "[core][allocator]") {
   CountingRaw counter;
-  CachingAllocator alloc(Device::cpu(), counter.raw(), "test");
+  BlockCachingAllocator alloc(Device::cpu(), counter.raw(), "test");
   void* a = alloc.allocate(1000);
   REQUIRE(alloc.stats().allocatedBytes == 1024);  // rounded to 512
   REQUIRE(alloc.stats().reservedBytes == 1024);
@@ -104,7 +74,7 @@ TEST_CASE("caching allocator frees its cache and retries when the raw allocator 
                   live.erase(p);
                   std::free(p);
                 }};
-  CachingAllocator alloc(Device::cpu(), raw, "bounded");
+  BlockCachingAllocator alloc(Device::cpu(), raw, "bounded");
   void* a = alloc.allocate(2048);
   void* b = alloc.allocate(2048);
   alloc.deallocate(a);
@@ -137,7 +107,7 @@ TEST_CASE("caching allocator frees its cache and retries when the raw allocator 
 TEST_CASE("caching allocator reports what was reserved but unused when its reserve peaked",
           "[core][allocator]") {
   CountingRaw counter;
-  CachingAllocator alloc(Device::cpu(), counter.raw(), "fragments");
+  BlockCachingAllocator alloc(Device::cpu(), counter.raw(), "fragments");
   // Two 1 KiB blocks cached, then a 2 KiB request they cannot serve (the wrong size): the reserve grows
   // to 4 KiB while 2 KiB of it lie unused.
   void* a = alloc.allocate(1024);
@@ -177,8 +147,8 @@ TEST_CASE("the cpu allocator's reserve is what it hands out: no fragmentation", 
 TEST_CASE("caching allocator hands a freed block only to its own stream", "[core][allocator][stream]") {
   ManualFences fences;
   CountingRaw counter;
-  CachingAllocator alloc(Device::cpu(), counter.raw(), "streams",
-                         CachingAllocatorOptions{SIZE_MAX, fences.factory()});
+  BlockCachingAllocator alloc(Device::cpu(), counter.raw(), "streams",
+                              CachingAllocatorOptions{SIZE_MAX, fences.factory()});
   Stream s1 = Stream::create(Device::cpu()), s2 = Stream::create(Device::cpu());
   void* a = alloc.allocate(1000, s1);
   alloc.recordStream(a, s1);  // its own stream: nothing to track
@@ -205,8 +175,8 @@ TEST_CASE("caching allocator hands a freed block only to its own stream", "[core
 TEST_CASE("a block freed while other streams use it waits for their fences", "[core][allocator][stream]") {
   ManualFences fences;
   CountingRaw counter;
-  CachingAllocator alloc(Device::cpu(), counter.raw(), "streams",
-                         CachingAllocatorOptions{SIZE_MAX, fences.factory()});
+  BlockCachingAllocator alloc(Device::cpu(), counter.raw(), "streams",
+                              CachingAllocatorOptions{SIZE_MAX, fences.factory()});
   Stream mine = Stream::create(Device::cpu()), reader = Stream::create(Device::cpu()),
          writer = Stream::create(Device::cpu());
   void* a = alloc.allocate(4096, mine);
@@ -246,8 +216,8 @@ TEST_CASE("an allocator out of memory waits for pending blocks before it fails",
           "[core][allocator][stream]") {
   ManualFences fences;
   CountingRaw counter;
-  CachingAllocator alloc(Device::cpu(), counter.raw(), "bounded",
-                         CachingAllocatorOptions{8192, fences.factory()});
+  BlockCachingAllocator alloc(Device::cpu(), counter.raw(), "bounded",
+                              CachingAllocatorOptions{8192, fences.factory()});
   Stream mine = Stream::create(Device::cpu()), reader = Stream::create(Device::cpu());
   void* a = alloc.allocate(8192, mine);
   alloc.recordStream(a, reader);
@@ -471,8 +441,8 @@ TEST_CASE("moving a storage's bytes changes its residency, not its content versi
 TEST_CASE("storage names its stream uses to the allocator that owns it", "[core][storage][stream]") {
   ManualFences fences;
   CountingRaw counter;
-  CachingAllocator alloc(Device::cpu(), counter.raw(), "storage",
-                         CachingAllocatorOptions{SIZE_MAX, fences.factory()});
+  BlockCachingAllocator alloc(Device::cpu(), counter.raw(), "storage",
+                              CachingAllocatorOptions{SIZE_MAX, fences.factory()});
   Stream reader = Stream::create(Device::cpu());
   void* block = nullptr;
   {

@@ -15,16 +15,16 @@ namespace {
 // A caching allocator over counted host memory: the arena's reservations are its raw allocations.
 struct CountedHost {
   int allocs = 0, frees = 0;
-  CachingAllocator allocator{Device::cpu(),
-                             RawMemory{[this](size_t b) {
-                                         allocs++;
-                                         return std::malloc(b);
-                                       },
-                                       [this](void* p) {
-                                         frees++;
-                                         std::free(p);
-                                       }},
-                             "arena-test"};
+  BlockCachingAllocator allocator{Device::cpu(),
+                                  RawMemory{[this](size_t b) {
+                                              allocs++;
+                                              return std::malloc(b);
+                                            },
+                                            [this](void* p) {
+                                              frees++;
+                                              std::free(p);
+                                            }},
+                                  "arena-test"};
 };
 
 }  // namespace

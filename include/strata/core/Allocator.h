@@ -1,9 +1,13 @@
 // Allocators.
 //
 // - `cpuAllocator()`: 64-byte aligned host memory.
-// - `CachingAllocator`: keeps freed blocks for reuse so steady-state training makes no raw allocations. It
-//   is written over a pair of raw functions, so the same bookkeeping serves CUDA (cudaMalloc) and is tested
-//   on the CPU. Reuse is stream-ordered (see NOTE [Stream-ordered reuse]).
+// - `CachingAllocator`: what a device's allocator offers beyond Allocator: blocks for a given stream, reuse
+//   that is stream-ordered (see NOTE [Stream-ordered reuse]), and a cache that can be given back. Two kinds:
+//   - `ExpandableAllocator` (core/ExpandableAllocator.h), the GPU's: one growing address range per stream,
+//     backed page by page, in which blocks are split and merged (NOTE [Expandable segments]);
+//   - `BlockCachingAllocator`: every block its own raw allocation, reused whole. It is written over a pair
+//     of raw functions (cudaMalloc, cudaHostAlloc, or test memory); the pinned host pool and GPUs without
+//     virtual memory management use it.
 // - `PinnedHostPool`: a bounded, thread-safe pool of page-locked host memory for staging transfers. Its
 //   reserved bytes (handed out, cached and awaiting other streams) never pass its capacity: cached blocks
 //   are released first, then blocks still in use by the GPU are waited for, then the request throws, naming
@@ -168,6 +172,8 @@ class StreamFence {
 // Makes a fence at the current end of `stream`. The default (an empty function) records an Event; tests
 // pass fences they complete by hand.
 using FenceFactory = std::function<std::unique_ptr<StreamFence>(const Stream& stream)>;
+// The default fence: an Event recorded on `stream`.
+std::unique_ptr<StreamFence> eventFence(const Stream& stream);
 
 struct CachingAllocatorOptions {
   // Reserved bytes (handed out, cached and pending) never pass this: a request that would is served by
@@ -176,29 +182,39 @@ struct CachingAllocatorOptions {
   FenceFactory fence;
 };
 
-class CachingAllocator final : public Allocator {
+// A device allocator with stream-ordered reuse and a cache (NOTE [Stream-ordered reuse]).
+class CachingAllocator : public Allocator {
  public:
-  CachingAllocator(Device device, RawMemory raw, std::string name, CachingAllocatorOptions options = {});
-  ~CachingAllocator() override;
-
   // A block for work on the current stream of device().
-  void* allocate(size_t bytes) override;
-  // A block for work on `stream`: a cached block freed on `stream`, else new memory.
-  void* allocate(size_t bytes, const Stream& stream);
+  void* allocate(size_t bytes) override { return allocate(bytes, currentStream(device())); }
+  // A block for work on `stream`: cached memory freed on `stream`, else new memory. Throws OutOfMemory.
+  virtual void* allocate(size_t bytes, const Stream& stream) = 0;
   // As allocate(), but nullptr where allocate() throws (neither the cache nor the raw memory can serve it).
-  void* tryAllocate(size_t bytes, const Stream& stream);
+  virtual void* tryAllocate(size_t bytes, const Stream& stream) = 0;
+  // Waits for the fences of pending blocks (blocking the host), then gives every cached byte back to the
+  // raw memory. Blocks still handed out are untouched.
+  virtual void emptyCache() = 0;
+  // True when allocate(bytes) on the current stream would be served from the cache.
+  virtual bool hasCachedFit(size_t bytes) const = 0;
+};
+
+class BlockCachingAllocator final : public CachingAllocator {
+ public:
+  BlockCachingAllocator(Device device, RawMemory raw, std::string name, CachingAllocatorOptions options = {});
+  ~BlockCachingAllocator() override;
+
+  using CachingAllocator::allocate;
+  void* allocate(size_t bytes, const Stream& stream) override;
+  void* tryAllocate(size_t bytes, const Stream& stream) override;
   void deallocate(void* ptr) override;
   void recordStream(void* ptr, const Stream& stream) override;
   Device device() const override { return device_; }
   AllocatorStats stats() const override;
   std::string name() const override { return name_; }
 
-  // Waits for the fences of pending blocks (blocking the host), then returns every cached block to the raw
-  // allocator. Blocks still handed out are untouched.
-  void emptyCache();
+  void emptyCache() override;
   void resetPeakStats() override;
-  // True when allocate(bytes) on the current stream would be served from the cache.
-  bool hasCachedFit(size_t bytes) const;
+  bool hasCachedFit(size_t bytes) const override;
   // Sizes are rounded up so that blocks are reusable across slightly different requests.
   static size_t roundSize(size_t bytes);
 
@@ -258,7 +274,7 @@ class PinnedHostPool final : public Allocator {
  private:
   size_t capacity_;
   bool pageLocked_ = false;
-  CachingAllocator cache_;
+  BlockCachingAllocator cache_;
 };
 
 class SlotArena {

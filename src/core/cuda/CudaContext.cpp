@@ -1,8 +1,13 @@
 #include "core/cuda/CudaContext.h"
 
+#include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 #include "strata/core/Device.h"
 
@@ -33,22 +38,39 @@ DeviceContext& deviceContext(int index) {
     DeviceGuard guard(index);
     slot = std::make_unique<DeviceContext>();
     slot->index = index;
-    RawMemory raw{[index](size_t bytes) -> void* {
-                    DeviceGuard g(index);
-                    void* p = nullptr;
-                    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-                      cudaGetLastError();
-                      return nullptr;
-                    }
-                    return p;
-                  },
-                  [index](void* p) {
-                    DeviceGuard g(index);
-                    cudaFree(p);
-                  }};
+    const char* choice = std::getenv("STRATA_CUDA_ALLOCATOR");
+    std::string kind = choice && *choice ? choice : "expandable";
+    STRATA_USER_CHECK(kind == "expandable" || kind == "blocks",
+                      "STRATA_CUDA_ALLOCATOR={} is not an allocator: use expandable (the default) or blocks",
+                      kind);
+    std::string name = "cuda:" + std::to_string(index);
+    std::string why;
+    std::optional<PageMemory> pages = kind == "expandable" ? devicePages(index, why) : std::nullopt;
     // Leaked on purpose: tensors may be destroyed during static destruction, after this map would be.
-    slot->allocator =
-        new CachingAllocator(Device::cuda(index), std::move(raw), "cuda-caching:" + std::to_string(index));
+    if (pages) {
+      size_t freeBytes = 0, totalBytes = 0;
+      STRATA_CUDA_CHECK(cudaMemGetInfo(&freeBytes, &totalBytes));
+      ExpandableAllocatorOptions options;
+      options.segmentBytes = totalBytes;
+      slot->allocator = new ExpandableAllocator(Device::cuda(index), std::move(*pages), name, options);
+    } else {
+      if (kind == "expandable")
+        spdlog::warn("{}: {}; blocks are cached whole (STRATA_CUDA_ALLOCATOR=blocks)", name, why);
+      RawMemory raw{[index](size_t bytes) -> void* {
+                      DeviceGuard g(index);
+                      void* p = nullptr;
+                      if (cudaMalloc(&p, bytes) != cudaSuccess) {
+                        cudaGetLastError();
+                        return nullptr;
+                      }
+                      return p;
+                    },
+                    [index](void* p) {
+                      DeviceGuard g(index);
+                      cudaFree(p);
+                    }};
+      slot->allocator = new BlockCachingAllocator(Device::cuda(index), std::move(raw), name);
+    }
     slot->streams = DeviceStreams::create(Device::cuda(index));
   }
   return *slot;

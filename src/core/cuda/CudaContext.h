@@ -2,9 +2,12 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
+#include <string>
 
 #include "strata/core/Allocator.h"
 #include "strata/core/Error.h"
+#include "strata/core/ExpandableAllocator.h"
 #include "strata/core/Stream.h"
 
 #if STRATA_CUDA
@@ -32,8 +35,14 @@ struct DeviceContext {
   DeviceStreams streams;
 };
 
-// Created on first use, one per GPU, alive for the process (like the CUDA primary context it wraps).
+// Created on first use, one per GPU, alive for the process (like the CUDA primary context it wraps). Its
+// allocator is an ExpandableAllocator over devicePages, or, with STRATA_CUDA_ALLOCATOR=blocks or where the
+// GPU lacks virtual memory management, a BlockCachingAllocator over cudaMalloc.
 DeviceContext& deviceContext(int index);
+
+// The GPU's memory as pages in reserved address space; nullopt, with the reason in `why`, where the driver or
+// the GPU lacks virtual memory management.
+std::optional<PageMemory> devicePages(int index, std::string& why);
 
 // Sets the current CUDA device for the scope.
 class DeviceGuard {
