@@ -164,14 +164,15 @@ StreamChoice streamChoice(const AdamSpan& s, const AdamConsts& k, int64_t i) {
 
 // Software prefetches for the four read streams, `ahead` elements past i (two fp32 lines each; a 16-bit
 // gradient's one). Prefetches do not fault, so past the end is harmless; the addresses are computed as
-// integers because a pointer past the end is not one C++ lets us form.
-inline void prefetchLine(const void* base, int64_t byteOffset) {
+// integers because a pointer past the end is not one C++ lets us form. Always inlined: GCC finds that a
+// function holding only prefetches has no effect and drops its calls.
+[[gnu::always_inline]] inline void prefetchLine(const void* base, int64_t byteOffset) {
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + uintptr_t(byteOffset)),
                _MM_HINT_T0);
 }
 
 template <GradKind kGrad>
-inline void prefetchAt(const AdamSpan& s, int64_t i, int64_t ahead) {
+[[gnu::always_inline]] inline void prefetchAt(const AdamSpan& s, int64_t i, int64_t ahead) {
   int64_t at = (i + ahead) * 4;
   for (const float* stream : {s.param, s.m, s.v}) {
     prefetchLine(stream, at);
