@@ -374,5 +374,7 @@ TEST_CASE("CPU AdamW: plain, copy-streaming and streaming stores give the same b
     }
   }
   omp_set_num_threads(before);
+  REQUIRE(std::string(ops::cpu::cpuStoresName(ops::cpu::CpuStores::Plain)) == "plain");
+  REQUIRE(std::string(ops::cpu::cpuStoresName(ops::cpu::CpuStores::Copy)) == "copy");
   REQUIRE(std::string(ops::cpu::cpuStoresName(ops::cpu::CpuStores::Stream)) == "stream");
 }
