@@ -3,12 +3,15 @@
 // Bytes per parameter (the fewest the update must move): 16 read (master, m, v, gradient) and 12 written
 // (master, m, v) plus the copy (2 for bf16/f16, 4 for f32, 0 for none): 30 with bf16.
 // Prints one line per measurement, then a markdown table:
-//   cpu_adamw ISA THREADS PARAMS MEDIAN_MS GPARAM_PER_S GB_PER_S
+//   cpu_adamw PATH THREADS PARAMS MEDIAN_MS GPARAM_PER_S GB_PER_S STORES PREFETCH
 // Usage: bench_cpu_adamw [--params N] [--threads 1,2,4,8,16] [--isa best|all|avx512|avx2|scalar]
 //                        [--copy bf16|f16|f32|none] [--repeats R] [--memory plain|huge]
-//                        [--split static|steal|both]
+//                        [--split static|steal|both] [--stores plain,copy,stream|all] [--prefetch 0,512]
 // --split picks how the threads share the update (NOTE [CPU AdamW split]; default STRATA_CPU_SPLIT's);
 // a stealing split is printed as PATH-steal (avx512-steal). STRATA_CPU_PIN=all also pins the calling thread.
+// --stores lists how the vector paths store (NOTE [CPU AdamW stores]; default STRATA_CPU_STORES's) and
+// --prefetch the software prefetch distances in elements (default STRATA_CPU_PREFETCH's); every
+// combination is timed, stores innermost, so that the variants of one thread count run back to back.
 // --memory huge maps the buffers with transparent huge pages advised (madvise MADV_HUGEPAGE, as hosts with
 // THP in `madvise` mode need); plain uses the ordinary host allocator. (NOTE [Host state memory] in
 // core/Allocator.h: the measurement that left huge pages out of the host state.)
@@ -90,8 +93,8 @@ bool sameBits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
-// Every path against scalar on a few odd-sized sets, three steps.
-bool checkAgainstScalar(CpuIsa isa, std::optional<DType> copy) {
+// Every path, with each way of storing, against scalar on a few odd-sized sets, three steps.
+bool checkAgainstScalar(CpuIsa isa, std::optional<DType> copy, const ops::cpu::CpuAdamWOptions& options) {
   auto make = [&] {
     std::vector<ops::AdamWTensors> sets;
     for (int64_t n : {3, 1001, 65537}) sets.push_back(makeSet(n, copy));
@@ -100,7 +103,7 @@ bool checkAgainstScalar(CpuIsa isa, std::optional<DType> copy) {
   auto reference = make(), candidate = make();
   for (int step = 1; step <= 3; ++step) {
     ops::cpu::adamwOnPath(CpuIsa::Scalar, reference, hyperAt(step), 0.7f);
-    ops::cpu::adamwOnPath(isa, candidate, hyperAt(step), 0.7f);
+    ops::cpu::adamwOnPath(isa, candidate, hyperAt(step), 0.7f, options);
   }
   for (size_t i = 0; i < reference.size(); ++i) {
     const auto &r = reference[i], &c = candidate[i];
@@ -118,6 +121,8 @@ int main(int argc, char** argv) {
   std::vector<int> threadCounts = {1, 2, 4, 8, 16};
   std::string isaArg = "best", copyArg = "bf16";
   std::vector<ops::cpu::CpuSplit> splits = {ops::cpu::activeCpuSplit()};
+  std::vector<ops::cpu::CpuStores> storesList = {ops::cpu::activeCpuStores()};
+  std::vector<int> prefetches = {int(ops::cpu::activeCpuPrefetch())};
   int repeats = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
@@ -142,6 +147,23 @@ int main(int argc, char** argv) {
       splits.clear();
       if (v != "steal") splits.push_back(ops::cpu::CpuSplit::Static);
       if (v != "static") splits.push_back(ops::cpu::CpuSplit::Steal);
+    } else if (a == "--stores") {
+      std::string v = argv[i + 1] == std::string("all") ? "plain,copy,stream" : argv[i + 1];
+      storesList.clear();
+      std::stringstream in(v);
+      for (std::string item; std::getline(in, item, ',');) {
+        auto known = {ops::cpu::CpuStores::Plain, ops::cpu::CpuStores::Copy, ops::cpu::CpuStores::Stream};
+        auto it = std::find_if(known.begin(), known.end(),
+                               [&](ops::cpu::CpuStores s) { return item == ops::cpu::cpuStoresName(s); });
+        if (it == known.end()) {
+          std::fprintf(stderr, "bench_cpu_adamw: --stores %s: expected plain, copy, stream or all\n",
+                       item.c_str());
+          return 2;
+        }
+        storesList.push_back(*it);
+      }
+    } else if (a == "--prefetch") {
+      prefetches = parseList(argv[i + 1]);
     } else {
       std::fprintf(stderr, "bench_cpu_adamw: unknown argument %s\n", a.c_str());
       return 2;
@@ -160,11 +182,15 @@ int main(int argc, char** argv) {
       std::printf("# %s: not supported by this CPU, skipped\n", ops::cpu::cpuIsaName(isa));
       continue;
     }
-    if (!checkAgainstScalar(isa, copy)) {
-      std::fprintf(stderr, "bench_cpu_adamw: the %s path differs from the scalar path\n",
-                   ops::cpu::cpuIsaName(isa));
-      return 1;
-    }
+    for (ops::cpu::CpuStores stores : storesList)
+      for (int prefetch : prefetches)
+        if (!checkAgainstScalar(isa, copy, {.stores = stores, .prefetchElems = prefetch})) {
+          std::fprintf(stderr,
+                       "bench_cpu_adamw: the %s path with %s stores and prefetch %d differs from the scalar "
+                       "path\n",
+                       ops::cpu::cpuIsaName(isa), ops::cpu::cpuStoresName(stores), prefetch);
+          return 1;
+        }
     paths.push_back(isa);
   }
   if (paths.empty()) {
@@ -183,6 +209,8 @@ int main(int argc, char** argv) {
     std::string path;
     int threads;
     double ms, gparams, gbs;
+    const char* stores;
+    int prefetch;
   };
   std::vector<Row> rows;
   int step = 0;
@@ -192,28 +220,44 @@ int main(int argc, char** argv) {
           std::string(ops::cpu::cpuIsaName(isa)) + (split == ops::cpu::CpuSplit::Steal ? "-steal" : "");
       for (int threads : threadCounts) {
         omp_set_num_threads(threads);
-        ops::cpu::adamwOnPath(isa, sets, hyperAt(++step), 1.0f,
-                              split);  // warm-up: threads started and pinned
-        std::vector<double> ms;
-        for (int r = 0; r < repeats; ++r) {
-          auto start = std::chrono::steady_clock::now();
-          ops::cpu::adamwOnPath(isa, sets, hyperAt(++step), 1.0f, split);
-          ms.push_back(
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+        // The scalar path stores plainly and never prefetches: one run.
+        bool scalar = isa == CpuIsa::Scalar;
+        for (int prefetch : scalar ? std::vector<int>{0} : prefetches) {
+          for (ops::cpu::CpuStores stores :
+               scalar ? std::vector<ops::cpu::CpuStores>{ops::cpu::CpuStores::Plain} : storesList) {
+            ops::cpu::CpuAdamWOptions options{.split = split, .stores = stores, .prefetchElems = prefetch};
+            // Warm-up: threads started and pinned.
+            ops::cpu::adamwOnPath(isa, sets, hyperAt(++step), 1.0f, options);
+            std::vector<double> ms;
+            for (int r = 0; r < repeats; ++r) {
+              auto start = std::chrono::steady_clock::now();
+              ops::cpu::adamwOnPath(isa, sets, hyperAt(++step), 1.0f, options);
+              ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                               .count());
+            }
+            std::sort(ms.begin(), ms.end());
+            double median = ms[ms.size() / 2];
+            Row row{path,
+                    threads,
+                    median,
+                    double(params) / (median * 1e-3) / 1e9,
+                    double(params) * bytesPerParam / (median * 1e-3) / 1e9,
+                    ops::cpu::cpuStoresName(stores),
+                    prefetch};
+            rows.push_back(row);
+            std::printf("cpu_adamw %s %d %lld %.3f %.3f %.1f %s %d\n", path.c_str(), threads,
+                        (long long)params, row.ms, row.gparams, row.gbs, row.stores, row.prefetch);
+            std::fflush(stdout);
+          }
         }
-        std::sort(ms.begin(), ms.end());
-        double median = ms[ms.size() / 2];
-        Row row{path, threads, median, double(params) / (median * 1e-3) / 1e9,
-                double(params) * bytesPerParam / (median * 1e-3) / 1e9};
-        rows.push_back(row);
-        std::printf("cpu_adamw %s %d %lld %.3f %.3f %.1f\n", path.c_str(), threads, (long long)params, row.ms,
-                    row.gparams, row.gbs);
-        std::fflush(stdout);
       }
     }
   }
-  std::printf("\n| path | threads | ms/step | Gparam/s | GB/s |\n|---|---:|---:|---:|---:|\n");
+  std::printf(
+      "\n| path | stores | prefetch | threads | ms/step | Gparam/s | GB/s "
+      "|\n|---|---|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows)
-    std::printf("| %s | %d | %.2f | %.3f | %.1f |\n", r.path.c_str(), r.threads, r.ms, r.gparams, r.gbs);
+    std::printf("| %s | %s | %d | %d | %.2f | %.3f | %.1f |\n", r.path.c_str(), r.stores, r.prefetch,
+                r.threads, r.ms, r.gparams, r.gbs);
   return 0;
 }

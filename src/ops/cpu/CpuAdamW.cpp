@@ -1,8 +1,9 @@
 // CPU AdamW: one fused pass over every tensor set. Each element reads the fp32 master, m, v and the gradient
 // and writes the master, m, v and the parameter's copy (bf16, f16 or f32) in the same loop iteration, so the
 // state streams through memory once: 16 bytes read and 12 + 2 written per parameter with a 16-bit copy.
-// The 16-bit copy is written with non-temporal stores: nothing reads it back on the CPU soon (it is copied to
-// the device), and a plain store would first read each of its lines from memory (2 more bytes per parameter).
+// The copy is written with non-temporal stores by default: nothing reads it back on the CPU soon (it is
+// copied to the device), and a plain store would first read each of its lines from memory (2 more bytes per
+// parameter). NOTE [CPU AdamW stores]: the choices, master, m and v included.
 //
 // Paths: AVX-512, AVX2 and scalar, chosen at run time (NOTE [CPU AdamW paths] in CpuAdamW.h). The vector
 // paths are functions with a target attribute, so the library builds for baseline x86-64 and only calls
@@ -79,6 +80,9 @@ struct AdamConsts {
   // negated would differ from one that used fmsub when the step is NaN.
   float scale, negLr, beta1, oneMinusBeta1, beta2, oneMinusBeta2, eps, c1,
       c2;  // c1, c2: 1 / bias corrections
+  // How the vector paths store and prefetch (NOTE [CPU AdamW stores]); the scalar path ignores both.
+  CpuStores stores;
+  int64_t prefetchElems;
 };
 
 // ---- scalar: the reference order of operations, and the vector paths' tails
@@ -110,6 +114,96 @@ void scalarRange(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t 
 }
 
 #if STRATA_CPU_X86
+
+// ---- the vector paths' common frame
+
+// NOTE [CPU AdamW stores]
+// The vector paths walk 32 elements an iteration, so that every stream's stores fill whole 64-byte lines: two
+// lines of each fp32 stream, one of a 16-bit copy. Before the loop, scalar code takes the elements up to
+// the first line boundary of the copy (16-bit) or else of the master. How the loop stores (CpuStores):
+//  - plain: ordinary stores everywhere. A store to a line the core does not hold first reads the line
+//    (read-for-ownership): the copy, which nothing reads, costs 2 bytes read per parameter on top.
+//  - copy: the copy (16-bit or fp32) with non-temporal stores, a whole line per store on AVX-512 (two back
+//    to back on AVX2): no read-for-ownership, and nothing of the copy left in the caches. The copy goes to
+//    the device; nothing on the CPU reads it back.
+//  - stream: the master, m and v too. Their lines were just read, so there is no read-for-ownership to
+//    save, but their write-back goes straight to memory instead of through the caches (dirty lines evicted
+//    from L2 to a non-inclusive L3 and then to memory on Intel servers), and nothing reads them before the
+//    next step. It needs master, m and v on the same 64-byte phase as the anchor; where they are not, they
+//    fall back to plain stores.
+// Every range that stored non-temporally ends in an sfence, so its stores are visible before the thread
+// reaches the barrier that ends the update, and so before the caller hands the staging to the device
+// (copyAsync after ops::adamw returns). The stores do not change a bit of the result.
+// STRATA_CPU_PREFETCH=N (elements, default 0) adds software prefetches N elements ahead of the loads.
+
+inline bool lineAligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 64 == 0;
+}
+
+// The end of the scalar head: the first element from `begin` at which the anchor (the 16-bit copy, else
+// the master) starts a 64-byte line, or `end`.
+int64_t headEnd(const AdamSpan& s, int64_t begin, int64_t end) {
+  bool halfCopy = s.kind == CopyKind::BF16 || s.kind == CopyKind::F16;
+  uintptr_t at = halfCopy ? reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(s.copy) + begin)
+                          : reinterpret_cast<uintptr_t>(s.param + begin);
+  return std::min(end, begin + int64_t((64 - at % 64) % 64 / (halfCopy ? 2 : 4)));
+}
+
+// Which streams the loop from element i stores non-temporally (NOTE [CPU AdamW stores]): only those that
+// start a 64-byte line there, which non-temporal vector stores require.
+struct StreamChoice {
+  bool state, copy;
+};
+StreamChoice streamChoice(const AdamSpan& s, const AdamConsts& k, int64_t i) {
+  bool copy = k.stores != CpuStores::Plain && s.kind != CopyKind::None &&
+              lineAligned(static_cast<char*>(s.copy) + i * (s.kind == CopyKind::F32 ? 4 : 2));
+  bool state = k.stores == CpuStores::Stream && lineAligned(s.param + i) && lineAligned(s.m + i) &&
+               lineAligned(s.v + i);
+  return {state, copy};
+}
+
+// Software prefetches for the four read streams, `ahead` elements past i (two fp32 lines each; a 16-bit
+// gradient's one). Prefetches do not fault, so past the end is harmless; the addresses are computed as
+// integers because a pointer past the end is not one C++ lets us form. Always inlined: GCC finds that a
+// function holding only prefetches has no effect and drops its calls.
+[[gnu::always_inline]] inline void prefetchLine(const void* base, int64_t byteOffset) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + uintptr_t(byteOffset)),
+               _MM_HINT_T0);
+}
+
+template <GradKind kGrad>
+[[gnu::always_inline]] inline void prefetchAt(const AdamSpan& s, int64_t i, int64_t ahead) {
+  int64_t at = (i + ahead) * 4;
+  for (const float* stream : {s.param, s.m, s.v}) {
+    prefetchLine(stream, at);
+    prefetchLine(stream, at + 64);
+  }
+  if constexpr (kGrad == GradKind::F32) {
+    prefetchLine(s.grad, at);
+    prefetchLine(s.grad, at + 64);
+  } else {
+    prefetchLine(s.grad, at / 2);
+  }
+}
+
+// The vector range: the scalar head, the 32-element loop with the stores chosen for this span, an sfence
+// after non-temporal stores, the scalar tail. Loop<kStreamState, kStreamCopy> returns where it stopped.
+template <template <bool, bool> class Loop>
+void vectorRange(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
+  int64_t i = headEnd(s, begin, end);
+  scalarRange(s, k, begin, i);
+  StreamChoice choice = streamChoice(s, k, i);
+  if (choice.state && choice.copy)
+    i = Loop<true, true>::run(s, k, i, end);
+  else if (choice.state)
+    i = Loop<true, false>::run(s, k, i, end);
+  else if (choice.copy)
+    i = Loop<false, true>::run(s, k, i, end);
+  else
+    i = Loop<false, false>::run(s, k, i, end);
+  if (choice.state || choice.copy) _mm_sfence();
+  scalarRange(s, k, i, end);
+}
 
 // ---- AVX-512 (avx512f for the arithmetic; bw and vl come with every AVX-512 server CPU since Skylake-SP)
 
@@ -148,42 +242,69 @@ STRATA_AVX512 inline __m512 gradsAt(const void* grad, int64_t i) {
   return _mm512_cvtph_ps(bits);
 }
 
+template <bool kStream>
+STRATA_AVX512 inline void put(float* at, __m512 x) {
+  if constexpr (kStream)
+    _mm512_stream_ps(at, x);
+  else
+    _mm512_storeu_ps(at, x);
+}
+
 template <CopyKind kKind, GradKind kGrad>
-STRATA_AVX512 void avx512Range(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
-  const __m512 scale = _mm512_set1_ps(k.scale), negLr = _mm512_set1_ps(k.negLr), eps = _mm512_set1_ps(k.eps);
-  const __m512 beta1 = _mm512_set1_ps(k.beta1), oneMinusBeta1 = _mm512_set1_ps(k.oneMinusBeta1);
-  const __m512 beta2 = _mm512_set1_ps(k.beta2), oneMinusBeta2 = _mm512_set1_ps(k.oneMinusBeta2);
-  const __m512 c1 = _mm512_set1_ps(k.c1), c2 = _mm512_set1_ps(k.c2), decay = _mm512_set1_ps(s.decay);
-  // Locals: the stores below could otherwise alias `s` and make the compiler reload every pointer.
-  float *param = s.param, *firstMoment = s.m, *secondMoment = s.v;
-  const void* grad = s.grad;
-  void* copy = s.copy;
-  int64_t i = begin;
-  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) {
-    // Up to 15 elements in scalar code so that the copy's vector stores below are 32-byte aligned.
-    auto address = reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(copy) + begin);
-    i = std::min(end, begin + int64_t(((32 - address % 32) % 32) / 2));
-    scalarRange(s, k, begin, i);
-  }
-  for (; i + 16 <= end; i += 16) {
-    __m512 g = _mm512_mul_ps(gradsAt<kGrad>(grad, i), scale);
-    __m512 m = _mm512_fmadd_ps(beta1, _mm512_loadu_ps(firstMoment + i), _mm512_mul_ps(oneMinusBeta1, g));
-    __m512 v = _mm512_fmadd_ps(beta2, _mm512_loadu_ps(secondMoment + i),
-                               _mm512_mul_ps(_mm512_mul_ps(oneMinusBeta2, g), g));
-    __m512 update = _mm512_div_ps(_mm512_mul_ps(negLr, _mm512_mul_ps(m, c1)),
-                                  _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(v, c2)), eps));
-    __m512 p = _mm512_fmadd_ps(_mm512_loadu_ps(param + i), decay, update);
-    _mm512_storeu_ps(firstMoment + i, m);
-    _mm512_storeu_ps(secondMoment + i, v);
-    _mm512_storeu_ps(param + i, p);
-    if constexpr (kKind == CopyKind::F32) _mm512_storeu_ps(static_cast<float*>(copy) + i, p);
-    if constexpr (kKind == CopyKind::BF16)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(copy) + i), bf16Of(p));
-    if constexpr (kKind == CopyKind::F16)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(copy) + i), halfOf(p));
-  }
-  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) _mm_sfence();
-  scalarRange(s, k, i, end);
+struct Avx512 {
+  template <bool kStreamState, bool kStreamCopy>
+  struct Loop {
+    STRATA_AVX512 static int64_t run(const AdamSpan& s, const AdamConsts& k, int64_t i, int64_t end) {
+      const __m512 scale = _mm512_set1_ps(k.scale), negLr = _mm512_set1_ps(k.negLr);
+      const __m512 eps = _mm512_set1_ps(k.eps), decay = _mm512_set1_ps(s.decay);
+      const __m512 beta1 = _mm512_set1_ps(k.beta1), oneMinusBeta1 = _mm512_set1_ps(k.oneMinusBeta1);
+      const __m512 beta2 = _mm512_set1_ps(k.beta2), oneMinusBeta2 = _mm512_set1_ps(k.oneMinusBeta2);
+      const __m512 c1 = _mm512_set1_ps(k.c1), c2 = _mm512_set1_ps(k.c2);
+      // Locals: the stores below could otherwise alias `s` and make the compiler reload every pointer.
+      float *param = s.param, *firstMoment = s.m, *secondMoment = s.v;
+      const void* grad = s.grad;
+      void* copy = s.copy;
+      const int64_t ahead = k.prefetchElems;
+      for (; i + 32 <= end; i += 32) {
+        if (ahead > 0) prefetchAt<kGrad>(s, i, ahead);
+        __m512 p[2];
+        for (int h = 0; h < 2; ++h) {
+          int64_t j = i + 16 * h;
+          __m512 g = _mm512_mul_ps(gradsAt<kGrad>(grad, j), scale);
+          __m512 m =
+              _mm512_fmadd_ps(beta1, _mm512_loadu_ps(firstMoment + j), _mm512_mul_ps(oneMinusBeta1, g));
+          __m512 v = _mm512_fmadd_ps(beta2, _mm512_loadu_ps(secondMoment + j),
+                                     _mm512_mul_ps(_mm512_mul_ps(oneMinusBeta2, g), g));
+          __m512 update = _mm512_div_ps(_mm512_mul_ps(negLr, _mm512_mul_ps(m, c1)),
+                                        _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(v, c2)), eps));
+          p[h] = _mm512_fmadd_ps(_mm512_loadu_ps(param + j), decay, update);
+          put<kStreamState>(firstMoment + j, m);
+          put<kStreamState>(secondMoment + j, v);
+          put<kStreamState>(param + j, p[h]);
+        }
+        if constexpr (kKind == CopyKind::F32) {
+          put<kStreamCopy>(static_cast<float*>(copy) + i, p[0]);
+          put<kStreamCopy>(static_cast<float*>(copy) + i + 16, p[1]);
+        }
+        if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) {
+          __m512i line = kKind == CopyKind::BF16
+                             ? _mm512_inserti64x4(_mm512_castsi256_si512(bf16Of(p[0])), bf16Of(p[1]), 1)
+                             : _mm512_inserti64x4(_mm512_castsi256_si512(halfOf(p[0])), halfOf(p[1]), 1);
+          auto* at = reinterpret_cast<__m512i*>(static_cast<uint16_t*>(copy) + i);
+          if constexpr (kStreamCopy)
+            _mm512_stream_si512(at, line);
+          else
+            _mm512_storeu_si512(at, line);
+        }
+      }
+      return i;
+    }
+  };
+};
+
+template <CopyKind kKind, GradKind kGrad>
+void avx512Range(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
+  vectorRange<Avx512<kKind, kGrad>::template Loop>(s, k, begin, end);
 }
 
 // ---- AVX2
@@ -218,41 +339,74 @@ STRATA_AVX2 inline __m256 gradsAt8(const void* grad, int64_t i) {
   return _mm256_cvtph_ps(bits);
 }
 
+template <bool kStream>
+STRATA_AVX2 inline void put(float* at, __m256 x) {
+  if constexpr (kStream)
+    _mm256_stream_ps(at, x);
+  else
+    _mm256_storeu_ps(at, x);
+}
+
+template <bool kStream>
+STRATA_AVX2 inline void put(__m256i* at, __m256i x) {
+  if constexpr (kStream)
+    _mm256_stream_si256(at, x);
+  else
+    _mm256_storeu_si256(at, x);
+}
+
 template <CopyKind kKind, GradKind kGrad>
-STRATA_AVX2 void avx2Range(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
-  const __m256 scale = _mm256_set1_ps(k.scale), negLr = _mm256_set1_ps(k.negLr), eps = _mm256_set1_ps(k.eps);
-  const __m256 beta1 = _mm256_set1_ps(k.beta1), oneMinusBeta1 = _mm256_set1_ps(k.oneMinusBeta1);
-  const __m256 beta2 = _mm256_set1_ps(k.beta2), oneMinusBeta2 = _mm256_set1_ps(k.oneMinusBeta2);
-  const __m256 c1 = _mm256_set1_ps(k.c1), c2 = _mm256_set1_ps(k.c2), decay = _mm256_set1_ps(s.decay);
-  float *param = s.param, *firstMoment = s.m, *secondMoment = s.v;
-  const void* grad = s.grad;
-  void* copy = s.copy;
-  int64_t i = begin;
-  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) {
-    // Up to 7 elements in scalar code so that the copy's vector stores below are 16-byte aligned.
-    auto address = reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(copy) + begin);
-    i = std::min(end, begin + int64_t(((16 - address % 16) % 16) / 2));
-    scalarRange(s, k, begin, i);
-  }
-  for (; i + 8 <= end; i += 8) {
-    __m256 g = _mm256_mul_ps(gradsAt8<kGrad>(grad, i), scale);
-    __m256 m = _mm256_fmadd_ps(beta1, _mm256_loadu_ps(firstMoment + i), _mm256_mul_ps(oneMinusBeta1, g));
-    __m256 v = _mm256_fmadd_ps(beta2, _mm256_loadu_ps(secondMoment + i),
-                               _mm256_mul_ps(_mm256_mul_ps(oneMinusBeta2, g), g));
-    __m256 update = _mm256_div_ps(_mm256_mul_ps(negLr, _mm256_mul_ps(m, c1)),
-                                  _mm256_add_ps(_mm256_sqrt_ps(_mm256_mul_ps(v, c2)), eps));
-    __m256 p = _mm256_fmadd_ps(_mm256_loadu_ps(param + i), decay, update);
-    _mm256_storeu_ps(firstMoment + i, m);
-    _mm256_storeu_ps(secondMoment + i, v);
-    _mm256_storeu_ps(param + i, p);
-    if constexpr (kKind == CopyKind::F32) _mm256_storeu_ps(static_cast<float*>(copy) + i, p);
-    if constexpr (kKind == CopyKind::BF16)
-      _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(copy) + i), bf16Of(p));
-    if constexpr (kKind == CopyKind::F16)
-      _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(copy) + i), halfOf(p));
-  }
-  if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) _mm_sfence();
-  scalarRange(s, k, i, end);
+struct Avx2 {
+  template <bool kStreamState, bool kStreamCopy>
+  struct Loop {
+    STRATA_AVX2 static int64_t run(const AdamSpan& s, const AdamConsts& k, int64_t i, int64_t end) {
+      const __m256 scale = _mm256_set1_ps(k.scale), negLr = _mm256_set1_ps(k.negLr);
+      const __m256 eps = _mm256_set1_ps(k.eps), decay = _mm256_set1_ps(s.decay);
+      const __m256 beta1 = _mm256_set1_ps(k.beta1), oneMinusBeta1 = _mm256_set1_ps(k.oneMinusBeta1);
+      const __m256 beta2 = _mm256_set1_ps(k.beta2), oneMinusBeta2 = _mm256_set1_ps(k.oneMinusBeta2);
+      const __m256 c1 = _mm256_set1_ps(k.c1), c2 = _mm256_set1_ps(k.c2);
+      float *param = s.param, *firstMoment = s.m, *secondMoment = s.v;
+      const void* grad = s.grad;
+      void* copy = s.copy;
+      const int64_t ahead = k.prefetchElems;
+      for (; i + 32 <= end; i += 32) {
+        if (ahead > 0) prefetchAt<kGrad>(s, i, ahead);
+        __m256 p[4];
+        for (int q = 0; q < 4; ++q) {
+          int64_t j = i + 8 * q;
+          __m256 g = _mm256_mul_ps(gradsAt8<kGrad>(grad, j), scale);
+          __m256 m =
+              _mm256_fmadd_ps(beta1, _mm256_loadu_ps(firstMoment + j), _mm256_mul_ps(oneMinusBeta1, g));
+          __m256 v = _mm256_fmadd_ps(beta2, _mm256_loadu_ps(secondMoment + j),
+                                     _mm256_mul_ps(_mm256_mul_ps(oneMinusBeta2, g), g));
+          __m256 update = _mm256_div_ps(_mm256_mul_ps(negLr, _mm256_mul_ps(m, c1)),
+                                        _mm256_add_ps(_mm256_sqrt_ps(_mm256_mul_ps(v, c2)), eps));
+          p[q] = _mm256_fmadd_ps(_mm256_loadu_ps(param + j), decay, update);
+          put<kStreamState>(firstMoment + j, m);
+          put<kStreamState>(secondMoment + j, v);
+          put<kStreamState>(param + j, p[q]);
+        }
+        if constexpr (kKind == CopyKind::F32)
+          for (int q = 0; q < 4; ++q) put<kStreamCopy>(static_cast<float*>(copy) + i + 8 * q, p[q]);
+        if constexpr (kKind == CopyKind::BF16 || kKind == CopyKind::F16) {
+          // One 64-byte line in two stores, back to back (the write-combining buffer sees a whole line).
+          auto* at = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(copy) + i);
+          for (int half = 0; half < 2; ++half) {
+            __m256 lo = p[2 * half], hi = p[2 * half + 1];
+            __m256i bits = kKind == CopyKind::BF16 ? _mm256_set_m128i(bf16Of(hi), bf16Of(lo))
+                                                   : _mm256_set_m128i(halfOf(hi), halfOf(lo));
+            put<kStreamCopy>(at + half, bits);
+          }
+        }
+      }
+      return i;
+    }
+  };
+};
+
+template <CopyKind kKind, GradKind kGrad>
+void avx2Range(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
+  vectorRange<Avx2<kKind, kGrad>::template Loop>(s, k, begin, end);
 }
 
 #endif  // STRATA_CPU_X86
@@ -429,6 +583,9 @@ void pinWorker(int thread, int threads) {
 // takes the blocks still left in the others'. Which thread updates an element does not change its bits.
 // STRATA_CPU_SPLIT=static (the default) keeps the plain split; bench_cpu_adamw --split measures both.
 constexpr int kMaxSplitThreads = 256;
+
+// STRATA_CPU_STORES unset (NOTE [CPU AdamW stores]); bench_cpu_adamw --stores measures the three.
+constexpr CpuStores kDefaultStores = CpuStores::Copy;
 constexpr int64_t kSplitBlock = 32768;
 
 CpuIsa resolveIsa() {
@@ -498,9 +655,52 @@ CpuIsa activeCpuIsa() {
   return isa;
 }
 
+const char* cpuStoresName(CpuStores stores) {
+  switch (stores) {
+    case CpuStores::Plain:
+      return "plain";
+    case CpuStores::Copy:
+      return "copy";
+    case CpuStores::Stream:
+      return "stream";
+  }
+  return "?";
+}
+
+CpuStores activeCpuStores() {
+  static const CpuStores stores = [] {
+    const char* text = std::getenv("STRATA_CPU_STORES");
+    std::string name = text != nullptr ? text : "";
+    STRATA_USER_CHECK(name.empty() || name == "plain" || name == "copy" || name == "stream",
+                      "STRATA_CPU_STORES={}: expected plain, copy or stream", name);
+    return name == "plain" ? CpuStores::Plain : name == "stream" ? CpuStores::Stream : kDefaultStores;
+  }();
+  return stores;
+}
+
+int64_t activeCpuPrefetch() {
+  static const int64_t elems = [] {
+    const char* text = std::getenv("STRATA_CPU_PREFETCH");
+    if (text == nullptr || *text == 0) return int64_t(0);
+    char* end = nullptr;
+    long long n = std::strtoll(text, &end, 10);
+    STRATA_USER_CHECK(*end == 0 && n >= 0,
+                      "STRATA_CPU_PREFETCH={}: expected a count of elements >= 0 (0: no software prefetch)",
+                      text);
+    return int64_t(n);
+  }();
+  return elems;
+}
+
 void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWHyper& h, float gradScale,
                  CpuSplit split) {
+  adamwOnPath(isa, sets, h, gradScale, CpuAdamWOptions{.split = split});
+}
+
+void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWHyper& h, float gradScale,
+                 const CpuAdamWOptions& options) {
   STRATA_CHECK(cpuIsaSupported(isa), "adamw: this CPU does not run the {} path", cpuIsaName(isa));
+  CpuSplit split = options.split;
   AdamConsts k{.scale = gradScale,
                .negLr = -h.lr,
                .beta1 = h.beta1,
@@ -509,7 +709,9 @@ void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWH
                .oneMinusBeta2 = 1.0f - h.beta2,
                .eps = h.eps,
                .c1 = 1.0f / h.biasCorrection1,
-               .c2 = 1.0f / h.biasCorrection2};
+               .c2 = 1.0f / h.biasCorrection2,
+               .stores = options.stores,
+               .prefetchElems = options.prefetchElems};
   int64_t total = 0;
   for (const auto& s : sets) total += s.param.numel();
   int threads = int(std::clamp<int64_t>(total / kParallelGrain, 1, omp_get_max_threads()));

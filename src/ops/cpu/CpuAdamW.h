@@ -31,7 +31,27 @@ const char* cpuSplitName(CpuSplit split);
 // STRATA_CPU_SPLIT=static|steal (default static), read once.
 CpuSplit activeCpuSplit();
 
+// How the vector paths store the outputs (NOTE [CPU AdamW stores] in CpuAdamW.cpp): plain stores, the
+// parameter's copy non-temporally, or the master, m and v non-temporally too. Every choice gives the same
+// bits.
+enum class CpuStores { Plain, Copy, Stream };
+
+const char* cpuStoresName(CpuStores stores);
+// STRATA_CPU_STORES=plain|copy|stream (default copy), read once.
+CpuStores activeCpuStores();
+// STRATA_CPU_PREFETCH=N: software prefetches N elements ahead of the vector paths' loads (default 0: the
+// hardware prefetchers alone), read once.
+int64_t activeCpuPrefetch();
+
+struct CpuAdamWOptions {
+  CpuSplit split = activeCpuSplit();
+  CpuStores stores = activeCpuStores();
+  int64_t prefetchElems = activeCpuPrefetch();
+};
+
 void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, float gradScale,
                  CpuSplit split = activeCpuSplit());
+void adamwOnPath(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, float gradScale,
+                 const CpuAdamWOptions& options);
 
 }  // namespace strata::ops::cpu

@@ -304,3 +304,77 @@ TEST_CASE("CPU AdamW: bf16 and f16 gradients update as their fp32 widening does,
     }
   }
 }
+
+TEST_CASE("CPU AdamW: plain, copy-streaming and streaming stores give the same bits at any length and start",
+          "[optim][adamw][cpu]") {
+  // NOTE [CPU AdamW stores]: the vector loops store whole 64-byte lines after a scalar head that reaches the
+  // anchor's line boundary. Sets of odd lengths (shorter than a line, one element either side of a loop
+  // iteration) start 0, 1, 5 or 17 elements into 64-byte aligned buffers, the copy on the state's phase (the
+  // streaming loop runs) or off it (master, m and v fall back to plain stores), with 40 guard elements after
+  // each: the result is the scalar path's, bit for bit, and nothing outside a set's elements is written.
+  // Three threads, so that their ranges start mid-set at other phases.
+  int before = omp_get_max_threads();
+  omp_set_num_threads(3);
+  constexpr int64_t kGuard = 40;
+  struct Buffers {
+    std::vector<Tensor> whole;  // param, grad, m, v, copy (undefined without one), guards included
+    std::vector<ops::AdamWTensors> sets;
+  };
+  auto makeBuffers = [&](std::optional<DType> copy, DType gradDType) {
+    Generator gen(77);
+    Buffers b;
+    int index = 0;
+    for (int64_t n : {1, 31, 32, 33, 63, 95, 97, 1000, 4099, 70001}) {
+      int64_t skip = std::vector<int64_t>{0, 1, 5, 17}[size_t(index) % 4];
+      int64_t copySkip = index % 3 == 2 ? skip + 3 : skip;  // every third set's copy off the state's phase
+      ++index;
+      Tensor param = ops::rand({skip + n + kGuard}, gen, DType::F32, Device::cpu(), -1, 1);
+      Tensor grad = ops::randn({skip + n + kGuard}, gen, DType::F32, Device::cpu()).to(gradDType);
+      Tensor m = ops::rand({skip + n + kGuard}, gen, DType::F32, Device::cpu(), -0.1, 0.1);
+      Tensor v = ops::rand({skip + n + kGuard}, gen, DType::F32, Device::cpu(), 0, 0.01);
+      Tensor c;
+      if (copy) {
+        c = Tensor::empty({copySkip + n + kGuard}, *copy);
+        std::memset(c.data(), 0x5a, c.nbytes());
+      }
+      b.whole.insert(b.whole.end(), {param, grad, m, v, c});
+      b.sets.push_back(ops::AdamWTensors{param.narrow(0, skip, n), grad.narrow(0, skip, n),
+                                         m.narrow(0, skip, n), v.narrow(0, skip, n), 0.1f,
+                                         copy ? c.narrow(0, copySkip, n) : Tensor()});
+    }
+    return b;
+  };
+  auto paths = vectorPaths();
+  for (DType gradDType : {DType::F32, DType::BF16}) {
+    for (std::optional<DType> copy : {std::optional<DType>(), std::optional(DType::BF16),
+                                      std::optional(DType::F16), std::optional(DType::F32)}) {
+      Buffers reference = makeBuffers(copy, gradDType);
+      for (int step = 1; step <= 2; ++step)
+        ops::cpu::adamwOnPath(CpuIsa::Scalar, reference.sets, hyperAt(step), 0.37f);
+      for (CpuIsa isa : paths) {
+        for (auto stores :
+             {ops::cpu::CpuStores::Plain, ops::cpu::CpuStores::Copy, ops::cpu::CpuStores::Stream}) {
+          for (int64_t prefetch : {0, 256}) {
+            INFO("gradients " << dtypeName(gradDType) << ", copy " << (copy ? dtypeName(*copy) : "none")
+                              << ", path " << ops::cpu::cpuIsaName(isa) << ", stores "
+                              << ops::cpu::cpuStoresName(stores) << ", prefetch " << prefetch);
+            Buffers run = makeBuffers(copy, gradDType);
+            ops::cpu::CpuAdamWOptions options{
+                .split = ops::cpu::CpuSplit::Static, .stores = stores, .prefetchElems = prefetch};
+            for (int step = 1; step <= 2; ++step)
+              ops::cpu::adamwOnPath(isa, run.sets, hyperAt(step), 0.37f, options);
+            for (size_t t = 0; t < run.whole.size(); ++t) {
+              if (!run.whole[t].defined()) continue;
+              INFO("set " << t / 5 << ", buffer " << t % 5 << " (param, grad, m, v, copy)");
+              REQUIRE(firstDifference(bytesOf(run.whole[t]), bytesOf(reference.whole[t])) == -1);
+            }
+          }
+        }
+      }
+    }
+  }
+  omp_set_num_threads(before);
+  REQUIRE(std::string(ops::cpu::cpuStoresName(ops::cpu::CpuStores::Plain)) == "plain");
+  REQUIRE(std::string(ops::cpu::cpuStoresName(ops::cpu::CpuStores::Copy)) == "copy");
+  REQUIRE(std::string(ops::cpu::cpuStoresName(ops::cpu::CpuStores::Stream)) == "stream");
+}
