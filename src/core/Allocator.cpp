@@ -65,10 +65,7 @@ void countAllocation(AllocatorStats& stats, size_t bytes) {
   stats.numAllocations++;
   stats.numRawAllocations++;
   stats.peakAllocatedBytes = std::max(stats.peakAllocatedBytes, stats.allocatedBytes);
-  if (stats.reservedBytes >= stats.peakReservedBytes) {
-    stats.peakReservedBytes = stats.reservedBytes;
-    stats.allocatedAtPeakReservedBytes = stats.allocatedBytes;
-  }
+  stats.peakReservedBytes = std::max(stats.peakReservedBytes, stats.reservedBytes);
 }
 void countFree(AllocatorStats& stats, size_t bytes) {
   stats.allocatedBytes -= bytes;
@@ -108,8 +105,7 @@ class CpuAllocator final : public Allocator {
   std::string name() const override { return "cpu"; }
   void resetPeakStats() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    stats_.peakAllocatedBytes = stats_.peakReservedBytes = stats_.allocatedAtPeakReservedBytes =
-        stats_.allocatedBytes;
+    stats_.peakAllocatedBytes = stats_.peakReservedBytes = stats_.allocatedBytes;
   }
 
  private:
@@ -319,10 +315,7 @@ void* BlockCachingAllocator::tryAllocate(size_t bytes, const Stream& stream) {
   stats_.allocatedBytes += size;
   stats_.reservedBytes += size;
   stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
-  if (stats_.reservedBytes >= stats_.peakReservedBytes) {
-    stats_.peakReservedBytes = stats_.reservedBytes;
-    stats_.allocatedAtPeakReservedBytes = stats_.allocatedBytes;
-  }
+  stats_.peakReservedBytes = std::max(stats_.peakReservedBytes, stats_.reservedBytes);
   return p;
 }
 
@@ -436,7 +429,6 @@ void BlockCachingAllocator::resetPeakStats() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peakAllocatedBytes = stats_.allocatedBytes;
   stats_.peakReservedBytes = stats_.reservedBytes;
-  stats_.allocatedAtPeakReservedBytes = stats_.allocatedBytes;
 }
 
 void BlockCachingAllocator::releaseCachedLocked(size_t target) {

@@ -87,7 +87,7 @@ void* ExpandableAllocator::tryAllocate(size_t bytes, const Stream& stream) {
   // Out of pages: wait for the blocks other streams still use, give back every page that only free blocks
   // cover (of every pool), and try once more.
   reapPendingLocked(true);
-  unmapFreePagesLocked();
+  if (unmapFreePagesLocked() > 0) stats_.numCacheFlushes++;
   if (void* p = serveLocked(pool, size)) return p;
   stats_.numFailedAllocations++;
   return nullptr;
@@ -203,10 +203,7 @@ void* ExpandableAllocator::handOutLocked(size_t index, size_t offset, uint64_t s
   live_[p] = LiveBlock{index, offset, stream, {}};
   stats_.allocatedBytes += block.size;
   stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
-  if (stats_.reservedBytes >= stats_.peakReservedBytes) {
-    stats_.peakReservedBytes = stats_.reservedBytes;
-    stats_.allocatedAtPeakReservedBytes = stats_.allocatedBytes;
-  }
+  stats_.peakReservedBytes = std::max(stats_.peakReservedBytes, stats_.reservedBytes);
   return p;
 }
 
@@ -290,7 +287,7 @@ void ExpandableAllocator::reapPendingLocked(bool wait) {
   pending_.resize(kept);
 }
 
-void ExpandableAllocator::unmapFreePagesLocked() {
+size_t ExpandableAllocator::unmapFreePagesLocked() {
   const size_t page = pages_.pageBytes;
   bool synchronized = false;
   size_t unmapped = 0;
@@ -319,10 +316,8 @@ void ExpandableAllocator::unmapFreePagesLocked() {
       }
     }
   }
-  if (unmapped > 0) {
-    stats_.reservedBytes -= unmapped;
-    stats_.numCacheFlushes++;
-  }
+  stats_.reservedBytes -= unmapped;
+  return unmapped;
 }
 
 AllocatorStats ExpandableAllocator::stats() const {
@@ -340,7 +335,6 @@ void ExpandableAllocator::resetPeakStats() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peakAllocatedBytes = stats_.allocatedBytes;
   stats_.peakReservedBytes = stats_.reservedBytes;
-  stats_.allocatedAtPeakReservedBytes = stats_.allocatedBytes;
 }
 
 bool ExpandableAllocator::hasCachedFit(size_t bytes) const {

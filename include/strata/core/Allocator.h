@@ -29,14 +29,16 @@
 // streams: cudaFree and cudaFreeHost synchronise the device.
 //
 // NOTE [Fragmentation]
-// A caching allocator's reserve only grows while a request finds no cached block of its size on its stream:
-// memory that is cached but of the wrong sizes (or on another stream) is fragmentation. The stats measure it
-// where it costs: peakReservedBytes is the most taken from the device, and allocatedAtPeakReservedBytes what
-// was handed out at that moment, so their difference (fragmentedAtPeakBytes) is the memory held for nothing
-// when the device was fullest. Failed raw calls (numRawFailures) and the flushes of the cache that retry them
-// (numCacheFlushes) show fragmentation turning into stalls: a flush frees every cached block, and on CUDA
-// cudaFree synchronises the device. Stage 3's gathered chunks come from one reservation of fixed-size slots
-// (zero/ChunkArena.h) so that they add none of it.
+// What an allocator's caching costs is its reserve beyond the need: peakReservedBytes, the most taken from
+// the device, less peakAllocatedBytes, the most handed out at once (fragmentedAtPeakBytes). It is memory
+// cached in the wrong sizes or on another stream when the reserve grew, and it decides how close to the
+// device's end a run can go. (What is reserved but unused at a given moment, the difference of the current
+// figures, says nothing of it: a step's activations are freed by its end, and their memory stays cached for
+// the next step.) Failed raw calls (numRawFailures) and the flushes of the cache that retry them
+// (numCacheFlushes) show fragmentation turning into stalls: a flush waits for the device. The GPU's
+// ExpandableAllocator merges freed neighbours and, out of pages, gives any stream the pages of every free
+// block (NOTE [Expandable segments] in core/ExpandableAllocator.h); stage 3's gathered chunks come from one
+// reservation of fixed-size slots (zero/ChunkArena.h).
 //
 // NOTE [Out of memory]
 // An allocation that cannot be served throws OutOfMemory, never a bare check failure: a user-facing Error
@@ -106,18 +108,17 @@ struct AllocatorStats {
   size_t numCacheHits = 0;
   size_t pendingBytes = 0;      // freed, waiting for other streams' fences before reuse (part of reserved)
   size_t numDeferredFrees = 0;  // frees that had to wait for other streams (see NOTE [Stream-ordered reuse])
-  // Allocated bytes at the moment reserved bytes last reached their peak: with peakReservedBytes, what was
-  // reserved but not handed out when the most memory was taken from the device (NOTE [Fragmentation]).
-  size_t allocatedAtPeakReservedBytes = 0;
-  size_t numRawFailures = 0;        // raw allocator calls that failed (cudaMalloc out of memory)
-  size_t numCacheFlushes = 0;       // times the cache was given back to the raw allocator to retry a call
+  size_t numRawFailures = 0;    // raw allocator calls that failed (cudaMalloc out of memory)
+  size_t numCacheFlushes = 0;   // times the cache was given back to the raw allocator to retry a call
   size_t numFailedAllocations = 0;  // requests that could not be served at all (the caller saw out of memory)
   // Share of reserved memory that is not in use (cached, or lost to rounding inside handed-out blocks).
   double fragmentation() const {
     return reservedBytes == 0 ? 0.0 : 1.0 - double(allocatedBytes) / double(reservedBytes);
   }
-  // Reserved but unused bytes when the reserve peaked (NOTE [Fragmentation]).
-  size_t fragmentedAtPeakBytes() const { return peakReservedBytes - allocatedAtPeakReservedBytes; }
+  // The reserve's peak beyond the most handed out at once (NOTE [Fragmentation]).
+  size_t fragmentedAtPeakBytes() const {
+    return peakReservedBytes > peakAllocatedBytes ? peakReservedBytes - peakAllocatedBytes : 0;
+  }
 };
 
 class Allocator {

@@ -146,8 +146,8 @@ class ExpandableAllocator final : public CachingAllocator {
   // Marks the block free, merges it with free neighbours and files the result in its pool's free set.
   void freeBlockLocked(size_t segment, size_t offset);
   void reapPendingLocked(bool wait);
-  // Unmaps the pages that lie wholly inside free blocks (after waiting for the device).
-  void unmapFreePagesLocked();
+  // Unmaps the pages that lie wholly inside free blocks (after waiting for the device); the bytes unmapped.
+  size_t unmapFreePagesLocked();
   Pool& poolLocked(uint64_t stream, bool small);
 
   Device device_;
