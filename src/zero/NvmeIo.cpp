@@ -252,10 +252,10 @@ class UringBackend final : public IoBackend {
 }  // namespace
 
 void encodePiece(const IoPiece& piece, void* buffer) {
-  const float* src = piece.values;
+  const float* src = static_cast<const float*>(piece.values);
   size_t n = piece.count;
-  if (piece.dtype == DType::F32) {
-    std::memcpy(buffer, src, n * 4);
+  if (piece.memory == piece.dtype) {
+    std::memcpy(buffer, piece.values, n * dtypeSize(piece.dtype));
   } else if (piece.dtype == DType::BF16) {
     BFloat16* d = static_cast<BFloat16*>(buffer);
     for (size_t i = 0; i < n; ++i) d[i] = BFloat16(src[i]);
@@ -268,10 +268,10 @@ void encodePiece(const IoPiece& piece, void* buffer) {
 }
 
 void decodePiece(const IoPiece& piece, const void* buffer) {
-  float* dst = piece.values;
+  float* dst = static_cast<float*>(piece.values);
   size_t n = piece.count;
-  if (piece.dtype == DType::F32) {
-    std::memcpy(dst, buffer, n * 4);
+  if (piece.memory == piece.dtype) {
+    std::memcpy(piece.values, buffer, n * dtypeSize(piece.dtype));
   } else if (piece.dtype == DType::BF16) {
     const BFloat16* s = static_cast<const BFloat16*>(buffer);
     for (size_t i = 0; i < n; ++i) dst[i] = float(s[i]);

@@ -14,14 +14,15 @@
 
 namespace strata::zero::detail {
 
-// One transfer between `count` fp32 values and the file: `bytes` (a 4 KiB multiple: the payload in `dtype`,
-// then zeros) at `offset`.
+// One transfer between `count` values in memory (fp32, or already in `dtype`: `memory`) and the file:
+// `bytes` (a 4 KiB multiple: the payload in `dtype`, then zeros) at `offset`.
 struct IoPiece {
   uint64_t offset = 0;
   size_t bytes = 0;
   size_t count = 0;
   DType dtype = DType::F32;
-  float* values = nullptr;
+  void* values = nullptr;
+  DType memory = DType::F32;
 };
 
 // The stored bytes of a piece from its values (zeros after the payload), and its values from stored bytes.
