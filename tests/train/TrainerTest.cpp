@@ -1024,7 +1024,7 @@ TEST_CASE(
   REQUIRE(e.find("optimizer-rank0.safetensors is corrupted") != std::string::npos);
 }
 
-TEST_CASE("[cuda] Adafactor with host state and bf16 gradient buffers trains like state on the GPU",
+TEST_CASE("[cuda] Adafactor with host or SSD state and bf16 gradient buffers trains like state on the GPU",
           "[cuda][train][trainer][adafactor][store]") {
   STRATA_REQUIRE_CUDA();
   fs::path base = test::freshDir("strata-adafactor-cuda");
@@ -1036,11 +1036,24 @@ TEST_CASE("[cuda] Adafactor with host state and bf16 gradient buffers trains lik
   std::vector<std::string> bf16 = host;
   bf16.push_back("precision.grad_accum_dtype=bf16");
   train::Trainer(tinyConfig(base / "bf16grads", adafactorSets(bf16))).run();
+  // Every chunk's state on the SSD (NOTE [Adafactor SSD chunks]): read into page-locked buffers, streamed
+  // through the GPU's scratch like host state.
+  std::vector<std::string> ssd = cuda;
+  ssd.insert(ssd.end(),
+             {"zero_optimization.offload_optimizer.device=nvme",
+              "zero_optimization.nvme_path=" + (base / "nvme").string(), "store.nvme_state_dtype=fp32"});
+  train::Trainer(tinyConfig(base / "ssd", adafactorSets(ssd))).run();
   auto device = records(base / "device");
-  // The host run is the device run's kernel on the same inputs (bf16 GEMMs' run-to-run noise aside); bf16
-  // gradient buffers round each gradient once more.
-  for (const char* run : {"host", "bf16grads"})
+  // The host and SSD runs are the device run's kernel on the same inputs (bf16 GEMMs' run-to-run noise
+  // aside); bf16 gradient buffers round each gradient once more.
+  for (const char* run : {"host", "bf16grads", "ssd"})
     requireCloseCurves(device, records(base / run), run, 0.1, 1.5);
+  nlohmann::json last;
+  for (const auto& r : records(base / "ssd"))
+    if (r.contains("loss")) last = r;
+  REQUIRE(last["mem_state_nvme_gb"].get<double>() > 0);
+  REQUIRE(last["mem_state_host_gb"].get<double>() == 0);
+  REQUIRE(fs::is_empty(base / "nvme"));
 }
 
 TEST_CASE("[cuda] AdamW with bf16 gradient buffers trains like fp32 ones, on the device and from host state",
