@@ -192,6 +192,13 @@ NvmeTier::NvmeTier(const std::string& directory, int rank, DType stateDType,
     }
   }
   blockBytes_ = size_t(io.blockBytes) / kAlign * kAlign;
+  // A checksum per piece of every field (NOTE [SSD tier]: pieces are cut the same way on every transfer).
+  checksums_.resize(chunks_.size());
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int f = 0; f < kFields; ++f) {
+      size_t perPiece = blockBytes_ / dtypeSize(chunks_[c].dtypes[size_t(f)]);
+      checksums_[c][size_t(f)].resize((size_t(chunks_[c].elems[size_t(f)]) + perPiece - 1) / perPiece);
+    }
   // The staging buffers need be no larger than the largest field.
   uint64_t largestField = 0;
   for (size_t c = 0; c < chunks_.size(); ++c)
@@ -275,11 +282,13 @@ NvmeTier::Ticket NvmeTier::submit(bool write, size_t chunk, const std::vector<Fi
                  "the SSD tier moves fp32 values, or values in the stored dtype ({}), not {}", dt, fv.dtype);
     size_t esize = dtypeSize(dt), perPiece = blockBytes_ / esize;
     uint64_t base = offsetOf(chunk, fv.field);
+    std::vector<detail::PieceChecksum>& sums = checksums_[chunk][fv.field];
     for (int64_t first = 0; first < elems; first += int64_t(perPiece)) {
       size_t n = size_t(std::min<int64_t>(int64_t(perPiece), elems - first));
       job.pieces.push_back(
           detail::IoPiece{base + uint64_t(first) * esize, size_t(alignUp(n * esize)), n, dt,
-                          static_cast<char*>(fv.values) + size_t(first) * dtypeSize(fv.dtype), fv.dtype});
+                          static_cast<char*>(fv.values) + size_t(first) * dtypeSize(fv.dtype), fv.dtype,
+                          &sums[size_t(first) / perPiece]});
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);

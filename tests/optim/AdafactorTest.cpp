@@ -1,5 +1,6 @@
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "TestUtil.h"
@@ -623,28 +624,44 @@ TEST_CASE("Adafactor on ZeRO shards with its state on the SSD updates bit for bi
   }
 }
 
-TEST_CASE("an SSD read that fails inside Adafactor's step stops it, naming the file",
+TEST_CASE("an SSD read that fails or a tier file changed underneath stops Adafactor's step, naming the file",
           "[optim][adafactor][store][nvme]") {
   fs::path dir = test::freshDir("strata-adafactor-ssd-error");
-  auto ps = tieredParameters(2);
-  zero::ChunkManager chunks(ps, 4096, DType::BF16);
-  optim::AdafactorConfig cfg;
-  cfg.beta1 = 0.9;
-  std::vector<zero::Tier> homes(chunks.numChunks(), zero::Tier::Nvme);
-  zero::NvmeTier nvme(dir.string(), 0, DType::BF16, tierFields(chunks, homes, {}, cfg, DType::BF16),
-                      zero::NvmeIoConfig{4096, 2, zero::NvmeBackend::Threads});
-  optim::Adafactor opt(chunks, chunks.takeMasters(), cfg, {}, {}, homes, &nvme);
-  Generator g(2);
-  std::vector<Tensor> grads;
-  for (size_t c = 0; c < chunks.numChunks(); ++c)
-    grads.push_back(ops::rand({chunks.paddedElems(c)}, g, DType::F32, Device::cpu(), -1, 1));
-  opt.stepChunks(0, grads);
-  // The file cut short under the optimizer: the next step's first read meets its end.
-  fs::resize_file(nvme.path(), 4096);
-  std::string e = test::errorOf([&] { opt.stepChunks(0, grads); });
-  INFO(e);
-  REQUIRE(e.find("the SSD tier's read of") != std::string::npos);
-  REQUIRE(e.find(nvme.path()) != std::string::npos);
+  for (bool cut : {true, false}) {
+    INFO((cut ? "the file cut short" : "a byte changed"));
+    auto ps = tieredParameters(2);
+    zero::ChunkManager chunks(ps, 4096, DType::BF16);
+    optim::AdafactorConfig cfg;
+    cfg.beta1 = 0.9;
+    std::vector<zero::Tier> homes(chunks.numChunks(), zero::Tier::Nvme);
+    zero::NvmeTier nvme(dir.string(), 0, DType::BF16, tierFields(chunks, homes, {}, cfg, DType::BF16),
+                        zero::NvmeIoConfig{4096, 2, zero::NvmeBackend::Threads});
+    optim::Adafactor opt(chunks, chunks.takeMasters(), cfg, {}, {}, homes, &nvme);
+    Generator g(2);
+    std::vector<Tensor> grads;
+    for (size_t c = 0; c < chunks.numChunks(); ++c)
+      grads.push_back(ops::rand({chunks.paddedElems(c)}, g, DType::F32, Device::cpu(), -1, 1));
+    opt.stepChunks(0, grads);
+    std::vector<float> before = ps[0].second.detach().to(DType::F32).toVector<float>();
+    if (cut) {
+      // The next step's first read meets the end of the file.
+      fs::resize_file(nvme.path(), 4096);
+    } else {
+      // A byte of the first chunk's master: the next step's read fails its checksum before the value
+      // reaches the update.
+      std::fstream f(nvme.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(40);
+      char byte = char(f.get() ^ 0x01);
+      f.seekp(40);
+      f.put(byte);
+    }
+    std::string e = test::errorOf([&] { opt.stepChunks(0, grads); });
+    INFO(e);
+    REQUIRE(e.find(cut ? "the SSD tier's read of" : "the SSD tier's file " + nvme.path() + " is corrupted") !=
+            std::string::npos);
+    REQUIRE(e.find(nvme.path()) != std::string::npos);
+    if (!cut) REQUIRE(ps[0].second.detach().to(DType::F32).toVector<float>() == before);
+  }
 }
 
 TEST_CASE("a tiny GPT trains with Adafactor on the CPU: the loss falls", "[optim][adafactor][train]") {

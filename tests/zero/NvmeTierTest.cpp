@@ -141,6 +141,42 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("a tier file changed underneath the run fails its checksum, naming the file and the offset",
+          "[zero][store][nvme]") {
+  fs::path dir = test::freshDir("strata-nvme-corrupt");
+  std::vector<float> values(20000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = float(i) * 0.5f;
+  for (zero::NvmeBackend backend : backends()) {
+    INFO(nameOf(backend));
+    // Pieces of 16 KiB: the master's 80000 bytes in five, the last one short.
+    zero::NvmeTier tier(dir.string(), 0, {int64_t(values.size())}, DType::BF16,
+                        zero::NvmeIoConfig{16384, 3, backend});
+    if (!runs(tier, backend)) continue;
+    std::vector<float> back(values.size());
+    tier.read(0, zero::NvmeTier::FirstMoment, back.data());  // never written: nothing to check yet
+    tier.write(0, zero::NvmeTier::Master, values.data());
+    tier.write(0, zero::NvmeTier::FirstMoment, values.data());
+    tier.read(0, zero::NvmeTier::Master, back.data());
+    REQUIRE(back == values);
+    // One byte of the master's third piece changed by another writer.
+    {
+      int fd = ::open(tier.path().c_str(), O_RDWR);
+      REQUIRE(fd >= 0);
+      char byte = 0;
+      REQUIRE(::pread(fd, &byte, 1, 2 * 16384 + 100) == 1);
+      byte = char(byte ^ 0x10);
+      REQUIRE(::pwrite(fd, &byte, 1, 2 * 16384 + 100) == 1);
+      ::close(fd);
+    }
+    tier.read(0, zero::NvmeTier::FirstMoment, back.data());  // the other field is intact
+    std::string e = test::errorOf([&] { tier.read(0, zero::NvmeTier::Master, back.data()); });
+    INFO(e);
+    REQUIRE(e.find("the SSD tier's file " + tier.path() + " is corrupted") != std::string::npos);
+    REQUIRE(e.find("at offset 32768") != std::string::npos);
+    REQUIRE(e.find("resume from the last checkpoint") != std::string::npos);
+  }
+}
+
 TEST_CASE("an SSD tier that cannot get its space says so, naming the file", "[zero][store][nvme]") {
   fs::path dir = test::freshDir("strata-nvme-full");
   // A file-size limit stands in for a full disk: the reservation fails before any training.

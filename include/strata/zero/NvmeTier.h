@@ -41,7 +41,10 @@
 // Errors. A failed read or write (ENOSPC, EIO, a short file) is an error that names the operation, the
 // bytes, the offset and the file; it is thrown by the wait for that transfer or any later one, and every
 // transfer issued after it fails with it too, so training stops. The state of other tiers and the
-// checkpoints are untouched by it.
+// checkpoints are untouched by it. Each piece's stored bytes carry a CRC32C, kept in memory when the piece
+// is written and checked when it is read back (on the thread that decodes it, at several GB/s, beside a
+// disk's one or two): a file changed underneath the run (a bad disk, another process) is an error that names
+// the file and the offset, as a failed read is, before a changed value reaches the optimizer.
 #pragma once
 
 #include <array>
@@ -63,6 +66,7 @@ namespace strata::zero {
 namespace detail {
 class IoBackend;
 struct IoPiece;
+struct PieceChecksum;
 }  // namespace detail
 
 enum class NvmeBackend { Auto, Uring, Threads };
@@ -176,6 +180,8 @@ class NvmeTier {
   std::atomic<uint64_t> bytesRead_{0}, bytesWritten_{0};
   size_t blockBytes_ = 0;  // a piece's most bytes: aio.block_size rounded down to 4 KiB
   std::unique_ptr<detail::IoBackend> backend_;
+  // Per chunk and field, each piece's checksum as last written (touched by the transfer moving the piece).
+  std::vector<std::array<std::vector<detail::PieceChecksum>, kFields>> checksums_;
   // The I/O thread's queue: jobs run in ticket order; `done_` is the last ticket that ended, `failedAt_`
   // the first that failed (0: none) and `failure_` its error.
   struct Job {
