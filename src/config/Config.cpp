@@ -191,11 +191,6 @@ struct Loader {
           c.warnings.push_back(detail::format("{}: '{}' is ignored: 'optimizer.type' is {}, not adafactor",
                                               place(key), key, c.optimizer.type));
     STRATA_USER_CHECK(
-        c.optimizer.type != "adafactor" || c.zero.offloadOptimizerDevice != "nvme",
-        "{}: Adafactor's state has no SSD form: 'zero_optimization.offload_optimizer.device' is "
-        "none or cpu with 'optimizer.type' adafactor",
-        place("zero_optimization.offload_optimizer.device"));
-    STRATA_USER_CHECK(
         c.precision.gradAccumDType == "fp32" || c.precision.gradAccumDType == c.precision.dtype,
         "{}: 'precision.grad_accum_dtype' is fp32 or the compute dtype ('precision.dtype' {}), not {}",
         place("precision.grad_accum_dtype"), c.precision.dtype, c.precision.gradAccumDType);

@@ -400,7 +400,9 @@ std::vector<ConfigKey> makeTable() {
           shownAs(kBudgetType)),
       key(
           "store.nvme_state_dtype", [](Config& c) { return &c.store.nvmeStateDType; },
-          "how AdamW's m and v are stored on the SSD (the master always in fp32)", oneOf(kDTypes)),
+          "how the moments are stored on the SSD: AdamW's m and v, Adafactor's first moment (masters and "
+          "Adafactor's factored second moment always in fp32)",
+          oneOf(kDTypes)),
       key(
           "store.arena", [](Config& c) { return &c.store.arena; },
           "stage 3 gathers chunks into one reservation of fixed-size slots; false: into the caching "

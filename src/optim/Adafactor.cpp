@@ -1,6 +1,7 @@
 #include "strata/optim/Adafactor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "strata/autograd/GradMode.h"
@@ -58,17 +59,35 @@ uint64_t adafactorStateBytes(const std::vector<Shape>& shapes, const AdafactorCo
   return bytes;
 }
 
+namespace {
+// The second moment's elements of elements `range` of chunk `chunk`, cut into pieces as the chunked form
+// cuts them.
+int64_t secondMomentElems(const zero::ChunkLayout& layout, size_t chunk, zero::ShardRange range) {
+  int64_t elems = 0;
+  for (int64_t index : layout.chunks[chunk].slots) {
+    const zero::ChunkSlot& slot = layout.slots[size_t(index)];
+    int64_t a = std::max(slot.offset, range.begin), b = std::min(slot.offset + slot.numel, range.end);
+    if (a < b) elems += factorsOf(slot.shape, slot.offset, a, b).secondMomentElems(b - a);
+  }
+  return elems;
+}
+}  // namespace
+
 uint64_t adafactorStateBytes(const zero::ChunkLayout& layout, size_t chunk, zero::ShardRange range,
                              const AdafactorConfig& config) {
   uint64_t bytes = 0;
   if (config.hasFirstMoment()) bytes += uint64_t(range.size()) * (config.firstMomentBf16 ? 2 : 4);
-  for (int64_t index : layout.chunks[chunk].slots) {
-    const zero::ChunkSlot& slot = layout.slots[size_t(index)];
-    int64_t a = std::max(slot.offset, range.begin), b = std::min(slot.offset + slot.numel, range.end);
-    if (a >= b) continue;
-    bytes += uint64_t(factorsOf(slot.shape, slot.offset, a, b).secondMomentElems(b - a)) * 4;
-  }
-  return bytes;
+  return bytes + uint64_t(secondMomentElems(layout, chunk, range)) * 4;
+}
+
+zero::NvmeTier::ChunkFields adafactorTierFields(const zero::ChunkLayout& layout, size_t chunk,
+                                                zero::ShardRange range, const AdafactorConfig& config,
+                                                DType stateDType) {
+  zero::NvmeTier::ChunkFields fields;
+  fields.elems = {range.size(), config.hasFirstMoment() ? range.size() : 0,
+                  secondMomentElems(layout, chunk, range)};
+  fields.dtypes = {DType::F32, config.firstMomentBf16 ? DType::BF16 : stateDType, DType::F32};
+  return fields;
 }
 
 Adafactor::Adafactor(std::vector<std::pair<std::string, Tensor>> namedParameters,
@@ -87,6 +106,8 @@ Adafactor::Adafactor(std::vector<std::pair<std::string, Tensor>> namedParameters
     s.shape = p.shape();
     s.strides = p.strides();
     PieceFactors f = factorsOf(p.shape(), 0, 0, p.numel());
+    s.rows = f.rows;
+    s.cols = f.cols;
     if (f.factored()) {
       s.row = ops::zeros({f.rows}, DType::F32, p.device());
       s.col = ops::zeros({f.cols}, DType::F32, p.device());
@@ -101,102 +122,165 @@ Adafactor::Adafactor(std::vector<std::pair<std::string, Tensor>> namedParameters
 
 Adafactor::Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> masters,
                      const AdafactorConfig& config, std::vector<zero::ShardRange> shards,
-                     std::vector<Tensor> parameterShards, std::vector<zero::Tier> homes)
-    : config_(config), masters_(std::move(masters)), ranges_(std::move(shards)), homes_(std::move(homes)) {
+                     std::vector<Tensor> parameterShards, std::vector<zero::Tier> homes, zero::NvmeTier* nvme)
+    : config_(config),
+      masters_(std::move(masters)),
+      ranges_(std::move(shards)),
+      homes_(std::move(homes)),
+      nvme_(nvme) {
   checkConfig(config_);
   const zero::ChunkLayout& layout = chunks.layout();
-  STRATA_CHECK(masters_.empty() ? chunks.dtype() == DType::F32 : masters_.size() == chunks.numChunks(),
-               "Adafactor: {} chunks need {} fp32 masters, got {}", chunks.dtype(), chunks.numChunks(),
-               masters_.size());
-  masters_.resize(chunks.numChunks());
+  size_t n = chunks.numChunks();
+  STRATA_CHECK(masters_.empty() ? chunks.dtype() == DType::F32 : masters_.size() == n,
+               "Adafactor: {} chunks need {} fp32 masters, got {}", chunks.dtype(), n, masters_.size());
+  masters_.resize(n);
   if (ranges_.empty())
-    for (size_t c = 0; c < chunks.numChunks(); ++c) ranges_.push_back({0, chunks.paddedElems(c)});
-  STRATA_CHECK(ranges_.size() == chunks.numChunks(), "Adafactor: {} shard ranges for {} chunks",
-               ranges_.size(), chunks.numChunks());
+    for (size_t c = 0; c < n; ++c) ranges_.push_back({0, chunks.paddedElems(c)});
+  STRATA_CHECK(ranges_.size() == n, "Adafactor: {} shard ranges for {} chunks", ranges_.size(), n);
   bool sharded = !parameterShards.empty();
-  homes_.resize(chunks.numChunks(), zero::Tier::Device);
-  m_.resize(chunks.numChunks());
-  v_.resize(chunks.numChunks());
-  slotsOf_.resize(chunks.numChunks());
-  for (size_t c = 0; c < chunks.numChunks(); ++c) {
+  homes_.resize(n, zero::Tier::Device);
+  m_.resize(n);
+  v_.resize(n);
+  slotsOf_.resize(n);
+  secondElems_.resize(n, 0);
+  DType mDType = config_.firstMomentBf16 ? DType::BF16 : DType::F32;
+  bool cuda = false;
+  // The pieces: each parameter piece inside the range, and where its second moment sits in the chunk's
+  // flat buffer (per piece its rows then columns, or its full v).
+  for (size_t c = 0; c < n; ++c) {
     zero::ShardRange r = ranges_[c];
     Tensor paramBase = sharded ? parameterShards[c] : chunks.paddedFlat(c);
     int64_t paramOffset = sharded ? r.begin : 0;
     paramFlats_.push_back(paramBase.narrow(0, r.begin - paramOffset, r.size()));
-    STRATA_USER_CHECK(homes_[c] != zero::Tier::Nvme,
-                      "Adafactor's state has no SSD form: chunk {} was placed on the SSD tier; give the "
-                      "host more room (store.host_budget_gb) or use AdamW",
-                      c);
-    // NOTE [Adafactor host chunks]: the master moves to host memory (an fp32 chunk's parameters are copied
-    // there to be its master), and m and the statistics are made there.
-    bool onHost = homes_[c] == zero::Tier::Host;
-    bool pin = onHost && config_.pinHostState && paramBase.device().isCuda();
-    auto stateTensor = [&](int64_t n, DType dt, Device dev) {
-      Tensor t = onHost ? hostStateTensor(n, dt, pin) : Tensor::empty({n}, dt, dev);
-      ops::fill(t, 0.0);
-      return t;
-    };
-    if (onHost) {
-      Tensor master = hostStateTensor(r.size(), DType::F32, pin);
-      ops::copy(master, masters_[c].defined() ? masters_[c] : paramFlats_.back());
-      masters_[c] = master;
-    }
-    bool own = !masters_[c].defined();
-    Tensor base = own ? paramBase : masters_[c];
-    int64_t baseOffset = own ? paramOffset : r.begin;
-    STRATA_CHECK(own || masters_[c].numel() == r.size(),
-                 "Adafactor: chunk {}'s master has {} elements, its range {}", c, masters_[c].numel(),
-                 r.size());
-    Device device = base.device();
-    if (config_.hasFirstMoment())
-      m_[c] = stateTensor(r.size(), config_.firstMomentBf16 ? DType::BF16 : DType::F32, device);
-    // The second moment's flat buffer: per piece its rows then columns, or its full v.
+    cuda = cuda || paramBase.device().isCuda();
     std::vector<Tensor> params = chunks.parameters(c);
-    struct Piece {
-      size_t j;
-      int64_t a, b;
-      PieceFactors f;
-    };
-    std::vector<Piece> pieces;
-    int64_t secondElems = 0;
     for (size_t j = 0; j < params.size(); ++j) {
       const zero::ChunkSlot& slot = layout.slots[size_t(layout.chunks[c].slots[j])];
+      const Tensor& p = params[j];
       int64_t a = std::max(slot.offset, r.begin), b = std::min(slot.offset + slot.numel, r.end);
       if (a >= b) continue;
-      pieces.push_back({j, a, b, factorsOf(slot.shape, slot.offset, a, b)});
-      secondElems += pieces.back().f.secondMomentElems(b - a);
-    }
-    v_[c] = stateTensor(secondElems, DType::F32, device);
-    int64_t at = 0;
-    for (const Piece& piece : pieces) {
-      const zero::ChunkSlot& slot = layout.slots[size_t(layout.chunks[c].slots[piece.j])];
-      const Tensor& p = params[piece.j];
-      int64_t a = piece.a, b = piece.b;
+      PieceFactors f = factorsOf(slot.shape, slot.offset, a, b);
       // A whole parameter keeps its shape (checkpoints name it); a piece of one is flat.
       bool full = a == slot.offset && b == slot.offset + slot.numel;
       Shape shape = full ? p.shape() : Shape{b - a}, strides = full ? p.strides() : Shape{1};
       Slot s;
       s.name = slot.name;
       s.param = full && !sharded ? p : viewOf(paramBase, a - paramOffset, shape, strides, p.dtype());
-      s.master = own ? s.param : viewOf(base, a - baseOffset, shape, strides, DType::F32);
-      if (m_[c].defined()) s.m = viewOf(m_[c], a - r.begin, shape, strides, m_[c].dtype());
-      if (piece.f.factored()) {
-        s.row = viewOf(v_[c], at, {piece.f.rows}, {1}, DType::F32);
-        s.col = viewOf(v_[c], at + piece.f.rows, {piece.f.cols}, {1}, DType::F32);
-      } else {
-        s.v = viewOf(v_[c], at, {b - a}, {1}, DType::F32);
-      }
-      at += piece.f.secondMomentElems(b - a);
       s.weightDecay = decayFor(slot.shape, config_.weightDecay);
       s.chunk = c;
       s.begin = a;
       s.end = b;
       s.shape = shape;
       s.strides = strides;
+      s.rows = f.rows;
+      s.cols = f.cols;
+      s.vAt = secondElems_[c];
+      secondElems_[c] += f.secondMomentElems(b - a);
       slotsOf_[c].push_back(slots_.size());
       slots_.push_back(std::move(s));
     }
   }
+  // NOTE [Adafactor SSD chunks]: the SSD chunks' state is written out first (one chunk's worth of host
+  // memory at a time) and their masters freed before the host tier's state is made, as AdamW's are.
+  for (size_t c = 0; c < n; ++c) {
+    if (homes_[c] != zero::Tier::Nvme) continue;
+    zero::ShardRange r = ranges_[c];
+    STRATA_CHECK(nvme_ != nullptr, "Adafactor: chunk {} is placed on the SSD tier, which is missing", c);
+    zero::NvmeTier::ChunkFields want = adafactorTierFields(layout, c, r, config_, nvme_->stateDType());
+    bool fits = nvme_->holds(c);
+    for (int f = 0; f < zero::NvmeTier::kFields && fits; ++f)
+      fits = nvme_->fieldElems(c, zero::NvmeTier::Field(f)) == want.elems[size_t(f)] &&
+             (want.elems[size_t(f)] == 0 ||
+              nvme_->fieldDType(c, zero::NvmeTier::Field(f)) == want.dtypes[size_t(f)]);
+    STRATA_CHECK(fits,
+                 "Adafactor: chunk {}'s extent on the SSD tier is not its state's (adafactorTierFields)", c);
+    const Tensor& values = masters_[c].defined() ? masters_[c] : paramFlats_[c];
+    STRATA_CHECK(values.numel() == r.size(), "Adafactor: chunk {}'s master has {} elements, its range {}", c,
+                 values.numel(), r.size());
+    Tensor master = values.device().isCpu() && values.dtype() == DType::F32 && values.isContiguous()
+                        ? values
+                        : ops::to(values, Device::cpu(), DType::F32);
+    Tensor zeros =
+        ops::zeros({std::max<int64_t>(1, std::max(r.size(), secondElems_[c]))}, DType::F32, Device::cpu());
+    StateTensors st{master, config_.hasFirstMoment() ? zeros.narrow(0, 0, r.size()) : Tensor(),
+                    zeros.narrow(0, 0, secondElems_[c])};
+    nvme_->wait(nvme_->writeAsync(c, SsdBuffers::fields(st)));
+    masters_[c] = Tensor();
+  }
+  for (size_t c = 0; c < n; ++c) {
+    zero::ShardRange r = ranges_[c];
+    if (homes_[c] != zero::Tier::Nvme) {
+      // NOTE [Adafactor host chunks]: the master moves to host memory (an fp32 chunk's parameters are
+      // copied there to be its master), and m and the statistics are made there.
+      bool onHost = homes_[c] == zero::Tier::Host;
+      bool pin = onHost && config_.pinHostState && paramFlats_[c].device().isCuda();
+      if (onHost) {
+        Tensor master = hostStateTensor(r.size(), DType::F32, pin);
+        ops::copy(master, masters_[c].defined() ? masters_[c] : paramFlats_[c]);
+        masters_[c] = master;
+      }
+      STRATA_CHECK(!masters_[c].defined() || masters_[c].numel() == r.size(),
+                   "Adafactor: chunk {}'s master has {} elements, its range {}", c, masters_[c].numel(),
+                   r.size());
+      Device device = masters_[c].defined() ? masters_[c].device() : paramFlats_[c].device();
+      auto stateTensor = [&](int64_t elems, DType dt) {
+        Tensor t = onHost ? hostStateTensor(elems, dt, pin) : Tensor::empty({elems}, dt, device);
+        ops::fill(t, 0.0);
+        return t;
+      };
+      if (config_.hasFirstMoment()) m_[c] = stateTensor(r.size(), mDType);
+      v_[c] = stateTensor(secondElems_[c], DType::F32);
+    }
+    bindSlots(c);
+  }
+  // Page-locked where a GPU copies them to its scratch (NOTE [Adafactor host chunks]).
+  ssdBuffers_ = SsdBuffers({DType::F32, mDType, DType::F32}, config_.pinHostState && cuda);
+}
+
+void Adafactor::bindSlots(size_t c) {
+  const zero::ShardRange& r = ranges_[c];
+  bool own = !masters_[c].defined() && homes_[c] == zero::Tier::Device;
+  for (size_t i : slotsOf_[c]) {
+    Slot& s = slots_[i];
+    s.master = own ? s.param
+               : masters_[c].defined()
+                   ? viewOf(masters_[c], s.begin - r.begin, s.shape, s.strides, DType::F32)
+                   : Tensor();
+    s.m = m_[c].defined() ? viewOf(m_[c], s.begin - r.begin, s.shape, s.strides, m_[c].dtype()) : Tensor();
+    s.v = s.row = s.col = Tensor();
+    if (!v_[c].defined()) continue;  // on the SSD
+    if (s.rows > 0) {
+      s.row = viewOf(v_[c], s.vAt, {s.rows}, {1}, DType::F32);
+      s.col = viewOf(v_[c], s.vAt + s.rows, {s.cols}, {1}, DType::F32);
+    } else {
+      s.v = viewOf(v_[c], s.vAt, {s.end - s.begin}, {1}, DType::F32);
+    }
+  }
+}
+
+std::vector<ops::AdafactorTensors> Adafactor::offDeviceSets(size_t c, const StateTensors& state,
+                                                            const std::vector<Tensor>& grads,
+                                                            bool copyParameters) const {
+  const zero::ShardRange& r = ranges_[c];
+  std::vector<ops::AdafactorTensors> sets;
+  for (size_t i : slotsOf_[c]) {
+    const Slot& s = slots_[i];
+    ops::AdafactorTensors t;
+    t.param = viewOf(state.master, s.begin - r.begin, s.shape, s.strides, DType::F32);
+    t.grad = grads[i];
+    if (state.m.defined()) t.m = viewOf(state.m, s.begin - r.begin, s.shape, s.strides, state.m.dtype());
+    if (s.rows > 0) {
+      t.row = viewOf(state.v, s.vAt, {s.rows}, {1}, DType::F32);
+      t.col = viewOf(state.v, s.vAt + s.rows, {s.cols}, {1}, DType::F32);
+    } else {
+      t.v = viewOf(state.v, s.vAt, {s.end - s.begin}, {1}, DType::F32);
+    }
+    t.weightDecay = s.weightDecay;
+    // The master off the device is never the parameter: the kernel rounds it into the parameter.
+    if (copyParameters) t.copy = s.param;
+    sets.push_back(t);
+  }
+  return sets;
 }
 
 ops::AdafactorTensors Adafactor::tensorsOf(const Slot& s, const Tensor& grad) const {
@@ -257,14 +341,58 @@ std::vector<Tensor> Adafactor::gradientPieces(const std::vector<Tensor>& gradien
   return pieces;
 }
 
-namespace {
-
-// `view` (into `from`) as the same view into `to`.
-Tensor rebase(const Tensor& view, const Tensor& from, const Tensor& to) {
-  if (!view.defined()) return view;
-  return Tensor::fromStorage(to.storage(), view.shape(), view.strides(),
-                             to.offset() + (view.offset() - from.offset()), view.dtype());
+void Adafactor::stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale) {
+  NoGradGuard noGrad;
+  STRATA_CHECK(!v_.empty(), "Adafactor::stepChunks needs the chunked form");
+  STRATA_CHECK(gradients.size() == ranges_.size(), "Adafactor: {} gradient buffers for {} chunks",
+               gradients.size(), ranges_.size());
+  ++step_;
+  ops::AdafactorHyper h = hyper(lr);
+  // NOTE [Adafactor SSD chunks]: the first SSD chunk's read starts before everything else.
+  std::vector<size_t> ssdOrder;
+  for (size_t c = 0; c < homes_.size(); ++c)
+    if (homes_[c] == zero::Tier::Nvme) ssdOrder.push_back(c);
+  SsdStateStream ssd(nvme_, ssdBuffers_, ssdOrder, readAhead_);
+  ssd.start();
+  // Device-resident chunks with fp32 gradients in one launch; the others (16-bit gradients, host state) one
+  // chunk at a time, the SSD chunks last. Each set is updated alone, so the grouping does not change a bit.
+  std::vector<ops::AdafactorTensors> sets;
+  std::vector<size_t> others;
+  std::vector<Tensor> fp32(gradients.size());
+  for (size_t c = 0; c < gradients.size(); ++c) {
+    if (homes_[c] == zero::Tier::Nvme) continue;
+    if (homes_[c] != zero::Tier::Device || gradients[c].dtype() != DType::F32) {
+      others.push_back(c);
+      continue;
+    }
+    fp32[c] = gradients[c];
+  }
+  if (others.size() + ssdOrder.size() < gradients.size()) {
+    std::vector<Tensor> grads = gradientPieces(fp32);
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (grads[i].defined()) sets.push_back(tensorsOf(slots_[i], grads[i]));
+  }
+  if (!sets.empty()) {
+    Device dev = sets.front().param.device();
+    ops::adafactor(sets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
+  }
+  auto start = std::chrono::steady_clock::now();
+  for (size_t c : others) stepChunk(c, h, gradients[c], gradScale, StateTensors{masters_[c], m_[c], v_[c]});
+  for (size_t k = 0; k < ssd.size(); ++k) {
+    StateTensors st = ssd.acquire(k);
+    stepChunk(ssd.chunk(k), h, gradients[ssd.chunk(k)], gradScale, st);
+    ssd.release(k, st);
+  }
+  ssd.finish();
+  phases_ = OffloadPhases{};
+  phases_.ssdWait = ssd.waitSeconds();
+  bool offDevice =
+      std::count(homes_.begin(), homes_.end(), zero::Tier::Device) < std::ptrdiff_t(homes_.size());
+  offDeviceSeconds_ =
+      offDevice ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() : 0.0;
 }
+
+namespace {
 
 // The first n elements of `buffer`, (re)made on `device` to hold at least n.
 Tensor scratch(Tensor& buffer, int64_t n, DType dtype, Device device) {
@@ -274,39 +402,8 @@ Tensor scratch(Tensor& buffer, int64_t n, DType dtype, Device device) {
 
 }  // namespace
 
-void Adafactor::stepChunks(double lr, const std::vector<Tensor>& gradients, const Tensor& gradScale) {
-  NoGradGuard noGrad;
-  STRATA_CHECK(!v_.empty(), "Adafactor::stepChunks needs the chunked form");
-  STRATA_CHECK(gradients.size() == ranges_.size(), "Adafactor: {} gradient buffers for {} chunks",
-               gradients.size(), ranges_.size());
-  ++step_;
-  ops::AdafactorHyper h = hyper(lr);
-  // Device-resident chunks with fp32 gradients in one launch; the others (16-bit gradients, host state) one
-  // chunk at a time. Each set is updated alone, so the grouping does not change a bit.
-  std::vector<ops::AdafactorTensors> sets;
-  std::vector<size_t> others;
-  std::vector<Tensor> fp32(gradients.size());
-  for (size_t c = 0; c < gradients.size(); ++c) {
-    if (homes_[c] != zero::Tier::Device || gradients[c].dtype() != DType::F32) {
-      others.push_back(c);
-      continue;
-    }
-    fp32[c] = gradients[c];
-  }
-  if (others.size() < gradients.size()) {
-    std::vector<Tensor> grads = gradientPieces(fp32);
-    for (size_t i = 0; i < slots_.size(); ++i)
-      if (grads[i].defined()) sets.push_back(tensorsOf(slots_[i], grads[i]));
-  }
-  if (!sets.empty()) {
-    Device dev = sets.front().param.device();
-    ops::adafactor(sets, h, gradScale.defined() ? ops::to(gradScale, dev, DType::F32) : Tensor());
-  }
-  for (size_t c : others) stepChunk(c, h, gradients[c], gradScale);
-}
-
 void Adafactor::stepChunk(size_t c, const ops::AdafactorHyper& h, const Tensor& gradients,
-                          const Tensor& gradScale) {
+                          const Tensor& gradScale, const StateTensors& state) {
   const zero::ShardRange& r = ranges_[c];
   Device device = paramFlats_[c].device();
   // The range's gradients in fp32 (a 16-bit buffer is widened here, one chunk at a time).
@@ -315,71 +412,66 @@ void Adafactor::stepChunk(size_t c, const ops::AdafactorHyper& h, const Tensor& 
   std::vector<Tensor> rangeGrads(ranges_.size());
   rangeGrads[c] = g;
   std::vector<Tensor> grads = gradientPieces(rangeGrads);
-  bool stream = homes_[c] == zero::Tier::Host && device.isCuda();
-  // NOTE [Adafactor host chunks]: the state comes to device scratch, and goes back after the kernel.
-  Tensor master = masters_[c], m = m_[c], v = v_[c];
-  if (stream) {
-    master = scratch(scratch_[0], r.size(), DType::F32, device);
-    ops::copy(master, masters_[c]);
-    if (m_[c].defined()) {
-      m = scratch(scratch_[1], r.size(), m_[c].dtype(), device);
-      ops::copy(m, m_[c]);
-    }
-    v = scratch(scratch_[2], v_[c].numel(), DType::F32, device);
-    ops::copy(v, v_[c]);
-  }
-  bool fp32Params = paramFlats_[c].dtype() == DType::F32;
+  Tensor scale = gradScale.defined() ? ops::to(gradScale, device, DType::F32) : Tensor();
   std::vector<ops::AdafactorTensors> sets;
-  for (size_t i : slotsOf_[c]) {
-    ops::AdafactorTensors t = tensorsOf(slots_[i], grads[i]);
-    if (stream) {
-      t.param = rebase(t.param, masters_[c], master);
-      t.m = rebase(t.m, m_[c], m);
-      t.v = rebase(t.v, v_[c], v);
-      t.row = rebase(t.row, v_[c], v);
-      t.col = rebase(t.col, v_[c], v);
-      if (fp32Params) t.copy = Tensor();  // copied whole below (the GPU kernel writes 16-bit copies only)
-    }
-    sets.push_back(t);
+  if (homes_[c] == zero::Tier::Device) {
+    for (size_t i : slotsOf_[c]) sets.push_back(tensorsOf(slots_[i], grads[i]));
+    ops::adafactor(sets, h, scale);
+    return;
   }
-  ops::adafactor(sets, h, gradScale.defined() ? ops::to(gradScale, device, DType::F32) : Tensor());
+  bool stream = device.isCuda();
+  bool fp32Params = paramFlats_[c].dtype() == DType::F32;
+  // NOTE [Adafactor host chunks]: the state comes to device scratch, and goes back after the kernel.
+  StateTensors work = state;
   if (stream) {
-    if (fp32Params) ops::copy(paramFlats_[c], master);
-    ops::copy(masters_[c], master);
-    if (m_[c].defined()) ops::copy(m_[c], m);
-    ops::copy(v_[c], v);  // the copies to the host return once the data is there: nothing is left pending
+    work.master = scratch(scratch_[0], r.size(), DType::F32, device);
+    ops::copy(work.master, state.master);
+    if (state.m.defined()) {
+      work.m = scratch(scratch_[1], r.size(), state.m.dtype(), device);
+      ops::copy(work.m, state.m);
+    }
+    work.v = scratch(scratch_[2], state.v.numel(), DType::F32, device);
+    ops::copy(work.v, state.v);
+  }
+  // The GPU kernel writes 16-bit copies only: fp32 parameters are copied whole below.
+  ops::adafactor(offDeviceSets(c, work, grads, !(stream && fp32Params)), h, scale);
+  if (stream) {
+    if (fp32Params) ops::copy(paramFlats_[c], work.master);
+    ops::copy(state.master, work.master);
+    if (state.m.defined()) ops::copy(state.m, work.m);
+    ops::copy(state.v,
+              work.v);  // the copies to the host return once the data is there: nothing is left pending
   }
 }
 
 void Adafactor::moveToDevice(size_t c, Device device) {
   NoGradGuard noGrad;
   if (homes_[c] == zero::Tier::Device) return;
+  bool ssd = homes_[c] == zero::Tier::Nvme;
+  StateTensors st = ssd ? ssdBuffers_.readNow(*nvme_, c) : StateTensors{masters_[c], m_[c], v_[c]};
+  // SSD state was read into the shared buffers: on a CPU "device" ops::to would hand those back, so the
+  // chunk takes copies of its own.
+  auto take = [&](const Tensor& t) {
+    if (!t.defined()) return Tensor();
+    Tensor moved = ops::to(t, device, t.dtype());
+    return ssd && moved.storage() == t.storage() ? moved.clone() : moved;
+  };
   bool own = paramFlats_[c].dtype() == DType::F32;
-  Tensor master = own ? Tensor() : ops::to(masters_[c], device, DType::F32);
-  Tensor m = m_[c].defined() ? ops::to(m_[c], device, m_[c].dtype()) : Tensor();
-  Tensor v = ops::to(v_[c], device, DType::F32);
-  if (own) ops::copy(paramFlats_[c], masters_[c]);  // already equal: the parameters were written from it
-  for (size_t i : slotsOf_[c]) {
-    Slot& s = slots_[i];
-    s.master = own ? s.param : rebase(s.master, masters_[c], master);
-    s.m = rebase(s.m, m_[c], m);
-    s.v = rebase(s.v, v_[c], v);
-    s.row = rebase(s.row, v_[c], v);
-    s.col = rebase(s.col, v_[c], v);
-  }
-  masters_[c] = master;
-  m_[c] = m;
-  v_[c] = v;
+  if (own) ops::copy(paramFlats_[c], st.master);  // already equal: the parameters were written from it
+  masters_[c] = own ? Tensor() : take(st.master);
+  m_[c] = take(st.m);
+  v_[c] = take(st.v);
   homes_[c] = zero::Tier::Device;
-  // The last host chunk gone: its device scratch is not needed again.
-  if (std::find(homes_.begin(), homes_.end(), zero::Tier::Host) == homes_.end())
+  bindSlots(c);
+  // The last chunk off the device gone: its device scratch is not needed again.
+  if (std::count(homes_.begin(), homes_.end(), zero::Tier::Device) == std::ptrdiff_t(homes_.size()))
     for (Tensor& t : scratch_) t = Tensor();
 }
 
 std::vector<ChunkStateField> Adafactor::chunkState(size_t c) const {
   std::vector<ChunkStateField> out;
-  if (m_.at(c).defined()) out.push_back({"exp_avg", m_[c], true});
-  out.push_back({"adafactor_v", v_.at(c), false});
+  if (config_.hasFirstMoment()) out.push_back({"exp_avg", m_.at(c), true, zero::NvmeTier::FirstMoment});
+  out.push_back({"adafactor_v", v_.at(c), false, zero::NvmeTier::SecondMoment});
   return out;
 }
 
@@ -390,8 +482,10 @@ uint64_t Adafactor::stateBytes(size_t c) const {
 uint64_t Adafactor::deviceStateBytes(size_t c) const {
   // On the device an fp32 chunk's parameters are their own master.
   bool own = paramFlats_.at(c).dtype() == DType::F32;
-  uint64_t bytes = uint64_t(v_.at(c).nbytes()) + (m_.at(c).defined() ? uint64_t(m_[c].nbytes()) : 0);
-  return bytes + (own ? 0 : uint64_t(ranges_.at(c).size()) * 4);
+  uint64_t elems = uint64_t(ranges_.at(c).size());
+  uint64_t bytes = uint64_t(secondElems_.at(c)) * 4 +
+                   (config_.hasFirstMoment() ? elems * (config_.firstMomentBf16 ? 2 : 4) : 0);
+  return bytes + (own ? 0 : elems * 4);
 }
 
 double Adafactor::stepSize(double lr, int64_t t) const {
@@ -420,6 +514,7 @@ std::vector<std::pair<std::string, Tensor>> Adafactor::namedState() const {
   std::vector<std::pair<std::string, Tensor>> out;
   if (!v_.empty()) {
     for (size_t c = 0; c < v_.size(); ++c) {
+      if (!v_[c].defined()) continue;  // on the SSD
       if (m_[c].defined()) out.emplace_back("exp_avg." + std::to_string(c), m_[c]);
       out.emplace_back("exp_avg_sq." + std::to_string(c), v_[c]);
     }
@@ -446,7 +541,15 @@ std::vector<std::pair<std::string, Tensor>> Adafactor::namedMasters() const {
 void Adafactor::writeParameters() {
   NoGradGuard noGrad;
   for (const auto& s : slots_)
-    if (s.master.impl().storage != s.param.impl().storage) ops::copy(s.param, s.master);
+    if (s.master.defined() && s.master.impl().storage != s.param.impl().storage) ops::copy(s.param, s.master);
+  for (size_t c = 0; c < homes_.size(); ++c) {
+    if (homes_[c] != zero::Tier::Nvme) continue;
+    StateTensors st = ssdBuffers_.readNow(*nvme_, c);
+    for (size_t i : slotsOf_[c]) {
+      const Slot& s = slots_[i];
+      ops::copy(s.param, viewOf(st.master, s.begin - ranges_[c].begin, s.shape, s.strides, DType::F32));
+    }
+  }
 }
 
 }  // namespace strata::optim

@@ -257,34 +257,19 @@ void AdamW::startDelayed(const ops::AdamWHyper& h, const std::vector<Tensor>& gr
   d.job = std::async(std::launch::async, [this, h, scale] {
     NoGradGuard noGrad;
     Delayed& d = *delayed_;
-    // Two buffer sets: chunk k + 1 is read while chunk k is updated; a set is read into only after the
-    // write from it has finished.
-    auto fields = [](const HostState& st) {
-      return std::vector<zero::NvmeTier::FieldValues>{{zero::NvmeTier::Master, st.master.data<float>()},
-                                                      {zero::NvmeTier::FirstMoment, st.m.data<float>()},
-                                                      {zero::NvmeTier::SecondMoment, st.v.data<float>()}};
-    };
-    int64_t largest = 0;
-    for (size_t c : d.chunks) largest = std::max(largest, ranges_[c].size());
-    std::vector<zero::NvmeTier::Ticket> reads(d.chunks.size(), 0), writes(d.chunks.size(), 0);
-    auto read = [&](size_t k) {
-      reads[k] =
-          nvme_->readAsync(d.chunks[k], fields(ssdBuffers(k % 2, ranges_[d.chunks[k]].size(), largest)));
-    };
-    if (!d.chunks.empty()) read(0);
-    for (size_t k = 0; k < d.chunks.size(); ++k) {
-      size_t c = d.chunks[k];
+    // Two buffer sets: chunk k + 1 is read while chunk k is updated (NOTE [SSD tier]).
+    SsdStateStream ssd(nvme_, ssdBuffers_, d.chunks, readAhead_);
+    ssd.start();
+    for (size_t k = 0; k < ssd.size(); ++k) {
+      size_t c = ssd.chunk(k);
       const zero::ShardRange& r = ranges_[c];
-      nvme_->wait(reads[k]);
-      if (k > 0) nvme_->wait(writes[k - 1]);
-      if (k + 1 < d.chunks.size()) read(k + 1);
-      HostState st = ssdBuffers(k % 2, r.size(), largest);
+      HostState st = ssd.acquire(k);
       Piece whole{c, r.begin, r.end};
       zeroPieceGaps(whole, d.params[c]);
       ops::adamw(pieceSets(whole, st, false, d.grads[c], true, d.params[c]), h, scale);
-      writes[k] = nvme_->writeAsync(c, fields(st));
+      ssd.release(k, st);
     }
-    if (!d.chunks.empty()) nvme_->wait(writes.back());
+    ssd.finish();
   });
 }
 
@@ -351,29 +336,8 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
   std::vector<size_t> ssdOrder;
   for (size_t c = 0; c < homes_.size(); ++c)
     if (homes_[c] == zero::Tier::Nvme && !delaySsd) ssdOrder.push_back(c);
-  struct DrainOnError {
-    zero::NvmeTier* nvme;
-    int uncaught = std::uncaught_exceptions();
-    ~DrainOnError() {
-      if (nvme != nullptr && std::uncaught_exceptions() > uncaught) nvme->drain();
-    }
-  } drainOnError{ssdOrder.empty() ? nullptr : nvme_};
-  std::vector<zero::NvmeTier::Ticket> reads(ssdOrder.size(), 0);
-  size_t sets = readAhead_ ? 2 : 1;
-  int64_t largest = 0;
-  for (size_t c : ssdOrder) largest = std::max(largest, ranges_[c].size());
-  // Reads chunks ssdOrder[k] for every k < `upTo` not yet asked for, each into set k % sets.
-  size_t readsIssued = 0;
-  auto readUpTo = [&](size_t upTo) {
-    for (; readsIssued < std::min(upTo, ssdOrder.size()); ++readsIssued) {
-      size_t c = ssdOrder[readsIssued];
-      HostState st = ssdBuffers(readsIssued % sets, ranges_[c].size(), largest);
-      reads[readsIssued] = nvme_->readAsync(c, {{zero::NvmeTier::Master, st.master.data<float>()},
-                                                {zero::NvmeTier::FirstMoment, st.m.data<float>()},
-                                                {zero::NvmeTier::SecondMoment, st.v.data<float>()}});
-    }
-  };
-  readUpTo(sets - 1);
+  SsdStateStream ssd(nvme_, ssdBuffers_, ssdOrder, readAhead_);
+  ssd.start();
   std::vector<ops::AdamWTensors> deviceSets;
   bool anyOffDevice = false;
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -394,21 +358,10 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
   if (!anyOffDevice) return;
   auto start = std::chrono::steady_clock::now();
   Tensor hostScale = gradScale.defined() ? ops::to(gradScale, Device::cpu(), DType::F32) : Tensor();
-  zero::NvmeTier::Ticket written = 0;
   // The k-th SSD chunk's state, once read (the next read goes behind the write of the chunk that last used
   // its set: issue order, NOTE [SSD tier]); and its write behind.
-  auto ssdAcquire = [&](size_t k) {
-    readUpTo(k + sets);
-    auto waitStart = std::chrono::steady_clock::now();
-    nvme_->wait(reads[k]);
-    phases_.ssdWait += secondsSince(waitStart);
-    return ssdBuffers(k % sets, ranges_[ssdOrder[k]].size(), largest);
-  };
-  auto ssdRelease = [&](size_t k, const HostState& st) {
-    written = nvme_->writeAsync(ssdOrder[k], {{zero::NvmeTier::Master, st.master.data<float>()},
-                                              {zero::NvmeTier::FirstMoment, st.m.data<float>()},
-                                              {zero::NvmeTier::SecondMoment, st.v.data<float>()}});
-  };
+  auto ssdAcquire = [&](size_t k) { return ssd.acquire(k); };
+  auto ssdRelease = [&](size_t k, const HostState& st) { ssd.release(k, st); };
   if (!config_.pipeline ||
       !stepOffDevicePipelined(h, gradients, gradScale, hostScale, ssdAcquire, ssdRelease)) {
     size_t k = 0;  // the SSD chunks updated so far
@@ -420,9 +373,8 @@ void AdamW::stepChunks(double lr, const std::vector<Tensor>& gradients, const Te
       ssdRelease(k++, st);
     }
   }
-  auto waitStart = std::chrono::steady_clock::now();
-  if (written != 0) nvme_->wait(written);
-  phases_.ssdWait += secondsSince(waitStart);
+  ssd.finish();
+  phases_.ssdWait += ssd.waitSeconds();
   if (delaySsd) startDelayed(h, gradients, hostScale);
   offDeviceSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -662,21 +614,10 @@ void AdamW::moveToDevice(size_t c, Device device) {
   }
 }
 
-AdamW::HostState AdamW::ssdBuffers(size_t set, int64_t n, int64_t largest) {
-  Tensor* buffers = ssdBuffers_[set];
-  if (!buffers[0].defined() || buffers[0].numel() < std::max(n, largest))
-    for (int f = 0; f < 3; ++f) buffers[f] = Tensor::empty({std::max(n, largest)}, DType::F32, Device::cpu());
-  return HostState{buffers[0].narrow(0, 0, n), buffers[1].narrow(0, 0, n), buffers[2].narrow(0, 0, n)};
-}
-
 AdamW::HostState AdamW::hostState(size_t c) {
   if (homes_[c] == zero::Tier::Host) return HostState{masters_[c], m_[c], v_[c]};
   // SSD, outside a step (nothing in flight): read into the first buffer set.
-  HostState st = ssdBuffers(0, ranges_[c].size(), 0);
-  nvme_->wait(nvme_->readAsync(c, {{zero::NvmeTier::Master, st.master.data<float>()},
-                                   {zero::NvmeTier::FirstMoment, st.m.data<float>()},
-                                   {zero::NvmeTier::SecondMoment, st.v.data<float>()}}));
-  return st;
+  return ssdBuffers_.readNow(*nvme_, c);
 }
 
 void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
@@ -781,8 +722,9 @@ Tensor hostStateTensor(int64_t numel, DType dtype, bool pinned) {
 }
 
 std::vector<ChunkStateField> AdamW::chunkState(size_t c) const {
-  if (!m_.at(c).defined()) return {};  // on the SSD
-  return {{"exp_avg", m_[c], true}, {"exp_avg_sq", v_[c], true}};
+  // Undefined values on the SSD.
+  return {{"exp_avg", m_.at(c), true, zero::NvmeTier::FirstMoment},
+          {"exp_avg_sq", v_.at(c), true, zero::NvmeTier::SecondMoment}};
 }
 
 uint64_t chunkStateBytes(const Tensor& master, const Tensor& m, const Tensor& v) {

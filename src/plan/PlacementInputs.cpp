@@ -70,6 +70,13 @@ ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType comp
     in.firstMomentBytes.push_back(first);
     in.secondMomentBytes.push_back(second);
     in.optimizerBytes.push_back(uint64_t(range) * 4 + first + second);
+    zero::NvmeTier::ChunkFields ssd =
+        adafactor ? optim::adafactorTierFields(in.layout, i, zero::ShardRange{0, range}, adafactorConfig,
+                                               nvmeStateDType(c))
+                  : zero::NvmeTier::ChunkFields::uniform(range, nvmeStateDType(c));
+    in.nvmeBytes.push_back(ssd.bytes());
+    in.nvmeFirstMomentBytes.push_back(uint64_t(ssd.elems[1]) * dtypeSize(ssd.dtypes[1]));
+    in.nvmeSecondMomentBytes.push_back(uint64_t(ssd.elems[2]) * dtypeSize(ssd.dtypes[2]));
     largest = std::max(largest, padded);
   }
   // Gradients accumulate in fp32 for 16-bit parameters (ChunkManager), in the parameters' dtype otherwise,
@@ -134,8 +141,6 @@ zero::StoreBudgets storeBudgets(const config::Config& c, uint64_t parameterBytes
                      "store.host_budget_gb");
   b.nvme = zero::parseBudgetGb(c.store.nvmeBudgetGb, c.zero.nvmePath.empty() ? 0 : nvmeFree / 10 * 9,
                                "store.nvme_budget_gb");
-  // Adafactor's state has no SSD form (optim/Adafactor.h): the device and the host hold it.
-  if (c.optimizer.type == "adafactor") b.nvme = 0;
   return b;
 }
 

@@ -299,18 +299,11 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
 
   // The placement: the store's own function, as the engine calls it (m and v on the SSD in
   // store.nvme_state_dtype).
-  uint64_t nvmeMomentBytes = dtypeSize(nvmeStateDType(c));
   uint64_t hostBudget = p.budgets.host;
   try {
-    std::vector<uint64_t> nvmeBytes;
-    // (Adafactor's state has no SSD form yet: its bytes as they are.)
-    for (size_t i = 0; i < in.rangeElems.size(); ++i)
-      nvmeBytes.push_back(p.optimizer == "adafactor"
-                              ? in.optimizerBytes[i]
-                              : uint64_t(in.rangeElems[i]) * (4 + 2 * nvmeMomentBytes));
     p.placement =
         placeWithDelayedReserve(c, p.compute, in.rangeElems, p.budgets, [&](const zero::StoreBudgets& b) {
-          return zero::placeModelState(in.parameterBytes, in.optimizerBytes, b, nvmeBytes);
+          return zero::placeModelState(in.parameterBytes, in.optimizerBytes, b, in.nvmeBytes);
         });
     uint64_t reserve = delayedUpdateReserveBytes(c, p.compute, in.rangeElems, p.placement);
     if (reserve > 0)
@@ -345,12 +338,11 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
     int tier = int(p.placement.optimizerTier[i]);
     uint64_t range = uint64_t(in.rangeElems[i]) * 4;
-    bool onSsd = p.placement.optimizerTier[i] == zero::Tier::Nvme && p.optimizer != "adafactor";
-    uint64_t moments = range / 4 * nvmeMomentBytes;
+    bool onSsd = p.placement.optimizerTier[i] == zero::Tier::Nvme;
     bool master = p.compute != DType::F32 || p.placement.optimizerTier[i] != zero::Tier::Device;
     if (master) p.kindBytes[kMasters][tier] += range;
-    p.kindBytes[kFirstMoments][tier] += onSsd ? moments : in.firstMomentBytes[i];
-    p.kindBytes[kSecondMoments][tier] += onSsd ? moments : in.secondMomentBytes[i];
+    p.kindBytes[kFirstMoments][tier] += onSsd ? in.nvmeFirstMomentBytes[i] : in.firstMomentBytes[i];
+    p.kindBytes[kSecondMoments][tier] += onSsd ? in.nvmeSecondMomentBytes[i] : in.secondMomentBytes[i];
     if (!master) {
       p.placement.bytes[tier] -= range;
       p.placement.optimizerBytes[i] -= range;
@@ -434,7 +426,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   }
   if (offElems > 0 && p.optimizer == "adafactor") {
     // NOTE [Adafactor host chunks] in optim/Adafactor.h: the masters and the state cross the link both ways
-    // and the GPU updates them.
+    // and the GPU updates them (the SSD chunks' too, read from the SSD into host memory first).
     double bytes = 0;
     for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
       if (p.placement.optimizerTier[i] != zero::Tier::Device)
@@ -576,7 +568,7 @@ std::vector<std::string> fitAdvice(const config::Config& c, const PlanOptions& o
     if (fits(s, options)) out.push_back("--set store.gpu_budget_gb=auto --set store.host_budget_gb=auto");
   }
   // The SSD tier.
-  if (c.zero.nvmePath.empty() && c.optimizer.type != "adafactor") {
+  if (c.zero.nvmePath.empty()) {
     config::Config s = c;
     s.zero.nvmePath = "ssd";
     PlanOptions o = options;

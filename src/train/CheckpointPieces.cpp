@@ -44,19 +44,34 @@ struct StateReader {
   }
 };
 
-// Chunk c's state on the SSD: its fields cover the optimizer's range (m and v zero without `optimizer`).
-void loadSsdChunk(ModelState& s, StateReader& in, size_t c, bool optimizer) {
+// A field of chunk c's state in the optimizer's own layout (Adafactor's factored statistics), `numel`
+// values into in.host: the piece saved for this chunk's range (the same layout, checked before).
+void readOwnLayout(ModelState& s, StateReader& in, size_t c, const std::string& kind, int64_t numel,
+                   int64_t savedIndex) {
+  in.host.assign(size_t(numel), 0.0f);
+  STRATA_USER_CHECK(
+      in.reader.readChunkPiece(kind, savedIndex, s.optimizer->ranges()[c].begin, numel, in.host.data()),
+      "checkpoint {}: its {} state does not match this run's chunks (it reloads only at the chunk size and "
+      "world size it was saved with); set checkpoint.load_model_only: true to start the optimizer fresh from "
+      "its weights",
+      in.reader.directory(), kind);
+}
+
+// Chunk c's state on the SSD: the master and each field of the optimizer's state over its range (zero
+// without `optimizer`).
+void loadSsdChunk(ModelState& s, StateReader& in, size_t c, bool optimizer, int64_t savedIndex) {
   zero::ShardRange range = s.optimizer->ranges()[c];
-  int64_t n = range.size();
-  in.read(n, c, "param", range.begin);
+  in.read(range.size(), c, "param", range.begin);
   s.nvme->write(c, zero::NvmeTier::Master, in.host.data());
-  for (auto [kind, field] : {std::pair{"exp_avg", zero::NvmeTier::FirstMoment},
-                             std::pair{"exp_avg_sq", zero::NvmeTier::SecondMoment}}) {
-    if (optimizer)
-      in.read(n, c, kind, range.begin);
-    else
+  for (const optim::ChunkStateField& field : s.optimizer->chunkState(c)) {
+    int64_t n = s.nvme->fieldElems(c, field.ssdField);
+    if (!optimizer)
       in.host.assign(size_t(n), 0.0f);
-    s.nvme->write(c, field, in.host.data());
+    else if (field.elementwise)
+      in.read(n, c, field.kind.c_str(), range.begin);
+    else
+      readOwnLayout(s, in, c, field.kind, n, savedIndex);
+    if (n > 0) s.nvme->write(c, field.ssdField, in.host.data());
   }
 }
 
@@ -64,7 +79,7 @@ void loadSsdChunk(ModelState& s, StateReader& in, size_t c, bool optimizer) {
 void loadChunk(ModelState& s, StateReader& in, size_t c, bool optimizer, int64_t savedIndex) {
   in.fill(s.parameterHome(c), c, "param");
   if (s.optimizer->home(c) == zero::Tier::Nvme) {
-    loadSsdChunk(s, in, c, optimizer);
+    loadSsdChunk(s, in, c, optimizer, savedIndex);
     return;
   }
   if (s.optimizer->hasMaster(c)) in.fill(s.optimizer->masterFlats()[c], c, "param");
@@ -74,16 +89,8 @@ void loadChunk(ModelState& s, StateReader& in, size_t c, bool optimizer, int64_t
       in.fill(field.values, c, field.kind.c_str());
       continue;
     }
-    // The optimizer's own layout: the piece saved for this chunk's range (the same layout, checked before).
     if (field.values.numel() == 0) continue;
-    in.host.assign(size_t(field.values.numel()), 0.0f);
-    STRATA_USER_CHECK(
-        in.reader.readChunkPiece(field.kind, savedIndex, s.optimizer->ranges()[c].begin, field.values.numel(),
-                                 in.host.data()),
-        "checkpoint {}: its {} state does not match this run's chunks (it reloads only at the chunk "
-        "size and world size it was saved with); set checkpoint.load_model_only: true to start the "
-        "optimizer fresh from its weights",
-        in.reader.directory(), field.kind);
+    readOwnLayout(s, in, c, field.kind, field.values.numel(), savedIndex);
     ops::copy(field.values, Tensor::fromHost(in.host.data(), DType::F32, in.host.size(),
                                              {field.values.numel()}, field.values.device()));
   }
@@ -131,24 +138,27 @@ void CheckpointPieces::planLayout() {
     }
 }
 
-SaveTensor CheckpointPieces::savePiece(const char* kind, size_t c, int field) const {
+SaveTensor CheckpointPieces::savePiece(const char* kind, size_t c, int field, bool elementwise) const {
   const optim::ChunkOptimizer& chunkOptimizer = *state_.optimizer;
   zero::ShardRange r = state_.groups.shard(c);
   int64_t end = std::min(r.end, state_.chunks->layout().chunks[c].used);
-  std::string name = chunkPieceName(kind, savedIndex_[c], r.begin);
   if (chunkOptimizer.home(c) == zero::Tier::Nvme) {
-    // Read from the SSD when the writer reaches it: one piece in memory at a time.
+    // Read from the SSD when the writer reaches it: one piece in memory at a time. A field of the
+    // optimizer's own layout is saved whole, named by the first element of the optimizer's range.
     zero::NvmeTier* nvme = state_.nvme.get();
-    int64_t offset = r.begin - chunkOptimizer.ranges()[c].begin;
-    return SaveTensor{name,
-                      {end - r.begin},
-                      DType::F32,
-                      [nvme, c, field, offset, n = end - r.begin, whole = chunkOptimizer.ranges()[c].size()] {
-                        Tensor all = Tensor::empty({whole}, DType::F32, Device::cpu());
-                        nvme->read(c, zero::NvmeTier::Field(field), all.data<float>());
-                        return all.narrow(0, offset, n);
-                      }};
+    zero::NvmeTier::Field f = zero::NvmeTier::Field(field);
+    int64_t whole = nvme->fieldElems(c, f);
+    int64_t offset = elementwise ? r.begin - chunkOptimizer.ranges()[c].begin : 0;
+    int64_t n = elementwise ? end - r.begin : whole;
+    int64_t begin = elementwise ? r.begin : chunkOptimizer.ranges()[c].begin;
+    return SaveTensor{
+        chunkPieceName(kind, savedIndex_[c], begin), {n}, DType::F32, [nvme, c, f, offset, n, whole] {
+          Tensor all = Tensor::empty({whole}, DType::F32, Device::cpu());
+          nvme->read(c, f, all.data<float>());
+          return all.narrow(0, offset, n);
+        }};
   }
+  std::string name = chunkPieceName(kind, savedIndex_[c], r.begin);
   // The fp32 values: the masters, or fp32 chunks' own parameters (their shard at stage 3); where those lag
   // their state, the values the next update writes into them (NOTE [Delayed update checkpoints]).
   STRATA_CHECK(field == zero::NvmeTier::Master, "savePiece: chunk {}'s state is not on the SSD", c);
@@ -198,18 +208,15 @@ SaveTensors CheckpointPieces::optimizer() const {
       out.push_back(SaveTensor{chunkPieceName("delayed_param", savedIndex_[c], r.begin), t.shape(),
                                DType::F32, [t] { return ops::to(t, Device::cpu(), DType::F32); }});
     }
-    if (chunkOptimizer.home(c) == zero::Tier::Nvme) {
-      out.push_back(savePiece("exp_avg", c, zero::NvmeTier::FirstMoment));
-      out.push_back(savePiece("exp_avg_sq", c, zero::NvmeTier::SecondMoment));
-      continue;
-    }
+    bool ssd = chunkOptimizer.home(c) == zero::Tier::Nvme;
     for (const optim::ChunkStateField& field : chunkOptimizer.chunkState(c)) {
       // A field of the optimizer's own layout over a whole chunk (stage 0 on several ranks) is the same on
       // every rank: rank 0 saves it.
       bool whole = chunkOptimizer.ranges()[c].size() == state_.chunks->paddedElems(c);
-      if (!field.elementwise && (field.values.numel() == 0 || (whole && state_.groups.rankIn(c) != 0)))
-        continue;
-      out.push_back(saveField(field, c));
+      int64_t numel = ssd ? state_.nvme->fieldElems(c, field.ssdField) : field.values.numel();
+      if (!field.elementwise && (numel == 0 || (whole && state_.groups.rankIn(c) != 0))) continue;
+      out.push_back(ssd ? savePiece(field.kind.c_str(), c, field.ssdField, field.elementwise)
+                        : saveField(field, c));
     }
   }
   return out;
@@ -223,7 +230,6 @@ void CheckpointPieces::checkOptimizerState(ChunkCheckpointReader& reader) const 
   std::vector<std::string> kinds;
   for (size_t c = 0; c < n && kinds.empty(); ++c)
     for (const optim::ChunkStateField& field : chunkOptimizer.chunkState(c)) kinds.push_back(field.kind);
-  if (kinds.empty()) kinds = {"exp_avg", "exp_avg_sq"};
   for (const std::string& kind : kinds)
     STRATA_USER_CHECK(reader.hasKind(kind),
                       "checkpoint {} holds no {} state (no optimizer state, or another optimizer's); set "

@@ -52,8 +52,9 @@ class CheckpointPieces {
 
  private:
   void planLayout();
-  // One checkpoint piece of chunk c: its fp32 values (field Master), m or v over this rank's shard.
-  SaveTensor savePiece(const char* kind, size_t c, int field) const;
+  // One checkpoint piece of chunk c: its fp32 values (field Master), or (SSD chunks) a field of its state,
+  // over this rank's shard when `elementwise`, else whole (the optimizer's own layout).
+  SaveTensor savePiece(const char* kind, size_t c, int field, bool elementwise = true) const;
   // One of chunk c's optimizer state fields (optim::ChunkStateField) as a checkpoint piece.
   SaveTensor saveField(const optim::ChunkStateField& field, size_t c) const;
   // Refuses a checkpoint without this optimizer's state, or whose state of the optimizer's own layout does

@@ -201,6 +201,15 @@ zero::StoreBudgets budgetsFor(const ModelState& s, const config::Config& c, uint
                             headroom);
 }
 
+// Chunk i's extent in the SSD tier, were its state there: AdamW's master, m and v over its range, or
+// Adafactor's fields (NOTE [Adafactor SSD chunks] in optim/Adafactor.h).
+zero::NvmeTier::ChunkFields nvmeFields(const ModelState& s, const config::Config& c,
+                                       const optim::AdafactorConfig& adafactor, size_t i) {
+  if (c.optimizer.type == "adafactor")
+    return optim::adafactorTierFields(s.chunks->layout(), i, s.ranges[i], adafactor, plan::nvmeStateDType(c));
+  return zero::NvmeTier::ChunkFields::uniform(s.ranges[i].size(), plan::nvmeStateDType(c));
+}
+
 // What the placement weighs for each chunk: this rank's parameter bytes (on the device), each chunk's
 // optimizer state in memory and on the SSD (where m and v may be kept in half precision).
 struct StateBytes {
@@ -218,7 +227,7 @@ StateBytes stateBytes(const ModelState& s, const config::Config& c, const optim:
                               ? elems * 4 +
                                     optim::adafactorStateBytes(s.chunks->layout(), i, s.ranges[i], adafactor)
                               : elems * 4 * 3);
-    b.nvme.push_back(elems * (4 + 2 * dtypeSize(plan::nvmeStateDType(c))));
+    b.nvme.push_back(nvmeFields(s, c, adafactor, i).bytes());
   }
   return b;
 }
@@ -256,19 +265,21 @@ void place(ModelState& s, const config::Config& c, DType compute, const StateByt
 
 // The SSD tier the placement asks for, and the optimizer over every tier, which takes the masters.
 void makeOptimizer(ModelState& s, const config::Config& c, const optim::AdafactorConfig& adafactorConfig) {
-  std::vector<int64_t> nvmeElems(s.chunks->numChunks(), 0);
+  std::vector<zero::NvmeTier::ChunkFields> nvmeFieldsOf(s.chunks->numChunks());
   for (size_t i = 0; i < s.chunks->numChunks(); ++i)
-    if (s.placement.optimizerTier[i] == zero::Tier::Nvme) nvmeElems[i] = s.ranges[i].size();
+    if (s.placement.optimizerTier[i] == zero::Tier::Nvme)
+      nvmeFieldsOf[i] = nvmeFields(s, c, adafactorConfig, i);
   if (s.placement.chunksOn(zero::Tier::Nvme) > 0)
-    s.nvme =
-        std::make_unique<zero::NvmeTier>(c.zero.nvmePath, s.groups.rank(), nvmeElems, plan::nvmeStateDType(c),
-                                         zero::NvmeIoConfig{c.zero.aioBlockSize, c.zero.aioQueueDepth});
+    s.nvme = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, s.groups.rank(), plan::nvmeStateDType(c),
+                                              nvmeFieldsOf,
+                                              zero::NvmeIoConfig{c.zero.aioBlockSize, c.zero.aioQueueDepth});
   for (size_t i = 0; i < s.masters.size(); ++i)
     if (s.placement.optimizerTier[i] == zero::Tier::Device && s.masters[i].device() != s.device)
       s.masters[i] = ops::to(s.masters[i], s.device, DType::F32);
   if (c.optimizer.type == "adafactor") {
-    s.optimizer = std::make_unique<optim::Adafactor>(*s.chunks, std::move(s.masters), adafactorConfig,
-                                                     s.ranges, s.parameterShards, s.placement.optimizerTier);
+    s.optimizer =
+        std::make_unique<optim::Adafactor>(*s.chunks, std::move(s.masters), adafactorConfig, s.ranges,
+                                           s.parameterShards, s.placement.optimizerTier, s.nvme.get());
   } else {
     s.optimizer = std::make_unique<optim::AdamW>(
         *s.chunks, std::move(s.masters),
@@ -302,8 +313,7 @@ void placeModelState(ModelState& s, const config::Config& c, DType compute, Rank
   for (uint64_t& b : s.placement.bytes) b = 0;
   for (size_t i = 0; i < s.chunks->numChunks(); ++i) {
     uint64_t state = s.optimizer->stateBytes(i);
-    if (s.placement.optimizerTier[i] == zero::Tier::Nvme)
-      state = uint64_t(s.ranges[i].size()) * (4 + 2 * dtypeSize(s.nvme->stateDType()));
+    if (s.placement.optimizerTier[i] == zero::Tier::Nvme) state = s.nvme->chunkStateBytes(i);
     s.placement.optimizerBytes[i] = state;
     s.placement.bytes[int(s.placement.optimizerTier[i])] += state;
   }

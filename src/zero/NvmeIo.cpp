@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -16,6 +17,7 @@
 #include <liburing.h>
 #endif
 
+#include "strata/core/Checksum.h"
 #include "strata/core/Error.h"
 #include "strata/core/FileError.h"
 #include "strata/core/Half.h"
@@ -57,7 +59,7 @@ void transferPiece(int fd, const std::string& path, bool write, const IoPiece& p
     if (n <= 0) ioFailed(path, write, piece.bytes - done, piece.offset + done, n < 0 ? errno : 0);
     done += size_t(n);
   }
-  if (!write) decodePiece(piece, buffer);
+  if (!write) decodePiece(piece, buffer, path);
 }
 
 // A pool of `depth` threads, each with its own buffer, taking the pieces of one run() at a time.
@@ -151,6 +153,7 @@ class UringBackend final : public IoBackend {
     size_t next = 0, queued = 0, inKernel = 0;
     // The first failure: its errno (0: end of file), bytes and offset.
     bool failed = false;
+    std::exception_ptr corrupt;  // a piece read back that fails its checksum
     int failError = 0;
     size_t failBytes = 0, lastPrepared = 0;
     uint64_t failOffset = 0;
@@ -169,7 +172,7 @@ class UringBackend final : public IoBackend {
       ++queued;
     };
     for (;;) {
-      while (!failed && next < pieces.size() && !idle.empty()) {
+      while (!failed && !corrupt && next < pieces.size() && !idle.empty()) {
         size_t s = idle.back();
         idle.pop_back();
         slots_[s].piece = next++;
@@ -227,10 +230,17 @@ class UringBackend final : public IoBackend {
         prepare(s);  // a short transfer: the rest
         continue;
       }
-      if (!write) decodePiece(p, slot.buffer.get(pieceBytes_));
+      if (!write && !failed && !corrupt) {
+        try {
+          decodePiece(p, slot.buffer.get(pieceBytes_), path_);
+        } catch (...) {
+          corrupt = std::current_exception();  // thrown once nothing is in flight
+        }
+      }
       idle.push_back(s);
     }
     if (failed) ioFailed(path_, write, failBytes, failOffset, failError);
+    if (corrupt) std::rethrow_exception(corrupt);
   }
 
  private:
@@ -252,10 +262,10 @@ class UringBackend final : public IoBackend {
 }  // namespace
 
 void encodePiece(const IoPiece& piece, void* buffer) {
-  const float* src = piece.values;
+  const float* src = static_cast<const float*>(piece.values);
   size_t n = piece.count;
-  if (piece.dtype == DType::F32) {
-    std::memcpy(buffer, src, n * 4);
+  if (piece.memory == piece.dtype) {
+    std::memcpy(buffer, piece.values, n * dtypeSize(piece.dtype));
   } else if (piece.dtype == DType::BF16) {
     BFloat16* d = static_cast<BFloat16*>(buffer);
     for (size_t i = 0; i < n; ++i) d[i] = BFloat16(src[i]);
@@ -265,13 +275,28 @@ void encodePiece(const IoPiece& piece, void* buffer) {
   }
   size_t payload = n * dtypeSize(piece.dtype);
   std::memset(static_cast<char*>(buffer) + payload, 0, piece.bytes - payload);
+  if (piece.checksum != nullptr) *piece.checksum = PieceChecksum{crc32c(buffer, payload), true};
 }
 
-void decodePiece(const IoPiece& piece, const void* buffer) {
-  float* dst = piece.values;
+void decodePiece(const IoPiece& piece, const void* buffer, const std::string& path) {
+  float* dst = static_cast<float*>(piece.values);
   size_t n = piece.count;
-  if (piece.dtype == DType::F32) {
-    std::memcpy(dst, buffer, n * 4);
+  if (piece.checksum != nullptr && piece.checksum->written) {
+    uint32_t crc = crc32c(buffer, n * dtypeSize(piece.dtype));
+    auto hex = [](uint32_t v) {
+      char text[9];
+      std::snprintf(text, sizeof(text), "%08x", v);
+      return std::string(text);
+    };
+    STRATA_USER_CHECK(
+        crc == piece.checksum->crc,
+        "the SSD tier's file {} is corrupted: the {} bytes at offset {} read back with CRC32C {}, "
+        "written with {} (the disk, or another process, changed them); the state there is lost: "
+        "resume from the last checkpoint",
+        path, n * dtypeSize(piece.dtype), piece.offset, hex(crc), hex(piece.checksum->crc));
+  }
+  if (piece.memory == piece.dtype) {
+    std::memcpy(piece.values, buffer, n * dtypeSize(piece.dtype));
   } else if (piece.dtype == DType::BF16) {
     const BFloat16* s = static_cast<const BFloat16*>(buffer);
     for (size_t i = 0; i < n; ++i) dst[i] = float(s[i]);

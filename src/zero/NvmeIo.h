@@ -14,19 +14,28 @@
 
 namespace strata::zero::detail {
 
-// One transfer between `count` fp32 values and the file: `bytes` (a 4 KiB multiple: the payload in `dtype`,
-// then zeros) at `offset`.
+// The CRC32C of a piece's payload as it was last written (NOTE [SSD tier] in strata/zero/NvmeTier.h).
+struct PieceChecksum {
+  uint32_t crc = 0;
+  bool written = false;
+};
+
+// One transfer between `count` values in memory (fp32, or already in `dtype`: `memory`) and the file:
+// `bytes` (a 4 KiB multiple: the payload in `dtype`, then zeros) at `offset`. `checksum`: the piece's.
 struct IoPiece {
   uint64_t offset = 0;
   size_t bytes = 0;
   size_t count = 0;
   DType dtype = DType::F32;
-  float* values = nullptr;
+  void* values = nullptr;
+  DType memory = DType::F32;
+  PieceChecksum* checksum = nullptr;
 };
 
-// The stored bytes of a piece from its values (zeros after the payload), and its values from stored bytes.
+// The stored bytes of a piece from its values (zeros after the payload), recording the payload's checksum;
+// and its values from stored bytes, after checking that checksum (a mismatch is an error naming `path`).
 void encodePiece(const IoPiece& piece, void* buffer);
-void decodePiece(const IoPiece& piece, const void* buffer);
+void decodePiece(const IoPiece& piece, const void* buffer, const std::string& path);
 
 // A failed transfer, as the user sees it: the operation, the bytes, the offset and the file. `error` is an
 // errno value, or 0 for a read that met the end of the file.

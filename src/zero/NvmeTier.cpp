@@ -117,9 +117,21 @@ uint64_t removeStaleTierFiles(const std::string& directory) {
   return removed;
 }
 
+namespace {
+std::vector<NvmeTier::ChunkFields> uniformFields(const std::vector<int64_t>& elems, DType stateDType) {
+  std::vector<NvmeTier::ChunkFields> out;
+  for (int64_t n : elems) out.push_back(NvmeTier::ChunkFields::uniform(n, stateDType));
+  return out;
+}
+}  // namespace
+
 NvmeTier::NvmeTier(const std::string& directory, int rank, const std::vector<int64_t>& elems,
                    DType stateDType, const NvmeIoConfig& io)
-    : stateDType_(stateDType), elems_(elems) {
+    : NvmeTier(directory, rank, stateDType, uniformFields(elems, stateDType), io) {}
+
+NvmeTier::NvmeTier(const std::string& directory, int rank, DType stateDType,
+                   const std::vector<ChunkFields>& chunks, const NvmeIoConfig& io)
+    : stateDType_(stateDType), chunks_(chunks) {
   STRATA_USER_CHECK(io.blockBytes >= int64_t(kAlign) && io.blockBytes <= (int64_t(1) << 30),
                     "zero_optimization.aio.block_size must be from 4096 bytes to 1 GiB, not {}",
                     io.blockBytes);
@@ -131,8 +143,13 @@ NvmeTier::NvmeTier(const std::string& directory, int rank, const std::vector<int
       "the SSD tier's io_uring backend was asked for (STRATA_NVME_BACKEND=uring), but this build "
       "has no liburing: install liburing-dev (or pass its folder in CMAKE_PREFIX_PATH) and "
       "rebuild, or use STRATA_NVME_BACKEND=threads");
-  STRATA_USER_CHECK(stateDType == DType::F32 || stateDType == DType::BF16 || stateDType == DType::F16,
-                    "store.nvme_state_dtype must be fp32, bf16 or fp16");
+  auto storable = [](DType dt) { return dt == DType::F32 || dt == DType::BF16 || dt == DType::F16; };
+  STRATA_USER_CHECK(storable(stateDType), "store.nvme_state_dtype must be fp32, bf16 or fp16");
+  for (const ChunkFields& fields : chunks_)
+    for (int f = 0; f < kFields; ++f)
+      STRATA_CHECK(fields.elems[f] >= 0 && storable(fields.dtypes[f]) &&
+                       (f != Master || fields.dtypes[f] == DType::F32),
+                   "the SSD tier stores an fp32 master and fp32, bf16 or fp16 state");
   STRATA_USER_CHECK(
       !directory.empty(),
       "the SSD tier needs a directory: set zero_optimization.nvme_path (e.g. a folder on the SSD)");
@@ -140,10 +157,10 @@ NvmeTier::NvmeTier(const std::string& directory, int rank, const std::vector<int
   fs::create_directories(directory, ec);
   STRATA_USER_CHECK(fs::is_directory(directory), "zero_optimization.nvme_path {} is not a directory{}",
                     directory, ec ? ": " + ec.message() : std::string());
-  for (size_t c = 0; c < elems_.size(); ++c) {
+  for (size_t c = 0; c < chunks_.size(); ++c) {
     offsets_.push_back(fileBytes_);
-    if (elems_[c] == 0) continue;
-    for (int f = 0; f < 3; ++f) {
+    if (!holds(c)) continue;
+    for (int f = 0; f < kFields; ++f) {
       fileBytes_ += alignUp(fieldBytes(c, Field(f)));
       stateBytes_ += fieldBytes(c, Field(f));
     }
@@ -175,10 +192,17 @@ NvmeTier::NvmeTier(const std::string& directory, int rank, const std::vector<int
     }
   }
   blockBytes_ = size_t(io.blockBytes) / kAlign * kAlign;
+  // A checksum per piece of every field (NOTE [SSD tier]: pieces are cut the same way on every transfer).
+  checksums_.resize(chunks_.size());
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int f = 0; f < kFields; ++f) {
+      size_t perPiece = blockBytes_ / dtypeSize(chunks_[c].dtypes[size_t(f)]);
+      checksums_[c][size_t(f)].resize((size_t(chunks_[c].elems[size_t(f)]) + perPiece - 1) / perPiece);
+    }
   // The staging buffers need be no larger than the largest field.
   uint64_t largestField = 0;
-  for (size_t c = 0; c < elems_.size(); ++c)
-    for (int f = 0; f < 3; ++f) largestField = std::max(largestField, alignUp(fieldBytes(c, Field(f))));
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int f = 0; f < kFields; ++f) largestField = std::max(largestField, alignUp(fieldBytes(c, Field(f))));
   size_t pieceBytes = std::max<size_t>(kAlign, std::min<size_t>(blockBytes_, largestField));
   int depth = int(io.queueDepth);
   std::string why;
@@ -226,13 +250,20 @@ const char* NvmeTier::backendName() const {
 }
 
 void NvmeTier::release(size_t chunk) {
-  if (chunk >= elems_.size() || elems_[chunk] == 0) return;
-  for (int f = 0; f < 3; ++f) stateBytes_ -= fieldBytes(chunk, Field(f));
-  elems_[chunk] = 0;  // its offsets stay; nothing reads it again
+  if (!holds(chunk)) return;
+  stateBytes_ -= chunkStateBytes(chunk);
+  chunks_[chunk].elems = {};  // its offsets stay; nothing reads it again
+}
+
+uint64_t NvmeTier::chunkStateBytes(size_t chunk) const {
+  uint64_t bytes = 0;
+  if (holds(chunk))
+    for (int f = 0; f < kFields; ++f) bytes += fieldBytes(chunk, Field(f));
+  return bytes;
 }
 
 size_t NvmeTier::fieldBytes(size_t chunk, Field f) const {
-  return size_t(elems_[chunk]) * (f == Master ? 4 : dtypeSize(stateDType_));
+  return size_t(chunks_[chunk].elems[f]) * dtypeSize(chunks_[chunk].dtypes[f]);
 }
 
 uint64_t NvmeTier::offsetOf(size_t chunk, Field f) const {
@@ -242,16 +273,22 @@ uint64_t NvmeTier::offsetOf(size_t chunk, Field f) const {
 }
 
 NvmeTier::Ticket NvmeTier::submit(bool write, size_t chunk, const std::vector<FieldValues>& fields) {
-  STRATA_CHECK(chunk < elems_.size() && elems_[chunk] > 0, "chunk {} has no extent on the SSD tier", chunk);
+  STRATA_CHECK(holds(chunk), "chunk {} has no extent on the SSD tier", chunk);
   Job job{0, write, {}};
   for (const FieldValues& fv : fields) {
-    DType dt = fv.field == Master ? DType::F32 : stateDType_;
+    DType dt = chunks_[chunk].dtypes[fv.field];
+    int64_t elems = chunks_[chunk].elems[fv.field];
+    STRATA_CHECK(fv.dtype == DType::F32 || fv.dtype == dt,
+                 "the SSD tier moves fp32 values, or values in the stored dtype ({}), not {}", dt, fv.dtype);
     size_t esize = dtypeSize(dt), perPiece = blockBytes_ / esize;
     uint64_t base = offsetOf(chunk, fv.field);
-    for (int64_t first = 0; first < elems_[chunk]; first += int64_t(perPiece)) {
-      size_t n = size_t(std::min<int64_t>(int64_t(perPiece), elems_[chunk] - first));
-      job.pieces.push_back(detail::IoPiece{base + uint64_t(first) * esize, size_t(alignUp(n * esize)), n, dt,
-                                           fv.values + first});
+    std::vector<detail::PieceChecksum>& sums = checksums_[chunk][fv.field];
+    for (int64_t first = 0; first < elems; first += int64_t(perPiece)) {
+      size_t n = size_t(std::min<int64_t>(int64_t(perPiece), elems - first));
+      job.pieces.push_back(
+          detail::IoPiece{base + uint64_t(first) * esize, size_t(alignUp(n * esize)), n, dt,
+                          static_cast<char*>(fv.values) + size_t(first) * dtypeSize(fv.dtype), fv.dtype,
+                          &sums[size_t(first) / perPiece]});
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -311,12 +348,12 @@ void NvmeTier::drain() noexcept {
 }
 
 void NvmeTier::read(size_t chunk, Field f, float* dst) {
-  wait(readAsync(chunk, {{f, dst}}));
+  wait(readAsync(chunk, {{f, dst, DType::F32}}));
 }
 
 void NvmeTier::write(size_t chunk, Field f, const float* src) {
   // The values are only read: the write encodes them into the staging buffers.
-  wait(writeAsync(chunk, {{f, const_cast<float*>(src)}}));
+  wait(writeAsync(chunk, {{f, const_cast<float*>(src), DType::F32}}));
 }
 
 }  // namespace strata::zero

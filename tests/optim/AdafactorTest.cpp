@@ -1,4 +1,6 @@
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "TestUtil.h"
@@ -440,6 +442,225 @@ TEST_CASE("Adafactor on ZeRO shards: whole-row pieces are factored, others keep 
               uint64_t(rank->firstMoments()[0].nbytes() + rank->secondMoments()[0].nbytes()));
       rank->stepChunks(0, {randomTensor({342}, gen)});
     }
+  }
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Matrices and vectors: in small chunks, most chunks hold a factored piece and a full-v one.
+std::vector<std::pair<std::string, Tensor>> tieredParameters(uint64_t seed) {
+  Generator gen(seed);
+  std::vector<std::pair<std::string, Tensor>> ps;
+  std::vector<std::pair<const char*, Shape>> shapes = {{"a", {40, 32}}, {"ab", {32}},    {"b", {48, 16}},
+                                                       {"bb", {16}},    {"c", {30, 24}}, {"cb", {24}},
+                                                       {"d", {56, 20}}, {"db", {20}}};
+  for (auto& [name, shape] : shapes) {
+    Tensor t = ops::rand(shape, gen, DType::F32, Device::cpu(), -0.5, 0.5);
+    t.setRequiresGrad(true);
+    ps.emplace_back(name, t);
+  }
+  return ps;
+}
+
+// The SSD tier's extents for the chunks homed there.
+std::vector<zero::NvmeTier::ChunkFields> tierFields(const zero::ChunkManager& chunks,
+                                                    const std::vector<zero::Tier>& homes,
+                                                    const std::vector<zero::ShardRange>& ranges,
+                                                    const optim::AdafactorConfig& cfg, DType stateDType) {
+  std::vector<zero::NvmeTier::ChunkFields> out(chunks.numChunks());
+  for (size_t c = 0; c < chunks.numChunks(); ++c)
+    if (homes[c] == zero::Tier::Nvme)
+      out[c] = optim::adafactorTierFields(
+          chunks.layout(), c, ranges.empty() ? zero::ShardRange{0, chunks.paddedElems(c)} : ranges[c], cfg,
+          stateDType);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Adafactor over chunks on the host and SSD tiers, then moved to the device, matches state on the "
+    "device bit for bit",
+    "[optim][adafactor][chunks][store][nvme]") {
+  // NOTE [Adafactor SSD chunks]: with fp32 state on the SSD (a bf16 first moment moves as it is) every step
+  // is the all-on-device update's bits, read ahead or each chunk when it comes; after two steps the memory
+  // tracer's move brings the off-device chunks onto the device, and the next steps stay equal.
+  fs::path dir = test::freshDir("strata-adafactor-tiers");
+  optim::AdafactorConfig fp32m, bf16m, nom;
+  fp32m.beta1 = bf16m.beta1 = 0.9;
+  bf16m.firstMomentBf16 = true;
+  fp32m.weightDecay = bf16m.weightDecay = nom.weightDecay = 0.1;
+  for (const optim::AdafactorConfig& cfg : {fp32m, bf16m, nom}) {
+    INFO("beta1 " << cfg.beta1 << (cfg.firstMomentBf16 ? " bf16" : ""));
+    auto ps1 = tieredParameters(7), ps2 = tieredParameters(7), ps3 = tieredParameters(7);
+    int64_t chunkBytes = 2560;  // 1280 bf16 elements: a alone, then two or three parameters a chunk
+    zero::ChunkManager c1(ps1, chunkBytes, DType::BF16), c2(ps2, chunkBytes, DType::BF16),
+        c3(ps3, chunkBytes, DType::BF16);
+    size_t n = c1.numChunks();
+    REQUIRE(n >= 4);
+    std::vector<zero::Tier> homes(n, zero::Tier::Nvme);
+    homes[0] = zero::Tier::Device;
+    homes[2] = zero::Tier::Host;
+    std::vector<zero::NvmeTier::ChunkFields> fields = tierFields(c2, homes, {}, cfg, DType::F32);
+    zero::NvmeIoConfig io{8192, 3, zero::NvmeBackend::Threads};
+    zero::NvmeTier nvme2(dir.string(), 2, DType::F32, fields, io),
+        nvme3(dir.string(), 3, DType::F32, fields, io);
+    optim::Adafactor onDevice(c1, c1.takeMasters(), cfg);
+    optim::Adafactor ahead(c2, c2.takeMasters(), cfg, {}, {}, homes, &nvme2);
+    optim::Adafactor oneByOne(c3, c3.takeMasters(), cfg, {}, {}, homes, &nvme3);
+    oneByOne.setSsdReadAhead(false);
+    // The SSD chunks keep nothing in memory; the tier holds the master, the first moment (bf16 with
+    // adafactor_bf16_momentum) and the fp32 second moment.
+    for (size_t c = 0; c < n; ++c) {
+      REQUIRE(ahead.home(c) == homes[c]);
+      REQUIRE(ahead.deviceStateBytes(c) == onDevice.deviceStateBytes(c));
+      if (homes[c] != zero::Tier::Nvme) continue;
+      REQUIRE(ahead.stateBytes(c) == 0);
+      REQUIRE(!ahead.masterFlats()[c].defined());
+      REQUIRE(nvme2.chunkStateBytes(c) ==
+              uint64_t(c1.paddedElems(c)) * 4 +
+                  optim::adafactorStateBytes(c1.layout(), c, ahead.ranges()[c], cfg));
+      REQUIRE(ahead.chunkState(c).back().kind == "adafactor_v");
+      REQUIRE(!ahead.chunkState(c).back().values.defined());
+    }
+    Generator gen(5);
+    for (int step = 0; step < 4; ++step) {
+      if (step == 2) {
+        for (size_t c = 1; c < n; ++c) {
+          ahead.moveToDevice(c, Device::cpu());
+          nvme2.release(c);
+        }
+        REQUIRE(ahead.home(n - 1) == zero::Tier::Device);
+        REQUIRE(nvme2.stateBytes() == 0);
+      }
+      std::vector<Tensor> g1s, g2s, g3s;
+      for (size_t c = 0; c < n; ++c) {
+        Tensor g = ops::rand({c1.paddedElems(c)}, gen, DType::F32, Device::cpu(), -1, 1);
+        g1s.push_back(g);
+        g2s.push_back(g.clone());
+        g3s.push_back(g.clone());
+      }
+      onDevice.stepChunks(0, g1s);
+      ahead.stepChunks(0, g2s);
+      oneByOne.stepChunks(0, g3s);
+      INFO("step " << step);
+      for (size_t k = 0; k < ps1.size(); ++k) {
+        INFO(ps1[k].first);
+        REQUIRE(ps1[k].second.toVector<double>() == ps2[k].second.toVector<double>());
+        REQUIRE(ps1[k].second.toVector<double>() == ps3[k].second.toVector<double>());
+      }
+    }
+    REQUIRE(nvme3.bytesRead() > 0);
+    // The state the SSD holds after the last write-behind is the device's.
+    for (size_t c = 0; c < n; ++c) {
+      if (homes[c] != zero::Tier::Nvme) continue;
+      std::vector<float> master(size_t(c1.paddedElems(c))),
+          v(size_t(nvme3.fieldElems(c, zero::NvmeTier::SecondMoment)));
+      nvme3.read(c, zero::NvmeTier::Master, master.data());
+      nvme3.read(c, zero::NvmeTier::SecondMoment, v.data());
+      REQUIRE(master == onDevice.masterFlats()[c].toVector<float>());
+      REQUIRE(v == onDevice.secondMoments()[c].toVector<float>());
+      REQUIRE(ahead.secondMoments()[c].toVector<float>() == v);  // moved to the device
+      if (!cfg.hasFirstMoment()) continue;
+      std::vector<float> m(master.size());
+      nvme3.read(c, zero::NvmeTier::FirstMoment, m.data());
+      REQUIRE(m == onDevice.firstMoments()[c].toVector<float>());
+      REQUIRE(nvme3.fieldDType(c, zero::NvmeTier::FirstMoment) ==
+              (cfg.firstMomentBf16 ? DType::BF16 : DType::F32));
+    }
+    // writeParameters rounds the SSD's masters into the parameters.
+    for (auto& [name, p] : ps3) ops::fill(p.detach(), 0.0);
+    oneByOne.writeParameters();
+    for (size_t k = 0; k < ps1.size(); ++k)
+      REQUIRE(ps1[k].second.toVector<double>() == ps3[k].second.toVector<double>());
+  }
+}
+
+TEST_CASE("Adafactor on ZeRO shards with its state on the SSD updates bit for bit like state in memory",
+          "[optim][adafactor][chunks][store][nvme]") {
+  // Three ranks' shards of fp32 chunks: pieces that start or end mid-row keep a full v, whole rows are
+  // factored; each rank's SSD-resident shard must update as the same shard in memory does.
+  fs::path dir = test::freshDir("strata-adafactor-shards-ssd");
+  optim::AdafactorConfig cfg;
+  cfg.beta1 = 0.9;
+  cfg.weightDecay = 0.1;
+  auto psMemory = tieredParameters(3), psSsd = tieredParameters(3);
+  zero::ChunkManager memory(psMemory, 4096, DType::F32, 3), ssd(psSsd, 4096, DType::F32, 3);
+  size_t n = memory.numChunks();
+  std::vector<zero::Tier> homes(n, zero::Tier::Nvme);
+  homes[0] = zero::Tier::Host;
+  Generator gen(8);
+  std::vector<std::vector<Tensor>> grads(4);
+  for (auto& step : grads)
+    for (size_t c = 0; c < n; ++c)
+      step.push_back(ops::rand({memory.paddedElems(c)}, gen, DType::F32, Device::cpu(), -1, 1));
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank);
+    std::vector<zero::ShardRange> ranges;
+    std::vector<Tensor> shardsMemory, shardsSsd;
+    for (size_t c = 0; c < n; ++c) {
+      zero::ShardRange r = memory.shard(c, rank);
+      ranges.push_back(r);
+      // Stage 3: each rank holds its shard of the parameters, which the update writes.
+      shardsMemory.push_back(memory.paddedFlat(c).narrow(0, r.begin, r.size()).clone());
+      shardsSsd.push_back(ssd.paddedFlat(c).narrow(0, r.begin, r.size()).clone());
+    }
+    zero::NvmeTier nvme(dir.string(), rank, DType::F32, tierFields(ssd, homes, ranges, cfg, DType::F32));
+    optim::Adafactor inMemory(memory, {}, cfg, ranges, shardsMemory);
+    optim::Adafactor onSsd(ssd, {}, cfg, ranges, shardsSsd, homes, &nvme);
+    for (const auto& step : grads) {
+      inMemory.stepChunks(0, step);
+      onSsd.stepChunks(0, step);
+      for (size_t c = 0; c < n; ++c)
+        REQUIRE(shardsMemory[c].toVector<float>() == shardsSsd[c].toVector<float>());
+    }
+    for (size_t c = 1; c < n; ++c) {
+      std::vector<float> v(size_t(nvme.fieldElems(c, zero::NvmeTier::SecondMoment)));
+      nvme.read(c, zero::NvmeTier::SecondMoment, v.data());
+      REQUIRE(v == inMemory.secondMoments()[c].toVector<float>());
+    }
+  }
+}
+
+TEST_CASE("an SSD read that fails or a tier file changed underneath stops Adafactor's step, naming the file",
+          "[optim][adafactor][store][nvme]") {
+  fs::path dir = test::freshDir("strata-adafactor-ssd-error");
+  for (bool cut : {true, false}) {
+    INFO((cut ? "the file cut short" : "a byte changed"));
+    auto ps = tieredParameters(2);
+    zero::ChunkManager chunks(ps, 4096, DType::BF16);
+    optim::AdafactorConfig cfg;
+    cfg.beta1 = 0.9;
+    std::vector<zero::Tier> homes(chunks.numChunks(), zero::Tier::Nvme);
+    zero::NvmeTier nvme(dir.string(), 0, DType::BF16, tierFields(chunks, homes, {}, cfg, DType::BF16),
+                        zero::NvmeIoConfig{4096, 2, zero::NvmeBackend::Threads});
+    optim::Adafactor opt(chunks, chunks.takeMasters(), cfg, {}, {}, homes, &nvme);
+    Generator g(2);
+    std::vector<Tensor> grads;
+    for (size_t c = 0; c < chunks.numChunks(); ++c)
+      grads.push_back(ops::rand({chunks.paddedElems(c)}, g, DType::F32, Device::cpu(), -1, 1));
+    opt.stepChunks(0, grads);
+    std::vector<float> before = ps[0].second.detach().to(DType::F32).toVector<float>();
+    if (cut) {
+      // The next step's first read meets the end of the file.
+      fs::resize_file(nvme.path(), 4096);
+    } else {
+      // A byte of the first chunk's master: the next step's read fails its checksum before the value
+      // reaches the update.
+      std::fstream f(nvme.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(40);
+      char byte = char(f.get() ^ 0x01);
+      f.seekp(40);
+      f.put(byte);
+    }
+    std::string e = test::errorOf([&] { opt.stepChunks(0, grads); });
+    INFO(e);
+    REQUIRE(e.find(cut ? "the SSD tier's read of" : "the SSD tier's file " + nvme.path() + " is corrupted") !=
+            std::string::npos);
+    REQUIRE(e.find(nvme.path()) != std::string::npos);
+    if (!cut) REQUIRE(ps[0].second.detach().to(DType::F32).toVector<float>() == before);
   }
 }
 

@@ -323,6 +323,76 @@ TEST_CASE("plan and the placement inputs count Adafactor's factored state", "[tr
   REQUIRE(text.find("optimizer      adafactor") != std::string::npos);
 }
 
+TEST_CASE(
+    "plan: Adafactor's state past a small host budget goes to the SSD, placed and counted as the "
+    "engine does",
+    "[train][plan][adafactor][nvme]") {
+  // A tiny GPT on the CPU: the engine's real placement and the plan's agree chunk for chunk and byte for
+  // byte, the SSD's bytes being Adafactor's fields there (NOTE [Adafactor SSD chunks] in optim/Adafactor.h).
+  fs::path nvme = fs::temp_directory_path() / "strata-plan-adafactor-nvme";
+  config::Config c = config::parseConfig(
+      "", "test",
+      {"data.path=" + corpus().string(), "train.device=cpu", "model.num_layers=2", "model.hidden_size=32",
+       "model.num_attention_heads=2", "model.seq_length=32", "train.micro_batch_size=2",
+       "zero_optimization.chunk_size_mb=0.02", "optimizer.type=adafactor", "optimizer.lr=0.01",
+       "optimizer.adafactor_beta1=0.9", "store.gpu_budget_gb=0.0002", "store.host_budget_gb=0.0001",
+       "zero_optimization.nvme_path=" + nvme.string(), "store.nvme_state_dtype=bf16"});
+  auto model = models::buildModel(config::modelSpecFrom(c, Device::cpu()));
+  data::CausalLmObjective objective(model, nullptr);
+  train::ZeroStepEngine engine(objective, c, Device::cpu(), DType::F32);
+  const zero::StorePlacement& real = engine.placement();
+  plan::PlanOptions options = roundMachine();
+  plan::ModelStatePlan p = plan::planModelState(c, options);
+  REQUIRE(p.fits);
+  REQUIRE(real.chunksOn(zero::Tier::Nvme) > 0);
+  REQUIRE(real.chunksOn(zero::Tier::Host) > 0);
+  REQUIRE(p.placement.optimizerTier == real.optimizerTier);
+  for (int t = 0; t < zero::kNumTiers; ++t) {
+    INFO(zero::tierName(zero::Tier(t)));
+    REQUIRE(p.placement.bytes[t] == real.bytes[t]);
+    uint64_t kinds = 0;
+    for (int k = 0; k < plan::kNumStateKinds; ++k) kinds += p.kindBytes[k][t];
+    REQUIRE(kinds == real.bytes[t]);
+  }
+  // On the SSD the fp32 first moment is kept in bf16, the factored second moment in fp32.
+  const int ssd = int(zero::Tier::Nvme);
+  uint64_t ssdElems = 0, ssdSecond = 0;
+  for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
+    if (p.placement.optimizerTier[i] == zero::Tier::Nvme) {
+      ssdElems += uint64_t(p.inputs.rangeElems[i]);
+      ssdSecond += p.inputs.secondMomentBytes[i];
+    }
+  REQUIRE(p.kindBytes[plan::kFirstMoments][ssd] == ssdElems * 2);
+  REQUIRE(p.kindBytes[plan::kSecondMoments][ssd] == ssdSecond);
+  REQUIRE(p.kindBytes[plan::kMasters][ssd] == ssdElems * 4);
+
+  // GPT-13B with about 50 GiB of host budget: Adafactor's master, bf16 first moment and factored second moment
+  // (about 6 bytes a parameter) overflow it onto the SSD, which the step's time then counts.
+  options.calibration->hostMemoryBytes = 64ull << 30;
+  config::Config big = configFile(
+      "gpt3-13b.yaml",
+      {"model.seq_length=512", "train.micro_batch_size=4", "train.global_batch_size=4",
+       "optimizer.type=adafactor", "optimizer.adafactor_beta1=0.9", "optimizer.adafactor_bf16_momentum=true",
+       "zero_optimization.nvme_path=/x", "zero_optimization.offload_optimizer.device=cpu"});
+  plan::ModelStatePlan pb = plan::planModelState(big, options);
+  REQUIRE(pb.fits);
+  REQUIRE(pb.placement.bytes[ssd] > 0);
+  REQUIRE(pb.placement.bytes[int(zero::Tier::Host)] <= pb.budgets.host);
+  REQUIRE(term(pb, "SSD") != nullptr);
+  REQUIRE(term(pb, "PCIe") != nullptr);
+  std::string text = plan::formatPlan(pb);
+  INFO(text);
+  REQUIRE(text.find("  SSD ") != std::string::npos);
+  // Without an SSD the same config does not fit, and the plan says which setting would.
+  big.zero.nvmePath.clear();
+  plan::ModelStatePlan refused = plan::planModelState(big, options);
+  REQUIRE(!refused.fits);
+  bool suggestsSsd = false;
+  for (const std::string& s : plan::fitAdvice(big, options))
+    suggestsSsd = suggestsSsd || s.find("zero_optimization.nvme_path") != std::string::npos;
+  REQUIRE(suggestsSsd);
+}
+
 TEST_CASE("the placement inputs of expert parallelism are expert-parallel rank 0's chunks",
           "[train][plan][moe]") {
   // A GPT-MoE with 4 experts over expert-parallel groups of 2, on 4 ranks: each rank holds 2 experts, which

@@ -918,7 +918,113 @@ TEST_CASE("Adafactor trains through the step engine: device and host state give 
   REQUIRE(error.find("load_model_only") != std::string::npos);
 }
 
-TEST_CASE("[cuda] Adafactor with host state and bf16 gradient buffers trains like state on the GPU",
+TEST_CASE(
+    "Adafactor with its state across the device, host and SSD tiers trains bit for bit like state in "
+    "memory, resumes, and refuses a corrupted checkpoint of it",
+    "[train][trainer][adafactor][store][nvme]") {
+  // NOTE [Adafactor SSD chunks] in optim/Adafactor.h: fp32 state on the SSD (the bf16 first moment moves
+  // as it is) is the in-memory update's bits.
+  fs::path base = test::freshDir("strata-adafactor-ssd");
+  std::string nvme = "zero_optimization.nvme_path=" + (base / "nvme").string();
+  train::Trainer(tinyConfig(base / "memory", adafactorSets({}))).run();
+  // Budgets tight enough to put some chunks' state on the device, some in host memory, the rest on the SSD.
+  std::vector<std::string> tiers = {"store.gpu_budget_gb=0.0002", "store.host_budget_gb=0.0001", nvme,
+                                    "store.nvme_state_dtype=fp32"};
+  std::vector<std::string> saving = tiers;
+  saving.push_back("checkpoint.save=" + (base / "ckpt").string());
+  saving.push_back("checkpoint.save_interval=10");
+  train::Trainer(tinyConfig(base / "tiers", adafactorSets(saving))).run();
+  auto memory = records(base / "memory");
+  requireSameCurves(memory, records(base / "tiers"));
+  nlohmann::json last;
+  for (const auto& r : records(base / "tiers"))
+    if (r.contains("loss")) last = r;
+  for (const char* tier : {"mem_state_device_gb", "mem_state_host_gb", "mem_state_nvme_gb"}) {
+    INFO(tier);
+    REQUIRE(last[tier].get<double>() > 0);
+  }
+  REQUIRE(last["mem_state_device_gb"].get<double>() + last["mem_state_host_gb"].get<double>() +
+              last["mem_state_nvme_gb"].get<double>() ==
+          Approx(last["mem_model_state_gb"].get<double>()).margin(1e-6));
+  // The time the device waited for the update off it, and the part of it spent waiting for the SSD.
+  REQUIRE(last["offload_ms"].get<double>() > 0);
+  REQUIRE(last["offload_ssd_wait_ms"].get<double>() >= 0);
+  REQUIRE(last["offload_ssd_wait_ms"].get<double>() <= last["offload_ms"].get<double>());
+  REQUIRE(fs::is_empty(base / "nvme"));  // the SSD tier's file goes with the run
+  {
+    // The engine counts the SSD's bytes as the tier holds them: the master, the bf16 first moment and the
+    // factored second moment.
+    config::Config config = tinyConfig(base / "engine", adafactorSets(tiers));
+    auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+    data::CausalLmObjective objective(model, nullptr);
+    train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
+    const zero::StorePlacement& placement = engine.placement();
+    INFO(placement.table());
+    REQUIRE(placement.chunksOn(zero::Tier::Nvme) > 0);
+    REQUIRE(placement.total() == engine.modelStateBytes());
+    uint64_t ssdElems = 0;
+    for (size_t c = 0; c < placement.optimizerTier.size(); ++c)
+      if (placement.optimizerTier[c] == zero::Tier::Nvme)
+        ssdElems += uint64_t(engine.optimizer().ranges()[c].size());
+    REQUIRE(placement.bytes[int(zero::Tier::Nvme)] > ssdElems * (4 + 2));
+    REQUIRE(placement.bytes[int(zero::Tier::Nvme)] < ssdElems * (4 + 2 + 1));
+  }
+  // Every chunk's state on the SSD, with an fp32 first moment: the in-memory run with one, exactly.
+  std::vector<std::string> fp32Moment = {"optimizer.adafactor_bf16_momentum=false"};
+  train::Trainer(tinyConfig(base / "memory32", adafactorSets(fp32Moment))).run();
+  std::vector<std::string> allSsd = {"optimizer.adafactor_bf16_momentum=false",
+                                     "zero_optimization.offload_optimizer.device=nvme", nvme,
+                                     "store.nvme_state_dtype=fp32"};
+  train::Trainer(tinyConfig(base / "ssd32", adafactorSets(allSsd))).run();
+  auto memory32 = records(base / "memory32");
+  requireSameCurves(memory32, records(base / "ssd32"));
+  for (const auto& r : records(base / "ssd32"))
+    if (r.contains("loss")) REQUIRE(r["mem_state_host_gb"].get<double>() == 0.0);
+  // A checkpoint saved from the SSD tier resumes exactly, into the tiers again and into memory.
+  fs::path saved = base / "ckpt" / "step-10";
+  for (bool intoTiers : {true, false}) {
+    INFO((intoTiers ? "into the tiers" : "into memory"));
+    std::vector<std::string> resume = intoTiers ? tiers : std::vector<std::string>{};
+    resume.push_back("checkpoint.load=" + saved.string());
+    fs::path out = base / (intoTiers ? "resumed-tiers" : "resumed-memory");
+    train::Trainer(tinyConfig(out, adafactorSets(resume))).run();
+    auto tail = records(out);
+    REQUIRE(!tail.empty());
+    requireSameCurves(std::vector<nlohmann::json>(memory.end() - std::ptrdiff_t(tail.size()), memory.end()),
+                      tail);
+  }
+  // The first moment in bf16 on the SSD from fp32 in memory: the curve departs a little.
+  std::vector<std::string> half = allSsd;
+  half.back() = "store.nvme_state_dtype=bf16";
+  train::Trainer(tinyConfig(base / "half", adafactorSets(half))).run();
+  auto h = records(base / "half");
+  double worst = 0;
+  for (size_t i = 0; i < h.size(); ++i)
+    if (h[i].contains("loss"))
+      worst = std::max(worst, std::abs(h[i]["loss"].get<double>() - memory32[i]["loss"].get<double>()));
+  INFO("largest loss difference with a bf16 first moment on the SSD: " << worst);
+  REQUIRE(worst > 0);
+  REQUIRE(worst < 0.05);
+  // The checkpoint's optimizer file, saved from the SSD, damaged on disk: its checksum names it before a
+  // byte of it is used.
+  fs::path damaged = base / "damaged" / "step-10";
+  fs::create_directories(damaged.parent_path());
+  fs::copy(saved, damaged, fs::copy_options::recursive);
+  fs::path optimizerFile = damaged / "optimizer-rank0.safetensors";
+  {
+    std::fstream f(optimizerFile, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(fs::file_size(optimizerFile) - 5));
+    f.put('\x5a');
+  }
+  std::vector<std::string> fromDamaged = tiers;
+  fromDamaged.push_back("checkpoint.load=" + damaged.string());
+  std::string e = test::errorOf(
+      [&] { train::Trainer(tinyConfig(base / "from-damaged", adafactorSets(fromDamaged))).run(); });
+  INFO(e);
+  REQUIRE(e.find("optimizer-rank0.safetensors is corrupted") != std::string::npos);
+}
+
+TEST_CASE("[cuda] Adafactor with host or SSD state and bf16 gradient buffers trains like state on the GPU",
           "[cuda][train][trainer][adafactor][store]") {
   STRATA_REQUIRE_CUDA();
   fs::path base = test::freshDir("strata-adafactor-cuda");
@@ -930,11 +1036,24 @@ TEST_CASE("[cuda] Adafactor with host state and bf16 gradient buffers trains lik
   std::vector<std::string> bf16 = host;
   bf16.push_back("precision.grad_accum_dtype=bf16");
   train::Trainer(tinyConfig(base / "bf16grads", adafactorSets(bf16))).run();
+  // Every chunk's state on the SSD (NOTE [Adafactor SSD chunks]): read into page-locked buffers, streamed
+  // through the GPU's scratch like host state.
+  std::vector<std::string> ssd = cuda;
+  ssd.insert(ssd.end(),
+             {"zero_optimization.offload_optimizer.device=nvme",
+              "zero_optimization.nvme_path=" + (base / "nvme").string(), "store.nvme_state_dtype=fp32"});
+  train::Trainer(tinyConfig(base / "ssd", adafactorSets(ssd))).run();
   auto device = records(base / "device");
-  // The host run is the device run's kernel on the same inputs (bf16 GEMMs' run-to-run noise aside); bf16
-  // gradient buffers round each gradient once more.
-  for (const char* run : {"host", "bf16grads"})
+  // The host and SSD runs are the device run's kernel on the same inputs (bf16 GEMMs' run-to-run noise
+  // aside); bf16 gradient buffers round each gradient once more.
+  for (const char* run : {"host", "bf16grads", "ssd"})
     requireCloseCurves(device, records(base / run), run, 0.1, 1.5);
+  nlohmann::json last;
+  for (const auto& r : records(base / "ssd"))
+    if (r.contains("loss")) last = r;
+  REQUIRE(last["mem_state_nvme_gb"].get<double>() > 0);
+  REQUIRE(last["mem_state_host_gb"].get<double>() == 0);
+  REQUIRE(fs::is_empty(base / "nvme"));
 }
 
 TEST_CASE("[cuda] AdamW with bf16 gradient buffers trains like fp32 ones, on the device and from host state",

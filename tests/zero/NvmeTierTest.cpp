@@ -84,6 +84,99 @@ TEST_CASE("the SSD tier keeps each chunk's fields in its own file, fp32 exactly 
   REQUIRE(fs::is_empty(dir));
 }
 
+TEST_CASE(
+    "the SSD tier's fields each have their own length and dtype; values in the stored dtype move as "
+    "they are",
+    "[zero][store][nvme]") {
+  // Adafactor's extents (NOTE [Adafactor SSD chunks] in optim/Adafactor.h): an fp32 master, a bf16 first
+  // moment kept bf16 in memory too, and a second moment of its own (short) length; a chunk without a first
+  // moment; a chunk not on the SSD.
+  fs::path dir = test::freshDir("strata-nvme-fields");
+  std::vector<zero::NvmeTier::ChunkFields> chunks(3);
+  chunks[0] = {{5000, 5000, 130}, {DType::F32, DType::BF16, DType::F32}};
+  chunks[2] = {{3000, 0, 3000}, {DType::F32, DType::F16, DType::F32}};
+  std::vector<float> values(5000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = float(i) * 0.013f - 20.0f;
+  for (zero::NvmeBackend backend : backends()) {
+    INFO(nameOf(backend));
+    zero::NvmeTier tier(dir.string(), 0, DType::F16, chunks, zero::NvmeIoConfig{4096, 3, backend});
+    if (!runs(tier, backend)) continue;
+    REQUIRE(tier.holds(0));
+    REQUIRE(!tier.holds(1));
+    REQUIRE(tier.fieldElems(0, zero::NvmeTier::SecondMoment) == 130);
+    REQUIRE(tier.fieldDType(0, zero::NvmeTier::FirstMoment) == DType::BF16);
+    REQUIRE(tier.chunkStateBytes(0) == 5000 * 4 + 5000 * 2 + 130 * 4);
+    REQUIRE(tier.chunkStateBytes(2) == 3000 * 4 + 3000 * 4);
+    REQUIRE(tier.stateBytes() == tier.chunkStateBytes(0) + tier.chunkStateBytes(2));
+    REQUIRE(chunks[0].bytes() == tier.chunkStateBytes(0));
+    // Each field 4 KiB-aligned: the master's 20000 bytes take 20480, the moment's 10000 take 12288.
+    REQUIRE(tier.fileBytes() == 20480 + 12288 + 4096 + 12288 + 12288);
+    std::vector<uint16_t> moment(5000);
+    for (size_t i = 0; i < moment.size(); ++i) moment[i] = BFloat16(values[i] * 3.0f).bits;
+    std::vector<uint16_t> momentBack(5000);
+    std::vector<float> back(5000);
+    tier.wait(tier.writeAsync(0, {{zero::NvmeTier::Master, values.data()},
+                                  {zero::NvmeTier::FirstMoment, moment.data(), DType::BF16},
+                                  {zero::NvmeTier::SecondMoment, values.data() + 9}}));
+    tier.wait(tier.writeAsync(
+        2, {{zero::NvmeTier::Master, values.data() + 1}, {zero::NvmeTier::SecondMoment, values.data() + 2}}));
+    tier.wait(tier.readAsync(0, {{zero::NvmeTier::FirstMoment, momentBack.data(), DType::BF16}}));
+    REQUIRE(momentBack == moment);                           // the bits, unconverted
+    tier.read(0, zero::NvmeTier::FirstMoment, back.data());  // widened to fp32
+    for (size_t i = 0; i < back.size(); i += 97) REQUIRE(back[i] == float(BFloat16(values[i] * 3.0f)));
+    tier.read(0, zero::NvmeTier::SecondMoment, back.data());
+    REQUIRE(std::equal(back.begin(), back.begin() + 130, values.begin() + 9));
+    tier.read(2, zero::NvmeTier::Master, back.data());
+    REQUIRE(std::equal(back.begin(), back.begin() + 3000, values.begin() + 1));
+    tier.read(2, zero::NvmeTier::SecondMoment, back.data());
+    REQUIRE(std::equal(back.begin(), back.begin() + 3000, values.begin() + 2));  // fp32, not fp16
+    tier.read(0, zero::NvmeTier::Master, back.data());
+    REQUIRE(back == values);
+    // fp16 values cannot go into a bf16 field.
+    REQUIRE(test::errorOf([&] {
+              tier.wait(tier.readAsync(0, {{zero::NvmeTier::FirstMoment, momentBack.data(), DType::F16}}));
+            }).find("stored dtype") != std::string::npos);
+    tier.release(0);
+    REQUIRE(tier.stateBytes() == tier.chunkStateBytes(2));
+  }
+}
+
+TEST_CASE("a tier file changed underneath the run fails its checksum, naming the file and the offset",
+          "[zero][store][nvme]") {
+  fs::path dir = test::freshDir("strata-nvme-corrupt");
+  std::vector<float> values(20000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = float(i) * 0.5f;
+  for (zero::NvmeBackend backend : backends()) {
+    INFO(nameOf(backend));
+    // Pieces of 16 KiB: the master's 80000 bytes in five, the last one short.
+    zero::NvmeTier tier(dir.string(), 0, {int64_t(values.size())}, DType::BF16,
+                        zero::NvmeIoConfig{16384, 3, backend});
+    if (!runs(tier, backend)) continue;
+    std::vector<float> back(values.size());
+    tier.read(0, zero::NvmeTier::FirstMoment, back.data());  // never written: nothing to check yet
+    tier.write(0, zero::NvmeTier::Master, values.data());
+    tier.write(0, zero::NvmeTier::FirstMoment, values.data());
+    tier.read(0, zero::NvmeTier::Master, back.data());
+    REQUIRE(back == values);
+    // One byte of the master's third piece changed by another writer.
+    {
+      int fd = ::open(tier.path().c_str(), O_RDWR);
+      REQUIRE(fd >= 0);
+      char byte = 0;
+      REQUIRE(::pread(fd, &byte, 1, 2 * 16384 + 100) == 1);
+      byte = char(byte ^ 0x10);
+      REQUIRE(::pwrite(fd, &byte, 1, 2 * 16384 + 100) == 1);
+      ::close(fd);
+    }
+    tier.read(0, zero::NvmeTier::FirstMoment, back.data());  // the other field is intact
+    std::string e = test::errorOf([&] { tier.read(0, zero::NvmeTier::Master, back.data()); });
+    INFO(e);
+    REQUIRE(e.find("the SSD tier's file " + tier.path() + " is corrupted") != std::string::npos);
+    REQUIRE(e.find("at offset 32768") != std::string::npos);
+    REQUIRE(e.find("resume from the last checkpoint") != std::string::npos);
+  }
+}
+
 TEST_CASE("an SSD tier that cannot get its space says so, naming the file", "[zero][store][nvme]") {
   fs::path dir = test::freshDir("strata-nvme-full");
   // A file-size limit stands in for a full disk: the reservation fails before any training.

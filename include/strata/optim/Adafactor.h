@@ -28,9 +28,9 @@
 //   buffers: "exp_avg.<chunk>" (the first moment over the range, fp32 or bf16; absent without one) and
 //   "exp_avg_sq.<chunk>" (fp32: per piece in layout order, either its R row values then its C column
 //   values, or its full v).
-// Where the chunked form's state lives: each chunk's master and state is on the device or in host memory
-// (its home, zero/Store.h; Adafactor has no SSD form). NOTE [Adafactor host chunks] says how host chunks
-// are updated.
+// Where the chunked form's state lives: each chunk's master and state is on the device, in host memory or
+// on the SSD (its home, zero/Store.h). NOTE [Adafactor host chunks] says how host chunks are updated, NOTE
+// [Adafactor SSD chunks] how SSD chunks are.
 //
 // NOTE [Adafactor host chunks]
 // A host-resident chunk's master, m and statistics are streamed through device scratch on the compute
@@ -43,6 +43,18 @@
 // through host memory; the reductions of the factored second moment also stay on the GPU. Without a GPU (the
 // CPU "device") the kernel updates the host tensors where they are. The bits are the device-resident
 // update's: the same kernel, the same inputs.
+//
+// NOTE [Adafactor SSD chunks]
+// An SSD-resident chunk's master, first moment and second moment are the three fields of its extent in the
+// SSD tier (NOTE [SSD tier] in zero/NvmeTier.h; adafactorTierFields): the fp32 master over the range; the
+// first moment over the range (none without one) in bf16 with adafactor_bf16_momentum (as it is in memory,
+// moved unconverted), else in store.nvme_state_dtype; and the second moment's flat buffer (per piece its
+// rows then columns, or its full v) always in fp32, as it is small (a matrix's rows plus columns). An update
+// passes over the SSD chunks after the device's and the host's, through AdamW's read-ahead and write-behind
+// (optim/SsdStateStream.h): chunk k + 1's fields are read into one host buffer set while chunk k is updated
+// in the other, as a host chunk is (its state streamed through device scratch on a GPU, updated where it is
+// without one), and written back behind. With fp32 state on the SSD the bits are the host chunks' (and so
+// the device's); the buffer sets take 2 x (4 + 0, 2 or 4) bytes per element of the largest SSD range.
 #pragma once
 
 #include <string>
@@ -52,8 +64,10 @@
 #include "strata/core/Tensor.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/ChunkOptimizer.h"
+#include "strata/optim/SsdStateStream.h"
 #include "strata/zero/ChunkLayout.h"
 #include "strata/zero/ChunkManager.h"
+#include "strata/zero/NvmeTier.h"
 
 namespace strata::optim {
 
@@ -85,6 +99,11 @@ uint64_t adafactorStateBytes(const std::vector<Shape>& shapes, const AdafactorCo
 // chunked form cuts them.
 uint64_t adafactorStateBytes(const zero::ChunkLayout& layout, size_t chunk, zero::ShardRange range,
                              const AdafactorConfig& config);
+// The SSD tier's fields of elements `range` of chunk `chunk` (NOTE [Adafactor SSD chunks]), with
+// store.nvme_state_dtype `stateDType`.
+zero::NvmeTier::ChunkFields adafactorTierFields(const zero::ChunkLayout& layout, size_t chunk,
+                                                zero::ShardRange range, const AdafactorConfig& config,
+                                                DType stateDType);
 
 class Adafactor final : public ChunkOptimizer {
  public:
@@ -93,11 +112,12 @@ class Adafactor final : public ChunkOptimizer {
   // State per parameter piece of `chunks` (as AdamW's chunked constructor): `masters` are the chunks' fp32
   // masters (takeMasters(); empty for fp32 chunks), `shards` one range per chunk (ZeRO stage >= 1; empty:
   // every chunk whole), `parameterShards` per chunk the tensor holding the range's parameter values (ZeRO-3).
-  // `homes` (per chunk; empty: all on the device): each chunk's state tier, Device or Host (NOTE [Adafactor
-  // host chunks]).
+  // `homes` (per chunk; empty: all on the device): each chunk's state tier (NOTE [Adafactor host chunks]);
+  // SSD chunks keep their state in `nvme`, whose extents are adafactorTierFields' (NOTE [Adafactor SSD
+  // chunks]).
   Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> masters, const AdafactorConfig& config,
             std::vector<zero::ShardRange> shards = {}, std::vector<Tensor> parameterShards = {},
-            std::vector<zero::Tier> homes = {});
+            std::vector<zero::Tier> homes = {}, zero::NvmeTier* nvme = nullptr);
 
   // One update from each parameter's .grad() times `gradScale` (device fp32 scalar, undefined for 1). `lr`
   // is the step size when the config has no relative step; with one it is ignored. Parameters without a
@@ -118,27 +138,37 @@ class Adafactor final : public ChunkOptimizer {
   const AdafactorConfig& config() const { return config_; }
   // The step size before the parameter scale at step t (1-based): the relative step, or `lr`.
   double stepSize(double lr, int64_t t) const;
-  // Optimizer state for checkpoints (the names in the header note).
+  // Optimizer state in memory (the names in the header note; SSD chunks' state is the tier's).
   std::vector<std::pair<std::string, Tensor>> namedState() const;
-  // The fp32 master of each parameter (piece) by name.
+  // The fp32 master of each parameter (piece) by name (undefined for the pieces of SSD chunks).
   std::vector<std::pair<std::string, Tensor>> namedMasters() const;
   // Rounds every master into its 16-bit parameter; nothing for fp32.
   void writeParameters() override;
   bool hasMaster(size_t c) const override { return c < masters_.size() && masters_[c].defined(); }
+  // Per chunk: the masters (undefined where the parameters are their own), the first and second moments
+  // (all three undefined for chunks on the SSD).
   const std::vector<Tensor>& masterFlats() const override { return masters_; }
   const std::vector<Tensor>& firstMoments() const { return m_; }
   const std::vector<Tensor>& secondMoments() const { return v_; }
   const std::vector<zero::ShardRange>& ranges() const override { return ranges_; }
   zero::Tier home(size_t c) const override { return c < homes_.size() ? homes_[c] : zero::Tier::Device; }
   // ChunkOptimizer: "exp_avg" (the first moment, elementwise, when there is one) and "adafactor_v" (the
-  // second moment's flat buffer, in this optimizer's own layout).
+  // second moment's flat buffer, in this optimizer's own layout); for an SSD chunk, the tier's fields.
+  // Moving an SSD chunk reads its state from the tier (the caller releases the tier's extent).
   std::vector<ChunkStateField> chunkState(size_t c) const override;
   uint64_t stateBytes(size_t c) const override;
   uint64_t deviceStateBytes(size_t c) const override;
   void moveToDevice(size_t c, Device device) override;
   bool acceptsGradients(DType dtype) const override { return dtype != DType::I64; }
+  // Wall seconds the last stepChunks spent on chunks off the device (host and SSD), and of them the wait for
+  // the SSD (what read-ahead did not hide).
+  double offDeviceSeconds() const override { return offDeviceSeconds_; }
+  OffloadPhases offloadPhases() const override { return phases_; }
   // Whether the state of piece (or parameter) i, in layout order, is factored.
-  bool factored(size_t i) const { return slots_.at(i).row.defined(); }
+  bool factored(size_t i) const { return slots_.at(i).rows > 0; }
+  // Whether stepChunks reads the next SSD chunk's state while it updates the current one (the default), or
+  // reads each when it comes to it, through one buffer set (the same values).
+  void setSsdReadAhead(bool on) { readAhead_ = on; }
   size_t numPieces() const { return slots_.size(); }
 
  private:
@@ -150,11 +180,22 @@ class Adafactor final : public ChunkOptimizer {
     size_t chunk = 0;
     int64_t begin = 0, end = 0;  // chunked form: the piece [begin, end) of chunk `chunk`
     Shape shape, strides;
+    // The second moment: R rows and C columns (rows 0: a full v), from element vAt of the chunk's buffer.
+    int64_t rows = 0, cols = 0, vAt = 0;
   };
   ops::AdafactorTensors tensorsOf(const Slot& s, const Tensor& grad) const;
-  // Chunk c's update alone: its gradients widened to fp32 when they are not, its state streamed through
-  // device scratch when it is on the host (NOTE [Adafactor host chunks]).
-  void stepChunk(size_t c, const ops::AdafactorHyper& h, const Tensor& gradients, const Tensor& gradScale);
+  // Chunk c's slots as views into its masters_, m_ and v_ (or its parameters, for their own masters).
+  void bindSlots(size_t c);
+  // The kernel's sets of chunk c with its state off the device in `state` (its range's master and first
+  // moment, its second moment's buffer), writing the parameters unless `copyParameters` is false.
+  std::vector<ops::AdafactorTensors> offDeviceSets(size_t c, const StateTensors& state,
+                                                   const std::vector<Tensor>& grads,
+                                                   bool copyParameters) const;
+  // Chunk c's update alone: its gradients widened to fp32 when they are not; its state off the device in
+  // `state` (host memory or an SSD buffer set) streamed through device scratch on a GPU (NOTE [Adafactor
+  // host chunks]).
+  void stepChunk(size_t c, const ops::AdafactorHyper& h, const Tensor& gradients, const Tensor& gradScale,
+                 const StateTensors& state);
   AdafactorConfig config_;
   std::vector<Slot> slots_;
   std::vector<Tensor> masters_, m_, v_;  // per chunk (chunked form only)
@@ -162,8 +203,14 @@ class Adafactor final : public ChunkOptimizer {
   std::vector<zero::Tier> homes_;             // per chunk
   std::vector<Tensor> paramFlats_;            // per chunk: the range's parameter values
   std::vector<std::vector<size_t>> slotsOf_;  // per chunk: its slots
+  std::vector<int64_t> secondElems_;          // per chunk: its second moment's elements
   Tensor scratch_[3];                         // device scratch for a host chunk's master, m and v
+  zero::NvmeTier* nvme_ = nullptr;
+  SsdBuffers ssdBuffers_;  // NOTE [Adafactor SSD chunks]: two sets of an SSD chunk's state
+  bool readAhead_ = true;
   int64_t step_ = 0;
+  double offDeviceSeconds_ = 0;
+  OffloadPhases phases_;
 };
 
 }  // namespace strata::optim

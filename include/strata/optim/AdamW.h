@@ -20,6 +20,7 @@
 #include "strata/core/Tensor.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/ChunkOptimizer.h"
+#include "strata/optim/SsdStateStream.h"
 #include "strata/zero/ChunkManager.h"
 #include "strata/zero/NvmeTier.h"
 #include "strata/zero/Store.h"
@@ -202,20 +203,16 @@ class AdamW final : public ChunkOptimizer {
   std::vector<Slot> slots_;
   // The host-homed chunks' update: gradients to the host, the CPU kernel, parameters back.
   // An off-device chunk's master, m and v as host tensors.
-  struct HostState {
-    Tensor master, m, v;
-  };
+  using HostState = StateTensors;
   void stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<Tensor>& gradients,
                      const Tensor& hostScale, const HostState& st);
   // Chunk c's state: its own (host tier), or read from the SSD into the first buffer set (outside a step).
   HostState hostState(size_t c);
-  // The first n elements of buffer set `set`, made (or remade) to hold at least max(n, largest).
-  HostState ssdBuffers(size_t set, int64_t n, int64_t largest);
   std::vector<Tensor> masters_, m_, v_;  // per chunk (chunked state only)
   std::vector<zero::ShardRange> ranges_;
   std::vector<zero::Tier> homes_;  // per chunk
   zero::NvmeTier* nvme_ = nullptr;
-  Tensor ssdBuffers_[2][3];  // two sets of an SSD chunk's master, m and v (NOTE [SSD tier])
+  SsdBuffers ssdBuffers_;  // two sets of an SSD chunk's master, m and v (NOTE [SSD tier])
   bool readAhead_ = true;
   std::vector<Tensor> paramFlats_;  // per chunk: the range's parameter values (device), for host chunks
   std::vector<std::vector<size_t>> slotsOf_;  // per chunk: its slots

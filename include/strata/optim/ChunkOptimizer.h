@@ -14,6 +14,7 @@
 
 #include "strata/core/Tensor.h"
 #include "strata/zero/ChunkManager.h"
+#include "strata/zero/NvmeTier.h"
 #include "strata/zero/Store.h"
 
 namespace strata::optim {
@@ -29,11 +30,13 @@ struct OffloadPhases {
 // One field of a chunk's optimizer state, as a checkpoint saves it.
 struct ChunkStateField {
   std::string kind;  // the checkpoint's piece kind: "exp_avg", "exp_avg_sq", "adafactor_v"
-  Tensor values;     // flat; on the device or the host
+  Tensor values;     // flat; on the device or the host; undefined where the chunk's state is on the SSD
   // True: one value per element of the chunk's range (a checkpoint reshards it by parameter, at any world
   // size and chunk size). False: a layout of the optimizer's own (Adafactor's factored statistics), which
   // reloads only into the same chunk layout and shard.
   bool elementwise = true;
+  // The SSD tier's field that holds it, where the chunk's state is on the SSD (zero/NvmeTier.h).
+  zero::NvmeTier::Field ssdField = zero::NvmeTier::FirstMoment;
 };
 
 // A flat tensor of `numel` elements of host-resident optimizer state, from the host state allocator
@@ -70,8 +73,8 @@ class ChunkOptimizer {
   // where the parameters are their own masters, or where the state lives on the SSD).
   virtual bool hasMaster(size_t c) const = 0;
   virtual const std::vector<Tensor>& masterFlats() const = 0;
-  // Chunk c's state beside the master, for checkpoints; empty when it lives on the SSD (the engine reads
-  // the SSD tier itself).
+  // Chunk c's state beside the master, for checkpoints; where it lives on the SSD, the fields without
+  // values (the engine reads and writes the SSD tier's fields itself).
   virtual std::vector<ChunkStateField> chunkState(size_t c) const = 0;
   // Bytes chunk c's state (master and fields) takes in memory, on the device or the host.
   virtual uint64_t stateBytes(size_t c) const = 0;

@@ -32,6 +32,11 @@ struct ModelStateInputs {
   std::vector<uint64_t> optimizerBytes;
   // Per chunk, the parts of optimizerBytes: first and second moments (on the device or the host).
   std::vector<uint64_t> firstMomentBytes, secondMomentBytes;
+  // Per chunk, its state were it on the SSD, as the engine makes the SSD tier's extents: the whole (what
+  // the placement weighs) and the first and second moments' parts of it (AdamW's m and v in
+  // store.nvme_state_dtype; Adafactor's first moment in bf16 or store.nvme_state_dtype, its second moment
+  // in fp32: NOTE [Adafactor SSD chunks] in optim/Adafactor.h).
+  std::vector<uint64_t> nvmeBytes, nvmeFirstMomentBytes, nvmeSecondMomentBytes;
   // Gradient buffers on the device: every padded chunk's (what backward accumulates into, across the
   // micro-batches of a step), and this rank's shards of them (stage >= 2 on several ranks: what is left
   // after the last backward's reduce-scatter; fp32, since several ranks reduce in fp32).

@@ -4,11 +4,15 @@
 // One file per rank under zero_optimization.nvme_path, created at start (its whole size reserved with
 // fallocate, so a full disk is found before training) and removed at the end; the tier holds a lock on it,
 // and the next run removes a file whose process died without removing it (removeStaleTierFiles). Each chunk
-// placed here has an extent of 4 KiB-aligned fields: its fp32 master, then m and v in store.nvme_state_dtype
-// (fp32, bf16 or fp16; the master stays fp32, as rounding it would lose the updates smaller than its last
-// bit). The file is opened with O_DIRECT, so the page cache neither doubles the host memory nor hides the
-// disk's speed (file systems without O_DIRECT, like some tmpfs, fall back to buffered I/O, said once in the
-// log).
+// placed here has an extent of three 4 KiB-aligned fields, each with its own length and stored dtype
+// (NvmeTier::ChunkFields), which the optimizer decides: AdamW's fp32 master, then m and v of the master's
+// length in store.nvme_state_dtype (fp32, bf16 or fp16; the master stays fp32, as rounding it would lose the
+// updates smaller than its last bit); Adafactor's (optim/Adafactor.h) fp32 master, its first moment (none,
+// or of the master's length) and its second moment's flat buffer, of its own length and always fp32. A
+// field's values in memory are fp32, or already in the stored dtype (Adafactor's bf16 first moment), which
+// then moves as it is. The file is opened with O_DIRECT, so the page cache neither doubles the host memory
+// nor hides the disk's speed (file systems without O_DIRECT, like some tmpfs, fall back to buffered I/O,
+// said once in the log).
 //
 // I/O. A field moves in pieces of zero_optimization.aio.block_size bytes (default 16 MiB, rounded down to
 // 4 KiB), up to zero_optimization.aio.queue_depth pieces (default 8) in flight, each through a 4 KiB-aligned
@@ -21,22 +25,29 @@
 //
 // Order. Every transfer, synchronous or not, runs on the tier's one I/O thread in the order it was issued,
 // so a read of a field sees every write of it issued before; a synchronous read or write is an asynchronous
-// one waited on at once. The asynchronous calls are what the optimizer's read-ahead and write-behind use
-// (optim/AdamW.cpp, stepChunks): while the CPU updates the k-th SSD chunk of the step, in its buffer set,
+// one waited on at once. The asynchronous calls are what the optimizers' read-ahead and write-behind use
+// (optim/SsdStateStream.h, which AdamW and Adafactor share): while the CPU (or, for Adafactor, the device)
+// updates the k-th SSD chunk of the step, in its buffer set,
 // the I/O thread writes back chunk k-1 and then reads chunk k+1 into the other set (the one chunk k-1's
 // write came from, which the order makes safe). The read-ahead stays inside a step (its first read starts
 // before the device's update): between steps no buffer holds state, so checkpoints, the memory tracer's
-// moves and loads see the file alone. Memory: two sets of three fp32 buffers of the largest SSD chunk
-// range, 2 x 3 x 4 = 24 bytes per element of it (a 64 MB bf16 chunk whole on one rank: 32 Mi elements,
-// 768 MiB; the one set before was 384 MiB), plus the staging (by default at most 8 x 16 MiB = 128 MiB).
+// moves and loads see the file alone. Memory: two sets of buffers of the largest SSD chunk range's fields;
+// AdamW's are three fp32 buffers, 2 x 3 x 4 = 24 bytes per element of it (a 64 MB bf16 chunk whole on one
+// rank: 32 Mi elements, 768 MiB; the one set before was 384 MiB), Adafactor's the master's 4 bytes and its
+// first moment's 0, 2 or 4 (its second moment is rows plus columns), plus the staging (by default at most
+// 8 x 16 MiB = 128 MiB).
 // The thread pool converts on its threads; io_uring converts on the I/O thread as pieces complete.
 //
 // Errors. A failed read or write (ENOSPC, EIO, a short file) is an error that names the operation, the
 // bytes, the offset and the file; it is thrown by the wait for that transfer or any later one, and every
 // transfer issued after it fails with it too, so training stops. The state of other tiers and the
-// checkpoints are untouched by it.
+// checkpoints are untouched by it. Each piece's stored bytes carry a CRC32C, kept in memory when the piece
+// is written and checked when it is read back (on the thread that decodes it, at several GB/s, beside a
+// disk's one or two): a file changed underneath the run (a bad disk, another process) is an error that names
+// the file and the offset, as a failed read is, before a changed value reaches the optimizer.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -55,6 +66,7 @@ namespace strata::zero {
 namespace detail {
 class IoBackend;
 struct IoPiece;
+struct PieceChecksum;
 }  // namespace detail
 
 enum class NvmeBackend { Auto, Uring, Threads };
@@ -75,26 +87,51 @@ uint64_t removeStaleTierFiles(const std::string& directory);
 
 class NvmeTier {
  public:
-  // A file for `rank` under `directory` with an extent per entry of `elems` (elements per chunk; 0: the
-  // chunk is not on the SSD). `stateDType` is how m and v are stored.
+  // Fields of a chunk's extent.
+  enum Field { Master = 0, FirstMoment = 1, SecondMoment = 2 };
+  static constexpr int kFields = 3;
+  // A chunk's extent: each field's elements and stored dtype (fp32, bf16 or fp16). A chunk whose master has
+  // no elements is not on the SSD; another field of none takes no room.
+  struct ChunkFields {
+    std::array<int64_t, kFields> elems{};
+    std::array<DType, kFields> dtypes{DType::F32, DType::F32, DType::F32};
+    // AdamW's: an fp32 master and m, v of `elems` each in `stateDType` (0 elements: not on the SSD).
+    static ChunkFields uniform(int64_t elems, DType stateDType) {
+      return {{elems, elems, elems}, {DType::F32, stateDType, stateDType}};
+    }
+    // The fields' payload bytes.
+    uint64_t bytes() const {
+      uint64_t total = 0;
+      for (int f = 0; f < kFields; ++f) total += uint64_t(elems[size_t(f)]) * dtypeSize(dtypes[size_t(f)]);
+      return total;
+    }
+  };
+
+  // A file for `rank` under `directory` with an extent per entry of `chunks`. `stateDType` is
+  // store.nvme_state_dtype, as the optimizer applied it to the fields.
+  NvmeTier(const std::string& directory, int rank, DType stateDType, const std::vector<ChunkFields>& chunks,
+           const NvmeIoConfig& io = {});
+  // AdamW's layout: an extent per entry of `elems` (elements per chunk; 0: the chunk is not on the SSD),
+  // m and v stored in `stateDType`.
   NvmeTier(const std::string& directory, int rank, const std::vector<int64_t>& elems, DType stateDType,
            const NvmeIoConfig& io = {});
   ~NvmeTier();
   NvmeTier(const NvmeTier&) = delete;
   NvmeTier& operator=(const NvmeTier&) = delete;
 
-  // Fields of a chunk's extent.
-  enum Field { Master = 0, FirstMoment = 1, SecondMoment = 2 };
-  // Reads field `f` of chunk `chunk` into `dst` (elems fp32 values), converting from the stored dtype.
+  // Reads field `f` of chunk `chunk` into `dst` (its elements as fp32 values), converting from the stored
+  // dtype.
   void read(size_t chunk, Field f, float* dst);
-  // Writes `src` (elems fp32 values) as field `f` of chunk `chunk`.
+  // Writes `src` (the field's elements as fp32 values) as field `f` of chunk `chunk`.
   void write(size_t chunk, Field f, const float* src);
 
   // Asynchronous transfers of fields of one chunk, in issue order (NOTE [SSD tier]). Each field's values
-  // (elems fp32) must stay untouched until the ticket was waited on.
+  // (its elements, fp32 or in the field's stored dtype as `dtype` says) must stay untouched until the
+  // ticket was waited on.
   struct FieldValues {
     Field field;
-    float* values;
+    void* values;
+    DType dtype = DType::F32;
   };
   using Ticket = uint64_t;
   Ticket readAsync(size_t chunk, const std::vector<FieldValues>& fields);
@@ -111,6 +148,12 @@ class NvmeTier {
 
   // Chunk `chunk` left the SSD (moved to the device): its extent is no longer state.
   void release(size_t chunk);
+  // Whether chunk `chunk` is on the SSD, and the elements and stored dtype of its field `f`.
+  bool holds(size_t chunk) const { return chunk < chunks_.size() && chunks_[chunk].elems[Master] > 0; }
+  int64_t fieldElems(size_t chunk, Field f) const { return chunks_.at(chunk).elems[f]; }
+  DType fieldDType(size_t chunk, Field f) const { return chunks_.at(chunk).dtypes[f]; }
+  // Bytes of state chunk `chunk`'s fields hold (without the alignment padding; 0 off the SSD).
+  uint64_t chunkStateBytes(size_t chunk) const;
   const std::string& path() const { return path_; }
   uint64_t fileBytes() const { return fileBytes_; }
   // Bytes of state this tier holds (the fields' payload, without the alignment padding).
@@ -131,12 +174,14 @@ class NvmeTier {
   int fd_ = -1;
   bool direct_ = true;
   DType stateDType_;
-  std::vector<int64_t> elems_;
+  std::vector<ChunkFields> chunks_;
   std::vector<uint64_t> offsets_;  // per chunk: the extent's first byte
   uint64_t fileBytes_ = 0, stateBytes_ = 0;
   std::atomic<uint64_t> bytesRead_{0}, bytesWritten_{0};
   size_t blockBytes_ = 0;  // a piece's most bytes: aio.block_size rounded down to 4 KiB
   std::unique_ptr<detail::IoBackend> backend_;
+  // Per chunk and field, each piece's checksum as last written (touched by the transfer moving the piece).
+  std::vector<std::array<std::vector<detail::PieceChecksum>, kFields>> checksums_;
   // The I/O thread's queue: jobs run in ticket order; `done_` is the last ticket that ended, `failedAt_`
   // the first that failed (0: none) and `failure_` its error.
   struct Job {

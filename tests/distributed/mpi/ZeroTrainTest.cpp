@@ -249,7 +249,8 @@ TEST_CASE("optimizer state on the host and SSD tiers trains like state on the de
 }
 
 TEST_CASE(
-    "Adafactor at ZeRO stages 0 to 3 on N ranks, its state on the device or the host, trains and resumes",
+    "Adafactor at ZeRO stages 0 to 3 on N ranks, its state on the device, the host or the SSD, trains and "
+    "resumes",
     "[dist][zero][adafactor]") {
   auto ctx = world();
   std::vector<std::string> adafactor = {"optimizer.type=adafactor", "optimizer.lr=0.01",
@@ -273,6 +274,23 @@ TEST_CASE(
   // Stage 0: every rank holds each chunk's whole state, rank 0 saves it and every rank reads it.
   fs::path saved0 = fs::path(stages[0].checkpoint).parent_path() / "step-10";
   Run resumed0 = trainRun(ctx, "adafactor-stage0-again", 0, with({"checkpoint.load=" + saved0.string()}));
+  // The state on the SSD (NOTE [Adafactor SSD chunks] in optim/Adafactor.h), each rank's file under its own
+  // directory: every chunk's at stages 0 and 1, and at stage 3 spread over the three tiers, resumed from the
+  // checkpoint the device-resident run saved.
+  fs::path nvme = fs::temp_directory_path() / ("strata-zero-adafactor-nvme-" + std::to_string(::getppid()) +
+                                               "-" + std::to_string(ctx->rank()));
+  std::vector<std::string> onSsd = {"zero_optimization.offload_optimizer.device=nvme",
+                                    "zero_optimization.nvme_path=" + nvme.string(),
+                                    "store.nvme_state_dtype=fp32"};
+  Run ssd0 = trainRun(ctx, "adafactor-stage0-ssd", 0, with(onSsd));
+  Run ssd1 = trainRun(ctx, "adafactor-stage1-ssd", 1, with(onSsd));
+  std::vector<std::string> tiers = {
+      "store.gpu_budget_gb=" + std::to_string(0.00016 / ctx->worldSize()), "store.host_budget_gb=0.00006",
+      "zero_optimization.nvme_path=" + nvme.string(), "store.nvme_state_dtype=fp32"};
+  Run tiers3 = trainRun(ctx, "adafactor-stage3-tiers", 3, with(tiers));
+  tiers.push_back("checkpoint.load=" + saved.string());
+  Run tiersResumed = trainRun(ctx, "adafactor-stage3-tiers-again", 3, with(tiers));
+  CHECK(fs::is_empty(nvme));
   if (!ctx->isMain()) return;
   INFO(ctx->worldSize() << " ranks");
   REQUIRE(stages[0].losses.size() == 20);
@@ -293,6 +311,15 @@ TEST_CASE(
   CHECK(resumed.losses == tail);
   std::vector<double> tail0(stages[0].losses.begin() + 10, stages[0].losses.end());
   CHECK(resumed0.losses == tail0);
+  // SSD-resident state is the same update too, and takes the checkpoint's sharded state.
+  CHECK(ssd0.losses == stages[0].losses);
+  CHECK(ssd1.losses == stages[1].losses);
+  CHECK(ssd1.stateHostGb.back() == 0);
+  CHECK(ssd1.stateNvmeGb.back() > 0);
+  CHECK(tiers3.losses == stages[3].losses);
+  CHECK(tiers3.stateHostGb.back() > 0);
+  CHECK(tiers3.stateNvmeGb.back() > 0);
+  CHECK(tiersResumed.losses == tail);
 }
 
 TEST_CASE("bert and t5 at ZeRO stages 0 and 3 on N ranks train like one rank", "[dist][zero][zoo]") {
