@@ -32,7 +32,7 @@ grep -Eq "^  SSD " <<<"$out" || { echo "FAIL: no SSD term: $(echo "$out" | tail 
 # Adafactor's state goes to the SSD as AdamW's does: chunks in the table's SSD column, and the SSD term.
 out=$("$strata" plan "$configs/gpt3-13b.yaml" --machine h200 --set model.seq_length=512 --set train.global_batch_size=4 \
   --set optimizer.type=adafactor --set optimizer.adafactor_beta1=0.9 --set zero_optimization.nvme_path=/tmp \
-  --set store.host_budget_gb=20 2>&1)
+  --set store.host_budget_gb=10 2>&1)
 grep -Eq "^  SSD " <<<"$out" && grep -Eq "^  optimizer chunks +[0-9]+ +[0-9]+ +[1-9][0-9]*$" <<<"$out" ||
   { echo "FAIL: Adafactor's plan puts no state on the SSD: $(echo "$out" | sed -n 7,16p)" >&2; failures=$((failures + 1)); }
 out=$("$strata" plan "$configs/gpt3-1.3b.yaml" --machine h200 --ranks 2 --set zero_optimization.stage=2 2>&1)

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -255,7 +256,8 @@ TEST_CASE("plan: the delayed SSD update's host reserve, as the engine leaves it"
   options.calibration->nvmeFreeBytes = 1000ull << 30;
   std::vector<std::string> overrides{"model.seq_length=512", "train.micro_batch_size=4",
                                      "train.global_batch_size=4", "zero_optimization.nvme_path=/x",
-                                     "zero_optimization.offload_optimizer.device=cpu"};
+                                     "zero_optimization.offload_optimizer.device=cpu",
+                                     "precision.grad_accum_dtype=fp32"};
   plan::ModelStatePlan plain = plan::planModelState(configFile("gpt3-13b.yaml", overrides), options);
   overrides.push_back("store.delayed_update=true");
   config::Config c = configFile("gpt3-13b.yaml", overrides);
@@ -286,7 +288,8 @@ TEST_CASE("plan: the delayed SSD update's host reserve, as the engine leaves it"
   REQUIRE(fixed.budgets.host == 80ull << 30);
   // bf16 gradient buffers: the pending update keeps 2 + 2 bytes per SSD element.
   overrides.pop_back();
-  overrides.push_back("precision.grad_accum_dtype=bf16");
+  std::replace(overrides.begin(), overrides.end(), std::string("precision.grad_accum_dtype=fp32"),
+               std::string("precision.grad_accum_dtype=bf16"));
   config::Config c16 = configFile("gpt3-13b.yaml", overrides);
   plan::ModelStatePlan delayed16 = plan::planModelState(c16, options);
   uint64_t ssd16 = 0;
