@@ -104,6 +104,7 @@ GptConfig gptConfig(const ModelSpec& s) {
   copyMoeFields(c, s);
   STRATA_USER_CHECK(c.moeNumExperts == 0 || c.moeTopK <= c.moeNumExperts,
                     "model.moe_top_k ({}) exceeds model.moe_num_experts ({})", c.moeTopK, c.moeNumExperts);
+  c.tensorParallel = s.tensorParallel;
   return c;
 }
 
@@ -178,6 +179,9 @@ T5Config t5Config(const ModelSpec& s) {
 }
 
 std::shared_ptr<nn::Module> buildModule(const ModelSpec& s) {
+  STRATA_USER_CHECK(!s.tensorParallel.active() || objective(s.arch) == Objective::CausalLM,
+                    "parallel.tensor ({}) splits gpt only; model.arch '{}' trains with parallel.tensor: 1",
+                    s.tensorParallel.size, s.arch);
   switch (objective(s.arch)) {
     case Objective::CausalLM:
       return std::make_shared<Gpt>(gptConfig(s));

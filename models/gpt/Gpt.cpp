@@ -42,11 +42,24 @@ Gpt::Gpt(const GptConfig& config) : config_(config) {
   STRATA_CHECK(config.hiddenSize % config.numHeads == 0,
                "model.hidden_size ({}) must be divisible by model.num_attention_heads ({})",
                config.hiddenSize, config.numHeads);
+  const nn::TensorParallel& tp = config.tensorParallel;
+  if (tp.active()) {
+    auto divides = [&](const char* key, int64_t n) {
+      STRATA_USER_CHECK(n % tp.size == 0, "parallel.tensor ({}) must divide {} ({})", tp.size, key, n);
+    };
+    divides("model.num_attention_heads", config.numHeads);
+    divides("model.ffn_hidden_size (4 x hidden_size when 0)", config.ffn());
+    divides("model.vocab_size (pad the vocabulary to a multiple of it)", config.vocabSize);
+    STRATA_USER_CHECK(config.moeNumExperts == 0,
+                      "parallel.tensor ({}) with mixture-of-experts layers (model.moe_num_experts) is not "
+                      "supported yet: train MoE models with parallel.tensor: 1 (and "
+                      "model.moe_expert_parallel_size)",
+                      tp.size);
+  }
   Generator gen(config.seed);
-  wte_ = registerModule(
-      "wte",
-      std::make_shared<nn::Embedding>(
-          nn::EmbeddingConfig{config.vocabSize, config.hiddenSize, config.initStd, config.device}, gen));
+  nn::EmbeddingConfig tokens{config.vocabSize, config.hiddenSize, config.initStd, config.device};
+  tokens.tensorParallel = tp;
+  wte_ = registerModule("wte", std::make_shared<nn::Embedding>(tokens, gen));
   wpe_ = registerModule(
       "wpe",
       std::make_shared<nn::Embedding>(
@@ -61,6 +74,8 @@ Gpt::Gpt(const GptConfig& config) : config_(config) {
                                       config.dropout,    config.initStd,  outStd, config.device};
     b.mlp = nn::MlpConfig{config.hiddenSize, config.ffn(), config.bias,  config.dropout,
                           config.initStd,    outStd,       config.device};
+    b.attention.tensorParallel = tp;
+    b.mlp.tensorParallel = tp;
     b.layerNormEps = config.layerNormEps;
     std::shared_ptr<nn::Module> feedForward;
     if (config.isMoeLayer(i)) {

@@ -20,13 +20,30 @@ void checkComputeDType(const char* layer, const Tensor& weight, DType compute) {
 }
 }  // namespace
 
-Linear::Linear(const LinearConfig& config, Generator& gen) {
+Linear::Linear(const LinearConfig& config, Generator& gen)
+    : split_(config.split), tensorParallel_(config.tensorParallel) {
   STRATA_CHECK(config.inFeatures > 0 && config.outFeatures > 0,
                "Linear: sizes must be positive, got {} -> {}", config.inFeatures, config.outFeatures);
-  weight = registerParameter("weight", ops::randn({config.inFeatures, config.outFeatures}, gen, DType::F32,
-                                                  config.device, 0, config.initStd));
-  if (config.bias)
-    bias = registerParameter("bias", ops::zeros({config.outFeatures}, DType::F32, config.device));
+  // The one-rank layer's draws, then this rank's slice of them (NOTE [Tensor parallelism]).
+  Tensor w =
+      ops::randn({config.inFeatures, config.outFeatures}, gen, DType::F32, config.device, 0, config.initStd);
+  int64_t biasSize = config.outFeatures;
+  const TensorParallel& tp = tensorParallel_;
+  if (split() == TensorSplit::Columns) {
+    STRATA_CHECK(config.outFeatures % (config.splitGroups * tp.size) == 0,
+                 "Linear: {} output features in {} groups do not split over {} tensor-parallel ranks",
+                 config.outFeatures, config.splitGroups, tp.size);
+    w = columnSlice(w, config.splitGroups, tp.size, tp.rank);
+    biasSize /= tp.size;
+  } else if (split() == TensorSplit::Rows) {
+    STRATA_CHECK(config.inFeatures % tp.size == 0,
+                 "Linear: {} input features do not split over {} tensor-parallel ranks", config.inFeatures,
+                 tp.size);
+    int64_t rows = config.inFeatures / tp.size;
+    w = w.narrow(0, rows * tp.rank, rows).clone();
+  }
+  weight = registerParameter("weight", w);
+  if (config.bias) bias = registerParameter("bias", ops::zeros({biasSize}, DType::F32, config.device));
 }
 
 Tensor Linear::apply(const Tensor& x) {
@@ -34,20 +51,52 @@ Tensor Linear::apply(const Tensor& x) {
 }
 
 std::vector<Tensor> Linear::forwardImpl(const std::vector<Tensor>& inputs) {
+  switch (split()) {
+    case TensorSplit::Columns:
+      return {linear(copyToTensorParallel(inputs.at(0), tensorParallel_), weight, bias)};
+    case TensorSplit::Rows: {
+      Tensor y = reduceFromTensorParallel(linear(inputs.at(0), weight), tensorParallel_);
+      return {bias.defined() ? y + bias : y};
+    }
+    case TensorSplit::None:
+      break;
+  }
   return {linear(inputs.at(0), weight, bias)};
 }
 
-Embedding::Embedding(const EmbeddingConfig& config, Generator& gen) : paddingIdx_(config.paddingIdx) {
+Embedding::Embedding(const EmbeddingConfig& config, Generator& gen)
+    : paddingIdx_(config.paddingIdx), tensorParallel_(config.tensorParallel) {
   STRATA_CHECK(config.numEmbeddings > 0 && config.embeddingDim > 0, "Embedding: sizes must be positive");
   STRATA_CHECK(config.paddingIdx < config.numEmbeddings, "Embedding: padding id {} is past its {} rows",
                config.paddingIdx, config.numEmbeddings);
-  weight = registerParameter("weight", ops::randn({config.numEmbeddings, config.embeddingDim}, gen,
-                                                  DType::F32, config.device, 0, config.initStd));
+  Tensor table = ops::randn({config.numEmbeddings, config.embeddingDim}, gen, DType::F32, config.device, 0,
+                            config.initStd);
+  if (vocabParallel()) {
+    const TensorParallel& tp = tensorParallel_;
+    STRATA_CHECK(config.numEmbeddings % tp.size == 0,
+                 "Embedding: {} rows do not split over {} tensor-parallel ranks", config.numEmbeddings,
+                 tp.size);
+    STRATA_CHECK(config.paddingIdx < 0, "Embedding: a padding id with a vocabulary-parallel table");
+    int64_t rows = config.numEmbeddings / tp.size;
+    table = table.narrow(0, rows * tp.rank, rows).clone();
+  }
+  weight = registerParameter("weight", table);
 }
 
 Tensor Embedding::lookup(const Tensor& ids, DType dtype) {
   checkComputeDType("Embedding", weight, dtype);
-  return embedding(weight, ids, paddingIdx_);
+  if (!vocabParallel()) return embedding(weight, ids, paddingIdx_);
+  // The ids this rank holds read their rows, the others row 0, masked to zero; g sums the ranks' rows.
+  int64_t rows = weight.size(0), first = rows * tensorParallel_.rank;
+  Device device = ids.device();
+  Tensor id = ops::to(ids, device, DType::F32);  // exact below 2^24 ids
+  Tensor held = ops::mul(ops::gt(id, ops::full({}, double(first) - 0.5, DType::F32, device)),
+                         ops::gt(ops::full({}, double(first + rows) - 0.5, DType::F32, device), id));
+  Tensor local = ops::to(ops::mul(ops::affine(id, 1, -double(first)), held), device, DType::I64);
+  Shape maskShape = ids.shape();
+  maskShape.push_back(1);
+  Tensor rowsHere = embedding(weight, local) * ops::to(held, device, dtype).view(maskShape);
+  return reduceFromTensorParallel(rowsHere, tensorParallel_);
 }
 
 Tensor Embedding::apply(const Tensor& ids, DType dtype) {
@@ -63,12 +112,19 @@ Tensor Embedding::unembed(const Tensor& x, DType compute) {
   return call({x}, [&](const std::vector<Tensor>& in) {
     // A transposed view of the table (no copy).
     checkComputeDType("Embedding::unembed", weight, compute);
+    if (vocabParallel())
+      return std::vector<Tensor>{gatherFromTensorParallel(
+          matmul(copyToTensorParallel(in[0], tensorParallel_), weight.transpose(0, 1)), tensorParallel_)};
     return std::vector<Tensor>{matmul(in[0], weight.transpose(0, 1))};
   })[0];
 }
 
 Tensor Embedding::unembedCrossEntropy(const Tensor& x, const Tensor& target) {
   return call({x, target}, [&](const std::vector<Tensor>& in) {
+    if (vocabParallel()) {
+      Tensor logits = matmul(copyToTensorParallel(in[0], tensorParallel_), weight.transpose(0, 1));
+      return std::vector<Tensor>{vocabParallelCrossEntropy(logits, in[1], tensorParallel_)};
+    }
     return std::vector<Tensor>{linearCrossEntropy(in[0], weight, in[1])};
   })[0];
 }

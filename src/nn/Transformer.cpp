@@ -11,6 +11,10 @@ namespace strata::nn {
 Attention::Attention(const AttentionConfig& config, Generator& gen) : config_(config) {
   STRATA_CHECK(config.numHeads > 0 && (config.headDim > 0 || config.hiddenSize % config.numHeads == 0),
                "attention: hidden size {} is not divisible by {} heads", config.hiddenSize, config.numHeads);
+  const TensorParallel& tp = config.tensorParallel;
+  STRATA_CHECK(!tp.active() || (!config.cross && config.numHeads % tp.size == 0),
+               "attention: {} heads{} do not split over {} tensor-parallel ranks", config.numHeads,
+               config.cross ? " of cross-attention" : "", tp.size);
   int64_t C = config.hiddenSize, I = config.innerSize();
   auto linear = [&](int64_t out, double std) {
     return std::make_shared<Linear>(LinearConfig{C, out, config.bias, std, config.device}, gen);
@@ -19,10 +23,15 @@ Attention::Attention(const AttentionConfig& config, Generator& gen) : config_(co
     q_ = registerModule("q", linear(I, config.initStd));
     kv_ = registerModule("kv", linear(2 * I, config.initStd));
   } else {
-    qkv_ = registerModule("qkv", linear(3 * I, config.initStd));
+    qkv_ = registerModule(
+        "qkv", std::make_shared<Linear>(LinearConfig{C, 3 * I, config.bias, config.initStd, config.device,
+                                                     TensorSplit::Columns, 3, tp},
+                                        gen));
   }
-  proj_ = registerModule("proj", std::make_shared<Linear>(
-                                     LinearConfig{I, C, config.bias, config.outInitStd, config.device}, gen));
+  proj_ = registerModule(
+      "proj",
+      std::make_shared<Linear>(
+          LinearConfig{I, C, config.bias, config.outInitStd, config.device, TensorSplit::Rows, 1, tp}, gen));
 }
 
 Tensor Attention::apply(const Tensor& x, const Tensor& memory, const AttentionMask& extra) {
@@ -45,8 +54,10 @@ std::vector<Tensor> Attention::forwardImpl(const std::vector<Tensor>& inputs) {
 Tensor Attention::compute(const Tensor& x, const Tensor& memory, const AttentionMask& extra) {
   STRATA_CHECK(x.dim() == 3 && x.size(2) == config_.hiddenSize, "attention: input must be [B, S, {}], got {}",
                config_.hiddenSize, toString(x.shape()));
-  int64_t B = x.size(0), S = x.size(1), H = config_.numHeads, D = config_.headWidth();
-  int64_t C = H * D;  // the attention's inner width (the model width unless headDim says otherwise)
+  // This rank's heads (all of them without tensor parallelism).
+  int64_t B = x.size(0), S = x.size(1), H = config_.localHeads(), D = config_.headWidth();
+  int64_t C = H * D;  // the attention's inner width here (the model width unless headDim or tensor
+                      // parallelism says otherwise)
   double scale = config_.scale;
   bool plainMask = !extra.keyPadding.defined() && !extra.bias.defined();
   auto heads = [&](const Tensor& t, int64_t len, int64_t parts) {
@@ -97,17 +108,18 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
 Mlp::Mlp(const MlpConfig& config, Generator& gen) : config_(config) {
   STRATA_CHECK(!config.gated || config.activation == Activation::GeluTanh,
                "mlp: only the tanh GELU is gated (T5 v1.1's gated-gelu)");
-  auto linear = [&](int64_t in, int64_t out, double std) {
-    return std::make_shared<Linear>(LinearConfig{in, out, config.bias, std, config.device}, gen);
+  auto linear = [&](int64_t in, int64_t out, double std, TensorSplit split) {
+    return std::make_shared<Linear>(
+        LinearConfig{in, out, config.bias, std, config.device, split, 1, config.tensorParallel}, gen);
   };
   int64_t C = config.hiddenSize, F = config.ffnHiddenSize;
   if (config.gated) {
-    gate_ = registerModule("gate", linear(C, F, config.initStd));
-    up_ = registerModule("up", linear(C, F, config.initStd));
+    gate_ = registerModule("gate", linear(C, F, config.initStd, TensorSplit::Columns));
+    up_ = registerModule("up", linear(C, F, config.initStd, TensorSplit::Columns));
   } else {
-    fc_ = registerModule("fc", linear(C, F, config.initStd));
+    fc_ = registerModule("fc", linear(C, F, config.initStd, TensorSplit::Columns));
   }
-  proj_ = registerModule("proj", linear(F, C, config.outInitStd));
+  proj_ = registerModule("proj", linear(F, C, config.outInitStd, TensorSplit::Rows));
 }
 
 Tensor Mlp::apply(const Tensor& x) {
@@ -119,11 +131,19 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
   Tensor y;
   bool recompute = recomputeActivation_ && gradEnabled();
   if (!config_.gated && config_.activation == Activation::GeluTanh) {
+    const TensorParallel& tp = config_.tensorParallel;
     // geluMlp reads fc's and proj's parameters itself, so it runs as a call of both (NOTE [Module calls]).
-    y = fusedCall({fc_.get(), proj_.get()}, {x}, [&](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{
-          geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias, /*recomputeGelu=*/recompute)};
-    })[0];
+    // Tensor-parallel: f before fc, g after proj's partial product, then proj's whole bias.
+    y = fusedCall(
+        {fc_.get(), proj_.get()}, {copyToTensorParallel(x, tp)}, [&](const std::vector<Tensor>& in) {
+          if (!tp.active())
+            return std::vector<Tensor>{geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias,
+                                               /*recomputeGelu=*/recompute)};
+          Tensor out = reduceFromTensorParallel(
+              geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, Tensor(), /*recomputeGelu=*/recompute),
+              tp);
+          return std::vector<Tensor>{proj_->bias.defined() ? out + proj_->bias : out};
+        })[0];
     return {dropout(y, config_.dropout, isTraining())};
   }
   // The activation and the projection, from the activation's input(s).

@@ -3,6 +3,7 @@
 
 #include "strata/core/Generator.h"
 #include "strata/nn/Module.h"
+#include "strata/nn/TensorParallel.h"
 
 namespace strata::nn {
 
@@ -13,6 +14,9 @@ struct EmbeddingConfig {
   Device device = Device::cpu();
   // >= 0: lookups of this id add nothing to the table's gradient (torch's padding_idx; BERT's [PAD]).
   int64_t paddingIdx = -1;
+  // Vocabulary-parallel (NOTE [Tensor parallelism] in nn/TensorParallel.h): this rank holds rows [rank num
+  // / T, (rank + 1) num / T) of the one-rank table; lookups and the tied head meet through the group.
+  TensorParallel tensorParallel = {};
 };
 
 class Embedding : public Module {
@@ -25,6 +29,10 @@ class Embedding : public Module {
   // Mean cross-entropy of unembed(x) against target, fused (linearCrossEntropy): x [N, dim] in the compute
   // dtype, target [N]. The [N, num] logits never exist at once.
   Tensor unembedCrossEntropy(const Tensor& x, const Tensor& target);
+  // Vocabulary-parallel: unembed gathers the ranks' logits (generation), and unembedCrossEntropy takes the
+  // loss from this rank's [N, num / T] logits (vocabParallelCrossEntropy), never gathering them.
+  bool vocabParallel() const { return tensorParallel_.active(); }
+  const TensorParallel& tensorParallel() const { return tensorParallel_; }
 
   Tensor weight;
 
@@ -35,6 +43,7 @@ class Embedding : public Module {
   Tensor lookup(const Tensor& ids, DType dtype);
 
   int64_t paddingIdx_ = -1;
+  TensorParallel tensorParallel_;
 };
 
 }  // namespace strata::nn

@@ -1,0 +1,142 @@
+// The conjugate operators of tensor parallelism, the vocabulary-parallel cross-entropy, and the slices of
+// the one-rank weights each rank holds (NOTE [Tensor parallelism] in nn/TensorParallel.h).
+#include "strata/nn/TensorParallel.h"
+
+#include "strata/autograd/Functions.h"
+#include "strata/autograd/Node.h"
+#include "strata/nn/Embedding.h"
+#include "strata/nn/Linear.h"
+#include "strata/ops/Ops.h"
+
+namespace strata::nn {
+
+namespace {
+
+// A second handle on x's elements, so that a node recorded on it leaves x's own history alone.
+Tensor alias(const Tensor& x) {
+  return detail::asStrided(x, x.shape(), x.strides(), x.offset());
+}
+
+// The sum over the group of a contiguous copy of t (t itself is left as it is).
+Tensor summed(const Tensor& t, const TensorParallel& tp) {
+  Tensor out = t.clone();
+  tp.allReduceSum(out);
+  return out;
+}
+
+}  // namespace
+
+Tensor copyToTensorParallel(const Tensor& x, const TensorParallel& tp) {
+  if (!tp.active()) return x;
+  Tensor out = alias(x);
+  TensorParallel group = tp;
+  autograd::recordFunction("CopyToTensorParallelBackward", {x}, {out}, [group](const autograd::Grads& g) {
+    return autograd::Grads{g[0].defined() ? summed(g[0], group) : Tensor()};
+  });
+  return out;
+}
+
+Tensor reduceFromTensorParallel(const Tensor& x, const TensorParallel& tp) {
+  if (!tp.active()) return x;
+  Tensor out = summed(x, tp);
+  autograd::recordFunction("ReduceFromTensorParallelBackward", {x}, {out},
+                           [](const autograd::Grads& g) { return autograd::Grads{g[0]}; });
+  return out;
+}
+
+Tensor gatherFromTensorParallel(const Tensor& x, const TensorParallel& tp) {
+  if (!tp.active()) return x;
+  Tensor in = x.contiguous();
+  int64_t n = x.size(x.dim() - 1), rows = x.numel() / n;
+  Tensor blocks = Tensor::empty({int64_t(tp.size), rows, n}, x.dtype(), x.device());
+  tp.allGather(blocks, in);
+  Shape shape = x.shape();
+  shape.back() = n * tp.size;
+  // [T, rows, n] -> [rows, T, n]: each row's parts side by side.
+  Tensor out = ops::contiguous(detail::permuteRaw(blocks, {1, 0, 2})).view(shape);
+  int rank = tp.rank;
+  autograd::recordFunction(
+      "GatherFromTensorParallelBackward", {x}, {out}, [rank, n](const autograd::Grads& g) {
+        if (!g[0].defined()) return autograd::Grads{Tensor()};
+        return autograd::Grads{
+            ops::contiguous(detail::narrowRaw(g[0], g[0].dim() - 1, int64_t(rank) * n, n))};
+      });
+  return out;
+}
+
+Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, const TensorParallel& tp,
+                                 int64_t ignoreIndex) {
+  STRATA_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
+               "vocabParallelCrossEntropy: logits [N, V/T] and target [N], got {} and {}",
+               toString(logits.shape()), toString(target.shape()));
+  Device device = logits.device();
+  DType work = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  int64_t N = logits.size(0), local = logits.size(1), first = local * tp.rank;
+  // Token ids compared as fp32 (exact below 2^24 ids): the one-hot of the targets this rank holds, and
+  // which rows count.
+  Tensor t = ops::to(target, device, work).view({N, 1});
+  Tensor columns = ops::arange(double(first), double(first + local), 1, work, device).view({1, local});
+  Tensor oneHot = ops::eq(columns, t);  // [N, local]: 1 at the target's column, on the rank holding it
+  Tensor counted = ops::affine(ops::eq(t, ops::full({1, 1}, double(ignoreIndex), work, device)), -1, 1);
+  Tensor count = ops::sum(counted);
+  Tensor lf = ops::to(logits, device, work);
+  // The row maxima over the whole vocabulary, then the shifted logits' exponentials summed over it, and the
+  // target's shifted logit (zero on the ranks that do not hold it): one all-reduce of [2N].
+  Tensor rowMax = ops::amax(lf, {1}, true).contiguous();
+  if (tp.active()) tp.allReduceMax(rowMax);
+  Tensor shifted = ops::sub(lf, rowMax);
+  Tensor e = ops::exp(shifted);
+  Tensor sums = ops::cat({ops::sum(e, {1}), ops::sum(ops::mul(shifted, oneHot), {1})}, 0);
+  if (tp.active()) tp.allReduceSum(sums);
+  Tensor sumExp = sums.narrow(0, 0, N).view({N, 1}), picked = sums.narrow(0, N, N).view({N, 1});
+  // loss = sum over counted rows of log(sum exp) - (target logit - max), over their count.
+  Tensor perRow = ops::mul(ops::sub(ops::log(sumExp), picked), counted);
+  Tensor loss = ops::div(ops::sum(perRow), count);
+  DType dtype = logits.dtype();
+  autograd::recordFunction("VocabParallelCrossEntropyBackward", {logits}, {loss},
+                           [=](const autograd::Grads& g) {
+                             if (!g[0].defined()) return autograd::Grads{Tensor()};
+                             // d loss / d logit = (softmax - one-hot) x counted / count, times the incoming
+                             // gradient.
+                             Tensor scale = ops::mul(ops::div(counted, count), ops::to(g[0], device, work));
+                             Tensor grad = ops::mul(ops::sub(ops::div(e, sumExp), oneHot), scale);
+                             return autograd::Grads{dtype == work ? grad : ops::to(grad, device, dtype)};
+                           });
+  return loss;
+}
+
+std::set<std::string> tensorParallelSlices(Module& model) {
+  std::set<std::string> out;
+  for (auto& [name, module] : model.namedModules()) {
+    std::string prefix = name.empty() ? std::string() : name + ".";
+    if (auto* linear = dynamic_cast<Linear*>(module); linear && linear->splitsOverTensorParallel()) {
+      out.insert(prefix + "weight");
+      if (linear->bias.defined() && linear->split() == TensorSplit::Columns) out.insert(prefix + "bias");
+    }
+    if (auto* embedding = dynamic_cast<Embedding*>(module); embedding && embedding->vocabParallel())
+      out.insert(prefix + "weight");
+  }
+  return out;
+}
+
+TensorParallel tensorParallelOf(Module& model) {
+  for (auto& [name, module] : model.namedModules()) {
+    if (auto* linear = dynamic_cast<Linear*>(module); linear && linear->splitsOverTensorParallel())
+      return linear->tensorParallel();
+    if (auto* embedding = dynamic_cast<Embedding*>(module); embedding && embedding->vocabParallel())
+      return embedding->tensorParallel();
+  }
+  return {};
+}
+
+Tensor columnSlice(const Tensor& w, int64_t groups, int size, int rank) {
+  Tensor m = w.dim() == 1 ? w.view({1, w.size(0)}) : w;
+  int64_t in = m.size(0), out = m.size(1);
+  STRATA_CHECK(out % (groups * size) == 0, "columnSlice: {} columns in {} groups over {} ranks", out, groups,
+               size);
+  Tensor part = ops::contiguous(
+      detail::narrowRaw(detail::viewRaw(m, {in, groups, size, out / (groups * size)}), 2, rank, 1));
+  return part.view(w.dim() == 1 ? Shape{out / size} : Shape{in, out / size});
+}
+
+}  // namespace strata::nn

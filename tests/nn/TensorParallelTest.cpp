@@ -1,0 +1,148 @@
+// Tensor parallelism (nn/TensorParallel.h) in one process: the ranks of a group are threads, and the group's
+// collectives meet in memory. A GPT split over two of them computes the one-rank model's loss, and each
+// rank's gradients are its slices of the one-rank gradients.
+#include <barrier>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "TestUtil.h"
+#include "strata/nn/TensorParallel.h"
+
+using namespace strata;
+
+namespace {
+
+// The collectives of `size` threads: each rank puts its tensor in its slot, all wait, each reads all slots
+// in rank order, all wait again (so no slot is overwritten while another rank reads it).
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int size) : size_(size), sync_(size), slots_(size_t(size)) {}
+
+  nn::TensorParallel member(int rank) {
+    nn::TensorParallel tp;
+    tp.size = size_;
+    tp.rank = rank;
+    tp.allReduceSum = [this, rank](const Tensor& t) { reduce(rank, t, false); };
+    tp.allReduceMax = [this, rank](const Tensor& t) { reduce(rank, t, true); };
+    tp.allGather = [this, rank](const Tensor& out, const Tensor& in) {
+      std::vector<Tensor> all = exchange(rank, in);
+      ops::copy(out, ops::cat(all, 0).view(out.shape()));
+      sync_.arrive_and_wait();
+    };
+    return tp;
+  }
+
+ private:
+  std::vector<Tensor> exchange(int rank, const Tensor& t) {
+    slots_[size_t(rank)] = t.clone().view({t.numel()});
+    sync_.arrive_and_wait();
+    return slots_;
+  }
+  void reduce(int rank, const Tensor& t, bool max) {
+    std::vector<Tensor> all = exchange(rank, t);
+    Tensor acc = all[0];
+    for (int r = 1; r < size_; ++r)
+      acc = max ? ops::maximum(acc, all[size_t(r)]) : ops::add(acc, all[size_t(r)]);
+    sync_.arrive_and_wait();
+    ops::copy(t, acc.view(t.shape()));
+  }
+
+  int size_;
+  std::barrier<> sync_;
+  std::vector<Tensor> slots_;
+};
+
+models::ModelSpec tinyGpt() {
+  models::ModelSpec s = test::tinyZooSpec("gpt", 64, 0);
+  s.numLayers = 2;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a GPT split over two tensor-parallel ranks computes the one-rank loss and gradient slices",
+          "[nn][tensor]") {
+  std::vector<int64_t> a, b;
+  for (int64_t i = 0; i < 32; ++i) {
+    a.push_back((i * 37 + 5) % 64);
+    b.push_back((i * 11 + 3) % 64);
+  }
+  Tensor ids = Tensor::fromVector<int64_t>(a, {2, 16}), targets = Tensor::fromVector<int64_t>(b, {2, 16});
+  auto reference = models::buildModel(tinyGpt());
+  Tensor referenceLoss = reference->loss(ids, targets, DType::F32);
+  backward(referenceLoss);
+  std::map<std::string, Tensor> full;
+  for (auto& [name, p] : reference->namedParameters()) full[name] = p.grad();
+  Tensor referenceLogits = reference->logits(ids, DType::F32);
+
+  const int size = 2;
+  ThreadGroup group(size);
+  std::vector<double> losses(size);
+  std::vector<Tensor> logits(size);
+  std::vector<std::map<std::string, std::pair<Tensor, Tensor>>> grads(size);  // name -> (value, gradient)
+  std::vector<std::set<std::string>> slices(size);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < size; ++rank)
+    ranks.emplace_back([&, rank] {
+      models::ModelSpec spec = tinyGpt();
+      spec.tensorParallel = group.member(rank);
+      auto model = models::buildModel(spec);
+      Tensor loss = model->loss(ids, targets, DType::F32);
+      backward(loss);
+      losses[size_t(rank)] = loss.item();
+      for (auto& [name, p] : model->namedParameters()) grads[size_t(rank)][name] = {p, p.grad()};
+      slices[size_t(rank)] = nn::tensorParallelSlices(*model);
+      logits[size_t(rank)] = model->logits(ids, DType::F32);
+    });
+  for (auto& t : ranks) t.join();
+
+  // The slices: the q/k/v, fc and proj weights, fc's and qkv's biases, and the token table.
+  CHECK(slices[0].count("wte.weight") == 1);
+  CHECK(slices[0].count("h.1.attn.qkv.bias") == 1);
+  CHECK(slices[0].count("h.1.attn.proj.weight") == 1);
+  CHECK(slices[0].count("h.1.attn.proj.bias") == 0);
+  CHECK(slices[0].count("h.0.mlp.fc.weight") == 1);
+  CHECK(slices[0].count("h.0.ln_1.weight") == 0);
+  CHECK(slices[0].count("wpe.weight") == 0);
+  for (int rank = 0; rank < size; ++rank) {
+    INFO("rank " << rank);
+    CHECK(losses[size_t(rank)] == Approx(referenceLoss.item()).epsilon(1e-6));
+    test::requireClose(logits[size_t(rank)], referenceLogits);
+    for (auto& [name, valueGrad] : grads[size_t(rank)]) {
+      INFO(name);
+      const Tensor& g = valueGrad.second;
+      Tensor expected = full.at(name);
+      // The slice this rank holds of the one-rank gradient (NOTE [Tensor parallelism]).
+      if (name == "wte.weight") {
+        expected = expected.narrow(0, 32 * rank, 32);
+      } else if (name.find("qkv") != std::string::npos) {
+        expected = nn::columnSlice(expected, 3, size, rank);
+      } else if (name.find("mlp.fc") != std::string::npos) {
+        expected = nn::columnSlice(expected, 1, size, rank);
+      } else if (name.find("proj.weight") != std::string::npos) {
+        int64_t rows = expected.size(0) / size;
+        expected = expected.narrow(0, rows * rank, rows);
+      }
+      test::requireClose(g, expected, 1e-6, 1e-4);
+    }
+  }
+}
+
+TEST_CASE("the vocabulary-parallel cross-entropy on one rank is the cross-entropy", "[nn][tensor]") {
+  Tensor target = Tensor::fromVector<int64_t>({1, 9, -100, 0, 4, 4}, {6});
+  Tensor a = test::randomDouble({6, 10}, 7, -3, 3), b = a.clone();
+  a.setRequiresGrad(true);
+  b.setRequiresGrad(true);
+  Tensor loss = nn::vocabParallelCrossEntropy(a, target, nn::TensorParallel{});
+  Tensor reference = crossEntropy(b, target);
+  backward(loss * 0.5);
+  backward(reference * 0.5);
+  CHECK(loss.item() == Approx(reference.item()).epsilon(1e-12));
+  test::requireClose(a.grad(), b.grad(), 1e-12, 1e-10);
+  test::gradCheck(
+      [target](const std::vector<Tensor>& x) {
+        return nn::vocabParallelCrossEntropy(x[0], target, nn::TensorParallel{});
+      },
+      {test::randomDouble({6, 10}, 9, -2, 2)});
+}
