@@ -709,8 +709,24 @@ void ChunkCheckpointReader::checkParameters(const zero::ChunkLayout& layout) con
                     unused.size(), joinNames(unused));
 }
 
+namespace {
+// NOTE [Tensor-parallel checkpoints] in train/CheckpointPieces.h: the slices of a tensor-parallel run are not
+// whole parameters.
+void refuseTensorParallelSlices(const ChunkCheckpointReader& reader, const char* what) {
+  auto it = reader.state().effective.find("parallel.tensor");
+  std::string tensor = it == reader.state().effective.end() ? "1" : it->second;
+  STRATA_USER_CHECK(
+      tensor == "1",
+      "checkpoint {} holds the slices of a tensor-parallel run (parallel.tensor: {}), named "
+      "tp<rank>/<parameter>; {} reads whole parameters and does not merge slices yet. Resume it "
+      "with parallel.tensor: {} (train.sample_length samples at the end of the run)",
+      reader.directory(), tensor, what, tensor);
+}
+}  // namespace
+
 std::map<std::string, Tensor> loadModelShards(const std::string& path) {
   ChunkCheckpointReader reader(path);
+  refuseTensorParallelSlices(reader, "loading a model from it (strata generate, embed, --hf)");
   std::map<std::string, Tensor> out;
   std::vector<char> buffer;
   for (const auto& [name, p] : reader.parameters()) {
@@ -726,6 +742,7 @@ MergeStats mergeModelShards(const std::string& path, const std::string& output,
                             const std::function<std::string(const std::string&)>& rename,
                             const std::map<std::string, std::string>& metadata) {
   ChunkCheckpointReader reader(path);
+  refuseTensorParallelSlices(reader, "strata convert");
   std::map<std::string, std::string> sources;  // output name -> saved name, in output-name order
   for (const auto& [name, p] : reader.parameters()) {
     std::string renamed = rename ? rename(name) : name;

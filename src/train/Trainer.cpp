@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "models/Zoo.h"
 #include "strata/autograd/Engine.h"
@@ -712,8 +713,17 @@ TrainResult Trainer::run() {
 
   std::unique_ptr<MetricsLogger> logger =
       main ? std::make_unique<MetricsLogger>(c.train.outDir, startStep, runId_) : nullptr;
-  spdlog::info("training {} ({} parameters) on {} ({}) in {}: {} iterations of {} sequences x {} tokens{}",
-               objective_->modelName(), model().numParameters(), toString(device_), deviceName(device_),
+  // The whole model's parameters: under tensor parallelism each slice counts once per rank of the group.
+  int64_t parameters = model().numParameters();
+  std::string split;
+  if (c.parallel.tensor > 1) {
+    std::set<std::string> slices = nn::tensorParallelSlices(model());
+    for (const auto& [name, p] : model().namedParameters())
+      if (slices.count(name)) parameters += p.numel() * (c.parallel.tensor - 1);
+    split = fmt::format(", split over {} tensor-parallel ranks", c.parallel.tensor);
+  }
+  spdlog::info("training {} ({} parameters{}) on {} ({}) in {}: {} iterations of {} sequences x {} tokens{}",
+               objective_->modelName(), parameters, split, toString(device_), deviceName(device_),
                dtypeName(compute_), c.train.trainIters, c.train.globalBatchSize, T,
                device_.isCpu() ? fmt::format(", {} CPU threads", omp_get_max_threads()) : std::string());
 

@@ -21,6 +21,7 @@
 #include "strata/data/CausalLmObjective.h"
 #include "strata/distributed/ParallelContext.h"
 #include "strata/ops/Ops.h"
+#include "strata/train/Checkpoint.h"
 #include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
 
@@ -656,6 +657,14 @@ TEST_CASE("tensor-parallel checkpoints resume exactly at their layout and refuse
   CHECK(resumed.losses.size() == 10);
   std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
   CHECK(resumed.losses == tail);
+  // strata generate and convert read whole parameters: the slices are refused, not half-read.
+  std::string whole = "no error";
+  try {
+    train::loadModelShards(saved.string());
+  } catch (const Error& e) {
+    whole = e.what();
+  }
+  CHECK(contains(whole, "holds the slices of a tensor-parallel run (parallel.tensor: 2)"));
   INFO(resume << "\n" << weights);
   CHECK(contains(resume, "parallel.tensor (2) must divide the number of ranks (1)"));
   CHECK(contains(weights,
