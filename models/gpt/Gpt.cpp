@@ -50,6 +50,11 @@ Gpt::Gpt(const GptConfig& config) : config_(config) {
     divides("model.num_attention_heads", config.numHeads);
     divides("model.ffn_hidden_size (4 x hidden_size when 0)", config.ffn());
     divides("model.vocab_size (pad the vocabulary to a multiple of it)", config.vocabSize);
+    if (tp.sequenceParallel)
+      divides(
+          "the position table's rows (model.max_position_embeddings; 0: model.seq_length) under "
+          "parallel.sequence_parallel",
+          config.positions());
     STRATA_USER_CHECK(config.moeNumExperts == 0,
                       "parallel.tensor ({}) with mixture-of-experts layers (model.moe_num_experts) is not "
                       "supported yet: train MoE models with parallel.tensor: 1 (and "
@@ -86,8 +91,18 @@ Gpt::Gpt(const GptConfig& config) : config_(config) {
     blocks_->append(std::make_shared<nn::TransformerBlock>(b, gen, feedForward));
   }
   lnF_ = registerModule("ln_f", std::make_shared<nn::LayerNorm>(nn::NormConfig{
-                                    config.hiddenSize, config.layerNormEps, true, config.device}));
+                                    config.hiddenSize, config.layerNormEps, true, config.device, tp}));
 }
+
+namespace {
+// NOTE [Sequence parallelism] in nn/TensorParallel.h: t [B, S] padded at the end to a multiple of the
+// group's size with `value`, when the sequence is split.
+Tensor padToSplit(const Tensor& t, const nn::TensorParallel& tp, double value) {
+  int64_t pad = (tp.size - t.size(1) % tp.size) % tp.size;
+  if (!tp.splitsSequence() || pad == 0) return t;
+  return ops::cat({t, ops::full({t.size(0), pad}, value, t.dtype(), t.device())}, 1);
+}
+}  // namespace
 
 Tensor Gpt::hidden(const Tensor& ids, DType compute) {
   STRATA_CHECK(ids.dim() == 2, "gpt: token ids must be [batch, seq], got {}", toString(ids.shape()));
@@ -101,7 +116,11 @@ Tensor Gpt::hidden(const Tensor& ids, DType compute) {
   // first), and the chunk layout follows the order of first use, which models::parameterShapes lists as wte,
   // then wpe.
   Tensor x = wte_->apply(ids, compute);
-  x = x + wpe_->apply(pos, compute);
+  // Under sequence parallelism x is this rank's part of the sequence, and so are its positions' rows.
+  Tensor positions = wpe_->apply(pos, compute);
+  if (config_.tensorParallel.splitsSequence())
+    positions = nn::splitSequence(positions, config_.tensorParallel, 0);
+  x = x + positions;
   x = dropout(x, config_.dropout, isTraining());
   // The residual stream travels as (x, pending) so each block's closing add fuses into the next norm; the
   // first block starts with no pending part.
@@ -112,12 +131,21 @@ Tensor Gpt::hidden(const Tensor& ids, DType compute) {
 // The tied head is a second call of wte (Embedding::unembed*), so wte's hooks fire around this use of its
 // table as well as around the lookup.
 Tensor Gpt::logitsImpl(const Tensor& ids, DType compute) {
-  return wte_->unembed(hidden(ids, compute), compute);
+  int64_t S = ids.size(1);
+  Tensor logits = wte_->unembed(hidden(padToSplit(ids, config_.tensorParallel, 0), compute), compute);
+  return logits.size(1) == S ? logits : logits.narrow(1, 0, S);
 }
 
 Tensor Gpt::lossImpl(const Tensor& ids, const Tensor& targets, DType compute) {
-  Tensor x = hidden(ids, compute);
-  Tensor loss = wte_->unembedCrossEntropy(x.reshape({-1, config_.hiddenSize}), targets.reshape({-1}));
+  const nn::TensorParallel& tp = config_.tensorParallel;
+  Tensor x = hidden(padToSplit(ids, tp, 0), compute);
+  Tensor target = padToSplit(targets, tp, -100);  // the padding's targets are ignored
+  if (tp.splitsSequence()) {
+    // The head takes the ranks' rows in rank order: each rank's part of every sequence.
+    int64_t B = target.size(0), S = target.size(1);
+    target = target.reshape({B, tp.size, S / tp.size}).permute({1, 0, 2});
+  }
+  Tensor loss = wte_->unembedCrossEntropy(x.reshape({-1, config_.hiddenSize}), target.reshape({-1}));
   // Training adds the MoE layers' weighted auxiliary losses (load balance, z-loss); evaluation reports the
   // cross-entropy alone.
   if (isTraining())

@@ -52,11 +52,19 @@ Tensor Linear::apply(const Tensor& x) {
 
 std::vector<Tensor> Linear::forwardImpl(const std::vector<Tensor>& inputs) {
   switch (split()) {
-    case TensorSplit::Columns:
-      return {linear(copyToTensorParallel(inputs.at(0), tensorParallel_), weight, bias)};
+    case TensorSplit::Columns: {
+      // NOTE [Sequence parallelism]: the sequence gathered in place of f.
+      const Tensor& x = inputs.at(0);
+      Tensor in = tensorParallel_.splitsSequence() ? gatherSequence(x, tensorParallel_, x.dim() - 2)
+                                                   : copyToTensorParallel(x, tensorParallel_);
+      return {linear(in, weight, bias)};
+    }
     case TensorSplit::Rows: {
-      Tensor y = reduceFromTensorParallel(linear(inputs.at(0), weight), tensorParallel_);
-      return {bias.defined() ? y + bias : y};
+      Tensor partial = linear(inputs.at(0), weight);
+      Tensor y = tensorParallel_.splitsSequence()
+                     ? scatterSequence(partial, tensorParallel_, partial.dim() - 2)
+                     : reduceFromTensorParallel(partial, tensorParallel_);
+      return {bias.defined() ? y + sequenceParallelParameter(bias, tensorParallel_) : y};
     }
     case TensorSplit::None:
       break;
@@ -96,6 +104,8 @@ Tensor Embedding::lookup(const Tensor& ids, DType dtype) {
   Shape maskShape = ids.shape();
   maskShape.push_back(1);
   Tensor rowsHere = embedding(weight, local) * ops::to(held, device, dtype).view(maskShape);
+  // NOTE [Sequence parallelism]: each rank keeps its part of the sequence of the sum.
+  if (tensorParallel_.splitsSequence()) return scatterSequence(rowsHere, tensorParallel_, ids.dim() - 1);
   return reduceFromTensorParallel(rowsHere, tensorParallel_);
 }
 
@@ -113,8 +123,8 @@ Tensor Embedding::unembed(const Tensor& x, DType compute) {
     // A transposed view of the table (no copy).
     checkComputeDType("Embedding::unembed", weight, compute);
     if (vocabParallel())
-      return std::vector<Tensor>{gatherFromTensorParallel(
-          matmul(copyToTensorParallel(in[0], tensorParallel_), weight.transpose(0, 1)), tensorParallel_)};
+      return std::vector<Tensor>{
+          gatherFromTensorParallel(matmul(headInput(in[0]), weight.transpose(0, 1)), tensorParallel_)};
     return std::vector<Tensor>{matmul(in[0], weight.transpose(0, 1))};
   })[0];
 }
@@ -122,14 +132,21 @@ Tensor Embedding::unembed(const Tensor& x, DType compute) {
 Tensor Embedding::unembedCrossEntropy(const Tensor& x, const Tensor& target) {
   return call({x, target}, [&](const std::vector<Tensor>& in) {
     if (vocabParallel()) {
-      Tensor logits = matmul(copyToTensorParallel(in[0], tensorParallel_), weight.transpose(0, 1));
+      Tensor logits = matmul(headInput(in[0]), weight.transpose(0, 1));
       return std::vector<Tensor>{vocabParallelCrossEntropy(logits, in[1], tensorParallel_)};
     }
     return std::vector<Tensor>{linearCrossEntropy(in[0], weight, in[1])};
   })[0];
 }
 
-LayerNorm::LayerNorm(const NormConfig& config) : eps_(config.eps) {
+Tensor Embedding::headInput(const Tensor& x) const {
+  // NOTE [Sequence parallelism]: the rows of every rank's part of the sequence (x [..., S/T, dim]), in
+  // place of f.
+  if (tensorParallel_.splitsSequence()) return gatherSequence(x, tensorParallel_, x.dim() - 2);
+  return copyToTensorParallel(x, tensorParallel_);
+}
+
+LayerNorm::LayerNorm(const NormConfig& config) : eps_(config.eps), tensorParallel_(config.tensorParallel) {
   weight = registerParameter("weight", ops::ones({config.dim}, DType::F32, config.device));
   if (config.bias) bias = registerParameter("bias", ops::zeros({config.dim}, DType::F32, config.device));
 }
@@ -147,8 +164,12 @@ std::vector<Tensor> LayerNorm::forwardImpl(const std::vector<Tensor>& inputs) {
   const Tensor& x = inputs.at(0);
   // fp32 rows with 16-bit parameters (an fp32 residual stream in a 16-bit model) read the parameters widened.
   bool widen = x.dtype() == DType::F32 && weight.dtype() != DType::F32;
-  const Tensor w = widen ? weight.to(DType::F32) : weight;
-  const Tensor b = widen && bias.defined() ? bias.to(DType::F32) : bias;
+  // NOTE [Sequence parallelism]: on a part of the sequence the parameters' gradients are summed over the
+  // group.
+  Tensor weightHere = sequenceParallelParameter(weight, tensorParallel_);
+  Tensor biasHere = sequenceParallelParameter(bias, tensorParallel_);
+  const Tensor w = widen ? weightHere.to(DType::F32) : weightHere;
+  const Tensor b = widen && biasHere.defined() ? biasHere.to(DType::F32) : biasHere;
   if (inputs.size() > 1) {
     if (!inputs[1].defined()) return {layerNorm(x, w, b, eps_), x};  // a zero residual
     auto [sum, y] = addLayerNorm(x, inputs[1], w, b, eps_);

@@ -64,6 +64,87 @@ Tensor gatherFromTensorParallel(const Tensor& x, const TensorParallel& tp) {
   return out;
 }
 
+namespace {
+
+// The ranks' x side by side along `dim` (no autograd).
+Tensor allGatherAlong(const Tensor& x, const TensorParallel& tp, int64_t dim) {
+  Shape blockShape = x.shape();
+  blockShape.insert(blockShape.begin(), int64_t(tp.size));
+  Tensor blocks = Tensor::empty(blockShape, x.dtype(), x.device());
+  tp.allGather(blocks, x.contiguous());
+  // [T, ..., n, ...] -> [..., T, n, ...] -> [..., T n, ...].
+  std::vector<int64_t> order;
+  for (int64_t d = 1; d <= dim; ++d) order.push_back(d);
+  order.push_back(0);
+  for (int64_t d = dim + 1; d < int64_t(blockShape.size()); ++d) order.push_back(d);
+  Shape shape = x.shape();
+  shape[size_t(dim)] *= tp.size;
+  Tensor moved = dim == 0 ? blocks : ops::contiguous(detail::permuteRaw(blocks, order));
+  return detail::viewRaw(moved, shape);
+}
+
+// This rank's part along `dim` of the sum over the ranks of x (no autograd).
+Tensor reduceScatterAlong(const Tensor& x, const TensorParallel& tp, int64_t dim) {
+  STRATA_CHECK(x.size(dim) % tp.size == 0, "sequence parallelism: {} positions over {} ranks", x.size(dim),
+               tp.size);
+  // [..., T n, ...] -> [..., T, n, ...] -> [T, ..., n, ...].
+  Shape split = x.shape();
+  split[size_t(dim)] /= tp.size;
+  split.insert(split.begin() + dim, int64_t(tp.size));
+  std::vector<int64_t> order{dim};
+  for (int64_t d = 0; d < int64_t(split.size()); ++d)
+    if (d != dim) order.push_back(d);
+  Tensor in = ops::contiguous(detail::permuteRaw(detail::viewRaw(x.contiguous(), split), order));
+  Shape shape = x.shape();
+  shape[size_t(dim)] /= tp.size;
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  tp.reduceScatter(out, in);
+  return out;
+}
+
+Tensor localPart(const Tensor& x, const TensorParallel& tp, int64_t dim) {
+  int64_t n = x.size(dim) / tp.size;
+  return ops::contiguous(detail::narrowRaw(x, dim, n * tp.rank, n));
+}
+
+}  // namespace
+
+Tensor gatherSequence(const Tensor& x, const TensorParallel& tp, int64_t dim) {
+  if (!tp.active()) return x;
+  Tensor out = allGatherAlong(x, tp, dim);
+  TensorParallel group = tp;
+  autograd::recordFunction("GatherSequenceBackward", {x}, {out}, [group, dim](const autograd::Grads& g) {
+    return autograd::Grads{g[0].defined() ? reduceScatterAlong(g[0], group, dim) : Tensor()};
+  });
+  return out;
+}
+
+Tensor scatterSequence(const Tensor& x, const TensorParallel& tp, int64_t dim) {
+  if (!tp.active()) return x;
+  Tensor out = reduceScatterAlong(x, tp, dim);
+  TensorParallel group = tp;
+  autograd::recordFunction("ScatterSequenceBackward", {x}, {out}, [group, dim](const autograd::Grads& g) {
+    return autograd::Grads{g[0].defined() ? allGatherAlong(g[0], group, dim) : Tensor()};
+  });
+  return out;
+}
+
+Tensor splitSequence(const Tensor& x, const TensorParallel& tp, int64_t dim) {
+  if (!tp.active()) return x;
+  STRATA_CHECK(x.size(dim) % tp.size == 0, "sequence parallelism: {} positions over {} ranks", x.size(dim),
+               tp.size);
+  Tensor out = localPart(x, tp, dim);
+  TensorParallel group = tp;
+  autograd::recordFunction("SplitSequenceBackward", {x}, {out}, [group, dim](const autograd::Grads& g) {
+    return autograd::Grads{g[0].defined() ? allGatherAlong(g[0], group, dim) : Tensor()};
+  });
+  return out;
+}
+
+Tensor sequenceParallelParameter(const Tensor& p, const TensorParallel& tp) {
+  return tp.splitsSequence() && p.defined() ? copyToTensorParallel(p, tp) : p;
+}
+
 Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, const TensorParallel& tp,
                                  int64_t ignoreIndex) {
   STRATA_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),

@@ -55,6 +55,8 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
   STRATA_CHECK(x.dim() == 3 && x.size(2) == config_.hiddenSize, "attention: input must be [B, S, {}], got {}",
                config_.hiddenSize, toString(x.shape()));
   // This rank's heads (all of them without tensor parallelism).
+  // S: the positions attended over; under sequence parallelism x holds this rank's part of them and the
+  // projection gathers the rest (NOTE [Sequence parallelism]), so S is set from it below.
   int64_t B = x.size(0), S = x.size(1), H = config_.localHeads(), D = config_.headWidth();
   int64_t C = H * D;  // the attention's inner width here (the model width unless headDim or tensor
                       // parallelism says otherwise)
@@ -93,6 +95,7 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
     }
   } else {
     Tensor qkv = qkv_->apply(x);
+    S = qkv.size(1);
     // A raw view (no autograd node): only its shape, dtype and device are asked about.
     Tensor probe = detail::narrowRaw(detail::viewRaw(qkv, {B, S, 3 * H, D}), 2, 0, H);
     if (plainMask && flashAttentionUsable(probe, probe, probe, config_.dropout, isTraining())) {
@@ -133,17 +136,20 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
   if (!config_.gated && config_.activation == Activation::GeluTanh) {
     const TensorParallel& tp = config_.tensorParallel;
     // geluMlp reads fc's and proj's parameters itself, so it runs as a call of both (NOTE [Module calls]).
-    // Tensor-parallel: f before fc, g after proj's partial product, then proj's whole bias.
-    y = fusedCall(
-        {fc_.get(), proj_.get()}, {copyToTensorParallel(x, tp)}, [&](const std::vector<Tensor>& in) {
-          if (!tp.active())
-            return std::vector<Tensor>{geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias,
-                                               /*recomputeGelu=*/recompute)};
-          Tensor out = reduceFromTensorParallel(
-              geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, Tensor(), /*recomputeGelu=*/recompute),
-              tp);
-          return std::vector<Tensor>{proj_->bias.defined() ? out + proj_->bias : out};
-        })[0];
+    // Tensor-parallel: f before fc, g after proj's partial product, then proj's whole bias; under sequence
+    // parallelism the sequence gathered and reduce-scattered in their place (NOTE [Sequence parallelism]).
+    int64_t seqDim = x.dim() - 2;
+    Tensor in = tp.splitsSequence() ? gatherSequence(x, tp, seqDim) : copyToTensorParallel(x, tp);
+    y = fusedCall({fc_.get(), proj_.get()}, {in}, [&](const std::vector<Tensor>& in) {
+      if (!tp.active())
+        return std::vector<Tensor>{
+            geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias, /*recomputeGelu=*/recompute)};
+      Tensor partial = geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, Tensor(), recompute);
+      Tensor out =
+          tp.splitsSequence() ? scatterSequence(partial, tp, seqDim) : reduceFromTensorParallel(partial, tp);
+      return std::vector<Tensor>{proj_->bias.defined() ? out + sequenceParallelParameter(proj_->bias, tp)
+                                                       : out};
+    })[0];
     return {dropout(y, config_.dropout, isTraining())};
   }
   // The activation and the projection, from the activation's input(s).
@@ -161,7 +167,8 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& config, Generator& gen,
                                    std::shared_ptr<Module> feedForward) {
-  NormConfig norm{config.attention.hiddenSize, config.layerNormEps, true, config.attention.device};
+  NormConfig norm{config.attention.hiddenSize, config.layerNormEps, true, config.attention.device,
+                  config.attention.tensorParallel};
   ln1_ = registerModule("ln_1", std::make_shared<LayerNorm>(norm));
   attn_ = registerModule("attn", std::make_shared<Attention>(config.attention, gen));
   ln2_ = registerModule("ln_2", std::make_shared<LayerNorm>(norm));

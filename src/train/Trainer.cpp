@@ -331,6 +331,10 @@ void Trainer::agreeOnSetup(const std::function<void()>& work) {
 void Trainer::connect() {
   int64_t world = parallel_->worldSize(), micro = config_.train.microBatchSize;
   int64_t tensor = config_.parallel.tensor;
+  STRATA_USER_CHECK(!config_.parallel.sequenceParallel || tensor > 1,
+                    "{}: parallel.sequence_parallel splits the sequence over a tensor-parallel group: set "
+                    "parallel.tensor > 1 with it, or leave it false",
+                    config_.sourcePath);
   if (tensor > 1) {
     STRATA_USER_CHECK(
         world % tensor == 0,
@@ -425,6 +429,10 @@ nn::TensorParallel Trainer::tensorParallel() const {
   out.allGather = [group, ordered](const Tensor& dst, const Tensor& src) {
     ordered(src, true, [&] { group->communicator().allGather(dst, src); });
   };
+  out.reduceScatter = [group, ordered](const Tensor& dst, const Tensor& src) {
+    ordered(src, false, [&] { group->communicator().reduceScatter(dst, src); });
+  };
+  out.sequenceParallel = config_.parallel.sequenceParallel;
   return out;
 }
 

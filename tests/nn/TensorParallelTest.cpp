@@ -30,6 +30,13 @@ class ThreadGroup {
       ops::copy(out, ops::cat(all, 0).view(out.shape()));
       sync_.arrive_and_wait();
     };
+    tp.reduceScatter = [this, rank](const Tensor& out, const Tensor& in) {
+      std::vector<Tensor> all = exchange(rank, in);
+      Tensor acc = all[0];
+      for (int r = 1; r < size_; ++r) acc = ops::add(acc, all[size_t(r)]);
+      sync_.arrive_and_wait();
+      ops::copy(out, acc.narrow(0, out.numel() * rank, out.numel()).view(out.shape()));
+    };
     return tp;
   }
 
@@ -63,6 +70,9 @@ models::ModelSpec tinyGpt() {
 
 TEST_CASE("a GPT split over two tensor-parallel ranks computes the one-rank loss and gradient slices",
           "[nn][tensor]") {
+  // Without and with sequence parallelism (NOTE [Sequence parallelism]).
+  bool sequenceParallel = GENERATE(false, true);
+  INFO("sequence parallel " << sequenceParallel);
   std::vector<int64_t> a, b;
   for (int64_t i = 0; i < 32; ++i) {
     a.push_back((i * 37 + 5) % 64);
@@ -75,11 +85,16 @@ TEST_CASE("a GPT split over two tensor-parallel ranks computes the one-rank loss
   std::map<std::string, Tensor> full;
   for (auto& [name, p] : reference->namedParameters()) full[name] = p.grad();
   Tensor referenceLogits = reference->logits(ids, DType::F32);
+  // A sequence that does not split evenly (sequence parallelism pads it).
+  Tensor shortIds = ids.narrow(1, 0, 15).contiguous(), shortTargets = targets.narrow(1, 0, 15).contiguous();
+  Tensor referenceShortLogits = reference->logits(shortIds, DType::F32);
+  double referenceShortLoss = reference->loss(shortIds, shortTargets, DType::F32).item();
 
   const int size = 2;
   ThreadGroup group(size);
   std::vector<double> losses(size);
-  std::vector<Tensor> logits(size);
+  std::vector<Tensor> logits(size), shortLogits(size);
+  std::vector<double> shortLosses(size);
   std::vector<std::map<std::string, std::pair<Tensor, Tensor>>> grads(size);  // name -> (value, gradient)
   std::vector<std::set<std::string>> slices(size);
   std::vector<std::thread> ranks;
@@ -87,6 +102,7 @@ TEST_CASE("a GPT split over two tensor-parallel ranks computes the one-rank loss
     ranks.emplace_back([&, rank] {
       models::ModelSpec spec = tinyGpt();
       spec.tensorParallel = group.member(rank);
+      spec.tensorParallel.sequenceParallel = sequenceParallel;
       auto model = models::buildModel(spec);
       Tensor loss = model->loss(ids, targets, DType::F32);
       backward(loss);
@@ -94,6 +110,8 @@ TEST_CASE("a GPT split over two tensor-parallel ranks computes the one-rank loss
       for (auto& [name, p] : model->namedParameters()) grads[size_t(rank)][name] = {p, p.grad()};
       slices[size_t(rank)] = nn::tensorParallelSlices(*model);
       logits[size_t(rank)] = model->logits(ids, DType::F32);
+      shortLogits[size_t(rank)] = model->logits(shortIds, DType::F32);
+      shortLosses[size_t(rank)] = model->loss(shortIds, shortTargets, DType::F32).item();
     });
   for (auto& t : ranks) t.join();
 
@@ -109,6 +127,8 @@ TEST_CASE("a GPT split over two tensor-parallel ranks computes the one-rank loss
     INFO("rank " << rank);
     CHECK(losses[size_t(rank)] == Approx(referenceLoss.item()).epsilon(1e-6));
     test::requireClose(logits[size_t(rank)], referenceLogits);
+    test::requireClose(shortLogits[size_t(rank)], referenceShortLogits);
+    CHECK(shortLosses[size_t(rank)] == Approx(referenceShortLoss).epsilon(1e-6));
     for (auto& [name, valueGrad] : grads[size_t(rank)]) {
       INFO(name);
       const Tensor& g = valueGrad.second;

@@ -174,6 +174,9 @@ struct ParallelConfig {
   // Megatron's tensor parallelism over this many ranks: attention split by heads, the MLP by its width, the
   // embedding and the tied head by the vocabulary (NOTE [Tensor parallelism] in nn/TensorParallel.h).
   int64_t tensor = 1;
+  // Megatron's sequence parallelism on top: the norms, dropout and residual stream on a part of the sequence
+  // each (NOTE [Sequence parallelism] in nn/TensorParallel.h).
+  bool sequenceParallel = false;
 };
 
 struct CheckpointConfig {

@@ -30,7 +30,11 @@ class Embedding : public Module {
   // dtype, target [N]. The [N, num] logits never exist at once.
   Tensor unembedCrossEntropy(const Tensor& x, const Tensor& target);
   // Vocabulary-parallel: unembed gathers the ranks' logits (generation), and unembedCrossEntropy takes the
-  // loss from this rank's [N, num / T] logits (vocabParallelCrossEntropy), never gathering them.
+  // loss from this rank's [N, num / T] logits (vocabParallelCrossEntropy), never gathering them. With
+  // sequence parallelism (NOTE [Sequence parallelism] in nn/TensorParallel.h) lookups return this rank's part
+  // of the sequence, and the head takes every rank's rows: unembed's x is [..., S/T, dim] (the logits cover
+  // the whole sequence), unembedCrossEntropy's rows are the ranks' rows in rank order, so its target must be
+  // in that order.
   bool vocabParallel() const { return tensorParallel_.active(); }
   const TensorParallel& tensorParallel() const { return tensorParallel_; }
 
@@ -41,6 +45,8 @@ class Embedding : public Module {
 
  private:
   Tensor lookup(const Tensor& ids, DType dtype);
+  // The tied head's input under vocabulary parallelism: through f, or gathered along the sequence.
+  Tensor headInput(const Tensor& x) const;
 
   int64_t paddingIdx_ = -1;
   TensorParallel tensorParallel_;

@@ -24,6 +24,19 @@
 // a run on T ranks starts from the one-rank model's numbers and trains like it to rounding.
 // The collectives are functions given by the trainer over its tensor-parallel group (this layer does not
 // know process groups); each is ordered with the compute stream by the function itself.
+//
+// NOTE [Sequence parallelism]
+// With sequenceParallel (Korthikanti et al. 2022) the regions between the split layers (the LayerNorms, the
+// residual stream, dropout) run on this rank's part of the sequence, [B, S/T, C], rank t holding positions
+// [t S/T, (t+1) S/T). Before a column-parallel layer gatherSequence all-gathers the sequence (backward:
+// reduce-scatter of the gradient), in place of f; after a row-parallel layer scatterSequence
+// reduce-scatters its partial sums (backward: all-gather), in place of g; the row-parallel bias is added to
+// this rank's part. The token embedding's partial rows are reduce-scattered the same way, the position rows
+// are this rank's part of the whole table's lookup (splitSequence: backward all-gathers, so the table's
+// gradient is whole on every rank), and the LM head gathers the rows it takes. The whole parameters used on a
+// part of the sequence (the LayerNorms' and the row-parallel biases) go through f, whose backward sums their
+// partial gradients over the group. GPT pads a sequence to a multiple of T (at the end: causal attention
+// keeps the real positions exact) and drops the padding's outputs.
 #pragma once
 
 #include <cstdint>
@@ -46,8 +59,13 @@ struct TensorParallel {
   std::function<void(const Tensor& inout)> allReduceMax;
   // out = the ranks' `in` concatenated in rank order (out.numel() == size x in.numel()).
   std::function<void(const Tensor& out, const Tensor& in)> allGather;
+  // out = block `rank` of the sum over the ranks of `in` (in.numel() == size x out.numel()).
+  std::function<void(const Tensor& out, const Tensor& in)> reduceScatter;
+  // NOTE [Sequence parallelism].
+  bool sequenceParallel = false;
 
   bool active() const { return size > 1; }
+  bool splitsSequence() const { return active() && sequenceParallel; }
 };
 
 // How a Linear layer splits over the group (NOTE [Tensor parallelism]).
@@ -60,6 +78,17 @@ Tensor reduceFromTensorParallel(const Tensor& x, const TensorParallel& tp);
 // The ranks' last dimensions side by side ([..., n] -> [..., T n]); backward takes this rank's part of the
 // gradient. For outputs that every rank then uses alike (the logits of generation).
 Tensor gatherFromTensorParallel(const Tensor& x, const TensorParallel& tp);
+
+// NOTE [Sequence parallelism]: the ranks' parts of dimension `dim` side by side ([.., n, ..] -> [.., T n,
+// ..]) with the reduce-scatter of the gradient backward; the reduce-scatter of x along `dim` ([.., T n, ..]
+// -> this rank's [.., n, ..] of the sum) with the all-gather backward; and this rank's part of x along `dim`
+// with the all-gather backward.
+Tensor gatherSequence(const Tensor& x, const TensorParallel& tp, int64_t dim = 1);
+Tensor scatterSequence(const Tensor& x, const TensorParallel& tp, int64_t dim = 1);
+Tensor splitSequence(const Tensor& x, const TensorParallel& tp, int64_t dim = 1);
+// A whole parameter used on this rank's part of the sequence: f under sequence parallelism (its gradient
+// summed over the group), else the parameter itself.
+Tensor sequenceParallelParameter(const Tensor& p, const TensorParallel& tp);
 
 // The mean cross-entropy of the vocabulary-parallel logits [N, V/T] (this rank's columns, the vocabulary's
 // [rank V/T, (rank+1) V/T)) against target [N] (global ids; ignoreIndex skipped), as a scalar equal on

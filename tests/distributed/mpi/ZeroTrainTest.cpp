@@ -602,7 +602,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("tensor parallelism (parallel.tensor 2) on N ranks trains like one rank at ZeRO stages 0 and 2",
+TEST_CASE("tensor parallelism (parallel.tensor 2) on N ranks trains like one rank at ZeRO stages 0 to 2",
           "[dist][tensor]") {
   auto ctx = world();
   int ranks = ctx->worldSize();
@@ -612,10 +612,12 @@ TEST_CASE("tensor parallelism (parallel.tensor 2) on N ranks trains like one ran
   Run reference = trainRun(alone(), "tp-one-rank-" + std::to_string(ctx->rank()), 0);
   Run stage0 = trainRun(ctx, "tp2-stage0", 0, {"parallel.tensor=2"});
   Run stage2 = trainRun(ctx, "tp2-stage2", 2, {"parallel.tensor=2"});
+  // Sequence parallelism: the norms and the residual stream on half of each sequence.
+  Run sequence = trainRun(ctx, "tp2-sp-stage1", 1, {"parallel.tensor=2", "parallel.sequence_parallel=true"});
   if (!ctx->isMain()) return;
   INFO(ranks << " ranks");
   CHECK(reference.losses.size() == 20);
-  for (const Run* run : {&stage0, &stage2}) {
+  for (const Run* run : {&stage0, &stage2, &sequence}) {
     CHECK(run->losses.size() == 20);
     CHECK(worstRelative(run->losses, reference.losses) < 1e-5);
     CHECK(worstRelative(run->gradNorms, reference.gradNorms) < 1e-5);
@@ -688,13 +690,15 @@ TEST_CASE("parallel.tensor is refused where it does not fit and the error names 
   std::string stage3 = refusal("tp-stage3", 3, {"parallel.tensor=2"});
   std::string heads = refusal("tp-heads", 0, {"parallel.tensor=2", "model.num_attention_heads=1"});
   std::string moe = refusal("tp-moe", 0, {"parallel.tensor=2", "model.moe_num_experts=2"});
+  std::string sequence = refusal("sp-alone", 0, {"parallel.sequence_parallel=true"});
   if (!ctx->isMain()) {
     CHECK(notDividing == "reported by rank 0");
     return;
   }
-  INFO(notDividing << "\n" << stage3 << "\n" << heads << "\n" << moe);
+  INFO(notDividing << "\n" << stage3 << "\n" << heads << "\n" << moe << "\n" << sequence);
   CHECK(contains(notDividing, "parallel.tensor (3) must divide the number of ranks"));
   CHECK(contains(stage3, "parallel.tensor (2) with zero_optimization.stage 3 is not supported yet"));
   CHECK(contains(heads, "parallel.tensor (2) must divide model.num_attention_heads (1)"));
   CHECK(contains(moe, "mixture-of-experts layers (model.moe_num_experts) is not supported yet"));
+  CHECK(contains(sequence, "parallel.sequence_parallel splits the sequence over a tensor-parallel group"));
 }
