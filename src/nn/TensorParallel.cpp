@@ -153,7 +153,7 @@ Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, con
   Device device = logits.device();
   DType work = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
   int64_t N = logits.size(0), local = logits.size(1), first = local * tp.rank;
-  // Token ids compared as fp32 (exact below 2^24 ids): the one-hot of the targets this rank holds, and
+  // Token ids compared as floats (exact below 2^24 ids): the one-hot of the targets this rank holds, and
   // which rows count.
   Tensor t = ops::to(target, device, work).view({N, 1});
   Tensor columns = ops::arange(double(first), double(first + local), 1, work, device).view({1, local});
@@ -174,15 +174,14 @@ Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, con
   Tensor perRow = ops::mul(ops::sub(ops::log(sumExp), picked), counted);
   Tensor loss = ops::div(ops::sum(perRow), count);
   DType dtype = logits.dtype();
-  autograd::recordFunction("VocabParallelCrossEntropyBackward", {logits}, {loss},
-                           [=](const autograd::Grads& g) {
-                             if (!g[0].defined()) return autograd::Grads{Tensor()};
-                             // d loss / d logit = (softmax - one-hot) x counted / count, times the incoming
-                             // gradient.
-                             Tensor scale = ops::mul(ops::div(counted, count), ops::to(g[0], device, work));
-                             Tensor grad = ops::mul(ops::sub(ops::div(e, sumExp), oneHot), scale);
-                             return autograd::Grads{dtype == work ? grad : ops::to(grad, device, dtype)};
-                           });
+  // Backward: d loss / d logit = (softmax - one-hot) x counted / count, times the incoming gradient.
+  auto gradient = [=](const autograd::Grads& g) {
+    if (!g[0].defined()) return autograd::Grads{Tensor()};
+    Tensor scale = ops::mul(ops::div(counted, count), ops::to(g[0], device, work));
+    Tensor grad = ops::mul(ops::sub(ops::div(e, sumExp), oneHot), scale);
+    return autograd::Grads{dtype == work ? grad : ops::to(grad, device, dtype)};
+  };
+  autograd::recordFunction("VocabParallelCrossEntropyBackward", {logits}, {loss}, gradient);
   return loss;
 }
 

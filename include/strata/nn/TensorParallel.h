@@ -19,7 +19,8 @@
 //   target's logit comes from the rank that holds it (Megatron's vocab_parallel_cross_entropy).
 // - Everything else (LayerNorms, the position table, row-parallel biases) is whole on every rank, and its
 //   gradients are equal on every rank of the group: the gradient that reaches it is the same (f's
-//   all-reduce made it so), so it needs no reduction across the group.
+//   all-reduce made it so), so it needs no reduction across the group (under sequence parallelism, see
+//   below, the norms and biases see a part of the sequence each, and f sums their gradients).
 // Every slice is cut from the weights the one-rank model draws (the same generator draws, then a slice), so
 // a run on T ranks starts from the one-rank model's numbers and trains like it to rounding.
 // The collectives are functions given by the trainer over its tensor-parallel group (this layer does not
