@@ -121,7 +121,11 @@ Tensor Gpt::hidden(const Tensor& ids, DType compute) {
   if (config_.tensorParallel.splitsSequence())
     positions = nn::splitSequence(positions, config_.tensorParallel, 0);
   x = x + positions;
-  x = dropout(x, config_.dropout, isTraining());
+  {
+    // NOTE [Tensor-parallel random streams]: this rank's part of the sequence under sequence parallelism.
+    nn::TensorParallelRandom ownPart(config_.tensorParallel, config_.tensorParallel.sequenceParallel);
+    x = dropout(x, config_.dropout, isTraining());
+  }
   // The residual stream travels as (x, pending) so each block's closing add fuses into the next norm; the
   // first block starts with no pending part.
   std::vector<Tensor> stream = (*blocks_)(std::vector<Tensor>{x, Tensor()});

@@ -199,6 +199,18 @@ std::set<std::string> tensorParallelSlices(Module& model) {
   return out;
 }
 
+TensorParallelRandom::TensorParallelRandom(const TensorParallel& tp, bool on, Generator& gen) {
+  if (!on || !tp.active()) return;
+  gen_ = &gen;
+  seed_ = gen.seed();
+  // A rank's own seed: the shared one mixed with the rank (splitmix64's constant spreads the ranks apart).
+  gen.setState({seed_ ^ (0x9E3779B97F4A7C15ull * uint64_t(tp.rank + 1)), gen.state().offset});
+}
+
+TensorParallelRandom::~TensorParallelRandom() {
+  if (gen_ != nullptr) gen_->setState({seed_, gen_->state().offset});
+}
+
 TensorParallel tensorParallelOf(Module& model) {
   for (auto& [name, module] : model.namedModules()) {
     if (auto* linear = dynamic_cast<Linear*>(module); linear && linear->splitsOverTensorParallel())

@@ -1,4 +1,6 @@
 // Attention, MLP and the pre-LN Transformer block.
+#include <optional>
+
 #include "strata/autograd/Checkpoint.h"
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
@@ -76,6 +78,10 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
     Tensor y = scaledDotProductAttention(q, k, v, mask, config_.dropout, isTraining(), scale);
     return y.permute({0, 2, 1, 3}).reshape({B, S, C});
   };
+  // NOTE [Tensor-parallel random streams]: this rank's heads draw their attention dropout from its own
+  // stream.
+  std::optional<TensorParallelRandom> ownHeads;
+  ownHeads.emplace(config_.tensorParallel);
   // The fused kernel reads q, k and v as strided views of the projections and writes [B, S, H, D], already
   // the [B, S, C] layout the output projection takes: no head permutes and no S x S scores.
   Tensor y;
@@ -105,7 +111,11 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
       y = composed(parts[0], parts[1], parts[2]);
     }
   }
-  return dropout(proj_->apply(y), config_.dropout, isTraining());
+  ownHeads.reset();
+  Tensor out = proj_->apply(y);
+  // Whole on every rank (the same mask), or under sequence parallelism this rank's part (its own stream).
+  TensorParallelRandom ownPart(config_.tensorParallel, config_.tensorParallel.sequenceParallel);
+  return dropout(out, config_.dropout, isTraining());
 }
 
 Mlp::Mlp(const MlpConfig& config, Generator& gen) : config_(config) {
@@ -150,6 +160,7 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
       return std::vector<Tensor>{proj_->bias.defined() ? out + sequenceParallelParameter(proj_->bias, tp)
                                                        : out};
     })[0];
+    TensorParallelRandom ownPart(config_.tensorParallel, config_.tensorParallel.sequenceParallel);
     return {dropout(y, config_.dropout, isTraining())};
   }
   // The activation and the projection, from the activation's input(s).
@@ -162,6 +173,7 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
   std::vector<Tensor> pre = config_.gated ? std::vector<Tensor>{gate_->apply(x), up_->apply(x)}
                                           : std::vector<Tensor>{fc_->apply(x)};
   y = recompute ? checkpoint(tail, pre)[0] : tail(pre)[0];
+  TensorParallelRandom ownPart(config_.tensorParallel, config_.tensorParallel.sequenceParallel);
   return {dropout(y, config_.dropout, isTraining())};
 }
 

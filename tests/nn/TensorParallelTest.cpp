@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "TestUtil.h"
 #include "strata/nn/TensorParallel.h"
@@ -165,4 +166,68 @@ TEST_CASE("the vocabulary-parallel cross-entropy on one rank is the cross-entrop
         return nn::vocabParallelCrossEntropy(x[0], target, nn::TensorParallel{});
       },
       {test::randomDouble({6, 10}, 9, -2, 2)});
+}
+
+TEST_CASE(
+    "a tensor-parallel rank draws its own random numbers inside TensorParallelRandom and the shared ones "
+    "outside",
+    "[nn][tensor]") {
+  auto draws = [](int rank, bool own) {
+    Generator gen(5);
+    nn::TensorParallel tp;
+    tp.size = 2;
+    tp.rank = rank;
+    std::vector<float> inside;
+    {
+      nn::TensorParallelRandom stream(tp, own, gen);
+      inside = ops::rand({8}, gen).toVector<float>();
+    }
+    std::vector<float> after = ops::rand({8}, gen).toVector<float>();
+    return std::make_tuple(inside, after, gen.state().seed, gen.state().offset);
+  };
+  auto [own0, after0, seed0, offset0] = draws(0, true);
+  auto [own1, after1, seed1, offset1] = draws(1, true);
+  auto [shared, plainAfter, plainSeed, plainOffset] = draws(1, false);
+  // Inside: each rank its own numbers, neither the shared ones.
+  CHECK(own0 != own1);
+  CHECK(own0 != shared);
+  CHECK(own1 != shared);
+  // After: the shared stream, at the same offset on every rank.
+  CHECK(after0 == plainAfter);
+  CHECK(after1 == plainAfter);
+  CHECK((seed0 == 5 && seed1 == 5 && plainSeed == 5));
+  CHECK((offset0 == plainOffset && offset1 == plainOffset));
+}
+
+TEST_CASE("with dropout the ranks of a tensor-parallel group keep the whole parameters' gradients equal",
+          "[nn][tensor]") {
+  // The residual stream's dropout must draw one mask on every rank, the heads' their own (NOTE
+  // [Tensor-parallel random streams]): the whole parameters' gradients then agree bit for bit.
+  bool sequenceParallel = GENERATE(false, true);
+  INFO("sequence parallel " << sequenceParallel);
+  std::vector<int64_t> a;
+  for (int64_t i = 0; i < 32; ++i) a.push_back((i * 37 + 5) % 64);
+  Tensor ids = Tensor::fromVector<int64_t>(a, {2, 16});
+  ThreadGroup group(2);
+  std::vector<std::map<std::string, Tensor>> grads(2);
+  std::vector<std::set<std::string>> slices(2);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.emplace_back([&, rank] {
+      defaultGenerator().manualSeed(11);
+      models::ModelSpec spec = tinyGpt();
+      spec.dropout = 0.2;
+      spec.tensorParallel = group.member(rank);
+      spec.tensorParallel.sequenceParallel = sequenceParallel;
+      auto model = models::buildModel(spec);
+      backward(model->loss(ids, ids, DType::F32));
+      for (auto& [name, p] : model->namedParameters()) grads[size_t(rank)][name] = p.grad();
+      slices[size_t(rank)] = nn::tensorParallelSlices(*model);
+    });
+  for (auto& t : ranks) t.join();
+  for (auto& [name, g] : grads[0]) {
+    if (slices[0].count(name)) continue;
+    INFO(name);
+    CHECK(g.toVector<float>() == grads[1].at(name).toVector<float>());
+  }
 }

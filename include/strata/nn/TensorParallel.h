@@ -45,6 +45,7 @@
 #include <set>
 #include <string>
 
+#include "strata/core/Generator.h"
 #include "strata/core/Tensor.h"
 
 namespace strata::nn {
@@ -101,6 +102,29 @@ Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, con
 // The names of `model`'s parameters that are slices (different on every rank of the group): the weights of
 // split Linear layers, column-parallel biases, vocabulary-parallel tables. The others are whole and equal.
 std::set<std::string> tensorParallelSlices(Module& model);
+
+// NOTE [Tensor-parallel random streams]
+// Dropout on a tensor that every rank of the group holds whole (the residual stream without sequence
+// parallelism) must draw the same mask on every rank, and does: the ranks' default generators start from one
+// seed and reserve the same counts. Dropout on a tensor that is this rank's own part (its heads' attention
+// probabilities; under sequence parallelism its part of the sequence) must not repeat the other ranks'
+// masks: while a TensorParallelRandom lives, the generator draws with this rank's own seed (the seed mixed
+// with the rank) at the offsets the group shares, and at its end the seed comes back. The ranks reserve the
+// same counts there too, so the shared stream goes on at the same offset on every rank, and a replay (the
+// dropout's backward, recomputation) replays the same masks (the Megatron RNG tracker's job).
+class TensorParallelRandom {
+ public:
+  // Nothing when `on` is false or the group has one rank.
+  explicit TensorParallelRandom(const TensorParallel& tp, bool on = true,
+                                Generator& gen = defaultGenerator());
+  ~TensorParallelRandom();
+  TensorParallelRandom(const TensorParallelRandom&) = delete;
+  TensorParallelRandom& operator=(const TensorParallelRandom&) = delete;
+
+ private:
+  Generator* gen_ = nullptr;
+  uint64_t seed_ = 0;
+};
 
 // The group `model`'s split layers use (size 1 when none is split).
 TensorParallel tensorParallelOf(Module& model);
