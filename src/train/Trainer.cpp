@@ -557,8 +557,8 @@ double Trainer::evaluate(int64_t iters) {
   // Every rank runs the same number of forwards (ZeRO-3's forwards are collectives): a rank whose last round
   // has no batch left runs one that does not count.
   // Under tensor parallelism the ranks of a tensor-parallel group evaluate the same batches together.
-  dist::ProcessGroup* data = dataGroup();
-  int ranks = data ? data->size() : 1, rank = data ? data->rank() : 0;
+  dist::ProcessGroup* batchGroup = dataGroup();
+  int ranks = batchGroup ? batchGroup->size() : 1, rank = batchGroup ? batchGroup->rank() : 0;
   int64_t rounds = (iters + ranks - 1) / ranks;
   for (int64_t k = 0; k < rounds; ++k) {
     int64_t i = k * ranks + rank;
@@ -568,11 +568,11 @@ double Trainer::evaluate(int64_t iters) {
     if (i < iters) total = ops::add(total, loss);
   }
   model().train();
-  if (data) {
+  if (batchGroup) {
     // NOTE [Collective ordering and completion] in distributed/Communicator.h.
     const Stream& comm = deviceStreams(device_).comm;
     streamWaits(comm, currentStream(device_), device_);
-    data->communicator().allReduce(total);
+    batchGroup->communicator().allReduce(total);
     streamWaits(currentStream(device_), comm, device_);
   }
   return total.item() / double(iters);
@@ -637,13 +637,13 @@ TrainResult Trainer::run() {
         killWindow, killTimeout.source, killTimeout.seconds);
   // The ranks that split each global batch, and this rank's place among them (under tensor parallelism the
   // ranks of a tensor-parallel group train on the same micro-batches).
-  dist::ProcessGroup* data = dataGroup();
-  int dataRanks = data ? data->size() : 1, dataRank = data ? data->rank() : 0;
+  dist::ProcessGroup* batchGroup = dataGroup();
+  int dataRanks = batchGroup ? batchGroup->size() : 1, dataRank = batchGroup ? batchGroup->rank() : 0;
   int64_t accum = c.train.globalBatchSize / (c.train.microBatchSize * dataRanks);
   optim::LrSchedule schedule{optim::lrStyleFromName(c.lrSchedule.style), c.optimizer.lr, c.optimizer.minLr,
                              c.lrSchedule.warmupIters,
                              c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
-  ZeroStepEngine engine(*objective_, c, device_, compute_, data,
+  ZeroStepEngine engine(*objective_, c, device_, compute_, batchGroup,
                         c.model.moeExpertParallelSize > 1
                             ? &parallel_->group(expertDataGroupName(c.model.moeExpertParallelSize))
                             : nullptr,

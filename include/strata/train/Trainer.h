@@ -69,7 +69,8 @@ std::string dataGroupName(int64_t tensorSize);
 
 // Training runs on the ranks of a dist::ParallelContext: one made from the process environment (mpirun's, or
 // a single rank; dist.timeout_s) unless one is given. Every rank trains its slice of each global batch
-// (train.global_batch_size = micro_batch_size x accumulation steps x ranks) through a ZeroStepEngine at
+// (train.global_batch_size = micro_batch_size x accumulation steps x ranks; the data-parallel ranks under
+// parallel.tensor, whose tensor-parallel groups train on the same slice) through a ZeroStepEngine at
 // zero_optimization.stage; rank 0 alone logs, writes metrics and checkpoints; memory figures are the
 // maximum over the ranks.
 //
