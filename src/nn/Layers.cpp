@@ -21,7 +21,7 @@ void checkComputeDType(const char* layer, const Tensor& weight, DType compute) {
 }  // namespace
 
 Linear::Linear(const LinearConfig& config, Generator& gen)
-    : split_(config.split), tensorParallel_(config.tensorParallel) {
+    : split_(config.split), splitGroups_(config.splitGroups), tensorParallel_(config.tensorParallel) {
   STRATA_CHECK(config.inFeatures > 0 && config.outFeatures > 0,
                "Linear: sizes must be positive, got {} -> {}", config.inFeatures, config.outFeatures);
   // The one-rank layer's draws, then this rank's slice of them (NOTE [Tensor parallelism]).

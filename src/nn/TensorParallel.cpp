@@ -185,18 +185,40 @@ Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, con
   return loss;
 }
 
-std::set<std::string> tensorParallelSlices(Module& model) {
-  std::set<std::string> out;
+std::map<std::string, TensorSlice> tensorParallelSlices(Module& model) {
+  std::map<std::string, TensorSlice> out;
   for (auto& [name, module] : model.namedModules()) {
     std::string prefix = name.empty() ? std::string() : name + ".";
     if (auto* linear = dynamic_cast<Linear*>(module); linear && linear->splitsOverTensorParallel()) {
-      out.insert(prefix + "weight");
-      if (linear->bias.defined() && linear->split() == TensorSplit::Columns) out.insert(prefix + "bias");
+      bool columns = linear->split() == TensorSplit::Columns;
+      out[prefix + "weight"] = columns ? TensorSlice{1, linear->splitGroups()} : TensorSlice{0, 1};
+      if (linear->bias.defined() && columns) out[prefix + "bias"] = TensorSlice{0, linear->splitGroups()};
     }
     if (auto* embedding = dynamic_cast<Embedding*>(module); embedding && embedding->vocabParallel())
-      out.insert(prefix + "weight");
+      out[prefix + "weight"] = TensorSlice{0, 1};
   }
   return out;
+}
+
+Tensor joinSlices(const std::vector<Tensor>& slices, const TensorSlice& how) {
+  STRATA_CHECK(!slices.empty(), "joinSlices: no slices");
+  const Shape& shape = slices[0].shape();
+  STRATA_CHECK(how.dim >= 0 && how.dim < int64_t(shape.size()) && shape[size_t(how.dim)] % how.groups == 0,
+               "joinSlices: {} cannot be cut along dimension {} in {} groups", toString(shape), how.dim,
+               how.groups);
+  // Each slice as [before, groups, part, after]; the whole is the slices side by side within each group.
+  int64_t before = 1, after = 1;
+  for (int64_t d = 0; d < how.dim; ++d) before *= shape[size_t(d)];
+  for (size_t d = size_t(how.dim) + 1; d < shape.size(); ++d) after *= shape[d];
+  int64_t part = shape[size_t(how.dim)] / how.groups;
+  std::vector<Tensor> views;
+  for (const Tensor& s : slices) {
+    STRATA_CHECK(s.shape() == shape, "joinSlices: slices of {} and {}", toString(shape), toString(s.shape()));
+    views.push_back(detail::viewRaw(s.contiguous(), {before, how.groups, part, after}));
+  }
+  Shape whole = shape;
+  whole[size_t(how.dim)] *= int64_t(slices.size());
+  return detail::viewRaw(ops::cat(views, 2), whole);
 }
 
 TensorParallelRandom::TensorParallelRandom(const TensorParallel& tp, bool on, Generator& gen) {

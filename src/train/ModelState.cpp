@@ -164,7 +164,7 @@ ModelState layOutModelState(data::Objective& objective, const config::Config& c,
   s.groups = zero::ChunkGroups(*s.chunks, group, expertDataGroup);
   s.tensor = nn::tensorParallelOf(objective.model());
   if (s.tensor.active()) {
-    std::set<std::string> slices = nn::tensorParallelSlices(objective.model());
+    std::map<std::string, nn::TensorSlice> slices = nn::tensorParallelSlices(objective.model());
     for (const zero::ChunkSlot& slot : s.chunks->layout().slots)
       s.sliceSlots.push_back(slices.count(slot.name) > 0);
   }

@@ -693,6 +693,7 @@ TrainResult Trainer::run() {
     st.effective = config::effectiveValues(c);
     st.runId = runId_;
     st.layout = engine.checkpointLayout();
+    if (c.parallel.tensor > 1) st.tensorSlices = nn::tensorParallelSlices(model());
     st.chunked = true;
     // Each rank writes the pieces of state its shards hold, nothing gathered; rank 0 the manifest.
     std::string dir = saveCheckpoint(saveDir, engine.checkpointModel(), engine.checkpointOptimizer(), st,
@@ -725,7 +726,7 @@ TrainResult Trainer::run() {
   int64_t parameters = model().numParameters();
   std::string split;
   if (c.parallel.tensor > 1) {
-    std::set<std::string> slices = nn::tensorParallelSlices(model());
+    std::map<std::string, nn::TensorSlice> slices = nn::tensorParallelSlices(model());
     for (const auto& [name, p] : model().namedParameters())
       if (slices.count(name)) parameters += p.numel() * (c.parallel.tensor - 1);
     split = fmt::format(", split over {} tensor-parallel ranks", c.parallel.tensor);

@@ -97,7 +97,7 @@ TEST_CASE("a GPT split over two tensor-parallel ranks computes the one-rank loss
   std::vector<Tensor> logits(size), shortLogits(size);
   std::vector<double> shortLosses(size);
   std::vector<std::map<std::string, std::pair<Tensor, Tensor>>> grads(size);  // name -> (value, gradient)
-  std::vector<std::set<std::string>> slices(size);
+  std::vector<std::map<std::string, nn::TensorSlice>> slices(size);
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < size; ++rank)
     ranks.emplace_back([&, rank] {
@@ -116,6 +116,15 @@ TEST_CASE("a GPT split over two tensor-parallel ranks computes the one-rank loss
     });
   for (auto& t : ranks) t.join();
 
+  // The ranks' slices join into the one-rank model's parameters (what a checkpoint's readers do).
+  for (auto& [name, p] : reference->namedParameters()) {
+    INFO(name);
+    auto how = slices[0].find(name);
+    Tensor joined = how == slices[0].end()
+                        ? grads[0].at(name).first
+                        : nn::joinSlices({grads[0].at(name).first, grads[1].at(name).first}, how->second);
+    CHECK(joined.toVector<float>() == p.toVector<float>());
+  }
   // The slices: the q/k/v, fc and proj weights, fc's and qkv's biases, and the token table.
   CHECK(slices[0].count("wte.weight") == 1);
   CHECK(slices[0].count("h.1.attn.qkv.bias") == 1);
@@ -210,7 +219,7 @@ TEST_CASE("with dropout the ranks of a tensor-parallel group keep the whole para
   Tensor ids = Tensor::fromVector<int64_t>(a, {2, 16});
   ThreadGroup group(2);
   std::vector<std::map<std::string, Tensor>> grads(2);
-  std::vector<std::set<std::string>> slices(2);
+  std::vector<std::map<std::string, nn::TensorSlice>> slices(2);
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < 2; ++rank)
     ranks.emplace_back([&, rank] {

@@ -158,10 +158,7 @@ int runTrain(const std::string& configPath, std::vector<std::string> overrides, 
   }
   std::printf("\nfinished %ld iterations: train loss %.4f%s%s\n", long(r.steps), r.trainLoss, val.c_str(),
               skipped.c_str());
-  if (!r.checkpoint.empty() && trainer.config().parallel.tensor > 1)
-    std::printf("checkpoint %s (tensor-parallel slices: it resumes with parallel.tensor: %ld)\n",
-                r.checkpoint.c_str(), long(trainer.config().parallel.tensor));
-  else if (!r.checkpoint.empty())
+  if (!r.checkpoint.empty())
     std::printf("checkpoint %s; sample from it with: strata generate %s\n", r.checkpoint.c_str(),
                 r.checkpoint.c_str());
   return 0;

@@ -51,12 +51,14 @@ class Linear : public Module {
   TensorSplit split() const { return tensorParallel_.active() ? split_ : TensorSplit::None; }
   bool splitsOverTensorParallel() const { return split() != TensorSplit::None; }
   const TensorParallel& tensorParallel() const { return tensorParallel_; }
+  int64_t splitGroups() const { return splitGroups_; }
 
  protected:
   std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
 
  private:
   TensorSplit split_ = TensorSplit::None;
+  int64_t splitGroups_ = 1;
   TensorParallel tensorParallel_;
 };
 

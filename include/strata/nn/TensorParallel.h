@@ -42,8 +42,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "strata/core/Generator.h"
 #include "strata/core/Tensor.h"
@@ -99,9 +101,17 @@ Tensor sequenceParallelParameter(const Tensor& p, const TensorParallel& tp);
 Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, const TensorParallel& tp,
                                  int64_t ignoreIndex = -100);
 
-// The names of `model`'s parameters that are slices (different on every rank of the group): the weights of
+// How a parameter is cut into the ranks' slices: along `dim`, in `groups` equal groups each cut into T
+// (GPT's fused q|k|v: columns, 3 groups; a row-parallel weight: rows, 1 group).
+struct TensorSlice {
+  int64_t dim = 0;
+  int64_t groups = 1;
+};
+// The parameters of `model` that are slices (different on every rank of the group), and how: the weights of
 // split Linear layers, column-parallel biases, vocabulary-parallel tables. The others are whole and equal.
-std::set<std::string> tensorParallelSlices(Module& model);
+std::map<std::string, TensorSlice> tensorParallelSlices(Module& model);
+// The whole parameter from the ranks' slices in rank order (the inverse of the cut), on the CPU.
+Tensor joinSlices(const std::vector<Tensor>& slices, const TensorSlice& how);
 
 // NOTE [Tensor-parallel random streams]
 // Dropout on a tensor that every rank of the group holds whole (the residual stream without sequence

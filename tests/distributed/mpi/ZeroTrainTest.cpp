@@ -20,6 +20,7 @@
 #include "models/Zoo.h"
 #include "strata/data/CausalLmObjective.h"
 #include "strata/distributed/ParallelContext.h"
+#include "strata/interop/HfImport.h"
 #include "strata/ops/Ops.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/StepEngine.h"
@@ -659,14 +660,37 @@ TEST_CASE("tensor-parallel checkpoints resume exactly at their layout and refuse
   CHECK(resumed.losses.size() == 10);
   std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
   CHECK(resumed.losses == tail);
-  // strata generate and convert read whole parameters: the slices are refused, not half-read.
-  std::string whole = "no error";
-  try {
-    train::loadModelShards(saved.string());
-  } catch (const Error& e) {
-    whole = e.what();
-  }
-  CHECK(contains(whole, "holds the slices of a tensor-parallel run (parallel.tensor: 2)"));
+  // strata generate and convert read whole parameters: the slices joined, each rank's slice of them where it
+  // belongs, the whole parameters once, every one in the one-rank model's shape.
+  std::map<std::string, Tensor> whole = train::loadModelShards(saved.string());
+  train::ChunkCheckpointReader reader(saved.string());
+  auto saved1 = [&](const std::string& name) {
+    const auto& p = reader.parameters().at("tp1/" + name);
+    Tensor t = Tensor::empty(p.shape, p.dtype, Device::cpu());
+    reader.readParameter("tp1/" + name, t.data());
+    return t.toVector<float>();
+  };
+  CHECK(whole.at("h.0.attn.qkv.weight").shape() == Shape{32, 96});
+  CHECK(whole.at("wte.weight").shape() == Shape{256, 32});
+  CHECK(whole.at("h.1.mlp.proj.weight").shape() == Shape{128, 32});
+  CHECK(whole.count("tp0/wte.weight") == 0);
+  CHECK(nn::columnSlice(whole.at("h.0.attn.qkv.weight"), 3, 2, 1).toVector<float>() ==
+        saved1("h.0.attn.qkv.weight"));
+  CHECK(whole.at("wte.weight").narrow(0, 128, 128).contiguous().toVector<float>() == saved1("wte.weight"));
+  CHECK(whole.at("h.1.mlp.proj.weight").narrow(0, 64, 64).contiguous().toVector<float>() ==
+        saved1("h.1.mlp.proj.weight"));
+  CHECK(whole.at("h.1.ln_2.weight").toVector<float>() == saved1("h.1.ln_2.weight"));
+  // One rank with the joined weights of the last checkpoint samples what the tensor-parallel run sampled.
+  std::string last = straight.checkpoint;
+  config::Config c = interop::checkpointConfig(last);
+  std::shared_ptr<data::Objective> objective = data::makeObjective(c, Device::cpu());
+  std::map<std::string, Tensor> lastWeights = train::loadModelShards(last);
+  for (auto& [name, p] : objective->model().namedParameters()) ops::copy(p, lastWeights.at(name));
+  std::optional<data::Generation> g = objective->generate(
+      c.train.samplePrompt, data::GenerateOptions{c.train.sampleLength, -1, 40, c.train.seed}, DType::F32);
+  REQUIRE(g.has_value());
+  CHECK(!straight.sample.empty());
+  CHECK(g->text == straight.sample);
   INFO(resume << "\n" << weights);
   CHECK(contains(resume, "parallel.tensor (2) must divide the number of ranks (1)"));
   CHECK(contains(weights,
