@@ -1,10 +1,10 @@
-// ZeRO stages 0 to 3 training a small GPT on N CPU ranks (mpirun -np 2 and -np 4 through CTest), against
-// the same run on one rank. Every rank runs every training run (they are collectives); rank 0 reads the
-// metrics and checks. Checks use CHECK, not REQUIRE, so no rank leaves early and strands the others.
-// STRATA_DIST_TEST_DEVICE=cuda runs the same tests on the GPU (ranks that share one GPU communicate through
-// MPI with host staging: NOTE [GPU collectives] in distributed/ParallelContext.h), in fp32 so that the
-// tolerances against one rank hold; STRATA_DIST_TEST_SETS adds config overrides (comma-separated key=value)
-// to every run.
+// ZeRO stages 0 to 3, expert parallelism and tensor parallelism ([tensor], a CTest entry of its own) training
+// a small GPT on N CPU ranks (mpirun -np 2 and -np 4 through CTest), against the same run on one rank. Every
+// rank runs every training run (they are collectives); rank 0 reads the metrics and checks. Checks use CHECK,
+// not REQUIRE, so no rank leaves early and strands the others. STRATA_DIST_TEST_DEVICE=cuda runs the same
+// tests on the GPU (ranks that share one GPU communicate through MPI with host staging: NOTE [GPU
+// collectives] in distributed/ParallelContext.h), in fp32 so that the tolerances against one rank hold;
+// STRATA_DIST_TEST_SETS adds config overrides (comma-separated key=value) to every run.
 #include <unistd.h>
 
 #include <cmath>
