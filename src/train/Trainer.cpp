@@ -345,10 +345,6 @@ void Trainer::connect() {
                       "{}: parallel.tensor ({}) splits gpt only, not model.arch '{}'; train it with "
                       "parallel.tensor: 1 (data parallel over every rank)",
                       config_.sourcePath, tensor, config_.model.arch);
-    STRATA_USER_CHECK(config_.zero.stage <= 2,
-                      "{}: parallel.tensor ({}) with zero_optimization.stage 3 is not supported yet; tensor "
-                      "parallelism works with stages 0, 1 and 2",
-                      config_.sourcePath, tensor);
     STRATA_USER_CHECK(
         config_.model.moeNumExperts == 0,
         "{}: parallel.tensor ({}) with mixture-of-experts layers (model.moe_num_experts) is not "

@@ -603,7 +603,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("tensor parallelism (parallel.tensor 2) on N ranks trains like one rank at ZeRO stages 0 to 2",
+TEST_CASE("tensor parallelism (parallel.tensor 2) on N ranks trains like one rank at ZeRO stages 0 to 3",
           "[dist][tensor]") {
   auto ctx = world();
   int ranks = ctx->worldSize();
@@ -613,12 +613,14 @@ TEST_CASE("tensor parallelism (parallel.tensor 2) on N ranks trains like one ran
   Run reference = trainRun(alone(), "tp-one-rank-" + std::to_string(ctx->rank()), 0);
   Run stage0 = trainRun(ctx, "tp2-stage0", 0, {"parallel.tensor=2"});
   Run stage2 = trainRun(ctx, "tp2-stage2", 2, {"parallel.tensor=2"});
+  // Stage 3 gathers each rank's slices over the data-parallel group, module by module.
+  Run stage3 = trainRun(ctx, "tp2-stage3", 3, {"parallel.tensor=2"});
   // Sequence parallelism: the norms and the residual stream on half of each sequence.
-  Run sequence = trainRun(ctx, "tp2-sp-stage1", 1, {"parallel.tensor=2", "parallel.sequence_parallel=true"});
+  Run sequence = trainRun(ctx, "tp2-sp-stage3", 3, {"parallel.tensor=2", "parallel.sequence_parallel=true"});
   if (!ctx->isMain()) return;
   INFO(ranks << " ranks");
   CHECK(reference.losses.size() == 20);
-  for (const Run* run : {&stage0, &stage2, &sequence}) {
+  for (const Run* run : {&stage0, &stage2, &stage3, &sequence}) {
     CHECK(run->losses.size() == 20);
     CHECK(worstRelative(run->losses, reference.losses) < 1e-5);
     CHECK(worstRelative(run->gradNorms, reference.gradNorms) < 1e-5);
@@ -630,6 +632,7 @@ TEST_CASE("tensor parallelism (parallel.tensor 2) on N ranks trains like one ran
   CHECK(stage0.losses.back() < stage0.losses.front() - 0.5);
   // The same sums at both stages (ZeRO over the data-parallel group only).
   CHECK(stage2.losses == stage0.losses);
+  CHECK(stage3.losses == stage0.losses);
   // Each rank holds about half of the model: the attention, MLP and embedding slices.
   CHECK(stage0.modelStateGb.back() < 0.7 * reference.modelStateGb.back());
 }
@@ -642,6 +645,12 @@ TEST_CASE("tensor-parallel checkpoints resume exactly at their layout and refuse
   fs::path saved = fs::path(straight.checkpoint).parent_path() / "step-10";
   Run resumed =
       trainRun(ctx, "tp-resume-again", 1, {"parallel.tensor=2", "checkpoint.load=" + saved.string()});
+  // At stage 3 each rank's pieces are its shard of its slices.
+  Run straight3 =
+      trainRun(ctx, "tp-resume-straight3", 3, {"parallel.tensor=2", "checkpoint.save_interval=10"});
+  fs::path saved3 = fs::path(straight3.checkpoint).parent_path() / "step-10";
+  Run resumed3 =
+      trainRun(ctx, "tp-resume-again3", 3, {"parallel.tensor=2", "checkpoint.load=" + saved3.string()});
   // One rank alone cannot take the slices. A resume takes parallel.tensor 2 from the checkpoint, which one
   // rank cannot split; the weights alone at parallel.tensor 1 are refused naming the checkpoint's layout.
   auto refusal = [&](const std::string& name, const std::vector<std::string>& sets) {
@@ -660,6 +669,8 @@ TEST_CASE("tensor-parallel checkpoints resume exactly at their layout and refuse
   CHECK(resumed.losses.size() == 10);
   std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
   CHECK(resumed.losses == tail);
+  CHECK(resumed3.losses.size() == 10);
+  CHECK(resumed3.losses == std::vector<double>(straight3.losses.begin() + 10, straight3.losses.end()));
   // strata generate and convert read whole parameters: the slices joined, each rank's slice of them where it
   // belongs, the whole parameters once, every one in the one-rank model's shape.
   std::map<std::string, Tensor> whole = train::loadModelShards(saved.string());
@@ -711,7 +722,6 @@ TEST_CASE("parallel.tensor is refused where it does not fit and the error names 
     return std::string("no error");
   };
   std::string notDividing = refusal("tp-3", 0, {"parallel.tensor=3"});
-  std::string stage3 = refusal("tp-stage3", 3, {"parallel.tensor=2"});
   std::string heads = refusal("tp-heads", 0, {"parallel.tensor=2", "model.num_attention_heads=1"});
   std::string moe = refusal("tp-moe", 0, {"parallel.tensor=2", "model.moe_num_experts=2"});
   std::string sequence = refusal("sp-alone", 0, {"parallel.sequence_parallel=true"});
@@ -719,9 +729,8 @@ TEST_CASE("parallel.tensor is refused where it does not fit and the error names 
     CHECK(notDividing == "reported by rank 0");
     return;
   }
-  INFO(notDividing << "\n" << stage3 << "\n" << heads << "\n" << moe << "\n" << sequence);
+  INFO(notDividing << "\n" << heads << "\n" << moe << "\n" << sequence);
   CHECK(contains(notDividing, "parallel.tensor (3) must divide the number of ranks"));
-  CHECK(contains(stage3, "parallel.tensor (2) with zero_optimization.stage 3 is not supported yet"));
   CHECK(contains(heads, "parallel.tensor (2) must divide model.num_attention_heads (1)"));
   CHECK(contains(moe, "mixture-of-experts layers (model.moe_num_experts) is not supported yet"));
   CHECK(contains(sequence, "parallel.sequence_parallel splits the sequence over a tensor-parallel group"));
