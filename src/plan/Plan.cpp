@@ -649,8 +649,12 @@ std::string formatPlan(const ModelStatePlan& p) {
   out << fmt::format(
       "run            {} on {}, {} rank{}, ZeRO stage {}, micro-batch {} x {} accumulation = global batch "
       "{}, recompute {}{}\n",
-      dtypeName(p.compute), p.onGpu ? "the GPU" : "the CPU", p.ranks, p.ranks == 1 ? "" : "s", p.inputs.stage,
-      p.microBatch, p.accumulation, p.globalBatch, p.recompute, p.recomputeAuto ? " (auto)" : "");
+      dtypeName(p.compute), p.onGpu ? "the GPU" : "the CPU", p.ranks,
+      p.inputs.ranks == p.ranks ? std::string(p.ranks == 1 ? "" : "s")
+                                : fmt::format("s ({} data-parallel x {} tensor-parallel)", p.inputs.ranks,
+                                              p.ranks / p.inputs.ranks),
+      p.inputs.stage, p.microBatch, p.accumulation, p.globalBatch, p.recompute,
+      p.recomputeAuto ? " (auto)" : "");
   if (p.ranksPerNode > 1)
     out << fmt::format(
         "per rank       {} of host memory, {} of SSD space, {} CPU threads ({} ranks on one machine)\n",

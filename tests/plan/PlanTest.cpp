@@ -471,6 +471,12 @@ TEST_CASE("the placement inputs of tensor parallelism are a tensor-parallel rank
   whole.parallel.tensor = 1;
   REQUIRE(double(in.parameterBytes) <
           0.7 * double(plan::modelStateInputs(whole, 1, DType::F32).parameterBytes));
+  // The plan splits the batch over the data-parallel ranks, and says how the ranks split.
+  plan::PlanOptions options = roundMachine();
+  options.ranks = 4;
+  plan::ModelStatePlan p = plan::planModelState(c, options);
+  CHECK(p.globalBatch == 2 * c.train.microBatchSize);
+  CHECK(plan::formatPlan(p).find("4 ranks (2 data-parallel x 2 tensor-parallel)") != std::string::npos);
 }
 
 TEST_CASE("strata plan --ranks splits the host's memory, SSD space and cores between a machine's ranks",
