@@ -157,7 +157,8 @@ Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, con
   // which rows count.
   Tensor t = ops::to(target, device, work).view({N, 1});
   Tensor columns = ops::arange(double(first), double(first + local), 1, work, device).view({1, local});
-  Tensor oneHot = ops::eq(columns, t);  // [N, local]: 1 at the target's column, on the rank holding it
+  // [N, local]: 1 at the target's column, on the rank holding it.
+  auto oneHot = [columns, t] { return ops::eq(columns, t); };
   Tensor counted = ops::affine(ops::eq(t, ops::full({1, 1}, double(ignoreIndex), work, device)), -1, 1);
   Tensor count = ops::sum(counted);
   Tensor lf = ops::to(logits, device, work);
@@ -167,19 +168,21 @@ Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, con
   if (tp.active()) tp.allReduceMax(rowMax);
   Tensor shifted = ops::sub(lf, rowMax);
   Tensor e = ops::exp(shifted);
-  Tensor sums = ops::cat({ops::sum(e, {1}), ops::sum(ops::mul(shifted, oneHot), {1})}, 0);
+  Tensor sums = ops::cat({ops::sum(e, {1}), ops::sum(ops::mul(shifted, oneHot()), {1})}, 0);
   if (tp.active()) tp.allReduceSum(sums);
   Tensor sumExp = sums.narrow(0, 0, N).view({N, 1}), picked = sums.narrow(0, N, N).view({N, 1});
   // loss = sum over counted rows of log(sum exp) - (target logit - max), over their count.
   Tensor perRow = ops::mul(ops::sub(ops::log(sumExp), picked), counted);
   Tensor loss = ops::div(ops::sum(perRow), count);
-  DType dtype = logits.dtype();
-  // Backward: d loss / d logit = (softmax - one-hot) x counted / count, times the incoming gradient.
-  auto gradient = [=](const autograd::Grads& g) {
+  // Backward: d loss / d logit = (softmax - one-hot) x counted / count, times the incoming gradient. It keeps
+  // the logits in their own dtype and per-row values, not the [N, local] fp32 exponentials and one-hot: it
+  // makes them again, the same numbers.
+  auto gradient = [logits, rowMax, sumExp, counted, count, oneHot, device, work](const autograd::Grads& g) {
     if (!g[0].defined()) return autograd::Grads{Tensor()};
+    Tensor softmax = ops::div(ops::exp(ops::sub(ops::to(logits, device, work), rowMax)), sumExp);
     Tensor scale = ops::mul(ops::div(counted, count), ops::to(g[0], device, work));
-    Tensor grad = ops::mul(ops::sub(ops::div(e, sumExp), oneHot), scale);
-    return autograd::Grads{dtype == work ? grad : ops::to(grad, device, dtype)};
+    Tensor grad = ops::mul(ops::sub(softmax, oneHot()), scale);
+    return autograd::Grads{logits.dtype() == work ? grad : ops::to(grad, device, logits.dtype())};
   };
   autograd::recordFunction("VocabParallelCrossEntropyBackward", {logits}, {loss}, gradient);
   return loss;
