@@ -104,6 +104,7 @@ GptConfig gptConfig(const ModelSpec& s) {
   copyMoeFields(c, s);
   STRATA_USER_CHECK(c.moeNumExperts == 0 || c.moeTopK <= c.moeNumExperts,
                     "model.moe_top_k ({}) exceeds model.moe_num_experts ({})", c.moeTopK, c.moeNumExperts);
+  c.tensorParallel = s.tensorParallel;
   return c;
 }
 
@@ -178,6 +179,9 @@ T5Config t5Config(const ModelSpec& s) {
 }
 
 std::shared_ptr<nn::Module> buildModule(const ModelSpec& s) {
+  STRATA_USER_CHECK(!s.tensorParallel.active() || objective(s.arch) == Objective::CausalLM,
+                    "parallel.tensor ({}) splits gpt only; model.arch '{}' trains with parallel.tensor: 1",
+                    s.tensorParallel.size, s.arch);
   switch (objective(s.arch)) {
     case Objective::CausalLM:
       return std::make_shared<Gpt>(gptConfig(s));
@@ -206,8 +210,10 @@ std::vector<std::pair<std::string, Shape>> parameterShapes(const ModelSpec& s) {
       break;
   }
   GptConfig g = gptConfig(s);
-  int64_t C = g.hiddenSize, F = g.ffn();
-  std::vector<std::pair<std::string, Shape>> out{{"wte.weight", {g.vocabSize, C}},
+  // A tensor-parallel rank's slices (NOTE [Tensor parallelism] in nn/TensorParallel.h): the token table's
+  // rows, q/k/v's and fc's columns, the projections' rows, over T.
+  int64_t C = g.hiddenSize, F = g.ffn(), T = std::max(1, s.tensorParallel.size);
+  std::vector<std::pair<std::string, Shape>> out{{"wte.weight", {g.vocabSize / T, C}},
                                                  {"wpe.weight", {g.positions(), C}}};
   auto linear = [&](const std::string& name, int64_t in, int64_t n) {
     out.emplace_back(name + ".weight", Shape{in, n});
@@ -220,8 +226,8 @@ std::vector<std::pair<std::string, Shape>> parameterShapes(const ModelSpec& s) {
   for (int64_t i = 0; i < g.numLayers; ++i) {
     std::string h = "h." + std::to_string(i) + ".";
     norm(h + "ln_1");
-    linear(h + "attn.qkv", C, 3 * C);
-    linear(h + "attn.proj", C, C);
+    linear(h + "attn.qkv", C, 3 * C / T);
+    linear(h + "attn.proj", C / T, C);
     norm(h + "ln_2");
     if (g.isMoeLayer(i)) {
       // The router, then every expert in order (NOTE [MoE dispatch]: each is called every forward).
@@ -233,8 +239,8 @@ std::vector<std::pair<std::string, Shape>> parameterShapes(const ModelSpec& s) {
       }
       continue;
     }
-    linear(h + "mlp.fc", C, F);
-    linear(h + "mlp.proj", F, C);
+    linear(h + "mlp.fc", C, F / T);
+    linear(h + "mlp.proj", F / T, C);
   }
   norm("ln_f");
   return out;

@@ -9,6 +9,7 @@
 #include "strata/nn/Embedding.h"
 #include "strata/nn/MoE.h"
 #include "strata/nn/ModuleList.h"
+#include "strata/nn/TensorParallel.h"
 #include "strata/nn/TransformerBlock.h"
 
 namespace strata::models {
@@ -32,6 +33,9 @@ struct GptConfig {
   int64_t moeNumExperts = 0, moeTopK = 1, moeEvery = 2;
   double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0, moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;
   nn::ExpertParallel expertParallel;  // NOTE [Expert parallelism] in nn/MoE.h
+  // Megatron's tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h): heads, MLP width and
+  // vocabulary split over the group; not with MoE layers.
+  nn::TensorParallel tensorParallel;
 
   int64_t ffn() const { return ffnHiddenSize > 0 ? ffnHiddenSize : 4 * hiddenSize; }
   int64_t positions() const { return maxPositionEmbeddings > 0 ? maxPositionEmbeddings : seqLength; }

@@ -419,6 +419,16 @@ std::vector<ConfigKey> makeTable() {
           "dist.gpu_collectives", [](Config& c) { return &c.dist.gpuCollectives; },
           "how CUDA tensors travel between ranks: nccl, or staged through host memory; auto picks",
           oneOf({"auto", "nccl", "staged"})),
+      // parallel
+      key(
+          "parallel.tensor", [](Config& c) { return &c.parallel.tensor; },
+          "ranks each layer is split over (Megatron's tensor parallelism; adjacent ranks); it divides the "
+          "ranks, the attention heads, the MLP width and the vocabulary; gpt only",
+          within(1, 4096)),
+      key(
+          "parallel.sequence_parallel", [](Config& c) { return &c.parallel.sequenceParallel; },
+          "with parallel.tensor > 1: the norms, dropout and residual stream run on 1/tensor of the sequence "
+          "each (reduce-scatter and all-gather in place of the all-reduces)"),
       // checkpoint
       key(
           "checkpoint.save", [](Config& c) { return &c.checkpoint.save; },
@@ -462,6 +472,8 @@ const std::vector<ConfigSection> kSections = {
      "goes "
      "to host memory, then to the SSD under `zero_optimization.nvme_path`."},
     {"dist", "Several ranks (`mpirun -np N`)."},
+    {"parallel",
+     "How the ranks split the model: the world is data x tensor ranks ([distributed.md](distributed.md))."},
     {"checkpoint", "Saving, loading and resuming runs ([checkpoints.md](checkpoints.md))."},
 };
 

@@ -20,13 +20,30 @@ void checkComputeDType(const char* layer, const Tensor& weight, DType compute) {
 }
 }  // namespace
 
-Linear::Linear(const LinearConfig& config, Generator& gen) {
+Linear::Linear(const LinearConfig& config, Generator& gen)
+    : split_(config.split), splitGroups_(config.splitGroups), tensorParallel_(config.tensorParallel) {
   STRATA_CHECK(config.inFeatures > 0 && config.outFeatures > 0,
                "Linear: sizes must be positive, got {} -> {}", config.inFeatures, config.outFeatures);
-  weight = registerParameter("weight", ops::randn({config.inFeatures, config.outFeatures}, gen, DType::F32,
-                                                  config.device, 0, config.initStd));
-  if (config.bias)
-    bias = registerParameter("bias", ops::zeros({config.outFeatures}, DType::F32, config.device));
+  // The one-rank layer's draws, then this rank's slice of them (NOTE [Tensor parallelism]).
+  Tensor w =
+      ops::randn({config.inFeatures, config.outFeatures}, gen, DType::F32, config.device, 0, config.initStd);
+  int64_t biasSize = config.outFeatures;
+  const TensorParallel& tp = tensorParallel_;
+  if (split() == TensorSplit::Columns) {
+    STRATA_CHECK(config.outFeatures % (config.splitGroups * tp.size) == 0,
+                 "Linear: {} output features in {} groups do not split over {} tensor-parallel ranks",
+                 config.outFeatures, config.splitGroups, tp.size);
+    w = columnSlice(w, config.splitGroups, tp.size, tp.rank);
+    biasSize /= tp.size;
+  } else if (split() == TensorSplit::Rows) {
+    STRATA_CHECK(config.inFeatures % tp.size == 0,
+                 "Linear: {} input features do not split over {} tensor-parallel ranks", config.inFeatures,
+                 tp.size);
+    int64_t rows = config.inFeatures / tp.size;
+    w = w.narrow(0, rows * tp.rank, rows).clone();
+  }
+  weight = registerParameter("weight", w);
+  if (config.bias) bias = registerParameter("bias", ops::zeros({biasSize}, DType::F32, config.device));
 }
 
 Tensor Linear::apply(const Tensor& x) {
@@ -34,20 +51,62 @@ Tensor Linear::apply(const Tensor& x) {
 }
 
 std::vector<Tensor> Linear::forwardImpl(const std::vector<Tensor>& inputs) {
+  switch (split()) {
+    case TensorSplit::Columns: {
+      // NOTE [Sequence parallelism]: the sequence gathered in place of f.
+      const Tensor& x = inputs.at(0);
+      Tensor in = tensorParallel_.splitsSequence() ? gatherSequence(x, tensorParallel_, x.dim() - 2)
+                                                   : copyToTensorParallel(x, tensorParallel_);
+      return {linear(in, weight, bias)};
+    }
+    case TensorSplit::Rows: {
+      Tensor partial = linear(inputs.at(0), weight);
+      Tensor y = tensorParallel_.splitsSequence()
+                     ? scatterSequence(partial, tensorParallel_, partial.dim() - 2)
+                     : reduceFromTensorParallel(partial, tensorParallel_);
+      return {bias.defined() ? y + sequenceParallelParameter(bias, tensorParallel_) : y};
+    }
+    case TensorSplit::None:
+      break;
+  }
   return {linear(inputs.at(0), weight, bias)};
 }
 
-Embedding::Embedding(const EmbeddingConfig& config, Generator& gen) : paddingIdx_(config.paddingIdx) {
+Embedding::Embedding(const EmbeddingConfig& config, Generator& gen)
+    : paddingIdx_(config.paddingIdx), tensorParallel_(config.tensorParallel) {
   STRATA_CHECK(config.numEmbeddings > 0 && config.embeddingDim > 0, "Embedding: sizes must be positive");
   STRATA_CHECK(config.paddingIdx < config.numEmbeddings, "Embedding: padding id {} is past its {} rows",
                config.paddingIdx, config.numEmbeddings);
-  weight = registerParameter("weight", ops::randn({config.numEmbeddings, config.embeddingDim}, gen,
-                                                  DType::F32, config.device, 0, config.initStd));
+  Tensor table = ops::randn({config.numEmbeddings, config.embeddingDim}, gen, DType::F32, config.device, 0,
+                            config.initStd);
+  if (vocabParallel()) {
+    const TensorParallel& tp = tensorParallel_;
+    STRATA_CHECK(config.numEmbeddings % tp.size == 0,
+                 "Embedding: {} rows do not split over {} tensor-parallel ranks", config.numEmbeddings,
+                 tp.size);
+    STRATA_CHECK(config.paddingIdx < 0, "Embedding: a padding id with a vocabulary-parallel table");
+    int64_t rows = config.numEmbeddings / tp.size;
+    table = table.narrow(0, rows * tp.rank, rows).clone();
+  }
+  weight = registerParameter("weight", table);
 }
 
 Tensor Embedding::lookup(const Tensor& ids, DType dtype) {
   checkComputeDType("Embedding", weight, dtype);
-  return embedding(weight, ids, paddingIdx_);
+  if (!vocabParallel()) return embedding(weight, ids, paddingIdx_);
+  // The ids this rank holds read their rows, the others row 0, masked to zero; g sums the ranks' rows.
+  int64_t rows = weight.size(0), first = rows * tensorParallel_.rank;
+  Device device = ids.device();
+  Tensor id = ops::to(ids, device, DType::F32);  // exact below 2^24 ids
+  Tensor held = ops::mul(ops::gt(id, ops::full({}, double(first) - 0.5, DType::F32, device)),
+                         ops::gt(ops::full({}, double(first + rows) - 0.5, DType::F32, device), id));
+  Tensor local = ops::to(ops::mul(ops::affine(id, 1, -double(first)), held), device, DType::I64);
+  Shape maskShape = ids.shape();
+  maskShape.push_back(1);
+  Tensor rowsHere = embedding(weight, local) * ops::to(held, device, dtype).view(maskShape);
+  // NOTE [Sequence parallelism]: each rank keeps its part of the sequence of the sum.
+  if (tensorParallel_.splitsSequence()) return scatterSequence(rowsHere, tensorParallel_, ids.dim() - 1);
+  return reduceFromTensorParallel(rowsHere, tensorParallel_);
 }
 
 Tensor Embedding::apply(const Tensor& ids, DType dtype) {
@@ -63,17 +122,31 @@ Tensor Embedding::unembed(const Tensor& x, DType compute) {
   return call({x}, [&](const std::vector<Tensor>& in) {
     // A transposed view of the table (no copy).
     checkComputeDType("Embedding::unembed", weight, compute);
+    if (vocabParallel())
+      return std::vector<Tensor>{
+          gatherFromTensorParallel(matmul(headInput(in[0]), weight.transpose(0, 1)), tensorParallel_)};
     return std::vector<Tensor>{matmul(in[0], weight.transpose(0, 1))};
   })[0];
 }
 
 Tensor Embedding::unembedCrossEntropy(const Tensor& x, const Tensor& target) {
   return call({x, target}, [&](const std::vector<Tensor>& in) {
+    if (vocabParallel()) {
+      Tensor logits = matmul(headInput(in[0]), weight.transpose(0, 1));
+      return std::vector<Tensor>{vocabParallelCrossEntropy(logits, in[1], tensorParallel_)};
+    }
     return std::vector<Tensor>{linearCrossEntropy(in[0], weight, in[1])};
   })[0];
 }
 
-LayerNorm::LayerNorm(const NormConfig& config) : eps_(config.eps) {
+Tensor Embedding::headInput(const Tensor& x) const {
+  // NOTE [Sequence parallelism]: the rows of every rank's part of the sequence (x [..., S/T, dim]), in
+  // place of f.
+  if (tensorParallel_.splitsSequence()) return gatherSequence(x, tensorParallel_, x.dim() - 2);
+  return copyToTensorParallel(x, tensorParallel_);
+}
+
+LayerNorm::LayerNorm(const NormConfig& config) : eps_(config.eps), tensorParallel_(config.tensorParallel) {
   weight = registerParameter("weight", ops::ones({config.dim}, DType::F32, config.device));
   if (config.bias) bias = registerParameter("bias", ops::zeros({config.dim}, DType::F32, config.device));
 }
@@ -91,8 +164,12 @@ std::vector<Tensor> LayerNorm::forwardImpl(const std::vector<Tensor>& inputs) {
   const Tensor& x = inputs.at(0);
   // fp32 rows with 16-bit parameters (an fp32 residual stream in a 16-bit model) read the parameters widened.
   bool widen = x.dtype() == DType::F32 && weight.dtype() != DType::F32;
-  const Tensor w = widen ? weight.to(DType::F32) : weight;
-  const Tensor b = widen && bias.defined() ? bias.to(DType::F32) : bias;
+  // NOTE [Sequence parallelism]: on a part of the sequence the parameters' gradients are summed over the
+  // group.
+  Tensor weightHere = sequenceParallelParameter(weight, tensorParallel_);
+  Tensor biasHere = sequenceParallelParameter(bias, tensorParallel_);
+  const Tensor w = widen ? weightHere.to(DType::F32) : weightHere;
+  const Tensor b = widen && biasHere.defined() ? biasHere.to(DType::F32) : biasHere;
   if (inputs.size() > 1) {
     if (!inputs[1].defined()) return {layerNorm(x, w, b, eps_), x};  // a zero residual
     auto [sum, y] = addLayerNorm(x, inputs[1], w, b, eps_);

@@ -1,4 +1,6 @@
 // Attention, MLP and the pre-LN Transformer block.
+#include <optional>
+
 #include "strata/autograd/Checkpoint.h"
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
@@ -11,6 +13,10 @@ namespace strata::nn {
 Attention::Attention(const AttentionConfig& config, Generator& gen) : config_(config) {
   STRATA_CHECK(config.numHeads > 0 && (config.headDim > 0 || config.hiddenSize % config.numHeads == 0),
                "attention: hidden size {} is not divisible by {} heads", config.hiddenSize, config.numHeads);
+  const TensorParallel& tp = config.tensorParallel;
+  STRATA_CHECK(!tp.active() || (!config.cross && config.numHeads % tp.size == 0),
+               "attention: {} heads{} do not split over {} tensor-parallel ranks", config.numHeads,
+               config.cross ? " of cross-attention" : "", tp.size);
   int64_t C = config.hiddenSize, I = config.innerSize();
   auto linear = [&](int64_t out, double std) {
     return std::make_shared<Linear>(LinearConfig{C, out, config.bias, std, config.device}, gen);
@@ -19,10 +25,15 @@ Attention::Attention(const AttentionConfig& config, Generator& gen) : config_(co
     q_ = registerModule("q", linear(I, config.initStd));
     kv_ = registerModule("kv", linear(2 * I, config.initStd));
   } else {
-    qkv_ = registerModule("qkv", linear(3 * I, config.initStd));
+    qkv_ = registerModule(
+        "qkv", std::make_shared<Linear>(LinearConfig{C, 3 * I, config.bias, config.initStd, config.device,
+                                                     TensorSplit::Columns, 3, tp},
+                                        gen));
   }
-  proj_ = registerModule("proj", std::make_shared<Linear>(
-                                     LinearConfig{I, C, config.bias, config.outInitStd, config.device}, gen));
+  proj_ = registerModule(
+      "proj",
+      std::make_shared<Linear>(
+          LinearConfig{I, C, config.bias, config.outInitStd, config.device, TensorSplit::Rows, 1, tp}, gen));
 }
 
 Tensor Attention::apply(const Tensor& x, const Tensor& memory, const AttentionMask& extra) {
@@ -45,8 +56,12 @@ std::vector<Tensor> Attention::forwardImpl(const std::vector<Tensor>& inputs) {
 Tensor Attention::compute(const Tensor& x, const Tensor& memory, const AttentionMask& extra) {
   STRATA_CHECK(x.dim() == 3 && x.size(2) == config_.hiddenSize, "attention: input must be [B, S, {}], got {}",
                config_.hiddenSize, toString(x.shape()));
-  int64_t B = x.size(0), S = x.size(1), H = config_.numHeads, D = config_.headWidth();
-  int64_t C = H * D;  // the attention's inner width (the model width unless headDim says otherwise)
+  // This rank's heads (all of them without tensor parallelism).
+  // S: the positions attended over; under sequence parallelism x holds this rank's part of them and the
+  // projection gathers the rest (NOTE [Sequence parallelism]), so S is set from it below.
+  int64_t B = x.size(0), S = x.size(1), H = config_.localHeads(), D = config_.headWidth();
+  int64_t C = H * D;  // the attention's inner width here (the model width unless headDim or tensor
+                      // parallelism says otherwise)
   double scale = config_.scale;
   bool plainMask = !extra.keyPadding.defined() && !extra.bias.defined();
   auto heads = [&](const Tensor& t, int64_t len, int64_t parts) {
@@ -63,6 +78,10 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
     Tensor y = scaledDotProductAttention(q, k, v, mask, config_.dropout, isTraining(), scale);
     return y.permute({0, 2, 1, 3}).reshape({B, S, C});
   };
+  // NOTE [Tensor-parallel random streams]: this rank's heads draw their attention dropout from its own
+  // stream.
+  std::optional<TensorParallelRandom> ownHeads;
+  ownHeads.emplace(config_.tensorParallel);
   // The fused kernel reads q, k and v as strided views of the projections and writes [B, S, H, D], already
   // the [B, S, C] layout the output projection takes: no head permutes and no S x S scores.
   Tensor y;
@@ -82,6 +101,7 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
     }
   } else {
     Tensor qkv = qkv_->apply(x);
+    S = qkv.size(1);
     // A raw view (no autograd node): only its shape, dtype and device are asked about.
     Tensor probe = detail::narrowRaw(detail::viewRaw(qkv, {B, S, 3 * H, D}), 2, 0, H);
     if (plainMask && flashAttentionUsable(probe, probe, probe, config_.dropout, isTraining())) {
@@ -91,23 +111,28 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
       y = composed(parts[0], parts[1], parts[2]);
     }
   }
-  return dropout(proj_->apply(y), config_.dropout, isTraining());
+  ownHeads.reset();
+  Tensor out = proj_->apply(y);
+  // Whole on every rank (the same mask), or under sequence parallelism this rank's part (its own stream).
+  TensorParallelRandom ownPart(config_.tensorParallel, config_.tensorParallel.sequenceParallel);
+  return dropout(out, config_.dropout, isTraining());
 }
 
 Mlp::Mlp(const MlpConfig& config, Generator& gen) : config_(config) {
   STRATA_CHECK(!config.gated || config.activation == Activation::GeluTanh,
                "mlp: only the tanh GELU is gated (T5 v1.1's gated-gelu)");
-  auto linear = [&](int64_t in, int64_t out, double std) {
-    return std::make_shared<Linear>(LinearConfig{in, out, config.bias, std, config.device}, gen);
+  auto linear = [&](int64_t in, int64_t out, double std, TensorSplit split) {
+    return std::make_shared<Linear>(
+        LinearConfig{in, out, config.bias, std, config.device, split, 1, config.tensorParallel}, gen);
   };
   int64_t C = config.hiddenSize, F = config.ffnHiddenSize;
   if (config.gated) {
-    gate_ = registerModule("gate", linear(C, F, config.initStd));
-    up_ = registerModule("up", linear(C, F, config.initStd));
+    gate_ = registerModule("gate", linear(C, F, config.initStd, TensorSplit::Columns));
+    up_ = registerModule("up", linear(C, F, config.initStd, TensorSplit::Columns));
   } else {
-    fc_ = registerModule("fc", linear(C, F, config.initStd));
+    fc_ = registerModule("fc", linear(C, F, config.initStd, TensorSplit::Columns));
   }
-  proj_ = registerModule("proj", linear(F, C, config.outInitStd));
+  proj_ = registerModule("proj", linear(F, C, config.outInitStd, TensorSplit::Rows));
 }
 
 Tensor Mlp::apply(const Tensor& x) {
@@ -119,11 +144,23 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
   Tensor y;
   bool recompute = recomputeActivation_ && gradEnabled();
   if (!config_.gated && config_.activation == Activation::GeluTanh) {
+    const TensorParallel& tp = config_.tensorParallel;
     // geluMlp reads fc's and proj's parameters itself, so it runs as a call of both (NOTE [Module calls]).
-    y = fusedCall({fc_.get(), proj_.get()}, {x}, [&](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{
-          geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias, /*recomputeGelu=*/recompute)};
+    // Tensor-parallel: f before fc, g after proj's partial product, then proj's whole bias; under sequence
+    // parallelism the sequence gathered and reduce-scattered in their place (NOTE [Sequence parallelism]).
+    int64_t seqDim = x.dim() - 2;
+    Tensor in = tp.splitsSequence() ? gatherSequence(x, tp, seqDim) : copyToTensorParallel(x, tp);
+    y = fusedCall({fc_.get(), proj_.get()}, {in}, [&](const std::vector<Tensor>& in) {
+      if (!tp.active())
+        return std::vector<Tensor>{
+            geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias, /*recomputeGelu=*/recompute)};
+      Tensor partial = geluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, Tensor(), recompute);
+      Tensor out =
+          tp.splitsSequence() ? scatterSequence(partial, tp, seqDim) : reduceFromTensorParallel(partial, tp);
+      return std::vector<Tensor>{proj_->bias.defined() ? out + sequenceParallelParameter(proj_->bias, tp)
+                                                       : out};
     })[0];
+    TensorParallelRandom ownPart(config_.tensorParallel, config_.tensorParallel.sequenceParallel);
     return {dropout(y, config_.dropout, isTraining())};
   }
   // The activation and the projection, from the activation's input(s).
@@ -136,12 +173,14 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
   std::vector<Tensor> pre = config_.gated ? std::vector<Tensor>{gate_->apply(x), up_->apply(x)}
                                           : std::vector<Tensor>{fc_->apply(x)};
   y = recompute ? checkpoint(tail, pre)[0] : tail(pre)[0];
+  TensorParallelRandom ownPart(config_.tensorParallel, config_.tensorParallel.sequenceParallel);
   return {dropout(y, config_.dropout, isTraining())};
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& config, Generator& gen,
                                    std::shared_ptr<Module> feedForward) {
-  NormConfig norm{config.attention.hiddenSize, config.layerNormEps, true, config.attention.device};
+  NormConfig norm{config.attention.hiddenSize, config.layerNormEps, true, config.attention.device,
+                  config.attention.tensorParallel};
   ln1_ = registerModule("ln_1", std::make_shared<LayerNorm>(norm));
   attn_ = registerModule("attn", std::make_shared<Attention>(config.attention, gen));
   ln2_ = registerModule("ln_2", std::make_shared<LayerNorm>(norm));

@@ -22,9 +22,14 @@ int64_t ModelStateInputs::rangeElemsTotal() const {
 ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType compute) {
   ModelStateInputs in;
   in.compute = compute;
-  in.ranks = std::max(1, ranks);
+  // Tensor parallelism (parallel.tensor): a rank holds its slices of the split layers, and ZeRO shards them
+  // over the data-parallel ranks (ranks / tensor).
+  int tensor = int(std::max<int64_t>(1, c.parallel.tensor));
+  in.ranks = std::max(1, ranks / tensor);
   in.stage = int(c.zero.stage);
-  auto shapes = models::parameterShapes(config::modelSpecFrom(c, Device::cpu()));
+  models::ModelSpec spec = config::modelSpecFrom(c, Device::cpu());
+  spec.tensorParallel.size = tensor;
+  auto shapes = models::parameterShapes(spec);
   // Expert parallelism (NOTE [Expert parallelism] in nn/MoE.h): a rank holds 1/P of each MoE layer's experts
   // (rank 0's, "experts.0" .. "experts.E/P-1"), in chunks of their own sharded over the ranks / P that hold
   // the same experts.

@@ -220,13 +220,16 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   p.spec = config::modelSpecFrom(c, Device::cpu());
   p.parameters = models::numParameters(p.spec);
   p.microBatch = c.train.microBatchSize;
-  p.globalBatch = c.train.globalBatchSizeSet ? c.train.globalBatchSize : c.train.microBatchSize * p.ranks;
-  if (p.globalBatch % (p.microBatch * p.ranks) != 0) {
+  // The ranks that split the batch: all of them, or the data-parallel ones under tensor parallelism.
+  int dataRanks = std::max(1, p.ranks / int(std::max<int64_t>(1, c.parallel.tensor)));
+  p.globalBatch = c.train.globalBatchSizeSet ? c.train.globalBatchSize : c.train.microBatchSize * dataRanks;
+  if (p.globalBatch % (p.microBatch * dataRanks) != 0) {
     p.fits = false;
-    p.refusal = fmt::format("train.global_batch_size {} is not a multiple of micro_batch_size {} x {} ranks",
-                            p.globalBatch, p.microBatch, p.ranks);
+    p.refusal =
+        fmt::format("train.global_batch_size {} is not a multiple of micro_batch_size {} x {} {}ranks",
+                    p.globalBatch, p.microBatch, dataRanks, c.parallel.tensor > 1 ? "data-parallel " : "");
   }
-  p.accumulation = std::max<int64_t>(1, p.globalBatch / (p.microBatch * p.ranks));
+  p.accumulation = std::max<int64_t>(1, p.globalBatch / (p.microBatch * dataRanks));
 
   p.inputs = modelStateInputs(c, p.ranks, p.compute);
   const ModelStateInputs& in = p.inputs;
@@ -234,7 +237,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   p.activations = estimateActivations(p.spec, p.microBatch, p.compute, p.onGpu, c.train.recompute);
   // Gradient buffers: every chunk's while backward accumulates; after the last backward's reduce-scatter
   // (stage >= 2, several ranks) only the shards and two chunks in flight.
-  bool shardedGrads = in.stage >= 2 && p.ranks > 1;
+  bool shardedGrads = in.stage >= 2 && in.ranks > 1;
   uint64_t inFlight = std::min<uint64_t>(2, in.layout.chunks.size()) * uint64_t(in.largestChunkElems) * 4;
   uint64_t gradientsAtUpdate = shardedGrads ? in.gradientShardBytes + inFlight : in.gradientBytes;
   // NOTE [Plan model]: with accumulation the gradients of earlier micro-batches live through later forwards.
@@ -646,8 +649,12 @@ std::string formatPlan(const ModelStatePlan& p) {
   out << fmt::format(
       "run            {} on {}, {} rank{}, ZeRO stage {}, micro-batch {} x {} accumulation = global batch "
       "{}, recompute {}{}\n",
-      dtypeName(p.compute), p.onGpu ? "the GPU" : "the CPU", p.ranks, p.ranks == 1 ? "" : "s", p.inputs.stage,
-      p.microBatch, p.accumulation, p.globalBatch, p.recompute, p.recomputeAuto ? " (auto)" : "");
+      dtypeName(p.compute), p.onGpu ? "the GPU" : "the CPU", p.ranks,
+      p.inputs.ranks == p.ranks ? std::string(p.ranks == 1 ? "" : "s")
+                                : fmt::format("s ({} data-parallel x {} tensor-parallel)", p.inputs.ranks,
+                                              p.ranks / p.inputs.ranks),
+      p.inputs.stage, p.microBatch, p.accumulation, p.globalBatch, p.recompute,
+      p.recomputeAuto ? " (auto)" : "");
   if (p.ranksPerNode > 1)
     out << fmt::format(
         "per rank       {} of host memory, {} of SSD space, {} CPU threads ({} ranks on one machine)\n",

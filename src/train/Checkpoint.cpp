@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -435,6 +436,12 @@ std::string saveCheckpoint(const std::string& saveDir, const SaveTensors& model,
                     {"config", state.config}};
       if (!state.runId.empty()) manifest["run_id"] = state.runId;
       if (!state.effective.empty()) manifest["effective_config"] = state.effective;
+      if (!state.tensorSlices.empty()) {
+        json slices = json::object();
+        for (const auto& [name, how] : state.tensorSlices)
+          slices[name] = {{"dim", how.dim}, {"groups", how.groups}};
+        manifest["tensor_slices"] = slices;
+      }
       writeTextSynced((tmpDir / "manifest.json").string(), manifest.dump(2));
       fsyncDir(tmpDir.string());
       fs::remove_all(finalDir);
@@ -478,6 +485,10 @@ CheckpointState stateFromManifest(const json& manifest, const std::string& dir) 
       state.effective = manifest["effective_config"].get<std::map<std::string, std::string>>();
     if (manifest.contains("layout") && manifest["layout"].is_object())
       state.layout = layoutFromJson(manifest["layout"], dir + "/manifest.json");
+    if (manifest.contains("tensor_slices"))
+      for (const auto& [name, how] : manifest["tensor_slices"].items())
+        state.tensorSlices[name] =
+            nn::TensorSlice{how.at("dim").get<int64_t>(), how.at("groups").get<int64_t>()};
   } catch (const json::exception& e) {
     STRATA_USER_FAIL("{}/manifest.json is corrupted: {}", dir, e.what());
   }
@@ -709,16 +720,71 @@ void ChunkCheckpointReader::checkParameters(const zero::ChunkLayout& layout) con
                     unused.size(), joinNames(unused));
 }
 
+namespace {
+
+// NOTE [Tensor-parallel checkpoints] in train/CheckpointPieces.h: a whole parameter of a checkpoint, from the
+// pieces saved under `saved`: one, or a tensor-parallel run's slices joined as `how` says.
+struct WholeParameter {
+  std::vector<std::string> saved;
+  std::optional<nn::TensorSlice> how;
+  Shape shape;
+  DType dtype = DType::F32;
+};
+
+// Every whole parameter of the checkpoint, by name: its own parameters, or a tensor-parallel run's under
+// their names without the tp<rank>/ prefix.
+std::map<std::string, WholeParameter> wholeParameters(const ChunkCheckpointReader& reader) {
+  std::map<std::string, WholeParameter> out;
+  auto it = reader.state().effective.find("parallel.tensor");
+  int64_t tensor = it == reader.state().effective.end() ? 1 : std::stoll(it->second);
+  if (tensor == 1) {
+    for (const auto& [name, p] : reader.parameters())
+      out[name] = WholeParameter{{name}, {}, p.shape, p.dtype};
+    return out;
+  }
+  const auto& slices = reader.state().tensorSlices;
+  STRATA_USER_CHECK(
+      !slices.empty(),
+      "checkpoint {} holds the slices of a tensor-parallel run (parallel.tensor: {}) without the "
+      "record of how they were cut; resume it with parallel.tensor: {}",
+      reader.directory(), tensor, tensor);
+  const std::string first = "tp0/";
+  for (const auto& [name, p] : reader.parameters()) {
+    if (name.rfind(first, 0) != 0) continue;
+    std::string whole = name.substr(first.size());
+    WholeParameter w{{name}, {}, p.shape, p.dtype};
+    if (auto s = slices.find(whole); s != slices.end()) {
+      w.how = s->second;
+      for (int64_t t = 1; t < tensor; ++t) {
+        std::string piece = "tp" + std::to_string(t) + "/" + whole;
+        STRATA_USER_CHECK(reader.parameters().count(piece), "checkpoint {} lacks {}, tensor rank {}'s slice",
+                          reader.directory(), piece, t);
+        w.saved.push_back(piece);
+      }
+      w.shape[size_t(w.how->dim)] *= tensor;
+    }
+    out[whole] = std::move(w);
+  }
+  return out;
+}
+
+Tensor readWhole(ChunkCheckpointReader& reader, const WholeParameter& w) {
+  std::vector<Tensor> pieces;
+  for (const std::string& name : w.saved) {
+    const auto& p = reader.parameters().at(name);
+    Tensor t = Tensor::empty(p.shape, p.dtype, Device::cpu());
+    reader.readParameter(name, t.data());
+    pieces.push_back(t);
+  }
+  return w.how ? nn::joinSlices(pieces, *w.how) : pieces[0];
+}
+
+}  // namespace
+
 std::map<std::string, Tensor> loadModelShards(const std::string& path) {
   ChunkCheckpointReader reader(path);
   std::map<std::string, Tensor> out;
-  std::vector<char> buffer;
-  for (const auto& [name, p] : reader.parameters()) {
-    size_t n = size_t(numelOf(p.shape));
-    buffer.resize(n * dtypeSize(p.dtype));
-    reader.readParameter(name, buffer.data());
-    out[name] = Tensor::fromHost(buffer.data(), p.dtype, n, p.shape, Device::cpu());
-  }
+  for (const auto& [name, whole] : wholeParameters(reader)) out[name] = readWhole(reader, whole);
   return out;
 }
 
@@ -726,8 +792,9 @@ MergeStats mergeModelShards(const std::string& path, const std::string& output,
                             const std::function<std::string(const std::string&)>& rename,
                             const std::map<std::string, std::string>& metadata) {
   ChunkCheckpointReader reader(path);
-  std::map<std::string, std::string> sources;  // output name -> saved name, in output-name order
-  for (const auto& [name, p] : reader.parameters()) {
+  std::map<std::string, WholeParameter> wholes = wholeParameters(reader);
+  std::map<std::string, std::string> sources;  // output name -> whole parameter, in output-name order
+  for (const auto& [name, w] : wholes) {
     std::string renamed = rename ? rename(name) : name;
     STRATA_USER_CHECK(!sources.count(renamed), "checkpoint {}: '{}' and '{}' are both renamed '{}'",
                       reader.directory(), sources[renamed], name, renamed);
@@ -735,11 +802,11 @@ MergeStats mergeModelShards(const std::string& path, const std::string& output,
   }
   json header = json::object();
   uint64_t offset = 0;
-  for (const auto& [name, saved] : sources) {
-    const auto& p = reader.parameters().at(saved);
-    uint64_t bytes = uint64_t(numelOf(p.shape)) * dtypeSize(p.dtype);
+  for (const auto& [name, whole] : sources) {
+    const WholeParameter& w = wholes.at(whole);
+    uint64_t bytes = uint64_t(numelOf(w.shape)) * dtypeSize(w.dtype);
     header[name] = {
-        {"dtype", safetensorsType(p.dtype)}, {"shape", p.shape}, {"data_offsets", {offset, offset + bytes}}};
+        {"dtype", safetensorsType(w.dtype)}, {"shape", w.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -750,15 +817,13 @@ MergeStats mergeModelShards(const std::string& path, const std::string& output,
   out.write(&len, 8);
   out.write(text.data(), text.size());
   MergeStats stats;
-  std::vector<char> buffer;
-  for (const auto& [name, saved] : sources) {
-    const auto& p = reader.parameters().at(saved);
-    uint64_t bytes = uint64_t(numelOf(p.shape)) * dtypeSize(p.dtype);
-    buffer.resize(bytes);
-    buffer.shrink_to_fit();
-    stats.peakBufferBytes = std::max<uint64_t>(stats.peakBufferBytes, bytes);
-    reader.readParameter(saved, buffer.data());
-    out.write(buffer.data(), bytes);
+  for (const auto& [name, whole] : sources) {
+    const WholeParameter& w = wholes.at(whole);
+    uint64_t bytes = uint64_t(numelOf(w.shape)) * dtypeSize(w.dtype);
+    // The slices and the joined tensor are in memory together.
+    stats.peakBufferBytes = std::max<uint64_t>(stats.peakBufferBytes, w.how ? 2 * bytes : bytes);
+    Tensor t = readWhole(reader, w).contiguous();
+    out.write(t.data(), bytes);
     stats.bytes += bytes;
     ++stats.tensors;
   }

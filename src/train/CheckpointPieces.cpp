@@ -108,6 +108,29 @@ void CheckpointPieces::planLayout() {
   layout_ = local;
   savedIndex_.clear();
   for (size_t c = 0; c < local.chunks.size(); ++c) savedIndex_.push_back(int64_t(c));
+  readLayout_ = local;
+  if (state_.tensor.active()) {
+    // NOTE [Tensor-parallel checkpoints].
+    auto nameOn = [](int rank, const std::string& name) { return "tp" + std::to_string(rank) + "/" + name; };
+    int64_t n = int64_t(local.chunks.size());
+    layout_.chunks.clear();
+    layout_.slots.clear();
+    for (int rank = 0; rank < state_.tensor.size; ++rank)
+      for (int64_t c = 0; c < n; ++c) {
+        zero::ChunkInfo info = local.chunks[size_t(c)];
+        info.slots.clear();
+        for (int64_t k : local.chunks[size_t(c)].slots) {
+          zero::ChunkSlot slot = local.slots[size_t(k)];
+          slot.name = nameOn(rank, slot.name);
+          slot.chunk = rank * n + c;
+          info.slots.push_back(int64_t(layout_.slots.size()));
+          layout_.slots.push_back(std::move(slot));
+        }
+        layout_.chunks.push_back(std::move(info));
+      }
+    for (int64_t c = 0; c < n; ++c) savedIndex_[size_t(c)] = state_.tensor.rank * n + c;
+    for (zero::ChunkSlot& slot : readLayout_.slots) slot.name = nameOn(state_.tensor.rank, slot.name);
+  }
   if (experts.rename.empty()) return;
   std::map<std::string, const std::function<std::string(int)>*> byName;
   for (const auto& [name, fn] : experts.rename) byName[name] = &fn;
@@ -261,7 +284,7 @@ void CheckpointPieces::load(ChunkCheckpointReader& reader, bool optimizer) {
   state_.optimizer->finishDelayed();
   reader.checkParameters(layout_);
   if (optimizer) checkOptimizerState(reader);
-  StateReader in{reader, state_.chunks->layout(), state_.groups, {}};
+  StateReader in{reader, readLayout_, state_.groups, {}};
   for (size_t c = 0; c < state_.chunks->numChunks(); ++c) loadChunk(state_, in, c, optimizer, savedIndex_[c]);
   // NOTE [Delayed update checkpoints]: parameters saved behind their state go back into the chunks, and the
   // values just loaded wait for the next update.
@@ -269,7 +292,7 @@ void CheckpointPieces::load(ChunkCheckpointReader& reader, bool optimizer) {
 }
 
 void CheckpointPieces::loadDelayedParameters(ChunkCheckpointReader& reader) {
-  const zero::ChunkLayout& layout = state_.chunks->layout();
+  const zero::ChunkLayout& layout = readLayout_;
   std::vector<float> host;
   for (size_t c = 0; c < state_.chunks->numChunks(); ++c) {
     // What the forward reads: the whole chunk, or at stage 3 this rank's shard of it.

@@ -11,6 +11,13 @@
 // experts never share a name. Every piece is found by parameter name, so the checkpoint loads at any
 // expert-parallel size (one included), world size and chunk size, and `strata convert` sees every expert.
 //
+// NOTE [Tensor-parallel checkpoints]
+// Under tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h) the ranks of a tensor-parallel
+// group hold different slices under the same names. The manifest's layout holds every tensor rank's chunks:
+// tensor rank t's chunk c at index t x chunks + c, its parameters named "tp<t>/<name>" (the whole ones too,
+// one copy per tensor rank). So such a checkpoint loads only at its parallel.tensor (the trainer refuses
+// another, naming the checkpoint's), at any data-parallel size and chunk size as usual.
+//
 // NOTE [Delayed update checkpoints]
 // With a delayed SSD update pending (NOTE [Delayed SSD update] in optim/AdamW.h) a save changes nothing
 // live: it waits for the worker and saves the state as every update left it (the masters, m and v, which
@@ -63,7 +70,10 @@ class CheckpointPieces {
   void loadDelayedParameters(ChunkCheckpointReader& reader);
 
   ModelState& state_;
-  zero::ChunkLayout layout_;         // the whole model's layout, as the manifest records it
+  zero::ChunkLayout layout_;  // the whole model's layout, as the manifest records it
+  // This rank's chunks named as the checkpoint names them (NOTE [Tensor-parallel checkpoints]; the chunks'
+  // own layout without tensor parallelism).
+  zero::ChunkLayout readLayout_;
   std::vector<int64_t> savedIndex_;  // by chunk: its index in layout_
 };
 

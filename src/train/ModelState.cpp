@@ -162,6 +162,12 @@ ModelState layOutModelState(data::Objective& objective, const config::Config& c,
   s.chunks = layOutModelChunks(objective, device, compute, int64_t(c.zero.chunkSizeMb * double(1 << 20)),
                                ranks, mastersOnHost, families);
   s.groups = zero::ChunkGroups(*s.chunks, group, expertDataGroup);
+  s.tensor = nn::tensorParallelOf(objective.model());
+  if (s.tensor.active()) {
+    std::map<std::string, nn::TensorSlice> slices = nn::tensorParallelSlices(objective.model());
+    for (const zero::ChunkSlot& slot : s.chunks->layout().slots)
+      s.sliceSlots.push_back(slices.count(slot.name) > 0);
+  }
   // precision.grad_accum_dtype: 16-bit gradient buffers for 16-bit chunks (a CPU run of a bf16 config
   // computes in fp32 and keeps fp32 ones).
   if (c.precision.gradAccumDType != "fp32" && dtypeSize(compute) == 2) s.chunks->setGradientDType(compute);

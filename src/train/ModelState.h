@@ -22,6 +22,7 @@
 
 #include "strata/config/Config.h"
 #include "strata/data/Objective.h"
+#include "strata/nn/TensorParallel.h"
 #include "strata/optim/ChunkOptimizer.h"
 #include "strata/train/StepEngine.h"
 #include "strata/zero/ChunkGroups.h"
@@ -50,6 +51,11 @@ struct ModelState {
   std::unique_ptr<zero::ChunkManager> chunks;
   zero::ChunkGroups groups;
   ExpertNames experts;
+  // Tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h): the model's tensor-parallel
+  // group (size 1: none) and, per slot of the chunks' layout, whether its parameter is this rank's slice
+  // (else it is whole and equal on every rank of the group). `groups` is then the data-parallel group.
+  nn::TensorParallel tensor;
+  std::vector<bool> sliceSlots;
   // Per chunk: the elements whose optimizer state this rank keeps (the whole padded chunk at stage 0, this
   // rank's shard above).
   std::vector<zero::ShardRange> ranges;

@@ -22,8 +22,13 @@ StepEnd ShardedUpdate::finish(const std::vector<Tensor>& grads, Tensor stepLoss,
   double scale = lossScale();
   // The squared norm over this rank's shard of every chunk, summed over the ranks in rank order: the same
   // pieces, so the same bits, at every stage.
-  Tensor sumSq = shardSquares(grads);
-  reduceOverRanks(sumSq, stepLoss);
+  Tensor sumSq;
+  if (state_.tensor.active()) {
+    sumSq = tensorParallelSquares(grads, stepLoss);
+  } else {
+    sumSq = shardSquares(grads);
+    reduceOverRanks(sumSq, stepLoss);
+  }
   end.loss = std::move(stepLoss);
   end.sumSq = std::move(sumSq);
   end.norm = ops::sqrt(end.sumSq);
@@ -50,6 +55,21 @@ void ShardedUpdate::reduceOverRanks(Tensor& sumSq, Tensor& stepLoss) const {
   streamWaits(currentStream(device_), commStream, device_);
   sumSq = both.narrow(0, 0, 1).view({});
   stepLoss = both.narrow(0, 1, 1).view({});
+}
+
+Tensor ShardedUpdate::tensorParallelSquares(const std::vector<Tensor>& grads, Tensor& stepLoss) const {
+  Tensor sliced = shardSquares(grads, true), whole = shardSquares(grads, false);
+  Tensor all = ops::cat({sliced.view({1}), whole.view({1}), stepLoss.view({1})}, 0);
+  if (state_.groups.communicates()) {
+    const Stream& commStream = deviceStreams(device_).comm;
+    streamWaits(commStream, currentStream(device_), device_);
+    state_.groups.comm().allReduce(all);
+    streamWaits(currentStream(device_), commStream, device_);
+  }
+  Tensor slicedSum = all.narrow(0, 0, 1).contiguous();
+  state_.tensor.allReduceSum(slicedSum);  // ordered with the compute stream by the trainer's function
+  stepLoss = all.narrow(0, 2, 1).view({});
+  return ops::add(slicedSum, all.narrow(0, 1, 1)).view({});
 }
 
 void ShardedUpdate::decide(double scale, StepEnd& end) {
@@ -90,7 +110,7 @@ void ShardedUpdate::gatherShards() {
   streamWaits(currentStream(device_), gatherStream, device_);
 }
 
-Tensor ShardedUpdate::shardSquares(const std::vector<Tensor>& grads) const {
+Tensor ShardedUpdate::shardSquares(const std::vector<Tensor>& grads, std::optional<bool> slices) const {
   // The pieces of the parameters inside this rank's shard of each chunk, in layout order; `grads` holds, per
   // chunk, the whole (padded) chunk's gradients or just the shard's.
   // 16-bit gradient buffers (precision.grad_accum_dtype) are widened to fp32 one chunk at a time, and the
@@ -104,6 +124,7 @@ Tensor ShardedUpdate::shardSquares(const std::vector<Tensor>& grads) const {
     bool widen = grads[c].dtype() != DType::F32;
     Tensor g = widen ? ops::to(grads[c], device_, DType::F32) : grads[c];
     for (int64_t k : layout.chunks[c].slots) {
+      if (slices && state_.sliceSlots[size_t(k)] != *slices) continue;
       const zero::ChunkSlot& slot = layout.slots[size_t(k)];
       int64_t a = std::max(slot.offset, r.begin), b = std::min(slot.offset + slot.numel, r.end);
       if (a < b) pieces.push_back(g.narrow(0, a - base, b - a));

@@ -6,6 +6,8 @@
 // updated shards (on the gather stream). It owns fp16's loss scaler; the optimizer is the model state's.
 #pragma once
 
+#include <optional>
+
 #include <memory>
 #include <vector>
 
@@ -44,10 +46,15 @@ class ShardedUpdate {
   void restoreScaler(const StepEngineState& state);
 
  private:
-  // The squared norm over this rank's shard of every chunk (the whole chunks on one rank).
-  Tensor shardSquares(const std::vector<Tensor>& grads) const;
+  // The squared norm over this rank's shard of every chunk (the whole chunks on one rank); with `slices`,
+  // over the parameters that are (true) or are not (false) tensor-parallel slices only.
+  Tensor shardSquares(const std::vector<Tensor>& grads, std::optional<bool> slices = std::nullopt) const;
   // The global squared norm and loss: this rank's summed with every rank's, in rank order.
   void reduceOverRanks(Tensor& sumSq, Tensor& stepLoss) const;
+  // The same under tensor parallelism: the slices' squares summed over the data-parallel and the
+  // tensor-parallel group, the whole parameters' over the data-parallel group only (they are equal on every
+  // rank of the tensor-parallel group).
+  Tensor tensorParallelSquares(const std::vector<Tensor>& grads, Tensor& stepLoss) const;
   // The outcome's loss, norm and decision from the host's reads, and the update's gradient scale (unscaling
   // and clipping in one factor; undefined for 1).
   void decide(double scale, StepEnd& end);

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "models/Zoo.h"
 #include "strata/autograd/Engine.h"
@@ -116,6 +117,23 @@ void checkModelSection(const std::string& checkpoint, std::map<std::string, std:
   for (const auto& line : other) spdlog::warn("resuming {} with a changed setting: {}", checkpoint, line);
 }
 
+// NOTE [Tensor-parallel checkpoints] in train/CheckpointPieces.h: the slices load only at the layout that
+// saved them.
+void checkTensorLayout(const CheckpointState& saved, const std::string& checkpoint, int64_t tensor,
+                       int world) {
+  auto it = saved.effective.find("parallel.tensor");
+  int64_t savedTensor = it == saved.effective.end() ? 1 : std::stoll(it->second);
+  STRATA_USER_CHECK(
+      savedTensor == tensor,
+      "checkpoint {} was saved with parallel.tensor: {} on {} rank{} ({} data-parallel x {} "
+      "tensor-parallel); "
+      "this run has parallel.tensor: {} on {} rank{}. Its layers are split {} way{} and load only at that "
+      "split: resume with parallel.tensor: {} (mpirun -np a multiple of it)",
+      checkpoint, savedTensor, saved.worldSize, saved.worldSize == 1 ? "" : "s",
+      std::max<int64_t>(1, saved.worldSize / savedTensor), savedTensor, tensor, world, world == 1 ? "" : "s",
+      savedTensor, savedTensor == 1 ? "" : "s", savedTensor);
+}
+
 }  // namespace
 
 std::string expertGroupName(int64_t size) {
@@ -124,6 +142,14 @@ std::string expertGroupName(int64_t size) {
 
 std::string expertDataGroupName(int64_t size) {
   return "expert_data_parallel_" + std::to_string(size);
+}
+
+std::string tensorGroupName(int64_t size) {
+  return "tensor_parallel_" + std::to_string(size);
+}
+
+std::string dataGroupName(int64_t tensorSize) {
+  return "data_parallel_" + std::to_string(tensorSize);
 }
 
 Trainer::Trainer(config::Config config, std::shared_ptr<dist::ParallelContext> parallel)
@@ -135,6 +161,7 @@ Trainer::Trainer(config::Config config, std::shared_ptr<dist::ParallelContext> p
     tokenizer_ = data::makeTokenizer(config_);
     models::ModelSpec spec = config::modelSpecFrom(config_, device_);
     spec.expertParallel = expertParallel();
+    spec.tensorParallel = tensorParallel();
     objective_ =
         data::makeObjective(config_.model.arch, models::buildModule(spec), tokenizer_, config_.train.seed);
     setup();
@@ -148,6 +175,7 @@ Trainer::Trainer(config::Config config, std::shared_ptr<nn::CausalLM> model,
   agreeOnSetup([&] { plan(config); });
   agreeOnSetup([&] {
     connect();
+    refuseTensorParallel("a model given to the trainer");
     STRATA_CHECK(model != nullptr, "Trainer: no model given");
     tokenizer_ = data::makeTokenizer(config_);
     objective_ = std::make_shared<data::CausalLmObjective>(std::move(model), tokenizer_);
@@ -162,6 +190,7 @@ Trainer::Trainer(config::Config config, std::shared_ptr<data::Objective> objecti
   agreeOnSetup([&] { plan(config); });
   agreeOnSetup([&] {
     connect();
+    refuseTensorParallel("an objective given to the trainer");
     STRATA_CHECK(objective_ != nullptr, "Trainer: no objective given");
     tokenizer_ = data::makeTokenizer(config_);
     setup();
@@ -300,15 +329,47 @@ void Trainer::agreeOnSetup(const std::function<void()>& work) {
 }
 
 void Trainer::connect() {
-  int64_t ranks = parallel_->worldSize(), micro = config_.train.microBatchSize;
+  int64_t world = parallel_->worldSize(), micro = config_.train.microBatchSize;
+  int64_t tensor = config_.parallel.tensor;
+  STRATA_USER_CHECK(!config_.parallel.sequenceParallel || tensor > 1,
+                    "{}: parallel.sequence_parallel splits the sequence over a tensor-parallel group: set "
+                    "parallel.tensor > 1 with it, or leave it false",
+                    config_.sourcePath);
+  if (tensor > 1) {
+    STRATA_USER_CHECK(
+        world % tensor == 0,
+        "{}: parallel.tensor ({}) must divide the number of ranks ({}); launch with mpirun -np a "
+        "multiple of it",
+        config_.sourcePath, tensor, world);
+    STRATA_USER_CHECK(config_.model.arch == "gpt",
+                      "{}: parallel.tensor ({}) splits gpt only, not model.arch '{}'; train it with "
+                      "parallel.tensor: 1 (data parallel over every rank)",
+                      config_.sourcePath, tensor, config_.model.arch);
+    STRATA_USER_CHECK(
+        config_.model.moeNumExperts == 0,
+        "{}: parallel.tensor ({}) with mixture-of-experts layers (model.moe_num_experts) is not "
+        "supported yet; train MoE models with parallel.tensor: 1 and "
+        "model.moe_expert_parallel_size",
+        config_.sourcePath, tensor);
+    if (!parallel_->hasGroup(tensorGroupName(tensor))) {
+      // Adjacent ranks split the layers (rank = d x tensor + t); ranks `tensor` apart hold the same slices
+      // and split the data.
+      int rank = parallel_->rank();
+      parallel_->split(tensorGroupName(tensor), parallel_->world(), int(rank / tensor), rank);
+      parallel_->split(dataGroupName(tensor), parallel_->world(), int(rank % tensor), rank);
+    }
+  }
+  // The ranks that split the batch: all of them, or the data-parallel ones under tensor parallelism.
+  int64_t ranks = world / tensor;
+  std::string rankText = tensor > 1 ? "data-parallel ranks" : "ranks";
   // Unset, the global batch is one micro-batch per rank.
   if (!config_.train.globalBatchSizeSet) config_.train.globalBatchSize = micro * ranks;
   STRATA_USER_CHECK(
       config_.train.globalBatchSize % (micro * ranks) == 0,
-      "{}: train.global_batch_size ({}) must be micro_batch_size ({}) x accumulation steps x ranks "
+      "{}: train.global_batch_size ({}) must be micro_batch_size ({}) x accumulation steps x {} "
       "({}); {} is not a multiple of {} x {} = {}",
-      config_.sourcePath, config_.train.globalBatchSize, micro, ranks, config_.train.globalBatchSize, micro,
-      ranks, micro * ranks);
+      config_.sourcePath, config_.train.globalBatchSize, micro, rankText, ranks,
+      config_.train.globalBatchSize, micro, ranks, micro * ranks);
   int64_t ep = config_.model.moeExpertParallelSize;
   if (ep > 1) {
     STRATA_USER_CHECK(
@@ -320,10 +381,10 @@ void Trainer::connect() {
         config_.model.moeNumExperts % ep == 0,
         "{}: model.moe_num_experts ({}) must be a multiple of model.moe_expert_parallel_size ({})",
         config_.sourcePath, config_.model.moeNumExperts, ep);
-    STRATA_USER_CHECK(ranks % ep == 0,
+    STRATA_USER_CHECK(world % ep == 0,
                       "{}: model.moe_expert_parallel_size ({}) must divide the number of ranks ({}); launch "
                       "with mpirun -np a multiple of it",
-                      config_.sourcePath, ep, ranks);
+                      config_.sourcePath, ep, world);
     if (!parallel_->hasGroup(expertGroupName(ep))) {
       // Consecutive ranks split the experts; ranks ep apart hold the same ones.
       int rank = parallel_->rank();
@@ -331,6 +392,51 @@ void Trainer::connect() {
       parallel_->split(expertDataGroupName(ep), parallel_->world(), int(rank % ep), rank);
     }
   }
+}
+
+void Trainer::refuseTensorParallel(const std::string& what) const {
+  STRATA_USER_CHECK(config_.parallel.tensor == 1,
+                    "{}: parallel.tensor ({}) splits the zoo's gpt built from the config, not {}; train it "
+                    "with parallel.tensor: 1",
+                    config_.sourcePath, config_.parallel.tensor, what);
+}
+
+nn::TensorParallel Trainer::tensorParallel() const {
+  nn::TensorParallel out;
+  if (config_.parallel.tensor <= 1) return out;
+  dist::ProcessGroup* group = &parallel_->group(tensorGroupName(config_.parallel.tensor));
+  out.size = group->size();
+  out.rank = group->rank();
+  // NOTE [Collective ordering and completion] in distributed/Communicator.h: each collective waits for the
+  // compute stream's work, and the compute stream for it.
+  auto ordered = [](const Tensor& t, bool gather, const std::function<void()>& collective) {
+    Device device = t.device();
+    const Stream& lane = dist::collectiveStream(device, gather);
+    streamWaits(lane, currentStream(device), device);
+    collective();
+    streamWaits(currentStream(device), lane, device);
+  };
+  out.allReduceSum = [group, ordered](const Tensor& t) {
+    ordered(t, false, [&] { group->communicator().allReduce(t); });
+  };
+  out.allReduceMax = [group, ordered](const Tensor& t) {
+    ordered(t, false, [&] { group->communicator().allReduce(t, dist::ReduceOp::Max); });
+  };
+  out.allGather = [group, ordered](const Tensor& dst, const Tensor& src) {
+    ordered(src, true, [&] { group->communicator().allGather(dst, src); });
+  };
+  out.reduceScatter = [group, ordered](const Tensor& dst, const Tensor& src) {
+    ordered(src, false, [&] { group->communicator().reduceScatter(dst, src); });
+  };
+  out.sequenceParallel = config_.parallel.sequenceParallel;
+  return out;
+}
+
+dist::ProcessGroup* Trainer::dataGroup() const {
+  dist::ProcessGroup* group = config_.parallel.tensor > 1
+                                  ? &parallel_->group(dataGroupName(config_.parallel.tensor))
+                                  : &parallel_->world();
+  return group->communicator().communicates() ? group : nullptr;
 }
 
 nn::ExpertParallel Trainer::expertParallel() const {
@@ -446,21 +552,23 @@ double Trainer::evaluate(int64_t iters) {
   // Each rank evaluates its share of the batches (batch i on rank i mod N); the sums meet in one all-reduce.
   // Every rank runs the same number of forwards (ZeRO-3's forwards are collectives): a rank whose last round
   // has no batch left runs one that does not count.
-  int ranks = parallel_->worldSize();
+  // Under tensor parallelism the ranks of a tensor-parallel group evaluate the same batches together.
+  dist::ProcessGroup* batchGroup = dataGroup();
+  int ranks = batchGroup ? batchGroup->size() : 1, rank = batchGroup ? batchGroup->rank() : 0;
   int64_t rounds = (iters + ranks - 1) / ranks;
   for (int64_t k = 0; k < rounds; ++k) {
-    int64_t i = k * ranks + parallel_->rank();
+    int64_t i = k * ranks + rank;
     Tensor loss = ops::to(objective_->loss(batch(data::Split::Val, i < iters ? i : i % iters), modelDType()),
                           device_, DType::F32)
                       .view({1});
     if (i < iters) total = ops::add(total, loss);
   }
   model().train();
-  if (parallel_->world().communicator().communicates()) {
+  if (batchGroup) {
     // NOTE [Collective ordering and completion] in distributed/Communicator.h.
     const Stream& comm = deviceStreams(device_).comm;
     streamWaits(comm, currentStream(device_), device_);
-    parallel_->world().communicator().allReduce(total);
+    batchGroup->communicator().allReduce(total);
     streamWaits(currentStream(device_), comm, device_);
   }
   return total.item() / double(iters);
@@ -523,12 +631,15 @@ TrainResult Trainer::run() {
         "to finish the step and save a checkpoint before it kills them: launch with `mpirun --mca "
         "odls_base_sigkill_timeout 30 ...` (docs/checkpoints.md)",
         killWindow, killTimeout.source, killTimeout.seconds);
-  int64_t accum = c.train.globalBatchSize / (c.train.microBatchSize * ranks);
+  // The ranks that split each global batch, and this rank's place among them (under tensor parallelism the
+  // ranks of a tensor-parallel group train on the same micro-batches).
+  dist::ProcessGroup* batchGroup = dataGroup();
+  int dataRanks = batchGroup ? batchGroup->size() : 1, dataRank = batchGroup ? batchGroup->rank() : 0;
+  int64_t accum = c.train.globalBatchSize / (c.train.microBatchSize * dataRanks);
   optim::LrSchedule schedule{optim::lrStyleFromName(c.lrSchedule.style), c.optimizer.lr, c.optimizer.minLr,
                              c.lrSchedule.warmupIters,
                              c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
-  ZeroStepEngine engine(*objective_, c, device_, compute_,
-                        parallel_->world().communicator().communicates() ? &parallel_->world() : nullptr,
+  ZeroStepEngine engine(*objective_, c, device_, compute_, batchGroup,
                         c.model.moeExpertParallelSize > 1
                             ? &parallel_->group(expertDataGroupName(c.model.moeExpertParallelSize))
                             : nullptr,
@@ -545,6 +656,7 @@ TrainResult Trainer::run() {
     ChunkCheckpointReader reader(c.checkpoint.load);
     std::string dir = reader.directory();
     const CheckpointState& st = reader.state();
+    checkTensorLayout(st, dir, c.parallel.tensor, ranks);
     engine.loadState(reader, !c.checkpoint.loadModelOnly);
     if (c.checkpoint.loadModelOnly) {
       spdlog::info(
@@ -577,6 +689,7 @@ TrainResult Trainer::run() {
     st.effective = config::effectiveValues(c);
     st.runId = runId_;
     st.layout = engine.checkpointLayout();
+    if (c.parallel.tensor > 1) st.tensorSlices = nn::tensorParallelSlices(model());
     st.chunked = true;
     // Each rank writes the pieces of state its shards hold, nothing gathered; rank 0 the manifest.
     std::string dir = saveCheckpoint(saveDir, engine.checkpointModel(), engine.checkpointOptimizer(), st,
@@ -605,8 +718,17 @@ TrainResult Trainer::run() {
 
   std::unique_ptr<MetricsLogger> logger =
       main ? std::make_unique<MetricsLogger>(c.train.outDir, startStep, runId_) : nullptr;
-  spdlog::info("training {} ({} parameters) on {} ({}) in {}: {} iterations of {} sequences x {} tokens{}",
-               objective_->modelName(), model().numParameters(), toString(device_), deviceName(device_),
+  // The whole model's parameters: under tensor parallelism each slice counts once per rank of the group.
+  int64_t parameters = model().numParameters();
+  std::string split;
+  if (c.parallel.tensor > 1) {
+    std::map<std::string, nn::TensorSlice> slices = nn::tensorParallelSlices(model());
+    for (const auto& [name, p] : model().namedParameters())
+      if (slices.count(name)) parameters += p.numel() * (c.parallel.tensor - 1);
+    split = fmt::format(", split over {} tensor-parallel ranks", c.parallel.tensor);
+  }
+  spdlog::info("training {} ({} parameters{}) on {} ({}) in {}: {} iterations of {} sequences x {} tokens{}",
+               objective_->modelName(), parameters, split, toString(device_), deviceName(device_),
                dtypeName(compute_), c.train.trainIters, c.train.globalBatchSize, T,
                device_.isCpu() ? fmt::format(", {} CPU threads", omp_get_max_threads()) : std::string());
 
@@ -644,7 +766,7 @@ TrainResult Trainer::run() {
     if (iter == profileFrom) profiler::start(device_, profileMode);
     double lr = schedule.at(iter);
     // This rank's slice of the global batch: the same windows a single rank would draw, in the same order.
-    int64_t micro = 0, first = dataIndex + int64_t(rank) * accum;
+    int64_t micro = 0, first = dataIndex + int64_t(dataRank) * accum;
     StepOutcome step;
     try {
       step = engine.step([&] { return batch(data::Split::Train, first + micro++); }, accum, lr);
@@ -659,7 +781,7 @@ TrainResult Trainer::run() {
                  "lower store.gpu_budget_gb to leave the step more room",
                  iter + 1, gib(p.bytes[int(zero::Tier::Device)]), gib(p.bytes[int(zero::Tier::Host)])));
     }
-    dataIndex += accum * ranks;
+    dataIndex += accum * dataRanks;
     lastNorm = step.gradNorm;
     lastScale = step.lossScale;
     intervalOffload += step.offloadSeconds;

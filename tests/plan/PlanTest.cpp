@@ -369,8 +369,8 @@ TEST_CASE(
   REQUIRE(p.kindBytes[plan::kSecondMoments][ssd] == ssdSecond);
   REQUIRE(p.kindBytes[plan::kMasters][ssd] == ssdElems * 4);
 
-  // GPT-13B with about 50 GiB of host budget: Adafactor's master, bf16 first moment and factored second moment
-  // (about 6 bytes a parameter) overflow it onto the SSD, which the step's time then counts.
+  // GPT-13B with about 50 GiB of host budget: Adafactor's master, bf16 first moment and factored second
+  // moment (about 6 bytes a parameter) overflow it onto the SSD, which the step's time then counts.
   options.calibration->hostMemoryBytes = 64ull << 30;
   config::Config big = configFile(
       "gpt3-13b.yaml",
@@ -434,6 +434,52 @@ TEST_CASE("the placement inputs of expert parallelism are expert-parallel rank 0
   config::Config dense = c;
   dense.model.moeExpertParallelSize = 1;
   REQUIRE(in.parameterBytes < plan::modelStateInputs(dense, 4, DType::F32).parameterBytes);
+}
+
+TEST_CASE("the placement inputs of tensor parallelism are a tensor-parallel rank's slices",
+          "[train][plan][tensor]") {
+  // A GPT over tensor-parallel groups of 2 on 4 ranks: each rank holds its slices, which ZeRO shards over the
+  // 2 data-parallel ranks holding the same ones.
+  config::Config c = config::parseConfig(
+      "", "test",
+      {"data.path=" + corpus().string(), "train.device=cpu", "model.num_layers=2", "model.hidden_size=32",
+       "model.num_attention_heads=2", "model.seq_length=32", "parallel.tensor=2",
+       "zero_optimization.chunk_size_mb=0.02", "zero_optimization.stage=1"});
+  models::ModelSpec spec = config::modelSpecFrom(c, Device::cpu());
+  // The layout's trace runs the collectives; copies stand in for the group (only the shapes count).
+  spec.tensorParallel.size = 2;
+  spec.tensorParallel.allReduceSum = [](const Tensor&) {};
+  spec.tensorParallel.allReduceMax = [](const Tensor&) {};
+  spec.tensorParallel.allGather = [](const Tensor& out, const Tensor& in) {
+    for (int r = 0; r < 2; ++r) ops::copy(out.view({2, in.numel()}).select(0, r), in.view({in.numel()}));
+  };
+  spec.tensorParallel.reduceScatter = [](const Tensor& out, const Tensor& in) {
+    ops::copy(out.view({out.numel()}), in.view({in.numel()}).narrow(0, 0, out.numel()));
+  };
+  auto model = models::buildModel(spec);
+  data::CausalLmObjective objective(model, nullptr);
+  auto chunks = train::layOutModelChunks(objective, Device::cpu(), DType::F32, int64_t(0.02 * (1 << 20)), 2,
+                                         false, zero::ChunkFamilies{});
+  plan::ModelStateInputs in = plan::modelStateInputs(c, 4, DType::F32);
+  REQUIRE(in.ranks == 2);
+  REQUIRE(in.layout.slots.size() == chunks->layout().slots.size());
+  for (size_t k = 0; k < in.layout.slots.size(); ++k) {
+    REQUIRE(in.layout.slots[k].name == chunks->layout().slots[k].name);
+    REQUIRE(in.layout.slots[k].shape == chunks->layout().slots[k].shape);
+  }
+  REQUIRE(in.paddedElems.size() == chunks->numChunks());
+  for (size_t i = 0; i < chunks->numChunks(); ++i) REQUIRE(in.paddedElems[i] == chunks->paddedElems(i));
+  // Against one rank, a rank holds about half of the parameters (the norms and positions stay whole).
+  config::Config whole = c;
+  whole.parallel.tensor = 1;
+  REQUIRE(double(in.parameterBytes) <
+          0.7 * double(plan::modelStateInputs(whole, 1, DType::F32).parameterBytes));
+  // The plan splits the batch over the data-parallel ranks, and says how the ranks split.
+  plan::PlanOptions options = roundMachine();
+  options.ranks = 4;
+  plan::ModelStatePlan p = plan::planModelState(c, options);
+  CHECK(p.globalBatch == 2 * c.train.microBatchSize);
+  CHECK(plan::formatPlan(p).find("4 ranks (2 data-parallel x 2 tensor-parallel)") != std::string::npos);
 }
 
 TEST_CASE("strata plan --ranks splits the host's memory, SSD space and cores between a machine's ranks",

@@ -168,6 +168,17 @@ struct DistConfig {
   std::string gpuCollectives = "auto";
 };
 
+// How the ranks split the model (docs/distributed.md). World = data x tensor, a tensor group's ranks
+// adjacent (rank = d * tensor + t).
+struct ParallelConfig {
+  // Megatron's tensor parallelism over this many ranks: attention split by heads, the MLP by its width, the
+  // embedding and the tied head by the vocabulary (NOTE [Tensor parallelism] in nn/TensorParallel.h).
+  int64_t tensor = 1;
+  // Megatron's sequence parallelism on top: the norms, dropout and residual stream on a part of the sequence
+  // each (NOTE [Sequence parallelism] in nn/TensorParallel.h).
+  bool sequenceParallel = false;
+};
+
 struct CheckpointConfig {
   std::string save;  // directory to write checkpoints to ("" = out_dir/checkpoints when save_interval > 0)
   std::string load;  // checkpoint directory (or its parent with a `latest` file) to resume from
@@ -198,6 +209,7 @@ struct Config {
   ZeroConfig zero;
   StoreConfig store;
   DistConfig dist;
+  ParallelConfig parallel;
   CheckpointConfig checkpoint;
   std::string sourcePath;  // the YAML file it came from
   // Problems that do not stop a run (e.g. a warm-up longer than the run); the trainer logs them.

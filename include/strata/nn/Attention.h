@@ -26,9 +26,14 @@ struct AttentionConfig {
   // Multiplies q k^T; 0 means 1/sqrt(headDim). T5 uses 1 (its q projection's initialisation carries the
   // scale).
   double scale = 0.0;
+  // Split by heads over a tensor-parallel group (NOTE [Tensor parallelism] in nn/TensorParallel.h): this
+  // rank's q/k/v of heads [rank H / T, (rank + 1) H / T) (column-parallel), and the output projection's rows
+  // for them (row-parallel). Self-attention only.
+  TensorParallel tensorParallel = {};
 
   int64_t headWidth() const { return headDim > 0 ? headDim : hiddenSize / numHeads; }
   int64_t innerSize() const { return numHeads * headWidth(); }
+  int64_t localHeads() const { return numHeads / tensorParallel.size; }
 };
 
 class Attention : public Module {

@@ -3,6 +3,7 @@
 
 #include "strata/core/Generator.h"
 #include "strata/nn/Module.h"
+#include "strata/nn/TensorParallel.h"
 
 namespace strata::nn {
 
@@ -13,6 +14,9 @@ struct EmbeddingConfig {
   Device device = Device::cpu();
   // >= 0: lookups of this id add nothing to the table's gradient (torch's padding_idx; BERT's [PAD]).
   int64_t paddingIdx = -1;
+  // Vocabulary-parallel (NOTE [Tensor parallelism] in nn/TensorParallel.h): this rank holds rows [rank num
+  // / T, (rank + 1) num / T) of the one-rank table; lookups and the tied head meet through the group.
+  TensorParallel tensorParallel = {};
 };
 
 class Embedding : public Module {
@@ -25,6 +29,14 @@ class Embedding : public Module {
   // Mean cross-entropy of unembed(x) against target, fused (linearCrossEntropy): x [N, dim] in the compute
   // dtype, target [N]. The [N, num] logits never exist at once.
   Tensor unembedCrossEntropy(const Tensor& x, const Tensor& target);
+  // Vocabulary-parallel: unembed gathers the ranks' logits (generation), and unembedCrossEntropy takes the
+  // loss from this rank's [N, num / T] logits (vocabParallelCrossEntropy), never gathering them. With
+  // sequence parallelism (NOTE [Sequence parallelism] in nn/TensorParallel.h) lookups return this rank's part
+  // of the sequence, and the head takes every rank's rows: unembed's x is [..., S/T, dim] (the logits cover
+  // the whole sequence), unembedCrossEntropy's rows are the ranks' rows in rank order, so its target must be
+  // in that order.
+  bool vocabParallel() const { return tensorParallel_.active(); }
+  const TensorParallel& tensorParallel() const { return tensorParallel_; }
 
   Tensor weight;
 
@@ -33,8 +45,11 @@ class Embedding : public Module {
 
  private:
   Tensor lookup(const Tensor& ids, DType dtype);
+  // The tied head's input under vocabulary parallelism: through f, or gathered along the sequence.
+  Tensor headInput(const Tensor& x) const;
 
   int64_t paddingIdx_ = -1;
+  TensorParallel tensorParallel_;
 };
 
 }  // namespace strata::nn

@@ -20,6 +20,7 @@
 
 #include "strata/core/Generator.h"
 #include "strata/nn/Module.h"
+#include "strata/nn/TensorParallel.h"
 
 namespace strata::nn {
 
@@ -29,6 +30,11 @@ struct LinearConfig {
   bool bias = true;
   double initStd = 0.02;  // normal(0, initStd) weights, zero bias
   Device device = Device::cpu();
+  // Tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h): this rank's columns (in
+  // `splitGroups` groups: 3 for a fused q|k|v) or rows of the one-rank layer, when tensorParallel is active.
+  TensorSplit split = TensorSplit::None;
+  int64_t splitGroups = 1;
+  TensorParallel tensorParallel = {};
 };
 
 // y = x W + b, W [in, out] (PyTorch's nn.Linear weight transposed; see above).
@@ -40,9 +46,20 @@ class Linear : public Module {
 
   Tensor weight;  // [in, out]: [inFeatures, outFeatures], not PyTorch's [out, in]
   Tensor bias;    // [out]; undefined when config.bias is false
+  // Column-parallel: the input goes through f, the weight is [in, out / T] and the bias [out / T].
+  // Row-parallel: the weight is [in / T, out], the product goes through g, then the whole bias is added.
+  TensorSplit split() const { return tensorParallel_.active() ? split_ : TensorSplit::None; }
+  bool splitsOverTensorParallel() const { return split() != TensorSplit::None; }
+  const TensorParallel& tensorParallel() const { return tensorParallel_; }
+  int64_t splitGroups() const { return splitGroups_; }
 
  protected:
   std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
+
+ private:
+  TensorSplit split_ = TensorSplit::None;
+  int64_t splitGroups_ = 1;
+  TensorParallel tensorParallel_;
 };
 
 }  // namespace strata::nn

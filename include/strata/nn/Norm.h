@@ -4,6 +4,7 @@
 #include <array>
 
 #include "strata/nn/Module.h"
+#include "strata/nn/TensorParallel.h"
 
 namespace strata::nn {
 
@@ -12,6 +13,9 @@ struct NormConfig {
   double eps = 1e-5;
   bool bias = true;  // LayerNorm only
   Device device = Device::cpu();
+  // Under sequence parallelism the norm runs on a part of the sequence and its parameters' gradients are
+  // summed over the group (NOTE [Sequence parallelism] in nn/TensorParallel.h).
+  TensorParallel tensorParallel = {};
 };
 
 // forward({x}) -> {y}; forward({x, residual}) -> {y, x + residual}: the residual add fused into the norm (an
@@ -32,6 +36,7 @@ class LayerNorm : public Module {
 
  private:
   double eps_;
+  TensorParallel tensorParallel_;
 };
 
 class RMSNorm : public Module {

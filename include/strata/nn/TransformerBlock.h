@@ -24,6 +24,8 @@ struct MlpConfig {
   // Gated (T5 v1.1): act(x W_gate) * (x W_up), then W_proj; modules "gate", "up", "proj" instead of "fc",
   // "proj". Only GeluTanh is gated.
   bool gated = false;
+  // Column-parallel fc (gate and up), row-parallel proj (NOTE [Tensor parallelism] in nn/TensorParallel.h).
+  TensorParallel tensorParallel = {};
 };
 
 // act(x W_fc + b_fc) W_proj + b_proj, or the gated form above.

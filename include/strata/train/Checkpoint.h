@@ -21,6 +21,7 @@
 
 #include "strata/core/Generator.h"
 #include "strata/core/Tensor.h"
+#include "strata/nn/TensorParallel.h"
 #include "strata/zero/ChunkLayout.h"
 
 namespace strata::train {
@@ -86,6 +87,10 @@ struct CheckpointState {
   // effective value of every config key, what a resume starts from (empty in older checkpoints).
   std::string runId;
   std::map<std::string, std::string> effective;
+  // A tensor-parallel run's (parallel.tensor > 1): how each sliced parameter was cut, so that the readers
+  // of whole parameters join the tensor ranks' slices (NOTE [Tensor-parallel checkpoints] in
+  // train/CheckpointPieces.h). Empty otherwise.
+  std::map<std::string, nn::TensorSlice> tensorSlices;
 };
 
 // The ranks that save one checkpoint together, and the two collectives the save needs. single() is one rank;
@@ -120,11 +125,12 @@ CheckpointState readCheckpointState(const std::string& path);
 CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& model,
                                const NamedTensors& optimizer, bool loadOptimizer = true, int rank = 0);
 // Every model tensor of a checkpoint, merged across the shards its manifest lists (on the CPU), checksums
-// verified.
+// verified; a tensor-parallel run's slices joined into whole parameters under their own names.
 std::map<std::string, Tensor> loadModelShards(const std::string& path);
 // Streams the model tensors of the checkpoint `path` (all shards, checksums verified) into one safetensors
-// file `output`, each renamed by `rename` when given, in name order. One tensor is in memory at a time, so
-// the peak stays at the largest tensor, not the model. The output is written atomically.
+// file `output`, each renamed by `rename` when given, in name order (a tensor-parallel run's slices joined,
+// as loadModelShards does). One tensor is in memory at a time, so the peak stays at the largest tensor (with
+// its slices), not the model. The output is written atomically.
 struct MergeStats {
   size_t tensors = 0;
   uint64_t bytes = 0;            // tensor bytes written

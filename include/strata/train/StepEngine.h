@@ -133,6 +133,9 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective
 // gathers over `expertDataGroup` (the ranks holding the same experts) instead of `group`; every other step
 // of the engine is the same. Their gradients, summed over that group, are the global batch's too: each
 // rank's experts saw the tokens of its whole expert-parallel group.
+// Tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h): `group` is the data-parallel group
+// (the ranks holding the same slices); the gradient norm adds the slices' squares over the model's
+// tensor-parallel group and counts the whole parameters once.
 // How many ranks share this rank's host and device (NOTE [Per-node shares] in distributed/Launch.h): the
 // engine sizes its automatic budgets from its share of the device's memory and of the host's memory and disk.
 struct RankShares {

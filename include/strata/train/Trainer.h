@@ -61,10 +61,16 @@ class ReportedByRankZero : public Error {
 // the ranks that hold the same experts (every size-th rank), over which ZeRO shards and reduces the experts.
 std::string expertGroupName(int64_t size);
 std::string expertDataGroupName(int64_t size);
+// The ParallelContext groups of tensor parallelism over `size` ranks (parallel.tensor): the adjacent ranks
+// that split the layers, and the ranks that hold the same slices (every size-th rank), over which the batch,
+// ZeRO and the gradients' reduction go.
+std::string tensorGroupName(int64_t size);
+std::string dataGroupName(int64_t tensorSize);
 
 // Training runs on the ranks of a dist::ParallelContext: one made from the process environment (mpirun's, or
 // a single rank; dist.timeout_s) unless one is given. Every rank trains its slice of each global batch
-// (train.global_batch_size = micro_batch_size x accumulation steps x ranks) through a ZeroStepEngine at
+// (train.global_batch_size = micro_batch_size x accumulation steps x ranks; the data-parallel ranks under
+// parallel.tensor, whose tensor-parallel groups train on the same slice) through a ZeroStepEngine at
 // zero_optimization.stage; rank 0 alone logs, writes metrics and checkpoints; memory figures are the
 // maximum over the ranks.
 //
@@ -134,6 +140,14 @@ class Trainer {
   void connect();
   // The MoE layers' place in the "expert" group and its all_to_all (NOTE [Expert parallelism] in nn/MoE.h).
   nn::ExpertParallel expertParallel() const;
+  // The layers' place in the tensor-parallel group and its collectives (NOTE [Tensor parallelism] in
+  // nn/TensorParallel.h); size 1 without parallel.tensor.
+  nn::TensorParallel tensorParallel() const;
+  // parallel.tensor > 1 is refused for a model the trainer did not build: `what` names it.
+  void refuseTensorParallel(const std::string& what) const;
+  // The group that splits the batch and over which ZeRO and the gradients' reduction go: the world, or the
+  // data-parallel group under tensor parallelism; null when it has one rank.
+  dist::ProcessGroup* dataGroup() const;
   void setup();
 
   config::Config config_;

@@ -1,10 +1,10 @@
-// ZeRO stages 0 to 3 training a small GPT on N CPU ranks (mpirun -np 2 and -np 4 through CTest), against
-// the same run on one rank. Every rank runs every training run (they are collectives); rank 0 reads the
-// metrics and checks. Checks use CHECK, not REQUIRE, so no rank leaves early and strands the others.
-// STRATA_DIST_TEST_DEVICE=cuda runs the same tests on the GPU (ranks that share one GPU communicate through
-// MPI with host staging: NOTE [GPU collectives] in distributed/ParallelContext.h), in fp32 so that the
-// tolerances against one rank hold; STRATA_DIST_TEST_SETS adds config overrides (comma-separated key=value)
-// to every run.
+// ZeRO stages 0 to 3, expert parallelism and tensor parallelism ([tensor], a CTest entry of its own) training
+// a small GPT on N CPU ranks (mpirun -np 2 and -np 4 through CTest), against the same run on one rank. Every
+// rank runs every training run (they are collectives); rank 0 reads the metrics and checks. Checks use CHECK,
+// not REQUIRE, so no rank leaves early and strands the others. STRATA_DIST_TEST_DEVICE=cuda runs the same
+// tests on the GPU (ranks that share one GPU communicate through MPI with host staging: NOTE [GPU
+// collectives] in distributed/ParallelContext.h), in fp32 so that the tolerances against one rank hold;
+// STRATA_DIST_TEST_SETS adds config overrides (comma-separated key=value) to every run.
 #include <unistd.h>
 
 #include <cmath>
@@ -20,7 +20,9 @@
 #include "models/Zoo.h"
 #include "strata/data/CausalLmObjective.h"
 #include "strata/distributed/ParallelContext.h"
+#include "strata/interop/HfImport.h"
 #include "strata/ops/Ops.h"
+#include "strata/train/Checkpoint.h"
 #include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
 
@@ -51,7 +53,7 @@ std::vector<std::string> extraSets() {
 }
 
 struct Run {
-  std::vector<double> losses, valLosses;
+  std::vector<double> losses, valLosses, gradNorms;
   std::vector<double> modelStateGb, stateHostGb, stateNvmeGb;
   std::string checkpoint;
   std::string sample;
@@ -117,6 +119,7 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
     if (j.contains("val_loss")) run.valLosses.push_back(j["val_loss"].get<double>());
     if (!j.contains("loss")) continue;
     run.losses.push_back(j["loss"].get<double>());
+    run.gradNorms.push_back(j["grad_norm"].get<double>());
     run.modelStateGb.push_back(j["mem_model_state_gb"].get<double>());
     run.stateHostGb.push_back(j["mem_state_host_gb"].get<double>());
     run.stateNvmeGb.push_back(j["mem_state_nvme_gb"].get<double>());
@@ -137,6 +140,10 @@ std::shared_ptr<dist::ParallelContext> world() {
 std::shared_ptr<dist::ParallelContext> alone() {
   dist::LaunchInfo one;
   return std::make_shared<dist::ParallelContext>(one, options());
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 double worstRelative(const std::vector<double>& a, const std::vector<double>& b) {
@@ -594,4 +601,137 @@ TEST_CASE(
     CHECK(moved.losses == memory.losses);
     CHECK(moved.stateNvmeGb.back() == 0);  // every SSD chunk came back (the largest rank's figure)
   }
+}
+
+TEST_CASE("tensor parallelism (parallel.tensor 2) on N ranks trains like one rank at ZeRO stages 0 to 3",
+          "[dist][tensor]") {
+  auto ctx = world();
+  int ranks = ctx->worldSize();
+  // N = 2: one tensor-parallel pair; N = 4: two data-parallel ranks, each a tensor-parallel pair. The global
+  // batch is 8 sequences either way, and the norm is clipped (optimizer.clip_grad 1 by default), so the
+  // slices' squares must meet across the pair.
+  Run reference = trainRun(alone(), "tp-one-rank-" + std::to_string(ctx->rank()), 0);
+  Run stage0 = trainRun(ctx, "tp2-stage0", 0, {"parallel.tensor=2"});
+  Run stage2 = trainRun(ctx, "tp2-stage2", 2, {"parallel.tensor=2"});
+  // Stage 3 gathers each rank's slices over the data-parallel group, module by module.
+  Run stage3 = trainRun(ctx, "tp2-stage3", 3, {"parallel.tensor=2"});
+  // Sequence parallelism: the norms and the residual stream on half of each sequence.
+  Run sequence = trainRun(ctx, "tp2-sp-stage3", 3, {"parallel.tensor=2", "parallel.sequence_parallel=true"});
+  if (!ctx->isMain()) return;
+  INFO(ranks << " ranks");
+  CHECK(reference.losses.size() == 20);
+  for (const Run* run : {&stage0, &stage2, &stage3, &sequence}) {
+    CHECK(run->losses.size() == 20);
+    CHECK(worstRelative(run->losses, reference.losses) < 1e-5);
+    CHECK(worstRelative(run->gradNorms, reference.gradNorms) < 1e-5);
+    CHECK(run->valLosses.size() == 2);
+    CHECK(worstRelative(run->valLosses, reference.valLosses) < 1e-5);
+    // Generation gathers the vocabulary-parallel logits: the same greedy-free sample as one rank.
+    CHECK(run->sample == reference.sample);
+  }
+  CHECK(stage0.losses.back() < stage0.losses.front() - 0.5);
+  // The same sums at both stages (ZeRO over the data-parallel group only).
+  CHECK(stage2.losses == stage0.losses);
+  CHECK(stage3.losses == stage0.losses);
+  // Each rank holds about half of the model: the attention, MLP and embedding slices.
+  CHECK(stage0.modelStateGb.back() < 0.7 * reference.modelStateGb.back());
+}
+
+TEST_CASE("tensor-parallel checkpoints resume exactly at their layout and refuse another",
+          "[dist][tensor][checkpoint]") {
+  auto ctx = world();
+  std::string tag = std::to_string(ctx->rank());
+  Run straight = trainRun(ctx, "tp-resume-straight", 1, {"parallel.tensor=2", "checkpoint.save_interval=10"});
+  fs::path saved = fs::path(straight.checkpoint).parent_path() / "step-10";
+  Run resumed =
+      trainRun(ctx, "tp-resume-again", 1, {"parallel.tensor=2", "checkpoint.load=" + saved.string()});
+  // At stage 3 each rank's pieces are its shard of its slices.
+  Run straight3 =
+      trainRun(ctx, "tp-resume-straight3", 3, {"parallel.tensor=2", "checkpoint.save_interval=10"});
+  fs::path saved3 = fs::path(straight3.checkpoint).parent_path() / "step-10";
+  Run resumed3 =
+      trainRun(ctx, "tp-resume-again3", 3, {"parallel.tensor=2", "checkpoint.load=" + saved3.string()});
+  // One rank alone cannot take the slices. A resume takes parallel.tensor 2 from the checkpoint, which one
+  // rank cannot split; the weights alone at parallel.tensor 1 are refused naming the checkpoint's layout.
+  auto refusal = [&](const std::string& name, const std::vector<std::string>& sets) {
+    try {
+      trainRun(alone(), name + "-" + tag, 0, sets);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string resume = refusal("tp-resume-single", {"checkpoint.load=" + saved.string()});
+  std::string weights =
+      refusal("tp-weights-single", {"checkpoint.load=" + saved.string(), "checkpoint.load_model_only=true"});
+  if (!ctx->isMain()) return;
+  CHECK(straight.losses.size() == 20);
+  CHECK(resumed.losses.size() == 10);
+  std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
+  CHECK(resumed.losses == tail);
+  CHECK(resumed3.losses.size() == 10);
+  CHECK(resumed3.losses == std::vector<double>(straight3.losses.begin() + 10, straight3.losses.end()));
+  // strata generate and convert read whole parameters: the slices joined, each rank's slice of them where it
+  // belongs, the whole parameters once, every one in the one-rank model's shape.
+  std::map<std::string, Tensor> whole = train::loadModelShards(saved.string());
+  train::ChunkCheckpointReader reader(saved.string());
+  auto saved1 = [&](const std::string& name) {
+    const auto& p = reader.parameters().at("tp1/" + name);
+    Tensor t = Tensor::empty(p.shape, p.dtype, Device::cpu());
+    reader.readParameter("tp1/" + name, t.data());
+    return t.toVector<float>();
+  };
+  CHECK(whole.at("h.0.attn.qkv.weight").shape() == Shape{32, 96});
+  CHECK(whole.at("wte.weight").shape() == Shape{256, 32});
+  CHECK(whole.at("h.1.mlp.proj.weight").shape() == Shape{128, 32});
+  CHECK(whole.count("tp0/wte.weight") == 0);
+  CHECK(nn::columnSlice(whole.at("h.0.attn.qkv.weight"), 3, 2, 1).toVector<float>() ==
+        saved1("h.0.attn.qkv.weight"));
+  CHECK(whole.at("wte.weight").narrow(0, 128, 128).contiguous().toVector<float>() == saved1("wte.weight"));
+  CHECK(whole.at("h.1.mlp.proj.weight").narrow(0, 64, 64).contiguous().toVector<float>() ==
+        saved1("h.1.mlp.proj.weight"));
+  CHECK(whole.at("h.1.ln_2.weight").toVector<float>() == saved1("h.1.ln_2.weight"));
+  // One rank with the joined weights of the last checkpoint samples what the tensor-parallel run sampled.
+  std::string last = straight.checkpoint;
+  config::Config c = interop::checkpointConfig(last);
+  std::shared_ptr<data::Objective> objective = data::makeObjective(c, Device::cpu());
+  std::map<std::string, Tensor> lastWeights = train::loadModelShards(last);
+  for (auto& [name, p] : objective->model().namedParameters()) ops::copy(p, lastWeights.at(name));
+  std::optional<data::Generation> g = objective->generate(
+      c.train.samplePrompt, data::GenerateOptions{c.train.sampleLength, -1, 40, c.train.seed}, DType::F32);
+  REQUIRE(g.has_value());
+  CHECK(!straight.sample.empty());
+  CHECK(g->text == straight.sample);
+  INFO(resume << "\n" << weights);
+  CHECK(contains(resume, "parallel.tensor (2) must divide the number of ranks (1)"));
+  CHECK(contains(weights,
+                 "was saved with parallel.tensor: 2 on " + std::to_string(ctx->worldSize()) + " ranks"));
+  CHECK(contains(weights, "this run has parallel.tensor: 1 on 1 rank"));
+}
+
+TEST_CASE("parallel.tensor is refused where it does not fit and the error names the key", "[dist][tensor]") {
+  auto ctx = world();
+  auto refusal = [&](const std::string& name, int stage, std::vector<std::string> sets) {
+    try {
+      trainRun(ctx, name, stage, sets);
+    } catch (const train::ReportedByRankZero&) {
+      return std::string("reported by rank 0");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string notDividing = refusal("tp-3", 0, {"parallel.tensor=3"});
+  std::string heads = refusal("tp-heads", 0, {"parallel.tensor=2", "model.num_attention_heads=1"});
+  std::string moe = refusal("tp-moe", 0, {"parallel.tensor=2", "model.moe_num_experts=2"});
+  std::string sequence = refusal("sp-alone", 0, {"parallel.sequence_parallel=true"});
+  if (!ctx->isMain()) {
+    CHECK(notDividing == "reported by rank 0");
+    return;
+  }
+  INFO(notDividing << "\n" << heads << "\n" << moe << "\n" << sequence);
+  CHECK(contains(notDividing, "parallel.tensor (3) must divide the number of ranks"));
+  CHECK(contains(heads, "parallel.tensor (2) must divide model.num_attention_heads (1)"));
+  CHECK(contains(moe, "mixture-of-experts layers (model.moe_num_experts) is not supported yet"));
+  CHECK(contains(sequence, "parallel.sequence_parallel splits the sequence over a tensor-parallel group"));
 }
