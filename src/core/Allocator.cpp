@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 
+#include "core/StreamUses.h"
 #include "core/cuda/CudaContext.h"
 #include "strata/core/Error.h"
 
@@ -375,27 +376,14 @@ void BlockCachingAllocator::recordStream(void* ptr, const Stream& stream) {
   auto it = liveBlocks_.find(ptr);
   STRATA_CHECK(it != liveBlocks_.end(), "{}: recordStream on a pointer that is not a live block", name_);
   LiveBlock& block = it->second;
-  if (stream.id() == block.stream) return;
-  for (const Stream& s : block.uses)
-    if (s == stream) return;
-  block.uses.push_back(stream);
+  detail::addStreamUse(block.uses, block.stream, stream);
 }
 
 void BlockCachingAllocator::reapPendingLocked(bool wait) {
   size_t kept = 0;
   for (size_t i = 0; i < pending_.size(); ++i) {
     PendingBlock& p = pending_[i];
-    auto& fences = p.fences;
-    for (size_t f = 0; f < fences.size();) {
-      if (wait) fences[f]->wait();
-      if (wait || fences[f]->done()) {
-        fences[f] = std::move(fences.back());
-        fences.pop_back();
-      } else {
-        ++f;
-      }
-    }
-    if (fences.empty()) {
+    if (detail::retireFences(p.fences, wait)) {
       freeBlocks_.emplace(PoolKey{p.stream, p.size}, p.ptr);
       stats_.pendingBytes -= p.size;
     } else {

@@ -4,6 +4,7 @@
 #include <iterator>
 #include <utility>
 
+#include "core/StreamUses.h"
 #include "strata/core/Error.h"
 
 namespace strata {
@@ -256,27 +257,14 @@ void ExpandableAllocator::recordStream(void* ptr, const Stream& stream) {
   auto it = live_.find(ptr);
   STRATA_CHECK(it != live_.end(), "{}: recordStream on a pointer that is not a live block", name_);
   LiveBlock& live = it->second;
-  if (stream.id() == live.stream) return;
-  for (const Stream& s : live.uses)
-    if (s == stream) return;
-  live.uses.push_back(stream);
+  detail::addStreamUse(live.uses, live.stream, stream);
 }
 
 void ExpandableAllocator::reapPendingLocked(bool wait) {
   size_t kept = 0;
   for (size_t i = 0; i < pending_.size(); ++i) {
     PendingBlock& p = pending_[i];
-    auto& fences = p.fences;
-    for (size_t f = 0; f < fences.size();) {
-      if (wait) fences[f]->wait();
-      if (wait || fences[f]->done()) {
-        fences[f] = std::move(fences.back());
-        fences.pop_back();
-      } else {
-        ++f;
-      }
-    }
-    if (fences.empty()) {
+    if (detail::retireFences(p.fences, wait)) {
       stats_.pendingBytes -= segments_[p.segment]->blocks.at(p.offset).size;
       freeBlockLocked(p.segment, p.offset);
     } else {
