@@ -82,7 +82,7 @@ class MemoryPurpose {
 
 class OutOfMemory : public Error {
  public:
-  // `memory`: the allocator's name ("cuda-caching:0", "host", ...); `figures`: its figures at the failure.
+  // `memory`: the allocator's name ("cuda:0", "host", ...); `figures`: its figures at the failure.
   OutOfMemory(const std::string& memory, Device device, size_t bytes, std::string figures);
   // The same failure with what the caller knows added to its message (what holds the memory, what to change).
   OutOfMemory(const OutOfMemory& cause, const std::string& explanation);
