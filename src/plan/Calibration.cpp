@@ -193,6 +193,16 @@ Calibration measuredH200() {
   return c;
 }
 
+Calibration measuredH200x8() {
+  Calibration c = measuredH200();
+  c.host = "reference 8-GPU H200";
+  c.deviceName = "NVIDIA H200 (reference, 8 on one machine)";
+  c.hostMemoryBytes = 560ull << 30;
+  c.nvmeFreeBytes = 235ull << 30;
+  c.cpuThreads = 128;
+  return c;
+}
+
 SsdRates measureSsd(const std::string& directory, uint64_t bytes, uint64_t blockBytes) {
   namespace fs = std::filesystem;
   STRATA_USER_CHECK(blockBytes >= 4096 && blockBytes % 4096 == 0,
@@ -359,7 +369,16 @@ MachineChoice chooseMachine(const std::string& machine, const std::string& calib
     out.source = "the reference H200, measured (--machine h200)";
     return out;
   }
-  STRATA_USER_CHECK(machine == "here", "--machine is '{}': use here (this machine) or h200", machine);
+  if (machine == "h200x8") {
+    out.calibration = measuredH200x8();
+    out.source = "the reference 8-GPU H200 machine (--machine h200x8)";
+    out.notes.push_back(
+        "the 8-GPU machine's memory, disk and cores are its own; its rates (GEMM, PCIe, CPU AdamW per "
+        "machine, "
+        "SSD) are the one-GPU H200's, not measured there");
+    return out;
+  }
+  STRATA_USER_CHECK(machine == "here", "--machine is '{}': use here (this machine), h200 or h200x8", machine);
   if (!calibrationPath.empty()) {
     std::optional<Calibration> file = readCalibration(calibrationPath);
     STRATA_USER_CHECK(file.has_value(), "no calibration file {}", calibrationPath);

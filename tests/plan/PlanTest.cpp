@@ -254,8 +254,10 @@ TEST_CASE("plan: the delayed SSD update's host reserve, as the engine leaves it"
   plan::PlanOptions options = roundMachine();
   options.calibration->hostMemoryBytes = 100ull << 30;  // a 90 GiB automatic host budget
   options.calibration->nvmeFreeBytes = 1000ull << 30;
-  std::vector<std::string> overrides{"model.seq_length=512", "train.micro_batch_size=4",
-                                     "train.global_batch_size=4", "zero_optimization.nvme_path=/x",
+  std::vector<std::string> overrides{"model.seq_length=512",
+                                     "train.micro_batch_size=4",
+                                     "train.global_batch_size=4",
+                                     "zero_optimization.nvme_path=/x",
                                      "zero_optimization.offload_optimizer.device=cpu",
                                      "precision.grad_accum_dtype=fp32"};
   plan::ModelStatePlan plain = plan::planModelState(configFile("gpt3-13b.yaml", overrides), options);
@@ -559,7 +561,7 @@ TEST_CASE("strata plan uses a calibration file only for the machine it describes
   // Explicitly: any file, and the H200.
   CHECK(plan::chooseMachine("here", file.string(), "").source == file.string());
   CHECK(plan::chooseMachine("h200", "", "").calibration.host == "reference H200");
-  CHECK(test::errorOf([] { plan::chooseMachine("laptop", "", ""); }).find("use here") != std::string::npos);
+  CHECK(test::errorOf([] { plan::chooseMachine("laptop", "", ""); }).find("h200x8") != std::string::npos);
   unsetenv("STRATA_CALIBRATION");
 }
 
@@ -687,4 +689,33 @@ TEST_CASE("the automatic host budget leaves the system its reserve and the store
   plan::ModelStatePlan p = plan::planModelState(configFile("gpt3-1.3b.yaml"), o);
   CHECK(p.budgets.host == 64 * GiB - 9 * GiB - 128 * MiB);
   CHECK(plan::formatPlan(p).find("of headroom for the system") != std::string::npos);
+}
+
+TEST_CASE("strata plan --machine h200x8 --ranks 8 fits a GPT of 100B parameters with AdamW at ZeRO stage 3",
+          "[train][plan]") {
+  plan::MachineChoice box = plan::chooseMachine("h200x8", "", "");
+  CHECK(box.calibration.hostMemoryBytes == 560ull << 30);
+  CHECK(box.calibration.nvmeFreeBytes == 235ull << 30);
+  CHECK(box.calibration.deviceMemoryBytes == plan::measuredH200().deviceMemoryBytes);
+  REQUIRE(box.notes.size() == 1);  // its rates are the one-GPU machine's, and the plan says so
+  plan::PlanOptions options;
+  options.ranks = 8;
+  options.calibration = box.calibration;
+  // configs/gpt3-20b-store.yaml's store (bf16 gradient buffers, m and v in bf16 on the SSD), 93 layers of
+  // width 9472: 100.6B parameters, each rank a shard of the state across its GPU, host share and SSD share.
+  std::vector<std::string> overrides{"zero_optimization.stage=3", "train.global_batch_size=16",
+                                     "model.num_layers=93", "model.hidden_size=9472",
+                                     "model.num_attention_heads=74"};
+  config::Config c = configFile("gpt3-20b-store.yaml", overrides);
+  REQUIRE(models::numParameters(config::modelSpecFrom(c, Device::cpu())) > 100'000'000'000);
+  plan::ModelStatePlan p = plan::planModelState(c, options);
+  INFO(plan::formatPlan(p));
+  REQUIRE(p.fits);
+  CHECK(p.ranksPerNode == 8);
+  CHECK(p.hostShareBytes == 70ull << 30);
+  for (int t : {int(zero::Tier::Device), int(zero::Tier::Host), int(zero::Tier::Nvme)})
+    CHECK(p.placement.bytes[t] > 0);
+  // On the one-GPU machine's memory split eight ways the same model does not fit.
+  options.calibration = plan::measuredH200();
+  CHECK(!plan::planModelState(c, options).fits);
 }

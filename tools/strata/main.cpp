@@ -670,7 +670,8 @@ int main(int argc, char** argv) {
   plan->add_option(
       "--machine", planMachine,
       "the machine to plan for: here (default: this machine, with its calibration file when it has "
-      "one) or h200 (the reference H200, measured)");
+      "one), h200 (the reference H200, measured) or h200x8 (the 8-GPU H200 machine: its memory, disk and "
+      "cores, the H200's rates)");
   plan->add_option("--calibration", calibrationPath,
                    "calibration file (default $STRATA_CALIBRATION or ~/.cache/strata/calibration.json)");
 

@@ -45,6 +45,10 @@ std::optional<Calibration> readCalibration(const std::string& path);
 // The H200 machine's figures measured on the reference H200 (2026-11-29): what `strata
 // plan` assumes for a field no calibration file gives.
 Calibration measuredH200();
+// The 8-GPU H200 machine (8 x 139 GiB of device memory, 560 GiB of host memory, 235 GiB of disk, 128 cores):
+// its sizes, with measuredH200()'s rates, which that machine has not measured. `strata plan --machine h200x8
+// --ranks 8` plans a job on it (the ranks split its host memory, disk and cores).
+Calibration measuredH200x8();
 
 struct SsdRates {
   double writeGBs = 0, readGBs = 0;
@@ -64,11 +68,11 @@ Calibration probeMachine(const std::string& nvmePath);
 // This machine's host name.
 std::string thisHostName();
 
-// The machine `strata plan` plans for, and where its figures came from. `machine` is "here" or "h200"
-// (the reference H200). Here: an explicit `calibrationPath` is used as it is; otherwise the default
-// calibration file when it describes this host (its rates, with what probeMachine reads filling its gaps),
-// else probeMachine alone (the plan then takes the rates from the H200, and `notes` say so). A calibration
-// file of another host is never used for this one.
+// The machine `strata plan` plans for, and where its figures came from. `machine` is "here", "h200"
+// (the reference H200) or "h200x8" (the 8-GPU machine). Here: an explicit `calibrationPath` is used as it is;
+// otherwise the default calibration file when it describes this host (its rates, with what probeMachine reads
+// filling its gaps), else probeMachine alone (the plan then takes the rates from the H200, and `notes` say
+// so). A calibration file of another host is never used for this one.
 struct MachineChoice {
   Calibration calibration;
   std::string source;
