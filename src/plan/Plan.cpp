@@ -709,11 +709,13 @@ std::string formatPlan(const ModelStatePlan& p) {
   out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "optimizer chunks", chunksOn[0], chunksOn[1],
                      chunksOn[2]);
   out << "working memory on the " << (p.onGpu ? "device" : "host") << " (not model state):\n";
+  // Several ranks reduce into fp32 shards whatever the buffers' dtype (PlacementInputs.cpp).
+  bool shardsAtPeak = p.accumulation == 1 && p.inputs.stage >= 2 && p.inputs.ranks > 1;
   out << fmt::format("  {:<22} {:>12}  {}, {}\n", "gradient buffers", gib(p.gradientPeakBytes),
-                     dtypeName(p.inputs.gradientDType),
-                     p.accumulation > 1                   ? "every chunk, kept across the micro-batches"
-                     : p.inputs.stage >= 2 && p.ranks > 1 ? "this rank's shards and two chunks in flight"
-                                                          : "every chunk, from backward to the update");
+                     dtypeName(shardsAtPeak ? DType::F32 : p.inputs.gradientDType),
+                     p.accumulation > 1 ? "every chunk, kept across the micro-batches"
+                     : shardsAtPeak     ? "this rank's shards and two chunks in flight"
+                                        : "every chunk, from backward to the update");
   out << fmt::format("  {:<22} {:>12}  one micro-batch of {}\n", "activations", gib(p.activations.bytes),
                      p.microBatch);
   for (const ActivationTerm& t : p.activations.terms)

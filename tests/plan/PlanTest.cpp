@@ -713,6 +713,8 @@ TEST_CASE("strata plan --machine h200x8 --ranks 8 fits a GPT of 100B parameters 
   REQUIRE(p.fits);
   CHECK(p.ranksPerNode == 8);
   CHECK(p.hostShareBytes == 70ull << 30);
+  // bf16 buffers, but the ranks reduce them into fp32 shards, which is what the step holds at its peak.
+  CHECK(plan::formatPlan(p).find("f32, this rank's shards and two chunks in flight") != std::string::npos);
   for (int t : {int(zero::Tier::Device), int(zero::Tier::Host), int(zero::Tier::Nvme)})
     CHECK(p.placement.bytes[t] > 0);
   // On the one-GPU machine's memory split eight ways the same model does not fit.
