@@ -72,7 +72,7 @@ std::string stateKindName(StateKind kind, DType compute, const std::string& opti
 }
 
 ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b, DType compute, bool onGpu,
-                                       const std::string& recompute) {
+                                       const std::string& recompute, int tensor, bool sequenceParallel) {
   ActivationEstimate a;
   uint64_t e = dtypeSize(compute);
   a.assumptions.push_back(
@@ -82,8 +82,12 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
   // `stream`: the bytes of one element of the stream between blocks (e, or 4 for BERT's fp32 stream).
   auto blocks = [&](int64_t layers, uint64_t layer, int64_t tokens, int64_t hidden, int64_t ffn,
                     uint64_t stream = 0) {
+    // Under tensor parallelism a rank keeps its part of the stream (the sequence's part with sequence
+    // parallelism) and its columns of the MLP's activation (over the whole sequence).
+    int64_t streamTokens = tensor > 1 && sequenceParallel ? tokens / tensor : tokens;
+    if (tensor > 1) ffn /= tensor;
     if (recompute == "full")
-      return uint64_t(layers) * 2 * (stream > 0 ? stream : e) * uint64_t(tokens * hidden) + layer;
+      return uint64_t(layers) * 2 * (stream > 0 ? stream : e) * uint64_t(streamTokens * hidden) + layer;
     if (recompute == "selective") return uint64_t(layers) * (layer - e * uint64_t(tokens * ffn));
     return uint64_t(layers) * layer;
   };
@@ -109,10 +113,30 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
       bool fused = onGpu && (g.dropout == 0 || fusedAttentionDropout()) && flashHeadDim(headDim);
       uint64_t layer = blockBytes(e, t, g.hiddenSize, g.hiddenSize, g.ffn());
       uint64_t scores = fused ? 0 : scoresBytes(e, b, g.numHeads, g.seqLength, g.seqLength, g.dropout > 0);
+      int64_t T = std::max(1, tensor);
+      if (T > 1) {
+        // The heads' part (q, k, v, attention's output, 4 x inner) and the MLP's (2 x ffn) split; the
+        // stream's (4 x hidden: the norms' inputs and outputs) split too under sequence parallelism.
+        uint64_t whole = e * uint64_t(t) * uint64_t(4 * g.hiddenSize);
+        layer = (sequenceParallel ? whole / uint64_t(T) : whole) + (layer - whole) / uint64_t(T);
+        scores /= uint64_t(T);
+        a.assumptions.push_back(fmt::format("parallel.tensor {}{}: a rank's share", T,
+                                            sequenceParallel ? " with sequence parallelism" : ""));
+      }
       a.terms.push_back({fmt::format("{} blocks x {}", g.numLayers, gib(layer + scores)),
                          blocks(g.numLayers, layer + scores, t, g.hiddenSize, g.ffn())});
-      a.terms.push_back({"final norm, chunked LM head and loss",
-                         e * uint64_t(t * g.hiddenSize) + chunkedHeadBytes(e, t, g.hiddenSize, g.vocabSize)});
+      if (T > 1) {
+        // The vocabulary-parallel head: the final norm's output gathered whole, its gradient, the fp32
+        // gradient of this rank's rows of the table, and the [tokens, V/T] logits its loss keeps.
+        int64_t vocabRows = g.vocabSize / T;
+        a.terms.push_back({"final norm, vocabulary-parallel LM head and loss",
+                           3 * e * uint64_t(t * g.hiddenSize) + 4 * uint64_t(vocabRows * g.hiddenSize) +
+                               e * uint64_t(t) * uint64_t(vocabRows)});
+      } else {
+        a.terms.push_back(
+            {"final norm, chunked LM head and loss",
+             e * uint64_t(t * g.hiddenSize) + chunkedHeadBytes(e, t, g.hiddenSize, g.vocabSize)});
+      }
       attentionNote(fused, composedReason(g.dropout, headDim, nullptr));
       break;
     }
@@ -234,7 +258,9 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   p.inputs = modelStateInputs(c, p.ranks, p.compute);
   const ModelStateInputs& in = p.inputs;
   p.optimizer = c.optimizer.type;
-  p.activations = estimateActivations(p.spec, p.microBatch, p.compute, p.onGpu, c.train.recompute);
+  int tensor = int(std::max<int64_t>(1, c.parallel.tensor));
+  p.activations = estimateActivations(p.spec, p.microBatch, p.compute, p.onGpu, c.train.recompute, tensor,
+                                      c.parallel.sequenceParallel);
   // Gradient buffers: every chunk's while backward accumulates; after the last backward's reduce-scatter
   // (stage >= 2, several ranks) only the shards and two chunks in flight.
   bool shardedGrads = in.stage >= 2 && in.ranks > 1;
@@ -413,11 +439,28 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
                        fmt::format("{:.3g} elements x {:.0f} B at {:.1f} TB/s", double(deviceElems),
                                    kDeviceUpdateBytesPerElem, kDeviceUpdateGBs / 1000),
                        false});
-  if (p.ranks > 1) {
+  if (tensor > 1) {
+    // Megatron's tensor parallelism: per block one all-reduce of the micro-batch's [B, S, hidden] stream
+    // after attention and one after the MLP, in the forward and (f) in the backward, and the forward's again
+    // under full recomputation; sequence parallelism swaps each for an all-gather and a reduce-scatter of
+    // the same volume. A ring moves 2 (T-1)/T of the buffer per all-reduce; the steps wait for them.
+    double buffer = double(dtypeSize(p.compute)) * double(p.microBatch) * double(p.spec.seqLength) *
+                    double(p.spec.hiddenSize);
+    double perBlock = p.recompute == "full" ? 6 : 4;
+    double moved = 2.0 * double(tensor - 1) / double(tensor) * buffer * perBlock * double(p.spec.numLayers) *
+                   double(p.accumulation);
+    p.terms.push_back(
+        {"TP collectives", moved / (kCollectiveBusGBs * 1e9),
+         fmt::format("{:.3g} B over NVLink at {:.0f} GB/s bus bandwidth, {} all-reduces a block "
+                     "per micro-batch",
+                     moved, kCollectiveBusGBs, int(perBlock)),
+         false});
+  }
+  if (in.ranks > 1) {
     // Per rank, a ring moves (N-1)/N of the buffer per pass: all-reduce two passes of fp32 gradients (stage
     // 0); reduce-scatter of fp32 gradients and all-gather of the 16-bit parameters (1 and 2); stage 3 also
-    // gathers the parameters in each micro-batch's forward and backward.
-    double share = double(p.ranks - 1) / double(p.ranks), paramBytes = 0;
+    // gathers the parameters in each micro-batch's forward and backward. N: the data-parallel ranks.
+    double share = double(in.ranks - 1) / double(in.ranks), paramBytes = 0;
     for (int64_t padded : in.paddedElems) paramBytes += double(padded) * double(dtypeSize(p.compute));
     double gradBytes = double(in.gradientBytes);
     double moved = in.stage == 0 ? 2 * gradBytes : gradBytes + paramBytes;
@@ -756,6 +799,84 @@ std::string formatPlan(const ModelStatePlan& p) {
       out << "  bound by       compute\n";
   }
   notes();
+  return out.str();
+}
+
+const StepTerm* LayoutPlan::longest() const {
+  const StepTerm* out = nullptr;
+  for (const StepTerm& t : plan.terms)
+    if (out == nullptr || t.seconds > out->seconds) out = &t;
+  return out;
+}
+
+std::vector<LayoutPlan> planLayouts(const config::Config& c, const PlanOptions& options) {
+  int ranks = std::max(1, options.ranks);
+  int perMachine = options.ranksPerNode > 0 ? std::min(options.ranksPerNode, ranks) : ranks;
+  models::ModelSpec spec = config::modelSpecFrom(c, Device::cpu());
+  std::vector<LayoutPlan> out;
+  for (int t = 1; t <= perMachine; ++t) {
+    if (perMachine % t != 0 || ranks % t != 0) continue;
+    LayoutPlan l;
+    l.tensor = t;
+    l.data = ranks / t;
+    if (t > 1) {
+      if (c.model.arch != "gpt")
+        l.invalid = fmt::format("tensor parallelism splits gpt only, not {}", c.model.arch);
+      else if (c.model.moeNumExperts > 0)
+        l.invalid = "tensor parallelism with mixture-of-experts layers is not supported";
+      else if (spec.numHeads % t != 0 || spec.ffnHiddenSize % t != 0 || spec.vocabSize % t != 0)
+        l.invalid = fmt::format("{} heads, MLP width {} and vocabulary {} do not all split {} ways",
+                                spec.numHeads, spec.ffnHiddenSize, spec.vocabSize, t);
+    }
+    if (l.invalid.empty()) {
+      config::Config layout = c;
+      layout.parallel.tensor = t;
+      layout.parallel.sequenceParallel = t > 1 && c.parallel.sequenceParallel;
+      // The global batch as configured, or one micro-batch per data-parallel rank.
+      if (!c.train.globalBatchSizeSet) {
+        layout.train.globalBatchSize =
+            c.train.microBatchSize * std::max(1, ranks / std::max(1, int(c.parallel.tensor)));
+        layout.train.globalBatchSizeSet = true;
+      }
+      l.plan = planModelState(layout, options);
+    }
+    out.push_back(std::move(l));
+  }
+  auto rank = [](const LayoutPlan& l) {
+    if (!l.invalid.empty()) return 2;
+    return l.plan.fits ? 0 : 1;
+  };
+  std::stable_sort(out.begin(), out.end(), [&](const LayoutPlan& a, const LayoutPlan& b) {
+    if (rank(a) != rank(b)) return rank(a) < rank(b);
+    return rank(a) == 0 && a.plan.serialSeconds < b.plan.serialSeconds;
+  });
+  return out;
+}
+
+std::string formatLayouts(const std::vector<LayoutPlan>& layouts) {
+  std::ostringstream out;
+  out << fmt::format("layouts (NOTE [Layouts] in plan/Plan.h; pipeline parallelism not weighed):\n");
+  out << fmt::format("  {:<4} {:>6} {:>6} {:>10} {:>12} {:>12} {:>9}  {}\n", "", "tensor", "data",
+                     "recompute", "step", "TFLOP/s/GPU", "peak GiB", "bound");
+  int best = 0;
+  for (const LayoutPlan& l : layouts) {
+    if (!l.invalid.empty()) {
+      out << fmt::format("  {:<4} {:>6} {:>6}  cannot split: {}\n", "", l.tensor, l.data, l.invalid);
+      continue;
+    }
+    const ModelStatePlan& p = l.plan;
+    if (!p.fits) {
+      out << fmt::format("  {:<4} {:>6} {:>6}  does not fit: {}\n", "", l.tensor, l.data, p.refusal);
+      continue;
+    }
+    std::string mark = ++best <= 3 ? fmt::format("#{}", best) : "";
+    const StepTerm* bound = l.longest();
+    double tflops = p.serialSeconds > 0 ? p.flopsPerStep / p.serialSeconds / 1e12 : 0;
+    out << fmt::format("  {:<4} {:>6} {:>6} {:>10} {:>11.2f}s {:>12.0f} {:>9.1f}  {}\n", mark, l.tensor,
+                       l.data, p.recompute, p.serialSeconds, tflops,
+                       double(p.devicePeakBytes) / double(1ull << 30),
+                       bound ? fmt::format("{} {:.2f} s", bound->name, bound->seconds) : std::string("-"));
+  }
   return out.str();
 }
 

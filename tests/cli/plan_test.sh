@@ -38,6 +38,14 @@ grep -Eq "^  SSD " <<<"$out" && grep -Eq "^  optimizer chunks +[0-9]+ +[0-9]+ +[
 out=$("$strata" plan "$configs/gpt3-1.3b.yaml" --machine h200 --ranks 2 --set zero_optimization.stage=2 2>&1)
 grep -Eq "^  collectives " <<<"$out" ||
   { echo "FAIL: no collectives term at 2 ranks: $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
+# Tensor parallelism: a split the ranks cannot take is refused; --layouts weighs every split and marks the best.
+out=$("$strata" plan "$configs/gpt3-1.3b.yaml" --machine h200 --ranks 3 --set parallel.tensor=2 2>&1)
+[ $? -eq 1 ] && grep -q "parallel.tensor (2) must divide the number of ranks (3)" <<<"$out" ||
+  { echo "FAIL: parallel.tensor 2 on 3 ranks was planned: $(echo "$out" | tail -2)" >&2; failures=$((failures + 1)); }
+out=$("$strata" plan "$configs/gpt3-13b.yaml" --machine h200x8 --ranks 8 --layouts --set model.seq_length=512 \
+  --set train.global_batch_size=64 2>&1)
+[ $? -eq 0 ] && grep -Eq "^  #1 +[0-9]+ +[0-9]+ " <<<"$out" && grep -q "TP collectives" <<<"$out" ||
+  { echo "FAIL: no best layout: $(echo "$out" | tail -6)" >&2; failures=$((failures + 1)); }
 # The CPU run on a machine of 23.5 GiB: gpt-nano plans in fp32 on the CPU; the 1.3B model (14.7 GiB of state and
 # about 100 GiB of activations) is refused before any allocation, naming the memory.
 export STRATA_HOST_MEMORY_GB=23.5

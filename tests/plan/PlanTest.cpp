@@ -721,3 +721,71 @@ TEST_CASE("strata plan --machine h200x8 --ranks 8 fits a GPT of 100B parameters 
   options.calibration = plan::measuredH200();
   CHECK(!plan::planModelState(c, options).fits);
 }
+
+TEST_CASE("strata plan --layouts weighs every tensor x data split of the ranks, the fastest that fits first",
+          "[train][plan]") {
+  // NOTE [Layouts] in plan/Plan.h.
+  plan::PlanOptions options;
+  options.ranks = 8;
+  options.calibration = plan::measuredH200x8();
+  config::Config c = configFile("gpt3-13b.yaml", {"model.seq_length=512", "train.global_batch_size=64"});
+  std::vector<plan::LayoutPlan> layouts = plan::planLayouts(c, options);
+  INFO(plan::formatLayouts(layouts));
+  REQUIRE(layouts.size() == 4);
+  std::set<int> tensors;
+  for (const plan::LayoutPlan& l : layouts) {
+    tensors.insert(l.tensor);
+    CHECK(l.tensor * l.data == 8);
+    CHECK(l.invalid.empty());
+    CHECK(l.plan.globalBatch == 64);  // the same batch whatever the split
+  }
+  CHECK(tensors == std::set<int>{1, 2, 4, 8});
+  // Those that fit first, fastest first; the tensor-parallel ones pay their collectives.
+  bool seenUnfit = false;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    if (!layouts[i].plan.fits) seenUnfit = true;
+    CHECK((!seenUnfit || !layouts[i].plan.fits));
+    if (i > 0 && layouts[i].plan.fits)
+      CHECK(layouts[i - 1].plan.serialSeconds <= layouts[i].plan.serialSeconds);
+    bool hasTp = std::any_of(layouts[i].plan.terms.begin(), layouts[i].plan.terms.end(),
+                             [](const plan::StepTerm& t) { return t.name == "TP collectives"; });
+    CHECK(hasTp == (layouts[i].tensor > 1));
+  }
+  REQUIRE(layouts.front().plan.fits);
+  CHECK(plan::formatLayouts(layouts).find("#1") != std::string::npos);
+  // 8-way tensor parallelism sends 7/8 of each all-reduce's buffer twice: more than 2-way's 1/2.
+  auto tp = [&](int t) {
+    for (const plan::LayoutPlan& l : layouts)
+      if (l.tensor == t)
+        for (const plan::StepTerm& term : l.plan.terms)
+          if (term.name == "TP collectives") return term.seconds;
+    return 0.0;
+  };
+  CHECK(tp(8) > tp(2));
+
+  // A model that cannot split 8 ways says why.
+  config::Config nano = configFile("gpt-nano.yaml", {"train.device=cuda"});
+  std::vector<plan::LayoutPlan> small = plan::planLayouts(nano, options);
+  bool named = false;
+  for (const plan::LayoutPlan& l : small)
+    if (l.tensor == 8) named = l.invalid.find("4 heads") != std::string::npos;
+  CHECK(named);
+}
+
+TEST_CASE("a tensor-parallel rank keeps its share of a GPT block's activations", "[train][plan]") {
+  models::ModelSpec spec =
+      config::modelSpecFrom(configFile("gpt3-1.3b.yaml", {"model.seq_length=1024"}), Device::cpu());
+  for (const char* recompute : {"none", "selective", "full"}) {
+    INFO(recompute);
+    uint64_t one = plan::estimateActivations(spec, 4, DType::BF16, true, recompute).bytes;
+    uint64_t two = plan::estimateActivations(spec, 4, DType::BF16, true, recompute, 2).bytes;
+    uint64_t twoSp = plan::estimateActivations(spec, 4, DType::BF16, true, recompute, 2, true).bytes;
+    CHECK(two < one);
+    CHECK(twoSp <= two);
+    CHECK(twoSp > one / 4);
+  }
+  // Without recomputation, sequence parallelism splits the whole block: about half of one rank's.
+  uint64_t blockOne = plan::estimateActivations(spec, 4, DType::BF16, true).terms[0].bytes;
+  uint64_t blockSp = plan::estimateActivations(spec, 4, DType::BF16, true, "none", 2, true).terms[0].bytes;
+  CHECK(blockSp * 2 == blockOne);
+}

@@ -330,9 +330,14 @@ int runCalibrate(const std::string& outPath, const std::string& nvmePath, double
 // (NOTE [Plan model] in plan/Plan.h); a config that does not fit is refused with the largest model of its
 // family that does.
 int runPlan(const std::string& configPath, const std::vector<std::string>& overrides, int ranks,
-            int ranksPerNode, const std::string& machine, const std::string& calibrationPath) {
+            int ranksPerNode, const std::string& machine, const std::string& calibrationPath, bool layouts) {
   STRATA_USER_CHECK(ranks >= 1, "plan: --ranks must be at least 1, got {}", ranks);
   config::Config c = config::loadConfig(configPath, overrides, /*requireData=*/false);
+  STRATA_USER_CHECK(
+      layouts || ranks % std::max<int64_t>(1, c.parallel.tensor) == 0,
+      "{}: parallel.tensor ({}) must divide the number of ranks ({}); plan --ranks a multiple of "
+      "it, or --layouts to weigh every split",
+      configPath, c.parallel.tensor, ranks);
   plan::PlanOptions options;
   options.ranks = ranks;
   options.ranksPerNode = ranksPerNode;
@@ -340,6 +345,19 @@ int runPlan(const std::string& configPath, const std::vector<std::string>& overr
   plan::MachineChoice chosen = plan::chooseMachine(machine, calibrationPath, c.zero.nvmePath);
   options.calibration = chosen.calibration;
   options.calibrationSource = chosen.source;
+  if (layouts) {
+    // NOTE [Layouts] in plan/Plan.h: the best layout's whole plan, then every layout's line.
+    std::vector<plan::LayoutPlan> all = plan::planLayouts(c, options);
+    if (!all.empty() && all.front().invalid.empty() && all.front().plan.fits) {
+      std::printf("%s", plan::formatPlan(all.front().plan).c_str());
+      for (const std::string& note : chosen.notes) std::printf("  - %s\n", note.c_str());
+      std::printf("%s", plan::formatLayouts(all).c_str());
+      std::fflush(stdout);
+      return 0;
+    }
+    std::printf("%s", plan::formatLayouts(all).c_str());
+    std::fflush(stdout);
+  }
   plan::ModelStatePlan plan = plan::planModelState(c, options);
   std::printf("%s", plan::formatPlan(plan).c_str());
   for (const std::string& note : chosen.notes) std::printf("  - %s\n", note.c_str());
@@ -655,6 +673,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
 
   int planRanks = 1, planRanksPerNode = 0;
+  bool planLayouts = false;
   std::string planMachine = "here";
   std::string calibrationPath;
   auto* plan = app.add_subcommand(
@@ -672,6 +691,9 @@ int main(int argc, char** argv) {
       "the machine to plan for: here (default: this machine, with its calibration file when it has "
       "one), h200 (the reference H200, measured) or h200x8 (the 8-GPU H200 machine: its memory, disk and "
       "cores, the H200's rates)");
+  plan->add_flag(
+      "--layouts", planLayouts,
+      "weigh every split of the ranks into tensor x data parallel (gpt) and plan the fastest that fits");
   plan->add_option("--calibration", calibrationPath,
                    "calibration file (default $STRATA_CALIBRATION or ~/.cache/strata/calibration.json)");
 
@@ -786,7 +808,9 @@ int main(int argc, char** argv) {
       STRATA_USER_CHECK(!config.empty(), "bench: give a CONFIG (or --calibrate)");
       return runBench(config, overrides, benchIters, benchProfile);
     }
-    if (*plan) return runPlan(config, overrides, planRanks, planRanksPerNode, planMachine, calibrationPath);
+    if (*plan)
+      return runPlan(config, overrides, planRanks, planRanksPerNode, planMachine, calibrationPath,
+                     planLayouts);
     if (*generate)
       return runGenerate(checkpoint, prompt, tokens, temperatureOption->count() > 0 ? temperature : -1.0,
                          topK, seed, device);

@@ -78,8 +78,13 @@ struct ActivationEstimate {
 };
 // The activations one micro-batch of `microBatch` sequences keeps for its backward (NOTE [Plan model]),
 // with train.recompute `recompute` (none, selective, full; GPT and BERT blocks: T5's are counted whole).
+// `tensor` > 1 (GPT, parallel.tensor): a rank's share under tensor parallelism (NOTE [Tensor parallelism] in
+// nn/TensorParallel.h): the heads' and the MLP's activations split T ways, the stream and the norms' whole,
+// or split along the sequence too with `sequenceParallel`; the vocabulary-parallel head keeps its [tokens,
+// V/T] logits.
 ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t microBatch, DType compute,
-                                       bool onGpu, const std::string& recompute = "none");
+                                       bool onGpu, const std::string& recompute = "none", int tensor = 1,
+                                       bool sequenceParallel = false);
 
 struct StepTerm {
   std::string name;
@@ -168,5 +173,22 @@ std::optional<config::Config> largestFittingModel(const config::Config& config, 
 
 // The plan as the text `strata plan` prints.
 std::string formatPlan(const ModelStatePlan& plan);
+
+// NOTE [Layouts]
+// `strata plan --layouts` weighs the ways `options.ranks` ranks can split a GPT: parallel.tensor T for every
+// T that divides the ranks on one machine (tensor-parallel groups stay inside a machine, on NVLink) and the
+// model's heads, MLP width and vocabulary, with the rest of the ranks data parallel. Each is planned in full
+// (placement, recomputation, step time with the tensor-parallel and data-parallel collectives), and the
+// layouts that fit come first, fastest predicted step first. Pipeline parallelism is not among them.
+struct LayoutPlan {
+  int tensor = 1, data = 1;
+  std::string invalid;  // why the model cannot split T ways (then `plan` is empty)
+  ModelStatePlan plan;
+  // The longest term of the predicted step: what bounds the layout.
+  const StepTerm* longest() const;
+};
+std::vector<LayoutPlan> planLayouts(const config::Config& config, const PlanOptions& options);
+// The table `strata plan --layouts` prints: one row a layout, the best three marked.
+std::string formatLayouts(const std::vector<LayoutPlan>& layouts);
 
 }  // namespace strata::plan
