@@ -160,7 +160,8 @@ Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, con
   // [N, local]: 1 at the target's column, on the rank holding it.
   auto oneHot = [columns, t] { return ops::eq(columns, t); };
   Tensor counted = ops::affine(ops::eq(t, ops::full({1, 1}, double(ignoreIndex), work, device)), -1, 1);
-  Tensor count = ops::sum(counted);
+  // At least one, as linearCrossEntropy has it: a micro-batch with no counted target has loss 0, not NaN.
+  Tensor count = ops::maximum(ops::sum(counted), ops::full({}, 1.0, work, device));
   Tensor lf = ops::to(logits, device, work);
   // The row maxima over the whole vocabulary, then the shifted logits' exponentials summed over it, and the
   // target's shifted logit (zero on the ranks that do not hold it): one all-reduce of [2N].

@@ -269,14 +269,18 @@ void CheckpointPieces::checkOptimizerState(ChunkCheckpointReader& reader) const 
   for (size_t k = 0; same && k < layout_.slots.size(); ++k)
     same = saved.slots[k].name == layout_.slots[k].name && saved.slots[k].chunk == layout_.slots[k].chunk &&
            saved.slots[k].offset == layout_.slots[k].offset;
+  // The ranks that shard the state: the data-parallel ones (the world over parallel.tensor).
   int ranks = state_.groups.ranks();
-  STRATA_USER_CHECK(same && (state_.stage == 0 || reader.state().worldSize == ranks),
-                    "checkpoint {}: its optimizer state was saved with {} (world size {}), and reloads only "
-                    "into the same chunk layout and, at ZeRO stage >= 1, the same world size (this run: {} "
-                    "rank{}); set checkpoint.load_model_only: true to start the optimizer fresh from its "
-                    "weights",
-                    reader.directory(), same ? "these chunks" : "another chunk layout",
-                    reader.state().worldSize, ranks, ranks == 1 ? "" : "s");
+  auto tensor = reader.state().effective.find("parallel.tensor");
+  int64_t savedTensor = tensor == reader.state().effective.end() ? 1 : std::stoll(tensor->second);
+  int64_t savedRanks = reader.state().worldSize / std::max<int64_t>(1, savedTensor);
+  STRATA_USER_CHECK(same && (state_.stage == 0 || savedRanks == ranks),
+                    "checkpoint {}: its optimizer state was saved with {} ({} data-parallel rank{}), and "
+                    "reloads only into the same chunk layout and, at ZeRO stage >= 1, as many data-parallel "
+                    "ranks (this run: {}); set checkpoint.load_model_only: true to start the optimizer fresh "
+                    "from its weights",
+                    reader.directory(), same ? "these chunks" : "another chunk layout", savedRanks,
+                    savedRanks == 1 ? "" : "s", ranks);
 }
 
 void CheckpointPieces::load(ChunkCheckpointReader& reader, bool optimizer) {

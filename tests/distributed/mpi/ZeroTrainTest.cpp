@@ -651,6 +651,16 @@ TEST_CASE("tensor-parallel checkpoints resume exactly at their layout and refuse
   fs::path saved3 = fs::path(straight3.checkpoint).parent_path() / "step-10";
   Run resumed3 =
       trainRun(ctx, "tp-resume-again3", 3, {"parallel.tensor=2", "checkpoint.load=" + saved3.string()});
+  // Adafactor's factored state reloads into its own layout, checked against the data-parallel ranks that
+  // shard it (the world over parallel.tensor).
+  std::vector<std::string> adafactor{"parallel.tensor=2", "optimizer.type=adafactor", "optimizer.lr=0.01"};
+  std::vector<std::string> adafactorSave = adafactor;
+  adafactorSave.push_back("checkpoint.save_interval=10");
+  Run straightA = trainRun(ctx, "tp-resume-adafactor", 1, adafactorSave);
+  std::vector<std::string> adafactorLoad = adafactor;
+  adafactorLoad.push_back("checkpoint.load=" +
+                          (fs::path(straightA.checkpoint).parent_path() / "step-10").string());
+  Run resumedA = trainRun(ctx, "tp-resume-adafactor-again", 1, adafactorLoad);
   // One rank alone cannot take the slices. A resume takes parallel.tensor 2 from the checkpoint, which one
   // rank cannot split; the weights alone at parallel.tensor 1 are refused naming the checkpoint's layout.
   auto refusal = [&](const std::string& name, const std::vector<std::string>& sets) {
@@ -671,6 +681,8 @@ TEST_CASE("tensor-parallel checkpoints resume exactly at their layout and refuse
   CHECK(resumed.losses == tail);
   CHECK(resumed3.losses.size() == 10);
   CHECK(resumed3.losses == std::vector<double>(straight3.losses.begin() + 10, straight3.losses.end()));
+  CHECK(resumedA.losses.size() == 10);
+  CHECK(resumedA.losses == std::vector<double>(straightA.losses.begin() + 10, straightA.losses.end()));
   // strata generate and convert read whole parameters: the slices joined, each rank's slice of them where it
   // belongs, the whole parameters once, every one in the one-rank model's shape.
   std::map<std::string, Tensor> whole = train::loadModelShards(saved.string());
