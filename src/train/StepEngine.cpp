@@ -10,6 +10,7 @@
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
 #include "strata/core/Allocator.h"
+#include "strata/core/Error.h"
 #include "strata/core/Profiler.h"
 #include "strata/ops/Ops.h"
 #include "strata/zero/GradientReducer.h"
@@ -51,7 +52,16 @@ ZeroStepEngine::ZeroStepEngine(data::Objective& objective, const config::Config&
         std::make_unique<zero::ParameterGatherer>(*s.chunks, s.groups, s.parameterShards, objective.model(),
                                                   device, c.zero.prefetchDepth, c.store.arena);
   placeModelState(s, c, compute, shares);
-  reducer_ = std::make_unique<zero::GradientReducer>(*s.chunks, s.groups, s.stage, device);
+  if (c.dist.powersgdRank > 0 && s.stage >= 2)
+    STRATA_USER_FAIL(
+        "dist.powersgd_rank: {} needs ZeRO stage 0 or 1 (zero_optimization.stage is {}: stages 2 and 3 "
+        "reduce-scatter the gradients into shards, and PowerSGD's factors are all-reduced); set "
+        "zero_optimization.stage to 0 or 1, or dist.powersgd_rank to 0",
+        c.dist.powersgdRank, s.stage);
+  powerSgdStart_ = c.dist.powersgdStartIter;
+  reducer_ = std::make_unique<zero::GradientReducer>(
+      *s.chunks, s.groups, s.stage, device,
+      zero::PowerSgdOptions{c.dist.powersgdRank, c.dist.powersgdStartIter, c.train.seed});
   update_ = std::make_unique<ShardedUpdate>(s, c, compute);
   checkpoint_ = std::make_unique<CheckpointPieces>(s);
   schedule_ = std::make_unique<SequentialSchedule>();
@@ -99,6 +109,7 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
     MemoryPurpose purpose("the optimizer step");
     return update_->finish(grads, std::move(stepLoss), lr);
   }();
+  if (!end.outcome.finite) reducer_->dropPowerSgdState();
   reducer_->release();
   profiler::mark("zero grad");
   memlog(device_, "update", ++steps_);
@@ -156,8 +167,22 @@ StepEngineState ZeroStepEngine::state() const {
 }
 
 void ZeroStepEngine::restore(const StepEngineState& s) {
+  // NOTE [PowerSGD] in zero/PowerSgd.h: its Q matrices and error feedback are not in checkpoints. A resume
+  // before PowerSGD starts continues exactly; one after it would start them afresh, so the user decides.
+  if (reducer_->powerSgdStateBytes() > 0 && s.optimizerSteps > powerSgdStart_)
+    STRATA_USER_FAIL(
+        "resuming at optimizer step {} of a run with dist.powersgd_rank: PowerSGD has run since step {} "
+        "(dist.powersgd_start_iter) and its Q matrices and error feedback are not in checkpoints, so the run "
+        "would not continue exactly. With checkpoint.allow_changes: true, resume with dist.powersgd_rank: 0 "
+        "(exact reduction from here), or dist.powersgd_start_iter: {} or more (PowerSGD starts afresh then)",
+        s.optimizerSteps, powerSgdStart_, s.optimizerSteps);
+  reducer_->setSteps(s.optimizerSteps);
   state_->optimizer->setStepCount(s.optimizerSteps);
   update_->restoreScaler(s);
+}
+
+const zero::GradientReducer& ZeroStepEngine::gradientReducer() const {
+  return *reducer_;
 }
 
 const zero::ChunkManager& ZeroStepEngine::chunks() const {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -57,6 +58,7 @@ struct Run {
   std::vector<double> modelStateGb, stateHostGb, stateNvmeGb;
   std::string checkpoint;
   std::string sample;
+  int64_t reducedBytes = 0, reducedBytesPowerSgd = 0;
 };
 
 // A corpus every process (world rank) writes identically to a place of its own, once, whole (by rename): a
@@ -111,6 +113,8 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
   Run run;
   run.checkpoint = result.checkpoint;
   run.sample = result.sample;
+  run.reducedBytes = result.reducedBytes;
+  run.reducedBytesPowerSgd = result.reducedBytesPowerSgd;
   if (!parallel->isMain()) return run;
   std::ifstream in(out / "metrics.jsonl");
   std::string line;
@@ -746,4 +750,80 @@ TEST_CASE("parallel.tensor is refused where it does not fit and the error names 
   CHECK(contains(heads, "parallel.tensor (2) must divide model.num_attention_heads (1)"));
   CHECK(contains(moe, "mixture-of-experts layers (model.moe_num_experts) is not supported yet"));
   CHECK(contains(sequence, "parallel.sequence_parallel splits the sequence over a tensor-parallel group"));
+}
+
+TEST_CASE("PowerSGD at rank 2 trains close to the exact reduction at ZeRO stages 0 and 1, sending less",
+          "[dist][powersgd]") {
+  auto ctx = world();
+  std::vector<std::string> plainSets = {"train.train_iters=30", "train.eval_interval=30"};
+  std::vector<std::string> sets = plainSets;
+  sets.insert(sets.end(), {"dist.powersgd_rank=2", "dist.powersgd_start_iter=5"});
+  Run plain = trainRun(ctx, "powersgd-plain", 0, plainSets);
+  Run stage0 = trainRun(ctx, "powersgd-stage0", 0, sets);
+  Run stage1 = trainRun(ctx, "powersgd-stage1", 1, sets);
+  if (!ctx->isMain()) return;
+  REQUIRE(plain.losses.size() == 30);
+  REQUIRE(stage0.losses.size() == 30);
+  REQUIRE(stage1.losses.size() == 30);
+  std::printf("PowerSGD rank 2 on %d ranks: %lld bytes a step instead of %lld (%.1fx less)\n",
+              ctx->worldSize(), (long long)stage0.reducedBytesPowerSgd, (long long)stage0.reducedBytes,
+              double(stage0.reducedBytes) / double(stage0.reducedBytesPowerSgd));
+  CHECK(plain.reducedBytesPowerSgd == plain.reducedBytes);
+  CHECK(stage0.reducedBytes == plain.reducedBytes);
+  CHECK(3 * stage0.reducedBytesPowerSgd < stage0.reducedBytes);
+  for (const Run* run : {&stage0, &stage1}) {
+    INFO("plain " << Catch::Detail::stringify(plain.losses) << "\nPowerSGD "
+                  << Catch::Detail::stringify(run->losses));
+    // The first 5 steps (and the loss after them) are the exact reduction's, bit for bit at stage 0; then
+    // the losses stay close to the exact reduction's and fall as far.
+    std::vector<double> head(run->losses.begin(), run->losses.begin() + 6);
+    std::vector<double> plainHead(plain.losses.begin(), plain.losses.begin() + 6);
+    if (run == &stage0) CHECK(head == plainHead);
+    CHECK(run->losses[6] != plain.losses[6]);
+    CHECK(worstRelative(run->losses, plain.losses) < 0.02);
+    double first = run->losses.front();
+    double last = (run->losses[27] + run->losses[28] + run->losses[29]) / 3;
+    double plainLast = (plain.losses[27] + plain.losses[28] + plain.losses[29]) / 3;
+    CHECK(last < 0.8 * first);
+    CHECK(last < plainLast * 1.03);
+  }
+}
+
+TEST_CASE("PowerSGD is refused at ZeRO stages 2 and 3 and mid-compression resumes; earlier ones are exact",
+          "[dist][powersgd]") {
+  auto ctx = world();
+  auto refusal = [&](const std::string& name, int stage, std::vector<std::string> sets) {
+    try {
+      trainRun(ctx, name, stage, sets);
+    } catch (const train::ReportedByRankZero&) {
+      return std::string("reported by rank 0");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string stage2 = refusal("powersgd-stage2", 2, {"dist.powersgd_rank=2"});
+  std::string stage3 = refusal("powersgd-stage3", 3, {"dist.powersgd_rank=2"});
+  // Saved at step 10, before PowerSGD starts at 15: the resume continues exactly. Resumed with PowerSGD
+  // from step 5 on, its Q and error feedback would be missing: refused.
+  std::vector<std::string> sets = {"dist.powersgd_rank=2", "dist.powersgd_start_iter=15"};
+  std::vector<std::string> saving = sets;
+  saving.push_back("checkpoint.save_interval=10");
+  Run straight = trainRun(ctx, "powersgd-resume-straight", 1, saving);
+  fs::path saved = fs::path(straight.checkpoint).parent_path() / "step-10";
+  std::vector<std::string> again = sets;
+  again.push_back("checkpoint.load=" + saved.string());
+  Run resumed = trainRun(ctx, "powersgd-resume-again", 1, again);
+  std::string midway = refusal("powersgd-resume-midway", 1,
+                               {"dist.powersgd_rank=2", "dist.powersgd_start_iter=5",
+                                "checkpoint.allow_changes=true", "checkpoint.load=" + saved.string()});
+  if (!ctx->isMain()) return;
+  INFO(stage2 << "\n" << stage3 << "\n" << midway);
+  CHECK(contains(stage2, "dist.powersgd_rank: 2 needs ZeRO stage 0 or 1 (zero_optimization.stage is 2"));
+  CHECK(contains(stage3, "dist.powersgd_rank: 2 needs ZeRO stage 0 or 1 (zero_optimization.stage is 3"));
+  CHECK(contains(midway, "resuming at optimizer step 10 of a run with dist.powersgd_rank"));
+  CHECK(contains(midway, "dist.powersgd_start_iter: 10 or more"));
+  REQUIRE(straight.losses.size() == 20);
+  std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
+  CHECK(resumed.losses == tail);
 }
