@@ -152,11 +152,42 @@ SaveTensors ZeroStepEngine::checkpointModel() const {
 }
 
 SaveTensors ZeroStepEngine::checkpointOptimizer() const {
-  return checkpoint_->optimizer();
+  SaveTensors pieces = checkpoint_->optimizer();
+  // NOTE [PowerSGD] in zero/PowerSgd.h: once it has run, this rank's Q matrices and error feedback of each
+  // chunk, so that a resume continues exactly.
+  for (size_t c = 0; c < state_->chunks->numChunks(); ++c) {
+    int64_t n = reducer_->powerSgdStateElements(c);
+    if (n == 0 || !reducer_->hasPowerSgdState(c)) continue;
+    const zero::GradientReducer* reducer = reducer_.get();
+    pieces.push_back(
+        SaveTensor{chunkPieceName("powersgd", checkpoint_->savedIndex(c), state_->groups.shard(c).begin),
+                   {n},
+                   DType::F32,
+                   [reducer, c] { return reducer->savePowerSgdState(c); }});
+  }
+  return pieces;
 }
 
 void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
   checkpoint_->load(reader, optimizer);
+  powerSgdLoaded_ = false;
+  if (!optimizer || !reader.hasKind("powersgd")) return;
+  std::vector<float> host;
+  for (size_t c = 0; c < state_->chunks->numChunks(); ++c) {
+    int64_t n = reducer_->powerSgdStateElements(c);
+    if (n == 0) continue;
+    host.resize(size_t(n));
+    STRATA_USER_CHECK(
+        reader.readChunkPiece("powersgd", checkpoint_->savedIndex(c), state_->groups.shard(c).begin, n,
+                              host.data()),
+        "checkpoint {} holds PowerSGD state (Q matrices and error feedback) that does not fit this run: it "
+        "was "
+        "saved at another dist.powersgd_rank, number of data-parallel ranks or chunk size. Resume as it was "
+        "saved, or with checkpoint.allow_changes: true and dist.powersgd_rank: 0 (exact reduction from here)",
+        reader.directory());
+    reducer_->loadPowerSgdState(c, Tensor::fromVector<float>(host, {n}));
+    powerSgdLoaded_ = true;
+  }
 }
 
 StepEngineState ZeroStepEngine::state() const {
@@ -167,14 +198,16 @@ StepEngineState ZeroStepEngine::state() const {
 }
 
 void ZeroStepEngine::restore(const StepEngineState& s) {
-  // NOTE [PowerSGD] in zero/PowerSgd.h: its Q matrices and error feedback are not in checkpoints. A resume
-  // before PowerSGD starts continues exactly; one after it would start them afresh, so the user decides.
-  if (reducer_->powerSgdStateBytes() > 0 && s.optimizerSteps > powerSgdStart_)
+  // NOTE [PowerSGD] in zero/PowerSgd.h: past its start, a resume needs the Q matrices and error feedback
+  // (loadState) to continue exactly.
+  if (reducer_->powerSgdStateBytes() > 0 && s.optimizerSteps > powerSgdStart_ && !powerSgdLoaded_)
     STRATA_USER_FAIL(
-        "resuming at optimizer step {} of a run with dist.powersgd_rank: PowerSGD has run since step {} "
-        "(dist.powersgd_start_iter) and its Q matrices and error feedback are not in checkpoints, so the run "
-        "would not continue exactly. With checkpoint.allow_changes: true, resume with dist.powersgd_rank: 0 "
-        "(exact reduction from here), or dist.powersgd_start_iter: {} or more (PowerSGD starts afresh then)",
+        "resuming at optimizer step {} with dist.powersgd_rank, which has run since step {} "
+        "(dist.powersgd_start_iter), from a checkpoint without PowerSGD's state (Q matrices and error "
+        "feedback): the run would not continue exactly. With checkpoint.allow_changes: true, resume with "
+        "dist.powersgd_rank: 0 (exact reduction from here), or dist.powersgd_start_iter: {} or more "
+        "(PowerSGD "
+        "starts afresh then)",
         s.optimizerSteps, powerSgdStart_, s.optimizerSteps);
   reducer_->setSteps(s.optimizerSteps);
   state_->optimizer->setStepCount(s.optimizerSteps);

@@ -90,6 +90,31 @@ void GradientReducer::dropPowerSgdState() {
   if (powerSgd_) powerSgd_->reset();
 }
 
+namespace {
+std::vector<Shape> shapesOf(const std::vector<Tensor>& parameters) {
+  std::vector<Shape> shapes;
+  for (const Tensor& p : parameters) shapes.push_back(p.shape());
+  return shapes;
+}
+}  // namespace
+
+int64_t GradientReducer::powerSgdStateElements(size_t c) const {
+  if (!powerSgd_ || !groups_.communicates(c)) return 0;
+  return PowerSgd::stateElements(shapesOf(chunks_.parameters(c)), powerSgdOptions_.rank);
+}
+
+bool GradientReducer::hasPowerSgdState(size_t c) const {
+  return powerSgd_ && powerSgd_->hasState(c);
+}
+
+Tensor GradientReducer::savePowerSgdState(size_t c) const {
+  return powerSgd_->saveState(c);
+}
+
+void GradientReducer::loadPowerSgdState(size_t c, const Tensor& flat) {
+  powerSgd_->loadState(c, shapesOf(chunks_.parameters(c)), flat, device_);
+}
+
 int64_t GradientReducer::plainElements() const {
   return PowerSgd::sentElements(communicatedShapes(), 0);
 }

@@ -51,6 +51,44 @@ int64_t PowerSgd::stateBytes(const std::vector<Shape>& shapes, int64_t rank) {
   return total;
 }
 
+int64_t PowerSgd::stateElements(const std::vector<Shape>& shapes, int64_t rank) {
+  return stateBytes(shapes, rank) / 4;
+}
+
+Tensor PowerSgd::saveState(size_t key) const {
+  const ListState& st = lists_.at(key);
+  int64_t total = 0;
+  for (const Tensor& t : st.qt) total += t.numel();
+  for (const Tensor& t : st.error) total += t.numel();
+  Tensor flat = Tensor::empty({total}, DType::F32, st.qt.empty() ? Device::cpu() : st.qt[0].device());
+  int64_t at = 0;
+  for (const auto* part : {&st.qt, &st.error})
+    for (const Tensor& t : *part) {
+      ops::copy(flat.narrow(0, at, t.numel()).view(t.shape()), t);
+      at += t.numel();
+    }
+  return flat;
+}
+
+void PowerSgd::loadState(size_t key, const std::vector<Shape>& shapes, const Tensor& flat, Device device) {
+  STRATA_CHECK(flat.numel() == stateElements(shapes, rank_),
+               "PowerSgd: {} state elements for list {}, not {}", flat.numel(), key,
+               stateElements(shapes, rank_));
+  ListState st;
+  int64_t at = 0;
+  auto take = [&](const Shape& shape) {
+    Tensor t = Tensor::empty(shape, DType::F32, device);
+    ops::copy(t, flat.narrow(0, at, numelOf(shape)).view(shape).to(device));
+    at += numelOf(shape);
+    return t;
+  };
+  for (const Shape& s : shapes)
+    if (compresses(s, rank_)) st.qt.push_back(take({rank_, s[1]}));
+  for (const Shape& s : shapes)
+    if (compresses(s, rank_)) st.error.push_back(take(s));
+  lists_[key] = std::move(st);
+}
+
 void PowerSgd::reduce(size_t key, const std::vector<Tensor>& grads, dist::Communicator& comm, Device device) {
   std::vector<size_t> low, exact;
   for (size_t i = 0; i < grads.size(); ++i) (compresses(grads[i].shape(), rank_) ? low : exact).push_back(i);

@@ -207,7 +207,8 @@ class ZeroStepEngine final : public StepEngine {
   DType compute_;
   bool delayedUpdate_ = false;  // store.delayed_update (NOTE [Delayed SSD update] in optim/AdamW.h)
   int64_t steps_ = 0;
-  int64_t powerSgdStart_ = 0;  // dist.powersgd_start_iter
+  int64_t powerSgdStart_ = 0;    // dist.powersgd_start_iter
+  bool powerSgdLoaded_ = false;  // loadState found PowerSGD's state in the checkpoint
   uint64_t firstStepWorking_ = 0;
   // The parts, in the order the start-up makes them; destroyed in reverse, the model state last.
   std::unique_ptr<ModelState> state_;

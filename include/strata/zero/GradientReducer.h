@@ -58,6 +58,13 @@ class GradientReducer {
   // Gradient elements one step sends over the data-parallel group: exactly, and with PowerSGD.
   int64_t plainElements() const;
   int64_t powerSgdElements() const;
+  // Checkpoints: PowerSGD's state of chunk c (its Q matrices and this rank's error feedback) as one flat
+  // fp32 tensor of powerSgdStateElements(c) elements (0: nothing to keep), whether it holds any yet, and
+  // its load.
+  int64_t powerSgdStateElements(size_t c) const;
+  bool hasPowerSgdState(size_t c) const;
+  Tensor savePowerSgdState(size_t c) const;
+  void loadPowerSgdState(size_t c, const Tensor& flat);
   // Bytes of fp32 PowerSGD state (error feedback, Q) this rank keeps on the device: 0 when off.
   int64_t powerSgdStateBytes() const;
 

@@ -9,7 +9,8 @@
 //                       sum(M') - P^ Q^T), added to its next gradient
 // Every other gradient (1-D ones, small matrices) is summed exactly. Each reduce() runs three collectives
 // whatever the number of gradients: the exact ones packed into one, every P into one, every Q into one.
-// The gradients are summed, as the plain all-reduce sums them (not averaged).
+// The gradients are summed, as the plain all-reduce sums them (not averaged). The Q matrices and error
+// feedback are state: checkpoints keep them (saveState, loadState), and a resume continues exactly.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,14 @@ class PowerSgd {
   // Forgets every list's Q and error feedback (after a step whose gradients were not finite): the next
   // reduce() starts afresh.
   void reset() { lists_.clear(); }
+
+  // Checkpoints: list `key`'s state as one flat fp32 tensor (every Q^T, then every error feedback, in the
+  // gradients' order; a copy), whether it has any, and how many elements it has for gradients of `shapes`.
+  bool hasState(size_t key) const { return lists_.count(key) > 0; }
+  Tensor saveState(size_t key) const;
+  static int64_t stateElements(const std::vector<Shape>& shapes, int64_t rank);
+  // Sets list `key`'s state, for gradients of `shapes`, from `flat` as saveState gave it, on `device`.
+  void loadState(size_t key, const std::vector<Shape>& shapes, const Tensor& flat, Device device);
 
   // Bytes of fp32 error feedback and Q matrices this rank keeps for gradients of `shapes`.
   static int64_t stateBytes(const std::vector<Shape>& shapes, int64_t rank);

@@ -789,8 +789,10 @@ TEST_CASE("PowerSGD at rank 2 trains close to the exact reduction at ZeRO stages
   }
 }
 
-TEST_CASE("PowerSGD is refused at ZeRO stages 2 and 3 and mid-compression resumes; earlier ones are exact",
-          "[dist][powersgd]") {
+TEST_CASE(
+    "PowerSGD resumes exactly from its checkpoints, and is refused at ZeRO stages 2 and 3 and by a "
+    "checkpoint without its state",
+    "[dist][powersgd]") {
   auto ctx = world();
   auto refusal = [&](const std::string& name, int stage, std::vector<std::string> sets) {
     try {
@@ -804,26 +806,40 @@ TEST_CASE("PowerSGD is refused at ZeRO stages 2 and 3 and mid-compression resume
   };
   std::string stage2 = refusal("powersgd-stage2", 2, {"dist.powersgd_rank=2"});
   std::string stage3 = refusal("powersgd-stage3", 3, {"dist.powersgd_rank=2"});
-  // Saved at step 10, before PowerSGD starts at 15: the resume continues exactly. Resumed with PowerSGD
-  // from step 5 on, its Q and error feedback would be missing: refused.
-  std::vector<std::string> sets = {"dist.powersgd_rank=2", "dist.powersgd_start_iter=15"};
-  std::vector<std::string> saving = sets;
-  saving.push_back("checkpoint.save_interval=10");
-  Run straight = trainRun(ctx, "powersgd-resume-straight", 1, saving);
-  fs::path saved = fs::path(straight.checkpoint).parent_path() / "step-10";
-  std::vector<std::string> again = sets;
-  again.push_back("checkpoint.load=" + saved.string());
-  Run resumed = trainRun(ctx, "powersgd-resume-again", 1, again);
-  std::string midway = refusal("powersgd-resume-midway", 1,
-                               {"dist.powersgd_rank=2", "dist.powersgd_start_iter=5",
-                                "checkpoint.allow_changes=true", "checkpoint.load=" + saved.string()});
+  // Saved at step 10, PowerSGD running since step 5 (its Q matrices and error feedback in the checkpoint),
+  // and before it starts at step 15: both resumes continue exactly.
+  std::vector<Run> straight, resumed;
+  std::vector<fs::path> saved;
+  for (const char* start : {"5", "15"}) {
+    std::vector<std::string> sets = {"dist.powersgd_rank=2",
+                                     std::string("dist.powersgd_start_iter=") + start};
+    std::vector<std::string> saving = sets;
+    saving.push_back("checkpoint.save_interval=10");
+    straight.push_back(trainRun(ctx, std::string("powersgd-resume-straight-") + start, 1, saving));
+    saved.push_back(fs::path(straight.back().checkpoint).parent_path() / "step-10");
+    std::vector<std::string> again = sets;
+    again.push_back("checkpoint.load=" + saved.back().string());
+    resumed.push_back(trainRun(ctx, std::string("powersgd-resume-again-") + start, 1, again));
+  }
+  // PowerSGD from step 5 resumed from the checkpoint saved before it ran: its state is missing. And state of
+  // another rank r does not fit.
+  std::string missing = refusal("powersgd-resume-missing", 1,
+                                {"dist.powersgd_rank=2", "dist.powersgd_start_iter=5",
+                                 "checkpoint.allow_changes=true", "checkpoint.load=" + saved[1].string()});
+  std::string otherRank = refusal("powersgd-resume-other-rank", 1,
+                                  {"dist.powersgd_rank=3", "dist.powersgd_start_iter=5",
+                                   "checkpoint.allow_changes=true", "checkpoint.load=" + saved[0].string()});
   if (!ctx->isMain()) return;
-  INFO(stage2 << "\n" << stage3 << "\n" << midway);
+  INFO(stage2 << "\n" << stage3 << "\n" << missing << "\n" << otherRank);
   CHECK(contains(stage2, "dist.powersgd_rank: 2 needs ZeRO stage 0 or 1 (zero_optimization.stage is 2"));
   CHECK(contains(stage3, "dist.powersgd_rank: 2 needs ZeRO stage 0 or 1 (zero_optimization.stage is 3"));
-  CHECK(contains(midway, "resuming at optimizer step 10 of a run with dist.powersgd_rank"));
-  CHECK(contains(midway, "dist.powersgd_start_iter: 10 or more"));
-  REQUIRE(straight.losses.size() == 20);
-  std::vector<double> tail(straight.losses.begin() + 10, straight.losses.end());
-  CHECK(resumed.losses == tail);
+  CHECK(contains(missing, "resuming at optimizer step 10 with dist.powersgd_rank"));
+  CHECK(contains(missing, "from a checkpoint without PowerSGD's state"));
+  CHECK(
+      contains(otherRank, "holds PowerSGD state (Q matrices and error feedback) that does not fit this run"));
+  for (size_t i = 0; i < 2; ++i) {
+    REQUIRE(straight[i].losses.size() == 20);
+    std::vector<double> tail(straight[i].losses.begin() + 10, straight[i].losses.end());
+    CHECK(resumed[i].losses == tail);
+  }
 }
