@@ -419,6 +419,14 @@ std::vector<ConfigKey> makeTable() {
           "dist.gpu_collectives", [](Config& c) { return &c.dist.gpuCollectives; },
           "how CUDA tensors travel between ranks: nccl, or staged through host memory; auto picks",
           oneOf({"auto", "nccl", "staged"})),
+      key(
+          "dist.powersgd_rank", [](Config& c) { return &c.dist.powersgdRank; },
+          "PowerSGD: the data-parallel gradient reduction sends rank-r factors of each matrix gradient, with "
+          "error feedback (0: exact all-reduce); ZeRO stages 0 and 1",
+          within(0, 1 << 20)),
+      key(
+          "dist.powersgd_start_iter", [](Config& c) { return &c.dist.powersgdStartIter; },
+          "with dist.powersgd_rank > 0: steps reduced exactly before PowerSGD starts", within(0, 1e15)),
       // parallel
       key(
           "parallel.tensor", [](Config& c) { return &c.parallel.tensor; },

@@ -10,6 +10,7 @@
 #include "strata/core/Device.h"
 #include "strata/optim/Adafactor.h"
 #include "strata/zero/ChunkArena.h"
+#include "strata/zero/PowerSgd.h"
 
 namespace strata::plan {
 
@@ -49,6 +50,11 @@ ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType comp
       }
     }
     shapes = std::move(kept);
+  }
+  if (c.dist.powersgdRank > 0 && in.ranks > 1 && in.stage <= 1) {
+    std::vector<Shape> all;
+    for (const auto& [name, shape] : shapes) all.push_back(shape);
+    in.powerSgdBytes = uint64_t(zero::PowerSgd::stateBytes(all, c.dist.powersgdRank));
   }
   in.layout = zero::planChunks(shapes, int64_t(c.zero.chunkSizeMb * double(1 << 20)), compute, families);
   int expertDataRanks = std::max(1, in.ranks / int(expertRanks));

@@ -274,7 +274,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
                                              : std::max(p.activations.bytes, gradientsAtUpdate));
   p.gradientPeakBytes = p.accumulation > 1 ? in.gradientBytes : gradientsAtUpdate;
   p.workspaceBytes = (p.onGpu ? kDeviceWorkspaceBytes : 0) + in.gatherBytes;
-  uint64_t nonModel = working + p.workspaceBytes;
+  uint64_t nonModel = working + p.workspaceBytes + in.powerSgdBytes;
   // A CPU run's device is this rank's share of the host (NOTE [Per-node shares] in distributed/Launch.h).
   p.deviceCapacityBytes =
       p.onGpu ? *m.deviceMemoryBytes
@@ -759,6 +759,10 @@ std::string formatPlan(const ModelStatePlan& p) {
                      p.accumulation > 1 ? "every chunk, kept across the micro-batches"
                      : shardsAtPeak     ? "this rank's shards and two chunks in flight"
                                         : "every chunk, from backward to the update");
+  if (p.inputs.powerSgdBytes > 0)
+    out << fmt::format(
+        "  {:<22} {:>12}  fp32 error feedback and Q matrices (dist.powersgd_rank), across steps\n",
+        "PowerSGD state", gib(p.inputs.powerSgdBytes));
   out << fmt::format("  {:<22} {:>12}  one micro-batch of {}\n", "activations", gib(p.activations.bytes),
                      p.microBatch);
   for (const ActivationTerm& t : p.activations.terms)

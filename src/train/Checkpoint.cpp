@@ -514,7 +514,8 @@ bool parsePiece(const std::string& name, std::string* kind, int64_t* chunk, int6
   size_t dot = name.find('.');
   if (dot == std::string::npos) return false;
   std::string k = name.substr(0, dot);
-  if (k != "param" && k != "exp_avg" && k != "exp_avg_sq" && k != "adafactor_v" && k != "delayed_param")
+  if (k != "param" && k != "exp_avg" && k != "exp_avg_sq" && k != "adafactor_v" && k != "delayed_param" &&
+      k != "powersgd")
     return false;
   size_t at = name.find('@', dot);
   auto digits = [](const std::string& t) {
@@ -578,8 +579,9 @@ ChunkCheckpointReader::ChunkCheckpointReader(const std::string& path) : dir_(res
   for (auto& [kind, chunks] : pieces_)
     for (auto& [chunk, list] : chunks) {
       std::sort(list.begin(), list.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
-      // (An optimizer's own layout is not one value per element: its pieces may be longer than a shard.)
-      if (kind == "adafactor_v") continue;
+      // (An optimizer's own layout and PowerSGD's state are not one value per element: their pieces may be
+      // longer than a shard.)
+      if (kind == "adafactor_v" || kind == "powersgd") continue;
       for (size_t i = 1; i < list.size(); ++i)
         STRATA_USER_CHECK(list[i - 1].end <= list[i].begin,
                           "checkpoint {} is corrupted: two ranks hold element {} of {} chunk {}", dir_,

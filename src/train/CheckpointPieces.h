@@ -50,6 +50,8 @@ class CheckpointPieces {
   explicit CheckpointPieces(ModelState& state);
 
   const zero::ChunkLayout& layout() const { return layout_; }
+  // Chunk c's index in layout(): what its pieces are named by.
+  int64_t savedIndex(size_t c) const { return savedIndex_[c]; }
   // This rank's parameters (fp32: the masters, or fp32 chunks' own values) and optimizer state; both wait
   // for a delayed SSD update first (NOTE [Delayed update checkpoints]).
   SaveTensors model() const;

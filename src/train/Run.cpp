@@ -36,8 +36,10 @@ bool describesTheStart(const std::string& key) {
 // Settings of this launch rather than of the run: where model state lives and how this machine runs it
 // (none changes what a step computes: the ZeRO stage, the chunks, the tiers, the pipelined update and
 // recomputation give the same numbers). A resume takes them from the command or its defaults, never from the
-// checkpoint, so a run resumes at another world size or on another machine as that machine needs.
+// checkpoint, so a run resumes at another world size or on another machine as that machine needs. PowerSGD's
+// keys (dist.powersgd_*) change the step's numbers: they belong to the run.
 bool isLaunchSetting(const std::string& key) {
+  if (key.rfind("dist.powersgd_", 0) == 0) return false;
   for (const char* prefix : {"zero_optimization.", "dist."})
     if (key.rfind(prefix, 0) == 0) return true;
   for (const char* k : {"train.device", "train.threads", "train.recompute", "store.gpu_budget_gb",

@@ -10,6 +10,7 @@
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
 #include "strata/core/Allocator.h"
+#include "strata/core/Error.h"
 #include "strata/core/Profiler.h"
 #include "strata/ops/Ops.h"
 #include "strata/zero/GradientReducer.h"
@@ -51,7 +52,16 @@ ZeroStepEngine::ZeroStepEngine(data::Objective& objective, const config::Config&
         std::make_unique<zero::ParameterGatherer>(*s.chunks, s.groups, s.parameterShards, objective.model(),
                                                   device, c.zero.prefetchDepth, c.store.arena);
   placeModelState(s, c, compute, shares);
-  reducer_ = std::make_unique<zero::GradientReducer>(*s.chunks, s.groups, s.stage, device);
+  if (c.dist.powersgdRank > 0 && s.stage >= 2)
+    STRATA_USER_FAIL(
+        "dist.powersgd_rank: {} needs ZeRO stage 0 or 1 (zero_optimization.stage is {}: stages 2 and 3 "
+        "reduce-scatter the gradients into shards, and PowerSGD's factors are all-reduced); set "
+        "zero_optimization.stage to 0 or 1, or dist.powersgd_rank to 0",
+        c.dist.powersgdRank, s.stage);
+  powerSgdStart_ = c.dist.powersgdStartIter;
+  reducer_ = std::make_unique<zero::GradientReducer>(
+      *s.chunks, s.groups, s.stage, device,
+      zero::PowerSgdOptions{c.dist.powersgdRank, c.dist.powersgdStartIter, c.train.seed});
   update_ = std::make_unique<ShardedUpdate>(s, c, compute);
   checkpoint_ = std::make_unique<CheckpointPieces>(s);
   schedule_ = std::make_unique<SequentialSchedule>();
@@ -99,6 +109,7 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
     MemoryPurpose purpose("the optimizer step");
     return update_->finish(grads, std::move(stepLoss), lr);
   }();
+  if (!end.outcome.finite) reducer_->dropPowerSgdState();
   reducer_->release();
   profiler::mark("zero grad");
   memlog(device_, "update", ++steps_);
@@ -141,11 +152,42 @@ SaveTensors ZeroStepEngine::checkpointModel() const {
 }
 
 SaveTensors ZeroStepEngine::checkpointOptimizer() const {
-  return checkpoint_->optimizer();
+  SaveTensors pieces = checkpoint_->optimizer();
+  // NOTE [PowerSGD] in zero/PowerSgd.h: once it has run, this rank's Q matrices and error feedback of each
+  // chunk, so that a resume continues exactly.
+  for (size_t c = 0; c < state_->chunks->numChunks(); ++c) {
+    int64_t n = reducer_->powerSgdStateElements(c);
+    if (n == 0 || !reducer_->hasPowerSgdState(c)) continue;
+    const zero::GradientReducer* reducer = reducer_.get();
+    pieces.push_back(
+        SaveTensor{chunkPieceName("powersgd", checkpoint_->savedIndex(c), state_->groups.shard(c).begin),
+                   {n},
+                   DType::F32,
+                   [reducer, c] { return reducer->savePowerSgdState(c); }});
+  }
+  return pieces;
 }
 
 void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
   checkpoint_->load(reader, optimizer);
+  powerSgdLoaded_ = false;
+  if (!optimizer || !reader.hasKind("powersgd")) return;
+  std::vector<float> host;
+  for (size_t c = 0; c < state_->chunks->numChunks(); ++c) {
+    int64_t n = reducer_->powerSgdStateElements(c);
+    if (n == 0) continue;
+    host.resize(size_t(n));
+    STRATA_USER_CHECK(
+        reader.readChunkPiece("powersgd", checkpoint_->savedIndex(c), state_->groups.shard(c).begin, n,
+                              host.data()),
+        "checkpoint {} holds PowerSGD state (Q matrices and error feedback) that does not fit this run: it "
+        "was "
+        "saved at another dist.powersgd_rank, number of data-parallel ranks or chunk size. Resume as it was "
+        "saved, or with checkpoint.allow_changes: true and dist.powersgd_rank: 0 (exact reduction from here)",
+        reader.directory());
+    reducer_->loadPowerSgdState(c, Tensor::fromVector<float>(host, {n}));
+    powerSgdLoaded_ = true;
+  }
 }
 
 StepEngineState ZeroStepEngine::state() const {
@@ -156,8 +198,24 @@ StepEngineState ZeroStepEngine::state() const {
 }
 
 void ZeroStepEngine::restore(const StepEngineState& s) {
+  // NOTE [PowerSGD] in zero/PowerSgd.h: past its start, a resume needs the Q matrices and error feedback
+  // (loadState) to continue exactly.
+  if (reducer_->powerSgdStateBytes() > 0 && s.optimizerSteps > powerSgdStart_ && !powerSgdLoaded_)
+    STRATA_USER_FAIL(
+        "resuming at optimizer step {} with dist.powersgd_rank, which has run since step {} "
+        "(dist.powersgd_start_iter), from a checkpoint without PowerSGD's state (Q matrices and error "
+        "feedback): the run would not continue exactly. With checkpoint.allow_changes: true, resume with "
+        "dist.powersgd_rank: 0 (exact reduction from here), or dist.powersgd_start_iter: {} or more "
+        "(PowerSGD "
+        "starts afresh then)",
+        s.optimizerSteps, powerSgdStart_, s.optimizerSteps);
+  reducer_->setSteps(s.optimizerSteps);
   state_->optimizer->setStepCount(s.optimizerSteps);
   update_->restoreScaler(s);
+}
+
+const zero::GradientReducer& ZeroStepEngine::gradientReducer() const {
+  return *reducer_;
 }
 
 const zero::ChunkManager& ZeroStepEngine::chunks() const {

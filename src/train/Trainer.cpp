@@ -37,6 +37,7 @@
 #include "strata/train/Metrics.h"
 #include "strata/train/Run.h"
 #include "strata/train/StepEngine.h"
+#include "strata/zero/GradientReducer.h"
 
 namespace strata::train {
 
@@ -647,6 +648,17 @@ TrainResult Trainer::run() {
                                    plannedDeviceBudget_});
   if (main && engine.placement().bytes[int(zero::Tier::Device)] != engine.placement().total())
     spdlog::info("{}", engine.placement().table());
+  const zero::GradientReducer& reducer = engine.gradientReducer();
+  result.reducedBytes = 4 * reducer.plainElements();
+  result.reducedBytesPowerSgd =
+      c.dist.powersgdRank > 0 ? 4 * reducer.powerSgdElements() : result.reducedBytes;
+  if (main && c.dist.powersgdRank > 0 && result.reducedBytes > 0)
+    spdlog::info(
+        "PowerSGD at rank {} from iteration {}: the gradient reduction sends {} bytes a step instead of {} "
+        "({:.1f}x less); {} bytes of error feedback and Q matrices per rank on {}",
+        c.dist.powersgdRank, c.dist.powersgdStartIter, result.reducedBytesPowerSgd, result.reducedBytes,
+        double(result.reducedBytes) / double(std::max<int64_t>(result.reducedBytesPowerSgd, 1)),
+        reducer.powerSgdStateBytes(), toString(device_));
 
   int64_t startStep = 0, dataIndex = 0;
   defaultGenerator().manualSeed(c.train.seed);

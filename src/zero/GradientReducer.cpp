@@ -6,11 +6,18 @@
 #include "strata/core/Stream.h"
 #include "strata/distributed/Communicator.h"
 #include "strata/ops/Ops.h"
+#include "strata/zero/PowerSgd.h"
 
 namespace strata::zero {
 
-GradientReducer::GradientReducer(ChunkManager& chunks, const ChunkGroups& groups, int stage, Device device)
-    : chunks_(chunks), groups_(groups), stage_(stage), device_(device) {
+GradientReducer::GradientReducer(ChunkManager& chunks, const ChunkGroups& groups, int stage, Device device,
+                                 PowerSgdOptions powerSgd)
+    : chunks_(chunks), groups_(groups), stage_(stage), device_(device), powerSgdOptions_(powerSgd) {
+  if (powerSgd.rank > 0) {
+    STRATA_CHECK(stage <= 1, "PowerSGD reduces by all-reduce: ZeRO stage {} reduce-scatters (stage 0 or 1)",
+                 stage);
+    powerSgd_ = std::make_unique<PowerSgd>(powerSgd.rank, powerSgd.seed);
+  }
   shardGrads_.resize(chunks_.numChunks());
   notices_.assign(chunks_.numChunks(), 0);
   chunks_.onGradientsComplete([this](size_t chunk) { reduce(chunk); });
@@ -28,6 +35,12 @@ void GradientReducer::reduce(size_t chunk) {
   }
   Tensor grads = chunks_.ensureGradients(chunk);
   if (!groups_.communicates(chunk)) return;
+  if (powerSgd_ && steps_ >= powerSgdOptions_.startStep) {
+    std::vector<Tensor> paramGrads;
+    for (const Tensor& p : chunks_.parameters(chunk)) paramGrads.push_back(p.grad());
+    powerSgd_->reduce(chunk, paramGrads, groups_.comm(chunk), device_);
+    return;
+  }
   Tensor wide = grads.dtype() == DType::F32 ? grads : ops::to(grads, device_, DType::F32);
   // NOTE [Collective ordering and completion] in distributed/Communicator.h: the comm stream waits for the
   // backward that wrote the gradients.
@@ -54,12 +67,64 @@ std::vector<Tensor> GradientReducer::finish() {
     STRATA_CHECK(notices_[c] == 1, "chunk {}: {} gradient-complete notices in one step", c, notices_[c]);
     notices_[c] = 0;
   }
+  ++steps_;
   std::vector<Tensor> grads(chunks_.numChunks());
   for (size_t c = 0; c < grads.size(); ++c)
     grads[c] = stage_ >= 2 && groups_.communicates(c) ? shardGrads_[c] : chunks_.gradients(c);
   // The reductions ran on the comm stream: the update's reads wait for them.
   if (groups_.communicates()) streamWaits(currentStream(device_), deviceStreams(device_).comm, device_);
   return grads;
+}
+
+GradientReducer::~GradientReducer() = default;
+
+std::vector<Shape> GradientReducer::communicatedShapes() const {
+  std::vector<Shape> shapes;
+  for (size_t c = 0; c < chunks_.numChunks(); ++c)
+    if (groups_.communicates(c))
+      for (const Tensor& p : chunks_.parameters(c)) shapes.push_back(p.shape());
+  return shapes;
+}
+
+void GradientReducer::dropPowerSgdState() {
+  if (powerSgd_) powerSgd_->reset();
+}
+
+namespace {
+std::vector<Shape> shapesOf(const std::vector<Tensor>& parameters) {
+  std::vector<Shape> shapes;
+  for (const Tensor& p : parameters) shapes.push_back(p.shape());
+  return shapes;
+}
+}  // namespace
+
+int64_t GradientReducer::powerSgdStateElements(size_t c) const {
+  if (!powerSgd_ || !groups_.communicates(c)) return 0;
+  return PowerSgd::stateElements(shapesOf(chunks_.parameters(c)), powerSgdOptions_.rank);
+}
+
+bool GradientReducer::hasPowerSgdState(size_t c) const {
+  return powerSgd_ && powerSgd_->hasState(c);
+}
+
+Tensor GradientReducer::savePowerSgdState(size_t c) const {
+  return powerSgd_->saveState(c);
+}
+
+void GradientReducer::loadPowerSgdState(size_t c, const Tensor& flat) {
+  powerSgd_->loadState(c, shapesOf(chunks_.parameters(c)), flat, device_);
+}
+
+int64_t GradientReducer::plainElements() const {
+  return PowerSgd::sentElements(communicatedShapes(), 0);
+}
+
+int64_t GradientReducer::powerSgdElements() const {
+  return PowerSgd::sentElements(communicatedShapes(), powerSgdOptions_.rank);
+}
+
+int64_t GradientReducer::powerSgdStateBytes() const {
+  return powerSgd_ ? PowerSgd::stateBytes(communicatedShapes(), powerSgdOptions_.rank) : 0;
 }
 
 void GradientReducer::release() {

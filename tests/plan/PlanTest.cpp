@@ -789,3 +789,29 @@ TEST_CASE("a tensor-parallel rank keeps its share of a GPT block's activations",
   uint64_t blockSp = plan::estimateActivations(spec, 4, DType::BF16, true, "none", 2, true).terms[0].bytes;
   CHECK(blockSp * 2 == blockOne);
 }
+
+TEST_CASE("plan: PowerSGD's error feedback and Q matrices count in the device's working memory",
+          "[train][plan]") {
+  plan::PlanOptions options = roundMachine();
+  options.ranks = 2;
+  plan::ModelStatePlan plain =
+      plan::planModelState(configFile("gpt3-1.3b.yaml", {"zero_optimization.stage=1"}), options);
+  plan::ModelStatePlan compressed = plan::planModelState(
+      configFile("gpt3-1.3b.yaml", {"zero_optimization.stage=1", "dist.powersgd_rank=4"}), options);
+  REQUIRE(plain.inputs.powerSgdBytes == 0);
+  // 4 bytes of error feedback per element of every matrix (nearly every parameter), and Q beside it.
+  uint64_t params = 0;
+  for (const auto& slot : compressed.inputs.layout.slots) params += uint64_t(numelOf(slot.shape));
+  REQUIRE(compressed.inputs.powerSgdBytes > 4 * params * 99 / 100);
+  REQUIRE(compressed.inputs.powerSgdBytes < 4 * params * 101 / 100);
+  // The working memory beside the model state grows by them (the state's placement may then differ).
+  const int device = int(zero::Tier::Device);
+  REQUIRE(compressed.devicePeakBytes - compressed.placement.bytes[device] ==
+          plain.devicePeakBytes - plain.placement.bytes[device] + compressed.inputs.powerSgdBytes);
+  REQUIRE(plan::formatPlan(compressed).find("PowerSGD state") != std::string::npos);
+  REQUIRE(plan::formatPlan(plain).find("PowerSGD state") == std::string::npos);
+  // Stage 2 reduce-scatters: no PowerSGD (the engine refuses it).
+  REQUIRE(plan::planModelState(
+              configFile("gpt3-1.3b.yaml", {"zero_optimization.stage=2", "dist.powersgd_rank=4"}), options)
+              .inputs.powerSgdBytes == 0);
+}

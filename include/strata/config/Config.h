@@ -166,6 +166,10 @@ struct DistConfig {
   // How CUDA tensors travel between ranks: auto, nccl or staged (NOTE [GPU collectives] in
   // distributed/ParallelContext.h).
   std::string gpuCollectives = "auto";
+  // PowerSGD (NOTE [PowerSGD] in zero/PowerSgd.h): the data-parallel gradient reduction sends rank-r
+  // factors of the 2-D gradients (0: off), after this many steps of exact reduction. ZeRO stages 0 and 1.
+  int64_t powersgdRank = 0;
+  int64_t powersgdStartIter = 10;
 };
 
 // How the ranks split the model (docs/distributed.md). World = data x tensor, a tensor group's ranks

@@ -43,6 +43,9 @@ struct ModelStateInputs {
   uint64_t gradientBytes = 0;
   DType gradientDType = DType::F32;  // what they accumulate in (precision.grad_accum_dtype)
   uint64_t gradientShardBytes = 0;
+  // PowerSGD's fp32 error feedback and Q matrices on the device (dist.powersgd_rank, several data-parallel
+  // ranks at stage 0 or 1; NOTE [PowerSGD] in zero/PowerSgd.h), kept across steps.
+  uint64_t powerSgdBytes = 0;
   int64_t largestChunkElems = 0;  // padded
   // Stage 3: the slots whole chunks are gathered into (the chunk arena's, store.arena; without it the one in
   // use and prefetch_depth ahead).

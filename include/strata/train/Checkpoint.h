@@ -153,9 +153,10 @@ std::string resolveCheckpoint(const std::string& path);
 // one parameter at a time. An optimizer's state in a layout of its own (Adafactor's factored second moment,
 // "adafactor_v.<c>@<begin>") is saved the same way but reloads only into the same chunks and shards. With a
 // delayed SSD update pending, "delayed_param.<c>@<begin>" pieces hold the parameters that lag their masters
-// (NOTE [Delayed update checkpoints] in train/CheckpointPieces.h).
-// Checkpoints of the older form (whole per-parameter tensors, whole per-chunk
-// moments "exp_avg.<c>") read through the same reader.
+// (NOTE [Delayed update checkpoints] in train/CheckpointPieces.h), and under PowerSGD "powersgd.<c>@<begin>"
+// pieces each rank's Q matrices and error feedback of chunk c (begin: its shard's), which reload only into
+// the same chunks, ranks and dist.powersgd_rank. Checkpoints of the older form (whole per-parameter tensors,
+// whole per-chunk moments "exp_avg.<c>") read through the same reader.
 std::string chunkPieceName(const std::string& kind, int64_t chunk, int64_t begin);
 
 class ChunkCheckpointReader {

@@ -181,6 +181,8 @@ class ZeroStepEngine final : public StepEngine {
   size_t modelStateBytes() const override;
   // Where this rank's model state lives, bytes per tier (NOTE [Store placement] in zero/Store.h).
   const zero::StorePlacement& placement() const;
+  // The gradient reduction over the data-parallel group (what it sends, PowerSGD's state).
+  const zero::GradientReducer& gradientReducer() const;
   // The optimizer over the chunks: AdamW or Adafactor (optimizer.type).
   const optim::ChunkOptimizer& optimizer() const;
   // Stage 3: the most chunks gathered at once so far, and the arenas they are gathered into, one per slot
@@ -205,6 +207,8 @@ class ZeroStepEngine final : public StepEngine {
   DType compute_;
   bool delayedUpdate_ = false;  // store.delayed_update (NOTE [Delayed SSD update] in optim/AdamW.h)
   int64_t steps_ = 0;
+  int64_t powerSgdStart_ = 0;    // dist.powersgd_start_iter
+  bool powerSgdLoaded_ = false;  // loadState found PowerSGD's state in the checkpoint
   uint64_t firstStepWorking_ = 0;
   // The parts, in the order the start-up makes them; destroyed in reverse, the model state last.
   std::unique_ptr<ModelState> state_;

@@ -38,6 +38,9 @@ struct TrainResult {
   int interruptSignal = 0;       // SIGINT or SIGTERM when the run stopped early on one, else 0
   bool stoppedByMpirun = false;  // it was mpirun's notice that the job is ending (train/Interrupts.h)
   size_t chunks = 0;             // parameter chunks the step engine laid out
+  // Bytes of gradients one step sends over the data-parallel group (fp32), exactly and as PowerSGD sends
+  // them (dist.powersgd_rank; equal when off); 0 on one rank.
+  int64_t reducedBytes = 0, reducedBytesPowerSgd = 0;
   // The checkpoint resumed was at or past train.train_iters already: nothing was trained (nor sampled).
   bool alreadyComplete = false;
 };

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -57,6 +58,7 @@ struct Run {
   std::vector<double> modelStateGb, stateHostGb, stateNvmeGb;
   std::string checkpoint;
   std::string sample;
+  int64_t reducedBytes = 0, reducedBytesPowerSgd = 0;
 };
 
 // A corpus every process (world rank) writes identically to a place of its own, once, whole (by rename): a
@@ -111,6 +113,8 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
   Run run;
   run.checkpoint = result.checkpoint;
   run.sample = result.sample;
+  run.reducedBytes = result.reducedBytes;
+  run.reducedBytesPowerSgd = result.reducedBytesPowerSgd;
   if (!parallel->isMain()) return run;
   std::ifstream in(out / "metrics.jsonl");
   std::string line;
@@ -746,4 +750,96 @@ TEST_CASE("parallel.tensor is refused where it does not fit and the error names 
   CHECK(contains(heads, "parallel.tensor (2) must divide model.num_attention_heads (1)"));
   CHECK(contains(moe, "mixture-of-experts layers (model.moe_num_experts) is not supported yet"));
   CHECK(contains(sequence, "parallel.sequence_parallel splits the sequence over a tensor-parallel group"));
+}
+
+TEST_CASE("PowerSGD at rank 2 trains close to the exact reduction at ZeRO stages 0 and 1, sending less",
+          "[dist][powersgd]") {
+  auto ctx = world();
+  std::vector<std::string> plainSets = {"train.train_iters=30", "train.eval_interval=30"};
+  std::vector<std::string> sets = plainSets;
+  sets.insert(sets.end(), {"dist.powersgd_rank=2", "dist.powersgd_start_iter=5"});
+  Run plain = trainRun(ctx, "powersgd-plain", 0, plainSets);
+  Run stage0 = trainRun(ctx, "powersgd-stage0", 0, sets);
+  Run stage1 = trainRun(ctx, "powersgd-stage1", 1, sets);
+  if (!ctx->isMain()) return;
+  REQUIRE(plain.losses.size() == 30);
+  REQUIRE(stage0.losses.size() == 30);
+  REQUIRE(stage1.losses.size() == 30);
+  std::printf("PowerSGD rank 2 on %d ranks: %lld bytes a step instead of %lld (%.1fx less)\n",
+              ctx->worldSize(), (long long)stage0.reducedBytesPowerSgd, (long long)stage0.reducedBytes,
+              double(stage0.reducedBytes) / double(stage0.reducedBytesPowerSgd));
+  CHECK(plain.reducedBytesPowerSgd == plain.reducedBytes);
+  CHECK(stage0.reducedBytes == plain.reducedBytes);
+  CHECK(3 * stage0.reducedBytesPowerSgd < stage0.reducedBytes);
+  for (const Run* run : {&stage0, &stage1}) {
+    INFO("plain " << Catch::Detail::stringify(plain.losses) << "\nPowerSGD "
+                  << Catch::Detail::stringify(run->losses));
+    // The first 5 steps (and the loss after them) are the exact reduction's, bit for bit at stage 0; then
+    // the losses stay close to the exact reduction's and fall as far.
+    std::vector<double> head(run->losses.begin(), run->losses.begin() + 6);
+    std::vector<double> plainHead(plain.losses.begin(), plain.losses.begin() + 6);
+    if (run == &stage0) CHECK(head == plainHead);
+    CHECK(run->losses[6] != plain.losses[6]);
+    CHECK(worstRelative(run->losses, plain.losses) < 0.02);
+    double first = run->losses.front();
+    double last = (run->losses[27] + run->losses[28] + run->losses[29]) / 3;
+    double plainLast = (plain.losses[27] + plain.losses[28] + plain.losses[29]) / 3;
+    CHECK(last < 0.8 * first);
+    CHECK(last < plainLast * 1.03);
+  }
+}
+
+TEST_CASE(
+    "PowerSGD resumes exactly from its checkpoints, and is refused at ZeRO stages 2 and 3 and by a "
+    "checkpoint without its state",
+    "[dist][powersgd]") {
+  auto ctx = world();
+  auto refusal = [&](const std::string& name, int stage, std::vector<std::string> sets) {
+    try {
+      trainRun(ctx, name, stage, sets);
+    } catch (const train::ReportedByRankZero&) {
+      return std::string("reported by rank 0");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string stage2 = refusal("powersgd-stage2", 2, {"dist.powersgd_rank=2"});
+  std::string stage3 = refusal("powersgd-stage3", 3, {"dist.powersgd_rank=2"});
+  // Saved at step 10, PowerSGD running since step 5 (its Q matrices and error feedback in the checkpoint),
+  // and before it starts at step 15: both resumes continue exactly.
+  std::vector<Run> straight, resumed;
+  std::vector<fs::path> saved;
+  for (const char* start : {"5", "15"}) {
+    std::vector<std::string> sets = {"dist.powersgd_rank=2",
+                                     std::string("dist.powersgd_start_iter=") + start};
+    std::vector<std::string> saving = sets;
+    saving.push_back("checkpoint.save_interval=10");
+    straight.push_back(trainRun(ctx, std::string("powersgd-resume-straight-") + start, 1, saving));
+    saved.push_back(fs::path(straight.back().checkpoint).parent_path() / "step-10");
+    std::vector<std::string> again = sets;
+    again.push_back("checkpoint.load=" + saved.back().string());
+    resumed.push_back(trainRun(ctx, std::string("powersgd-resume-again-") + start, 1, again));
+  }
+  // PowerSGD from step 5 resumed from the checkpoint saved before it ran: its state is missing. And state of
+  // another rank r does not fit.
+  std::string missing = refusal("powersgd-resume-missing", 1,
+                                {"dist.powersgd_rank=2", "dist.powersgd_start_iter=5",
+                                 "checkpoint.allow_changes=true", "checkpoint.load=" + saved[1].string()});
+  std::string otherRank = refusal("powersgd-resume-other-rank", 1,
+                                  {"dist.powersgd_rank=3", "dist.powersgd_start_iter=5",
+                                   "checkpoint.allow_changes=true", "checkpoint.load=" + saved[0].string()});
+  if (!ctx->isMain()) return;
+  INFO(stage2 << "\n" << stage3 << "\n" << missing << "\n" << otherRank);
+  CHECK(contains(stage2, "dist.powersgd_rank: 2 needs ZeRO stage 0 or 1 (zero_optimization.stage is 2"));
+  CHECK(contains(stage3, "dist.powersgd_rank: 2 needs ZeRO stage 0 or 1 (zero_optimization.stage is 3"));
+  CHECK(contains(missing, "resuming at optimizer step 10 with dist.powersgd_rank"));
+  CHECK(contains(missing, "from a checkpoint without PowerSGD's state"));
+  CHECK(
+      contains(otherRank, "holds PowerSGD state (Q matrices and error feedback) that does not fit this run"));
+  for (size_t i = 0; i < 2; ++i) {
+    REQUIRE(straight[i].losses.size() == 20);
+    std::vector<double> tail(straight[i].losses.begin() + 10, straight[i].losses.end());
+    CHECK(resumed[i].losses == tail);
+  }
 }
