@@ -131,6 +131,20 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
   return run;
 }
 
+// The error a run of `name` ends with on this rank: its message, "reported by rank 0" where rank 0 reports
+// it for every rank, or "no error".
+std::string refusalOf(const std::shared_ptr<dist::ParallelContext>& parallel, const std::string& name,
+                      int stage, const std::vector<std::string>& extra) {
+  try {
+    trainRun(parallel, name, stage, extra);
+  } catch (const train::ReportedByRankZero&) {
+    return "reported by rank 0";
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 dist::ParallelOptions options() {
   return dist::ParallelOptions{.timeoutSeconds = 60,
                                .deviceType = onGpu() ? DeviceType::CUDA : DeviceType::CPU};
@@ -727,15 +741,8 @@ TEST_CASE("tensor-parallel checkpoints resume exactly at their layout and refuse
 
 TEST_CASE("parallel.tensor is refused where it does not fit and the error names the key", "[dist][tensor]") {
   auto ctx = world();
-  auto refusal = [&](const std::string& name, int stage, std::vector<std::string> sets) {
-    try {
-      trainRun(ctx, name, stage, sets);
-    } catch (const train::ReportedByRankZero&) {
-      return std::string("reported by rank 0");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+  auto refusal = [&](const std::string& name, int stage, const std::vector<std::string>& sets) {
+    return refusalOf(ctx, name, stage, sets);
   };
   std::string notDividing = refusal("tp-3", 0, {"parallel.tensor=3"});
   std::string heads = refusal("tp-heads", 0, {"parallel.tensor=2", "model.num_attention_heads=1"});
@@ -794,15 +801,8 @@ TEST_CASE(
     "checkpoint without its state",
     "[dist][powersgd]") {
   auto ctx = world();
-  auto refusal = [&](const std::string& name, int stage, std::vector<std::string> sets) {
-    try {
-      trainRun(ctx, name, stage, sets);
-    } catch (const train::ReportedByRankZero&) {
-      return std::string("reported by rank 0");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+  auto refusal = [&](const std::string& name, int stage, const std::vector<std::string>& sets) {
+    return refusalOf(ctx, name, stage, sets);
   };
   std::string stage2 = refusal("powersgd-stage2", 2, {"dist.powersgd_rank=2"});
   std::string stage3 = refusal("powersgd-stage3", 3, {"dist.powersgd_rank=2"});
