@@ -20,15 +20,33 @@ await() {
   for _ in $(seq 1 600); do grep -Eq -- "$1" "$2" 2>/dev/null && return 0; sleep 0.1; done
   fail "waited in vain for /$1/ in $2: $(tail -3 "$2")"
 }
-# The pid of rank $2 among mpirun $1's children.
+# The pid of rank $2 among mpirun $1's descendants, parents before children; tries for 10 s, since a rank's
+# process can be between fork and exec when asked.
 rankPid() {
-  local child
-  for child in $(pgrep -P "$1"); do
-    if tr '\0' '\n' <"/proc/$child/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
-      echo "$child"
-      return
-    fi
+  local pid queue
+  for _ in $(seq 1 100); do
+    queue=($(pgrep -P "$1"))
+    while [ ${#queue[@]} -gt 0 ]; do
+      pid=${queue[0]}
+      queue=("${queue[@]:1}")
+      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+        echo "$pid"
+        return
+      fi
+      queue+=($(pgrep -P "$pid"))
+    done
+    sleep 0.1
   done
+}
+# Waits for mpirun $1 to end; past 60 s it fails the check and kills the job, so a missed stop fails the test
+# with its name instead of running into ctest's limit.
+finish() {
+  (sleep 60 && touch "$work/overdue.$1" && pkill -9 -P "$1" && kill -9 "$1") >/dev/null 2>&1 &
+  local dog=$!
+  wait "$1"
+  pkill -P "$dog" 2>/dev/null
+  kill "$dog" 2>/dev/null
+  [ ! -e "$work/overdue.$1" ] || fail "mpirun $1 did not end within 60 s"
 }
 
 for i in $(seq 1 300); do echo "the quick brown fox jumps over the lazy dog $((i % 7))"; done >"$work/corpus.txt"
@@ -53,7 +71,7 @@ mpirun_pid=$!
 started+=("$mpirun_pid")
 await "iteration +3/" "$work/int.log"
 kill -INT "$mpirun_pid"
-wait "$mpirun_pid"
+finish "$mpirun_pid"
 check "Ctrl-C: mpirun's notice is announced" "mpirun is ending the job .* every rank is finishing iteration [0-9]+ and saving a checkpoint" "$work/int.log"
 [ "$(count "is ending the job|interrupt \\(SIG" "$work/int.log")" -eq 1 ] || fail "Ctrl-C: the stop was announced more than once"
 step=$(sed -n 's/.*stopped by SIGTERM after iteration \([0-9]*\); checkpoint.*/\1/p' "$work/int.log")
@@ -77,7 +95,7 @@ check "the pasted command resumes" "resumed from .*step-$step at iteration $step
 rank1=$(rankPid "$mpirun_pid" 1)
 [ -n "$rank1" ] || fail "no rank 1 among mpirun's children"
 kill -9 "$rank1"
-wait "$mpirun_pid"
+finish "$mpirun_pid"
 check "kill -9: the rank is reported lost" "rank 1 \(pid $rank1\) lost" "$work/pasted.log"
 check "kill -9: the last good checkpoint is named" "The last good checkpoint is .*step-$step \(iteration $step\)" "$work/pasted.log"
 grep -q "saving a checkpoint" "$work/pasted.log" && fail "kill -9: a rank claimed to save"
@@ -93,8 +111,10 @@ mpirun_pid=$!
 started+=("$mpirun_pid")
 await "iteration +3/" "$work/one.log"
 check "an unset kill timeout is warned about" "launch with .mpirun --mca odls_base_sigkill_timeout" "$work/one.log"
-kill -INT "$(rankPid "$mpirun_pid" 1)"
-wait "$mpirun_pid"
+rank1=$(rankPid "$mpirun_pid" 1)
+[ -n "$rank1" ] || fail "no rank 1 among mpirun's children"
+kill -INT "$rank1"
+finish "$mpirun_pid"
 check "SIGINT to rank 1 stops every rank" "SIGINT reached rank 1: every rank stops after iteration [0-9]+" "$work/one.log"
 step=$(sed -n 's/.*every rank stops after iteration \([0-9]*\).*/\1/p' "$work/one.log")
 [ -n "$step" ] && [ "$(cat "$work/one/ckpt/latest" 2>/dev/null)" = "step-$step" ] &&
