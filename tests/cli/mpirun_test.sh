@@ -20,20 +20,19 @@ await() {
   for _ in $(seq 1 600); do grep -Eq -- "$1" "$2" 2>/dev/null && return 0; sleep 0.1; done
   fail "waited in vain for /$1/ in $2: $(tail -3 "$2")"
 }
-# The pid of rank $2 among mpirun $1's descendants, parents before children; tries for 10 s, since a rank's
-# process can be between fork and exec when asked.
+# The pid of rank $1 of the job now running: the process whose environment has this test's mark and
+# OMPI_COMM_WORLD_RANK=$1, wherever it sits under mpirun; tries for 10 s, since a rank's process can be between
+# fork and exec when asked.
+export STRATA_MPIRUN_TEST_MARK=$work
 rankPid() {
-  local pid queue
+  local pid env
   for _ in $(seq 1 100); do
-    queue=($(pgrep -P "$1"))
-    while [ ${#queue[@]} -gt 0 ]; do
-      pid=${queue[0]}
-      queue=("${queue[@]:1}")
-      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+    for pid in $(pgrep -f -- "$strata"); do
+      env=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null)
+      if grep -qx "STRATA_MPIRUN_TEST_MARK=$work" <<<"$env" && grep -qx "OMPI_COMM_WORLD_RANK=$1" <<<"$env"; then
         echo "$pid"
         return
       fi
-      queue+=($(pgrep -P "$pid"))
     done
     sleep 0.1
   done
@@ -92,8 +91,8 @@ mpirun_pid=$!
 started+=("$mpirun_pid")
 await "iteration +$((step + 2))/" "$work/pasted.log"
 check "the pasted command resumes" "resumed from .*step-$step at iteration $step" "$work/pasted.log"
-rank1=$(rankPid "$mpirun_pid" 1)
-[ -n "$rank1" ] || fail "no rank 1 among mpirun's children"
+rank1=$(rankPid 1)
+[ -n "$rank1" ] || fail "no rank 1 found"
 kill -9 "$rank1"
 finish "$mpirun_pid"
 check "kill -9: the rank is reported lost" "rank 1 \(pid $rank1\) lost" "$work/pasted.log"
@@ -111,8 +110,8 @@ mpirun_pid=$!
 started+=("$mpirun_pid")
 await "iteration +3/" "$work/one.log"
 check "an unset kill timeout is warned about" "launch with .mpirun --mca odls_base_sigkill_timeout" "$work/one.log"
-rank1=$(rankPid "$mpirun_pid" 1)
-[ -n "$rank1" ] || fail "no rank 1 among mpirun's children"
+rank1=$(rankPid 1)
+[ -n "$rank1" ] || fail "no rank 1 found"
 kill -INT "$rank1"
 finish "$mpirun_pid"
 check "SIGINT to rank 1 stops every rank" "SIGINT reached rank 1: every rank stops after iteration [0-9]+" "$work/one.log"
