@@ -110,6 +110,8 @@ struct Loader {
       STRATA_USER_CHECK(fresh, "{}: config key '{}' appears twice (first at {})", place, key, first->second);
       if (const ConfigKey* k = findConfigKey(key)) {
         assign(*k, it->second, place);
+      } else if (key == "parallel" && it->second.IsScalar()) {
+        setParallel(it->second.Scalar(), place);
       } else if (isConfigSection(key) && it->second.IsMap()) {
         walk(it->second, key);
       } else if (isConfigSection(key) && it->second.IsNull()) {
@@ -122,10 +124,21 @@ struct Loader {
     }
   }
 
+  // `parallel: auto`, the one scalar a section takes (NOTE [Parallel auto] in plan/Plan.h).
+  void setParallel(const std::string& value, const std::string& place) {
+    STRATA_USER_CHECK(value == "auto",
+                      "{}: 'parallel' is a section of keys (parallel.tensor, ...) or the word auto (the plan "
+                      "chooses the layout), not '{}'",
+                      place, value);
+    config.parallel.automatic = true;
+    where["parallel"] = place;
+  }
+
   void override(const std::string& spec) {
     auto eq = spec.find('=');
     STRATA_USER_CHECK(eq != std::string::npos && eq > 0, "--set '{}': expected key=value", spec);
     std::string key = spec.substr(0, eq), value = spec.substr(eq + 1);
+    if (key == "parallel") return setParallel(value, "--set " + spec);
     const ConfigKey* k = findConfigKey(key);
     if (!k) unknown(key, "--set " + spec);
     YAML::Node node;
@@ -180,6 +193,9 @@ struct Loader {
         c.train.globalBatchSize % c.train.microBatchSize == 0,
         "{}: 'train.global_batch_size' ({}) must be a multiple of 'train.micro_batch_size' ({})",
         place("train.global_batch_size"), c.train.globalBatchSize, c.train.microBatchSize);
+    STRATA_USER_CHECK(!c.parallel.automatic || !c.values.count("parallel.tensor"),
+                      "{}: 'parallel: auto' chooses parallel.tensor, which {} sets too: drop one",
+                      place("parallel"), place("parallel.tensor"));
     STRATA_USER_CHECK(c.optimizer.betas.size() == 2, "{}: 'optimizer.betas' needs two values, got {}",
                       place("optimizer.betas"), c.optimizer.betas.size());
     STRATA_USER_CHECK(c.optimizer.minLr <= c.optimizer.lr,

@@ -481,7 +481,9 @@ const std::vector<ConfigSection> kSections = {
      "to host memory, then to the SSD under `zero_optimization.nvme_path`."},
     {"dist", "Several ranks (`mpirun -np N`)."},
     {"parallel",
-     "How the ranks split the model: the world is data x tensor ranks ([distributed.md](distributed.md))."},
+     "How the ranks split the model: the world is data x tensor ranks ([distributed.md](distributed.md)). "
+     "`parallel: auto` in place of the section lets the plan choose the fastest split that fits "
+     "([cli.md](cli.md#parallel-auto))."},
     {"checkpoint", "Saving, loading and resuming runs ([checkpoints.md](checkpoints.md))."},
 };
 

@@ -74,6 +74,11 @@ std::string Calibration::toJson() const {
   put(j, "d2h_gb_s", d2hGBs);
   put(j, "gemm_bf16_tflops", gemmTflops);
   if (gemmTflops) j["gemm_shape"] = gemmShape;
+  put(j, "peak_bf16_tflops", peakTflops);
+  put(j, "device_memory_gb_s", deviceMemoryGBs);
+  put(j, "nvlink_bus_gb_s", nvlinkBusGBs);
+  put(j, "network_gb_s", networkGBs);
+  if (gpusPerNode > 0) j["gpus_per_node"] = gpusPerNode;
   put(j, "host_memory_bytes", hostMemoryBytes);
   put(j, "host_available_bytes", hostAvailableBytes);
   put(j, "cpu_adamw_elems_per_s", cpuAdamwElemsPerS);
@@ -99,7 +104,7 @@ Calibration Calibration::fromJson(const std::string& text, const std::string& or
   STRATA_USER_CHECK(j.is_object(), "{} is not a calibration file (expected a JSON object)", origin);
   Calibration c;
   std::optional<std::string> date, host, gemmShape, nvmePath;
-  std::optional<int> threads;
+  std::optional<int> threads, gpusPerNode;
   std::optional<bool> direct;
   get(j, "date", date, origin);
   get(j, "host", host, origin);
@@ -109,6 +114,11 @@ Calibration Calibration::fromJson(const std::string& text, const std::string& or
   get(j, "d2h_gb_s", c.d2hGBs, origin);
   get(j, "gemm_bf16_tflops", c.gemmTflops, origin);
   get(j, "gemm_shape", gemmShape, origin);
+  get(j, "peak_bf16_tflops", c.peakTflops, origin);
+  get(j, "device_memory_gb_s", c.deviceMemoryGBs, origin);
+  get(j, "nvlink_bus_gb_s", c.nvlinkBusGBs, origin);
+  get(j, "network_gb_s", c.networkGBs, origin);
+  get(j, "gpus_per_node", gpusPerNode, origin);
   get(j, "host_memory_bytes", c.hostMemoryBytes, origin);
   get(j, "host_available_bytes", c.hostAvailableBytes, origin);
   get(j, "cpu_adamw_elems_per_s", c.cpuAdamwElemsPerS, origin);
@@ -124,10 +134,17 @@ Calibration Calibration::fromJson(const std::string& text, const std::string& or
   c.cpuThreads = threads.value_or(0);
   c.nvmePath = nvmePath.value_or("");
   c.nvmeDirect = direct.value_or(true);
+  c.gpusPerNode = gpusPerNode.value_or(0);
+  STRATA_USER_CHECK(c.gpusPerNode >= 0, "{}: calibration field 'gpus_per_node' is {}; it counts GPUs", origin,
+                    c.gpusPerNode);
   // A rate of zero or less would divide a plan by zero: refuse it here, naming the field.
   for (auto [key, value] : {std::pair{"h2d_gb_s", c.h2dGBs},
                             {"d2h_gb_s", c.d2hGBs},
                             {"gemm_bf16_tflops", c.gemmTflops},
+                            {"peak_bf16_tflops", c.peakTflops},
+                            {"device_memory_gb_s", c.deviceMemoryGBs},
+                            {"nvlink_bus_gb_s", c.nvlinkBusGBs},
+                            {"network_gb_s", c.networkGBs},
                             {"cpu_adamw_elems_per_s", c.cpuAdamwElemsPerS},
                             {"nvme_write_gb_s", c.nvmeWriteGBs},
                             {"nvme_read_gb_s", c.nvmeReadGBs}})
@@ -180,6 +197,9 @@ Calibration measuredH200() {
   c.d2hGBs = 55;
   c.gemmTflops = 799;  // bf16 8192^3 through PyTorch
   c.gemmShape = "8192^3 (PyTorch)";
+  c.peakTflops = 989;  // NVIDIA's H200 SXM datasheet: 1,979 TFLOP/s bf16 with 2:4 sparsity, half of it dense
+  c.nvlinkBusGBs = 331;  // NCCL all_reduce of 1 GiB between 2 GPUs of an H200 machine (kCollectiveBusGBs)
+  c.gpusPerNode = 1;
   c.hostMemoryBytes = 125ull << 30;
   // No figure for Strata's own kernel yet: PyTorch's fused CPU AdamW, 16 threads (4.44 and 5.47 Gparam/s in
   // two runs), where a plain `omp simd` loop with a bf16 write measured 2.25. That loop was ops::adamw before
@@ -200,6 +220,49 @@ Calibration measuredH200x8() {
   c.hostMemoryBytes = 560ull << 30;
   c.nvmeFreeBytes = 235ull << 30;
   c.cpuThreads = 128;
+  c.gpusPerNode = 8;
+  return c;
+}
+
+Calibration h200x8Cluster() {
+  Calibration c = measuredH200x8();
+  c.host = "H200 cluster node (8 GPUs, InfiniBand)";
+  c.deviceName = "NVIDIA H200 (reference, 8 a node)";
+  // 8 x 400 Gb/s NDR InfiniBand a node, one NIC a GPU (the DGX H200's eight ConnectX-7 ports): 50 GB/s a GPU.
+  // Published line rate, not a measurement: NCCL reaches somewhat less across nodes.
+  c.networkGBs = 400.0 / 8;
+  return c;
+}
+
+Calibration a100x8Cluster() {
+  // Published specifications, none measured here.
+  Calibration c;
+  c.date = "published specifications";
+  c.host = "A100-40GB cluster node (8 GPUs, 1 TB host memory, InfiniBand)";
+  c.deviceName = "NVIDIA A100-SXM4-40GB (published figures)";
+  // NVIDIA A100 datasheet: 40 GB of HBM2; the device reports 40,536 MiB of it.
+  c.deviceMemoryBytes = 40536ull << 20;
+  // NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense (624 with sparsity).
+  c.peakTflops = 312;
+  // No A100 GEMM measured here: the peak at the share the reference H200's training-shaped GEMMs reach of
+  // its own (799 of 989 TFLOP/s).
+  c.gemmTflops = 312.0 * 799.0 / 989.0;
+  c.gemmShape = "312 TFLOP/s peak (datasheet) x 0.81, the reference H200's GEMM share of its peak";
+  // NVIDIA A100 datasheet: 1,555 GB/s of HBM2 bandwidth (40 GB); at the share the H200's fused AdamW reaches
+  // of its 4.8 TB/s (3.6 TB/s, kDeviceUpdateGBs).
+  c.deviceMemoryGBs = 1555.0 * 3600.0 / 4800.0;
+  // Third-generation NVLink, 600 GB/s a GPU, both directions (A100 datasheet): 300 each way, at the share
+  // the H200's measured bus bandwidth has of its 450 each way (331 / 450).
+  c.nvlinkBusGBs = 300.0 * 331.0 / 450.0;
+  // PCIe gen4 x16: 32 GB/s a direction on the wire, about 25 achieved with pinned memory.
+  c.h2dGBs = 25;
+  c.d2hGBs = 25;
+  // 8 x 200 Gb/s HDR InfiniBand a node (the DGX A100's eight ConnectX-6 compute ports): 25 GB/s a GPU.
+  c.networkGBs = 200.0 / 8;
+  c.hostMemoryBytes = 1ull << 40;  // 1 TB (the DGX A100's 1 TB configuration)
+  c.cpuThreads = 128;              // 2 x AMD EPYC 7742, 64 cores each (DGX A100)
+  // No CPU AdamW figure for that CPU: the reference H200 machine's (stated in the plan's notes).
+  c.gpusPerNode = 8;
   return c;
 }
 
@@ -378,7 +441,27 @@ MachineChoice chooseMachine(const std::string& machine, const std::string& calib
         "SSD) are the one-GPU H200's, not measured there");
     return out;
   }
-  STRATA_USER_CHECK(machine == "here", "--machine is '{}': use here (this machine), h200 or h200x8", machine);
+  if (machine == "h200x8-ib") {
+    out.calibration = h200x8Cluster();
+    out.source = "a node of 8 H200 with 8 x 400 Gb/s InfiniBand (--machine h200x8-ib)";
+    out.notes.push_back(
+        "the H200 cluster node: the 8-GPU machine's sizes, the one-GPU H200's rates, and the network's "
+        "published line rate (50 GB/s a GPU), not measured");
+    return out;
+  }
+  if (machine == "a100x8-ib") {
+    out.calibration = a100x8Cluster();
+    out.source =
+        "a node of 8 A100-40GB with 1 TB host memory and 8 x 200 Gb/s InfiniBand (--machine a100x8-ib)";
+    out.notes.push_back(
+        "the A100 node's figures are published specifications (plan/Calibration.cpp names each), with the "
+        "GEMM, HBM and NVLink rates at the shares of peak the reference H200 measured; nothing measured on "
+        "an A100");
+    return out;
+  }
+  STRATA_USER_CHECK(machine == "here",
+                    "--machine is '{}': use here (this machine), h200, h200x8, h200x8-ib or a100x8-ib",
+                    machine);
   if (!calibrationPath.empty()) {
     std::optional<Calibration> file = readCalibration(calibrationPath);
     STRATA_USER_CHECK(file.has_value(), "no calibration file {}", calibrationPath);

@@ -8,6 +8,7 @@
 #include "models/Zoo.h"
 #include "strata/config/Resolve.h"
 #include "strata/core/Device.h"
+#include "strata/core/Error.h"
 #include "strata/optim/Adafactor.h"
 #include "strata/zero/ChunkArena.h"
 #include "strata/zero/PowerSgd.h"
@@ -20,17 +21,59 @@ int64_t ModelStateInputs::rangeElemsTotal() const {
   return n;
 }
 
-ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType compute) {
+namespace {
+
+// The parameters of the most loaded of `pipeline` stages of a GPT (NOTE [Layouts] in plan/Plan.h): the first
+// stage's (the embeddings, the first L/P blocks) or the last's (the last L/P blocks, the final norm and the
+// tied head's copy of the token table), whichever has more elements.
+std::vector<std::pair<std::string, Shape>> pipelineStage(
+    const std::vector<std::pair<std::string, Shape>>& all, int64_t layers, int pipeline) {
+  STRATA_USER_CHECK(layers % pipeline == 0, "{} pipeline stages do not split {} layers evenly", pipeline,
+                    layers);
+  int64_t perStage = layers / pipeline;
+  std::vector<std::pair<std::string, Shape>> first, last;
+  for (const auto& [name, shape] : all) {
+    if (name.rfind("h.", 0) == 0) {
+      int64_t block = std::stoll(name.substr(2));
+      if (block < perStage) first.emplace_back(name, shape);
+      if (block >= layers - perStage) last.emplace_back(name, shape);
+    } else if (name.rfind("wte.", 0) == 0) {
+      first.emplace_back(name, shape);
+      last.emplace_back(name, shape);  // the tied head's copy
+    } else if (name.rfind("wpe.", 0) == 0) {
+      first.emplace_back(name, shape);
+    } else {
+      last.emplace_back(name, shape);
+    }
+  }
+  auto elements = [](const std::vector<std::pair<std::string, Shape>>& stage) {
+    int64_t n = 0;
+    for (const auto& [name, shape] : stage) n += numelOf(shape);
+    return n;
+  };
+  return elements(first) >= elements(last) ? first : last;
+}
+
+}  // namespace
+
+ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType compute, int pipeline) {
   ModelStateInputs in;
   in.compute = compute;
   // Tensor parallelism (parallel.tensor): a rank holds its slices of the split layers, and ZeRO shards them
-  // over the data-parallel ranks (ranks / tensor).
+  // over the data-parallel ranks (ranks / tensor, and / pipeline stages).
   int tensor = int(std::max<int64_t>(1, c.parallel.tensor));
-  in.ranks = std::max(1, ranks / tensor);
+  pipeline = std::max(1, pipeline);
+  in.ranks = std::max(1, ranks / (tensor * pipeline));
   in.stage = int(c.zero.stage);
   models::ModelSpec spec = config::modelSpecFrom(c, Device::cpu());
   spec.tensorParallel.size = tensor;
   auto shapes = models::parameterShapes(spec);
+  if (pipeline > 1) {
+    STRATA_USER_CHECK(c.model.arch == "gpt" && c.model.moeNumExperts == 0,
+                      "pipeline stages are planned for gpt without mixture-of-experts layers, not {}{}",
+                      c.model.arch, c.model.moeNumExperts > 0 ? " with experts" : "");
+    shapes = pipelineStage(shapes, c.model.numLayers, pipeline);
+  }
   // Expert parallelism (NOTE [Expert parallelism] in nn/MoE.h): a rank holds 1/P of each MoE layer's experts
   // (rank 0's, "experts.0" .. "experts.E/P-1"), in chunks of their own sharded over the ranks / P that hold
   // the same experts.

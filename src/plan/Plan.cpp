@@ -72,7 +72,8 @@ std::string stateKindName(StateKind kind, DType compute, const std::string& opti
 }
 
 ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b, DType compute, bool onGpu,
-                                       const std::string& recompute, int tensor, bool sequenceParallel) {
+                                       const std::string& recompute, int tensor, bool sequenceParallel,
+                                       int pipeline, int virtualStages, int64_t microBatches) {
   ActivationEstimate a;
   uint64_t e = dtypeSize(compute);
   a.assumptions.push_back(
@@ -122,6 +123,40 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
         scores /= uint64_t(T);
         a.assumptions.push_back(fmt::format("parallel.tensor {}{}: a rank's share", T,
                                             sequenceParallel ? " with sequence parallelism" : ""));
+      }
+      int P = std::max(1, pipeline);
+      if (P > 1) {
+        // NOTE [Layouts]: the first stage's L/P blocks for the micro-batches in flight, or the last's for one
+        // beside the head, whichever is more. Full recomputation keeps each micro-batch's block inputs and
+        // recomputes one block at a time.
+        int64_t perStage = g.numLayers / P;
+        uint64_t one = blocks(perStage, layer + scores, t, g.hiddenSize, g.ffn());
+        uint64_t shared = recompute == "full" ? layer + scores : 0;
+        double inFlight = double(std::min<int64_t>(P, std::max<int64_t>(1, microBatches)));
+        int V = std::max(1, virtualStages);
+        if (V > 1) inFlight *= 1.0 + double(P - 1) / double(P * V);
+        uint64_t firstStage = uint64_t(double(one - shared) * inFlight) + shared;
+        uint64_t head =
+            T > 1 ? 3 * e * uint64_t(t * g.hiddenSize) + 4 * uint64_t(g.vocabSize / T * g.hiddenSize) +
+                        e * uint64_t(t) * uint64_t(g.vocabSize / T)
+                  : e * uint64_t(t * g.hiddenSize) + chunkedHeadBytes(e, t, g.hiddenSize, g.vocabSize);
+        if (firstStage >= one + head) {
+          a.terms.push_back(
+              {fmt::format("first of {} stages: {} blocks x {} x {:.2f} micro-batches in flight{}", P,
+                           perStage, gib(layer + scores), inFlight,
+                           V > 1 ? fmt::format(" ({} virtual stages)", V) : std::string()),
+               firstStage});
+          a.assumptions.push_back(
+              fmt::format("pipeline {}: the first stage's 1F1B micro-batches in flight (NOTE [Layouts])", P));
+        } else {
+          a.terms.push_back(
+              {fmt::format("last of {} stages: {} blocks x {}", P, perStage, gib(layer + scores)), one});
+          a.terms.push_back({"final norm, LM head and loss", head});
+          a.assumptions.push_back(
+              fmt::format("pipeline {}: the last stage, one micro-batch and the head", P));
+        }
+        attentionNote(fused, composedReason(g.dropout, headDim, nullptr));
+        break;
       }
       a.terms.push_back({fmt::format("{} blocks x {}", g.numLayers, gib(layer + scores)),
                          blocks(g.numLayers, layer + scores, t, g.hiddenSize, g.ffn())});
@@ -210,6 +245,13 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   p.ranks = std::max(1, options.ranks);
   p.machineSource = options.calibration ? options.calibrationSource : "the reference H200";
   p.ranksPerNode = options.ranksPerNode > 0 ? std::min(options.ranksPerNode, p.ranks) : p.ranks;
+  // The layout (NOTE [Layouts]): data x tensor x pipeline ranks, over machines of ranksPerNode.
+  int tensor = int(std::max<int64_t>(1, c.parallel.tensor));
+  p.tensor = tensor;
+  p.pipeline = std::max(1, options.pipeline);
+  p.virtualStages = p.pipeline > 1 ? std::max(1, options.virtualStages) : 1;
+  p.data = std::max(1, p.ranks / (tensor * p.pipeline));
+  p.nodes = (p.ranks + p.ranksPerNode - 1) / p.ranksPerNode;
   // The machine: the calibration's figures, the reference H200 for any it lacks.
   Calibration h200 = measuredH200();
   p.machine = options.calibration.value_or(h200);
@@ -231,6 +273,14 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     fill(p.machine.d2hGBs, h200.d2hGBs, "D2H bandwidth");
     fill(p.machine.gemmTflops, h200.gemmTflops, "GEMM rate");
   }
+  if (p.onGpu && p.ranks > 1) fill(p.machine.nvlinkBusGBs, h200.nvlinkBusGBs, "NVLink bus bandwidth");
+  if (p.onGpu && p.nodes > 1 && !p.machine.networkGBs) {
+    p.machine.networkGBs = kNetworkGBs;
+    p.notes.push_back(fmt::format(
+        "network between machines: not in {}; {:.0f} GB/s a GPU (8 x 400 Gb/s NICs for 8 GPUs)",
+        options.calibration ? options.calibrationSource : std::string("the reference H200's figures"),
+        kNetworkGBs));
+  }
   fill(p.machine.hostMemoryBytes, h200.hostMemoryBytes, "host memory");
   fill(p.machine.cpuAdamwElemsPerS, h200.cpuAdamwElemsPerS, "CPU AdamW rate");
   fill(p.machine.nvmeWriteGBs, h200.nvmeWriteGBs, "SSD write bandwidth");
@@ -244,23 +294,24 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   p.spec = config::modelSpecFrom(c, Device::cpu());
   p.parameters = models::numParameters(p.spec);
   p.microBatch = c.train.microBatchSize;
-  // The ranks that split the batch: all of them, or the data-parallel ones under tensor parallelism.
-  int dataRanks = std::max(1, p.ranks / int(std::max<int64_t>(1, c.parallel.tensor)));
+  // The ranks that split the batch: all of them, or the data-parallel ones under tensor and pipeline
+  // parallelism.
+  int dataRanks = p.data;
   p.globalBatch = c.train.globalBatchSizeSet ? c.train.globalBatchSize : c.train.microBatchSize * dataRanks;
   if (p.globalBatch % (p.microBatch * dataRanks) != 0) {
     p.fits = false;
     p.refusal =
         fmt::format("train.global_batch_size {} is not a multiple of micro_batch_size {} x {} {}ranks",
-                    p.globalBatch, p.microBatch, dataRanks, c.parallel.tensor > 1 ? "data-parallel " : "");
+                    p.globalBatch, p.microBatch, dataRanks, p.ranks > dataRanks ? "data-parallel " : "");
   }
   p.accumulation = std::max<int64_t>(1, p.globalBatch / (p.microBatch * dataRanks));
 
-  p.inputs = modelStateInputs(c, p.ranks, p.compute);
+  p.inputs = modelStateInputs(c, p.ranks, p.compute, p.pipeline);
   const ModelStateInputs& in = p.inputs;
   p.optimizer = c.optimizer.type;
-  int tensor = int(std::max<int64_t>(1, c.parallel.tensor));
-  p.activations = estimateActivations(p.spec, p.microBatch, p.compute, p.onGpu, c.train.recompute, tensor,
-                                      c.parallel.sequenceParallel);
+  p.activations =
+      estimateActivations(p.spec, p.microBatch, p.compute, p.onGpu, c.train.recompute, tensor,
+                          c.parallel.sequenceParallel, p.pipeline, p.virtualStages, p.accumulation);
   // Gradient buffers: every chunk's while backward accumulates; after the last backward's reduce-scatter
   // (stage >= 2, several ranks) only the shards and two chunks in flight.
   bool shardedGrads = in.stage >= 2 && in.ranks > 1;
@@ -413,31 +464,50 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   p.flopsPerStep = models::flopsPerToken(p.spec) * tokens / double(p.ranks);
   if (!p.onGpu) return p;
   double gemm = *m.gemmTflops * 1e12;
+  double memoryGBs = m.deviceMemoryGBs.value_or(kDeviceUpdateGBs);
+  double nvlink = m.nvlinkBusGBs.value_or(kCollectiveBusGBs);
+  // NOTE [Layouts]: the slowest pipeline stage's FLOPs, L/P of the blocks and on the last stage the LM head
+  // (6 V h a token), over its tensor-parallel ranks; without a pipeline, the step's over the ranks.
+  double headFlops = p.pipeline > 1 ? 6.0 * double(p.spec.vocabSize) * double(p.spec.hiddenSize) : 0;
+  double stageFlops = ((models::flopsPerToken(p.spec) - headFlops) / double(p.pipeline) + headFlops) *
+                      tokens / double(p.data * tensor);
   // NOTE [Recompute auto]: full recomputation runs each block's forward again (a third more FLOPs, the head's
   // included); selective reads and writes the MLP's activation once more, at memory speed.
-  double computed = p.flopsPerStep * (p.recompute == "full" ? 4.0 / 3.0 : 1.0);
+  double computed = stageFlops * (p.recompute == "full" ? 4.0 / 3.0 : 1.0);
+  double computeSeconds = computed / (gemm * kComputeEfficiency);
   p.terms.push_back(
-      {"compute", computed / (gemm * kComputeEfficiency),
-       fmt::format("{:.3g} FLOP{} / ({:.0f} TFLOP/s GEMM x {:.2f} efficiency)", computed,
+      {"compute", computeSeconds,
+       fmt::format("{:.3g} FLOP{}{} / ({:.0f} TFLOP/s GEMM x {:.2f} efficiency)", computed,
+                   p.pipeline > 1 ? fmt::format(" (the last of {} stages, with the LM head)", p.pipeline)
+                                  : std::string(),
                    p.recompute == "full" ? " (the blocks' forward twice: train.recompute full)" : "",
                    *m.gemmTflops, kComputeEfficiency),
        false});
+  if (p.pipeline > 1) {
+    // NOTE [Layouts]: the 1F1B schedule idles (P-1) / (V M) of the compute (Narayanan et al. 2021).
+    double share = double(p.pipeline - 1) / (double(p.virtualStages) * double(p.accumulation));
+    p.terms.push_back(
+        {"bubble", computeSeconds * share,
+         fmt::format("(P-1)/(V x M) = {}/({} x {}) = {:.3f} of the compute: the 1F1B schedule's "
+                     "fill and drain",
+                     p.pipeline - 1, p.virtualStages, p.accumulation, share),
+         false});
+  }
   if (p.recompute == "selective") {
     double bytes = 2.0 * double(dtypeSize(p.compute)) * tokens / double(p.ranks) * double(p.spec.numLayers) *
                    double(p.spec.ffnHiddenSize > 0 ? p.spec.ffnHiddenSize : 4 * p.spec.hiddenSize);
-    p.terms.push_back({"recompute", bytes / (kDeviceUpdateGBs * 1e9),
+    p.terms.push_back({"recompute", bytes / (memoryGBs * 1e9),
                        fmt::format("the MLP activations again: {} read and written at {:.1f} TB/s",
-                                   gib(uint64_t(bytes / 2)), kDeviceUpdateGBs / 1000),
+                                   gib(uint64_t(bytes / 2)), memoryGBs / 1000),
                        false});
   }
   int64_t deviceElems = 0, offElems = 0;
   for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
     (p.placement.optimizerTier[i] == zero::Tier::Device ? deviceElems : offElems) += in.rangeElems[i];
   if (deviceElems > 0)
-    p.terms.push_back({"device update",
-                       double(deviceElems) * kDeviceUpdateBytesPerElem / (kDeviceUpdateGBs * 1e9),
+    p.terms.push_back({"device update", double(deviceElems) * kDeviceUpdateBytesPerElem / (memoryGBs * 1e9),
                        fmt::format("{:.3g} elements x {:.0f} B at {:.1f} TB/s", double(deviceElems),
-                                   kDeviceUpdateBytesPerElem, kDeviceUpdateGBs / 1000),
+                                   kDeviceUpdateBytesPerElem, memoryGBs / 1000),
                        false});
   if (tensor > 1) {
     // Megatron's tensor parallelism: per block one all-reduce of the micro-batch's [B, S, hidden] stream
@@ -447,27 +517,57 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     double buffer = double(dtypeSize(p.compute)) * double(p.microBatch) * double(p.spec.seqLength) *
                     double(p.spec.hiddenSize);
     double perBlock = p.recompute == "full" ? 6 : 4;
-    double moved = 2.0 * double(tensor - 1) / double(tensor) * buffer * perBlock * double(p.spec.numLayers) *
-                   double(p.accumulation);
+    double moved = 2.0 * double(tensor - 1) / double(tensor) * buffer * perBlock *
+                   double(p.spec.numLayers / p.pipeline) * double(p.accumulation);
     p.terms.push_back(
-        {"TP collectives", moved / (kCollectiveBusGBs * 1e9),
+        {"TP collectives", moved / (nvlink * 1e9),
          fmt::format("{:.3g} B over NVLink at {:.0f} GB/s bus bandwidth, {} all-reduces a block "
                      "per micro-batch",
-                     moved, kCollectiveBusGBs, int(perBlock)),
+                     moved, nvlink, int(perBlock)),
+         false});
+  }
+  if (p.pipeline > 1) {
+    // NOTE [Layouts]: each micro-batch's activations forward and their gradients back, V times interleaved,
+    // 1/T of [b, s, h] a rank; inside a machine when the whole pipeline fits one.
+    double buffer = double(dtypeSize(p.compute)) * double(p.microBatch) * double(p.spec.seqLength) *
+                    double(p.spec.hiddenSize) / double(tensor);
+    double moved = 2.0 * double(p.virtualStages) * buffer * double(p.accumulation);
+    bool inside = p.ranks <= p.ranksPerNode;
+    double rate = inside ? nvlink : *m.networkGBs;
+    p.terms.push_back(
+        {"pipeline p2p", moved / (rate * 1e9),
+         fmt::format("{:.3g} B of activations and their gradients between stages, {} at {:.0f} GB/s", moved,
+                     inside ? "over NVLink" : "over the network", rate),
          false});
   }
   if (in.ranks > 1) {
     // Per rank, a ring moves (N-1)/N of the buffer per pass: all-reduce two passes of fp32 gradients (stage
     // 0); reduce-scatter of fp32 gradients and all-gather of the 16-bit parameters (1 and 2); stage 3 also
     // gathers the parameters in each micro-batch's forward and backward. N: the data-parallel ranks.
-    double share = double(in.ranks - 1) / double(in.ranks), paramBytes = 0;
+    // NOTE [Layouts]: hierarchically, the group's g members on a machine in a ring at NVLink speed, then
+    // rings across its n machines on 1/g of the buffer each at the network's rate a GPU.
+    double paramBytes = 0;
     for (int64_t padded : in.paddedElems) paramBytes += double(padded) * double(dtypeSize(p.compute));
     double gradBytes = double(in.gradientBytes);
     double moved = in.stage == 0 ? 2 * gradBytes : gradBytes + paramBytes;
     if (in.stage == 3) moved += 2 * paramBytes * double(p.accumulation);
+    int D = in.ranks;
+    int onMachine = std::max(1, std::min(D, p.ranksPerNode / tensor));
+    int machines = std::max(1, D / onMachine);
+    double inside = double(onMachine - 1) / double(onMachine),
+           across = double(machines - 1) / double(machines);
+    double seconds = moved * inside / (nvlink * 1e9) +
+                     (machines > 1 ? moved * across / double(onMachine) / (*m.networkGBs * 1e9) : 0.0);
     p.terms.push_back(
-        {"collectives", moved * share / (kCollectiveBusGBs * 1e9),
-         fmt::format("{:.3g} B over NVLink at {:.0f} GB/s bus bandwidth", moved * share, kCollectiveBusGBs),
+        {"collectives", seconds,
+         machines == 1
+             ? fmt::format("{:.3g} B over NVLink at {:.0f} GB/s bus bandwidth", moved * inside, nvlink)
+             : fmt::format("{}{:.3g} B over the network at {:.0f} GB/s a GPU across {} machines",
+                           onMachine > 1 ? fmt::format("{:.3g} B over NVLink at {:.0f} GB/s among {} ranks a "
+                                                       "machine, then ",
+                                                       moved * inside, nvlink, onMachine)
+                                         : std::string("one rank a machine: "),
+                           moved * across / double(onMachine), *m.networkGBs, machines),
          true});
   }
   if (offElems > 0 && p.optimizer == "adafactor") {
@@ -685,24 +785,30 @@ std::string formatPlan(const ModelStatePlan& p) {
                                        gib(*p.machine.deviceMemoryBytes))
                          : std::string("no GPU"),
                      gib(*p.machine.hostMemoryBytes),
-                     p.machine.host == "reference H200" ? " (the reference H200, measured; docs/memory.md)"
-                     : p.machineSource == "this machine"
-                         ? fmt::format(" ({}, read now)", p.machine.host)
+                     p.machine.host == "reference H200"  ? " (the reference H200, measured; docs/memory.md)"
+                     : p.machineSource == "this machine" ? fmt::format(" ({}, read now)", p.machine.host)
+                     : p.machine.date == "published specifications"
+                         ? fmt::format(" ({}: published specifications)", p.machine.host)
                          : fmt::format(" (calibrated on {} {})", p.machine.host, p.machine.date));
   out << fmt::format(
       "run            {} on {}, {} rank{}, ZeRO stage {}, micro-batch {} x {} accumulation = global batch "
       "{}, recompute {}{}\n",
       dtypeName(p.compute), p.onGpu ? "the GPU" : "the CPU", p.ranks,
-      p.inputs.ranks == p.ranks ? std::string(p.ranks == 1 ? "" : "s")
-                                : fmt::format("s ({} data-parallel x {} tensor-parallel)", p.inputs.ranks,
-                                              p.ranks / p.inputs.ranks),
+      p.inputs.ranks == p.ranks
+          ? std::string(p.ranks == 1 ? "" : "s")
+          : fmt::format("s ({} data-parallel x {} tensor-parallel{})", p.data, p.tensor,
+                        p.pipeline > 1 ? fmt::format(" x {} pipeline stages{}", p.pipeline,
+                                                     p.virtualStages > 1
+                                                         ? fmt::format(", {} virtual a rank", p.virtualStages)
+                                                         : std::string())
+                                       : std::string()),
       p.inputs.stage, p.microBatch, p.accumulation, p.globalBatch, p.recompute,
       p.recomputeAuto ? " (auto)" : "");
   if (p.ranksPerNode > 1)
     out << fmt::format(
-        "per rank       {} of host memory, {} of SSD space, {} CPU threads ({} ranks on one machine)\n",
+        "per rank       {} of host memory, {} of SSD space, {} CPU threads ({} ranks on one machine{})\n",
         gib(p.hostShareBytes), p.nvmeShareBytes ? gib(p.nvmeShareBytes) : std::string("-"), p.cpuThreadShare,
-        p.ranksPerNode);
+        p.ranksPerNode, p.nodes > 1 ? fmt::format(", {} machines", p.nodes) : std::string());
   out << fmt::format("chunks         {} of {} (zero_optimization.chunk_size_mb; the largest {})\n",
                      p.inputs.layout.chunks.size(),
                      gib(uint64_t(p.inputs.layout.chunkElems) * dtypeSize(p.compute)),
@@ -763,7 +869,8 @@ std::string formatPlan(const ModelStatePlan& p) {
     out << fmt::format(
         "  {:<22} {:>12}  fp32 error feedback and Q matrices (dist.powersgd_rank), across steps\n",
         "PowerSGD state", gib(p.inputs.powerSgdBytes));
-  out << fmt::format("  {:<22} {:>12}  one micro-batch of {}\n", "activations", gib(p.activations.bytes),
+  out << fmt::format("  {:<22} {:>12}  {} of {}\n", "activations", gib(p.activations.bytes),
+                     p.pipeline > 1 ? "the most loaded stage's micro-batches" : "one micro-batch",
                      p.microBatch);
   for (const ActivationTerm& t : p.activations.terms)
     out << fmt::format("    {:<44} {:>12}\n", t.what, gib(t.bytes));
@@ -790,7 +897,11 @@ std::string formatPlan(const ModelStatePlan& p) {
       out << fmt::format("  {:<14} {:>10}  {}\n", t.name, seconds(t.seconds), t.detail);
     double tokens = double(p.globalBatch) * double(p.spec.seqLength);
     auto rate = [&](double s) {
-      return fmt::format("{:.0f} tokens/s, {:.0f} TFLOP/s per GPU", tokens / s, p.flopsPerStep / s / 1e12);
+      return fmt::format(
+          "{:.0f} tokens/s, {:.0f} TFLOP/s per GPU{}", tokens / s, p.flopsPerStep / s / 1e12,
+          p.machine.peakTflops
+              ? fmt::format(" ({:.0f}% MFU)", 100 * p.flopsPerStep / s / 1e12 / *p.machine.peakTflops)
+              : std::string());
     };
     bool offloaded = p.serialSeconds > p.overlappedSeconds * 1.0001;
     out << fmt::format("  step           {:>10}  {}{}\n", seconds(p.serialSeconds), rate(p.serialSeconds),
@@ -806,6 +917,11 @@ std::string formatPlan(const ModelStatePlan& p) {
   return out.str();
 }
 
+double ModelStatePlan::mfu() const {
+  if (serialSeconds <= 0 || !machine.peakTflops) return 0;
+  return flopsPerStep / serialSeconds / (*machine.peakTflops * 1e12);
+}
+
 const StepTerm* LayoutPlan::longest() const {
   const StepTerm* out = nullptr;
   for (const StepTerm& t : plan.terms)
@@ -813,38 +929,74 @@ const StepTerm* LayoutPlan::longest() const {
   return out;
 }
 
+std::string LayoutPlan::planOnly() const {
+  return pipeline > 1 ? "plan only: the trainer runs no pipeline parallelism yet" : std::string();
+}
+
+std::string LayoutPlan::name() const {
+  std::string out = fmt::format("data {} x tensor {}", data, tensor);
+  if (pipeline > 1) out += fmt::format(" x pipeline {}", pipeline);
+  if (virtualStages > 1) out += fmt::format(" ({} virtual stages)", virtualStages);
+  return out;
+}
+
 std::vector<LayoutPlan> planLayouts(const config::Config& c, const PlanOptions& options) {
   int ranks = std::max(1, options.ranks);
   int perMachine = options.ranksPerNode > 0 ? std::min(options.ranksPerNode, ranks) : ranks;
   models::ModelSpec spec = config::modelSpecFrom(c, Device::cpu());
+  int64_t layers = c.model.numLayers;
+  // The global batch as configured, or one micro-batch per data-parallel rank of the configured split.
+  int64_t global = c.train.globalBatchSizeSet
+                       ? c.train.globalBatchSize
+                       : c.train.microBatchSize * std::max(1, ranks / std::max(1, int(c.parallel.tensor)));
   std::vector<LayoutPlan> out;
   for (int t = 1; t <= perMachine; ++t) {
     if (perMachine % t != 0 || ranks % t != 0) continue;
-    LayoutPlan l;
-    l.tensor = t;
-    l.data = ranks / t;
-    if (t > 1) {
-      if (c.model.arch != "gpt")
-        l.invalid = fmt::format("tensor parallelism splits gpt only, not {}", c.model.arch);
-      else if (c.model.moeNumExperts > 0)
-        l.invalid = "tensor parallelism with mixture-of-experts layers is not supported";
-      else if (spec.numHeads % t != 0 || spec.ffnHiddenSize % t != 0 || spec.vocabSize % t != 0)
-        l.invalid = fmt::format("{} heads, MLP width {} and vocabulary {} do not all split {} ways",
-                                spec.numHeads, spec.ffnHiddenSize, spec.vocabSize, t);
-    }
-    if (l.invalid.empty()) {
-      config::Config layout = c;
-      layout.parallel.tensor = t;
-      layout.parallel.sequenceParallel = t > 1 && c.parallel.sequenceParallel;
-      // The global batch as configured, or one micro-batch per data-parallel rank.
-      if (!c.train.globalBatchSizeSet) {
-        layout.train.globalBatchSize =
-            c.train.microBatchSize * std::max(1, ranks / std::max(1, int(c.parallel.tensor)));
-        layout.train.globalBatchSizeSet = true;
+    for (int pp = 1; pp <= ranks / t; ++pp) {
+      if ((ranks / t) % pp != 0 || (pp > 1 && layers % pp != 0)) continue;
+      int d = ranks / (t * pp);
+      int64_t micro = int64_t(d) * c.train.microBatchSize;
+      int64_t microBatches = global % micro == 0 ? global / micro : 0;
+      // V: 1, and every divisor of a stage's layers above it when P divides the micro-batches.
+      std::vector<int> virtuals{1};
+      if (pp > 1 && microBatches > 0 && microBatches % pp == 0)
+        for (int v = 2; v <= layers / pp; ++v)
+          if ((layers / pp) % v == 0) virtuals.push_back(v);
+      for (int v : virtuals) {
+        LayoutPlan l;
+        l.tensor = t;
+        l.pipeline = pp;
+        l.virtualStages = v;
+        l.data = d;
+        if (t > 1) {
+          if (c.model.arch != "gpt")
+            l.invalid = fmt::format("tensor parallelism splits gpt only, not {}", c.model.arch);
+          else if (c.model.moeNumExperts > 0)
+            l.invalid = "tensor parallelism with mixture-of-experts layers is not supported";
+          else if (spec.numHeads % t != 0 || spec.ffnHiddenSize % t != 0 || spec.vocabSize % t != 0)
+            l.invalid = fmt::format("{} heads, MLP width {} and vocabulary {} do not all split {} ways",
+                                    spec.numHeads, spec.ffnHiddenSize, spec.vocabSize, t);
+        }
+        if (l.invalid.empty() && pp > 1) {
+          if (c.model.arch != "gpt")
+            l.invalid = fmt::format("pipeline stages are planned for gpt only, not {}", c.model.arch);
+          else if (c.model.moeNumExperts > 0)
+            l.invalid = "pipeline stages with mixture-of-experts layers are not planned";
+        }
+        if (l.invalid.empty()) {
+          config::Config layout = c;
+          layout.parallel.tensor = t;
+          layout.parallel.sequenceParallel = t > 1 && c.parallel.sequenceParallel;
+          layout.train.globalBatchSize = global;
+          layout.train.globalBatchSizeSet = true;
+          PlanOptions o = options;
+          o.pipeline = pp;
+          o.virtualStages = v;
+          l.plan = planModelState(layout, o);
+        }
+        out.push_back(std::move(l));
       }
-      l.plan = planModelState(layout, options);
     }
-    out.push_back(std::move(l));
   }
   auto rank = [](const LayoutPlan& l) {
     if (!l.invalid.empty()) return 2;
@@ -852,36 +1004,98 @@ std::vector<LayoutPlan> planLayouts(const config::Config& c, const PlanOptions& 
   };
   std::stable_sort(out.begin(), out.end(), [&](const LayoutPlan& a, const LayoutPlan& b) {
     if (rank(a) != rank(b)) return rank(a) < rank(b);
-    return rank(a) == 0 && a.plan.serialSeconds < b.plan.serialSeconds;
+    // Those that fit, the fastest first; those that do not, the nearest to fitting (the smallest device
+    // peak) first.
+    if (rank(a) == 0) return a.plan.serialSeconds < b.plan.serialSeconds;
+    return rank(a) == 1 && a.plan.devicePeakBytes < b.plan.devicePeakBytes;
   });
   return out;
 }
 
-std::string formatLayouts(const std::vector<LayoutPlan>& layouts) {
+std::string formatLayouts(const std::vector<LayoutPlan>& layouts, size_t maxFitting, size_t maxOther) {
   std::ostringstream out;
-  out << fmt::format("layouts (NOTE [Layouts] in plan/Plan.h; pipeline parallelism not weighed):\n");
-  out << fmt::format("  {:<4} {:>6} {:>6} {:>10} {:>12} {:>12} {:>9}  {}\n", "", "tensor", "data",
-                     "recompute", "step", "TFLOP/s/GPU", "peak GiB", "bound");
-  int best = 0;
+  out << "layouts (NOTE [Layouts] in plan/Plan.h; ranks = data x tensor x pipeline):\n";
+  out << fmt::format("  {:<4} {:>5} {:>6} {:>5} {:>4} {:>10} {:>10} {:>6} {:>9} {:>9}  {}\n", "", "data",
+                     "tensor", "pipe", "virt", "recompute", "step", "MFU", "TFLOP/s", "peak GiB",
+                     "bound (the longest terms)");
+  size_t fitting = 0, other = 0, hiddenFitting = 0, hiddenOther = 0;
+  auto head = [](const LayoutPlan& l) {
+    return fmt::format("{:>5} {:>6} {:>5} {:>4}", l.data, l.tensor, l.pipeline, l.virtualStages);
+  };
   for (const LayoutPlan& l : layouts) {
+    bool fits = l.invalid.empty() && l.plan.fits;
+    if (!fits && ++other > maxOther) {
+      ++hiddenOther;
+      continue;
+    }
     if (!l.invalid.empty()) {
-      out << fmt::format("  {:<4} {:>6} {:>6}  cannot split: {}\n", "", l.tensor, l.data, l.invalid);
+      out << fmt::format("  {:<4} {}  cannot split: {}\n", "", head(l), l.invalid);
       continue;
     }
     const ModelStatePlan& p = l.plan;
     if (!p.fits) {
-      out << fmt::format("  {:<4} {:>6} {:>6}  does not fit: {}\n", "", l.tensor, l.data, p.refusal);
+      out << fmt::format("  {:<4} {}  does not fit (peak {:.1f} GiB): {}\n", "", head(l),
+                         double(p.devicePeakBytes) / double(1ull << 30), p.refusal);
       continue;
     }
-    std::string mark = ++best <= 3 ? fmt::format("#{}", best) : "";
-    const StepTerm* bound = l.longest();
+    if (++fitting > maxFitting) {
+      ++hiddenFitting;
+      continue;
+    }
+    std::string mark = fitting <= 3 ? fmt::format("#{}", fitting) : "";
+    // The two longest terms.
+    std::vector<const StepTerm*> terms;
+    for (const StepTerm& t : p.terms) terms.push_back(&t);
+    std::stable_sort(terms.begin(), terms.end(),
+                     [](const StepTerm* a, const StepTerm* b) { return a->seconds > b->seconds; });
+    std::string bound;
+    for (size_t i = 0; i < std::min<size_t>(2, terms.size()); ++i)
+      bound += fmt::format("{}{} {}", i ? ", " : "", terms[i]->name, seconds(terms[i]->seconds));
     double tflops = p.serialSeconds > 0 ? p.flopsPerStep / p.serialSeconds / 1e12 : 0;
-    out << fmt::format("  {:<4} {:>6} {:>6} {:>10} {:>11.2f}s {:>12.0f} {:>9.1f}  {}\n", mark, l.tensor,
-                       l.data, p.recompute, p.serialSeconds, tflops,
-                       double(p.devicePeakBytes) / double(1ull << 30),
-                       bound ? fmt::format("{} {:.2f} s", bound->name, bound->seconds) : std::string("-"));
+    out << fmt::format("  {:<4} {} {:>10} {:>9.2f}s {:>6} {:>9.0f} {:>9.1f}  {}{}\n", mark, head(l),
+                       p.recompute, p.serialSeconds,
+                       p.mfu() > 0 ? fmt::format("{:.1f}%", 100 * p.mfu()) : "-", tflops,
+                       double(p.devicePeakBytes) / double(1ull << 30), bound,
+                       l.planOnly().empty() ? std::string() : " (plan only)");
   }
+  if (hiddenFitting > 0) out << fmt::format("  ... and {} more layouts that fit, slower\n", hiddenFitting);
+  if (hiddenOther > 0) out << fmt::format("  ... and {} more that do not fit or cannot split\n", hiddenOther);
+  if (std::any_of(layouts.begin(), layouts.end(), [](const LayoutPlan& l) { return !l.planOnly().empty(); }))
+    out << "  plan only: pipeline parallelism, which the trainer does not run yet\n";
   return out.str();
+}
+
+LayoutChoice chooseLayout(const config::Config& c, const PlanOptions& options) {
+  LayoutChoice choice;
+  choice.layouts = planLayouts(c, options);
+  int fitting = 0;
+  const LayoutPlan* fastest = nullptr;
+  for (size_t i = 0; i < choice.layouts.size(); ++i) {
+    const LayoutPlan& l = choice.layouts[i];
+    if (!l.invalid.empty() || !l.plan.fits) continue;
+    ++fitting;
+    if (fastest == nullptr) fastest = &l;
+    if (choice.chosen < 0 && l.planOnly().empty()) choice.chosen = int(i);
+  }
+  if (choice.chosen < 0) {
+    choice.why = fmt::format("parallel: auto: no layout of {} rank{} fits that the trainer runs ({} fit{})",
+                             std::max(1, options.ranks), options.ranks > 1 ? "s" : "", fitting,
+                             fitting > 0 ? ", all plan only: they need pipeline parallelism" : "");
+    return choice;
+  }
+  const LayoutPlan& l = choice.layouts[size_t(choice.chosen)];
+  auto step = [](const LayoutPlan& x) {
+    return x.plan.terms.empty() ? fmt::format("peak {}", gib(x.plan.devicePeakBytes))
+                                : fmt::format("{} a step", seconds(x.plan.serialSeconds));
+  };
+  choice.why = fmt::format(
+      "parallel: auto chose {} (parallel.tensor {}): {}, recompute {}, the fastest of {} "
+      "layout{} that fit",
+      l.name(), l.tensor, step(l), l.plan.recompute, fitting, fitting == 1 ? "" : "s");
+  if (fastest != &l)
+    choice.why += fmt::format(" that the trainer runs ({}, {}, is plan only: pipeline parallelism)",
+                              fastest->name(), step(*fastest));
+  return choice;
 }
 
 }  // namespace strata::plan

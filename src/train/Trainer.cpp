@@ -272,6 +272,21 @@ void Trainer::plan(const config::Config& config) {
     options.calibration->deviceMemoryBytes =
         dist::perRankShare(deviceMemoryBytes(device_), parallel_->topology().ranksOnDevice);
   }
+  if (config_.parallel.automatic) {
+    // NOTE [Parallel auto] in plan/Plan.h: the fastest layout that fits and that the trainer runs, at the
+    // global batch the layouts were weighed at.
+    plan::LayoutChoice choice = plan::chooseLayout(planned, options);
+    STRATA_USER_CHECK(choice.chosen >= 0, "{}: {}",
+                      config_.sourcePath.empty() ? "the config" : config_.sourcePath, choice.why);
+    const plan::LayoutPlan& chosen = choice.layouts[size_t(choice.chosen)];
+    for (config::Config* c : {&config_, &planned}) {
+      c->parallel.tensor = chosen.tensor;
+      c->parallel.automatic = false;
+      c->train.globalBatchSize = chosen.plan.globalBatch;
+      c->train.globalBatchSizeSet = true;
+    }
+    if (parallel_->isMain()) spdlog::info("{}", choice.why);
+  }
   plan::ModelStatePlan p = plan::planModelState(planned, options);
   if (!p.fits)
     STRATA_USER_FAIL(

@@ -16,7 +16,7 @@ for config in "$configs"/*.yaml "$configs"/zoo/*.yaml; do
       grep -Eq "^  step " <<<"$out" || { echo "FAIL: $config: plan lacks its tables" >&2; failures=$((failures + 1)); }
     echo "ok: $config plans"
   elif [ "$rc" -eq 1 ]; then
-    grep -q "^error: .*does not fit" <<<"$out" && grep -q "largest model of its family" <<<"$out" ||
+    grep -q "^error: .*does not fit" <<<"$out" && grep -q "a smaller model: the largest of its family" <<<"$out" ||
       { echo "FAIL: $config: refused without the largest model: $(echo "$out" | tail -2)" >&2; failures=$((failures + 1)); }
     echo "ok: $config refused"
   else
@@ -46,6 +46,43 @@ out=$("$strata" plan "$configs/gpt3-13b.yaml" --machine h200x8 --ranks 8 --layou
   --set train.global_batch_size=64 2>&1)
 [ $? -eq 0 ] && grep -Eq "^  #1 +[0-9]+ +[0-9]+ " <<<"$out" && grep -q "TP collectives" <<<"$out" ||
   { echo "FAIL: no best layout: $(echo "$out" | tail -6)" >&2; failures=$((failures + 1)); }
+# Layouts across machines (NOTE [Layouts] in plan/Plan.h): 16 ranks on two nodes of the H200 cluster weigh
+# pipeline layouts too, marked plan only, with the predicted MFU; a rank count that is not whole machines is
+# refused; a machine without a network figure is planned at 50 GB/s a GPU and says so.
+out=$("$strata" plan "$configs/gpt3-13b.yaml" --machine h200x8-ib --ranks 16 --layouts --set model.seq_length=512 \
+  --set train.global_batch_size=64 2>&1)
+[ $? -eq 0 ] && grep -Eq "^  #1 +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ " <<<"$out" && grep -q "(plan only)" <<<"$out" &&
+  grep -q "8 ranks on one machine, 2 machines" <<<"$out" && grep -q "MFU" <<<"$out" ||
+  { echo "FAIL: layouts over two machines: $(echo "$out" | tail -8)" >&2; failures=$((failures + 1)); }
+out=$("$strata" plan "$configs/gpt3-1.3b.yaml" --machine h200x8 --ranks 16 --gpus-per-node 8 --set train.micro_batch_size=1 \
+  --set train.global_batch_size=16 2>&1)
+[ $? -eq 0 ] && grep -q "over the network at 50 GB/s a GPU across 2 machines" <<<"$out" &&
+  grep -q "network between machines: not in" <<<"$out" ||
+  { echo "FAIL: --gpus-per-node 8 of 16 ranks: $(echo "$out" | grep -E "collectives|network")" >&2; failures=$((failures + 1)); }
+out=$("$strata" plan "$configs/gpt3-1.3b.yaml" --machine h200 --ranks 16 --gpus-per-node 3 2>&1)
+[ $? -eq 1 ] && grep -q "not a whole number of machines of 3 (--gpus-per-node)" <<<"$out" ||
+  { echo "FAIL: 16 ranks, 3 a machine: $(echo "$out" | tail -2)" >&2; failures=$((failures + 1)); }
+# The paper-scale plans (BENCHMARKS.md, "Paper-scale plans"): GPT-175B fits 16 H200 nodes only with a pipeline;
+# the 1T model does not fit 20 A100-40GB nodes, and says why.
+out=$("$strata" plan "$configs/gpt3-175b.yaml" --machine h200x8-ib --ranks 128 --layouts 2>&1)
+[ $? -eq 0 ] && grep -Eq "^  #1 .*\(plan only\)$" <<<"$out" ||
+  { echo "FAIL: GPT-175B on 16 H200 nodes: $(echo "$out" | grep -A4 "^layouts")" >&2; failures=$((failures + 1)); }
+out=$("$strata" plan "$configs/gpt-1t.yaml" --machine a100x8-ib --ranks 160 --layouts --set train.global_batch_size=3200 2>&1)
+[ $? -eq 1 ] && grep -q "does not fit (peak" <<<"$out" && grep -q "^error: .*does not fit" <<<"$out" ||
+  { echo "FAIL: the 1T model on 20 A100 nodes: $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
+# parallel: auto (NOTE [Parallel auto]): plan prints the layout it takes, and a CPU training run applies it.
+out=$("$strata" plan "$configs/gpt3-13b.yaml" --machine h200x8 --ranks 8 --set parallel=auto --set model.seq_length=512 \
+  --set train.global_batch_size=64 2>&1)
+[ $? -eq 0 ] && grep -Eq "^parallel: auto chose data [0-9]+ x tensor [0-9]+ \(parallel.tensor" <<<"$out" &&
+  grep -Eq "^run .*8 ranks" <<<"$out" ||
+  { echo "FAIL: plan of parallel: auto: $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
+work=$(mktemp -d /tmp/strata-plan-auto-XXXXXX)
+out=$(timeout 120 "$strata" train "$configs/gpt-nano.yaml" --set parallel=auto --set train.device=cpu \
+  --set data.format=random --set train.train_iters=2 --set train.micro_batch_size=2 --set train.eval_interval=0 \
+  --set train.sample_length=0 --set train.log_interval=1 --set "train.out_dir=$work" --set checkpoint.save= 2>&1)
+[ $? -eq 0 ] && grep -q "parallel: auto chose data 1 x tensor 1" <<<"$out" && grep -Eq "iter(ation)? +2" <<<"$out" ||
+  { echo "FAIL: train with parallel: auto: $(echo "$out" | tail -4)" >&2; failures=$((failures + 1)); }
+rm -rf "$work"
 # The CPU run on a machine of 23.5 GiB: gpt-nano plans in fp32 on the CPU; the 1.3B model (14.7 GiB of state and
 # about 100 GiB of activations) is refused before any allocation, naming the memory.
 export STRATA_HOST_MEMORY_GB=23.5

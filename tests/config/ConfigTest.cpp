@@ -378,3 +378,16 @@ TEST_CASE("an unknown key suggests the nearest: a typo, or the right key under a
   REQUIRE(far.find("did you mean") == std::string::npos);
   REQUIRE(errorOf("", {"model=3"}).find("'model' is a section, not a key") != std::string::npos);
 }
+
+TEST_CASE("parallel: auto stands in for the section; other scalars and parallel.tensor beside it are errors",
+          "[train][config]") {
+  // NOTE [Parallel auto] in plan/Plan.h.
+  CHECK(parseConfig("parallel: auto\n", "t.yaml", {}, false).parallel.automatic);
+  CHECK(parseConfig("model:\n  num_layers: 2\n", "t.yaml", {"parallel=auto"}, false).parallel.automatic);
+  CHECK(!parseConfig("parallel:\n  tensor: 2\n", "t.yaml", {}, false).parallel.automatic);
+  std::string other = errorOf("parallel: fast\n");
+  CHECK(other.find("test.yaml:1") != std::string::npos);
+  CHECK(other.find("or the word auto") != std::string::npos);
+  std::string both = errorOf("parallel: auto\n", {"parallel.tensor=2"});
+  CHECK(both.find("'parallel: auto' chooses parallel.tensor") != std::string::npos);
+}

@@ -28,6 +28,11 @@ TEST_CASE("a calibration file round-trips, and fields a machine lacks stay absen
   c.nvmeFreeBytes = 64ull << 30;
   c.nvmePath = "/mnt/nvme";
   c.nvmeDirect = false;
+  c.peakTflops = 989;
+  c.deviceMemoryGBs = 3600;
+  c.nvlinkBusGBs = 331;
+  c.networkGBs = 50;
+  c.gpusPerNode = 8;
   std::string path = (dir / "sub" / "calibration.json").string();
   plan::writeCalibration(c, path);
   std::optional<plan::Calibration> back = plan::readCalibration(path);
@@ -36,6 +41,10 @@ TEST_CASE("a calibration file round-trips, and fields a machine lacks stay absen
   REQUIRE(*back->gemmTflops == 701.5);
   REQUIRE(*back->deviceMemoryBytes == (150ull << 30));
   REQUIRE(back->nvmeDirect == false);
+  REQUIRE(*back->networkGBs == 50);
+  REQUIRE(*back->nvlinkBusGBs == 331);
+  REQUIRE(*back->peakTflops == 989);
+  REQUIRE(back->gpusPerNode == 8);
 
   // Without a GPU the GPU fields are left out of the file and read back as absent.
   plan::Calibration cpuOnly;
@@ -63,6 +72,32 @@ TEST_CASE("a malformed calibration file is an error naming it", "[train][calibra
   REQUIRE(test::errorOf([] {
             plan::Calibration::fromJson(R"({"nvme_read_gb_s": 0})", "f.json");
           }).find("nvme_read_gb_s") != std::string::npos);
+}
+
+TEST_CASE("the built-in machines: the H200 nodes and the A100-40GB node with InfiniBand load",
+          "[train][calibration]") {
+  plan::MachineChoice h200 = plan::chooseMachine("h200x8-ib", "", "");
+  CHECK(h200.calibration.gpusPerNode == 8);
+  CHECK(*h200.calibration.networkGBs == 50);  // 8 x 400 Gb/s for 8 GPUs
+  CHECK(*h200.calibration.nvlinkBusGBs == 331);
+  CHECK(*h200.calibration.peakTflops == 989);
+  CHECK(*h200.calibration.deviceMemoryBytes == plan::measuredH200x8().deviceMemoryBytes.value());
+  CHECK(h200.source.find("h200x8-ib") != std::string::npos);
+  plan::MachineChoice a100 = plan::chooseMachine("a100x8-ib", "", "");
+  const plan::Calibration& a = a100.calibration;
+  CHECK(a.gpusPerNode == 8);
+  CHECK(*a.peakTflops == 312);
+  CHECK(*a.networkGBs == 25);  // 8 x 200 Gb/s HDR for 8 GPUs
+  CHECK(*a.hostMemoryBytes == (1ull << 40));
+  CHECK(*a.deviceMemoryBytes > (39ull << 30));
+  CHECK(*a.deviceMemoryBytes < (40ull << 30));
+  CHECK(*a.gemmTflops < *a.peakTflops);
+  CHECK(*a.h2dGBs == 25);
+  CHECK(!a100.notes.empty());
+  // It survives a calibration file's round trip.
+  CHECK(plan::Calibration::fromJson(a.toJson(), "a100").toJson() == a.toJson());
+  std::string unknown = test::errorOf([] { plan::chooseMachine("v100", "", ""); });
+  CHECK(unknown.find("a100x8-ib") != std::string::npos);
 }
 
 TEST_CASE("the calibration path comes from STRATA_CALIBRATION, else the user's cache",

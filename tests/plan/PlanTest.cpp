@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <tuple>
 
 #include "TestUtil.h"
 #include "strata/autograd/Functions.h"
@@ -729,8 +730,12 @@ TEST_CASE("strata plan --layouts weighs every tensor x data split of the ranks, 
   options.ranks = 8;
   options.calibration = plan::measuredH200x8();
   config::Config c = configFile("gpt3-13b.yaml", {"model.seq_length=512", "train.global_batch_size=64"});
-  std::vector<plan::LayoutPlan> layouts = plan::planLayouts(c, options);
-  INFO(plan::formatLayouts(layouts));
+  std::vector<plan::LayoutPlan> all = plan::planLayouts(c, options);
+  INFO(plan::formatLayouts(all));
+  // Without pipeline stages (the pipeline's layouts: the next test).
+  std::vector<plan::LayoutPlan> layouts;
+  for (const plan::LayoutPlan& l : all)
+    if (l.pipeline == 1) layouts.push_back(l);
   REQUIRE(layouts.size() == 4);
   std::set<int> tensors;
   for (const plan::LayoutPlan& l : layouts) {
@@ -814,4 +819,201 @@ TEST_CASE("plan: PowerSGD's error feedback and Q matrices count in the device's 
   REQUIRE(plan::planModelState(
               configFile("gpt3-1.3b.yaml", {"zero_optimization.stage=2", "dist.powersgd_rank=4"}), options)
               .inputs.powerSgdBytes == 0);
+}
+
+TEST_CASE("strata plan --layouts enumerates data x tensor x pipeline (x virtual stages) over the machines",
+          "[train][plan]") {
+  // NOTE [Layouts] in plan/Plan.h: 16 ranks on two 8-GPU machines; GPT-13B has 40 layers and 40 heads.
+  plan::PlanOptions options;
+  options.ranks = 16;
+  options.ranksPerNode = 8;
+  options.calibration = plan::h200x8Cluster();
+  config::Config c = configFile("gpt3-13b.yaml", {"model.seq_length=512", "train.global_batch_size=64"});
+  std::vector<plan::LayoutPlan> layouts = plan::planLayouts(c, options);
+  std::string table = plan::formatLayouts(layouts, 1000, 1000);
+  INFO(table);
+  std::set<std::tuple<int, int, int, int>> seen;
+  for (const plan::LayoutPlan& l : layouts) {
+    CHECK(l.data * l.tensor * l.pipeline == 16);
+    CHECK(8 % l.tensor == 0);  // tensor-parallel groups inside a machine
+    CHECK(40 % l.pipeline == 0);
+    int64_t microBatches = 64 / (4 * l.data);  // micro-batches of 4
+    if (l.virtualStages > 1) {
+      CHECK(l.pipeline > 1);
+      CHECK(microBatches % l.pipeline == 0);
+      CHECK((40 / l.pipeline) % l.virtualStages == 0);
+    }
+    CHECK(l.planOnly().empty() == (l.pipeline == 1));
+    if (l.invalid.empty()) {
+      CHECK(l.plan.pipeline == l.pipeline);
+      CHECK(l.plan.data == l.data);
+      CHECK(l.plan.nodes == 2);
+      CHECK(l.plan.accumulation == microBatches);
+    }
+    seen.insert({l.data, l.tensor, l.pipeline, l.virtualStages});
+  }
+  CHECK(seen.size() == layouts.size());
+  // Every (T, P): T in {1, 2, 4, 8}, P dividing 16 / T and the 40 layers.
+  std::set<std::pair<int, int>> tp;
+  for (const plan::LayoutPlan& l : layouts) tp.insert({l.tensor, l.pipeline});
+  CHECK(tp == std::set<std::pair<int, int>>{{1, 1},
+                                            {1, 2},
+                                            {1, 4},
+                                            {1, 8},
+                                            {2, 1},
+                                            {2, 2},
+                                            {2, 4},
+                                            {2, 8},
+                                            {4, 1},
+                                            {4, 2},
+                                            {4, 4},
+                                            {8, 1},
+                                            {8, 2}});
+  // P = 2, D = 8: 2 micro-batches a step, so V in {2, 4, 5, 10, 20} beside 1 (20 layers a stage).
+  CHECK(seen.count({8, 1, 2, 20}) == 1);
+  CHECK(seen.count({8, 1, 2, 3}) == 0);  // 20 layers a stage do not split 3 ways
+  // Those that fit first, fastest first; then those that do not, the nearest to fitting first.
+  int phase = 0;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const plan::LayoutPlan& l = layouts[i];
+    int now = !l.invalid.empty() ? 2 : l.plan.fits ? 0 : 1;
+    CHECK(now >= phase);
+    if (i > 0 && now == phase && now == 0) CHECK(layouts[i - 1].plan.serialSeconds <= l.plan.serialSeconds);
+    if (i > 0 && now == phase && now == 1)
+      CHECK(layouts[i - 1].plan.devicePeakBytes <= l.plan.devicePeakBytes);
+    phase = now;
+  }
+  REQUIRE(layouts.front().plan.fits);
+  CHECK(table.find("#1") != std::string::npos);
+  CHECK(table.find("(plan only)") != std::string::npos);
+  CHECK(table.find("MFU") != std::string::npos);
+
+  // A layout that cannot fit is marked, with its peak and why: GPT-175B on 8 GPUs.
+  options.ranks = 8;
+  std::vector<plan::LayoutPlan> big = plan::planLayouts(configFile("gpt3-175b.yaml"), options);
+  std::string bigTable = plan::formatLayouts(big, 1000, 1000);
+  INFO(bigTable);
+  CHECK(std::none_of(big.begin(), big.end(), [](const plan::LayoutPlan& l) { return l.plan.fits; }));
+  CHECK(bigTable.find("does not fit (peak ") != std::string::npos);
+}
+
+TEST_CASE("a pipeline stage plans 1/P of the blocks, the 1F1B activations in flight and the bubble",
+          "[train][plan]") {
+  // NOTE [Layouts] in plan/Plan.h.
+  plan::PlanOptions options;
+  options.ranks = 8;
+  options.ranksPerNode = 8;
+  options.calibration = plan::measuredH200x8();
+  config::Config c = configFile("gpt3-13b.yaml", {"model.seq_length=512", "train.global_batch_size=64",
+                                                  "train.recompute=none", "zero_optimization.stage=1"});
+  auto at = [&](int pipeline, int virtualStages, int64_t global = 64) {
+    plan::PlanOptions o = options;
+    o.pipeline = pipeline;
+    o.virtualStages = virtualStages;
+    config::Config g = c;
+    g.train.globalBatchSize = global;
+    return plan::planModelState(g, o);
+  };
+  auto term = [](const plan::ModelStatePlan& p, const std::string& name) {
+    for (const plan::StepTerm& t : p.terms)
+      if (t.name == name) return t.seconds;
+    return -1.0;
+  };
+  plan::ModelStatePlan one = at(1, 1), four = at(4, 1);
+  // State: a quarter of the blocks and the embeddings, over 2 data-parallel ranks instead of 8.
+  CHECK(four.data == 2);
+  CHECK(four.accumulation == 64 / (4 * 2));
+  double ratio = double(four.inputs.parameterBytes) / double(one.inputs.parameterBytes);
+  CHECK(ratio > 0.25);
+  CHECK(ratio < 0.30);
+  // Activations: the first stage keeps min(P, M) = 4 micro-batches of its 10 blocks, as many blocks as the
+  // whole model keeps for one micro-batch; the head's chunked logits are on the last stage only.
+  CHECK(std::abs(double(four.activations.terms.front().bytes) - double(one.activations.terms.front().bytes)) <
+        0.01 * double(one.activations.terms.front().bytes));
+  // Interleaving keeps (1 + (P-1)/(P V)) times that.
+  plan::ModelStatePlan interleaved = at(4, 2);
+  CHECK(double(interleaved.activations.terms.front().bytes) ==
+        Approx(double(four.activations.terms.front().bytes) * (1 + 3.0 / 8)).epsilon(0.01));
+  // The bubble: (P-1)/(V M) of the compute; more micro-batches, or virtual stages, shrink it.
+  CHECK(term(one, "bubble") < 0);
+  CHECK(term(four, "bubble") == Approx(term(four, "compute") * 3.0 / 8.0));
+  plan::ModelStatePlan more = at(4, 1, 256);
+  CHECK(more.accumulation == 32);
+  CHECK(term(more, "bubble") == Approx(term(more, "compute") * 3.0 / 32.0));
+  CHECK(term(more, "bubble") / term(more, "compute") < term(four, "bubble") / term(four, "compute"));
+  CHECK(term(interleaved, "bubble") == Approx(term(four, "bubble") / 2));
+  // The stages send activations point to point, V times a micro-batch interleaved; inside the machine.
+  CHECK(term(four, "pipeline p2p") > 0);
+  CHECK(term(interleaved, "pipeline p2p") == Approx(2 * term(four, "pipeline p2p")));
+  // The slowest stage, the last, computes the LM head beside its blocks: more than an even quarter.
+  CHECK(term(four, "compute") > term(one, "compute"));
+  CHECK(four.flopsPerStep == Approx(one.flopsPerStep));
+}
+
+TEST_CASE("data-parallel collectives across machines run at the network's rate", "[train][plan]") {
+  // NOTE [Layouts] in plan/Plan.h: hierarchically, inside each machine at NVLink speed, across at the
+  // network's.
+  config::Config c = configFile("gpt3-1.3b.yaml", {"zero_optimization.stage=2", "train.micro_batch_size=1",
+                                                   "train.global_batch_size=16"});
+  plan::PlanOptions options;
+  options.ranks = 16;
+  options.calibration = plan::h200x8Cluster();
+  auto collectives = [&](int perNode, double network) {
+    plan::PlanOptions o = options;
+    o.ranksPerNode = perNode;
+    o.calibration->networkGBs = network;
+    plan::ModelStatePlan p = plan::planModelState(c, o);
+    for (const plan::StepTerm& t : p.terms)
+      if (t.name == "collectives") return std::make_pair(t.seconds, t.detail);
+    return std::make_pair(-1.0, std::string());
+  };
+  auto [oneMachine, oneDetail] = collectives(16, 50);
+  auto [two, twoDetail] = collectives(8, 50);
+  auto [twoSlow, slowDetail] = collectives(8, 25);
+  INFO(twoDetail);
+  CHECK(oneDetail.find("network") == std::string::npos);
+  CHECK(twoDetail.find("over the network at 50 GB/s a GPU across 2 machines") != std::string::npos);
+  CHECK(two > oneMachine);
+  // The network's part doubles at half the rate; the NVLink part stays.
+  plan::ModelStatePlan p = plan::planModelState(c, options);
+  double paramBytes = 0;
+  for (int64_t padded : p.inputs.paddedElems) paramBytes += double(padded) * 2;
+  double moved = double(p.inputs.gradientBytes) + paramBytes;
+  double nvlinkPart = moved * 7.0 / 8.0 / (331e9), networkPart = moved * 0.5 / 8.0 / 50e9;
+  CHECK(two == Approx(nvlinkPart + networkPart));
+  CHECK(twoSlow == Approx(nvlinkPart + 2 * networkPart));
+  // Tensor parallelism 8 fills each machine: its data-parallel groups are one rank a machine, all network.
+  config::Config t8 = c;
+  t8.parallel.tensor = 8;
+  plan::PlanOptions o = options;
+  o.ranksPerNode = 8;
+  plan::ModelStatePlan tp = plan::planModelState(t8, o);
+  for (const plan::StepTerm& t : tp.terms)
+    if (t.name == "collectives") CHECK(t.detail.find("one rank a machine: ") == 0);
+}
+
+TEST_CASE("parallel: auto takes the fastest layout that fits and that the trainer runs", "[train][plan]") {
+  // NOTE [Parallel auto] in plan/Plan.h.
+  config::Config c =
+      configFile("gpt3-13b.yaml", {"model.seq_length=512", "train.global_batch_size=64", "parallel=auto"});
+  CHECK(c.parallel.automatic);
+  plan::PlanOptions options;
+  options.ranks = 8;
+  options.calibration = plan::measuredH200x8();
+  plan::LayoutChoice choice = plan::chooseLayout(c, options);
+  INFO(plan::formatLayouts(choice.layouts) << choice.why);
+  REQUIRE(choice.chosen >= 0);
+  const plan::LayoutPlan& chosen = choice.layouts[size_t(choice.chosen)];
+  CHECK(chosen.pipeline == 1);
+  CHECK(chosen.plan.fits);
+  // No runnable layout that fits is faster.
+  for (const plan::LayoutPlan& l : choice.layouts)
+    if (l.invalid.empty() && l.plan.fits && l.planOnly().empty())
+      CHECK(chosen.plan.serialSeconds <= l.plan.serialSeconds);
+  CHECK(choice.why.find("parallel: auto chose " + chosen.name()) == 0);
+  // None fits: it says so.
+  config::Config big = configFile("gpt3-175b.yaml", {"parallel=auto"});
+  plan::LayoutChoice none = plan::chooseLayout(big, options);
+  CHECK(none.chosen < 0);
+  CHECK(none.why.find("no layout of 8 ranks fits") != std::string::npos);
 }

@@ -334,7 +334,7 @@ int runPlan(const std::string& configPath, const std::vector<std::string>& overr
   STRATA_USER_CHECK(ranks >= 1, "plan: --ranks must be at least 1, got {}", ranks);
   config::Config c = config::loadConfig(configPath, overrides, /*requireData=*/false);
   STRATA_USER_CHECK(
-      layouts || ranks % std::max<int64_t>(1, c.parallel.tensor) == 0,
+      layouts || c.parallel.automatic || ranks % std::max<int64_t>(1, c.parallel.tensor) == 0,
       "{}: parallel.tensor ({}) must divide the number of ranks ({}); plan --ranks a multiple of "
       "it, or --layouts to weigh every split",
       configPath, c.parallel.tensor, ranks);
@@ -345,6 +345,25 @@ int runPlan(const std::string& configPath, const std::vector<std::string>& overr
   plan::MachineChoice chosen = plan::chooseMachine(machine, calibrationPath, c.zero.nvmePath);
   options.calibration = chosen.calibration;
   options.calibrationSource = chosen.source;
+  // A machine of several GPUs (a preset, or a calibration that says so) takes that many ranks unless told.
+  if (ranksPerNode == 0 && chosen.calibration.gpusPerNode > 1)
+    options.ranksPerNode = chosen.calibration.gpusPerNode;
+  STRATA_USER_CHECK(
+      options.ranksPerNode == 0 || options.ranksPerNode >= ranks || ranks % options.ranksPerNode == 0,
+      "plan: --ranks {} is not a whole number of machines of {} (--gpus-per-node)", ranks,
+      options.ranksPerNode);
+  if (c.parallel.automatic && !layouts) {
+    // NOTE [Parallel auto] in plan/Plan.h: the layout the trainer would take, its plan, and the table; when
+    // none fits that the trainer runs, the config's own split (parallel.tensor 1) is refused below.
+    plan::LayoutChoice choice = plan::chooseLayout(c, options);
+    if (choice.chosen >= 0) {
+      std::printf("%s", plan::formatPlan(choice.layouts[size_t(choice.chosen)].plan).c_str());
+      for (const std::string& note : chosen.notes) std::printf("  - %s\n", note.c_str());
+    }
+    std::printf("%s%s\n", plan::formatLayouts(choice.layouts).c_str(), choice.why.c_str());
+    std::fflush(stdout);
+    if (choice.chosen >= 0) return 0;
+  }
   if (layouts) {
     // NOTE [Layouts] in plan/Plan.h: the best layout's whole plan, then every layout's line.
     std::vector<plan::LayoutPlan> all = plan::planLayouts(c, options);
@@ -683,17 +702,21 @@ int main(int argc, char** argv) {
   plan->add_option("config", config, "YAML config file")->required();
   plan->add_option("--set", overrides, "override a config key");
   plan->add_option("--ranks", planRanks, "ranks (GPUs) to plan for (default 1)")->check(CLI::PositiveNumber);
-  plan->add_option("--ranks-per-node", planRanksPerNode,
-                   "ranks on each machine, which split its host memory, SSD and cores (default: all of them)")
+  plan->add_option("--gpus-per-node,--ranks-per-node", planRanksPerNode,
+                   "ranks (GPUs) on each machine, which split its host memory, SSD and cores; the ranks span "
+                   "ranks / this machines (default: the machine's GPUs for a preset, else all the ranks)")
       ->check(CLI::PositiveNumber);
   plan->add_option(
       "--machine", planMachine,
       "the machine to plan for: here (default: this machine, with its calibration file when it has "
-      "one), h200 (the reference H200, measured) or h200x8 (the 8-GPU H200 machine: its memory, disk and "
-      "cores, the H200's rates)");
+      "one), h200 (the reference H200, measured), h200x8 (the 8-GPU H200 machine: its memory, disk and "
+      "cores, the H200's rates), h200x8-ib (a cluster node of that machine with 8 x 400 Gb/s InfiniBand) or "
+      "a100x8-ib (a node of 8 A100-40GB, 1 TB of host memory and 8 x 200 Gb/s InfiniBand: published "
+      "figures)");
   plan->add_flag(
       "--layouts", planLayouts,
-      "weigh every split of the ranks into tensor x data parallel (gpt) and plan the fastest that fits");
+      "weigh every split of the ranks into data x tensor x pipeline parallel (gpt) and plan the fastest that "
+      "fits");
   plan->add_option("--calibration", calibrationPath,
                    "calibration file (default $STRATA_CALIBRATION or ~/.cache/strata/calibration.json)");
 

@@ -181,6 +181,9 @@ struct ParallelConfig {
   // Megatron's sequence parallelism on top: the norms, dropout and residual stream on a part of the sequence
   // each (NOTE [Sequence parallelism] in nn/TensorParallel.h).
   bool sequenceParallel = false;
+  // `parallel: auto` (a scalar in place of the section): the plan chooses the split of the ranks before the
+  // trainer allocates (NOTE [Parallel auto] in plan/Plan.h), and sets parallel.tensor.
+  bool automatic = false;
 };
 
 struct CheckpointConfig {

@@ -20,6 +20,14 @@ struct Calibration {
   std::optional<double> h2dGBs, d2hGBs;  // pinned host memory <-> device, GB/s (1e9)
   std::optional<double> gemmTflops;      // bf16 GEMMs at a training-like shape
   std::string gemmShape;                 // what gemmTflops timed
+  // The device's dense bf16 peak (its published figure): what model FLOPs utilization is a share of.
+  std::optional<double> peakTflops;
+  // What the device's own AdamW update and the recomputation's rereads run at, GB/s (absent: the H200's).
+  std::optional<double> deviceMemoryGBs;
+  // Between the GPUs of one machine, NCCL's bus bandwidth (NVLink), GB/s; and between machines, the
+  // network's, per GPU (a machine's NICs over its GPUs: 8 x 400 Gb/s for 8 GPUs is 50 GB/s).
+  std::optional<double> nvlinkBusGBs, networkGBs;
+  int gpusPerNode = 0;  // GPUs on one machine (0: unknown)
   // Host.
   std::optional<uint64_t> hostMemoryBytes, hostAvailableBytes;  // MemTotal, MemAvailable
   std::optional<double> cpuAdamwElemsPerS;                      // fp32 state, bf16 output, all threads
@@ -49,6 +57,12 @@ Calibration measuredH200();
 // its sizes, with measuredH200()'s rates, which that machine has not measured. `strata plan --machine h200x8
 // --ranks 8` plans a job on it (the ranks split its host memory, disk and cores).
 Calibration measuredH200x8();
+// A cluster node of 8 H200: measuredH200x8() with 8 x 400 Gb/s InfiniBand between nodes (`--machine
+// h200x8-ib`).
+Calibration h200x8Cluster();
+// A node of 8 A100-40GB with 1 TB of host memory and 8 x 200 Gb/s HDR InfiniBand (`--machine a100x8-ib`): the
+// published figures (Calibration.cpp names each one's source), not a measurement.
+Calibration a100x8Cluster();
 
 struct SsdRates {
   double writeGBs = 0, readGBs = 0;
@@ -69,10 +83,11 @@ Calibration probeMachine(const std::string& nvmePath);
 std::string thisHostName();
 
 // The machine `strata plan` plans for, and where its figures came from. `machine` is "here", "h200"
-// (the reference H200) or "h200x8" (the 8-GPU machine). Here: an explicit `calibrationPath` is used as it is;
-// otherwise the default calibration file when it describes this host (its rates, with what probeMachine reads
-// filling its gaps), else probeMachine alone (the plan then takes the rates from the H200, and `notes` say
-// so). A calibration file of another host is never used for this one.
+// (the reference H200), "h200x8" (the 8-GPU machine), or a node of a cluster, "h200x8-ib" or "a100x8-ib".
+// Here: an explicit `calibrationPath` is used as it is; otherwise the default calibration file when it
+// describes this host (its rates, with what probeMachine reads filling its gaps), else probeMachine alone
+// (the plan then takes the rates from the H200, and `notes` say so). A calibration file of another host is
+// never used for this one.
 struct MachineChoice {
   Calibration calibration;
   std::string source;

@@ -54,8 +54,10 @@ struct ModelStateInputs {
   int64_t rangeElemsTotal() const;
 };
 
-// The placement inputs of `config` on `ranks` ranks computing in `compute` (config::computeDTypeFor).
-ModelStateInputs modelStateInputs(const config::Config& config, int ranks, DType compute);
+// The placement inputs of `config` on `ranks` ranks computing in `compute` (config::computeDTypeFor). With
+// `pipeline` P > 1 (a GPT): the most loaded stage's (NOTE [Layouts] in plan/Plan.h), its parameters sharded
+// over the ranks / (parallel.tensor x P) data-parallel ranks.
+ModelStateInputs modelStateInputs(const config::Config& config, int ranks, DType compute, int pipeline = 1);
 
 // NOTE [Host headroom]
 // An automatic host budget (store.host_budget_gb auto) is what the host has available less its headroom, and

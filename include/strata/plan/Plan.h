@@ -57,8 +57,12 @@ constexpr double kComputeEfficiency = 0.72;
 constexpr double kGpuLaneBytesPerElem = 24;
 // The device's fused AdamW: 28 bytes per element at 3.6 TB/s (BENCHMARKS.md: 10 ms per step at 1.3B).
 constexpr double kDeviceUpdateBytesPerElem = 28, kDeviceUpdateGBs = 3600;
-// NCCL bus bandwidth between the GPUs of one machine (measured on a 2-GPU H200 machine: all_reduce of 1 GiB).
+// NCCL bus bandwidth between the GPUs of one machine (measured on a 2-GPU H200 machine: all_reduce of 1 GiB):
+// what a calibration without nvlink_bus_gb_s is planned with.
 constexpr double kCollectiveBusGBs = 331;
+// The network between machines, GB/s a GPU, for a calibration without network_gb_s: 8 x 400 Gb/s NICs for 8
+// GPUs (the H200 cluster node's line rate).
+constexpr double kNetworkGBs = 50;
 // CUDA context, cuBLASLt workspace and allocator slack on the device (6.7B measured 1.5 GiB over the state,
 // gradients and activations).
 constexpr uint64_t kDeviceWorkspaceBytes = 2ull << 30;
@@ -81,10 +85,13 @@ struct ActivationEstimate {
 // `tensor` > 1 (GPT, parallel.tensor): a rank's share under tensor parallelism (NOTE [Tensor parallelism] in
 // nn/TensorParallel.h): the heads' and the MLP's activations split T ways, the stream and the norms' whole,
 // or split along the sequence too with `sequenceParallel`; the vocabulary-parallel head keeps its [tokens,
-// V/T] logits.
+// V/T] logits. `pipeline` > 1 (GPT): the most loaded stage of P under the 1F1B schedule with
+// `virtualStages` V and `microBatches` M a step (NOTE [Layouts]): the first stage's L/P blocks for min(P, M)
+// micro-batches in flight (x (1 + (P-1)/(P V)) interleaved), or the last's L/P blocks and the head for one.
 ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t microBatch, DType compute,
                                        bool onGpu, const std::string& recompute = "none", int tensor = 1,
-                                       bool sequenceParallel = false);
+                                       bool sequenceParallel = false, int pipeline = 1, int virtualStages = 1,
+                                       int64_t microBatches = 1);
 
 struct StepTerm {
   std::string name;
@@ -105,6 +112,8 @@ struct ModelStatePlan {
   bool onGpu = true;
   int ranks = 1;
   int ranksPerNode = 1;
+  // The layout: data x tensor x pipeline ranks (NOTE [Layouts]), V virtual stages a rank; the machines.
+  int data = 1, tensor = 1, pipeline = 1, virtualStages = 1, nodes = 1;
   // This rank's share of its machine (NOTE [Per-node shares] in distributed/Launch.h): the host memory and
   // SSD space the automatic budgets start from, and the CPU threads.
   uint64_t hostShareBytes = 0, nvmeShareBytes = 0;
@@ -127,7 +136,9 @@ struct ModelStatePlan {
   std::vector<StepTerm> terms;
   double serialSeconds = 0, overlappedSeconds = 0;
   std::string bound;        // the largest term once overlapped
-  double flopsPerStep = 0;  // per rank
+  double flopsPerStep = 0;  // per rank: the model's FLOPs of the step's tokens over the ranks
+  // Model FLOPs utilization: flopsPerStep / the step / the device's peak (0 without a step or a peak).
+  double mfu() const;
   bool fits = true;
   std::string refusal;  // why not, when !fits
   // train.recompute as planned: the config's, or what auto chose (NOTE [Recompute auto]) and why.
@@ -144,6 +155,9 @@ struct PlanOptions {
   // The machine; nullopt: measuredH200(). Fields it lacks come from measuredH200() too.
   std::optional<Calibration> calibration;
   std::string calibrationSource;  // named in the notes
+  // Pipeline parallelism (NOTE [Layouts]): P stages, each rank holding V virtual stages (Megatron's
+  // interleaved 1F1B schedule); the ranks are data x parallel.tensor x pipeline.
+  int pipeline = 1, virtualStages = 1;
 };
 
 // The plan of `config` (never throws for a model that does not fit: fits is false and refusal says why).
@@ -175,20 +189,60 @@ std::optional<config::Config> largestFittingModel(const config::Config& config, 
 std::string formatPlan(const ModelStatePlan& plan);
 
 // NOTE [Layouts]
-// `strata plan --layouts` weighs the ways `options.ranks` ranks can split a GPT: parallel.tensor T for every
-// T that divides the ranks on one machine (tensor-parallel groups stay inside a machine, on NVLink) and the
-// model's heads, MLP width and vocabulary, with the rest of the ranks data parallel. Each is planned in full
-// (placement, recomputation, step time with the tensor-parallel and data-parallel collectives), and the
-// layouts that fit come first, fastest predicted step first. Pipeline parallelism is not among them.
+// `strata plan --layouts` weighs the ways `options.ranks` ranks, `ranksPerNode` G to a machine, can split a
+// GPT: data D x tensor T x pipeline P (x V virtual stages). T divides G and the ranks, and the model's heads,
+// MLP width and vocabulary (tensor-parallel groups stay inside a machine, on NVLink); P divides the ranks / T
+// and the layers; V > 1 divides the layers of a stage, with the micro-batches a step M = global batch /
+// (micro-batch x D) a multiple of P (Megatron's interleaved schedule); D is the rest. Ranks are ordered
+// tensor fastest, then data, then pipeline (Megatron's order). Each layout is planned in full (placement,
+// recomputation, step time), a rank planned as the most loaded pipeline stage:
+// - State: ZeRO (zero_optimization.stage) over the D ranks of the parameters of 1/P of the blocks, with the
+//   embeddings on the first stage and the final norm and the tied head's copy of the token table on the
+//   last, whichever stage holds more.
+// - Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+//   after Narayanan et al. 2021's 1F1B schedule): the first stage keeps min(P, M) micro-batches of its L/P
+//   blocks in flight, L blocks' worth at M >= P whatever P is; the interleaved schedule keeps (1 + (P-1) /
+//   (P V)) times that. The last stage keeps one micro-batch and the head's; the larger is planned.
+// - Compute: the slowest stage's FLOPs (L/P of the blocks and, on the last, the LM head), and the bubble of
+//   the 1F1B schedule, (P-1) / (V M) of it (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+//   Training on GPU Clusters Using Megatron-LM", SC'21).
+// - Links: a machine's GPUs talk at its NCCL bus bandwidth (Calibration::nvlinkBusGBs), machines at the
+//   network's rate a GPU (Calibration::networkGBs). Tensor-parallel collectives stay on NVLink. The data-
+//   parallel collectives of the stage's gradients (and parameters at stages 1-3) run hierarchically: a ring
+//   inside each machine over its members of the group at NVLink speed, then across machines on 1/(members)
+//   of the buffer each at the network's. Pipeline stages send each micro-batch's activations forward and
+//   their gradients back, V times a micro-batch interleaved, 1/T of the [b, s, h] tensor a rank (Megatron's
+//   scatter/gather), inside a machine when the whole pipeline fits one, else at the network's rate; counted
+//   on the step's critical path.
+// The layouts that fit come first, fastest predicted step first, then those that do not fit, the smallest
+// device peak (the nearest to fitting) first, then those the model cannot split. A layout with P > 1 is "plan
+// only": the trainer runs no pipeline parallelism yet.
 struct LayoutPlan {
-  int tensor = 1, data = 1;
-  std::string invalid;  // why the model cannot split T ways (then `plan` is empty)
+  int tensor = 1, data = 1, pipeline = 1, virtualStages = 1;
+  std::string invalid;  // why the model cannot split this way (then `plan` is empty)
   ModelStatePlan plan;
   // The longest term of the predicted step: what bounds the layout.
   const StepTerm* longest() const;
+  // What the trainer cannot run today (empty: it can): pipeline parallelism.
+  std::string planOnly() const;
+  std::string name() const;  // "data 4 x tensor 2", with " x pipeline P (x V virtual)" when P > 1
 };
 std::vector<LayoutPlan> planLayouts(const config::Config& config, const PlanOptions& options);
-// The table `strata plan --layouts` prints: one row a layout, the best three marked.
-std::string formatLayouts(const std::vector<LayoutPlan>& layouts);
+// The table `strata plan --layouts` prints: one row a layout, the best three marked. Long tables show the
+// first `maxFitting` layouts that fit and `maxOther` of the rest, and count the others.
+std::string formatLayouts(const std::vector<LayoutPlan>& layouts, size_t maxFitting = 12,
+                          size_t maxOther = 6);
+
+// NOTE [Parallel auto]
+// `parallel: auto` in a config (a scalar in place of the section) lets the plan choose the layout: of
+// planLayouts' layouts that fit and that the trainer runs (not plan only), the first, i.e. the fastest
+// predicted step. The trainer applies it (parallel.tensor) before it allocates anything and logs why;
+// `strata plan` of such a config prints the choice and the table it came from.
+struct LayoutChoice {
+  std::vector<LayoutPlan> layouts;  // planLayouts'
+  int chosen = -1;                  // into layouts; -1: none fits that the trainer runs
+  std::string why;
+};
+LayoutChoice chooseLayout(const config::Config& config, const PlanOptions& options);
 
 }  // namespace strata::plan
