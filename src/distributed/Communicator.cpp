@@ -456,4 +456,21 @@ void Communicator::barrier() {
 #endif
 }
 
+std::vector<std::string> allGatherText(Communicator& comm, const std::string& text) {
+  int n = comm.size();
+  if (n == 1) return {text};
+  Tensor lengths = Tensor::empty({n}, DType::I64, Device::cpu());
+  comm.allGather(lengths, Tensor::fromVector(std::vector<int64_t>{int64_t(text.size())}, {1}));
+  std::vector<int64_t> len = lengths.toVector<int64_t>();
+  int64_t longest = std::max<int64_t>(1, *std::max_element(len.begin(), len.end()));
+  std::string padded = text;
+  padded.resize(size_t(longest), '\0');
+  Tensor all = Tensor::empty({n * longest}, DType::U8, Device::cpu());
+  comm.allGather(all, Tensor::fromHost(padded.data(), DType::U8, padded.size(), {longest}, Device::cpu()));
+  std::vector<std::string> out;
+  const char* bytes = static_cast<const char*>(all.data());
+  for (int r = 0; r < n; ++r) out.emplace_back(bytes + r * longest, size_t(len[size_t(r)]));
+  return out;
+}
+
 }  // namespace strata::dist

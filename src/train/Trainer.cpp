@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <sstream>
 
 #include "models/Zoo.h"
 #include "models/gpt/Gpt.h"
@@ -118,6 +119,25 @@ void checkModelSection(const std::string& checkpoint, std::map<std::string, std:
                     "settings (its manifest.json lists them), or start without checkpoint.load.",
                     checkpoint, list);
   for (const auto& line : other) spdlog::warn("resuming {} with a changed setting: {}", checkpoint, line);
+}
+
+// NOTE [Pipeline checkpoints] in train/CheckpointPieces.h: the stages' parameters load only at the pipeline
+// layout that saved them.
+void checkPipelineLayout(const CheckpointState& saved, const std::string& checkpoint, int64_t pipeline,
+                         int64_t virtualStages) {
+  auto valueOf = [&](const char* key) {
+    auto it = saved.effective.find(key);
+    return it == saved.effective.end() ? int64_t(1) : std::stoll(it->second);
+  };
+  int64_t savedPipeline = valueOf("parallel.pipeline"), savedVirtual = valueOf("parallel.virtual_stages");
+  STRATA_USER_CHECK(
+      savedPipeline == pipeline && (pipeline == 1 || savedVirtual == virtualStages),
+      "checkpoint {} was saved with parallel.pipeline: {} and parallel.virtual_stages: {}; this run has "
+      "parallel.pipeline: {} and parallel.virtual_stages: {}. Resume it at its layout (parallel.pipeline: "
+      "{}, "
+      "parallel.virtual_stages: {}), or join its stages into one model file with `strata convert` and start "
+      "from that",
+      checkpoint, savedPipeline, savedVirtual, pipeline, virtualStages, savedPipeline, savedVirtual);
 }
 
 // NOTE [Tensor-parallel checkpoints] in train/CheckpointPieces.h: the slices load only at the layout that
@@ -251,29 +271,6 @@ void Trainer::begin(const config::Config& config) {
   if (!parallel_->isMain()) spdlog::set_level(spdlog::level::warn);
 }
 
-namespace {
-
-// Every rank's text, in rank order, through the CPU (MPI) path: the lengths, then the texts padded to the
-// longest.
-std::vector<std::string> gatherText(dist::Communicator& comm, const std::string& text) {
-  int n = comm.size();
-  if (n == 1) return {text};
-  Tensor lengths = Tensor::empty({n}, DType::I64, Device::cpu());
-  comm.allGather(lengths, Tensor::fromVector(std::vector<int64_t>{int64_t(text.size())}, {1}));
-  std::vector<int64_t> len = lengths.toVector<int64_t>();
-  int64_t longest = std::max<int64_t>(1, *std::max_element(len.begin(), len.end()));
-  std::string padded = text;
-  padded.resize(size_t(longest), '\0');
-  Tensor all = Tensor::empty({n * longest}, DType::U8, Device::cpu());
-  comm.allGather(all, Tensor::fromHost(padded.data(), DType::U8, padded.size(), {longest}, Device::cpu()));
-  std::vector<std::string> out;
-  const char* bytes = static_cast<const char*>(all.data());
-  for (int r = 0; r < n; ++r) out.emplace_back(bytes + r * longest, size_t(len[size_t(r)]));
-  return out;
-}
-
-}  // namespace
-
 void Trainer::plan(const config::Config& config) {
   start_ = planRunStart(config);
   config_ = start_.config;
@@ -333,7 +330,7 @@ void Trainer::agreeOnSetup(const std::function<void()>& work) {
                         {"run_id", runId_},
                         {"pid", long(getpid())},
                         {"host", std::string(host)}};
-  std::vector<std::string> reports = gatherText(parallel_->world().communicator(), report.dump());
+  std::vector<std::string> reports = dist::allGatherText(parallel_->world().communicator(), report.dump());
   std::string firstError;
   int firstRank = -1;
   rankProcesses_.clear();
@@ -711,7 +708,7 @@ static CheckpointGroup checkpointGroup(dist::Communicator& comm) {
   g.rank = comm.rank();
   g.worldSize = comm.size();
   g.barrier = [&comm] { comm.barrier(); };
-  g.allGather = [&comm](const std::string& text) { return gatherText(comm, text); };
+  g.allGather = [&comm](const std::string& text) { return dist::allGatherText(comm, text); };
   return g;
 }
 
@@ -799,6 +796,7 @@ TrainResult Trainer::run() {
     std::string dir = reader.directory();
     const CheckpointState& st = reader.state();
     checkTensorLayout(st, dir, c.parallel.tensor, ranks);
+    checkPipelineLayout(st, dir, c.parallel.pipeline, c.parallel.virtualStages);
     engine.loadState(reader, !c.checkpoint.loadModelOnly);
     if (c.checkpoint.loadModelOnly) {
       spdlog::info(
@@ -831,7 +829,21 @@ TrainResult Trainer::run() {
     st.effective = config::effectiveValues(c);
     st.runId = runId_;
     st.layout = engine.checkpointLayout();
-    if (c.parallel.tensor > 1) st.tensorSlices = nn::tensorParallelSlices(model());
+    if (c.parallel.tensor > 1) {
+      st.tensorSlices = nn::tensorParallelSlices(model());
+      // Under a pipeline each stage knows its own parameters' cuts; rank 0 records every stage's.
+      if (dist::ProcessGroup* stages = pipelineGroup()) {
+        std::string mine;
+        for (const auto& [name, how] : st.tensorSlices)
+          mine += fmt::format("{} {} {}\n", name, how.dim, how.groups);
+        for (const std::string& text : dist::allGatherText(stages->communicator(), mine)) {
+          std::istringstream lines(text);
+          std::string name;
+          nn::TensorSlice how;
+          while (lines >> name >> how.dim >> how.groups) st.tensorSlices[name] = how;
+        }
+      }
+    }
     st.chunked = true;
     // Each rank writes the pieces of state its shards hold, nothing gathered; rank 0 the manifest.
     std::string dir = saveCheckpoint(saveDir, engine.checkpointModel(), engine.checkpointOptimizer(), st,

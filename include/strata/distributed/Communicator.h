@@ -220,4 +220,8 @@ class Communicator {
   std::vector<Storage> abandoned_;  // storages of a failed collective, never freed
 };
 
+// Every rank's text, in rank order, through the CPU (MPI) path: the lengths, then the texts padded to the
+// longest (two all-gathers; a group of one returns its own).
+std::vector<std::string> allGatherText(Communicator& comm, const std::string& text);
+
 }  // namespace strata::dist

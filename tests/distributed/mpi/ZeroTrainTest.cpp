@@ -939,3 +939,52 @@ TEST_CASE("parallel.pipeline is refused where it does not fit, naming what to se
   CHECK(contains(blocks, "lower parallel.pipeline or parallel.virtual_stages"));
   CHECK(contains(bert, "parallel.pipeline (2) splits gpt only"));
 }
+
+TEST_CASE("pipeline checkpoints resume exactly at their layout, join into one model, and refuse another",
+          "[dist][pipeline][checkpoint]") {
+  auto ctx = world();
+  std::string tag = std::to_string(ctx->rank());
+  // Two stages of two virtual stages (with two data-parallel ranks on 4 ranks), ZeRO stage 1.
+  std::vector<std::string> layout{"model.num_layers=4", "parallel.pipeline=2", "parallel.virtual_stages=2"};
+  std::vector<std::string> saving = layout;
+  saving.push_back("checkpoint.save_interval=10");
+  Run straight = trainRun(ctx, "pp-resume-straight", 1, saving);
+  fs::path saved = fs::path(straight.checkpoint).parent_path() / "step-10";
+  std::vector<std::string> loading = layout;
+  loading.push_back("checkpoint.load=" + saved.string());
+  Run resumed = trainRun(ctx, "pp-resume-again", 1, loading);
+  // One rank alone takes neither the run (it keeps parallel.pipeline 2) nor its weights at another layout.
+  auto refusal = [&](const std::string& name, const std::vector<std::string>& sets) {
+    try {
+      trainRun(alone(), name + "-" + tag, 0, sets);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string resume =
+      refusal("pp-resume-single", {"model.num_layers=4", "checkpoint.load=" + saved.string()});
+  std::string weights =
+      refusal("pp-weights-single",
+              {"model.num_layers=4", "checkpoint.load=" + saved.string(), "checkpoint.load_model_only=true"});
+  // strata convert's reader joins the stages: one whole model, each parameter once, with every rank's final
+  // values of its stage.
+  std::map<std::string, Tensor> whole = train::loadModelShards(straight.checkpoint);
+  for (const char* name :
+       {"wte.weight", "wpe.weight", "h.0.attn.qkv.weight", "h.3.mlp.proj.weight", "ln_f.bias"})
+    CHECK(whole.count(name) == 1);
+  CHECK(whole.size() == 2 + 4 * 12 + 2);  // the two tables, 12 tensors a block, the final norm
+  for (const auto& [name, values] : straight.parameters) {
+    INFO(name);
+    REQUIRE(whole.count(name) == 1);
+    CHECK(whole.at(name).toVector<float>() == values);
+  }
+  INFO(resume << "\n" << weights);
+  CHECK(contains(resume, "parallel.pipeline (2) x parallel.tensor (1) must divide the number of ranks (1)"));
+  CHECK(contains(weights, "was saved with parallel.pipeline: 2 and parallel.virtual_stages: 2"));
+  CHECK(contains(weights, "this run has parallel.pipeline: 1"));
+  if (!ctx->isMain()) return;
+  CHECK(straight.losses.size() == 20);
+  CHECK(resumed.losses.size() == 10);
+  CHECK(resumed.losses == std::vector<double>(straight.losses.begin() + 10, straight.losses.end()));
+}
