@@ -889,6 +889,19 @@ TEST_CASE("pipeline parallelism trains like one rank: 1F1B, interleaved, with da
   runs["P2 stage 0"] = trainRun(ctx, "pp2-stage0", 0, with({"parallel.pipeline=2"}));
   runs["P2 V2 stage 1"] =
       trainRun(ctx, "pp2-v2-stage1", 1, with({"parallel.pipeline=2", "parallel.virtual_stages=2"}));
+  // The store's tiers compose: each stage's optimizer state on its device, host and SSD. (The memory plan
+  // weighs the whole model's parameters against the device budget; on 4 ranks each rank keeps half of its
+  // stage's state.)
+  fs::path nvme = fs::temp_directory_path() /
+                  ("strata-pp-nvme-" + std::to_string(::getppid()) + "-" + std::to_string(ctx->rank()));
+  runs["P2 stage 1 on three tiers"] = trainRun(
+      ctx, "pp2-tiers", 1,
+      with({"parallel.pipeline=2", std::string("store.gpu_budget_gb=") + (ranks == 4 ? "0.00025" : "0.0003"),
+            "store.host_budget_gb=0.00006", "zero_optimization.nvme_path=" + nvme.string()}));
+  if (ctx->isMain()) {
+    CHECK(runs["P2 stage 1 on three tiers"].stateNvmeGb.back() > 0);
+    CHECK(runs["P2 stage 1 on three tiers"].stateHostGb.back() > 0);
+  }
   if (ranks == 4) {
     runs["P4 stage 2"] = trainRun(ctx, "pp4-stage2", 2, with({"parallel.pipeline=4"}));
     runs["D2 x P2 stage 2"] = trainRun(ctx, "pp2-dp2-stage2", 2, with({"parallel.pipeline=2"}));
