@@ -105,6 +105,7 @@ GptConfig gptConfig(const ModelSpec& s) {
   STRATA_USER_CHECK(c.moeNumExperts == 0 || c.moeTopK <= c.moeNumExperts,
                     "model.moe_top_k ({}) exceeds model.moe_num_experts ({})", c.moeTopK, c.moeNumExperts);
   c.tensorParallel = s.tensorParallel;
+  c.pipeline = s.pipeline;
   return c;
 }
 

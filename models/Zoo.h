@@ -15,6 +15,7 @@
 
 #include "strata/nn/CausalLM.h"
 #include "strata/nn/MoE.h"
+#include "strata/nn/Pipeline.h"
 
 namespace strata::models {
 
@@ -56,6 +57,9 @@ struct ModelSpec {
   // gpt: the tensor-parallel group (NOTE [Tensor parallelism] in nn/TensorParallel.h); the trainer fills it
   // from parallel.tensor.
   nn::TensorParallel tensorParallel;
+  // gpt: this rank's pipeline stage (NOTE [Pipeline stages] in nn/Pipeline.h); the trainer fills it from
+  // parallel.pipeline and parallel.virtual_stages.
+  nn::PipelineParallel pipeline;
 };
 
 // What an architecture is trained on.

@@ -9,6 +9,7 @@
 #include "strata/nn/Embedding.h"
 #include "strata/nn/MoE.h"
 #include "strata/nn/ModuleList.h"
+#include "strata/nn/Pipeline.h"
 #include "strata/nn/TensorParallel.h"
 #include "strata/nn/TransformerBlock.h"
 
@@ -36,6 +37,9 @@ struct GptConfig {
   // Megatron's tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h): heads, MLP width and
   // vocabulary split over the group; not with MoE layers.
   nn::TensorParallel tensorParallel;
+  // Pipeline parallelism (NOTE [Pipeline stages] in nn/Pipeline.h): this rank builds only its model chunks'
+  // blocks, the embeddings on the first stage, the final norm and the tied head on the last.
+  nn::PipelineParallel pipeline;
 
   int64_t ffn() const { return ffnHiddenSize > 0 ? ffnHiddenSize : 4 * hiddenSize; }
   int64_t positions() const { return maxPositionEmbeddings > 0 ? maxPositionEmbeddings : seqLength; }
@@ -45,9 +49,16 @@ struct GptConfig {
   int64_t numParameters() const;
   int64_t activeParameters() const;
   double flopsPerToken() const;
+  // Training FLOPs per token of one block, of the embeddings (lookups and their gradients) and of the LM
+  // head with its loss: the weights of the pipeline's balanced split.
+  double blockFlopsPerToken() const;
+  double embeddingFlopsPerToken() const;
+  double headFlopsPerToken() const;
+  // The blocks of each of the pipeline's P x V model chunks, balanced by those costs.
+  std::vector<nn::BlockRange> pipelineSplit() const;
 };
 
-class Gpt : public nn::CausalLM {
+class Gpt : public nn::CausalLM, public nn::PipelineStageModel {
  public:
   explicit Gpt(const GptConfig& config);
 
@@ -58,6 +69,15 @@ class Gpt : public nn::CausalLM {
 
   const GptConfig& config() const { return config_; }
 
+  // NOTE [Pipeline stages] in nn/Pipeline.h.
+  const nn::PipelineParallel& pipeline() const override { return config_.pipeline; }
+  Tensor stageForward(int64_t local, const Tensor& input, const Tensor& ids, const Tensor& targets,
+                      DType compute) override;
+  Shape stageActivationShape(const Shape& ids) const override;
+  std::vector<std::string> tiedParameters() const override;
+  // The blocks [begin, end) of each model chunk (one chunk, every block, without a pipeline).
+  const std::vector<nn::BlockRange>& split() const { return split_; }
+
  protected:
   // ids [B, T] (i64) -> logits [B, T, vocab] in the compute dtype.
   Tensor logitsImpl(const Tensor& ids, DType compute) override;
@@ -67,12 +87,22 @@ class Gpt : public nn::CausalLM {
 
  private:
   Tensor hidden(const Tensor& ids, DType compute);
+  // The embeddings (and their dropout) of ids already padded for sequence parallelism: the residual stream's
+  // start.
+  Tensor embed(const Tensor& ids, DType compute);
+  // The tied head's mean cross-entropy of the final norm's output x against targets (unpadded).
+  Tensor headLoss(const Tensor& x, const Tensor& targets);
+  // Refuses the whole model's entry points on a pipeline stage.
+  void refuseStage(const char* what) const;
 
   GptConfig config_;
   std::vector<nn::MoE*> moes_;  // the MoE blocks' expert layers
   std::shared_ptr<nn::Embedding> wte_, wpe_;
   std::shared_ptr<nn::ModuleList> blocks_;
   std::shared_ptr<nn::LayerNorm> lnF_;
+  std::vector<nn::BlockRange> split_;
+  // This rank's blocks of each of its model chunks (pipeline), or of the whole model.
+  std::vector<std::vector<nn::TransformerBlock*>> chunkBlocks_;
 };
 
 }  // namespace strata::models

@@ -437,6 +437,17 @@ std::vector<ConfigKey> makeTable() {
           "parallel.sequence_parallel", [](Config& c) { return &c.parallel.sequenceParallel; },
           "with parallel.tensor > 1: the norms, dropout and residual stream run on 1/tensor of the sequence "
           "each (reduce-scatter and all-gather in place of the all-reduces)"),
+      key(
+          "parallel.pipeline", [](Config& c) { return &c.parallel.pipeline; },
+          "pipeline stages the blocks are split into, balanced by cost (the outermost split: rank = stage x "
+          "data x tensor + ...); 1F1B over the step's micro-batches, at least this many; gpt only, ZeRO "
+          "stages 0 to 2",
+          within(1, 4096)),
+      key(
+          "parallel.virtual_stages", [](Config& c) { return &c.parallel.virtualStages; },
+          "with parallel.pipeline > 1: model chunks per stage (Megatron's interleaved 1F1B; stage p holds "
+          "chunks p, p + pipeline, ...); the micro-batches must divide by parallel.pipeline",
+          within(1, 1024)),
       // checkpoint
       key(
           "checkpoint.save", [](Config& c) { return &c.checkpoint.save; },

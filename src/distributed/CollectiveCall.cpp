@@ -17,6 +17,7 @@ std::string describeCall(const GroupInfo& group, const CollectiveCall& call) {
     op += detail::format(" of {} {} elements ({} bytes)", call.elements, dtypeName(call.dtype),
                          call.elements * int64_t(dtypeSize(call.dtype)));
   }
+  if (!call.peers.empty()) op += " (" + call.peers + ")";
   return detail::format("{} on rank {} of group '{}' ({} ranks)", op, group.rank, group.name, group.size);
 }
 

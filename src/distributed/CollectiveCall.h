@@ -15,6 +15,7 @@ struct CollectiveCall {
   const char* reduce = nullptr;  // "sum", "max", or none
   int64_t elements = 0;          // elements each rank sends (allGather: its block; others: its whole tensor)
   DType dtype = DType::U8;
+  std::string peers;  // point-to-point: "send to rank 1 (tag 0), receive from rank 1 (tag 1)"
 };
 
 // "allReduce(sum) of 1024 bf16 elements (2048 bytes) on rank 1 of group 'world' (4 ranks)"; a barrier has no

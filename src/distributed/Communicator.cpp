@@ -1,5 +1,6 @@
 #include "strata/distributed/Communicator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -350,6 +351,90 @@ void Communicator::allToAll(const Tensor& out, const Tensor& in) {
   });
 }
 
+void Communicator::sendReceive(const std::vector<PeerTransfer>& sends,
+                               const std::vector<PeerTransfer>& receives) {
+  // NOTE [Point-to-point]
+  if (sends.empty() && receives.empty()) return;
+  const Tensor& first = sends.empty() ? receives.front().tensor : sends.front().tensor;
+  std::string peers;
+  auto check = [&](const PeerTransfer& t, const char* way) {
+    checkTensors("sendReceive", t.tensor, t.tensor);
+    STRATA_CHECK(t.tensor.device() == first.device(), "dist: sendReceive: tensors on {} and {}",
+                 t.tensor.device(), first.device());
+    STRATA_CHECK(t.peer >= 0 && t.peer < info_.size && t.peer != info_.rank,
+                 "dist: sendReceive in group '{}': rank {} cannot {} rank {} of {}", info_.name, info_.rank,
+                 way, t.peer, info_.size);
+    STRATA_CHECK(t.tag >= 0 && t.tag < (1 << 15), "dist: sendReceive: tag {} out of [0, 32767]", t.tag);
+    peers += detail::format("{}{} rank {} ({} elements, tag {})", peers.empty() ? "" : ", ", way, t.peer,
+                            t.tensor.numel(), t.tag);
+  };
+  for (const auto& t : sends) check(t, "send to");
+  for (const auto& t : receives) check(t, "receive from");
+  Device device = first.device();
+  STRATA_CHECK(!local(device), "dist: sendReceive in group '{}' of one rank: there is no peer", info_.name);
+  // The same order on both sides of every pair (NCCL matches a pair's transfers in the order posted).
+  auto ordered = [](std::vector<PeerTransfer> list) {
+    std::stable_sort(list.begin(), list.end(), [](const PeerTransfer& a, const PeerTransfer& b) {
+      return a.peer != b.peer ? a.peer < b.peer : a.tag < b.tag;
+    });
+    return list;
+  };
+  std::vector<PeerTransfer> out = ordered(sends), in = ordered(receives);
+  try {
+    delayLane(device, /*gather=*/false);
+#if STRATA_MPI
+    auto mpiTransfers = [](const std::vector<PeerTransfer>& list, const std::vector<Tensor>& host) {
+      std::vector<MpiCommunicator::Transfer> raw;
+      for (size_t i = 0; i < list.size(); ++i) {
+        void* data = host.empty() ? list[i].tensor.data() : host[i].data();
+        raw.push_back({data, list[i].tensor.numel(), list[i].tensor.dtype(), list[i].peer, list[i].tag});
+      }
+      return raw;
+    };
+    if (device.isCpu()) {
+      mpi_->sendReceive(mpiTransfers(out, {}), mpiTransfers(in, {}), peers);
+    } else if (gpu_ == GpuCollectives::Staged) {
+      // NOTE [Staged GPU collectives]: through host copies on the comm lane.
+      const Stream& lane = collectiveStream(device, false);
+      std::vector<Tensor> hostOut, hostIn;
+      for (const auto& t : out) {
+        hostOut.push_back(Tensor::empty(t.tensor.shape(), t.tensor.dtype(), Device::cpu()));
+        copyAsync(hostOut.back().data(), Device::cpu(), t.tensor.data(), device, t.tensor.nbytes(), lane);
+      }
+      for (const auto& t : in)
+        hostIn.push_back(Tensor::empty(t.tensor.shape(), t.tensor.dtype(), Device::cpu()));
+      lane.synchronize();
+      mpi_->sendReceive(mpiTransfers(out, hostOut), mpiTransfers(in, hostIn), peers);
+      for (size_t i = 0; i < in.size(); ++i)
+        copyAsync(in[i].tensor.data(), device, hostIn[i].data(), Device::cpu(), in[i].tensor.nbytes(), lane);
+      lane.synchronize();  // the host copies die here
+    }
+    if (device.isCpu() || gpu_ == GpuCollectives::Staged) {
+      for (const auto& t : in) t.tensor.storage()->bumpVersion();
+      return;
+    }
+#endif
+#if STRATA_NCCL
+    auto ncclTransfers = [](const std::vector<PeerTransfer>& list) {
+      std::vector<NcclCommunicator::Transfer> raw;
+      for (const auto& t : list) raw.push_back({t.tensor.data(), t.tensor.numel(), t.tensor.dtype(), t.peer});
+      return raw;
+    };
+    nccl_->sendReceive(ncclTransfers(out), ncclTransfers(in), peers);
+    for (const auto& list : {&out, &in})
+      for (const auto& t : *list) t.tensor.storage()->recordStream(nccl_->stream());
+    for (const auto& t : in) t.tensor.storage()->bumpVersion();
+#endif
+  } catch (const Error& e) {
+    std::lock_guard lock(mutex_);
+    if (failure_.empty()) failure_ = e.message();
+    // A timed-out transfer may still read or write these bytes.
+    for (const auto& list : {&out, &in})
+      for (const auto& t : *list) abandoned_.push_back(t.tensor.storage());
+    throw;
+  }
+}
+
 void Communicator::barrier() {
   std::string earlier = failure();
   STRATA_USER_CHECK(earlier.empty(),
@@ -369,6 +454,23 @@ void Communicator::barrier() {
   STRATA_FAIL("dist: barrier in group '{}' ({} ranks) needs MPI, and this build has none", info_.name,
               info_.size);
 #endif
+}
+
+std::vector<std::string> allGatherText(Communicator& comm, const std::string& text) {
+  int n = comm.size();
+  if (n == 1) return {text};
+  Tensor lengths = Tensor::empty({n}, DType::I64, Device::cpu());
+  comm.allGather(lengths, Tensor::fromVector(std::vector<int64_t>{int64_t(text.size())}, {1}));
+  std::vector<int64_t> len = lengths.toVector<int64_t>();
+  int64_t longest = std::max<int64_t>(1, *std::max_element(len.begin(), len.end()));
+  std::string padded = text;
+  padded.resize(size_t(longest), '\0');
+  Tensor all = Tensor::empty({n * longest}, DType::U8, Device::cpu());
+  comm.allGather(all, Tensor::fromHost(padded.data(), DType::U8, padded.size(), {longest}, Device::cpu()));
+  std::vector<std::string> out;
+  const char* bytes = static_cast<const char*>(all.data());
+  for (int r = 0; r < n; ++r) out.emplace_back(bytes + r * longest, size_t(len[size_t(r)]));
+  return out;
 }
 
 }  // namespace strata::dist

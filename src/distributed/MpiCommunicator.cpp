@@ -102,6 +102,28 @@ void MpiCommunicator::wait(MPI_Request& request, const CollectiveCall& call,
   }
 }
 
+void MpiCommunicator::waitAll(std::vector<MPI_Request>& requests, const CollectiveCall& call) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(info_.timeoutSeconds));
+  // A failed transfer leaves requests posted on the tensors' bytes: the communicator is then left alone
+  // (an empty entry in abandoned_), as after a collective in flight.
+  std::vector<std::byte> inFlight;
+  for (;;) {
+    int done = 0;
+    check(MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), call, &inFlight);
+    if (done) return;
+    auto now = Clock::now();
+    if (now >= deadline) fail(call, timeoutReason(info_.timeoutSeconds), &inFlight);
+    if (now - start < std::chrono::milliseconds(1)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+}
+
 namespace {
 int intCount(int64_t count, const GroupInfo& group, const CollectiveCall& call) {
   if (count > INT_MAX) {
@@ -187,6 +209,32 @@ void MpiCommunicator::allToAll(void* out, const void* in, int64_t count, DType d
   MPI_Request request;
   check(MPI_Ialltoall(in, n, mpiType(dtype), out, n, mpiType(dtype), comm_, &request), call, &staging);
   wait(request, call, &staging);
+}
+
+void MpiCommunicator::sendReceive(const std::vector<Transfer>& sends, const std::vector<Transfer>& receives,
+                                  const std::string& peers) {
+  int64_t elements = 0;
+  for (const auto* list : {&sends, &receives})
+    for (const auto& t : *list) elements += t.count;
+  CollectiveCall call{"sendReceive", nullptr, elements,
+                      sends.empty() ? (receives.empty() ? DType::U8 : receives[0].dtype) : sends[0].dtype};
+  call.peers = peers;
+  std::vector<MPI_Request> requests;
+  requests.reserve(sends.size() + receives.size());
+  // Receives first, so that a peer's eager sends find them posted.
+  for (const auto& t : receives) {
+    requests.emplace_back();
+    check(MPI_Irecv(t.data, intCount(t.count, info_, call), mpiType(t.dtype), t.peer, t.tag, comm_,
+                    &requests.back()),
+          call);
+  }
+  for (const auto& t : sends) {
+    requests.emplace_back();
+    check(MPI_Isend(t.data, intCount(t.count, info_, call), mpiType(t.dtype), t.peer, t.tag, comm_,
+                    &requests.back()),
+          call);
+  }
+  waitAll(requests, call);
 }
 
 void MpiCommunicator::barrier() {

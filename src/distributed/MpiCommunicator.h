@@ -38,6 +38,17 @@ class MpiCommunicator {
   void broadcast(void* data, int64_t count, DType dtype, int root);
   void allToAll(void* out, const void* in, int64_t count, DType dtype);
   void barrier();
+  // NOTE [Point-to-point] in strata/distributed/Communicator.h: raw buffers; all posted, then all waited for.
+  struct Transfer {
+    void* data = nullptr;
+    int64_t count = 0;
+    DType dtype = DType::U8;
+    int peer = 0;
+    int tag = 0;
+  };
+  // `peers` describes the transfers for errors.
+  void sendReceive(const std::vector<Transfer>& sends, const std::vector<Transfer>& receives,
+                   const std::string& peers);
 
   // Aborts every process of the job (MPI_Abort on MPI_COMM_WORLD). Does not return.
   [[noreturn]] static void abortJob(int code);
@@ -46,6 +57,8 @@ class MpiCommunicator {
   // Polls `request` until it completes; fails the collective on an MPI error or at the deadline. Staging
   // buffers a failed collective may still write into are kept (abandoned_) for the life of the communicator.
   void wait(MPI_Request& request, const CollectiveCall& call, std::vector<std::byte>* staging = nullptr);
+  // The same for several requests (MPI_Testall).
+  void waitAll(std::vector<MPI_Request>& requests, const CollectiveCall& call);
   // `rc` must be MPI_SUCCESS, else the collective fails with MPI's message.
   void check(int rc, const CollectiveCall& call, std::vector<std::byte>* staging = nullptr);
   [[noreturn]] void fail(const CollectiveCall& call, const std::string& reason,

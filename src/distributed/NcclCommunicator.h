@@ -29,6 +29,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "distributed/CollectiveCall.h"
 #include "strata/core/Stream.h"
@@ -57,6 +58,16 @@ class NcclCommunicator {
   void allReduce(void* inout, int64_t count, DType dtype, ReduceOp op);
   void broadcast(void* data, int64_t count, DType dtype, int root);
   void allToAll(void* out, const void* in, int64_t count, DType dtype);
+  // NOTE [Point-to-point] in strata/distributed/Communicator.h: every ncclSend and ncclRecv in one group, in
+  // the order given (the caller orders them alike on both sides). `peers` describes them for errors.
+  struct Transfer {
+    void* data = nullptr;
+    int64_t count = 0;
+    DType dtype = DType::U8;
+    int peer = 0;
+  };
+  void sendReceive(const std::vector<Transfer>& sends, const std::vector<Transfer>& receives,
+                   const std::string& peers);
 
   // The first failure seen by the watchdog or a call; empty while healthy.
   std::string failure() const;

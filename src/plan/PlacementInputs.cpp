@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "models/Zoo.h"
+#include "models/gpt/Gpt.h"
 #include "strata/config/Resolve.h"
 #include "strata/core/Device.h"
 #include "strata/core/Error.h"
@@ -23,27 +24,29 @@ int64_t ModelStateInputs::rangeElemsTotal() const {
 
 namespace {
 
-// The parameters of the most loaded of `pipeline` stages of a GPT (NOTE [Layouts] in plan/Plan.h): the first
-// stage's (the embeddings, the first L/P blocks) or the last's (the last L/P blocks, the final norm and the
-// tied head's copy of the token table), whichever has more elements.
-std::vector<std::pair<std::string, Shape>> pipelineStage(
-    const std::vector<std::pair<std::string, Shape>>& all, int64_t layers, int pipeline) {
-  STRATA_USER_CHECK(layers % pipeline == 0, "{} pipeline stages do not split {} layers evenly", pipeline,
-                    layers);
-  int64_t perStage = layers / pipeline;
-  std::vector<std::pair<std::string, Shape>> first, last;
+// The parameters of the most loaded rank of a pipeline (NOTE [Layouts] in plan/Plan.h): rank p's blocks
+// (`rankBlocks`), the embeddings on the first rank, the final norm and the tied head's copy of the token table
+// on the last; the rank with the most elements.
+std::vector<std::pair<std::string, Shape>> pipelineStage(const std::vector<std::pair<std::string, Shape>>& all,
+                                                         const std::vector<std::vector<int64_t>>& rankBlocks) {
+  size_t P = rankBlocks.size();
+  std::vector<std::vector<std::pair<std::string, Shape>>> ranks(P);
+  std::vector<int> owner;
+  for (size_t r = 0; r < P; ++r)
+    for (int64_t block : rankBlocks[r]) {
+      if (size_t(block) >= owner.size()) owner.resize(size_t(block) + 1, 0);
+      owner[size_t(block)] = int(r);
+    }
   for (const auto& [name, shape] : all) {
     if (name.rfind("h.", 0) == 0) {
-      int64_t block = std::stoll(name.substr(2));
-      if (block < perStage) first.emplace_back(name, shape);
-      if (block >= layers - perStage) last.emplace_back(name, shape);
+      ranks[size_t(owner.at(size_t(std::stoll(name.substr(2)))))].emplace_back(name, shape);
     } else if (name.rfind("wte.", 0) == 0) {
-      first.emplace_back(name, shape);
-      last.emplace_back(name, shape);  // the tied head's copy
+      ranks.front().emplace_back(name, shape);
+      ranks.back().emplace_back(name, shape);  // the tied head's copy
     } else if (name.rfind("wpe.", 0) == 0) {
-      first.emplace_back(name, shape);
+      ranks.front().emplace_back(name, shape);
     } else {
-      last.emplace_back(name, shape);
+      ranks.back().emplace_back(name, shape);
     }
   }
   auto elements = [](const std::vector<std::pair<std::string, Shape>>& stage) {
@@ -51,18 +54,32 @@ std::vector<std::pair<std::string, Shape>> pipelineStage(
     for (const auto& [name, shape] : stage) n += numelOf(shape);
     return n;
   };
-  return elements(first) >= elements(last) ? first : last;
+  return *std::max_element(ranks.begin(), ranks.end(),
+                           [&](const auto& x, const auto& y) { return elements(x) < elements(y); });
 }
 
 }  // namespace
 
-ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType compute, int pipeline) {
+std::vector<std::vector<int64_t>> pipelineRankBlocks(const models::ModelSpec& whole, int pipeline,
+                                                     int virtualStages) {
+  models::ModelSpec spec = whole;
+  spec.pipeline.size = std::max(1, pipeline);
+  spec.pipeline.virtualStages = std::max(1, virtualStages);
+  std::vector<nn::BlockRange> chunks = models::gptConfig(spec).pipelineSplit();
+  std::vector<std::vector<int64_t>> out(size_t(spec.pipeline.size));
+  for (size_t chunk = 0; chunk < chunks.size(); ++chunk)
+    for (int64_t b = chunks[chunk].begin; b < chunks[chunk].end; ++b)
+      out[chunk % out.size()].push_back(b);
+  return out;
+}
+
+ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType compute) {
   ModelStateInputs in;
   in.compute = compute;
   // Tensor parallelism (parallel.tensor): a rank holds its slices of the split layers, and ZeRO shards them
   // over the data-parallel ranks (ranks / tensor, and / pipeline stages).
   int tensor = int(std::max<int64_t>(1, c.parallel.tensor));
-  pipeline = std::max(1, pipeline);
+  int pipeline = int(std::max<int64_t>(1, c.parallel.pipeline));
   in.ranks = std::max(1, ranks / (tensor * pipeline));
   in.stage = int(c.zero.stage);
   models::ModelSpec spec = config::modelSpecFrom(c, Device::cpu());
@@ -72,7 +89,7 @@ ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType comp
     STRATA_USER_CHECK(c.model.arch == "gpt" && c.model.moeNumExperts == 0,
                       "pipeline stages are planned for gpt without mixture-of-experts layers, not {}{}",
                       c.model.arch, c.model.moeNumExperts > 0 ? " with experts" : "");
-    shapes = pipelineStage(shapes, c.model.numLayers, pipeline);
+    shapes = pipelineStage(shapes, pipelineRankBlocks(spec, pipeline, int(c.parallel.virtualStages)));
   }
   // Expert parallelism (NOTE [Expert parallelism] in nn/MoE.h): a rank holds 1/P of each MoE layer's experts
   // (rank 0's, "experts.0" .. "experts.E/P-1"), in chunks of their own sharded over the ranks / P that hold

@@ -126,11 +126,14 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
       }
       int P = std::max(1, pipeline);
       if (P > 1) {
-        // NOTE [Layouts]: the first stage's L/P blocks for the micro-batches in flight, or the last's for one
-        // beside the head, whichever is more. Full recomputation keeps each micro-batch's block inputs and
-        // recomputes one block at a time.
-        int64_t perStage = g.numLayers / P;
-        uint64_t one = blocks(perStage, layer + scores, t, g.hiddenSize, g.ffn());
+        // NOTE [Layouts]: the first stage's blocks for the micro-batches in flight, or the last's for one
+        // beside the head, whichever is more, the blocks as the trainer splits them (NOTE [Pipeline stages] in
+        // nn/Pipeline.h). Full recomputation keeps each micro-batch's block inputs and recomputes one block at
+        // a time.
+        std::vector<std::vector<int64_t>> rankBlocks = pipelineRankBlocks(spec, P, virtualStages);
+        int64_t firstBlocks = int64_t(rankBlocks.front().size()), lastBlocks = int64_t(rankBlocks.back().size());
+        uint64_t one = blocks(firstBlocks, layer + scores, t, g.hiddenSize, g.ffn());
+        uint64_t lastOne = blocks(lastBlocks, layer + scores, t, g.hiddenSize, g.ffn());
         uint64_t shared = recompute == "full" ? layer + scores : 0;
         double inFlight = double(std::min<int64_t>(P, std::max<int64_t>(1, microBatches)));
         int V = std::max(1, virtualStages);
@@ -140,17 +143,17 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
             T > 1 ? 3 * e * uint64_t(t * g.hiddenSize) + 4 * uint64_t(g.vocabSize / T * g.hiddenSize) +
                         e * uint64_t(t) * uint64_t(g.vocabSize / T)
                   : e * uint64_t(t * g.hiddenSize) + chunkedHeadBytes(e, t, g.hiddenSize, g.vocabSize);
-        if (firstStage >= one + head) {
+        if (firstStage >= lastOne + head) {
           a.terms.push_back(
               {fmt::format("first of {} stages: {} blocks x {} x {:.2f} micro-batches in flight{}", P,
-                           perStage, gib(layer + scores), inFlight,
+                           firstBlocks, gib(layer + scores), inFlight,
                            V > 1 ? fmt::format(" ({} virtual stages)", V) : std::string()),
                firstStage});
           a.assumptions.push_back(
               fmt::format("pipeline {}: the first stage's 1F1B micro-batches in flight (NOTE [Layouts])", P));
         } else {
           a.terms.push_back(
-              {fmt::format("last of {} stages: {} blocks x {}", P, perStage, gib(layer + scores)), one});
+              {fmt::format("last of {} stages: {} blocks x {}", P, lastBlocks, gib(layer + scores)), lastOne});
           a.terms.push_back({"final norm, LM head and loss", head});
           a.assumptions.push_back(
               fmt::format("pipeline {}: the last stage, one micro-batch and the head", P));
@@ -248,8 +251,8 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   // The layout (NOTE [Layouts]): data x tensor x pipeline ranks, over machines of ranksPerNode.
   int tensor = int(std::max<int64_t>(1, c.parallel.tensor));
   p.tensor = tensor;
-  p.pipeline = std::max(1, options.pipeline);
-  p.virtualStages = p.pipeline > 1 ? std::max(1, options.virtualStages) : 1;
+  p.pipeline = int(std::max<int64_t>(1, c.parallel.pipeline));
+  p.virtualStages = p.pipeline > 1 ? int(std::max<int64_t>(1, c.parallel.virtualStages)) : 1;
   p.data = std::max(1, p.ranks / (tensor * p.pipeline));
   p.nodes = (p.ranks + p.ranksPerNode - 1) / p.ranksPerNode;
   // The machine: the calibration's figures, the reference H200 for any it lacks.
@@ -306,7 +309,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   }
   p.accumulation = std::max<int64_t>(1, p.globalBatch / (p.microBatch * dataRanks));
 
-  p.inputs = modelStateInputs(c, p.ranks, p.compute, p.pipeline);
+  p.inputs = modelStateInputs(c, p.ranks, p.compute);
   const ModelStateInputs& in = p.inputs;
   p.optimizer = c.optimizer.type;
   p.activations =
@@ -466,11 +469,24 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   double gemm = *m.gemmTflops * 1e12;
   double memoryGBs = m.deviceMemoryGBs.value_or(kDeviceUpdateGBs);
   double nvlink = m.nvlinkBusGBs.value_or(kCollectiveBusGBs);
-  // NOTE [Layouts]: the slowest pipeline stage's FLOPs, L/P of the blocks and on the last stage the LM head
-  // (6 V h a token), over its tensor-parallel ranks; without a pipeline, the step's over the ranks.
+  // NOTE [Layouts]: the slowest pipeline stage's FLOPs, its blocks as the trainer splits them and on the
+  // last stage the LM head (6 V h a token), over its tensor-parallel ranks; without a pipeline, the step's
+  // over the ranks.
   double headFlops = p.pipeline > 1 ? 6.0 * double(p.spec.vocabSize) * double(p.spec.hiddenSize) : 0;
-  double stageFlops = ((models::flopsPerToken(p.spec) - headFlops) / double(p.pipeline) + headFlops) *
-                      tokens / double(p.data * tensor);
+  double blockFlops = (models::flopsPerToken(p.spec) - headFlops) / double(p.spec.numLayers);
+  int64_t stageBlocks = p.spec.numLayers;  // the most blocks a rank holds
+  double slowest = models::flopsPerToken(p.spec);
+  if (p.pipeline > 1) {
+    std::vector<std::vector<int64_t>> rankBlocks = pipelineRankBlocks(p.spec, p.pipeline, p.virtualStages);
+    slowest = 0;
+    stageBlocks = 0;
+    for (size_t r = 0; r < rankBlocks.size(); ++r) {
+      double flops = double(rankBlocks[r].size()) * blockFlops + (r + 1 == rankBlocks.size() ? headFlops : 0);
+      slowest = std::max(slowest, flops);
+      stageBlocks = std::max(stageBlocks, int64_t(rankBlocks[r].size()));
+    }
+  }
+  double stageFlops = slowest * tokens / double(p.data * tensor);
   // NOTE [Recompute auto]: full recomputation runs each block's forward again (a third more FLOPs, the head's
   // included); selective reads and writes the MLP's activation once more, at memory speed.
   double computed = stageFlops * (p.recompute == "full" ? 4.0 / 3.0 : 1.0);
@@ -478,7 +494,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   p.terms.push_back(
       {"compute", computeSeconds,
        fmt::format("{:.3g} FLOP{}{} / ({:.0f} TFLOP/s GEMM x {:.2f} efficiency)", computed,
-                   p.pipeline > 1 ? fmt::format(" (the last of {} stages, with the LM head)", p.pipeline)
+                   p.pipeline > 1 ? fmt::format(" (the slowest of {} stages)", p.pipeline)
                                   : std::string(),
                    p.recompute == "full" ? " (the blocks' forward twice: train.recompute full)" : "",
                    *m.gemmTflops, kComputeEfficiency),
@@ -518,7 +534,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
                     double(p.spec.hiddenSize);
     double perBlock = p.recompute == "full" ? 6 : 4;
     double moved = 2.0 * double(tensor - 1) / double(tensor) * buffer * perBlock *
-                   double(p.spec.numLayers / p.pipeline) * double(p.accumulation);
+                   double(stageBlocks) * double(p.accumulation);
     p.terms.push_back(
         {"TP collectives", moved / (nvlink * 1e9),
          fmt::format("{:.3g} B over NVLink at {:.0f} GB/s bus bandwidth, {} all-reduces a block "
@@ -929,10 +945,6 @@ const StepTerm* LayoutPlan::longest() const {
   return out;
 }
 
-std::string LayoutPlan::planOnly() const {
-  return pipeline > 1 ? "plan only: the trainer runs no pipeline parallelism yet" : std::string();
-}
-
 std::string LayoutPlan::name() const {
   std::string out = fmt::format("data {} x tensor {}", data, tensor);
   if (pipeline > 1) out += fmt::format(" x pipeline {}", pipeline);
@@ -981,7 +993,11 @@ std::vector<LayoutPlan> planLayouts(const config::Config& c, const PlanOptions& 
           if (c.model.arch != "gpt")
             l.invalid = fmt::format("pipeline stages are planned for gpt only, not {}", c.model.arch);
           else if (c.model.moeNumExperts > 0)
-            l.invalid = "pipeline stages with mixture-of-experts layers are not planned";
+            l.invalid = "pipeline stages with mixture-of-experts layers are not supported";
+          else if (c.zero.stage == 3)
+            l.invalid = "pipeline stages run at ZeRO stages 0 to 2, not 3";
+          else if (microBatches < pp)
+            l.invalid = fmt::format("{} micro-batches a step, fewer than the {} stages", microBatches, pp);
         }
         if (l.invalid.empty()) {
           config::Config layout = c;
@@ -989,10 +1005,9 @@ std::vector<LayoutPlan> planLayouts(const config::Config& c, const PlanOptions& 
           layout.parallel.sequenceParallel = t > 1 && c.parallel.sequenceParallel;
           layout.train.globalBatchSize = global;
           layout.train.globalBatchSizeSet = true;
-          PlanOptions o = options;
-          o.pipeline = pp;
-          o.virtualStages = v;
-          l.plan = planModelState(layout, o);
+          layout.parallel.pipeline = pp;
+          layout.parallel.virtualStages = v;
+          l.plan = planModelState(layout, options);
         }
         out.push_back(std::move(l));
       }
@@ -1052,16 +1067,12 @@ std::string formatLayouts(const std::vector<LayoutPlan>& layouts, size_t maxFitt
     for (size_t i = 0; i < std::min<size_t>(2, terms.size()); ++i)
       bound += fmt::format("{}{} {}", i ? ", " : "", terms[i]->name, seconds(terms[i]->seconds));
     double tflops = p.serialSeconds > 0 ? p.flopsPerStep / p.serialSeconds / 1e12 : 0;
-    out << fmt::format("  {:<4} {} {:>10} {:>9.2f}s {:>6} {:>9.0f} {:>9.1f}  {}{}\n", mark, head(l),
-                       p.recompute, p.serialSeconds,
-                       p.mfu() > 0 ? fmt::format("{:.1f}%", 100 * p.mfu()) : "-", tflops,
-                       double(p.devicePeakBytes) / double(1ull << 30), bound,
-                       l.planOnly().empty() ? std::string() : " (plan only)");
+    out << fmt::format("  {:<4} {} {:>10} {:>9.2f}s {:>6} {:>9.0f} {:>9.1f}  {}\n", mark, head(l), p.recompute,
+                       p.serialSeconds, p.mfu() > 0 ? fmt::format("{:.1f}%", 100 * p.mfu()) : "-", tflops,
+                       double(p.devicePeakBytes) / double(1ull << 30), bound);
   }
   if (hiddenFitting > 0) out << fmt::format("  ... and {} more layouts that fit, slower\n", hiddenFitting);
   if (hiddenOther > 0) out << fmt::format("  ... and {} more that do not fit or cannot split\n", hiddenOther);
-  if (std::any_of(layouts.begin(), layouts.end(), [](const LayoutPlan& l) { return !l.planOnly().empty(); }))
-    out << "  plan only: pipeline parallelism, which the trainer does not run yet\n";
   return out.str();
 }
 
@@ -1069,18 +1080,16 @@ LayoutChoice chooseLayout(const config::Config& c, const PlanOptions& options) {
   LayoutChoice choice;
   choice.layouts = planLayouts(c, options);
   int fitting = 0;
-  const LayoutPlan* fastest = nullptr;
   for (size_t i = 0; i < choice.layouts.size(); ++i) {
     const LayoutPlan& l = choice.layouts[i];
     if (!l.invalid.empty() || !l.plan.fits) continue;
     ++fitting;
-    if (fastest == nullptr) fastest = &l;
-    if (choice.chosen < 0 && l.planOnly().empty()) choice.chosen = int(i);
+    if (choice.chosen < 0) choice.chosen = int(i);
   }
   if (choice.chosen < 0) {
-    choice.why = fmt::format("parallel: auto: no layout of {} rank{} fits that the trainer runs ({} fit{})",
-                             std::max(1, options.ranks), options.ranks > 1 ? "s" : "", fitting,
-                             fitting > 0 ? ", all plan only: they need pipeline parallelism" : "");
+    choice.why = fmt::format("parallel: auto: no layout of {} rank{} fits; `strata plan --layouts` shows the "
+                             "nearest",
+                             std::max(1, options.ranks), options.ranks > 1 ? "s" : "");
     return choice;
   }
   const LayoutPlan& l = choice.layouts[size_t(choice.chosen)];
@@ -1089,12 +1098,10 @@ LayoutChoice chooseLayout(const config::Config& c, const PlanOptions& options) {
                                 : fmt::format("{} a step", seconds(x.plan.serialSeconds));
   };
   choice.why = fmt::format(
-      "parallel: auto chose {} (parallel.tensor {}): {}, recompute {}, the fastest of {} "
-      "layout{} that fit",
-      l.name(), l.tensor, step(l), l.plan.recompute, fitting, fitting == 1 ? "" : "s");
-  if (fastest != &l)
-    choice.why += fmt::format(" that the trainer runs ({}, {}, is plan only: pipeline parallelism)",
-                              fastest->name(), step(*fastest));
+      "parallel: auto chose {} (parallel.tensor {}, parallel.pipeline {}, parallel.virtual_stages {}): {}, "
+      "recompute {}, the fastest of {} layout{} that fit",
+      l.name(), l.tensor, l.pipeline, l.virtualStages, step(l), l.plan.recompute, fitting,
+      fitting == 1 ? "" : "s");
   return choice;
 }
 

@@ -218,6 +218,14 @@ zero::ChunkLayout layoutFromJson(const json& j, const std::string& where) {
 
 }  // namespace
 
+std::string chunkLayoutText(const zero::ChunkLayout& layout) {
+  return layoutToJson(layout).dump();
+}
+
+zero::ChunkLayout chunkLayoutFromText(const std::string& text, const std::string& where) {
+  return layoutFromJson(json::parse(text), where);
+}
+
 SaveTensors toSave(const NamedTensors& tensors) {
   SaveTensors out;
   for (const auto& [name, t] : tensors)

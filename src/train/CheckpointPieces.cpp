@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "strata/autograd/GradMode.h"
+#include "strata/distributed/Communicator.h"
+#include "strata/distributed/ProcessGroup.h"
 #include "strata/ops/Ops.h"
 #include "strata/zero/NvmeTier.h"
 
@@ -131,6 +133,7 @@ void CheckpointPieces::planLayout() {
     for (int64_t c = 0; c < n; ++c) savedIndex_[size_t(c)] = state_.tensor.rank * n + c;
     for (zero::ChunkSlot& slot : readLayout_.slots) slot.name = nameOn(state_.tensor.rank, slot.name);
   }
+  if (state_.pipelineGroup) joinStages();
   if (experts.rename.empty()) return;
   std::map<std::string, const std::function<std::string(int)>*> byName;
   for (const auto& [name, fn] : experts.rename) byName[name] = &fn;
@@ -159,6 +162,64 @@ void CheckpointPieces::planLayout() {
       }
       layout_.chunks.push_back(std::move(info));
     }
+}
+
+void CheckpointPieces::joinStages() {
+  // NOTE [Pipeline checkpoints]. The last stage's copy of a tied parameter is left out of what it records
+  // (its pieces still hold it; nothing reads them there), and read back from the first stage's.
+  if (state_.pipeline.holdsLast() && !state_.pipeline.holdsFirst()) {
+    std::vector<bool> tied = state_.tiedCopySlots;
+    auto isTied = [&](const std::string& name) {
+      for (size_t k = 0; k < tied.size(); ++k) {
+        const std::string& local = state_.chunks->layout().slots[k].name;
+        if (tied[k] && (name == local ||
+                        (name.size() > local.size() &&
+                         name.compare(name.size() - local.size() - 1, std::string::npos, "/" + local) == 0)))
+          return true;
+      }
+      return false;
+    };
+    zero::ChunkLayout kept = layout_;
+    kept.slots.clear();
+    for (zero::ChunkInfo& info : kept.chunks) {
+      info.slots.clear();
+      info.payload = 0;
+    }
+    for (const zero::ChunkSlot& slot : layout_.slots) {
+      if (isTied(slot.name)) continue;
+      kept.chunks[size_t(slot.chunk)].slots.push_back(int64_t(kept.slots.size()));
+      kept.chunks[size_t(slot.chunk)].payload += slot.numel;
+      kept.slots.push_back(slot);
+    }
+    layout_ = std::move(kept);
+  }
+  // Every stage's layout, this stage's chunks after those of the stages before it.
+  std::vector<std::string> stages =
+      dist::allGatherText(state_.pipelineGroup->communicator(), chunkLayoutText(layout_));
+  zero::ChunkLayout joined;
+  joined.dtype = layout_.dtype;
+  joined.chunkElems = layout_.chunkElems;
+  int64_t offset = 0;
+  for (size_t p = 0; p < stages.size(); ++p) {
+    zero::ChunkLayout stage = p == size_t(state_.pipeline.rank)
+                                  ? layout_
+                                  : chunkLayoutFromText(stages[p], "pipeline stage " + std::to_string(p));
+    if (p == size_t(state_.pipeline.rank))
+      for (int64_t& index : savedIndex_) index += offset;
+    for (zero::ChunkInfo info : stage.chunks) {
+      std::vector<int64_t> slots;
+      for (int64_t k : info.slots) {
+        zero::ChunkSlot slot = stage.slots[size_t(k)];
+        slot.chunk += offset;
+        slots.push_back(int64_t(joined.slots.size()));
+        joined.slots.push_back(std::move(slot));
+      }
+      info.slots = std::move(slots);
+      joined.chunks.push_back(std::move(info));
+    }
+    offset += int64_t(stage.chunks.size());
+  }
+  layout_ = std::move(joined);
 }
 
 SaveTensor CheckpointPieces::savePiece(const char* kind, size_t c, int field, bool elementwise) const {
@@ -269,11 +330,15 @@ void CheckpointPieces::checkOptimizerState(ChunkCheckpointReader& reader) const 
   for (size_t k = 0; same && k < layout_.slots.size(); ++k)
     same = saved.slots[k].name == layout_.slots[k].name && saved.slots[k].chunk == layout_.slots[k].chunk &&
            saved.slots[k].offset == layout_.slots[k].offset;
-  // The ranks that shard the state: the data-parallel ones (the world over parallel.tensor).
+  // The ranks that shard the state: the data-parallel ones (the world over parallel.tensor and
+  // parallel.pipeline).
   int ranks = state_.groups.ranks();
-  auto tensor = reader.state().effective.find("parallel.tensor");
-  int64_t savedTensor = tensor == reader.state().effective.end() ? 1 : std::stoll(tensor->second);
-  int64_t savedRanks = reader.state().worldSize / std::max<int64_t>(1, savedTensor);
+  auto savedValue = [&](const char* key) {
+    auto it = reader.state().effective.find(key);
+    return it == reader.state().effective.end() ? int64_t(1) : std::max<int64_t>(1, std::stoll(it->second));
+  };
+  int64_t savedRanks =
+      reader.state().worldSize / (savedValue("parallel.tensor") * savedValue("parallel.pipeline"));
   STRATA_USER_CHECK(same && (state_.stage == 0 || savedRanks == ranks),
                     "checkpoint {}: its optimizer state was saved with {} ({} data-parallel rank{}), and "
                     "reloads only into the same chunk layout and, at ZeRO stage >= 1, as many data-parallel "

@@ -18,6 +18,15 @@
 // one copy per tensor rank). So such a checkpoint loads only at its parallel.tensor (the trainer refuses
 // another, naming the checkpoint's), at any data-parallel size and chunk size as usual.
 //
+// NOTE [Pipeline checkpoints]
+// Under pipeline parallelism (NOTE [Pipeline stages] in nn/Pipeline.h) each stage holds other parameters in
+// chunks of its own. The manifest's layout joins them: stage 0's chunks, then stage 1's, and so on (each as
+// tensor parallelism names them), every parameter once: the last stage's copy of the tied embedding is not
+// recorded, and that stage reads the first stage's pieces for it (the two copies are equal). The stages
+// exchange their layouts once, at start. So `strata convert` and `strata generate` see one whole model, and
+// a resume reloads each stage's parameters by name; the trainer takes a checkpoint only at the pipeline
+// layout that saved it (parallel.pipeline, parallel.virtual_stages).
+//
 // NOTE [Delayed update checkpoints]
 // With a delayed SSD update pending (NOTE [Delayed SSD update] in optim/AdamW.h) a save changes nothing
 // live: it waits for the worker and saves the state as every update left it (the masters, m and v, which
@@ -61,6 +70,8 @@ class CheckpointPieces {
 
  private:
   void planLayout();
+  // NOTE [Pipeline checkpoints]: the stages' layouts joined into layout_ (a collective over the stages).
+  void joinStages();
   // One checkpoint piece of chunk c: its fp32 values (field Master), or (SSD chunks) a field of its state,
   // over this rank's shard when `elementwise`, else whole (the optimizer's own layout).
   SaveTensor savePiece(const char* kind, size_t c, int field, bool elementwise = true) const;

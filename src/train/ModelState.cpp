@@ -107,7 +107,19 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective
   try {
     order = zero::recordFirstUse(model, [&] {
       NoGradGuard noGrad;
-      objective.loss(data::TokenBatch{ids, ids}, source);
+      auto* stages = dynamic_cast<nn::PipelineStageModel*>(&model);
+      if (stages == nullptr || !stages->pipeline().active()) {
+        objective.loss(data::TokenBatch{ids, ids}, source);
+        return;
+      }
+      // A pipeline stage runs its own model chunks, each from zeros in place of the previous chunk's output.
+      const nn::PipelineParallel& pp = stages->pipeline();
+      for (int64_t local = 0; local < pp.virtualStages; ++local) {
+        Tensor input;
+        if (pp.chunkOf(local) > 0)
+          input = ops::zeros(stages->stageActivationShape(ids.shape()), source, device);
+        stages->stageForward(local, input, ids, ids, source);
+      }
     });
   } catch (...) {
     model.train(training);

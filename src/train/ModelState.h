@@ -22,6 +22,7 @@
 
 #include "strata/config/Config.h"
 #include "strata/data/Objective.h"
+#include "strata/nn/Pipeline.h"
 #include "strata/nn/TensorParallel.h"
 #include "strata/optim/ChunkOptimizer.h"
 #include "strata/train/StepEngine.h"
@@ -56,6 +57,13 @@ struct ModelState {
   // (else it is whole and equal on every rank of the group). `groups` is then the data-parallel group.
   nn::TensorParallel tensor;
   std::vector<bool> sliceSlots;
+  // Pipeline parallelism (NOTE [Pipeline stages] in nn/Pipeline.h): this rank's stage, the group of the
+  // stages (null without a pipeline) and the two ranks holding the tied embedding (null on the other stages),
+  // and per slot whether it is the last stage's copy of a tied parameter, which the norm does not count.
+  nn::PipelineParallel pipeline;
+  dist::ProcessGroup* pipelineGroup = nullptr;
+  dist::ProcessGroup* embeddingGroup = nullptr;
+  std::vector<bool> tiedCopySlots;
   // Per chunk: the elements whose optimizer state this rank keeps (the whole padded chunk at stage 0, this
   // rank's shard above).
   std::vector<zero::ShardRange> ranges;

@@ -5,6 +5,7 @@
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
 #include "strata/distributed/Communicator.h"
+#include "strata/distributed/ProcessGroup.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/AdamW.h"
 
@@ -29,6 +30,7 @@ StepEnd ShardedUpdate::finish(const std::vector<Tensor>& grads, Tensor stepLoss,
     sumSq = shardSquares(grads);
     reduceOverRanks(sumSq, stepLoss);
   }
+  if (state_.pipelineGroup) reduceOverStages(sumSq, stepLoss);
   end.loss = std::move(stepLoss);
   end.sumSq = std::move(sumSq);
   end.norm = ops::sqrt(end.sumSq);
@@ -52,6 +54,16 @@ void ShardedUpdate::reduceOverRanks(Tensor& sumSq, Tensor& stepLoss) const {
   const Stream& commStream = deviceStreams(device_).comm;
   streamWaits(commStream, currentStream(device_), device_);
   state_.groups.comm().allReduce(both);
+  streamWaits(currentStream(device_), commStream, device_);
+  sumSq = both.narrow(0, 0, 1).view({});
+  stepLoss = both.narrow(0, 1, 1).view({});
+}
+
+void ShardedUpdate::reduceOverStages(Tensor& sumSq, Tensor& stepLoss) const {
+  Tensor both = ops::cat({sumSq.reshape({1}), stepLoss.reshape({1})}, 0);
+  const Stream& commStream = deviceStreams(device_).comm;
+  streamWaits(commStream, currentStream(device_), device_);
+  state_.pipelineGroup->communicator().allReduce(both);
   streamWaits(currentStream(device_), commStream, device_);
   sumSq = both.narrow(0, 0, 1).view({});
   stepLoss = both.narrow(0, 1, 1).view({});
@@ -125,6 +137,7 @@ Tensor ShardedUpdate::shardSquares(const std::vector<Tensor>& grads, std::option
     Tensor g = widen ? ops::to(grads[c], device_, DType::F32) : grads[c];
     for (int64_t k : layout.chunks[c].slots) {
       if (slices && state_.sliceSlots[size_t(k)] != *slices) continue;
+      if (!state_.tiedCopySlots.empty() && state_.tiedCopySlots[size_t(k)]) continue;
       const zero::ChunkSlot& slot = layout.slots[size_t(k)];
       int64_t a = std::max(slot.offset, r.begin), b = std::min(slot.offset + slot.numel, r.end);
       if (a < b) pieces.push_back(g.narrow(0, a - base, b - a));

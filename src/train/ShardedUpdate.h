@@ -55,6 +55,9 @@ class ShardedUpdate {
   // tensor-parallel group, the whole parameters' over the data-parallel group only (they are equal on every
   // rank of the tensor-parallel group).
   Tensor tensorParallelSquares(const std::vector<Tensor>& grads, Tensor& stepLoss) const;
+  // NOTE [Pipeline stages] in nn/Pipeline.h: the squared norm and the loss summed over the stages (the
+  // loss is the last stage's; the tied embedding counted on the first stage only).
+  void reduceOverStages(Tensor& sumSq, Tensor& stepLoss) const;
   // The outcome's loss, norm and decision from the host's reads, and the update's gradient scale (unscaling
   // and clipping in one factor; undefined for 1).
   void decide(double scale, StepEnd& end);

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -12,6 +13,9 @@
 #include "strata/core/Allocator.h"
 #include "strata/core/Error.h"
 #include "strata/core/Profiler.h"
+#include "strata/core/Stream.h"
+#include "strata/distributed/Communicator.h"
+#include "strata/distributed/ProcessGroup.h"
 #include "strata/ops/Ops.h"
 #include "strata/zero/GradientReducer.h"
 #include "strata/zero/ParameterGatherer.h"
@@ -38,7 +42,7 @@ void memlog(Device device, const char* phase, int64_t step) {
 
 ZeroStepEngine::ZeroStepEngine(data::Objective& objective, const config::Config& c, Device device,
                                DType compute, dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
-                               RankShares shares)
+                               RankShares shares, PipelineGroups pipeline)
     : objective_(objective),
       device_(device),
       compute_(compute),
@@ -46,6 +50,29 @@ ZeroStepEngine::ZeroStepEngine(data::Objective& objective, const config::Config&
       state_(std::make_unique<ModelState>(
           layOutModelState(objective, c, device, compute, group, expertDataGroup, shares))) {
   ModelState& s = *state_;
+  if (pipeline.stages) {
+    // NOTE [Pipeline stages] in nn/Pipeline.h.
+    stages_ = dynamic_cast<nn::PipelineStageModel*>(&objective.model());
+    STRATA_CHECK(
+        stages_ != nullptr && stages_->pipeline().active() &&
+            stages_->pipeline().size == pipeline.stages->size(),
+        "ZeroStepEngine: a pipeline group of {} ranks for a model that is not split into as many stages",
+        pipeline.stages->size());
+    STRATA_USER_CHECK(s.stage <= 2,
+                      "parallel.pipeline ({}) with zero_optimization.stage 3 is not supported (each stage "
+                      "gathers its parameters over its data-parallel ranks module by module, which the "
+                      "pipeline's schedule does not drive): set zero_optimization.stage to 0, 1 or 2",
+                      pipeline.stages->size());
+    s.pipeline = stages_->pipeline();
+    s.pipelineGroup = pipeline.stages;
+    s.embeddingGroup = pipeline.embedding;
+    if (s.pipeline.holdsLast() && !s.pipeline.holdsFirst()) {
+      std::vector<std::string> tied = stages_->tiedParameters();
+      for (const zero::ChunkSlot& slot : s.chunks->layout().slots)
+        s.tiedCopySlots.push_back(std::find(tied.begin(), tied.end(), slot.name) != tied.end());
+    }
+    pipeline_ = std::make_unique<PipelineSchedule>(pipeline.stages->communicator(), s.pipeline);
+  }
   // Stage 3 evicts the whole chunks before any optimizer state takes device memory.
   if (s.stage == 3)
     gatherer_ =
@@ -79,29 +106,33 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   // Every micro-batch of every rank counts 1 / (micro-batches x ranks): the gradients' sum over ranks is the
   // global batch's mean gradient.
   double share = 1.0 / double(microBatches * state_->groups.ranks());
-  // What each micro-batch's forward made, its data and its loss, kept until its backward has run.
-  struct InFlight {
-    data::TokenBatch batch;
-    Tensor loss;
-  };
-  std::vector<InFlight> inFlight(static_cast<size_t>(microBatches));
-  int64_t backwards = 0;
-  MicroBatchWork work;
-  work.forward = [&](int64_t micro) {
-    InFlight& f = inFlight[size_t(micro)];
-    f.batch = next();
-    profiler::mark("data");
-    f.loss = forward(f.batch);
-    return share != 1.0 ? f.loss * share : f.loss;
-  };
-  work.backward = [&](int64_t micro, const Tensor& scaled) {
-    backward(scaled, ++backwards == microBatches);
-    NoGradGuard noGrad;
-    stepLoss = ops::add(stepLoss, ops::to(scaled.detach(), device_, DType::F32));
-    profiler::mark("loss bookkeeping");
-    inFlight[size_t(micro)] = InFlight{};
-  };
-  schedule_->run(microBatches, work);
+  if (pipeline_) {
+    pipelineStep(next, microBatches, share, stepLoss);
+  } else {
+    // What each micro-batch's forward made, its data and its loss, kept until its backward has run.
+    struct InFlight {
+      data::TokenBatch batch;
+      Tensor loss;
+    };
+    std::vector<InFlight> inFlight(static_cast<size_t>(microBatches));
+    int64_t backwards = 0;
+    MicroBatchWork work;
+    work.forward = [&](int64_t micro) {
+      InFlight& f = inFlight[size_t(micro)];
+      f.batch = next();
+      profiler::mark("data");
+      f.loss = forward(f.batch);
+      return share != 1.0 ? f.loss * share : f.loss;
+    };
+    work.backward = [&](int64_t micro, const Tensor& scaled) {
+      backward(scaled, ++backwards == microBatches);
+      NoGradGuard noGrad;
+      stepLoss = ops::add(stepLoss, ops::to(scaled.detach(), device_, DType::F32));
+      profiler::mark("loss bookkeeping");
+      inFlight[size_t(micro)] = InFlight{};
+    };
+    schedule_->run(microBatches, work);
+  }
   NoGradGuard noGrad;
   // The gradients and the step end's device values stay allocated until the step returns (StepEnd).
   std::vector<Tensor> grads = reducer_->finish();
@@ -124,6 +155,66 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
     if (delayedUpdate_ && (state_->stage == 1 || state_->stage == 2)) update_->gatherShards();
   }
   return end.outcome;
+}
+
+void ZeroStepEngine::pipelineStep(const MicroBatchSource& next, int64_t microBatches, double share,
+                                  Tensor& stepLoss) {
+  // Every stage draws the step's micro-batches alike: the first reads their ids, the last their targets.
+  std::vector<data::TokenBatch> batches;
+  auto batchOf = [&](int64_t micro) -> const data::TokenBatch& {
+    while (int64_t(batches.size()) <= micro) {
+      batches.push_back(next());
+      profiler::mark("data");
+    }
+    return batches[size_t(micro)];
+  };
+  const nn::PipelineParallel& pp = state_->pipeline;
+  PipelineWork work;
+  work.device = device_;
+  work.dtype = compute_;
+  work.activationShape = stages_->stageActivationShape(batchOf(0).ids.shape());
+  work.forward = [&](int64_t local, int64_t micro, const Tensor& input) {
+    const data::TokenBatch& batch = batchOf(micro);
+    MemoryPurpose purpose("the activations of a micro-batch's forward");  // NOTE [Out of memory]
+    Tensor out = stages_->stageForward(local, input, batch.ids, batch.targets, compute_);
+    if (pp.chunkOf(local) != pp.chunks() - 1) return out;
+    Tensor scaled = share != 1.0 ? out * share : out;
+    NoGradGuard noGrad;
+    stepLoss = ops::add(stepLoss, ops::to(scaled.detach(), device_, DType::F32));
+    return scaled;
+  };
+  work.backward = [&](int64_t, const Tensor& input, const Tensor& output, const Tensor& outputGrad) {
+    MemoryPurpose purpose("a micro-batch's backward (activation gradients and gradient buffers)");
+    state_->chunks->beginBackward(false);
+    if (outputGrad.defined()) {
+      strata::backward({output}, {outputGrad});
+    } else {
+      // fp16: scale the loss so small gradients stay representable; the update unscales them.
+      strata::backward(update_->scalesLoss() ? output * update_->lossScale() : output);
+    }
+    if (!input.defined()) return Tensor();
+    NoGradGuard noGrad;
+    return input.grad().defined() ? input.grad() : ops::zeros(input.shape(), input.dtype(), device_);
+  };
+  pipeline_->run(microBatches, work);
+  NoGradGuard noGrad;
+  // The tied embedding's two copies (first and last stage) take the sum of their gradients.
+  dist::ProcessGroup* embedding = state_->embeddingGroup;
+  if (embedding && embedding->communicator().communicates()) {
+    const zero::ChunkLayout& layout = state_->chunks->layout();
+    const Stream& commStream = deviceStreams(device_).comm;
+    streamWaits(commStream, currentStream(device_), device_);
+    for (const std::string& name : stages_->tiedParameters())
+      for (size_t k = 0; k < layout.slots.size(); ++k) {
+        if (layout.slots[k].name != name) continue;
+        const Tensor& grad = state_->chunks->parameters()[k].grad();
+        STRATA_CHECK(grad.defined(), "pipeline: the tied parameter '{}' got no gradient", name);
+        embedding->communicator().allReduce(grad);
+      }
+    streamWaits(currentStream(device_), commStream, device_);
+  }
+  state_->chunks->announceGradientsComplete();
+  memlog(device_, "pipeline", steps_ + 1);
 }
 
 Tensor ZeroStepEngine::forward(const data::TokenBatch& batch) {

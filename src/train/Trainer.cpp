@@ -16,8 +16,10 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <sstream>
 
 #include "models/Zoo.h"
+#include "models/gpt/Gpt.h"
 #include "strata/autograd/Engine.h"
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
@@ -35,6 +37,7 @@
 #include "strata/train/Interrupts.h"
 #include "strata/train/LossPlot.h"
 #include "strata/train/Metrics.h"
+#include "strata/train/PipelineSchedule.h"
 #include "strata/train/Run.h"
 #include "strata/train/StepEngine.h"
 #include "strata/zero/GradientReducer.h"
@@ -118,6 +121,25 @@ void checkModelSection(const std::string& checkpoint, std::map<std::string, std:
   for (const auto& line : other) spdlog::warn("resuming {} with a changed setting: {}", checkpoint, line);
 }
 
+// NOTE [Pipeline checkpoints] in train/CheckpointPieces.h: the stages' parameters load only at the pipeline
+// layout that saved them.
+void checkPipelineLayout(const CheckpointState& saved, const std::string& checkpoint, int64_t pipeline,
+                         int64_t virtualStages) {
+  auto valueOf = [&](const char* key) {
+    auto it = saved.effective.find(key);
+    return it == saved.effective.end() ? int64_t(1) : std::stoll(it->second);
+  };
+  int64_t savedPipeline = valueOf("parallel.pipeline"), savedVirtual = valueOf("parallel.virtual_stages");
+  STRATA_USER_CHECK(
+      savedPipeline == pipeline && (pipeline == 1 || savedVirtual == virtualStages),
+      "checkpoint {} was saved with parallel.pipeline: {} and parallel.virtual_stages: {}; this run has "
+      "parallel.pipeline: {} and parallel.virtual_stages: {}. Resume it at its layout (parallel.pipeline: "
+      "{}, "
+      "parallel.virtual_stages: {}), or join its stages into one model file with `strata convert` and start "
+      "from that",
+      checkpoint, savedPipeline, savedVirtual, pipeline, virtualStages, savedPipeline, savedVirtual);
+}
+
 // NOTE [Tensor-parallel checkpoints] in train/CheckpointPieces.h: the slices load only at the layout that
 // saved them.
 void checkTensorLayout(const CheckpointState& saved, const std::string& checkpoint, int64_t tensor,
@@ -149,8 +171,17 @@ std::string tensorGroupName(int64_t size) {
   return "tensor_parallel_" + std::to_string(size);
 }
 
-std::string dataGroupName(int64_t tensorSize) {
-  return "data_parallel_" + std::to_string(tensorSize);
+std::string dataGroupName(int64_t tensorSize, int64_t pipelineSize) {
+  std::string name = "data_parallel_" + std::to_string(tensorSize);
+  return pipelineSize > 1 ? name + "_pp" + std::to_string(pipelineSize) : name;
+}
+
+std::string pipelineGroupName(int64_t size) {
+  return "pipeline_parallel_" + std::to_string(size);
+}
+
+std::string embeddingGroupName(int64_t size) {
+  return "embedding_pp" + std::to_string(size);
 }
 
 Trainer::Trainer(config::Config config, std::shared_ptr<dist::ParallelContext> parallel)
@@ -163,6 +194,21 @@ Trainer::Trainer(config::Config config, std::shared_ptr<dist::ParallelContext> p
     models::ModelSpec spec = config::modelSpecFrom(config_, device_);
     spec.expertParallel = expertParallel();
     spec.tensorParallel = tensorParallel();
+    spec.pipeline = pipelineParallel();
+    if (spec.pipeline.active() && parallel_->isMain()) {
+      // NOTE [Pipeline stages] in nn/Pipeline.h: the split, once.
+      models::GptConfig g = models::gptConfig(spec);
+      std::string chunks;
+      for (const nn::BlockRange& r : g.pipelineSplit())
+        chunks += r.end - r.begin == 1 ? fmt::format(" [{}]", r.begin)
+                                       : fmt::format(" [{}-{}]", r.begin, r.end - 1);
+      spdlog::info(
+          "pipeline: {} stages x {} virtual, blocks by model chunk:{} (balanced by FLOPs: the embeddings "
+          "cost {:.2f} of a block on the first chunk, the LM head and loss {:.2f} on the last)",
+          spec.pipeline.size, spec.pipeline.virtualStages, chunks,
+          g.embeddingFlopsPerToken() / g.blockFlopsPerToken(),
+          g.headFlopsPerToken() / g.blockFlopsPerToken());
+    }
     objective_ =
         data::makeObjective(config_.model.arch, models::buildModule(spec), tokenizer_, config_.train.seed);
     setup();
@@ -225,29 +271,6 @@ void Trainer::begin(const config::Config& config) {
   if (!parallel_->isMain()) spdlog::set_level(spdlog::level::warn);
 }
 
-namespace {
-
-// Every rank's text, in rank order, through the CPU (MPI) path: the lengths, then the texts padded to the
-// longest.
-std::vector<std::string> gatherText(dist::Communicator& comm, const std::string& text) {
-  int n = comm.size();
-  if (n == 1) return {text};
-  Tensor lengths = Tensor::empty({n}, DType::I64, Device::cpu());
-  comm.allGather(lengths, Tensor::fromVector(std::vector<int64_t>{int64_t(text.size())}, {1}));
-  std::vector<int64_t> len = lengths.toVector<int64_t>();
-  int64_t longest = std::max<int64_t>(1, *std::max_element(len.begin(), len.end()));
-  std::string padded = text;
-  padded.resize(size_t(longest), '\0');
-  Tensor all = Tensor::empty({n * longest}, DType::U8, Device::cpu());
-  comm.allGather(all, Tensor::fromHost(padded.data(), DType::U8, padded.size(), {longest}, Device::cpu()));
-  std::vector<std::string> out;
-  const char* bytes = static_cast<const char*>(all.data());
-  for (int r = 0; r < n; ++r) out.emplace_back(bytes + r * longest, size_t(len[size_t(r)]));
-  return out;
-}
-
-}  // namespace
-
 void Trainer::plan(const config::Config& config) {
   start_ = planRunStart(config);
   config_ = start_.config;
@@ -281,6 +304,8 @@ void Trainer::plan(const config::Config& config) {
     const plan::LayoutPlan& chosen = choice.layouts[size_t(choice.chosen)];
     for (config::Config* c : {&config_, &planned}) {
       c->parallel.tensor = chosen.tensor;
+      c->parallel.pipeline = chosen.pipeline;
+      c->parallel.virtualStages = chosen.virtualStages;
       c->parallel.automatic = false;
       c->train.globalBatchSize = chosen.plan.globalBatch;
       c->train.globalBatchSizeSet = true;
@@ -322,7 +347,7 @@ void Trainer::agreeOnSetup(const std::function<void()>& work) {
                         {"run_id", runId_},
                         {"pid", long(getpid())},
                         {"host", std::string(host)}};
-  std::vector<std::string> reports = gatherText(parallel_->world().communicator(), report.dump());
+  std::vector<std::string> reports = dist::allGatherText(parallel_->world().communicator(), report.dump());
   std::string firstError;
   int firstRank = -1;
   rankProcesses_.clear();
@@ -368,16 +393,58 @@ void Trainer::connect() {
         "model.moe_expert_parallel_size",
         config_.sourcePath, tensor);
     if (!parallel_->hasGroup(tensorGroupName(tensor))) {
-      // Adjacent ranks split the layers (rank = d x tensor + t); ranks `tensor` apart hold the same slices
-      // and split the data.
+      // Adjacent ranks split the layers (rank = d x tensor + t, within a pipeline stage).
       int rank = parallel_->rank();
       parallel_->split(tensorGroupName(tensor), parallel_->world(), int(rank / tensor), rank);
-      parallel_->split(dataGroupName(tensor), parallel_->world(), int(rank % tensor), rank);
     }
   }
-  // The ranks that split the batch: all of them, or the data-parallel ones under tensor parallelism.
-  int64_t ranks = world / tensor;
-  std::string rankText = tensor > 1 ? "data-parallel ranks" : "ranks";
+  int64_t pipeline = config_.parallel.pipeline, virtualStages = config_.parallel.virtualStages;
+  STRATA_USER_CHECK(virtualStages == 1 || pipeline > 1,
+                    "{}: parallel.virtual_stages ({}) interleaves the model chunks of pipeline stages: set "
+                    "parallel.pipeline > 1 with it, or leave it 1",
+                    config_.sourcePath, virtualStages);
+  if (pipeline > 1) {
+    STRATA_USER_CHECK(
+        world % (tensor * pipeline) == 0,
+        "{}: parallel.pipeline ({}) x parallel.tensor ({}) must divide the number of ranks ({}); "
+        "launch with mpirun -np a multiple of {}",
+        config_.sourcePath, pipeline, tensor, world, tensor * pipeline);
+    STRATA_USER_CHECK(config_.model.arch == "gpt",
+                      "{}: parallel.pipeline ({}) splits gpt only, not model.arch '{}'; train it with "
+                      "parallel.pipeline: 1",
+                      config_.sourcePath, pipeline, config_.model.arch);
+    STRATA_USER_CHECK(
+        config_.model.moeNumExperts == 0,
+        "{}: parallel.pipeline ({}) with mixture-of-experts layers (model.moe_num_experts) is not "
+        "supported; train MoE models with parallel.pipeline: 1",
+        config_.sourcePath, pipeline);
+    STRATA_USER_CHECK(config_.zero.stage <= 2,
+                      "{}: parallel.pipeline ({}) with zero_optimization.stage 3 is not supported (stage 3 "
+                      "gathers parameters module by module, which the pipeline schedule does not drive): set "
+                      "zero_optimization.stage to 0, 1 or 2",
+                      config_.sourcePath, pipeline);
+  }
+  // Megatron's order: tensor innermost, then data, then the pipeline's stages (rank = p x data x tensor + d x
+  // tensor + t).
+  int64_t perStage = world / std::max<int64_t>(1, pipeline);
+  if ((tensor > 1 || pipeline > 1) && !parallel_->hasGroup(dataGroupName(tensor, pipeline)) &&
+      world % (tensor * pipeline) == 0) {
+    // Ranks `tensor` apart within a stage hold the same slices and split the data.
+    int rank = parallel_->rank();
+    parallel_->split(dataGroupName(tensor, pipeline), parallel_->world(),
+                     int((rank / perStage) * tensor + rank % tensor), rank);
+  }
+  if (pipeline > 1 && !parallel_->hasGroup(pipelineGroupName(pipeline))) {
+    int rank = parallel_->rank(), stage = int(rank / perStage);
+    parallel_->split(pipelineGroupName(pipeline), parallel_->world(), int(rank % perStage), rank);
+    bool tied = stage == 0 || stage == pipeline - 1;
+    parallel_->split(embeddingGroupName(pipeline), parallel_->world(),
+                     tied ? int(rank % perStage) : int(world + rank), rank);
+  }
+  // The ranks that split the batch: all of them, or the data-parallel ones under tensor and pipeline
+  // parallelism.
+  int64_t ranks = world / (tensor * pipeline);
+  std::string rankText = tensor > 1 || pipeline > 1 ? "data-parallel ranks" : "ranks";
   // Unset, the global batch is one micro-batch per rank.
   if (!config_.train.globalBatchSizeSet) config_.train.globalBatchSize = micro * ranks;
   STRATA_USER_CHECK(
@@ -386,6 +453,22 @@ void Trainer::connect() {
       "({}); {} is not a multiple of {} x {} = {}",
       config_.sourcePath, config_.train.globalBatchSize, micro, rankText, ranks,
       config_.train.globalBatchSize, micro, ranks, micro * ranks);
+  if (pipeline > 1) {
+    // NOTE [Pipeline schedules] in train/PipelineSchedule.h: the step's micro-batches fill the pipeline.
+    int64_t microBatches = config_.train.globalBatchSize / (micro * ranks);
+    STRATA_USER_CHECK(microBatches >= pipeline,
+                      "{}: parallel.pipeline ({}) needs at least as many micro-batches per step, and "
+                      "train.global_batch_size ({}) / (micro_batch_size ({}) x {} data-parallel ranks) gives "
+                      "{}: set train.global_batch_size to {} or more (or a smaller train.micro_batch_size)",
+                      config_.sourcePath, pipeline, config_.train.globalBatchSize, micro, ranks, microBatches,
+                      micro * ranks * pipeline);
+    STRATA_USER_CHECK(
+        virtualStages == 1 || microBatches % pipeline == 0,
+        "{}: parallel.virtual_stages ({}) needs the micro-batches per step ({}: "
+        "train.global_batch_size / (micro_batch_size x {} data-parallel ranks)) to be a multiple "
+        "of parallel.pipeline ({}): set train.global_batch_size to a multiple of {}",
+        config_.sourcePath, virtualStages, microBatches, ranks, pipeline, micro * ranks * pipeline);
+  }
   int64_t ep = config_.model.moeExpertParallelSize;
   if (ep > 1) {
     STRATA_USER_CHECK(
@@ -411,6 +494,10 @@ void Trainer::connect() {
 }
 
 void Trainer::refuseTensorParallel(const std::string& what) const {
+  STRATA_USER_CHECK(config_.parallel.pipeline == 1,
+                    "{}: parallel.pipeline ({}) splits the zoo's gpt built from the config, not {}; train it "
+                    "with parallel.pipeline: 1",
+                    config_.sourcePath, config_.parallel.pipeline, what);
   STRATA_USER_CHECK(config_.parallel.tensor == 1,
                     "{}: parallel.tensor ({}) splits the zoo's gpt built from the config, not {}; train it "
                     "with parallel.tensor: 1",
@@ -449,10 +536,45 @@ nn::TensorParallel Trainer::tensorParallel() const {
 }
 
 dist::ProcessGroup* Trainer::dataGroup() const {
-  dist::ProcessGroup* group = config_.parallel.tensor > 1
-                                  ? &parallel_->group(dataGroupName(config_.parallel.tensor))
-                                  : &parallel_->world();
+  int64_t tensor = config_.parallel.tensor, pipeline = config_.parallel.pipeline;
+  dist::ProcessGroup* group =
+      tensor > 1 || pipeline > 1 ? &parallel_->group(dataGroupName(tensor, pipeline)) : &parallel_->world();
   return group->communicator().communicates() ? group : nullptr;
+}
+
+nn::PipelineParallel Trainer::pipelineParallel() const {
+  nn::PipelineParallel out;
+  if (config_.parallel.pipeline <= 1) return out;
+  dist::ProcessGroup* group = pipelineGroup();
+  out.size = group->size();
+  out.rank = group->rank();
+  out.virtualStages = int(config_.parallel.virtualStages);
+  return out;
+}
+
+dist::ProcessGroup* Trainer::pipelineGroup() const {
+  if (config_.parallel.pipeline <= 1) return nullptr;
+  return &parallel_->group(pipelineGroupName(config_.parallel.pipeline));
+}
+
+dist::ProcessGroup* Trainer::embeddingGroup() const {
+  if (config_.parallel.pipeline <= 1) return nullptr;
+  dist::ProcessGroup* group = &parallel_->group(embeddingGroupName(config_.parallel.pipeline));
+  return group->size() > 1 ? group : nullptr;
+}
+
+Tensor Trainer::pipelineLoss(const data::TokenBatch& batch) {
+  auto* stages = dynamic_cast<nn::PipelineStageModel*>(&model());
+  STRATA_CHECK(stages != nullptr, "Trainer: parallel.pipeline for a model that is not split into stages");
+  DType compute = modelDType();
+  PipelineWork work;
+  work.device = device_;
+  work.dtype = compute;
+  work.activationShape = stages->stageActivationShape(batch.ids.shape());
+  work.forward = [&](int64_t local, int64_t, const Tensor& input) {
+    return stages->stageForward(local, input, batch.ids, batch.targets, compute);
+  };
+  return PipelineSchedule(pipelineGroup()->communicator(), stages->pipeline()).forwardOnly(work);
 }
 
 nn::ExpertParallel Trainer::expertParallel() const {
@@ -574,10 +696,10 @@ double Trainer::evaluate(int64_t iters) {
   int64_t rounds = (iters + ranks - 1) / ranks;
   for (int64_t k = 0; k < rounds; ++k) {
     int64_t i = k * ranks + rank;
-    Tensor loss = ops::to(objective_->loss(batch(data::Split::Val, i < iters ? i : i % iters), modelDType()),
-                          device_, DType::F32)
-                      .view({1});
-    if (i < iters) total = ops::add(total, loss);
+    data::TokenBatch b = batch(data::Split::Val, i < iters ? i : i % iters);
+    // Under a pipeline the last stage holds the loss; the others add nothing.
+    Tensor loss = pipelineGroup() ? pipelineLoss(b) : objective_->loss(b, modelDType());
+    if (i < iters && loss.defined()) total = ops::add(total, ops::to(loss, device_, DType::F32).view({1}));
   }
   model().train();
   if (batchGroup) {
@@ -585,6 +707,12 @@ double Trainer::evaluate(int64_t iters) {
     const Stream& comm = deviceStreams(device_).comm;
     streamWaits(comm, currentStream(device_), device_);
     batchGroup->communicator().allReduce(total);
+    streamWaits(currentStream(device_), comm, device_);
+  }
+  if (dist::ProcessGroup* stages = pipelineGroup()) {
+    const Stream& comm = deviceStreams(device_).comm;
+    streamWaits(comm, currentStream(device_), device_);
+    stages->communicator().allReduce(total);
     streamWaits(currentStream(device_), comm, device_);
   }
   return total.item() / double(iters);
@@ -597,7 +725,7 @@ static CheckpointGroup checkpointGroup(dist::Communicator& comm) {
   g.rank = comm.rank();
   g.worldSize = comm.size();
   g.barrier = [&comm] { comm.barrier(); };
-  g.allGather = [&comm](const std::string& text) { return gatherText(comm, text); };
+  g.allGather = [&comm](const std::string& text) { return dist::allGatherText(comm, text); };
   return g;
 }
 
@@ -660,7 +788,8 @@ TrainResult Trainer::run() {
                             ? &parallel_->group(expertDataGroupName(c.model.moeExpertParallelSize))
                             : nullptr,
                         RankShares{parallel_->topology().ranksOnHost, parallel_->topology().ranksOnDevice,
-                                   plannedDeviceBudget_});
+                                   plannedDeviceBudget_},
+                        PipelineGroups{pipelineGroup(), embeddingGroup()});
   if (main && engine.placement().bytes[int(zero::Tier::Device)] != engine.placement().total())
     spdlog::info("{}", engine.placement().table());
   const zero::GradientReducer& reducer = engine.gradientReducer();
@@ -684,6 +813,7 @@ TrainResult Trainer::run() {
     std::string dir = reader.directory();
     const CheckpointState& st = reader.state();
     checkTensorLayout(st, dir, c.parallel.tensor, ranks);
+    checkPipelineLayout(st, dir, c.parallel.pipeline, c.parallel.virtualStages);
     engine.loadState(reader, !c.checkpoint.loadModelOnly);
     if (c.checkpoint.loadModelOnly) {
       spdlog::info(
@@ -716,7 +846,21 @@ TrainResult Trainer::run() {
     st.effective = config::effectiveValues(c);
     st.runId = runId_;
     st.layout = engine.checkpointLayout();
-    if (c.parallel.tensor > 1) st.tensorSlices = nn::tensorParallelSlices(model());
+    if (c.parallel.tensor > 1) {
+      st.tensorSlices = nn::tensorParallelSlices(model());
+      // Under a pipeline each stage knows its own parameters' cuts; rank 0 records every stage's.
+      if (dist::ProcessGroup* stages = pipelineGroup()) {
+        std::string mine;
+        for (const auto& [name, how] : st.tensorSlices)
+          mine += fmt::format("{} {} {}\n", name, how.dim, how.groups);
+        for (const std::string& text : dist::allGatherText(stages->communicator(), mine)) {
+          std::istringstream lines(text);
+          std::string name;
+          nn::TensorSlice how;
+          while (lines >> name >> how.dim >> how.groups) st.tensorSlices[name] = how;
+        }
+      }
+    }
     st.chunked = true;
     // Each rank writes the pieces of state its shards hold, nothing gathered; rank 0 the manifest.
     std::string dir = saveCheckpoint(saveDir, engine.checkpointModel(), engine.checkpointOptimizer(), st,
@@ -1028,7 +1172,14 @@ TrainResult Trainer::run() {
   }
   interrupts.setPhase(InterruptMonitor::Phase::Finished);
   plotLoss();
-  if (c.train.sampleLength > 0) {
+  if (c.train.sampleLength > 0 && pipelineGroup()) {
+    if (main)
+      spdlog::info(
+          "no sample: generation needs the whole model, and each rank holds a pipeline stage "
+          "(parallel.pipeline "
+          "{}); `strata convert` joins the stages of a checkpoint for `strata generate`",
+          c.parallel.pipeline);
+  } else if (c.train.sampleLength > 0) {
     // Every rank samples the same tokens (ZeRO-3's forwards are collectives); rank 0 shows them. An
     // objective that makes nothing of the prompt (BERT without a [MASK]) shows nothing.
     std::optional<data::Generation> g =

@@ -279,6 +279,12 @@ void ChunkManager::beginBackward(bool lastMicroBatch) {
   if (notices_) notices_->lastMicroBatch = lastMicroBatch;
 }
 
+void ChunkManager::announceGradientsComplete() {
+  STRATA_CHECK(!autograd::inBackwardPass(), "ChunkManager::announceGradientsComplete inside a backward pass");
+  listen();
+  notices_->flush();
+}
+
 ChunkManager::~ChunkManager() = default;
 
 std::vector<std::string> recordFirstUse(nn::Module& model, const std::function<void()>& forward) {

@@ -262,3 +262,21 @@ TEST_CASE("a nested backward (checkpoint) is a pass of its own whose leaves coun
   REQUIRE(completedInOuter);
   REQUIRE(w.grad().toVector<double>() == std::vector<double>{1, 1});
 }
+
+TEST_CASE("backward from a non-scalar output with a given gradient, as a pipeline stage runs it",
+          "[autograd][engine]") {
+  // A stage's input is a leaf received from the previous stage; its backward starts from the gradient the
+  // next stage sent for its output.
+  Tensor x = leaf({1, 2, 3});
+  Tensor w = leaf({0.5, -1, 2});
+  Tensor y = x * w + x * x;  // dy/dx = w + 2x, dy/dw = x
+  Tensor dy = Tensor::fromVector<double>({1, 10, 100}, {3});
+  backward({y}, {dy});
+  REQUIRE(x.grad().toVector<double>() == std::vector<double>{2.5, 30, 800});
+  REQUIRE(w.grad().toVector<double>() == std::vector<double>{1, 20, 300});
+  // Without a gradient a non-scalar root is refused, and a gradient of the wrong shape too.
+  Tensor z = x * w;
+  REQUIRE_THROWS_AS(backward(z), Error);
+  Tensor z2 = x * w;
+  REQUIRE_THROWS_AS(backward({z2}, {Tensor::fromVector<double>({1, 2}, {2})}), Error);
+}

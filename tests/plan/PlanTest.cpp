@@ -907,12 +907,11 @@ TEST_CASE("a pipeline stage plans 1/P of the blocks, the 1F1B activations in fli
   config::Config c = configFile("gpt3-13b.yaml", {"model.seq_length=512", "train.global_batch_size=64",
                                                   "train.recompute=none", "zero_optimization.stage=1"});
   auto at = [&](int pipeline, int virtualStages, int64_t global = 64) {
-    plan::PlanOptions o = options;
-    o.pipeline = pipeline;
-    o.virtualStages = virtualStages;
     config::Config g = c;
+    g.parallel.pipeline = pipeline;
+    g.parallel.virtualStages = virtualStages;
     g.train.globalBatchSize = global;
-    return plan::planModelState(g, o);
+    return plan::planModelState(g, options);
   };
   auto term = [](const plan::ModelStatePlan& p, const std::string& name) {
     for (const plan::StepTerm& t : p.terms)

@@ -172,8 +172,8 @@ struct DistConfig {
   int64_t powersgdStartIter = 10;
 };
 
-// How the ranks split the model (docs/distributed.md). World = data x tensor, a tensor group's ranks
-// adjacent (rank = d * tensor + t).
+// How the ranks split the model (docs/distributed.md). World = pipeline x data x tensor, a tensor group's
+// ranks adjacent, the pipeline's stages outermost (rank = p * data * tensor + d * tensor + t).
 struct ParallelConfig {
   // Megatron's tensor parallelism over this many ranks: attention split by heads, the MLP by its width, the
   // embedding and the tied head by the vocabulary (NOTE [Tensor parallelism] in nn/TensorParallel.h).
@@ -181,8 +181,12 @@ struct ParallelConfig {
   // Megatron's sequence parallelism on top: the norms, dropout and residual stream on a part of the sequence
   // each (NOTE [Sequence parallelism] in nn/TensorParallel.h).
   bool sequenceParallel = false;
+  // Pipeline parallelism over this many stages, the outermost split: rank = p x (data x tensor) + d x
+  // tensor + t (NOTE [Pipeline stages] in nn/Pipeline.h); virtualStages model chunks per stage.
+  int64_t pipeline = 1;
+  int64_t virtualStages = 1;
   // `parallel: auto` (a scalar in place of the section): the plan chooses the split of the ranks before the
-  // trainer allocates (NOTE [Parallel auto] in plan/Plan.h), and sets parallel.tensor.
+  // trainer allocates (NOTE [Parallel auto] in plan/Plan.h), and sets parallel.tensor and parallel.pipeline.
   bool automatic = false;
 };
 

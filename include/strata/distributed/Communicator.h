@@ -38,6 +38,19 @@
 // on the same stream: the same stream and event contract as NCCL, so the engine's waits are exercised as they
 // would be on separate GPUs. It is a correctness mode, not a fast one: the host waits for every collective.
 //
+// NOTE [Point-to-point]
+// sendReceive posts a set of sends and receives between pairs of ranks of the group and returns when all of
+// them have completed (CPU), or are enqueued (CUDA: on the comm lane, as a collective; NOTE [Collective
+// ordering and completion]). A send to `peer` with `tag` matches the receive from this rank with the same tag
+// on `peer`, of the same dtype and element count; several transfers between one pair with one tag match in
+// the order each side lists them. Posting the sends and receives of both directions together (Megatron's
+// batch_isend_irecv) is what lets two ranks that both send and receive not wait for each other: a pipeline
+// schedule's send-forward-receive-backward is one call. CPU tensors go through MPI_Isend/MPI_Irecv (the tag
+// is MPI's), polled against the deadline; CUDA tensors through ncclSend/ncclRecv inside one
+// ncclGroupStart/End, ordered by (peer, tag, listed order) on both sides so the sequences match without tags;
+// staged GPU groups copy through the host. A transfer that does not complete within dist.timeout_s fails like
+// a collective (NOTE [Collective timeouts]), naming the peers.
+//
 // NOTE [Comm delay]
 // STRATA_COMM_DELAY_US=N (a test switch) puts a kernel that holds the lane's stream for N microseconds before
 // each CUDA collective (ops::spin). A consumer that reads a collective's output without waiting for its
@@ -83,6 +96,14 @@ class MpiCommunicator;   // src/distributed: the MPI backend
 class NcclCommunicator;  // src/distributed: the NCCL backend
 
 enum class ReduceOp { Sum, Max };
+
+// One send or receive of sendReceive (NOTE [Point-to-point]): a contiguous tensor and the group rank of the
+// peer; `tag` tells apart transfers between the same pair (a pipeline's activations and gradients).
+struct PeerTransfer {
+  Tensor tensor;
+  int peer = 0;
+  int tag = 0;
+};
 const char* reduceOpName(ReduceOp op);
 
 // How a group moves CUDA tensors (dist.gpu_collectives; NOTE [GPU collectives] in ParallelContext.h): NCCL,
@@ -142,6 +163,10 @@ class Communicator {
   // Block i of out = block `rank` of rank i's in.
   void allToAll(const Tensor& out, const Tensor& in);
   void barrier();
+  // NOTE [Point-to-point]: every send and receive posted together, completed together.
+  void sendReceive(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& receives);
+  void send(const Tensor& t, int peer, int tag = 0) { sendReceive({PeerTransfer{t, peer, tag}}, {}); }
+  void receive(const Tensor& t, int peer, int tag = 0) { sendReceive({}, {PeerTransfer{t, peer, tag}}); }
 
   // True when collectives really communicate: a group of several ranks, or one rank given NCCL. False for a
   // trivial one-rank group, whose collectives are local copies and which callers may skip altogether.
@@ -194,5 +219,9 @@ class Communicator {
   std::string failure_;
   std::vector<Storage> abandoned_;  // storages of a failed collective, never freed
 };
+
+// Every rank's text, in rank order, through the CPU (MPI) path: the lengths, then the texts padded to the
+// longest (two all-gathers; a group of one returns its own).
+std::vector<std::string> allGatherText(Communicator& comm, const std::string& text);
 
 }  // namespace strata::dist

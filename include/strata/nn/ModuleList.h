@@ -15,6 +15,13 @@ class ModuleList : public Module {
     items_.push_back(module);
     return registerModule(std::to_string(firstName_ + int64_t(items_.size()) - 1), std::move(module));
   }
+  // Appends `module` under the name `name`: a rank's blocks of a pipeline stage keep the whole model's
+  // numbers, with gaps between its model chunks (NOTE [Pipeline stages] in nn/Pipeline.h).
+  template <class M>
+  std::shared_ptr<M> appendNamed(int64_t name, std::shared_ptr<M> module) {
+    items_.push_back(module);
+    return registerModule(std::to_string(name), std::move(module));
+  }
   size_t size() const { return items_.size(); }
   Module& at(size_t i) { return *items_.at(i); }
 

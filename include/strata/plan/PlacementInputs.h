@@ -15,6 +15,10 @@
 #include "strata/zero/ChunkLayout.h"
 #include "strata/zero/Store.h"
 
+namespace strata::models {
+struct ModelSpec;
+}  // namespace strata::models
+
 namespace strata::plan {
 
 struct ModelStateInputs {
@@ -54,10 +58,15 @@ struct ModelStateInputs {
   int64_t rangeElemsTotal() const;
 };
 
+// The blocks each rank of a `pipeline`-stage GPT holds with `virtualStages` model chunks a rank: the trainer's
+// split (GptConfig::pipelineSplit, NOTE [Pipeline stages] in nn/Pipeline.h), rank p's chunks p, p + P, ....
+std::vector<std::vector<int64_t>> pipelineRankBlocks(const models::ModelSpec& spec, int pipeline,
+                                                     int virtualStages);
+
 // The placement inputs of `config` on `ranks` ranks computing in `compute` (config::computeDTypeFor). With
-// `pipeline` P > 1 (a GPT): the most loaded stage's (NOTE [Layouts] in plan/Plan.h), its parameters sharded
-// over the ranks / (parallel.tensor x P) data-parallel ranks.
-ModelStateInputs modelStateInputs(const config::Config& config, int ranks, DType compute, int pipeline = 1);
+// parallel.pipeline P > 1 (a GPT): the most loaded stage's (NOTE [Layouts] in plan/Plan.h), its parameters
+// sharded over the ranks / (parallel.tensor x P) data-parallel ranks.
+ModelStateInputs modelStateInputs(const config::Config& config, int ranks, DType compute);
 
 // NOTE [Host headroom]
 // An automatic host budget (store.host_budget_gb auto) is what the host has available less its headroom, and

@@ -86,8 +86,8 @@ struct ActivationEstimate {
 // nn/TensorParallel.h): the heads' and the MLP's activations split T ways, the stream and the norms' whole,
 // or split along the sequence too with `sequenceParallel`; the vocabulary-parallel head keeps its [tokens,
 // V/T] logits. `pipeline` > 1 (GPT): the most loaded stage of P under the 1F1B schedule with
-// `virtualStages` V and `microBatches` M a step (NOTE [Layouts]): the first stage's L/P blocks for min(P, M)
-// micro-batches in flight (x (1 + (P-1)/(P V)) interleaved), or the last's L/P blocks and the head for one.
+// `virtualStages` V and `microBatches` M a step (NOTE [Layouts]): the first stage's blocks for min(P, M)
+// micro-batches in flight (x (1 + (P-1)/(P V)) interleaved), or the last's blocks and the head for one.
 ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t microBatch, DType compute,
                                        bool onGpu, const std::string& recompute = "none", int tensor = 1,
                                        bool sequenceParallel = false, int pipeline = 1, int virtualStages = 1,
@@ -155,9 +155,6 @@ struct PlanOptions {
   // The machine; nullopt: measuredH200(). Fields it lacks come from measuredH200() too.
   std::optional<Calibration> calibration;
   std::string calibrationSource;  // named in the notes
-  // Pipeline parallelism (NOTE [Layouts]): P stages, each rank holding V virtual stages (Megatron's
-  // interleaved 1F1B schedule); the ranks are data x parallel.tensor x pipeline.
-  int pipeline = 1, virtualStages = 1;
 };
 
 // The plan of `config` (never throws for a model that does not fit: fits is false and refusal says why).
@@ -196,14 +193,15 @@ std::string formatPlan(const ModelStatePlan& plan);
 // (micro-batch x D) a multiple of P (Megatron's interleaved schedule); D is the rest. Ranks are ordered
 // tensor fastest, then data, then pipeline (Megatron's order). Each layout is planned in full (placement,
 // recomputation, step time), a rank planned as the most loaded pipeline stage:
-// - State: ZeRO (zero_optimization.stage) over the D ranks of the parameters of 1/P of the blocks, with the
+// - State: ZeRO (zero_optimization.stage) over the D ranks of the parameters of a stage's blocks, split as
+//   the trainer splits them (balanced by FLOPs: NOTE [Pipeline stages] in nn/Pipeline.h), with the
 //   embeddings on the first stage and the final norm and the tied head's copy of the token table on the
 //   last, whichever stage holds more.
 // - Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-//   after Narayanan et al. 2021's 1F1B schedule): the first stage keeps min(P, M) micro-batches of its L/P
+//   after Narayanan et al. 2021's 1F1B schedule): the first stage keeps min(P, M) micro-batches of its
 //   blocks in flight, L blocks' worth at M >= P whatever P is; the interleaved schedule keeps (1 + (P-1) /
 //   (P V)) times that. The last stage keeps one micro-batch and the head's; the larger is planned.
-// - Compute: the slowest stage's FLOPs (L/P of the blocks and, on the last, the LM head), and the bubble of
+// - Compute: the slowest stage's FLOPs (its blocks and, on the last, the LM head), and the bubble of
 //   the 1F1B schedule, (P-1) / (V M) of it (Narayanan et al. 2021, "Efficient Large-Scale Language Model
 //   Training on GPU Clusters Using Megatron-LM", SC'21).
 // - Links: a machine's GPUs talk at its NCCL bus bandwidth (Calibration::nvlinkBusGBs), machines at the
@@ -215,16 +213,14 @@ std::string formatPlan(const ModelStatePlan& plan);
 //   scatter/gather), inside a machine when the whole pipeline fits one, else at the network's rate; counted
 //   on the step's critical path.
 // The layouts that fit come first, fastest predicted step first, then those that do not fit, the smallest
-// device peak (the nearest to fitting) first, then those the model cannot split. A layout with P > 1 is "plan
-// only": the trainer runs no pipeline parallelism yet.
+// device peak (the nearest to fitting) first, then those the model or the trainer cannot split that way
+// (pipeline stages: GPT without experts, ZeRO stages 0 to 2, at least P micro-batches a step).
 struct LayoutPlan {
   int tensor = 1, data = 1, pipeline = 1, virtualStages = 1;
   std::string invalid;  // why the model cannot split this way (then `plan` is empty)
   ModelStatePlan plan;
   // The longest term of the predicted step: what bounds the layout.
   const StepTerm* longest() const;
-  // What the trainer cannot run today (empty: it can): pipeline parallelism.
-  std::string planOnly() const;
   std::string name() const;  // "data 4 x tensor 2", with " x pipeline P (x V virtual)" when P > 1
 };
 std::vector<LayoutPlan> planLayouts(const config::Config& config, const PlanOptions& options);
@@ -235,12 +231,12 @@ std::string formatLayouts(const std::vector<LayoutPlan>& layouts, size_t maxFitt
 
 // NOTE [Parallel auto]
 // `parallel: auto` in a config (a scalar in place of the section) lets the plan choose the layout: of
-// planLayouts' layouts that fit and that the trainer runs (not plan only), the first, i.e. the fastest
-// predicted step. The trainer applies it (parallel.tensor) before it allocates anything and logs why;
+// planLayouts' layouts that fit, the first, i.e. the fastest predicted step. The trainer applies it
+// (parallel.tensor, parallel.pipeline, parallel.virtual_stages) before it allocates anything and logs why;
 // `strata plan` of such a config prints the choice and the table it came from.
 struct LayoutChoice {
   std::vector<LayoutPlan> layouts;  // planLayouts'
-  int chosen = -1;                  // into layouts; -1: none fits that the trainer runs
+  int chosen = -1;                  // into layouts; -1: none fits
   std::string why;
 };
 LayoutChoice chooseLayout(const config::Config& config, const PlanOptions& options);

@@ -127,6 +127,9 @@ CheckpointState loadCheckpoint(const std::string& path, const NamedTensors& mode
 // Every model tensor of a checkpoint, merged across the shards its manifest lists (on the CPU), checksums
 // verified; a tensor-parallel run's slices joined into whole parameters under their own names.
 std::map<std::string, Tensor> loadModelShards(const std::string& path);
+// A chunk layout as the manifest writes it (JSON text), and back (`where` names it in errors).
+std::string chunkLayoutText(const zero::ChunkLayout& layout);
+zero::ChunkLayout chunkLayoutFromText(const std::string& text, const std::string& where);
 // Streams the model tensors of the checkpoint `path` (all shards, checksums verified) into one safetensors
 // file `output`, each renamed by `rename` when given, in name order (a tensor-parallel run's slices joined,
 // as loadModelShards does). One tensor is in memory at a time, so the peak stays at the largest tensor (with

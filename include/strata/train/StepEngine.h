@@ -35,6 +35,7 @@
 #include "strata/optim/ChunkOptimizer.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/MicroBatchSchedule.h"
+#include "strata/train/PipelineSchedule.h"
 #include "strata/zero/ChunkArena.h"
 #include "strata/zero/ChunkManager.h"
 #include "strata/zero/Store.h"
@@ -146,6 +147,17 @@ struct RankShares {
   uint64_t plannedDeviceBudget = 0;
 };
 
+// Pipeline parallelism (NOTE [Pipeline stages] in nn/Pipeline.h, NOTE [Pipeline schedules] in
+// train/PipelineSchedule.h): the model is one stage's part of a split model (an nn::PipelineStageModel);
+// `stages` is the pipeline-parallel group, `embedding` the two ranks holding the tied embedding (null
+// elsewhere). Each step runs the pipeline schedule instead of the micro-batch schedule, sums the tied
+// embedding's gradients over `embedding`, then hands every chunk to the data-parallel reduction; the norm and
+// the loss are summed over the stages. `group` is this stage's data-parallel group.
+struct PipelineGroups {
+  dist::ProcessGroup* stages = nullptr;
+  dist::ProcessGroup* embedding = nullptr;
+};
+
 // NOTE [Step engine parts]
 // ZeroStepEngine composes parts that each have one reason to change (docs/design.md has the table of who
 // owns which state and runs on which stream):
@@ -168,7 +180,7 @@ class ZeroStepEngine final : public StepEngine {
  public:
   ZeroStepEngine(data::Objective& objective, const config::Config& config, Device device, DType compute,
                  dist::ProcessGroup* group = nullptr, dist::ProcessGroup* expertDataGroup = nullptr,
-                 RankShares shares = {});
+                 RankShares shares = {}, PipelineGroups pipeline = {});
   ~ZeroStepEngine() override;
   StepOutcome step(const MicroBatchSource& next, int64_t microBatches, double lr) override;
   SaveTensors checkpointModel() const override;
@@ -201,6 +213,10 @@ class ZeroStepEngine final : public StepEngine {
   // the step's last one.
   Tensor forward(const data::TokenBatch& batch);
   void backward(const Tensor& loss, bool last);
+  // The pipeline's part of step(): the schedule over `microBatches` micro-batches from `next`, each
+  // weighing `share`, the last stage's losses added into stepLoss; then the tied gradients summed and every
+  // chunk announced complete.
+  void pipelineStep(const MicroBatchSource& next, int64_t microBatches, double share, Tensor& stepLoss);
 
   data::Objective& objective_;
   Device device_;
@@ -217,6 +233,8 @@ class ZeroStepEngine final : public StepEngine {
   std::unique_ptr<ShardedUpdate> update_;
   std::unique_ptr<CheckpointPieces> checkpoint_;
   std::unique_ptr<MicroBatchSchedule> schedule_;
+  nn::PipelineStageModel* stages_ = nullptr;  // the model as a pipeline stage, under a pipeline
+  std::unique_ptr<PipelineSchedule> pipeline_;
 };
 
 }  // namespace strata::train

@@ -68,7 +68,14 @@ std::string expertDataGroupName(int64_t size);
 // that split the layers, and the ranks that hold the same slices (every size-th rank), over which the batch,
 // ZeRO and the gradients' reduction go.
 std::string tensorGroupName(int64_t size);
-std::string dataGroupName(int64_t tensorSize);
+// Under pipeline parallelism over `pipelineSize` stages (parallel.pipeline) the data-parallel ranks are those
+// of one stage with the same tensor rank; the pipeline-parallel group is the ranks of one data and tensor
+// rank, one per stage (the group rank is the stage); the embedding group the first and the last of them,
+// which hold the tied embedding (the other stages are alone in theirs). NOTE [Pipeline stages] in
+// nn/Pipeline.h.
+std::string dataGroupName(int64_t tensorSize, int64_t pipelineSize = 1);
+std::string pipelineGroupName(int64_t size);
+std::string embeddingGroupName(int64_t size);
 
 // Training runs on the ranks of a dist::ParallelContext: one made from the process environment (mpirun's, or
 // a single rank; dist.timeout_s) unless one is given. Every rank trains its slice of each global batch
@@ -146,8 +153,17 @@ class Trainer {
   // The layers' place in the tensor-parallel group and its collectives (NOTE [Tensor parallelism] in
   // nn/TensorParallel.h); size 1 without parallel.tensor.
   nn::TensorParallel tensorParallel() const;
-  // parallel.tensor > 1 is refused for a model the trainer did not build: `what` names it.
+  // parallel.tensor > 1 and parallel.pipeline > 1 are refused for a model the trainer did not build: `what`
+  // names it.
   void refuseTensorParallel(const std::string& what) const;
+  // This rank's pipeline stage (size 1 without parallel.pipeline), and the groups of the stages and of the
+  // tied embedding (null without a pipeline).
+  nn::PipelineParallel pipelineParallel() const;
+  dist::ProcessGroup* pipelineGroup() const;
+  dist::ProcessGroup* embeddingGroup() const;
+  // Under a pipeline: the mean loss of one micro-batch through every stage (forward only), on the last
+  // stage; undefined on the others.
+  Tensor pipelineLoss(const data::TokenBatch& batch);
   // The group that splits the batch and over which ZeRO and the gradients' reduction go: the world, or the
   // data-parallel group under tensor parallelism; null when it has one rank.
   dist::ProcessGroup* dataGroup() const;

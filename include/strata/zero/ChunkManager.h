@@ -126,6 +126,10 @@ class ChunkManager {
   void onPassGradientsComplete(std::function<void(size_t)> callback);
   // Call before each micro-batch's backward; lastMicroBatch: the step's gradients are final after it.
   void beginBackward(bool lastMicroBatch);
+  // Announces every chunk not yet announced in this step, outside backward: a pipeline stage's gradients are
+  // final only once the schedule has run every backward and the tied embedding's copies are summed (NOTE
+  // [Pipeline schedules] in train/PipelineSchedule.h), so its passes run with beginBackward(false).
+  void announceGradientsComplete();
 
  private:
   struct Notices;

@@ -200,3 +200,60 @@ TEST_CASE("split groups communicate within themselves", "[dist][mpi]") {
   CHECK(t.item() == expected);
   ctx.world().communicator().barrier();
 }
+
+TEST_CASE("sendReceive passes tensors around a ring, both ways at once, tags kept apart", "[dist][mpi]") {
+  ParallelContext ctx(testOptions());
+  Communicator& comm = ctx.world().communicator();
+  int n = comm.size(), r = comm.rank();
+  int next = (r + 1) % n, prev = (r + n - 1) % n;
+  // Forward to the next rank (tag 0) and backward to the previous one (tag 1) in one call, as a pipeline's
+  // send-forward-receive-backward does; with 2 ranks both go to the same peer and only the tags tell them
+  // apart.
+  Tensor forward = inputTensor<float>(r, 300);
+  Tensor backward = Tensor::fromVector<int64_t>({int64_t(r) * 1000 + 7, -int64_t(r)}, {2});
+  Tensor fromPrev = Tensor::empty({300}, DType::F32, Device::cpu());
+  Tensor fromNext = Tensor::empty({2}, DType::I64, Device::cpu());
+  comm.sendReceive({PeerTransfer{backward, prev, 1}, PeerTransfer{forward, next, 0}},
+                   {PeerTransfer{fromNext, next, 1}, PeerTransfer{fromPrev, prev, 0}});
+  CHECK(bitwiseEqual(fromPrev.toVector<float>(), inputOf<float>(prev, 300)));
+  CHECK(fromNext.toVector<int64_t>() == std::vector<int64_t>{int64_t(next) * 1000 + 7, -int64_t(next)});
+  // Separate send and receive calls in an order that pairs up: rank 0 sends first, the others receive first.
+  Tensor token = Tensor::fromVector<double>({double(r) + 0.5}, {1});
+  Tensor got = Tensor::empty({1}, DType::F64, Device::cpu());
+  if (r == 0) {
+    comm.send(token, next, 2);
+    comm.receive(got, prev, 2);
+  } else {
+    comm.receive(got, prev, 2);
+    comm.send(token, next, 2);
+  }
+  CHECK(got.item() == double(prev) + 0.5);
+  comm.barrier();
+}
+
+TEST_CASE("a receive that no rank sends times out naming the op and the peer", "[dist][mpi]") {
+  // A context of its own that does not abort the job on failure, so the test goes on afterwards.
+  ParallelOptions options = testOptions();
+  options.timeoutSeconds = 0.5;
+  options.abortOnFailure = false;
+  ParallelContext ctx(options);
+  std::string message = "no error";
+  if (ctx.rank() == 1) {
+    Tensor t = Tensor::empty({4}, DType::F32, Device::cpu());
+    try {
+      ctx.world().communicator().receive(t, 0, 5);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    INFO(message);
+    CHECK(message.find("sendReceive") != std::string::npos);
+    CHECK(message.find("receive from rank 0 (4 elements, tag 5)") != std::string::npos);
+    CHECK(message.find("dist.timeout_s") != std::string::npos);
+    CHECK(ctx.world().communicator().failed());
+  }
+  // Then rank 0 sends what rank 1 waited for, so that no receive is left posted when MPI finalizes.
+  ParallelContext after(testOptions());
+  after.world().communicator().barrier();
+  if (ctx.rank() == 0) ctx.world().communicator().send(ops::zeros({4}, DType::F32, Device::cpu()), 1, 5);
+  after.world().communicator().barrier();
+}

@@ -59,6 +59,9 @@ struct Run {
   std::string checkpoint;
   std::string sample;
   int64_t reducedBytes = 0, reducedBytesPowerSgd = 0;
+  // This rank's parameters at the end (every rank's own: under a pipeline, its stage's).
+  std::map<std::string, std::vector<float>> parameters;
+  std::map<std::string, Shape> shapes;
 };
 
 // A corpus every process (world rank) writes identically to a place of its own, once, whole (by rename): a
@@ -115,6 +118,12 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
   run.sample = result.sample;
   run.reducedBytes = result.reducedBytes;
   run.reducedBytesPowerSgd = result.reducedBytesPowerSgd;
+  // (Stage 3 keeps only shards between steps.)
+  for (auto& [pname, p] :
+       stage < 3 ? trainer.model().namedParameters() : std::vector<std::pair<std::string, Tensor>>{}) {
+    run.parameters[pname] = ops::to(p, Device::cpu(), DType::F32).toVector<float>();
+    run.shapes[pname] = p.shape();
+  }
   if (!parallel->isMain()) return run;
   std::ifstream in(out / "metrics.jsonl");
   std::string line;
@@ -842,4 +851,153 @@ TEST_CASE(
     std::vector<double> tail(straight[i].losses.begin() + 10, straight[i].losses.end());
     CHECK(resumed[i].losses == tail);
   }
+}
+
+namespace {
+
+// The largest difference between this rank's parameters in `run` and the same ones of `reference` (the
+// parameters of the same name and shape: a pipeline stage's, the whole ones under tensor parallelism), and
+// how many were compared.
+std::pair<double, int> parameterGap(const Run& run, const Run& reference) {
+  double worst = 0;
+  int compared = 0;
+  for (const auto& [name, values] : run.parameters) {
+    auto it = reference.parameters.find(name);
+    if (it == reference.parameters.end() || run.shapes.at(name) != reference.shapes.at(name)) continue;
+    ++compared;
+    for (size_t i = 0; i < values.size(); ++i)
+      worst = std::max(worst, double(std::abs(values[i] - it->second[i])));
+  }
+  return {worst, compared};
+}
+
+}  // namespace
+
+TEST_CASE("pipeline parallelism trains like one rank: 1F1B, interleaved, with data and tensor parallelism",
+          "[dist][pipeline]") {
+  auto ctx = world();
+  int ranks = ctx->worldSize();
+  std::string tag = std::to_string(ctx->rank());
+  // Four blocks, so that four stages, or two stages of two virtual stages, each get one.
+  std::vector<std::string> four{"model.num_layers=4"};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.push_back("model.num_layers=4");
+    return sets;
+  };
+  Run reference = trainRun(alone(), "pp-one-rank-" + tag, 0, four);
+  std::map<std::string, Run> runs;
+  runs["P2 stage 0"] = trainRun(ctx, "pp2-stage0", 0, with({"parallel.pipeline=2"}));
+  runs["P2 V2 stage 1"] =
+      trainRun(ctx, "pp2-v2-stage1", 1, with({"parallel.pipeline=2", "parallel.virtual_stages=2"}));
+  // The store's tiers compose: each stage's optimizer state on its device, host and SSD. (The memory plan
+  // weighs the whole model's parameters against the device budget; on 4 ranks each rank keeps half of its
+  // stage's state.)
+  fs::path nvme = fs::temp_directory_path() /
+                  ("strata-pp-nvme-" + std::to_string(::getppid()) + "-" + std::to_string(ctx->rank()));
+  runs["P2 stage 1 on three tiers"] = trainRun(
+      ctx, "pp2-tiers", 1,
+      with({"parallel.pipeline=2", std::string("store.gpu_budget_gb=") + (ranks == 4 ? "0.00025" : "0.0003"),
+            "store.host_budget_gb=0.00006", "zero_optimization.nvme_path=" + nvme.string()}));
+  if (ctx->isMain()) {
+    CHECK(runs["P2 stage 1 on three tiers"].stateNvmeGb.back() > 0);
+    CHECK(runs["P2 stage 1 on three tiers"].stateHostGb.back() > 0);
+  }
+  if (ranks == 4) {
+    runs["P4 stage 2"] = trainRun(ctx, "pp4-stage2", 2, with({"parallel.pipeline=4"}));
+    runs["D2 x P2 stage 2"] = trainRun(ctx, "pp2-dp2-stage2", 2, with({"parallel.pipeline=2"}));
+    runs["T2 x P2 stage 1"] =
+        trainRun(ctx, "pp2-tp2-stage1", 1, with({"parallel.pipeline=2", "parallel.tensor=2"}));
+  }
+  for (const auto& [layout, run] : runs) {
+    INFO(layout << " on " << ranks << " ranks, rank " << ctx->rank());
+    // Every rank holds part of the model and ends with the one-rank model's numbers for it (the last
+    // stage's copy of the tied embedding too).
+    auto [gap, compared] = parameterGap(run, reference);
+    CHECK(compared > 0);
+    CHECK(run.parameters.size() < reference.parameters.size());
+    CHECK(gap < 1e-5);
+    if (!ctx->isMain()) continue;
+    // Rank 0 (the first stage) writes the last stage's loss.
+    CHECK(run.losses.size() == 20);
+    CHECK(worstRelative(run.losses, reference.losses) < 1e-5);
+    CHECK(worstRelative(run.gradNorms, reference.gradNorms) < 1e-5);
+    CHECK(run.valLosses.size() == 2);
+    CHECK(worstRelative(run.valLosses, reference.valLosses) < 1e-5);
+  }
+  if (ctx->isMain()) CHECK(reference.losses.back() < reference.losses.front() - 0.5);
+}
+
+TEST_CASE("parallel.pipeline is refused where it does not fit, naming what to set", "[dist][pipeline]") {
+  // Fewer micro-batches than stages, or a number that does not divide by them under virtual stages, cannot be
+  // configured here: the memory plan asks the global batch to divide by micro_batch_size x all the ranks,
+  // which makes the micro-batches a multiple of parallel.pipeline.
+  auto ctx = world();
+  auto refusal = [&](const std::string& name, int stage, std::vector<std::string> sets) {
+    sets.push_back("model.num_layers=4");
+    return refusalOf(ctx, name, stage, sets);
+  };
+  std::string notDividing = refusal("pp-3", 0, {"parallel.pipeline=3"});
+  std::string stage3 = refusal("pp-stage3", 3, {"parallel.pipeline=2"});
+  std::string virtualAlone = refusal("pp-v-alone", 0, {"parallel.virtual_stages=2"});
+  std::string blocks = refusal("pp-blocks", 0, {"parallel.pipeline=2", "parallel.virtual_stages=4"});
+  std::string bert = refusal("pp-bert", 0, {"parallel.pipeline=2", "model.arch=bert"});
+  if (!ctx->isMain()) {
+    CHECK(notDividing == "reported by rank 0");
+    return;
+  }
+  INFO(notDividing << "\n" << stage3 << "\n" << virtualAlone << "\n" << blocks << "\n" << bert);
+  CHECK(contains(notDividing, "parallel.pipeline (3) x parallel.tensor (1) must divide the number of ranks"));
+  CHECK(contains(stage3, "set zero_optimization.stage to 0, 1 or 2"));
+  CHECK(contains(virtualAlone, "set parallel.pipeline > 1 with it"));
+  CHECK(contains(blocks, "lower parallel.pipeline or parallel.virtual_stages"));
+  CHECK(contains(bert, "parallel.pipeline (2) splits gpt only"));
+}
+
+TEST_CASE("pipeline checkpoints resume exactly at their layout, join into one model, and refuse another",
+          "[dist][pipeline][checkpoint]") {
+  auto ctx = world();
+  std::string tag = std::to_string(ctx->rank());
+  // Two stages of two virtual stages (with two data-parallel ranks on 4 ranks), ZeRO stage 1.
+  std::vector<std::string> layout{"model.num_layers=4", "parallel.pipeline=2", "parallel.virtual_stages=2"};
+  std::vector<std::string> saving = layout;
+  saving.push_back("checkpoint.save_interval=10");
+  Run straight = trainRun(ctx, "pp-resume-straight", 1, saving);
+  fs::path saved = fs::path(straight.checkpoint).parent_path() / "step-10";
+  std::vector<std::string> loading = layout;
+  loading.push_back("checkpoint.load=" + saved.string());
+  Run resumed = trainRun(ctx, "pp-resume-again", 1, loading);
+  // One rank alone takes neither the run (it keeps parallel.pipeline 2) nor its weights at another layout.
+  auto refusal = [&](const std::string& name, const std::vector<std::string>& sets) {
+    try {
+      trainRun(alone(), name + "-" + tag, 0, sets);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string resume =
+      refusal("pp-resume-single", {"model.num_layers=4", "checkpoint.load=" + saved.string()});
+  std::string weights =
+      refusal("pp-weights-single",
+              {"model.num_layers=4", "checkpoint.load=" + saved.string(), "checkpoint.load_model_only=true"});
+  // strata convert's reader joins the stages: one whole model, each parameter once, with every rank's final
+  // values of its stage.
+  std::map<std::string, Tensor> whole = train::loadModelShards(straight.checkpoint);
+  for (const char* name :
+       {"wte.weight", "wpe.weight", "h.0.attn.qkv.weight", "h.3.mlp.proj.weight", "ln_f.bias"})
+    CHECK(whole.count(name) == 1);
+  CHECK(whole.size() == 2 + 4 * 12 + 2);  // the two tables, 12 tensors a block, the final norm
+  for (const auto& [name, values] : straight.parameters) {
+    INFO(name);
+    REQUIRE(whole.count(name) == 1);
+    CHECK(whole.at(name).toVector<float>() == values);
+  }
+  INFO(resume << "\n" << weights);
+  CHECK(contains(resume, "parallel.pipeline (2) x parallel.tensor (1) must divide the number of ranks (1)"));
+  CHECK(contains(weights, "was saved with parallel.pipeline: 2 and parallel.virtual_stages: 2"));
+  CHECK(contains(weights, "this run has parallel.pipeline: 1"));
+  if (!ctx->isMain()) return;
+  CHECK(straight.losses.size() == 20);
+  CHECK(resumed.losses.size() == 10);
+  CHECK(resumed.losses == std::vector<double>(straight.losses.begin() + 10, straight.losses.end()));
 }
