@@ -86,9 +86,15 @@ ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType comp
   spec.tensorParallel.size = tensor;
   auto shapes = models::parameterShapes(spec);
   if (pipeline > 1) {
-    STRATA_USER_CHECK(c.model.arch == "gpt" && c.model.moeNumExperts == 0,
-                      "pipeline stages are planned for gpt without mixture-of-experts layers, not {}{}",
-                      c.model.arch, c.model.moeNumExperts > 0 ? " with experts" : "");
+    // The trainer's refusals, in its words.
+    STRATA_USER_CHECK(c.model.arch == "gpt",
+                      "parallel.pipeline ({}) splits gpt only, not model.arch '{}'; train it with "
+                      "parallel.pipeline: 1",
+                      pipeline, c.model.arch);
+    STRATA_USER_CHECK(c.model.moeNumExperts == 0,
+                      "parallel.pipeline ({}) with mixture-of-experts layers (model.moe_num_experts) is not "
+                      "supported; train MoE models with parallel.pipeline: 1",
+                      pipeline);
     shapes = pipelineStage(shapes, pipelineRankBlocks(spec, pipeline, int(c.parallel.virtualStages)));
   }
   // Expert parallelism (NOTE [Expert parallelism] in nn/MoE.h): a rank holds 1/P of each MoE layer's experts

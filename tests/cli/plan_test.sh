@@ -47,11 +47,11 @@ out=$("$strata" plan "$configs/gpt3-13b.yaml" --machine h200x8 --ranks 8 --layou
 [ $? -eq 0 ] && grep -Eq "^  #1 +[0-9]+ +[0-9]+ " <<<"$out" && grep -q "TP collectives" <<<"$out" ||
   { echo "FAIL: no best layout: $(echo "$out" | tail -6)" >&2; failures=$((failures + 1)); }
 # Layouts across machines (NOTE [Layouts] in plan/Plan.h): 16 ranks on two nodes of the H200 cluster weigh
-# pipeline layouts too, marked plan only, with the predicted MFU; a rank count that is not whole machines is
+# pipeline layouts too, with the predicted MFU; a rank count that is not whole machines is
 # refused; a machine without a network figure is planned at 50 GB/s a GPU and says so.
 out=$("$strata" plan "$configs/gpt3-13b.yaml" --machine h200x8-ib --ranks 16 --layouts --set model.seq_length=512 \
   --set train.global_batch_size=64 2>&1)
-[ $? -eq 0 ] && grep -Eq "^  #1 +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ " <<<"$out" && grep -q "(plan only)" <<<"$out" &&
+[ $? -eq 0 ] && grep -Eq "^  #1 +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ " <<<"$out" && grep -Eq "^  .{4} +[0-9]+ +[0-9]+ +[248] +[0-9]+ " <<<"$out" &&
   grep -q "8 ranks on one machine, 2 machines" <<<"$out" && grep -q "MFU" <<<"$out" ||
   { echo "FAIL: layouts over two machines: $(echo "$out" | tail -8)" >&2; failures=$((failures + 1)); }
 out=$("$strata" plan "$configs/gpt3-1.3b.yaml" --machine h200x8 --ranks 16 --gpus-per-node 8 --set train.micro_batch_size=1 \
@@ -65,7 +65,7 @@ out=$("$strata" plan "$configs/gpt3-1.3b.yaml" --machine h200 --ranks 16 --gpus-
 # The paper-scale plans (BENCHMARKS.md, "Paper-scale plans"): GPT-175B fits 16 H200 nodes only with a pipeline;
 # the 1T model does not fit 20 A100-40GB nodes, and says why.
 out=$("$strata" plan "$configs/gpt3-175b.yaml" --machine h200x8-ib --ranks 128 --layouts 2>&1)
-[ $? -eq 0 ] && grep -Eq "^  #1 .*\(plan only\)$" <<<"$out" ||
+[ $? -eq 0 ] && grep -Eq "^  #1 +[0-9]+ +[0-9]+ +([2-9]|[1-9][0-9]+) " <<<"$out" ||
   { echo "FAIL: GPT-175B on 16 H200 nodes: $(echo "$out" | grep -A4 "^layouts")" >&2; failures=$((failures + 1)); }
 out=$("$strata" plan "$configs/gpt-1t.yaml" --machine a100x8-ib --ranks 160 --layouts --set train.global_batch_size=3200 2>&1)
 [ $? -eq 1 ] && grep -q "does not fit (peak" <<<"$out" && grep -q "^error: .*does not fit" <<<"$out" ||
@@ -73,7 +73,7 @@ out=$("$strata" plan "$configs/gpt-1t.yaml" --machine a100x8-ib --ranks 160 --la
 # parallel: auto (NOTE [Parallel auto]): plan prints the layout it takes, and a CPU training run applies it.
 out=$("$strata" plan "$configs/gpt3-13b.yaml" --machine h200x8 --ranks 8 --set parallel=auto --set model.seq_length=512 \
   --set train.global_batch_size=64 2>&1)
-[ $? -eq 0 ] && grep -Eq "^parallel: auto chose data [0-9]+ x tensor [0-9]+ \(parallel.tensor" <<<"$out" &&
+[ $? -eq 0 ] && grep -Eq "^parallel: auto chose data [0-9]+ x tensor [0-9]+.* \(parallel.tensor [0-9]+, parallel.pipeline [0-9]+" <<<"$out" &&
   grep -Eq "^run .*8 ranks" <<<"$out" ||
   { echo "FAIL: plan of parallel: auto: $(echo "$out" | tail -3)" >&2; failures=$((failures + 1)); }
 work=$(mktemp -d /tmp/strata-plan-auto-XXXXXX)

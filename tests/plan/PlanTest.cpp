@@ -843,7 +843,8 @@ TEST_CASE("strata plan --layouts enumerates data x tensor x pipeline (x virtual 
       CHECK(microBatches % l.pipeline == 0);
       CHECK((40 / l.pipeline) % l.virtualStages == 0);
     }
-    CHECK(l.planOnly().empty() == (l.pipeline == 1));
+    // The trainer's 1F1B needs at least P micro-batches a step.
+    if (l.pipeline > microBatches) CHECK(l.invalid.find("fewer than the") != std::string::npos);
     if (l.invalid.empty()) {
       CHECK(l.plan.pipeline == l.pipeline);
       CHECK(l.plan.data == l.data);
@@ -885,7 +886,6 @@ TEST_CASE("strata plan --layouts enumerates data x tensor x pipeline (x virtual 
   }
   REQUIRE(layouts.front().plan.fits);
   CHECK(table.find("#1") != std::string::npos);
-  CHECK(table.find("(plan only)") != std::string::npos);
   CHECK(table.find("MFU") != std::string::npos);
 
   // A layout that cannot fit is marked, with its peak and why: GPT-175B on 8 GPUs.
@@ -1003,11 +1003,10 @@ TEST_CASE("parallel: auto takes the fastest layout that fits and that the traine
   INFO(plan::formatLayouts(choice.layouts) << choice.why);
   REQUIRE(choice.chosen >= 0);
   const plan::LayoutPlan& chosen = choice.layouts[size_t(choice.chosen)];
-  CHECK(chosen.pipeline == 1);
   CHECK(chosen.plan.fits);
-  // No runnable layout that fits is faster.
+  // No layout that fits is faster.
   for (const plan::LayoutPlan& l : choice.layouts)
-    if (l.invalid.empty() && l.plan.fits && l.planOnly().empty())
+    if (l.invalid.empty() && l.plan.fits)
       CHECK(chosen.plan.serialSeconds <= l.plan.serialSeconds);
   CHECK(choice.why.find("parallel: auto chose " + chosen.name()) == 0);
   // None fits: it says so.
