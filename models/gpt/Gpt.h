@@ -33,8 +33,8 @@ struct GptConfig {
   int64_t moeNumExperts = 0, moeTopK = 1, moeEvery = 2;
   double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0, moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;
   nn::ExpertParallel expertParallel;  // NOTE [Expert parallelism] in nn/MoE.h
-  // Megatron's tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h): heads, MLP width and
-  // vocabulary split over the group; not with MoE layers.
+  // Megatron's tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h): heads, MLP width (each
+  // expert's, NOTE [Experts under tensor parallelism] in nn/MoE.h) and vocabulary split over the group.
   nn::TensorParallel tensorParallel;
 
   int64_t ffn() const { return ffnHiddenSize > 0 ? ffnHiddenSize : 4 * hiddenSize; }
