@@ -37,6 +37,7 @@ nn::MoEConfig moeLayerConfig(const Config& c, const nn::MlpConfig& base) {
   m.device = base.device;
   m.activation = base.activation;
   m.expertParallel = c.expertParallel;
+  m.tensorParallel = base.tensorParallel;  // NOTE [Experts under tensor parallelism] in nn/MoE.h
   return m;
 }
 

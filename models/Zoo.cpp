@@ -136,6 +136,7 @@ BertConfig bertConfig(const ModelSpec& s) {
   c.fp32Residual = s.fp32Residual;
   c.seed = s.seed;
   c.device = s.device;
+  c.tensorParallel = s.tensorParallel;
   return c;
 }
 
@@ -176,13 +177,11 @@ T5Config t5Config(const ModelSpec& s) {
                     "model.moe_top_k ({}) exceeds model.moe_num_experts ({})", c.moeTopK, c.moeNumExperts);
   c.seed = s.seed;
   c.device = s.device;
+  c.tensorParallel = s.tensorParallel;
   return c;
 }
 
 std::shared_ptr<nn::Module> buildModule(const ModelSpec& s) {
-  STRATA_USER_CHECK(!s.tensorParallel.active() || objective(s.arch) == Objective::CausalLM,
-                    "parallel.tensor ({}) splits gpt only; model.arch '{}' trains with parallel.tensor: 1",
-                    s.tensorParallel.size, s.arch);
   switch (objective(s.arch)) {
     case Objective::CausalLM:
       return std::make_shared<Gpt>(gptConfig(s));
@@ -204,9 +203,9 @@ std::shared_ptr<nn::CausalLM> buildModel(const ModelSpec& s) {
 std::vector<std::pair<std::string, Shape>> parameterShapes(const ModelSpec& s) {
   switch (objective(s.arch)) {
     case Objective::MaskedLM:
-      return bertConfig(s).parameterShapes();
+      return bertConfig(s).parameterShapes(std::max(1, s.tensorParallel.size));
     case Objective::SpanCorruption:
-      return t5Config(s).parameterShapes();
+      return t5Config(s).parameterShapes(std::max(1, s.tensorParallel.size));
     case Objective::CausalLM:
       break;
   }
@@ -235,8 +234,8 @@ std::vector<std::pair<std::string, Shape>> parameterShapes(const ModelSpec& s) {
       out.emplace_back(h + "mlp.router.weight", Shape{C, g.moeNumExperts});
       for (int64_t e = 0; e < g.moeNumExperts; ++e) {
         std::string x = h + "mlp.experts." + std::to_string(e) + ".";
-        linear(x + "fc", C, F);
-        linear(x + "proj", F, C);
+        linear(x + "fc", C, F / T);
+        linear(x + "proj", F / T, C);
       }
       continue;
     }

@@ -54,8 +54,8 @@ struct ModelSpec {
   // The MoE layers' expert-parallel group (NOTE [Expert parallelism] in nn/MoE.h); the trainer fills it
   // from model.moe_expert_parallel_size.
   nn::ExpertParallel expertParallel;
-  // gpt: the tensor-parallel group (NOTE [Tensor parallelism] in nn/TensorParallel.h); the trainer fills it
-  // from parallel.tensor.
+  // The tensor-parallel group of every architecture (NOTE [Tensor parallelism] in nn/TensorParallel.h); the
+  // trainer fills it from parallel.tensor.
   nn::TensorParallel tensorParallel;
   // gpt: this rank's pipeline stage (NOTE [Pipeline stages] in nn/Pipeline.h); the trainer fills it from
   // parallel.pipeline and parallel.virtual_stages.

@@ -5,9 +5,9 @@
 
 namespace strata::models {
 
-std::vector<std::pair<std::string, Shape>> BertConfig::parameterShapes() const {
-  int64_t C = hiddenSize, F = ffn();
-  std::vector<std::pair<std::string, Shape>> out{{"embeddings.word.weight", {vocabSize, C}},
+std::vector<std::pair<std::string, Shape>> BertConfig::parameterShapes(int64_t T) const {
+  int64_t C = hiddenSize, F = ffn() / T, V = vocabSize / T;
+  std::vector<std::pair<std::string, Shape>> out{{"embeddings.word.weight", {V, C}},
                                                  {"embeddings.position.weight", {positions(), C}},
                                                  {"embeddings.token_type.weight", {typeVocabSize, C}},
                                                  {"embeddings.ln.weight", {C}},
@@ -22,15 +22,15 @@ std::vector<std::pair<std::string, Shape>> BertConfig::parameterShapes() const {
   };
   for (int64_t i = 0; i < numLayers; ++i) {
     std::string l = "layer." + std::to_string(i) + ".";
-    linear(l + "attn.qkv", C, 3 * C);
-    linear(l + "attn.proj", C, C);
+    linear(l + "attn.qkv", C, 3 * C / T);
+    linear(l + "attn.proj", C / T, C);
     norm(l + "ln_1");
     linear(l + "mlp.fc", C, F);
     linear(l + "mlp.proj", F, C);
     norm(l + "ln_2");
   }
   // The head's own bias is registered before its submodules, so namedParameters() lists it first.
-  out.emplace_back("cls.bias", Shape{vocabSize});
+  out.emplace_back("cls.bias", Shape{V});
   linear("cls.transform", C, C);
   norm("cls.ln");
   if (nspHead) {
@@ -68,14 +68,29 @@ Bert::Bert(const BertConfig& config) : config_(config) {
   STRATA_USER_CHECK(config.padId() >= 0 && config.padId() < config.vocabSize,
                     "model.pad_token_id ({}) is not an id of the vocabulary (model.vocab_size {})",
                     config.padId(), config.vocabSize);
+  const nn::TensorParallel& tp = config.tensorParallel;
+  if (tp.active()) {
+    auto divides = [&](const char* key, int64_t n) {
+      STRATA_USER_CHECK(n % tp.size == 0, "parallel.tensor ({}) must divide {} ({})", tp.size, key, n);
+    };
+    divides("model.num_attention_heads", config.numHeads);
+    divides("model.ffn_hidden_size (4 x hidden_size when 0)", config.ffn());
+    divides("model.vocab_size (pad the vocabulary to a multiple of it)", config.vocabSize);
+    STRATA_USER_CHECK(!tp.sequenceParallel,
+                      "parallel.sequence_parallel splits gpt's sequence only; bert splits its heads, MLP "
+                      "width and vocabulary over parallel.tensor ({}) without it: set "
+                      "parallel.sequence_parallel to false",
+                      tp.size);
+  }
   Generator gen(config.seed);
   int64_t C = config.hiddenSize;
-  auto embedding = [&](int64_t n, int64_t paddingIdx = -1) {
-    return std::make_shared<nn::Embedding>(
-        nn::EmbeddingConfig{n, C, config.initStd, config.device, paddingIdx}, gen);
+  auto embedding = [&](int64_t n, int64_t paddingIdx = -1, nn::TensorParallel split = {}) {
+    nn::EmbeddingConfig e{n, C, config.initStd, config.device, paddingIdx};
+    e.tensorParallel = std::move(split);
+    return std::make_shared<nn::Embedding>(e, gen);
   };
   // Registration order is first-use order (the chunk layout packs parameters in it).
-  words_ = registerModule("embeddings.word", embedding(config.vocabSize, config.padId()));
+  words_ = registerModule("embeddings.word", embedding(config.vocabSize, config.padId(), tp));
   positions_ = registerModule("embeddings.position", embedding(config.positions()));
   tokenTypes_ = registerModule("embeddings.token_type", embedding(config.typeVocabSize));
   embeddingLn_ = registerModule("embeddings.ln", std::make_shared<nn::LayerNorm>(nn::NormConfig{
@@ -100,13 +115,15 @@ Bert::Bert(const BertConfig& config) : config_(config) {
                           config.initStd,
                           config.device,
                           config.activation};
+    l.attention.tensorParallel = tp;
+    l.mlp.tensorParallel = tp;
     l.layerNormEps = config.layerNormEps;
     l.fp32Residual = config.fp32Residual;
     layers_->append(std::make_shared<BertLayer>(l, gen));
   }
   mlm_ = registerModule("cls", std::make_shared<BertMlmHead>(
                                    BertMlmHeadConfig{C, config.vocabSize, config.activation,
-                                                     config.layerNormEps, config.initStd, config.device},
+                                                     config.layerNormEps, config.initStd, config.device, tp},
                                    words_, gen));
   if (config.nspHead) {
     auto linear = [&](int64_t out) {
@@ -170,19 +187,13 @@ Tensor mlmRows(const Tensor& hidden, const Tensor& positions) {
   return embedding(hidden.reshape({-1, hidden.size(-1)}), positions);
 }
 
-Tensor mlmCrossEntropy(const Tensor& logits, const Tensor& labels) {
-  STRATA_CHECK(labels.numel() * logits.size(-1) == logits.numel(),
-               "bert: MLM labels {} do not match the logits {}", toString(labels.shape()),
-               toString(logits.shape()));
-  return crossEntropy(logits.reshape({-1, logits.size(-1)}), labels.reshape({-1}), -100);
-}
 }  // namespace
 
 Tensor Bert::mlmLoss(const Tensor& ids, const Tensor& tokenTypes, const Tensor& attentionMask,
                      const Tensor& labels, DType compute, const Tensor& positions) {
   return call({ids, tokenTypes, attentionMask, labels, positions}, [&](const std::vector<Tensor>& in) {
     Tensor h = mlmRows(hidden(in[0], in[1], in[2], compute), in[4]);
-    return std::vector<Tensor>{mlmCrossEntropy(mlm_->apply(h), in[3])};
+    return std::vector<Tensor>{mlm_->loss(h, in[3])};
   })[0];
 }
 
@@ -199,7 +210,7 @@ Tensor Bert::pretrainingLoss(const Tensor& ids, const Tensor& tokenTypes, const 
   return call({ids, tokenTypes, attentionMask, mlmLabels, nspLabels, positions},
               [&](const std::vector<Tensor>& in) {
                 Tensor h = hidden(in[0], in[1], in[2], compute);
-                Tensor mlm = mlmCrossEntropy(mlm_->apply(mlmRows(h, in[5])), in[3]);
+                Tensor mlm = mlm_->loss(mlmRows(h, in[5]), in[3]);
                 Tensor nsp = crossEntropy(nspFromHidden(h), in[4].reshape({-1}), -100);
                 return std::vector<Tensor>{mlm + nsp};
               })[0];
@@ -208,7 +219,7 @@ Tensor Bert::pretrainingLoss(const Tensor& ids, const Tensor& tokenTypes, const 
 std::vector<Tensor> Bert::forwardImpl(const std::vector<Tensor>& inputs) {
   auto at = [&](size_t i) { return i < inputs.size() ? inputs[i] : Tensor(); };
   Tensor h = hidden(inputs.at(0), at(1), at(2), words_->weight.dtype());
-  if (inputs.size() > 3 && inputs[3].defined()) return {mlmCrossEntropy(mlm_->apply(h), inputs[3])};
+  if (inputs.size() > 3 && inputs[3].defined()) return {mlm_->loss(h, inputs[3])};
   return {h};
 }
 

@@ -41,12 +41,18 @@ struct BertConfig {
   bool fp32Residual = false;
   uint64_t seed = 1234;
   Device device = Device::cpu();
+  // Megatron's tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h): heads, MLP width and
+  // the vocabulary (the word embeddings, the tied MLM decoder and its bias) split over the group; the
+  // position and token-type tables, the norms, the MLM transform and the pooler / NSP head whole. No
+  // sequence parallelism.
+  nn::TensorParallel tensorParallel;
 
   int64_t ffn() const { return ffnHiddenSize > 0 ? ffnHiddenSize : 4 * hiddenSize; }
   int64_t positions() const { return maxPositionEmbeddings > 0 ? maxPositionEmbeddings : seqLength; }
   int64_t padId() const { return padTokenId >= 0 ? padTokenId : vocabSize - 4; }
-  // Every parameter by name and shape in first-use order (the tied decoder counted once), without building.
-  std::vector<std::pair<std::string, Shape>> parameterShapes() const;
+  // Every parameter by name and shape in first-use order (the tied decoder counted once), without building;
+  // with tensor > 1, a tensor-parallel rank's slices.
+  std::vector<std::pair<std::string, Shape>> parameterShapes(int64_t tensor = 1) const;
   int64_t numParameters() const;
   // Training FLOPs per token: 6 x (the parameters a token's forward multiplies by: the layers, the MLM
   // transform and the tied decoder over the whole vocabulary, which the head computes at every position)

@@ -14,15 +14,40 @@ BertMlmHead::BertMlmHead(const BertMlmHeadConfig& config, std::shared_ptr<nn::Em
           nn::LinearConfig{config.hiddenSize, config.hiddenSize, true, config.initStd, config.device}, gen));
   ln_ = registerModule("ln", std::make_shared<nn::LayerNorm>(nn::NormConfig{
                                  config.hiddenSize, config.layerNormEps, true, config.device}));
-  bias = registerParameter("bias", ops::zeros({config.vocabSize}, DType::F32, config.device));
+  const nn::TensorParallel& tp = config.tensorParallel;
+  STRATA_CHECK(config.vocabSize % tp.size == 0, "bert MLM head: {} tokens over {} tensor-parallel ranks",
+               config.vocabSize, tp.size);
+  bias = registerParameter("bias", ops::zeros({config.vocabSize / tp.size}, DType::F32, config.device));
+}
+
+std::map<std::string, nn::TensorSlice> BertMlmHead::ownSlices() const {
+  if (!config_.tensorParallel.active()) return {};
+  return {{"bias", nn::TensorSlice{0, 1}}};
 }
 
 Tensor BertMlmHead::apply(const Tensor& hidden) {
   return (*this)(hidden);
 }
 
+Tensor BertMlmHead::loss(const Tensor& hidden, const Tensor& labels) {
+  return call({hidden, labels}, [&](const std::vector<Tensor>& in) {
+    Tensor logits = logitsHere(in[0]);
+    STRATA_CHECK(in[1].numel() * logits.size(-1) == logits.numel(),
+                 "bert: MLM labels {} do not match the logits {}", toString(in[1].shape()),
+                 toString(logits.shape()));
+    Tensor rows = logits.reshape({-1, logits.size(-1)}), target = in[1].reshape({-1});
+    if (config_.tensorParallel.active())
+      return std::vector<Tensor>{nn::vocabParallelCrossEntropy(rows, target, config_.tensorParallel, -100)};
+    return std::vector<Tensor>{crossEntropy(rows, target, -100)};
+  })[0];
+}
+
 std::vector<Tensor> BertMlmHead::forwardImpl(const std::vector<Tensor>& inputs) {
-  Tensor h = transform_->apply(inputs.at(0));
+  return {nn::gatherFromTensorParallel(logitsHere(inputs.at(0)), config_.tensorParallel)};
+}
+
+Tensor BertMlmHead::logitsHere(const Tensor& hidden) {
+  Tensor h = transform_->apply(hidden);
   switch (config_.activation) {
     case nn::Activation::GeluErf:
       h = gelu(h, GeluApprox::None);
@@ -35,7 +60,7 @@ std::vector<Tensor> BertMlmHead::forwardImpl(const std::vector<Tensor>& inputs) 
       break;
   }
   h = ln_->apply(h);
-  return {words_->unembed(h, h.dtype()) + bias};
+  return words_->unembedHere(h, h.dtype()) + bias;
 }
 
 }  // namespace strata::models

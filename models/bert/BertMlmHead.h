@@ -16,17 +16,26 @@ struct BertMlmHeadConfig {
   double layerNormEps = 1e-12;
   double initStd = 0.02;
   Device device = Device::cpu();
+  // Vocabulary-parallel (NOTE [Tensor parallelism] in nn/TensorParallel.h): the bias holds this rank's part
+  // of the vocabulary, like the tied word embeddings; the transform and its norm are whole.
+  nn::TensorParallel tensorParallel = {};
 };
 
-class BertMlmHead : public nn::Module {
+class BertMlmHead : public nn::Module, public nn::TensorParallelSliced {
  public:
   // `words` is the model's word embedding (registered by the model, not here): the decoder is a second call
   // of it (Embedding::unembed), so its hooks fire around this use too.
   BertMlmHead(const BertMlmHeadConfig& config, std::shared_ptr<nn::Embedding> words, Generator& gen);
-  // hidden [..., C] -> logits [..., vocab] in the parameters' dtype.
+  // hidden [..., C] -> logits [..., vocab] in the parameters' dtype (vocabulary-parallel: the ranks' columns
+  // gathered).
   Tensor apply(const Tensor& hidden);
+  // The mean cross-entropy of apply(hidden) against labels (shaped like hidden's rows; -100: no loss), fp32;
+  // vocabulary-parallel, from this rank's columns without gathering them (vocabParallelCrossEntropy).
+  Tensor loss(const Tensor& hidden, const Tensor& labels);
 
-  Tensor bias;  // [vocab]
+  Tensor bias;  // [vocab]; vocabulary-parallel: [vocab / T]
+
+  std::map<std::string, nn::TensorSlice> ownSlices() const override;
 
  protected:
   std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
@@ -36,6 +45,9 @@ class BertMlmHead : public nn::Module {
   std::shared_ptr<nn::Embedding> words_;
   std::shared_ptr<nn::Linear> transform_;
   std::shared_ptr<nn::LayerNorm> ln_;
+
+  // This rank's logits [..., vocab / T] (all of them unsplit), bias added.
+  Tensor logitsHere(const Tensor& hidden);
 };
 
 }  // namespace strata::models

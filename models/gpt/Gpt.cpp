@@ -78,11 +78,6 @@ Gpt::Gpt(const GptConfig& config) : config_(config) {
           "the position table's rows (model.max_position_embeddings; 0: model.seq_length) under "
           "parallel.sequence_parallel",
           config.positions());
-    STRATA_USER_CHECK(config.moeNumExperts == 0,
-                      "parallel.tensor ({}) with mixture-of-experts layers (model.moe_num_experts) is not "
-                      "supported yet: train MoE models with parallel.tensor: 1 (and "
-                      "model.moe_expert_parallel_size)",
-                      tp.size);
   }
   const nn::PipelineParallel& pp = config.pipeline;
   if (pp.active()) {

@@ -34,8 +34,8 @@ struct GptConfig {
   int64_t moeNumExperts = 0, moeTopK = 1, moeEvery = 2;
   double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0, moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;
   nn::ExpertParallel expertParallel;  // NOTE [Expert parallelism] in nn/MoE.h
-  // Megatron's tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h): heads, MLP width and
-  // vocabulary split over the group; not with MoE layers.
+  // Megatron's tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h): heads, MLP width (each
+  // expert's, NOTE [Experts under tensor parallelism] in nn/MoE.h) and vocabulary split over the group.
   nn::TensorParallel tensorParallel;
   // Pipeline parallelism (NOTE [Pipeline stages] in nn/Pipeline.h): this rank builds only its model chunks'
   // blocks, the embeddings on the first stage, the final norm and the tied head on the last.

@@ -24,11 +24,12 @@ T5Config T5Config::v1_1() {
   return c;
 }
 
-std::vector<std::pair<std::string, Shape>> T5Config::parameterShapes() const {
-  int64_t C = hiddenSize, I = innerSize(), F = ffnHiddenSize;
-  std::vector<std::pair<std::string, Shape>> out{{"shared.weight", {vocabSize, C}}};
+std::vector<std::pair<std::string, Shape>> T5Config::parameterShapes(int64_t T) const {
+  // A tensor-parallel rank's slices: heads, widths and the vocabulary over T.
+  int64_t C = hiddenSize, I = innerSize() / T, F = ffnHiddenSize / T;
+  std::vector<std::pair<std::string, Shape>> out{{"shared.weight", {vocabSize / T, C}}};
   auto stack = [&](const std::string& name, int64_t layers, bool decoder) {
-    out.emplace_back(name + ".relative_bias.weight", Shape{relativeAttentionNumBuckets, numHeads});
+    out.emplace_back(name + ".relative_bias.weight", Shape{relativeAttentionNumBuckets, numHeads / T});
     for (int64_t i = 0; i < layers; ++i) {
       std::string b = name + ".block." + std::to_string(i) + ".";
       out.emplace_back(b + "attn_norm.weight", Shape{C});
@@ -63,7 +64,7 @@ std::vector<std::pair<std::string, Shape>> T5Config::parameterShapes() const {
   };
   stack("encoder", numLayers, false);
   stack("decoder", decoderLayers(), true);
-  if (!tieWordEmbeddings) out.emplace_back("lm_head.weight", Shape{vocabSize, C});
+  if (!tieWordEmbeddings) out.emplace_back("lm_head.weight", Shape{vocabSize / T, C});
   return out;
 }
 
@@ -98,6 +99,20 @@ T5::T5(const T5Config& config) : config_(config) {
   STRATA_USER_CHECK(config.numHeads > 0 && config.headDim > 0,
                     "t5: model.num_attention_heads ({}) and model.kv_channels ({}) must be positive",
                     config.numHeads, config.headDim);
+  const nn::TensorParallel& tp = config.tensorParallel;
+  if (tp.active()) {
+    auto divides = [&](const char* key, int64_t n) {
+      STRATA_USER_CHECK(n % tp.size == 0, "parallel.tensor ({}) must divide {} ({})", tp.size, key, n);
+    };
+    divides("model.num_attention_heads", config.numHeads);
+    divides("model.ffn_hidden_size", config.ffnHiddenSize);
+    divides("model.vocab_size (pad the vocabulary to a multiple of it)", config.vocabSize);
+    STRATA_USER_CHECK(!tp.sequenceParallel,
+                      "parallel.sequence_parallel splits gpt's sequence only; t5 splits its heads, widths "
+                      "and vocabulary over parallel.tensor ({}) without it: set parallel.sequence_parallel "
+                      "to false",
+                      tp.size);
+  }
   Generator gen(config.seed);
   int64_t C = config.hiddenSize, I = config.innerSize(), F = config.ffnHiddenSize;
   double f = config.initFactor;
@@ -105,9 +120,12 @@ T5::T5(const T5Config& config) : config_(config) {
   double embedStd = f * 1.0, modelStd = f / std::sqrt(double(C)),
          qStd = f / std::sqrt(double(C * config.headDim));
   double outStd = f / std::sqrt(double(I)), ffOutStd = f / std::sqrt(double(F));
-  shared_ =
-      registerModule("shared", std::make_shared<nn::Embedding>(
-                                   nn::EmbeddingConfig{config.vocabSize, C, embedStd, config.device}, gen));
+  auto table = [&](double std) {
+    nn::EmbeddingConfig e{config.vocabSize, C, std, config.device};
+    e.tensorParallel = tp;
+    return std::make_shared<nn::Embedding>(e, gen);
+  };
+  shared_ = registerModule("shared", table(embedStd));
   auto stack = [&](bool decoder) {
     T5StackConfig s;
     s.numLayers = decoder ? config.decoderLayers() : config.numLayers;
@@ -116,6 +134,7 @@ T5::T5(const T5Config& config) : config_(config) {
                           modelStd, outStd,          config.device};
     a.headDim = config.headDim;
     a.scale = 1.0;
+    a.tensorParallel = tp;
     s.block.selfAttention = a;
     a.causal = false;
     a.cross = true;
@@ -129,6 +148,7 @@ T5::T5(const T5Config& config) : config_(config) {
                                config.device,
                                config.gatedGelu ? nn::Activation::GeluTanh : nn::Activation::Relu,
                                config.gatedGelu};
+    s.block.ff.tensorParallel = tp;
     if (config.moeNumExperts > 0) {
       s.block.moe = moeLayerConfig(config, s.block.ff);  // ReLU experts of the feed-forward's shape
       for (int64_t i = 0; i < s.numLayers; ++i) s.sparse.push_back(config.isMoeLayer(i));
@@ -141,6 +161,7 @@ T5::T5(const T5Config& config) : config_(config) {
                                                     !decoder,
                                                     modelStd,
                                                     config.device};
+    s.relativeBias.tensorParallel = tp;
     return std::make_shared<T5Stack>(s, gen);
   };
   encoder_ = registerModule("encoder", stack(false));
@@ -149,17 +170,16 @@ T5::T5(const T5Config& config) : config_(config) {
     if (auto* moe = dynamic_cast<nn::MoE*>(module)) moes_.push_back(moe);
   // An untied head starts at d_model^-0.5 (Mesh TensorFlow's unembedding), not at HF's std 1: with std 1 the
   // first logits have a standard deviation of sqrt(d_model) and the first losses are several times ln(vocab).
-  if (!config.tieWordEmbeddings)
-    lmHead_ = registerModule("lm_head",
-                             std::make_shared<nn::Embedding>(
-                                 nn::EmbeddingConfig{config.vocabSize, C, modelStd, config.device}, gen));
+  if (!config.tieWordEmbeddings) lmHead_ = registerModule("lm_head", table(modelStd));
   // The q projections start smaller than k and v (HF: d_model * d_kv fan-in): they stand in for the 1/sqrt(d)
-  // the attention does not apply. q is the first I columns of a packed qkv and the whole of a cross q.
+  // the attention does not apply. q is the first I columns of a packed qkv and the whole of a cross q (split
+  // by heads: the first I / T columns here, this rank's columns of the one-rank draws).
   for (auto& [name, p] : namedParameters()) {
     bool packed = name.ends_with("attn.qkv.weight"), crossQ = name.ends_with("cross.q.weight");
     if (!packed && !crossQ) continue;
-    Tensor q = p.detach().narrow(1, 0, I);
-    ops::copy(q, ops::randn(q.shape(), gen, DType::F32, config.device, 0, qStd));
+    Tensor q = p.detach().narrow(1, 0, I / tp.size);
+    Tensor drawn = ops::randn({C, I}, gen, DType::F32, config.device, 0, qStd);
+    ops::copy(q, tp.active() ? nn::columnSlice(drawn, 1, tp.size, tp.rank) : drawn);
   }
 }
 

@@ -45,6 +45,10 @@ struct T5Config {
   int64_t moeNumExperts = 0, moeTopK = 1, moeEvery = 2;
   double moeCapacityFactor = 1.25, moeEvalCapacityFactor = 2.0, moeAuxLossCoef = 0.01, moeZLossCoef = 0.001;
   nn::ExpertParallel expertParallel;
+  // Megatron's tensor parallelism (NOTE [Tensor parallelism] in nn/TensorParallel.h): the heads of every
+  // attention (self and cross) and of the relative position bias, the feed-forward's width (each expert's)
+  // and the vocabulary of the shared embedding and the head split over the group. No sequence parallelism.
+  nn::TensorParallel tensorParallel;
   uint64_t seed = 1234;
   Device device = Device::cpu();
 
@@ -55,7 +59,8 @@ struct T5Config {
   int64_t decoderLayers() const { return numDecoderLayers > 0 ? numDecoderLayers : numLayers; }
   int64_t innerSize() const { return numHeads * headDim; }
   bool isMoeLayer(int64_t i) const { return moeNumExperts > 0 && (moeEvery == 1 || i % moeEvery == 1); }
-  std::vector<std::pair<std::string, Shape>> parameterShapes() const;
+  // Every parameter by name and shape in first-use order; with tensor > 1, a tensor-parallel rank's slices.
+  std::vector<std::pair<std::string, Shape>> parameterShapes(int64_t tensor = 1) const;
   int64_t numParameters() const;
   // FLOPs of one training example (seqLength input tokens, decoderSeqLength targets): 6 x (encoder
   // parameters x S_e + decoder parameters x S_d + the LM head x S_d; a Switch layer counts the top-k experts

@@ -431,12 +431,12 @@ std::vector<ConfigKey> makeTable() {
       key(
           "parallel.tensor", [](Config& c) { return &c.parallel.tensor; },
           "ranks each layer is split over (Megatron's tensor parallelism; adjacent ranks); it divides the "
-          "ranks, the attention heads, the MLP width and the vocabulary; gpt only",
+          "ranks, the attention heads, the MLP width and the vocabulary; gpt (MoE too), bert and t5",
           within(1, 4096)),
       key(
           "parallel.sequence_parallel", [](Config& c) { return &c.parallel.sequenceParallel; },
           "with parallel.tensor > 1: the norms, dropout and residual stream run on 1/tensor of the sequence "
-          "each (reduce-scatter and all-gather in place of the all-reduces)"),
+          "each (reduce-scatter and all-gather in place of the all-reduces); gpt without MoE layers only"),
       key(
           "parallel.pipeline", [](Config& c) { return &c.parallel.pipeline; },
           "pipeline stages the blocks are split into, balanced by cost (the outermost split: rank = stage x "

@@ -50,15 +50,38 @@ Tensor Linear::apply(const Tensor& x) {
   return (*this)(x);
 }
 
+Tensor Linear::applyPartial(const Tensor& x) {
+  if (split() != TensorSplit::Rows) return apply(x);
+  return call({x},
+              [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{linear(in[0], weight)}; })[0];
+}
+
+Tensor Linear::reducePartial(const Tensor& partial) {
+  if (split() != TensorSplit::Rows) return partial;
+  return call({partial}, [&](const std::vector<Tensor>& in) {
+    Tensor y = tensorParallel_.splitsSequence() ? scatterSequence(in[0], tensorParallel_, in[0].dim() - 2)
+                                                : reduceFromTensorParallel(in[0], tensorParallel_);
+    return std::vector<Tensor>{bias.defined() ? y + sequenceParallelParameter(bias, tensorParallel_) : y};
+  })[0];
+}
+
+Tensor Linear::columnInput(const Tensor& x) const {
+  if (split() != TensorSplit::Columns) return x;
+  // NOTE [Sequence parallelism]: the sequence gathered in place of f.
+  return tensorParallel_.splitsSequence() ? gatherSequence(x, tensorParallel_, x.dim() - 2)
+                                          : copyToTensorParallel(x, tensorParallel_);
+}
+
+Tensor Linear::applyToColumnInput(const Tensor& in) {
+  if (split() != TensorSplit::Columns) return apply(in);
+  return call(
+      {in}, [&](const std::vector<Tensor>& x) { return std::vector<Tensor>{linear(x[0], weight, bias)}; })[0];
+}
+
 std::vector<Tensor> Linear::forwardImpl(const std::vector<Tensor>& inputs) {
   switch (split()) {
-    case TensorSplit::Columns: {
-      // NOTE [Sequence parallelism]: the sequence gathered in place of f.
-      const Tensor& x = inputs.at(0);
-      Tensor in = tensorParallel_.splitsSequence() ? gatherSequence(x, tensorParallel_, x.dim() - 2)
-                                                   : copyToTensorParallel(x, tensorParallel_);
-      return {linear(in, weight, bias)};
-    }
+    case TensorSplit::Columns:
+      return {linear(columnInput(inputs.at(0)), weight, bias)};
     case TensorSplit::Rows: {
       Tensor partial = linear(inputs.at(0), weight);
       Tensor y = tensorParallel_.splitsSequence()
@@ -84,7 +107,6 @@ Embedding::Embedding(const EmbeddingConfig& config, Generator& gen)
     STRATA_CHECK(config.numEmbeddings % tp.size == 0,
                  "Embedding: {} rows do not split over {} tensor-parallel ranks", config.numEmbeddings,
                  tp.size);
-    STRATA_CHECK(config.paddingIdx < 0, "Embedding: a padding id with a vocabulary-parallel table");
     int64_t rows = config.numEmbeddings / tp.size;
     table = table.narrow(0, rows * tp.rank, rows).clone();
   }
@@ -103,7 +125,10 @@ Tensor Embedding::lookup(const Tensor& ids, DType dtype) {
   Tensor local = ops::to(ops::mul(ops::affine(id, 1, -double(first)), held), device, DType::I64);
   Shape maskShape = ids.shape();
   maskShape.push_back(1);
-  Tensor rowsHere = embedding(weight, local) * ops::to(held, device, dtype).view(maskShape);
+  // The padding id's row, on the rank holding it, adds nothing to the gradient (ids held elsewhere read row 0
+  // times zero, which adds nothing either).
+  int64_t padHere = paddingIdx_ >= first && paddingIdx_ < first + rows ? paddingIdx_ - first : -1;
+  Tensor rowsHere = embedding(weight, local, padHere) * ops::to(held, device, dtype).view(maskShape);
   // NOTE [Sequence parallelism]: each rank keeps its part of the sequence of the sum.
   if (tensorParallel_.splitsSequence()) return scatterSequence(rowsHere, tensorParallel_, ids.dim() - 1);
   return reduceFromTensorParallel(rowsHere, tensorParallel_);
@@ -119,13 +144,14 @@ std::vector<Tensor> Embedding::forwardImpl(const std::vector<Tensor>& inputs) {
 }
 
 Tensor Embedding::unembed(const Tensor& x, DType compute) {
+  return gatherFromTensorParallel(unembedHere(x, compute), tensorParallel_);
+}
+
+Tensor Embedding::unembedHere(const Tensor& x, DType compute) {
   return call({x}, [&](const std::vector<Tensor>& in) {
     // A transposed view of the table (no copy).
     checkComputeDType("Embedding::unembed", weight, compute);
-    if (vocabParallel())
-      return std::vector<Tensor>{
-          gatherFromTensorParallel(matmul(headInput(in[0]), weight.transpose(0, 1)), tensorParallel_)};
-    return std::vector<Tensor>{matmul(in[0], weight.transpose(0, 1))};
+    return std::vector<Tensor>{matmul(vocabParallel() ? headInput(in[0]) : in[0], weight.transpose(0, 1))};
   })[0];
 }
 

@@ -34,6 +34,11 @@ MoE::MoE(const MoEConfig& config, Generator& gen) : config_(config) {
                     "MoE: {} experts do not split evenly over an expert-parallel group of {} ranks",
                     config.numExperts, ep.size);
   STRATA_CHECK(ep.size == 1 || ep.allToAll, "MoE: expert parallelism without an all_to_all");
+  // NOTE [Experts under tensor parallelism]: the ranks of the group must route the same tokens.
+  STRATA_USER_CHECK(!config.tensorParallel.splitsSequence(),
+                    "mixture-of-experts layers (model.moe_num_experts) route whole sequences: "
+                    "parallel.sequence_parallel does not compose with them; set it to false (parallel.tensor "
+                    "splits the experts without it)");
   router_ = registerModule(
       "router",
       std::make_shared<Linear>(
@@ -41,6 +46,7 @@ MoE::MoE(const MoEConfig& config, Generator& gen) : config_(config) {
   experts_ = registerModule("experts", std::make_shared<ModuleList>(firstExpert()));
   MlpConfig mlp{config.hiddenSize, config.ffnHiddenSize, config.bias,   0.0,
                 config.initStd,    config.outInitStd,    config.device, config.activation};
+  mlp.tensorParallel = config.tensorParallel;  // NOTE [Experts under tensor parallelism]
   // NOTE [Expert parallelism]: each expert draws the random numbers it draws in the one-rank model. All
   // experts draw alike, so the draws of one (measured on a first, discarded build) skip the others.
   uint64_t perExpert = 0;

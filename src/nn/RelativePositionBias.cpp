@@ -47,8 +47,19 @@ RelativePositionBias::RelativePositionBias(const RelativePositionBiasConfig& con
     : config_(config) {
   STRATA_CHECK(config.numHeads > 0 && config.numBuckets > 0, "relative position bias: {} heads, {} buckets",
                config.numHeads, config.numBuckets);
-  weight = registerParameter("weight", ops::randn({config.numBuckets, config.numHeads}, gen, DType::F32,
-                                                  config.device, 0, config.initStd));
+  const TensorParallel& tp = config.tensorParallel;
+  STRATA_CHECK(config.numHeads % tp.size == 0,
+               "relative position bias: {} heads do not split over {} tensor-parallel ranks", config.numHeads,
+               tp.size);
+  // The one-rank table's draws, then this rank's heads' columns.
+  Tensor table =
+      ops::randn({config.numBuckets, config.numHeads}, gen, DType::F32, config.device, 0, config.initStd);
+  weight = registerParameter("weight", tp.active() ? columnSlice(table, 1, tp.size, tp.rank) : table);
+}
+
+std::map<std::string, TensorSlice> RelativePositionBias::ownSlices() const {
+  if (!config_.tensorParallel.active()) return {};
+  return {{"weight", TensorSlice{1, 1}}};
 }
 
 Tensor RelativePositionBias::apply(int64_t queryLen, int64_t keyLen, DType dtype) {

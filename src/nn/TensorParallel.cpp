@@ -153,13 +153,24 @@ Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, con
   Device device = logits.device();
   DType work = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
   int64_t N = logits.size(0), local = logits.size(1), first = local * tp.rank;
-  // Token ids compared as floats (exact below 2^24 ids): the one-hot of the targets this rank holds, and
-  // which rows count.
+  int64_t vocab = local * std::max(1, tp.size);
+  // Token ids compared as floats (exact below 2^24 ids). As the one-rank loss (ops::crossEntropy) has it, a
+  // row counts unless its target is ignoreIndex; a counted target outside [0, V) adds no loss and its row's
+  // gradient is the softmax alone.
   Tensor t = ops::to(target, device, work).view({N, 1});
-  Tensor columns = ops::arange(double(first), double(first + local), 1, work, device).view({1, local});
-  // [N, local]: 1 at the target's column, on the rank holding it.
-  auto oneHot = [columns, t] { return ops::eq(columns, t); };
+  auto inside = [&](double lo, double hi) {  // 1 where lo <= t < hi
+    return ops::mul(ops::gt(t, ops::full({}, lo - 0.5, work, device)),
+                    ops::gt(ops::full({}, hi - 0.5, work, device), t));
+  };
   Tensor counted = ops::affine(ops::eq(t, ops::full({1, 1}, double(ignoreIndex), work, device)), -1, 1);
+  Tensor inVocab = inside(0, double(vocab));
+  // The targets this rank holds: a 1 in `held`, and the flat index of the target's logit in [N x local]
+  // (row n's first logit where the target is elsewhere, gathered times 0). No [N, local] one-hot.
+  Tensor held = ops::mul(inside(double(first), double(first + local)), counted);
+  Tensor rowStart = ops::arange(0, double(N * local), double(local), work, device).view({N, 1});
+  Tensor at =
+      ops::to(ops::add(rowStart, ops::mul(ops::affine(t, 1, -double(first)), held)), device, DType::I64)
+          .view({N});
   // At least one, as linearCrossEntropy has it: a micro-batch with no counted target has loss 0, not NaN.
   Tensor count = ops::maximum(ops::sum(counted), ops::full({}, 1.0, work, device));
   Tensor lf = ops::to(logits, device, work);
@@ -169,20 +180,26 @@ Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& target, con
   if (tp.active()) tp.allReduceMax(rowMax);
   Tensor shifted = ops::sub(lf, rowMax);
   Tensor e = ops::exp(shifted);
-  Tensor sums = ops::cat({ops::sum(e, {1}), ops::sum(ops::mul(shifted, oneHot()), {1})}, 0);
+  Tensor targetLogit = ops::mul(ops::embedding(shifted.view({N * local, 1}), at), held);
+  Tensor sums = ops::cat({ops::sum(e, {1}), targetLogit.view({N})}, 0);
   if (tp.active()) tp.allReduceSum(sums);
   Tensor sumExp = sums.narrow(0, 0, N).view({N, 1}), picked = sums.narrow(0, N, N).view({N, 1});
-  // loss = sum over counted rows of log(sum exp) - (target logit - max), over their count.
-  Tensor perRow = ops::mul(ops::sub(ops::log(sumExp), picked), counted);
+  // loss = sum over counted rows with a target in the vocabulary of log(sum exp) - (target logit - max),
+  // over the count of counted rows.
+  Tensor perRow = ops::mul(ops::sub(ops::log(sumExp), picked), ops::mul(counted, inVocab));
   Tensor loss = ops::div(ops::sum(perRow), count);
-  // Backward: d loss / d logit = (softmax - one-hot) x counted / count, times the incoming gradient. It keeps
-  // the logits in their own dtype and per-row values, not the [N, local] fp32 exponentials and one-hot: it
-  // makes them again, the same numbers.
-  auto gradient = [logits, rowMax, sumExp, counted, count, oneHot, device, work](const autograd::Grads& g) {
+  // Backward: d loss / d logit = (softmax - one-hot) x counted / count, times the incoming gradient: the
+  // softmax scaled, then the target's column lowered by its scale on the rank holding it (a scatter of N
+  // values). It keeps the logits in their own dtype and per-row values, not the [N, local] fp32
+  // exponentials: it makes them again, the same numbers.
+  auto gradient = [logits, rowMax, sumExp, counted, held, at, count, device, work, N,
+                   local](const autograd::Grads& g) {
     if (!g[0].defined()) return autograd::Grads{Tensor()};
     Tensor softmax = ops::div(ops::exp(ops::sub(ops::to(logits, device, work), rowMax)), sumExp);
-    Tensor scale = ops::mul(ops::div(counted, count), ops::to(g[0], device, work));
-    Tensor grad = ops::mul(ops::sub(softmax, oneHot()), scale);
+    Tensor scale = ops::mul(ops::div(counted, count), ops::to(g[0], device, work));  // [N, 1]
+    Tensor grad = ops::contiguous(ops::mul(softmax, scale));
+    ops::embeddingBackwardInto(ops::contiguous(ops::affine(ops::mul(scale, held), -1, 0)), at,
+                               grad.view({N * local, 1}), true);
     return autograd::Grads{logits.dtype() == work ? grad : ops::to(grad, device, logits.dtype())};
   };
   autograd::recordFunction("VocabParallelCrossEntropyBackward", {logits}, {loss}, gradient);
@@ -200,6 +217,8 @@ std::map<std::string, TensorSlice> tensorParallelSlices(Module& model) {
     }
     if (auto* embedding = dynamic_cast<Embedding*>(module); embedding && embedding->vocabParallel())
       out[prefix + "weight"] = TensorSlice{0, 1};
+    if (auto* sliced = dynamic_cast<TensorParallelSliced*>(module))
+      for (auto& [own, how] : sliced->ownSlices()) out[prefix + own] = how;
   }
   return out;
 }

@@ -14,16 +14,19 @@ Attention::Attention(const AttentionConfig& config, Generator& gen) : config_(co
   STRATA_CHECK(config.numHeads > 0 && (config.headDim > 0 || config.hiddenSize % config.numHeads == 0),
                "attention: hidden size {} is not divisible by {} heads", config.hiddenSize, config.numHeads);
   const TensorParallel& tp = config.tensorParallel;
-  STRATA_CHECK(!tp.active() || (!config.cross && config.numHeads % tp.size == 0),
-               "attention: {} heads{} do not split over {} tensor-parallel ranks", config.numHeads,
-               config.cross ? " of cross-attention" : "", tp.size);
+  STRATA_CHECK(!tp.active() || config.numHeads % tp.size == 0,
+               "attention: {} heads do not split over {} tensor-parallel ranks", config.numHeads, tp.size);
   int64_t C = config.hiddenSize, I = config.innerSize();
-  auto linear = [&](int64_t out, double std) {
-    return std::make_shared<Linear>(LinearConfig{C, out, config.bias, std, config.device}, gen);
+  // Cross-attention: q column-parallel, the fused k|v column-parallel in 2 groups (this rank's heads' k and
+  // v), the encoder output going through f like x.
+  auto columns = [&](int64_t out, int64_t groups) {
+    return std::make_shared<Linear>(
+        LinearConfig{C, out, config.bias, config.initStd, config.device, TensorSplit::Columns, groups, tp},
+        gen);
   };
   if (config.cross) {
-    q_ = registerModule("q", linear(I, config.initStd));
-    kv_ = registerModule("kv", linear(2 * I, config.initStd));
+    q_ = registerModule("q", columns(I, 1));
+    kv_ = registerModule("kv", columns(2 * I, 2));
   } else {
     qkv_ = registerModule(
         "qkv", std::make_shared<Linear>(LinearConfig{C, 3 * I, config.bias, config.initStd, config.device,
@@ -163,16 +166,23 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
     TensorParallelRandom ownPart(config_.tensorParallel, config_.tensorParallel.sequenceParallel);
     return {dropout(y, config_.dropout, isTraining())};
   }
-  // The activation and the projection, from the activation's input(s).
+  // The activation and the projection, from the activation's input(s). A row-parallel projection's
+  // collective stays outside the recomputed part: recomputation repeats the product, not the all-reduce.
   auto tail = [this](const std::vector<Tensor>& in) {
     Tensor h = config_.gated                            ? gatedGelu(in[0], in[1])
                : config_.activation == Activation::Relu ? relu(in[0])
                                                         : gelu(in[0], GeluApprox::None);
-    return std::vector<Tensor>{proj_->apply(h)};
+    return std::vector<Tensor>{proj_->applyPartial(h)};
   };
-  std::vector<Tensor> pre = config_.gated ? std::vector<Tensor>{gate_->apply(x), up_->apply(x)}
-                                          : std::vector<Tensor>{fc_->apply(x)};
-  y = recompute ? checkpoint(tail, pre)[0] : tail(pre)[0];
+  std::vector<Tensor> pre;
+  if (config_.gated) {
+    // Under tensor parallelism one f for gate and up.
+    Tensor in = gate_->columnInput(x);
+    pre = {gate_->applyToColumnInput(in), up_->applyToColumnInput(in)};
+  } else {
+    pre = {fc_->apply(x)};
+  }
+  y = proj_->reducePartial(recompute ? checkpoint(tail, pre)[0] : tail(pre)[0]);
   TensorParallelRandom ownPart(config_.tensorParallel, config_.tensorParallel.sequenceParallel);
   return {dropout(y, config_.dropout, isTraining())};
 }

@@ -981,11 +981,7 @@ std::vector<LayoutPlan> planLayouts(const config::Config& c, const PlanOptions& 
         l.virtualStages = v;
         l.data = d;
         if (t > 1) {
-          if (c.model.arch != "gpt")
-            l.invalid = fmt::format("tensor parallelism splits gpt only, not {}", c.model.arch);
-          else if (c.model.moeNumExperts > 0)
-            l.invalid = "tensor parallelism with mixture-of-experts layers is not supported";
-          else if (spec.numHeads % t != 0 || spec.ffnHiddenSize % t != 0 || spec.vocabSize % t != 0)
+          if (spec.numHeads % t != 0 || spec.ffnHiddenSize % t != 0 || spec.vocabSize % t != 0)
             l.invalid = fmt::format("{} heads, MLP width {} and vocabulary {} do not all split {} ways",
                                     spec.numHeads, spec.ffnHiddenSize, spec.vocabSize, t);
         }

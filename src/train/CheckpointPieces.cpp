@@ -107,61 +107,58 @@ CheckpointPieces::CheckpointPieces(ModelState& state) : state_(state) {
 void CheckpointPieces::planLayout() {
   const zero::ChunkLayout& local = state_.chunks->layout();
   const ExpertNames& experts = state_.experts;
-  layout_ = local;
-  savedIndex_.clear();
-  for (size_t c = 0; c < local.chunks.size(); ++c) savedIndex_.push_back(int64_t(c));
-  readLayout_ = local;
-  if (state_.tensor.active()) {
-    // NOTE [Tensor-parallel checkpoints].
-    auto nameOn = [](int rank, const std::string& name) { return "tp" + std::to_string(rank) + "/" + name; };
-    int64_t n = int64_t(local.chunks.size());
-    layout_.chunks.clear();
-    layout_.slots.clear();
-    for (int rank = 0; rank < state_.tensor.size; ++rank)
-      for (int64_t c = 0; c < n; ++c) {
-        zero::ChunkInfo info = local.chunks[size_t(c)];
-        info.slots.clear();
-        for (int64_t k : local.chunks[size_t(c)].slots) {
-          zero::ChunkSlot slot = local.slots[size_t(k)];
-          slot.name = nameOn(rank, slot.name);
-          slot.chunk = rank * n + c;
-          info.slots.push_back(int64_t(layout_.slots.size()));
-          layout_.slots.push_back(std::move(slot));
-        }
-        layout_.chunks.push_back(std::move(info));
-      }
-    for (int64_t c = 0; c < n; ++c) savedIndex_[size_t(c)] = state_.tensor.rank * n + c;
-    for (zero::ChunkSlot& slot : readLayout_.slots) slot.name = nameOn(state_.tensor.rank, slot.name);
-  }
-  if (state_.pipelineGroup) joinStages();
-  if (experts.rename.empty()) return;
+  // NOTE [Tensor-parallel checkpoints]: every tensor rank's chunks, its parameters named "tp<t>/<name>";
+  // with experts split, each expert rank's expert chunks under their experts' names (after every tensor
+  // rank's base chunks: tensor rank by tensor rank, expert rank by expert rank).
+  bool split = state_.tensor.active();
+  int tensorRanks = split ? state_.tensor.size : 1, tensorRank = split ? state_.tensor.rank : 0;
+  auto onTensorRank = [split](int t, const std::string& name) {
+    return split ? "tp" + std::to_string(t) + "/" + name : name;
+  };
   std::map<std::string, const std::function<std::string(int)>*> byName;
   for (const auto& [name, fn] : experts.rename) byName[name] = &fn;
-  auto nameOn = [&](const std::string& name, int rank) {
+  auto onExpertRank = [&](const std::string& name, int rank) {
     auto it = byName.find(name);
     STRATA_CHECK(it != byName.end(), "expert chunk parameter '{}' is not an expert's", name);
     return (*it->second)(rank);
   };
-  std::vector<size_t> expertChunks;
-  for (size_t c = 0; c < local.chunks.size(); ++c)
-    if (local.chunks[c].family == 1) expertChunks.push_back(c);
-  for (auto& slot : layout_.slots)
-    if (local.chunks[size_t(slot.chunk)].family == 1) slot.name = nameOn(slot.name, 0);
-  for (int rank = 1; rank < experts.ranks; ++rank)
-    for (size_t c : expertChunks) {
-      int64_t index = int64_t(layout_.chunks.size());
-      if (rank == experts.rank) savedIndex_[c] = index;
-      zero::ChunkInfo info = local.chunks[c];
-      info.slots.clear();
-      for (int64_t k : local.chunks[c].slots) {
-        zero::ChunkSlot slot = local.slots[size_t(k)];
-        slot.name = nameOn(slot.name, rank);
-        slot.chunk = index;
-        info.slots.push_back(int64_t(layout_.slots.size()));
-        layout_.slots.push_back(std::move(slot));
-      }
-      layout_.chunks.push_back(std::move(info));
+  bool renames = !experts.rename.empty();
+  auto isExpert = [&](size_t c) { return renames && local.chunks[c].family == 1; };
+  layout_.chunks.clear();
+  layout_.slots.clear();
+  // Chunk c of this rank's layout as tensor rank t and (an expert chunk) expert rank q would name it.
+  auto append = [&](size_t c, int t, int q) {
+    int64_t index = int64_t(layout_.chunks.size());
+    zero::ChunkInfo info = local.chunks[c];
+    info.slots.clear();
+    for (int64_t k : local.chunks[c].slots) {
+      zero::ChunkSlot slot = local.slots[size_t(k)];
+      slot.name = onTensorRank(t, isExpert(c) ? onExpertRank(slot.name, q) : slot.name);
+      slot.chunk = index;
+      info.slots.push_back(int64_t(layout_.slots.size()));
+      layout_.slots.push_back(std::move(slot));
     }
+    layout_.chunks.push_back(std::move(info));
+    return index;
+  };
+  savedIndex_.assign(local.chunks.size(), 0);
+  for (int t = 0; t < tensorRanks; ++t)
+    for (size_t c = 0; c < local.chunks.size(); ++c) {
+      int64_t index = append(c, t, 0);
+      if (t == tensorRank && (!isExpert(c) || experts.rank == 0)) savedIndex_[c] = index;
+    }
+  if (renames)
+    for (int t = 0; t < tensorRanks; ++t)
+      for (int q = 1; q < experts.ranks; ++q)
+        for (size_t c = 0; c < local.chunks.size(); ++c) {
+          if (!isExpert(c)) continue;
+          int64_t index = append(c, t, q);
+          if (t == tensorRank && q == experts.rank) savedIndex_[c] = index;
+        }
+  readLayout_ = local;
+  for (zero::ChunkSlot& slot : readLayout_.slots) slot.name = onTensorRank(tensorRank, slot.name);
+  // NOTE [Pipeline checkpoints] (a pipeline has no experts: the trainer refuses MoE under it).
+  if (state_.pipelineGroup) joinStages();
 }
 
 void CheckpointPieces::joinStages() {

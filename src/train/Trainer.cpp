@@ -159,12 +159,12 @@ void checkTensorLayout(const CheckpointState& saved, const std::string& checkpoi
 
 }  // namespace
 
-std::string expertGroupName(int64_t size) {
-  return "expert_parallel_" + std::to_string(size);
+std::string expertGroupName(int64_t size, int64_t tensor) {
+  return "expert_parallel_" + std::to_string(size) + (tensor > 1 ? "_tp" + std::to_string(tensor) : "");
 }
 
-std::string expertDataGroupName(int64_t size) {
-  return "expert_data_parallel_" + std::to_string(size);
+std::string expertDataGroupName(int64_t size, int64_t tensor) {
+  return "expert_data_parallel_" + std::to_string(size) + (tensor > 1 ? "_tp" + std::to_string(tensor) : "");
 }
 
 std::string tensorGroupName(int64_t size) {
@@ -382,16 +382,17 @@ void Trainer::connect() {
         "{}: parallel.tensor ({}) must divide the number of ranks ({}); launch with mpirun -np a "
         "multiple of it",
         config_.sourcePath, tensor, world);
-    STRATA_USER_CHECK(config_.model.arch == "gpt",
-                      "{}: parallel.tensor ({}) splits gpt only, not model.arch '{}'; train it with "
-                      "parallel.tensor: 1 (data parallel over every rank)",
-                      config_.sourcePath, tensor, config_.model.arch);
+    // NOTE [Sequence parallelism] in nn/TensorParallel.h: gpt's dense blocks only.
     STRATA_USER_CHECK(
-        config_.model.moeNumExperts == 0,
-        "{}: parallel.tensor ({}) with mixture-of-experts layers (model.moe_num_experts) is not "
-        "supported yet; train MoE models with parallel.tensor: 1 and "
-        "model.moe_expert_parallel_size",
-        config_.sourcePath, tensor);
+        !config_.parallel.sequenceParallel ||
+            (config_.model.arch == "gpt" && config_.model.moeNumExperts == 0),
+        "{}: parallel.sequence_parallel splits the sequence of gpt's dense blocks only, not {}; "
+        "set it to false (parallel.tensor ({}) splits the heads, widths and vocabulary without "
+        "it)",
+        config_.sourcePath,
+        config_.model.arch != "gpt" ? "model.arch '" + config_.model.arch + "'"
+                                    : std::string("mixture-of-experts layers (model.moe_num_experts)"),
+        tensor);
     if (!parallel_->hasGroup(tensorGroupName(tensor))) {
       // Adjacent ranks split the layers (rank = d x tensor + t, within a pipeline stage).
       int rank = parallel_->rank();
@@ -480,15 +481,19 @@ void Trainer::connect() {
         config_.model.moeNumExperts % ep == 0,
         "{}: model.moe_num_experts ({}) must be a multiple of model.moe_expert_parallel_size ({})",
         config_.sourcePath, config_.model.moeNumExperts, ep);
-    STRATA_USER_CHECK(world % ep == 0,
-                      "{}: model.moe_expert_parallel_size ({}) must divide the number of ranks ({}); launch "
-                      "with mpirun -np a multiple of it",
-                      config_.sourcePath, ep, world);
-    if (!parallel_->hasGroup(expertGroupName(ep))) {
-      // Consecutive ranks split the experts; ranks ep apart hold the same ones.
-      int rank = parallel_->rank();
-      parallel_->split(expertGroupName(ep), parallel_->world(), int(rank / ep), rank);
-      parallel_->split(expertDataGroupName(ep), parallel_->world(), int(rank % ep), rank);
+    STRATA_USER_CHECK(ranks % ep == 0,
+                      "{}: model.moe_expert_parallel_size ({}) must divide the number of {} ({}); launch "
+                      "with mpirun -np a multiple of {}",
+                      config_.sourcePath, ep, rankText, ranks, ep * tensor);
+    if (!parallel_->hasGroup(expertGroupName(ep, tensor))) {
+      // Among the data-parallel ranks d of one tensor rank t (rank = d x tensor + t), consecutive ones split
+      // the experts, and ranks ep apart hold the same ones (NOTE [Experts under tensor parallelism] in
+      // nn/MoE.h).
+      int rank = parallel_->rank(), d = rank / int(tensor), t = rank % int(tensor);
+      parallel_->split(expertGroupName(ep, tensor), parallel_->world(), (d / int(ep)) * int(tensor) + t,
+                       rank);
+      parallel_->split(expertDataGroupName(ep, tensor), parallel_->world(), (d % int(ep)) * int(tensor) + t,
+                       rank);
     }
   }
 }
@@ -499,8 +504,8 @@ void Trainer::refuseTensorParallel(const std::string& what) const {
                     "with parallel.pipeline: 1",
                     config_.sourcePath, config_.parallel.pipeline, what);
   STRATA_USER_CHECK(config_.parallel.tensor == 1,
-                    "{}: parallel.tensor ({}) splits the zoo's gpt built from the config, not {}; train it "
-                    "with parallel.tensor: 1",
+                    "{}: parallel.tensor ({}) splits the zoo's models (gpt, bert, t5) built from the "
+                    "config, not {}; train it with parallel.tensor: 1",
                     config_.sourcePath, config_.parallel.tensor, what);
 }
 
@@ -580,7 +585,8 @@ Tensor Trainer::pipelineLoss(const data::TokenBatch& batch) {
 nn::ExpertParallel Trainer::expertParallel() const {
   nn::ExpertParallel out;
   if (config_.model.moeExpertParallelSize <= 1) return out;
-  dist::ProcessGroup* group = &parallel_->group(expertGroupName(config_.model.moeExpertParallelSize));
+  dist::ProcessGroup* group = &parallel_->group(
+      expertGroupName(config_.model.moeExpertParallelSize, std::max<int64_t>(1, config_.parallel.tensor)));
   out.size = group->size();
   out.rank = group->rank();
   out.allToAll = [group](const Tensor& dst, const Tensor& src) {
@@ -785,7 +791,8 @@ TrainResult Trainer::run() {
                              c.lrSchedule.decayIters > 0 ? c.lrSchedule.decayIters : c.train.trainIters};
   ZeroStepEngine engine(*objective_, c, device_, compute_, batchGroup,
                         c.model.moeExpertParallelSize > 1
-                            ? &parallel_->group(expertDataGroupName(c.model.moeExpertParallelSize))
+                            ? &parallel_->group(expertDataGroupName(c.model.moeExpertParallelSize,
+                                                                    std::max<int64_t>(1, c.parallel.tensor)))
                             : nullptr,
                         RankShares{parallel_->topology().ranksOnHost, parallel_->topology().ranksOnDevice,
                                    plannedDeviceBudget_},

@@ -28,7 +28,8 @@ struct AttentionConfig {
   double scale = 0.0;
   // Split by heads over a tensor-parallel group (NOTE [Tensor parallelism] in nn/TensorParallel.h): this
   // rank's q/k/v of heads [rank H / T, (rank + 1) H / T) (column-parallel), and the output projection's rows
-  // for them (row-parallel). Self-attention only.
+  // for them (row-parallel); cross-attention's q and fused k|v likewise (k|v in two groups). A bias passed
+  // with a call (T5's relative positions) must then be this rank's heads' [.., H / T, S, S_k].
   TensorParallel tensorParallel = {};
 
   int64_t headWidth() const { return headDim > 0 ? headDim : hiddenSize / numHeads; }

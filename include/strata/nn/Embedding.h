@@ -12,7 +12,8 @@ struct EmbeddingConfig {
   int64_t embeddingDim = 0;
   double initStd = 0.02;
   Device device = Device::cpu();
-  // >= 0: lookups of this id add nothing to the table's gradient (torch's padding_idx; BERT's [PAD]).
+  // >= 0: lookups of this id add nothing to the table's gradient (torch's padding_idx; BERT's [PAD]); under
+  // vocabulary parallelism, on the rank holding its row.
   int64_t paddingIdx = -1;
   // Vocabulary-parallel (NOTE [Tensor parallelism] in nn/TensorParallel.h): this rank holds rows [rank num
   // / T, (rank + 1) num / T) of the one-rank table; lookups and the tied head meet through the group.
@@ -26,6 +27,9 @@ class Embedding : public Module {
   Tensor apply(const Tensor& ids, DType dtype);
   // The table used as a tied output layer. x [..., dim] in `compute` -> logits x @ weight^T [..., num].
   Tensor unembed(const Tensor& x, DType compute);
+  // This rank's columns of unembed(x): [..., num / T] under vocabulary parallelism (for a head that adds its
+  // own vocabulary-parallel bias and takes vocabParallelCrossEntropy), else unembed(x).
+  Tensor unembedHere(const Tensor& x, DType compute);
   // Mean cross-entropy of unembed(x) against target, fused (linearCrossEntropy): x [N, dim] in the compute
   // dtype, target [N]. The [N, num] logits never exist at once.
   Tensor unembedCrossEntropy(const Tensor& x, const Tensor& target);

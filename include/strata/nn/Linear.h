@@ -52,6 +52,17 @@ class Linear : public Module {
   bool splitsOverTensorParallel() const { return split() != TensorSplit::None; }
   const TensorParallel& tensorParallel() const { return tensorParallel_; }
   int64_t splitGroups() const { return splitGroups_; }
+  // A row-parallel layer in two calls, for a caller that recomputes the product but must not repeat the
+  // collective (a checkpointed MLP tail): this rank's partial product x W (no bias), then its sum over the
+  // group (g, or the reduce-scatter under sequence parallelism) plus the whole bias. Unsplit: x W + b, then
+  // the identity.
+  Tensor applyPartial(const Tensor& x);
+  Tensor reducePartial(const Tensor& partial);
+  // A column-parallel layer in two steps, for layers that read one input (a gated MLP's gate and up): the
+  // input through f (or gathered along the sequence) once, then each layer's product on it, so the input's
+  // gradient is all-reduced once, not once per layer. Unsplit: x, then apply.
+  Tensor columnInput(const Tensor& x) const;
+  Tensor applyToColumnInput(const Tensor& in);
 
  protected:
   std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;

@@ -35,6 +35,17 @@
 // gradient of an all_to_all is the all_to_all of its gradient). Every rank of the group runs the same
 // exchanges in the same order, whatever its routing (each local expert runs on at least a zero row, so
 // the exchanges are always in the graph).
+//
+// NOTE [Experts under tensor parallelism]
+// With a tensor-parallel group (MoEConfig::tensorParallel; NOTE [Tensor parallelism] in nn/TensorParallel.h)
+// each expert is split like the dense MLP: fc column-parallel, proj row-parallel, so an expert costs an
+// all-reduce forward and one backward over the group. The router is whole on every rank. Every rank of the
+// group holds the same tokens (the whole sequence: sequence parallelism is refused) and the same router, so
+// it routes them alike and each expert runs on the same rows on every rank of the group, which keeps the
+// group's collectives in step; with expert parallelism the expert-parallel group is made of ranks of one
+// tensor rank (the same slices of different experts), and the rows an expert receives are the same on every
+// rank of its tensor-parallel group too. The router's gradient is then equal on every rank of the group, as
+// the other whole parameters' are.
 #pragma once
 
 #include <functional>
@@ -71,6 +82,8 @@ struct MoEConfig {
   Device device = Device::cpu();
   Activation activation = Activation::GeluTanh;
   ExpertParallel expertParallel;
+  // NOTE [Experts under tensor parallelism].
+  TensorParallel tensorParallel;
 };
 
 // What the last forward routed.

@@ -5,6 +5,7 @@
 
 #include "strata/core/Generator.h"
 #include "strata/nn/Module.h"
+#include "strata/nn/TensorParallel.h"
 
 namespace strata::nn {
 
@@ -17,6 +18,9 @@ struct RelativePositionBiasConfig {
   bool bidirectional = true;
   double initStd = 0.02;
   Device device = Device::cpu();
+  // Split by heads (NOTE [Tensor parallelism] in nn/TensorParallel.h): this rank holds the columns of heads
+  // [rank H / T, (rank + 1) H / T) of the one-rank table and makes the bias of those heads only.
+  TensorParallel tensorParallel = {};
 };
 
 // The bucket of each relative position key - query, exactly as HF's T5Attention._relative_position_bucket:
@@ -29,14 +33,17 @@ int64_t relativePositionBucket(int64_t relativePosition, bool bidirectional, int
 Tensor relativePositionBuckets(int64_t queryLen, int64_t keyLen, bool bidirectional, int64_t numBuckets,
                                int64_t maxDistance, Device device, int64_t queryOffset = 0);
 
-class RelativePositionBias : public Module {
+class RelativePositionBias : public Module, public TensorParallelSliced {
  public:
   RelativePositionBias(const RelativePositionBiasConfig& config, Generator& gen);
-  // The additive attention bias [1, H, queryLen, keyLen] in `dtype` (the table's dtype: the compute dtype).
+  // The additive attention bias [1, H, queryLen, keyLen] in `dtype` (the table's dtype: the compute dtype);
+  // split by heads, this rank's [1, H / T, queryLen, keyLen].
   Tensor apply(int64_t queryLen, int64_t keyLen, DType dtype);
 
-  // [numBuckets, numHeads]: HF's relative_attention_bias.weight, same layout.
+  // [numBuckets, numHeads]: HF's relative_attention_bias.weight, same layout (split: [numBuckets, H / T]).
   Tensor weight;
+
+  std::map<std::string, TensorSlice> ownSlices() const override;
 
   const RelativePositionBiasConfig& config() const { return config_; }
 

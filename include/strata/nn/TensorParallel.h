@@ -107,8 +107,18 @@ struct TensorSlice {
   int64_t dim = 0;
   int64_t groups = 1;
 };
+// A module whose own parameters (not its submodules') are cut over the group, beside split Linear layers and
+// vocabulary-parallel tables: BERT's MLM bias (the vocabulary's), T5's relative position table (its heads).
+class TensorParallelSliced {
+ public:
+  virtual ~TensorParallelSliced() = default;
+  // Its parameters that are slices (names relative to the module), and how; empty when not split.
+  virtual std::map<std::string, TensorSlice> ownSlices() const = 0;
+};
+
 // The parameters of `model` that are slices (different on every rank of the group), and how: the weights of
-// split Linear layers, column-parallel biases, vocabulary-parallel tables. The others are whole and equal.
+// split Linear layers, column-parallel biases, vocabulary-parallel tables, the TensorParallelSliced modules'
+// own. The others are whole and equal.
 std::map<std::string, TensorSlice> tensorParallelSlices(Module& model);
 // The whole parameter from the ranks' slices in rank order (the inverse of the cut), on the CPU.
 Tensor joinSlices(const std::vector<Tensor>& slices, const TensorSlice& how);

@@ -60,10 +60,11 @@ class ReportedByRankZero : public Error {
 };
 
 // The ParallelContext groups of expert parallelism over groups of `size` ranks
-// (model.moe_expert_parallel_size): the ranks that split the experts between them (consecutive ranks), and
-// the ranks that hold the same experts (every size-th rank), over which ZeRO shards and reduces the experts.
-std::string expertGroupName(int64_t size);
-std::string expertDataGroupName(int64_t size);
+// (model.moe_expert_parallel_size) among the data-parallel ranks of one tensor rank (all ranks when `tensor`,
+// parallel.tensor, is 1): the ranks that split the experts between them (consecutive data-parallel ranks),
+// and the ranks that hold the same experts (every size-th one), over which ZeRO shards and reduces them.
+std::string expertGroupName(int64_t size, int64_t tensor = 1);
+std::string expertDataGroupName(int64_t size, int64_t tensor = 1);
 // The ParallelContext groups of tensor parallelism over `size` ranks (parallel.tensor): the adjacent ranks
 // that split the layers, and the ranks that hold the same slices (every size-th rank), over which the batch,
 // ZeRO and the gradients' reduction go.
