@@ -25,10 +25,11 @@ int64_t ModelStateInputs::rangeElemsTotal() const {
 namespace {
 
 // The parameters of the most loaded rank of a pipeline (NOTE [Layouts] in plan/Plan.h): rank p's blocks
-// (`rankBlocks`), the embeddings on the first rank, the final norm and the tied head's copy of the token table
-// on the last; the rank with the most elements.
-std::vector<std::pair<std::string, Shape>> pipelineStage(const std::vector<std::pair<std::string, Shape>>& all,
-                                                         const std::vector<std::vector<int64_t>>& rankBlocks) {
+// (`rankBlocks`), the embeddings on the first rank, the final norm and the tied head's copy of the token
+// table on the last; the rank with the most elements.
+std::vector<std::pair<std::string, Shape>> pipelineStage(
+    const std::vector<std::pair<std::string, Shape>>& all,
+    const std::vector<std::vector<int64_t>>& rankBlocks) {
   size_t P = rankBlocks.size();
   std::vector<std::vector<std::pair<std::string, Shape>>> ranks(P);
   std::vector<int> owner;
@@ -68,8 +69,7 @@ std::vector<std::vector<int64_t>> pipelineRankBlocks(const models::ModelSpec& wh
   std::vector<nn::BlockRange> chunks = models::gptConfig(spec).pipelineSplit();
   std::vector<std::vector<int64_t>> out(size_t(spec.pipeline.size));
   for (size_t chunk = 0; chunk < chunks.size(); ++chunk)
-    for (int64_t b = chunks[chunk].begin; b < chunks[chunk].end; ++b)
-      out[chunk % out.size()].push_back(b);
+    for (int64_t b = chunks[chunk].begin; b < chunks[chunk].end; ++b) out[chunk % out.size()].push_back(b);
   return out;
 }
 

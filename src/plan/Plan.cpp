@@ -127,11 +127,12 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
       int P = std::max(1, pipeline);
       if (P > 1) {
         // NOTE [Layouts]: the first stage's blocks for the micro-batches in flight, or the last's for one
-        // beside the head, whichever is more, the blocks as the trainer splits them (NOTE [Pipeline stages] in
-        // nn/Pipeline.h). Full recomputation keeps each micro-batch's block inputs and recomputes one block at
-        // a time.
+        // beside the head, whichever is more, the blocks as the trainer splits them (NOTE [Pipeline stages]
+        // in nn/Pipeline.h). Full recomputation keeps each micro-batch's block inputs and recomputes one
+        // block at a time.
         std::vector<std::vector<int64_t>> rankBlocks = pipelineRankBlocks(spec, P, virtualStages);
-        int64_t firstBlocks = int64_t(rankBlocks.front().size()), lastBlocks = int64_t(rankBlocks.back().size());
+        int64_t firstBlocks = int64_t(rankBlocks.front().size()),
+                lastBlocks = int64_t(rankBlocks.back().size());
         uint64_t one = blocks(firstBlocks, layer + scores, t, g.hiddenSize, g.ffn());
         uint64_t lastOne = blocks(lastBlocks, layer + scores, t, g.hiddenSize, g.ffn());
         uint64_t shared = recompute == "full" ? layer + scores : 0;
@@ -153,7 +154,8 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
               fmt::format("pipeline {}: the first stage's 1F1B micro-batches in flight (NOTE [Layouts])", P));
         } else {
           a.terms.push_back(
-              {fmt::format("last of {} stages: {} blocks x {}", P, lastBlocks, gib(layer + scores)), lastOne});
+              {fmt::format("last of {} stages: {} blocks x {}", P, lastBlocks, gib(layer + scores)),
+               lastOne});
           a.terms.push_back({"final norm, LM head and loss", head});
           a.assumptions.push_back(
               fmt::format("pipeline {}: the last stage, one micro-batch and the head", P));
@@ -494,8 +496,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   p.terms.push_back(
       {"compute", computeSeconds,
        fmt::format("{:.3g} FLOP{}{} / ({:.0f} TFLOP/s GEMM x {:.2f} efficiency)", computed,
-                   p.pipeline > 1 ? fmt::format(" (the slowest of {} stages)", p.pipeline)
-                                  : std::string(),
+                   p.pipeline > 1 ? fmt::format(" (the slowest of {} stages)", p.pipeline) : std::string(),
                    p.recompute == "full" ? " (the blocks' forward twice: train.recompute full)" : "",
                    *m.gemmTflops, kComputeEfficiency),
        false});
@@ -533,8 +534,8 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     double buffer = double(dtypeSize(p.compute)) * double(p.microBatch) * double(p.spec.seqLength) *
                     double(p.spec.hiddenSize);
     double perBlock = p.recompute == "full" ? 6 : 4;
-    double moved = 2.0 * double(tensor - 1) / double(tensor) * buffer * perBlock *
-                   double(stageBlocks) * double(p.accumulation);
+    double moved = 2.0 * double(tensor - 1) / double(tensor) * buffer * perBlock * double(stageBlocks) *
+                   double(p.accumulation);
     p.terms.push_back(
         {"TP collectives", moved / (nvlink * 1e9),
          fmt::format("{:.3g} B over NVLink at {:.0f} GB/s bus bandwidth, {} all-reduces a block "
@@ -1063,8 +1064,9 @@ std::string formatLayouts(const std::vector<LayoutPlan>& layouts, size_t maxFitt
     for (size_t i = 0; i < std::min<size_t>(2, terms.size()); ++i)
       bound += fmt::format("{}{} {}", i ? ", " : "", terms[i]->name, seconds(terms[i]->seconds));
     double tflops = p.serialSeconds > 0 ? p.flopsPerStep / p.serialSeconds / 1e12 : 0;
-    out << fmt::format("  {:<4} {} {:>10} {:>9.2f}s {:>6} {:>9.0f} {:>9.1f}  {}\n", mark, head(l), p.recompute,
-                       p.serialSeconds, p.mfu() > 0 ? fmt::format("{:.1f}%", 100 * p.mfu()) : "-", tflops,
+    out << fmt::format("  {:<4} {} {:>10} {:>9.2f}s {:>6} {:>9.0f} {:>9.1f}  {}\n", mark, head(l),
+                       p.recompute, p.serialSeconds,
+                       p.mfu() > 0 ? fmt::format("{:.1f}%", 100 * p.mfu()) : "-", tflops,
                        double(p.devicePeakBytes) / double(1ull << 30), bound);
   }
   if (hiddenFitting > 0) out << fmt::format("  ... and {} more layouts that fit, slower\n", hiddenFitting);
@@ -1083,9 +1085,10 @@ LayoutChoice chooseLayout(const config::Config& c, const PlanOptions& options) {
     if (choice.chosen < 0) choice.chosen = int(i);
   }
   if (choice.chosen < 0) {
-    choice.why = fmt::format("parallel: auto: no layout of {} rank{} fits; `strata plan --layouts` shows the "
-                             "nearest",
-                             std::max(1, options.ranks), options.ranks > 1 ? "s" : "");
+    choice.why = fmt::format(
+        "parallel: auto: no layout of {} rank{} fits; `strata plan --layouts` shows the "
+        "nearest",
+        std::max(1, options.ranks), options.ranks > 1 ? "s" : "");
     return choice;
   }
   const LayoutPlan& l = choice.layouts[size_t(choice.chosen)];

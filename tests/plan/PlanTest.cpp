@@ -1006,8 +1006,7 @@ TEST_CASE("parallel: auto takes the fastest layout that fits and that the traine
   CHECK(chosen.plan.fits);
   // No layout that fits is faster.
   for (const plan::LayoutPlan& l : choice.layouts)
-    if (l.invalid.empty() && l.plan.fits)
-      CHECK(chosen.plan.serialSeconds <= l.plan.serialSeconds);
+    if (l.invalid.empty() && l.plan.fits) CHECK(chosen.plan.serialSeconds <= l.plan.serialSeconds);
   CHECK(choice.why.find("parallel: auto chose " + chosen.name()) == 0);
   // None fits: it says so.
   config::Config big = configFile("gpt3-175b.yaml", {"parallel=auto"});

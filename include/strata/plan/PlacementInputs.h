@@ -58,8 +58,9 @@ struct ModelStateInputs {
   int64_t rangeElemsTotal() const;
 };
 
-// The blocks each rank of a `pipeline`-stage GPT holds with `virtualStages` model chunks a rank: the trainer's
-// split (GptConfig::pipelineSplit, NOTE [Pipeline stages] in nn/Pipeline.h), rank p's chunks p, p + P, ....
+// The blocks each rank of a `pipeline`-stage GPT holds with `virtualStages` model chunks a rank: the
+// trainer's split (GptConfig::pipelineSplit, NOTE [Pipeline stages] in nn/Pipeline.h), rank p's chunks p, p +
+// P, ....
 std::vector<std::vector<int64_t>> pipelineRankBlocks(const models::ModelSpec& spec, int pipeline,
                                                      int virtualStages);
 
