@@ -69,19 +69,8 @@ Bert::Bert(const BertConfig& config) : config_(config) {
                     "model.pad_token_id ({}) is not an id of the vocabulary (model.vocab_size {})",
                     config.padId(), config.vocabSize);
   const nn::TensorParallel& tp = config.tensorParallel;
-  if (tp.active()) {
-    auto divides = [&](const char* key, int64_t n) {
-      STRATA_USER_CHECK(n % tp.size == 0, "parallel.tensor ({}) must divide {} ({})", tp.size, key, n);
-    };
-    divides("model.num_attention_heads", config.numHeads);
-    divides("model.ffn_hidden_size (4 x hidden_size when 0)", config.ffn());
-    divides("model.vocab_size (pad the vocabulary to a multiple of it)", config.vocabSize);
-    STRATA_USER_CHECK(!tp.sequenceParallel,
-                      "parallel.sequence_parallel splits gpt's sequence only; bert splits its heads, MLP "
-                      "width and vocabulary over parallel.tensor ({}) without it: set "
-                      "parallel.sequence_parallel to false",
-                      tp.size);
-  }
+  nn::checkTensorSplit(tp, "bert", config.numHeads, config.ffn(),
+                       "model.ffn_hidden_size (4 x hidden_size when 0)", config.vocabSize, false);
   Generator gen(config.seed);
   int64_t C = config.hiddenSize;
   auto embedding = [&](int64_t n, int64_t paddingIdx = -1, nn::TensorParallel split = {}) {

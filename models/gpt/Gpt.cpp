@@ -66,19 +66,13 @@ Gpt::Gpt(const GptConfig& config) : config_(config) {
                "model.hidden_size ({}) must be divisible by model.num_attention_heads ({})",
                config.hiddenSize, config.numHeads);
   const nn::TensorParallel& tp = config.tensorParallel;
-  if (tp.active()) {
-    auto divides = [&](const char* key, int64_t n) {
-      STRATA_USER_CHECK(n % tp.size == 0, "parallel.tensor ({}) must divide {} ({})", tp.size, key, n);
-    };
-    divides("model.num_attention_heads", config.numHeads);
-    divides("model.ffn_hidden_size (4 x hidden_size when 0)", config.ffn());
-    divides("model.vocab_size (pad the vocabulary to a multiple of it)", config.vocabSize);
-    if (tp.sequenceParallel)
-      divides(
-          "the position table's rows (model.max_position_embeddings; 0: model.seq_length) under "
-          "parallel.sequence_parallel",
-          config.positions());
-  }
+  nn::checkTensorSplit(tp, "gpt", config.numHeads, config.ffn(),
+                       "model.ffn_hidden_size (4 x hidden_size when 0)", config.vocabSize, true);
+  STRATA_USER_CHECK(
+      !tp.splitsSequence() || config.positions() % tp.size == 0,
+      "parallel.tensor ({}) must divide the position table's rows (model.max_position_embeddings; "
+      "0: model.seq_length) under parallel.sequence_parallel ({})",
+      tp.size, config.positions());
   const nn::PipelineParallel& pp = config.pipeline;
   if (pp.active()) {
     STRATA_USER_CHECK(config.moeNumExperts == 0,

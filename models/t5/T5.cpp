@@ -100,19 +100,8 @@ T5::T5(const T5Config& config) : config_(config) {
                     "t5: model.num_attention_heads ({}) and model.kv_channels ({}) must be positive",
                     config.numHeads, config.headDim);
   const nn::TensorParallel& tp = config.tensorParallel;
-  if (tp.active()) {
-    auto divides = [&](const char* key, int64_t n) {
-      STRATA_USER_CHECK(n % tp.size == 0, "parallel.tensor ({}) must divide {} ({})", tp.size, key, n);
-    };
-    divides("model.num_attention_heads", config.numHeads);
-    divides("model.ffn_hidden_size", config.ffnHiddenSize);
-    divides("model.vocab_size (pad the vocabulary to a multiple of it)", config.vocabSize);
-    STRATA_USER_CHECK(!tp.sequenceParallel,
-                      "parallel.sequence_parallel splits gpt's sequence only; t5 splits its heads, widths "
-                      "and vocabulary over parallel.tensor ({}) without it: set parallel.sequence_parallel "
-                      "to false",
-                      tp.size);
-  }
+  nn::checkTensorSplit(tp, "t5", config.numHeads, config.ffnHiddenSize, "model.ffn_hidden_size",
+                       config.vocabSize, false);
   Generator gen(config.seed);
   int64_t C = config.hiddenSize, I = config.innerSize(), F = config.ffnHiddenSize;
   double f = config.initFactor;

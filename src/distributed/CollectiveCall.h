@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "strata/core/DType.h"
 #include "strata/distributed/Communicator.h"
@@ -17,6 +19,20 @@ struct CollectiveCall {
   DType dtype = DType::U8;
   std::string peers;  // point-to-point: "send to rank 1 (tag 0), receive from rank 1 (tag 1)"
 };
+
+// What a point-to-point exchange reports (NOTE [Point-to-point] in Communicator.h): every transfer's
+// elements, the first one's dtype, and `peers`. T: a backend's transfer (count, dtype).
+template <class T>
+CollectiveCall sendReceiveCall(const std::vector<T>& sends, const std::vector<T>& receives,
+                               std::string peers) {
+  int64_t elements = 0;
+  for (const auto* list : {&sends, &receives})
+    for (const auto& t : *list) elements += t.count;
+  CollectiveCall call{"sendReceive", nullptr, elements,
+                      sends.empty() ? (receives.empty() ? DType::U8 : receives[0].dtype) : sends[0].dtype};
+  call.peers = std::move(peers);
+  return call;
+}
 
 // "allReduce(sum) of 1024 bf16 elements (2048 bytes) on rank 1 of group 'world' (4 ranks)"; a barrier has no
 // sizes.

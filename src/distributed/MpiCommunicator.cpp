@@ -213,12 +213,7 @@ void MpiCommunicator::allToAll(void* out, const void* in, int64_t count, DType d
 
 void MpiCommunicator::sendReceive(const std::vector<Transfer>& sends, const std::vector<Transfer>& receives,
                                   const std::string& peers) {
-  int64_t elements = 0;
-  for (const auto* list : {&sends, &receives})
-    for (const auto& t : *list) elements += t.count;
-  CollectiveCall call{"sendReceive", nullptr, elements,
-                      sends.empty() ? (receives.empty() ? DType::U8 : receives[0].dtype) : sends[0].dtype};
-  call.peers = peers;
+  CollectiveCall call = sendReceiveCall(sends, receives, peers);
   std::vector<MPI_Request> requests;
   requests.reserve(sends.size() + receives.size());
   // Receives first, so that a peer's eager sends find them posted.

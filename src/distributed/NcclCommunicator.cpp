@@ -319,12 +319,7 @@ void NcclCommunicator::allToAll(void* out, const void* in, int64_t count, DType 
 
 void NcclCommunicator::sendReceive(const std::vector<Transfer>& sends, const std::vector<Transfer>& receives,
                                    const std::string& peers) {
-  int64_t elements = 0;
-  for (const auto* list : {&sends, &receives})
-    for (const auto& t : *list) elements += t.count;
-  CollectiveCall call{"sendReceive", nullptr, elements,
-                      sends.empty() ? (receives.empty() ? DType::U8 : receives[0].dtype) : sends[0].dtype};
-  call.peers = peers;
+  CollectiveCall call = sendReceiveCall(sends, receives, peers);
   auto* stream = cuda::nativeStream(stream_);
   enqueue(call, [&] {
     ncclResult_t first = ncclSuccess;

@@ -26,6 +26,22 @@ Tensor summed(const Tensor& t, const TensorParallel& tp) {
 
 }  // namespace
 
+void checkTensorSplit(const TensorParallel& tp, const std::string& model, int64_t heads, int64_t ffn,
+                      const char* ffnKey, int64_t vocab, bool allowsSequenceParallel) {
+  if (!tp.active()) return;
+  auto divides = [&](const char* key, int64_t n) {
+    STRATA_USER_CHECK(n % tp.size == 0, "parallel.tensor ({}) must divide {} ({})", tp.size, key, n);
+  };
+  divides("model.num_attention_heads", heads);
+  divides(ffnKey, ffn);
+  divides("model.vocab_size (pad the vocabulary to a multiple of it)", vocab);
+  STRATA_USER_CHECK(
+      allowsSequenceParallel || !tp.sequenceParallel,
+      "parallel.sequence_parallel splits gpt's sequence only; {} splits its heads, widths and "
+      "vocabulary over parallel.tensor ({}) without it: set parallel.sequence_parallel to false",
+      model, tp.size);
+}
+
 Tensor copyToTensorParallel(const Tensor& x, const TensorParallel& tp) {
   if (!tp.active()) return x;
   Tensor out = alias(x);

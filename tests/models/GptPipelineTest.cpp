@@ -2,19 +2,7 @@
 #include "models/gpt/Gpt.h"
 
 using namespace strata;
-
-namespace {
-// The message of the error `body` throws ("no error" when none).
-template <class F>
-std::string errorOf(F&& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-}  // namespace
+using strata::test::errorOf;
 
 TEST_CASE("a GPT pipeline stage builds only its blocks, under the whole model's names and numbers",
           "[nn][pipeline]") {

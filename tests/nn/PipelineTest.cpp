@@ -2,23 +2,13 @@
 #include "strata/nn/Pipeline.h"
 
 using namespace strata;
+using strata::test::errorOf;
 
 namespace {
 std::vector<std::pair<int64_t, int64_t>> bounds(const std::vector<nn::BlockRange>& ranges) {
   std::vector<std::pair<int64_t, int64_t>> out;
   for (const auto& r : ranges) out.emplace_back(r.begin, r.end);
   return out;
-}
-
-// The message of the error `body` throws ("no error" when none).
-template <class F>
-std::string errorOf(F&& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 }  // namespace
 

@@ -72,6 +72,12 @@ struct TensorParallel {
   bool splitsSequence() const { return active() && sequenceParallel; }
 };
 
+// What a model split by `tp` checks first: tp.size divides the heads, the MLP width (`ffnKey` names its
+// config key) and the vocabulary, each failure naming the key; without sequence parallelism unless
+// `allowsSequenceParallel`, else an error naming `model` and what it splits.
+void checkTensorSplit(const TensorParallel& tp, const std::string& model, int64_t heads, int64_t ffn,
+                      const char* ffnKey, int64_t vocab, bool allowsSequenceParallel);
+
 // How a Linear layer splits over the group (NOTE [Tensor parallelism]).
 enum class TensorSplit { None, Columns, Rows };
 

@@ -1041,6 +1041,34 @@ TEST_CASE("pipeline parallelism trains like one rank: 1F1B, interleaved, with da
   if (ctx->isMain()) CHECK(reference.losses.back() < reference.losses.front() - 0.5);
 }
 
+TEST_CASE("PowerSGD under a pipeline compresses each stage's data-parallel reduction, close to the exact one",
+          "[dist][pipeline]") {
+  auto ctx = world();
+  // Data 2 x pipeline 2: the compressed reduction runs over each stage's two data-parallel ranks.
+  if (ctx->worldSize() != 4) return;
+  std::vector<std::string> plainSets = {"model.num_layers=4", "parallel.pipeline=2", "train.train_iters=30",
+                                        "train.eval_interval=30"};
+  std::vector<std::string> sets = plainSets;
+  sets.insert(sets.end(), {"dist.powersgd_rank=2", "dist.powersgd_start_iter=5"});
+  Run plain = trainRun(ctx, "pp-powersgd-plain", 0, plainSets);
+  Run compressed = trainRun(ctx, "pp-powersgd", 0, sets);
+  if (!ctx->isMain()) return;
+  REQUIRE(plain.losses.size() == 30);
+  REQUIRE(compressed.losses.size() == 30);
+  INFO("plain " << Catch::Detail::stringify(plain.losses) << "\nPowerSGD "
+                << Catch::Detail::stringify(compressed.losses));
+  CHECK(3 * compressed.reducedBytesPowerSgd < compressed.reducedBytes);
+  // The first 5 steps are the exact reduction's, bit for bit; then close to it, falling as far.
+  CHECK(std::vector<double>(compressed.losses.begin(), compressed.losses.begin() + 6) ==
+        std::vector<double>(plain.losses.begin(), plain.losses.begin() + 6));
+  CHECK(compressed.losses[6] != plain.losses[6]);
+  CHECK(worstRelative(compressed.losses, plain.losses) < 0.02);
+  double last = (compressed.losses[27] + compressed.losses[28] + compressed.losses[29]) / 3;
+  double plainLast = (plain.losses[27] + plain.losses[28] + plain.losses[29]) / 3;
+  CHECK(last < 0.8 * compressed.losses.front());
+  CHECK(last < plainLast * 1.03);
+}
+
 TEST_CASE("parallel.pipeline is refused where it does not fit, naming what to set", "[dist][pipeline]") {
   // Fewer micro-batches than stages, or a number that does not divide by them under virtual stages, cannot be
   // configured here: the memory plan asks the global batch to divide by micro_batch_size x all the ranks,
