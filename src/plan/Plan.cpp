@@ -193,6 +193,15 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
         a.assumptions.push_back("model.fp32_residual: the stream between the layers in fp32");
       }
       uint64_t scores = fused ? 0 : scoresBytes(e, b, c.numHeads, c.seqLength, c.seqLength, c.dropout > 0);
+      int64_t T = std::max(1, tensor);
+      if (T > 1) {
+        // As GPT's: the heads' and the MLP's part split, the stream's (and its fp32 copies) whole.
+        uint64_t whole =
+            e * uint64_t(t) * uint64_t(4 * c.hiddenSize) + (wideStream ? 8 * uint64_t(t * c.hiddenSize) : 0);
+        layer = whole + (layer - whole) / uint64_t(T);
+        scores /= uint64_t(T);
+        a.assumptions.push_back(fmt::format("parallel.tensor {}: a rank's share", T));
+      }
       a.terms.push_back({fmt::format("{} blocks x {}", c.numLayers, gib(layer + scores)),
                          blocks(c.numLayers, layer + scores, t, c.hiddenSize, c.ffn(), wideStream ? 4 : e)});
       // Training runs the MLM head on the chosen tokens only (data::mlmMask: 15% of each row, the count
@@ -203,8 +212,9 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
           std::min<int64_t>(t, (int64_t(std::ceil(share * double(t))) + data::kMlmPositionAlign - 1) /
                                    data::kMlmPositionAlign * data::kMlmPositionAlign);
       a.terms.push_back(
-          {fmt::format("MLM head on {} chosen tokens", chosen),
-           4 * e * uint64_t(chosen * c.hiddenSize) + (e + 4) * uint64_t(chosen) * uint64_t(c.vocabSize)});
+          {fmt::format("MLM head on {} chosen tokens{}", chosen,
+                       T > 1 ? ", its logits split by the vocabulary" : ""),
+           4 * e * uint64_t(chosen * c.hiddenSize) + (e + 4) * uint64_t(chosen) * uint64_t(c.vocabSize / T)});
       attentionNote(fused, composedReason(c.dropout, headDim, nullptr));
       break;
     }
@@ -223,13 +233,30 @@ ActivationEstimate estimateActivations(const models::ModelSpec& spec, int64_t b,
           // cross-attention: its norm and q input, q, the encoder's k and v, the output
           e * uint64_t(td * (2 * c.hiddenSize + 2 * inner) + 2 * te * inner) +
           (crossFused ? 0 : scoresBytes(e, b, c.numHeads, c.decoderSeqLength, c.seqLength, dropout));
+      int64_t T = std::max(1, tensor);
+      if (T > 1) {
+        // The heads' and the feed-forward's parts split T ways (the relative bias by heads too); the stream's
+        // (4 x hidden a block, and the cross-attention's norm and q input) whole.
+        uint64_t encWhole = e * uint64_t(te) * uint64_t(4 * c.hiddenSize);
+        uint64_t decWhole = e * uint64_t(td) * uint64_t(6 * c.hiddenSize);
+        enc = encWhole + (enc - encWhole) / uint64_t(T);
+        dec = decWhole + (dec - decWhole) / uint64_t(T);
+        a.assumptions.push_back(fmt::format("parallel.tensor {}: a rank's share", T));
+      }
       a.terms.push_back(
           {fmt::format("{} encoder blocks x {}", c.numLayers, gib(enc)), uint64_t(c.numLayers) * enc});
       a.terms.push_back({fmt::format("{} decoder blocks x {}", c.decoderLayers(), gib(dec)),
                          uint64_t(c.decoderLayers()) * dec});
-      a.terms.push_back(
-          {"final norms, chunked LM head and loss",
-           e * uint64_t((te + td) * c.hiddenSize) + chunkedHeadBytes(e, td, c.hiddenSize, c.vocabSize)});
+      if (T > 1)
+        // The vocabulary-parallel head, as GPT's.
+        a.terms.push_back({"final norms, vocabulary-parallel LM head and loss",
+                           e * uint64_t(te * c.hiddenSize) + 3 * e * uint64_t(td * c.hiddenSize) +
+                               4 * uint64_t(c.vocabSize / T * c.hiddenSize) +
+                               e * uint64_t(td) * uint64_t(c.vocabSize / T)});
+      else
+        a.terms.push_back(
+            {"final norms, chunked LM head and loss",
+             e * uint64_t((te + td) * c.hiddenSize) + chunkedHeadBytes(e, td, c.hiddenSize, c.vocabSize)});
       a.assumptions.push_back(
           "self-attention with T5's relative position bias runs composed: S x S probabilities kept");
       if (!crossFused)

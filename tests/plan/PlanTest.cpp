@@ -795,6 +795,22 @@ TEST_CASE("a tensor-parallel rank keeps its share of a GPT block's activations",
   CHECK(blockSp * 2 == blockOne);
 }
 
+TEST_CASE("a tensor-parallel rank keeps its share of BERT's and T5's activations, the stream whole",
+          "[train][plan]") {
+  for (const char* file : {"zoo/bert-base.yaml", "zoo/t5-base.yaml"}) {
+    INFO(file);
+    models::ModelSpec spec = config::modelSpecFrom(configFile(file, {}), Device::cpu());
+    plan::ActivationEstimate one = plan::estimateActivations(spec, 8, DType::BF16, true);
+    plan::ActivationEstimate two = plan::estimateActivations(spec, 8, DType::BF16, true, "none", 2);
+    // The blocks: less than one rank's, more than half of it (the stream stays whole).
+    CHECK(two.terms[0].bytes < one.terms[0].bytes);
+    CHECK(2 * two.terms[0].bytes > one.terms[0].bytes);
+    // The head's logits split by the vocabulary.
+    CHECK(two.terms.back().bytes < one.terms.back().bytes);
+    CHECK(two.bytes < one.bytes);
+  }
+}
+
 TEST_CASE("plan: PowerSGD's error feedback and Q matrices count in the device's working memory",
           "[train][plan]") {
   plan::PlanOptions options = roundMachine();
