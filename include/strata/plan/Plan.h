@@ -82,7 +82,7 @@ struct ActivationEstimate {
 };
 // The activations one micro-batch of `microBatch` sequences keeps for its backward (NOTE [Plan model]),
 // with train.recompute `recompute` (none, selective, full; GPT and BERT blocks: T5's are counted whole).
-// `tensor` > 1 (GPT, parallel.tensor): a rank's share under tensor parallelism (NOTE [Tensor parallelism] in
+// `tensor` > 1 (parallel.tensor): a rank's share under tensor parallelism (NOTE [Tensor parallelism] in
 // nn/TensorParallel.h): the heads' and the MLP's activations split T ways, the stream and the norms' whole,
 // or split along the sequence too with `sequenceParallel`; the vocabulary-parallel head keeps its [tokens,
 // V/T] logits. `pipeline` > 1 (GPT): the most loaded stage of P under the 1F1B schedule with
