@@ -299,15 +299,24 @@ void Trainer::plan(const config::Config& config) {
     // NOTE [Parallel auto] in plan/Plan.h: the fastest layout that fits and that the trainer runs, at the
     // global batch the layouts were weighed at.
     plan::LayoutChoice choice = plan::chooseLayout(planned, options);
-    STRATA_USER_CHECK(choice.chosen >= 0, "{}: {}",
-                      config_.sourcePath.empty() ? "the config" : config_.sourcePath, choice.why);
-    const plan::LayoutPlan& chosen = choice.layouts[size_t(choice.chosen)];
+    // Every rank takes rank 0's choice: the free memory and disk each rank reads of the machine may differ.
+    std::vector<int64_t> picked{0, 1, 1, 1, 0};
+    if (choice.chosen >= 0) {
+      const plan::LayoutPlan& l = choice.layouts[size_t(choice.chosen)];
+      picked = {1, l.tensor, l.pipeline, l.virtualStages, l.plan.globalBatch};
+    }
+    Tensor agreed = Tensor::fromVector(picked, {int64_t(picked.size())});
+    parallel_->world().communicator().broadcast(agreed, 0);
+    picked = agreed.toVector<int64_t>();
+    STRATA_USER_CHECK(picked[0] == 1, "{}: {}",
+                      config_.sourcePath.empty() ? "the config" : config_.sourcePath,
+                      parallel_->isMain() ? choice.why : "parallel: auto: rank 0 found no layout that fits");
     for (config::Config* c : {&config_, &planned}) {
-      c->parallel.tensor = chosen.tensor;
-      c->parallel.pipeline = chosen.pipeline;
-      c->parallel.virtualStages = chosen.virtualStages;
+      c->parallel.tensor = picked[1];
+      c->parallel.pipeline = picked[2];
+      c->parallel.virtualStages = picked[3];
       c->parallel.automatic = false;
-      c->train.globalBatchSize = chosen.plan.globalBatch;
+      c->train.globalBatchSize = picked[4];
       c->train.globalBatchSizeSet = true;
     }
     if (parallel_->isMain()) spdlog::info("{}", choice.why);

@@ -3,7 +3,8 @@
 # it) saves one complete checkpoint of the step every rank stopped after, before Open MPI's kill, and says so
 # once; the printed resume command, pasted, resumes the run under mpirun; a rank killed with -9 is reported
 # lost with the last good checkpoint, and nothing claims to save; SIGINT to one rank stops every rank after the
-# same step; a config error prints once. Usage: mpirun_test.sh MPIEXEC STRATA_BINARY
+# same step; a config error prints once; `parallel: auto` takes rank 0's layout on every rank. Usage:
+# mpirun_test.sh MPIEXEC STRATA_BINARY
 set -uo pipefail
 mpiexec=$1
 strata=$(realpath "$2")
@@ -63,6 +64,14 @@ long=(train configs/gpt-nano.yaml --set "data.path=$work/corpus.txt" --set train
 [ "$(count "^error: .*unknown config key 'model.hiden_size'" "$work/config.log")" -eq 1 ] ||
   fail "a config error printed $(count "^error:" "$work/config.log") times: $(cat "$work/config.log")"
 echo "ok: a config error prints once"
+
+# parallel: auto on 2 ranks: every rank takes rank 0's layout, logged once, and trains.
+"$mpiexec" --oversubscribe -np 2 "$strata" "${long[@]}" --set parallel=auto --set train.train_iters=2 \
+  --set "train.out_dir=$work/auto" --set "checkpoint.save=" >"$work/auto.log" 2>&1 ||
+  fail "parallel: auto on 2 ranks failed: $(tail -3 "$work/auto.log")"
+[ "$(count "parallel: auto chose data 2 x tensor 1" "$work/auto.log")" -eq 1 ] && grep -Eq "iteration +2/" "$work/auto.log" ||
+  fail "parallel: auto on 2 ranks: $(grep -E "auto|error" "$work/auto.log" | head -3)"
+echo "ok: parallel: auto on 2 ranks"
 
 # Ctrl-C to mpirun.
 "${mpirun[@]}" "$strata" "${long[@]}" >"$work/int.log" 2>&1 &
