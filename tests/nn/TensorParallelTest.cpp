@@ -3,6 +3,7 @@
 // rank's gradients are its slices of the one-rank gradients.
 #include <atomic>
 #include <barrier>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -111,6 +112,48 @@ models::ModelSpec tinyGpt() {
   models::ModelSpec s = test::tinyZooSpec("gpt", 64, 0);
   s.numLayers = 2;
   return s;
+}
+
+// What each of two tensor-parallel thread ranks computed with `spec` split over them: its loss, its logits,
+// every parameter's value and gradient, and rank 0's slices.
+struct SplitRuns {
+  std::vector<double> losses = std::vector<double>(2);
+  std::vector<Tensor> logits = std::vector<Tensor>(2);
+  std::vector<std::map<std::string, std::pair<Tensor, Tensor>>> grads =
+      std::vector<std::map<std::string, std::pair<Tensor, Tensor>>>(2);
+  std::map<std::string, nn::TensorSlice> slices;
+};
+// Builds `spec` split over two thread ranks and runs `step` on each: it returns the loss (backward runs
+// here) and, after the backward, `logits` (or an undefined tensor) on the model.
+template <class M>
+SplitRuns runSplit(const models::ModelSpec& spec, const std::function<Tensor(M&)>& step,
+                   const std::function<Tensor(M&)>& logits) {
+  ThreadGroup group(2);
+  SplitRuns out;
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.emplace_back([&, rank] {
+      models::ModelSpec split = spec;
+      split.tensorParallel = group.member(rank);
+      auto model = std::dynamic_pointer_cast<M>(models::buildModule(split));
+      Tensor loss = step(*model);
+      backward(loss);
+      out.losses[size_t(rank)] = loss.item();
+      for (auto& [name, p] : model->namedParameters()) out.grads[size_t(rank)][name] = {p, p.grad()};
+      if (rank == 0) out.slices = nn::tensorParallelSlices(*model);
+      out.logits[size_t(rank)] = logits(*model);
+    });
+  for (auto& t : ranks) t.join();
+  return out;
+}
+// Each rank's loss (and logits, where computed) is the one-rank model's; so are the joined gradients.
+void checkSplitRuns(const SplitRuns& runs, nn::Module& reference, double loss, const Tensor& logits) {
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank);
+    CHECK(runs.losses[size_t(rank)] == Approx(loss).epsilon(1e-6));
+    if (logits.defined()) test::requireClose(runs.logits[size_t(rank)], logits);
+  }
+  checkSplitGradients(reference, runs.grads, runs.slices);
 }
 
 }  // namespace
@@ -355,25 +398,9 @@ TEST_CASE(
   backward(referenceLoss);
   Tensor referenceLogits = reference->mlmLogits(ids, types, attention, DType::F32);
 
-  ThreadGroup group(2);
-  std::vector<double> losses(2);
-  std::vector<Tensor> logits(2);
-  std::vector<std::map<std::string, std::pair<Tensor, Tensor>>> grads(2);
-  std::map<std::string, nn::TensorSlice> slices;
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank)
-    ranks.emplace_back([&, rank] {
-      models::ModelSpec split = spec;
-      split.tensorParallel = group.member(rank);
-      auto bert = std::dynamic_pointer_cast<models::Bert>(models::buildModule(split));
-      Tensor loss = lossOf(*bert);
-      backward(loss);
-      losses[size_t(rank)] = loss.item();
-      for (auto& [name, p] : bert->namedParameters()) grads[size_t(rank)][name] = {p, p.grad()};
-      if (rank == 0) slices = nn::tensorParallelSlices(*bert);
-      logits[size_t(rank)] = bert->mlmLogits(ids, types, attention, DType::F32);
-    });
-  for (auto& t : ranks) t.join();
+  SplitRuns runs = runSplit<models::Bert>(
+      spec, lossOf, [&](models::Bert& bert) { return bert.mlmLogits(ids, types, attention, DType::F32); });
+  const auto& slices = runs.slices;
   // The slices: the word table and the MLM bias (vocabulary), q/k/v and fc columns, the projections' rows.
   CHECK(slices.count("embeddings.word.weight") == 1);
   CHECK(slices.count("cls.bias") == 1);
@@ -382,12 +409,7 @@ TEST_CASE(
   CHECK(slices.count("embeddings.position.weight") == 0);
   CHECK(slices.count("cls.transform.weight") == 0);
   CHECK(slices.count("pooler.weight") == 0);
-  for (int rank = 0; rank < 2; ++rank) {
-    INFO("rank " << rank);
-    CHECK(losses[size_t(rank)] == Approx(referenceLoss.item()).epsilon(1e-6));
-    test::requireClose(logits[size_t(rank)], referenceLogits);
-  }
-  checkSplitGradients(*reference, grads, slices);
+  checkSplitRuns(runs, *reference, referenceLoss.item(), referenceLogits);
 }
 
 TEST_CASE("a T5 split over two tensor-parallel ranks computes the one-rank loss and gradients",
@@ -422,25 +444,10 @@ TEST_CASE("a T5 split over two tensor-parallel ranks computes the one-rank loss 
   backward(referenceLoss);
   Tensor referenceLogits = reference->logits(ids, attention, models::t5ShiftRight(target), DType::F32);
 
-  ThreadGroup group(2);
-  std::vector<double> losses(2);
-  std::vector<Tensor> logits(2);
-  std::vector<std::map<std::string, std::pair<Tensor, Tensor>>> grads(2);
-  std::map<std::string, nn::TensorSlice> slices;
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank)
-    ranks.emplace_back([&, rank] {
-      models::ModelSpec split = spec;
-      split.tensorParallel = group.member(rank);
-      auto t5 = std::dynamic_pointer_cast<models::T5>(models::buildModule(split));
-      Tensor loss = t5->loss(ids, attention, Tensor(), target, DType::F32);
-      backward(loss);
-      losses[size_t(rank)] = loss.item();
-      for (auto& [name, p] : t5->namedParameters()) grads[size_t(rank)][name] = {p, p.grad()};
-      if (rank == 0) slices = nn::tensorParallelSlices(*t5);
-      logits[size_t(rank)] = t5->logits(ids, attention, models::t5ShiftRight(target), DType::F32);
-    });
-  for (auto& t : ranks) t.join();
+  SplitRuns runs = runSplit<models::T5>(
+      spec, [&](models::T5& t5) { return t5.loss(ids, attention, Tensor(), target, DType::F32); },
+      [&](models::T5& t5) { return t5.logits(ids, attention, models::t5ShiftRight(target), DType::F32); });
+  const auto& slices = runs.slices;
   CHECK(slices.count("shared.weight") == 1);
   CHECK(slices.count("encoder.relative_bias.weight") == 1);
   CHECK(slices.count("decoder.block.0.cross.kv.weight") == 1);
@@ -450,12 +457,7 @@ TEST_CASE("a T5 split over two tensor-parallel ranks computes the one-rank loss 
     CHECK(slices.count("encoder.block.1.ff.experts.1.fc.weight") == 1);
     CHECK(slices.count("encoder.block.1.ff.router.weight") == 0);
   }
-  for (int rank = 0; rank < 2; ++rank) {
-    INFO("rank " << rank);
-    CHECK(losses[size_t(rank)] == Approx(referenceLoss.item()).epsilon(1e-6));
-    test::requireClose(logits[size_t(rank)], referenceLogits);
-  }
-  checkSplitGradients(*reference, grads, slices);
+  checkSplitRuns(runs, *reference, referenceLoss.item(), referenceLogits);
 }
 
 TEST_CASE("a vocabulary-parallel embedding's padding row takes no gradient on the rank that holds it",
@@ -504,29 +506,14 @@ TEST_CASE("a GPT-MoE whose experts split over two tensor-parallel ranks computes
   auto reference = models::buildModel(spec);
   Tensor referenceLoss = reference->loss(ids, targets, DType::F32);
   backward(referenceLoss);
-  ThreadGroup group(2);
-  std::vector<double> losses(2);
-  std::vector<std::map<std::string, std::pair<Tensor, Tensor>>> grads(2);
-  std::map<std::string, nn::TensorSlice> slices;
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank)
-    ranks.emplace_back([&, rank] {
-      models::ModelSpec split = spec;
-      split.tensorParallel = group.member(rank);
-      auto model = models::buildModel(split);
-      Tensor loss = model->loss(ids, targets, DType::F32);
-      backward(loss);
-      losses[size_t(rank)] = loss.item();
-      for (auto& [name, p] : model->namedParameters()) grads[size_t(rank)][name] = {p, p.grad()};
-      if (rank == 0) slices = nn::tensorParallelSlices(*model);
-    });
-  for (auto& t : ranks) t.join();
+  SplitRuns runs = runSplit<nn::CausalLM>(
+      spec, [&](nn::CausalLM& model) { return model.loss(ids, targets, DType::F32); },
+      [](nn::CausalLM&) { return Tensor(); });
+  const auto& slices = runs.slices;
   CHECK(slices.count("h.0.mlp.experts.3.fc.weight") == 1);
   CHECK(slices.count("h.0.mlp.experts.3.proj.weight") == 1);
   CHECK(slices.count("h.0.mlp.router.weight") == 0);
-  for (int rank = 0; rank < 2; ++rank)
-    CHECK(losses[size_t(rank)] == Approx(referenceLoss.item()).epsilon(1e-6));
-  checkSplitGradients(*reference, grads, slices);
+  checkSplitRuns(runs, *reference, referenceLoss.item(), Tensor());
   // Sequence parallelism is refused: the ranks would route different tokens.
   models::ModelSpec sequence = spec;
   sequence.tensorParallel.size = 2;
