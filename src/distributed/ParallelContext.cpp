@@ -228,7 +228,8 @@ ParallelContext::ParallelContext(const LaunchInfo& launch, ParallelOptions optio
 ParallelContext::~ParallelContext() {
   if (usesMpi_ && options_.abortOnFailure && failed()) {
     // NOTE [Failure aborts the job]
-    std::fprintf(stderr, "[strata] rank %d: a collective failed; aborting the job\n", launch_.rank);
+    std::fprintf(stderr, "[strata] rank %d: a collective failed (%s); aborting the job\n", launch_.rank,
+                 failure().c_str());
     std::fflush(stderr);
     MpiCommunicator::abortJob(1);
   }
@@ -286,6 +287,13 @@ bool ParallelContext::failed() const {
     if (g->communicator().failed()) return true;
   }
   return false;
+}
+
+std::string ParallelContext::failure() const {
+  for (const auto& g : groups_)
+    if (g->communicator().failed())
+      return detail::format("group '{}': {}", g->name(), g->communicator().failure());
+  return {};
 }
 
 void ParallelContext::abort(const std::string& message, int code) const {

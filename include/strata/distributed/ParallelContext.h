@@ -116,8 +116,9 @@ class ParallelContext {
   ProcessGroup& group(const std::string& name) const;
   bool hasGroup(const std::string& name) const;
 
-  // True when a collective of any group has failed.
+  // True when a collective of any group has failed; the first failed group's error (empty when none).
   bool failed() const;
+  std::string failure() const;
   // Stops every rank of the job now: writes `message` to stderr, then MPI_Abort with `code` (one rank without
   // MPI: std::_Exit). For a failure on one rank that the others cannot see.
   [[noreturn]] void abort(const std::string& message, int code = 1) const;

@@ -3,7 +3,7 @@
 // its error feedback e to its local gradient (M' = M + e), then
 //   P = M' Q            summed over the ranks (Q: m x r, this list's last Q; first drawn from a seeded
 //                       generator, identical on every rank)
-//   P^ = P with orthonormal columns (modified Gram-Schmidt: the same operations on the same sum everywhere)
+//   P^ = P with orthonormal columns (block Gram-Schmidt, twice; the same operations on the same sum everywhere)
 //   Q = M'^T P^         summed over the ranks; the sum of the ranks' gradients is then P^ Q^T
 //   e = M' - P^ (M'^T P^)^T, this rank's part of what the factors missed (the ranks' e sum to exactly
 //                       sum(M') - P^ Q^T), added to its next gradient
