@@ -408,6 +408,11 @@ std::vector<ConfigKey> makeTable() {
           "stage 3 gathers chunks into one reservation of fixed-size slots; false: into the caching "
           "allocator's blocks"),
       key(
+          "store.parameter_home", [](Config& c) { return &c.store.parameterHome; },
+          "where the parameter chunks live between uses: auto (the GPU while store.gpu_budget_gb lasts, "
+          "then host memory), device, or host (each chunk is copied into a GPU slot ahead of its use)",
+          oneOf({"auto", "device", "host"})),
+      key(
           "store.delayed_update", [](Config& c) { return &c.store.delayedUpdate; },
           "SSD-resident state is updated one step late, overlapped with the next step (it changes the "
           "numbers: those parameters are one step stale)"),

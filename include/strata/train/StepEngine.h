@@ -167,7 +167,9 @@ struct PipelineGroups {
 // - zero::GradientReducer: each chunk's gradients reduced as they complete, per stage, on the comm stream;
 // - ShardedUpdate (src/train/ShardedUpdate.h): the norm, the step-end decision with fp16's loss scale, the
 //   optimizer's update and, at stages 1 and 2, the gathers of the updated parameters;
-// - zero::ParameterGatherer (stage 3): module hooks, gather slots and prefetch on the gather stream;
+// - zero::ParameterGatherer (stage 3, and chunks whose parameters are homed off the device: NOTE
+//   [Parameter homes] in zero/ParameterGatherer.h): module hooks, gather slots and prefetch on the gather
+//   stream;
 // - CheckpointPieces (src/train/CheckpointPieces.h): the state as checkpoint pieces, and their load;
 // - a MicroBatchSchedule: which micro-batch runs forward and backward when.
 // step() is the step itself: the schedule runs each micro-batch's forward and backward, the reducer hands
@@ -228,7 +230,7 @@ class ZeroStepEngine final : public StepEngine {
   uint64_t firstStepWorking_ = 0;
   // The parts, in the order the start-up makes them; destroyed in reverse, the model state last.
   std::unique_ptr<ModelState> state_;
-  std::unique_ptr<zero::ParameterGatherer> gatherer_;  // stage 3 only
+  std::unique_ptr<zero::ParameterGatherer> gatherer_;  // stage 3, or parameters homed off the device
   std::unique_ptr<zero::GradientReducer> reducer_;
   std::unique_ptr<ShardedUpdate> update_;
   std::unique_ptr<CheckpointPieces> checkpoint_;
