@@ -656,7 +656,10 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
            up = double(offElems - homedElems) * double(dtypeSize(p.compute));
     double pcie = down / (*m.d2hGBs * 1e9) + up / (*m.h2dGBs * 1e9);
     double cpu = *m.cpuAdamwElemsPerS / double(p.ranksPerNode);
-    double gpuLane = c.optimizer.pipeline ? std::min(*m.h2dGBs, *m.d2hGBs) * 1e9 / kGpuLaneBytesPerElem : 0;
+    // The GPU lane writes parameters on the device: none where parameters are homed in host memory.
+    double gpuLane = c.optimizer.pipeline && homedElems == 0
+                         ? std::min(*m.h2dGBs, *m.d2hGBs) * 1e9 / kGpuLaneBytesPerElem
+                         : 0;
     double lanes = (ssd + hostElems) / (cpu + gpuLane);                      // the lanes finish together
     if (gpuLane > 0 && ssd / cpu >= hostElems / gpuLane) lanes = ssd / cpu;  // the GPU lane ran out of pieces
     p.terms.push_back(

@@ -1057,6 +1057,9 @@ TEST_CASE("plan: a model whose parameters alone do not fit the GPU plans with pa
   REQUIRE(term(p, "parameter homes")->seconds ==
           Approx(double(p.placement.parameterHostBytes) * 2.0 * double(p.accumulation) / 50e9));
   REQUIRE(plan::formatPlan(p).find("parameter homes") != std::string::npos);
+  // The homed chunks' update runs on the CPU alone (the GPU lane writes parameters on the device).
+  REQUIRE(term(p, "host update") != nullptr);
+  REQUIRE(term(p, "host update")->detail.find("GPU lane") == std::string::npos);
   // Parameters kept on the device (store.parameter_home: device) do not fit: refused, naming the key.
   overrides.push_back("store.parameter_home=device");
   plan::ModelStatePlan pinned = plan::planModelState(configFile("gpt3-20b-store.yaml", overrides), options);
