@@ -362,7 +362,7 @@ std::vector<ConfigKey> makeTable() {
           "stage 3: chunks gathered ahead of the module that needs them", within(0, 64)),
       key(
           "zero_optimization.offload_param.device", [](Config& c) { return &c.zero.offloadParamDevice; },
-          "not available yet: the parameters stay on the device", oneOf(kOffloadDevices)),
+          "not read: store.parameter_home says where the parameters live", oneOf(kOffloadDevices)),
       key(
           "zero_optimization.offload_optimizer.device",
           [](Config& c) { return &c.zero.offloadOptimizerDevice; },

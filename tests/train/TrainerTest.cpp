@@ -575,17 +575,15 @@ TEST_CASE("parameters homed in host memory train bit for bit like parameters on 
     for (size_t c = 0; c < n; ++c)
       REQUIRE(engine.chunks().storage(c)->resident() == (placement.parameterHome(c) == zero::Tier::Device));
   }
-  // Resuming the homed run from step 10, into parameters on the device, continues the curve exactly; and
-  // into homes at stage 3.
-  for (const char* run : {"resumed-device", "resumed-host3"}) {
-    std::vector<std::string> resume = {"checkpoint.load=" + (base / "ckpt" / "step-10").string()};
-    if (std::string(run) == "resumed-host3")
-      resume.insert(resume.end(), {"store.parameter_home=host", "zero_optimization.stage=3"});
-    train::Trainer(tinyConfig(base / run, with(resume))).run();
-    auto tail = records(base / run);
-    requireSameCurves(std::vector<nlohmann::json>(device.end() - std::ptrdiff_t(tail.size()), device.end()),
-                      tail);
-  }
+  // Resuming the stage-0 homed run from step 10 into homes at stage 3 continues the curve exactly.
+  train::Trainer(
+      tinyConfig(base / "resumed", with({"checkpoint.load=" + (base / "ckpt" / "step-10").string(),
+                                         "store.parameter_home=host", "zero_optimization.stage=3"})))
+      .run();
+  auto tail = records(base / "resumed");
+  REQUIRE(tail.size() < device.size());
+  requireSameCurves(std::vector<nlohmann::json>(device.end() - std::ptrdiff_t(tail.size()), device.end()),
+                    tail);
   // Stages 1 and 2 refuse homes off the device at start-up, naming the keys.
   std::string e = test::errorOf([&] {
     train::Trainer(

@@ -10,9 +10,12 @@
 // NOTE [Step-end decision]
 // Clipping needs the global gradient norm and fp16 needs to know whether any gradient overflowed; both are
 // known only when the last gradient of the step is complete. Strata decides them in a two-phase step:
-//   1. During backward, as each chunk's gradients complete, they are reduced (ZeRO), moved to the home tier
-//      of their optimizer state, and their squared norm and finiteness are accumulated per chunk. Nothing is
-//      updated yet.
+//   1. During backward, as each chunk's gradients complete, they are reduced (ZeRO) in their device buffers:
+//      all-reduced at stages 0 and 1, reduce-scattered at stages 2 and 3 into this rank's fp32 shard, the
+//      full buffer freed at once. They stay on the device until the update: a chunk whose optimizer state
+//      is off the device has its gradients streamed to the host piece by piece then (NOTE [Pipelined
+//      update] in optim/AdamW.h), so `strata plan` counts every buffer (stages 0 and 1) or shard (2 and 3)
+//      in the device's memory at the update. Nothing is updated yet.
 //   2. When backward ends, one reduction of the per-chunk partial sums gives the global norm and the overflow
 //      flag (one host read per step). A non-finite step is skipped with every state untouched; otherwise the
 //      clip coefficient is fixed and the updates are issued chunk by chunk in first-use order: GPU-resident
