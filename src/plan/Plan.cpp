@@ -428,6 +428,20 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
           return zero::placeModelState(in.parameterChunkBytes, home, in.optimizerBytes, less, in.nvmeBytes);
         });
     if (in.stage < 3 && p.placement.parameterHostBytes > 0) p.workspaceBytes += in.homeGatherBytes;
+    // What the engine refuses with parameters homed off the device (train/ModelState.cpp, homeParameters).
+    if (p.placement.parameterHostBytes > 0) {
+      std::string refused = in.stage == 1 || in.stage == 2    ? "zero_optimization.stage 1 and 2"
+                            : c.optimizer.type == "adafactor" ? "optimizer.type adafactor"
+                            : c.store.delayedUpdate           ? "store.delayed_update"
+                            : p.pipeline > 1                  ? "parallel.pipeline"
+                                                              : "";
+      if (!refused.empty())
+        STRATA_USER_FAIL(
+            "{} of parameters would be homed in host memory (store.parameter_home {}), which {} does not "
+            "support: use zero_optimization.stage 0 or 3 with AdamW, or store.parameter_home: device with "
+            "room for them in store.gpu_budget_gb",
+            gib(p.placement.parameterHostBytes), c.store.parameterHome, refused);
+    }
     uint64_t reserve = delayedUpdateReserveBytes(c, p.compute, in.rangeElems, p.placement);
     if (reserve > 0)
       p.notes.push_back(fmt::format(

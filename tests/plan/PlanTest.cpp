@@ -1060,6 +1060,13 @@ TEST_CASE("plan: a model whose parameters alone do not fit the GPU plans with pa
   // The homed chunks' update runs on the CPU alone (the GPU lane writes parameters on the device).
   REQUIRE(term(p, "host update") != nullptr);
   REQUIRE(term(p, "host update")->detail.find("GPU lane") == std::string::npos);
+  // Stage 1 does not drive homes: refused as the engine refuses it, naming the keys.
+  std::vector<std::string> stage1 = overrides;
+  stage1.push_back("zero_optimization.stage=1");
+  plan::ModelStatePlan sharded = plan::planModelState(configFile("gpt3-20b-store.yaml", stage1), options);
+  REQUIRE(!sharded.fits);
+  REQUIRE(sharded.refusal.find("zero_optimization.stage") != std::string::npos);
+  REQUIRE(sharded.refusal.find("store.parameter_home") != std::string::npos);
   // Parameters kept on the device (store.parameter_home: device) do not fit: refused, naming the key.
   overrides.push_back("store.parameter_home=device");
   plan::ModelStatePlan pinned = plan::planModelState(configFile("gpt3-20b-store.yaml", overrides), options);
