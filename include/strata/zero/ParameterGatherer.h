@@ -29,10 +29,11 @@
 // block of the slot): a rank's shard has a home. At stage 0 the home is the whole chunk and the chunks
 // homed on the device stay resident, untouched by the gatherer; at stage 3 every chunk is gathered, from
 // its home. The optimizer updates an off-device chunk on the CPU (its optimizer state is off the device
-// too) and writes the new 16-bit parameters into the home, so the next gather copies them: before the
-// update writes a home, homesWritable() waits for the copies still reading it (the host must not change
-// page-locked bytes a copy engine is reading). Stages 1 and 2 all-gather the updated shards into resident
-// chunks, and refuse homes off the device at start-up, as do Adafactor and store.delayed_update.
+// too; the pipelined update's GPU lane, which writes parameters on the device, then stays idle) and writes
+// the new 16-bit parameters into the home, so the next gather copies them: before the update writes a home,
+// homesWritable() waits for the copies still reading it (the host must not change page-locked bytes a copy
+// engine is reading). Stages 1 and 2 all-gather the updated shards into resident chunks, and refuse homes
+// off the device at start-up, as do Adafactor, store.delayed_update and parallel.pipeline.
 #pragma once
 
 #include <cstdint>
