@@ -1105,7 +1105,8 @@ TrainResult Trainer::run() {
         r.counts["alloc_failures"] = int64_t(gpu.numRawFailures);
         r.counts["alloc_retries"] = int64_t(gpu.numCacheFlushes);
       }
-      if (c.zero.stage == 3) {
+      // Stage 3, and parameters homed off the device (NOTE [Parameter homes]), gather chunks into slots.
+      if (c.zero.stage == 3 || engine.peakGatheredChunks() > 0) {
         r.counts["gathered_peak"] = int64_t(engine.peakGatheredChunks());
         if (!engine.arenas().empty()) {
           // Part of the allocated bytes: slots sized for the largest chunk of their class, in use or not.

@@ -544,7 +544,12 @@ TEST_CASE("parameters homed in host memory train bit for bit like parameters on 
             Approx(last["mem_model_state_gb"].get<double>()).margin(1e-6));
   }
   for (const auto& r : records(base / "host0"))
-    if (r.contains("loss")) REQUIRE(r["mem_state_device_gb"].get<double>() == 0);
+    if (r.contains("loss")) {
+      REQUIRE(r["mem_state_device_gb"].get<double>() == 0);
+      // Every chunk is gathered into the arena's slots, a few at a time.
+      REQUIRE(r["gathered_peak"].get<int64_t>() > 0);
+      REQUIRE(r["arena_slots"].get<int64_t>() > 0);
+    }
   // The engine: the homed chunks are not resident between uses and are gathered into the arena's slots,
   // a few at a time; at stage 0 the chunks homed on the device stay resident.
   for (const char* home : {"host", "auto"}) {
