@@ -362,7 +362,7 @@ std::vector<ConfigKey> makeTable() {
           "stage 3: chunks gathered ahead of the module that needs them", within(0, 64)),
       key(
           "zero_optimization.offload_param.device", [](Config& c) { return &c.zero.offloadParamDevice; },
-          "not available yet: the parameters stay on the device", oneOf(kOffloadDevices)),
+          "not read: store.parameter_home says where the parameters live", oneOf(kOffloadDevices)),
       key(
           "zero_optimization.offload_optimizer.device",
           [](Config& c) { return &c.zero.offloadOptimizerDevice; },
@@ -407,6 +407,11 @@ std::vector<ConfigKey> makeTable() {
           "store.arena", [](Config& c) { return &c.store.arena; },
           "stage 3 gathers chunks into one reservation of fixed-size slots; false: into the caching "
           "allocator's blocks"),
+      key(
+          "store.parameter_home", [](Config& c) { return &c.store.parameterHome; },
+          "where the parameter chunks live between uses: auto (the GPU while store.gpu_budget_gb lasts, "
+          "then host memory), device, or host (each chunk is copied into a GPU slot ahead of its use)",
+          oneOf({"auto", "device", "host"})),
       key(
           "store.delayed_update", [](Config& c) { return &c.store.delayedUpdate; },
           "SSD-resident state is updated one step late, overlapped with the next step (it changes the "

@@ -94,7 +94,7 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
       // State in host memory (NOTE [Store placement] in zero/Store.h): the master moves to the host, or an
       // fp32 chunk's parameters are copied there to be its master. It comes from the host state allocator
       // (NOTE [Host state memory] in core/Allocator.h): page-locked where a GPU may stream it.
-      bool pin = config_.pinHostState && paramBase.device().isCuda();
+      bool pin = config_.pinHostState && chunks.storage(c)->device().isCuda();
       Tensor master = hostStateTensor(r.size(), DType::F32, pin);
       ops::copy(master, masters_[c].defined() ? masters_[c] : paramFlats_[c]);
       masters_[c] = master;
@@ -426,7 +426,9 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
     if (tier == zero::Tier::Nvme && delaysSsd()) continue;  // the delayed update takes them
     for (size_t c = 0; c < homes_.size(); ++c) {
       if (homes_[c] != tier) continue;
-      device = paramFlats_[c].device();
+      // The step's device: where the gradients are (a chunk's parameters may be homed in host memory,
+      // NOTE [Parameter homes] in zero/ParameterGatherer.h).
+      device = gradients[c].device();
       STRATA_CHECK(ranges_[c].size() > 0, "AdamW: chunk {} has an empty range", c);
       for (int64_t a = ranges_[c].begin; a < ranges_[c].end; a += config_.pieceElems)
         pieces.push_back(Piece{c, a, std::min(a + config_.pieceElems, ranges_[c].end)});
@@ -444,7 +446,11 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
   // No page-locked staging (the driver refused it): the caller runs the plain update, which stages through
   // its own pool.
   if (cuda && !lanes_->pinned) return false;
-  bool gpuLane = cuda && hostPinned_;
+  // The GPU lane writes the new parameters on the device: not for parameters homed in host memory.
+  bool hostParameters = false;
+  for (size_t c = 0; c < homes_.size(); ++c)
+    hostParameters = hostParameters || (homes_[c] != zero::Tier::Device && paramFlats_[c].device().isCpu());
+  bool gpuLane = cuda && hostPinned_ && !hostParameters;
   Stream compute = cuda ? currentStream(device) : Stream();
   const DeviceStreams* copies = cuda ? &deviceStreams(device) : nullptr;
   if (cuda) {
@@ -546,14 +552,22 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
       t = std::chrono::steady_clock::now();
       DType dt = paramFlats_[c].dtype();
       Tensor grads = Tensor::fromStorage(slot.grads, {n}, {1}, 0, gradients[c].dtype());
-      Tensor params = Tensor::fromStorage(slot.params, {n}, {1}, 0, dt);
-      zeroPieceGaps(p, params);
-      ops::adamw(pieceSets(p, st, false, grads, true, params), h, hostScale);
-      phases_.cpuUpdate += since(t);
-      size_t bytes = size_t(n) * dtypeSize(dt);
-      copyAsync(
-          static_cast<char*>(paramFlats_[c].data()) + size_t(p.begin - ranges_[c].begin) * dtypeSize(dt),
-          device, params.data(), Device::cpu(), bytes, copies->h2d);
+      if (paramFlats_[c].device().isCpu()) {
+        // Parameters homed in host memory take their new values there, in place.
+        Tensor params = paramFlats_[c].narrow(0, p.begin - ranges_[c].begin, n);
+        zeroPieceGaps(p, params);
+        ops::adamw(pieceSets(p, st, false, grads, true, params), h, hostScale);
+        phases_.cpuUpdate += since(t);
+      } else {
+        Tensor params = Tensor::fromStorage(slot.params, {n}, {1}, 0, dt);
+        zeroPieceGaps(p, params);
+        ops::adamw(pieceSets(p, st, false, grads, true, params), h, hostScale);
+        phases_.cpuUpdate += since(t);
+        size_t bytes = size_t(n) * dtypeSize(dt);
+        copyAsync(
+            static_cast<char*>(paramFlats_[c].data()) + size_t(p.begin - ranges_[c].begin) * dtypeSize(dt),
+            device, params.data(), Device::cpu(), bytes, copies->h2d);
+      }
       slot.done.record(copies->h2d);
     } else {
       auto t = std::chrono::steady_clock::now();

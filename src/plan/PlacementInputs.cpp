@@ -136,7 +136,8 @@ ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType comp
     int64_t range = in.stage >= 1 ? padded / shards : padded;
     in.paddedElems.push_back(padded);
     in.rangeElems.push_back(range);
-    in.parameterBytes += uint64_t(in.stage == 3 ? range : padded) * elemBytes;
+    in.parameterChunkBytes.push_back(uint64_t(in.stage == 3 ? range : padded) * elemBytes);
+    in.parameterBytes += in.parameterChunkBytes.back();
     uint64_t first = uint64_t(range) * 4, second = uint64_t(range) * 4;
     if (adafactor) {
       uint64_t state = optim::adafactorStateBytes(in.layout, i, zero::ShardRange{0, range}, adafactorConfig);
@@ -165,18 +166,17 @@ ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType comp
   // Several ranks reduce 16-bit buffers in fp32, into fp32 shards (zero::GradientReducer).
   in.gradientShardBytes = uint64_t(in.rangeElemsTotal()) * (in.ranks > 1 ? 4 : gradBytes);
   in.largestChunkElems = largest;
-  if (in.stage == 3) {
-    // The chunk arena's slots (zero/ChunkArena.h), or without it the chunk in use and those prefetched.
-    if (c.store.arena) {
-      std::vector<int64_t> used;
-      for (const zero::ChunkInfo& chunk : in.layout.chunks) used.push_back(chunk.used);
-      in.gatherBytes = zero::planChunkArena(used, in.paddedElems, in.layout.chunkElems, c.zero.prefetchDepth)
-                           .bytes(elemBytes);
-    } else {
-      in.gatherBytes =
-          uint64_t(1 + std::max<int64_t>(0, c.zero.prefetchDepth)) * uint64_t(largest) * elemBytes;
-    }
+  // The chunk arena's slots (zero/ChunkArena.h), or without it the chunk in use and those prefetched.
+  uint64_t slots = 0;
+  if (c.store.arena) {
+    std::vector<int64_t> used;
+    for (const zero::ChunkInfo& chunk : in.layout.chunks) used.push_back(chunk.used);
+    slots = zero::planChunkArena(used, in.paddedElems, in.layout.chunkElems, c.zero.prefetchDepth)
+                .bytes(elemBytes);
+  } else {
+    slots = uint64_t(1 + std::max<int64_t>(0, c.zero.prefetchDepth)) * uint64_t(largest) * elemBytes;
   }
+  (in.stage == 3 ? in.gatherBytes : in.homeGatherBytes) = slots;
   return in;
 }
 

@@ -412,11 +412,36 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   // The placement: the store's own function, as the engine calls it (m and v on the SSD in
   // store.nvme_state_dtype).
   uint64_t hostBudget = p.budgets.host;
+  zero::ParameterHome home = zero::parseParameterHome(c.store.parameterHome);
+  bool autoDeviceBudget = c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto";
   try {
     p.placement =
         placeWithDelayedReserve(c, p.compute, in.rangeElems, p.budgets, [&](const zero::StoreBudgets& b) {
-          return zero::placeModelState(in.parameterBytes, in.optimizerBytes, b, in.nvmeBytes);
+          zero::StorePlacement placed =
+              zero::placeModelState(in.parameterChunkBytes, home, in.optimizerBytes, b, in.nvmeBytes);
+          // NOTE [Parameter homes]: below stage 3, homed chunks are copied into an arena of their own,
+          // which the automatic device budget then leaves room for.
+          if (in.stage == 3 || placed.parameterHostBytes == 0 || !autoDeviceBudget || !p.onGpu) return placed;
+          zero::StoreBudgets less = b;
+          if (less.device != zero::kUnlimited)
+            less.device = less.device > in.homeGatherBytes ? less.device - in.homeGatherBytes : 0;
+          return zero::placeModelState(in.parameterChunkBytes, home, in.optimizerBytes, less, in.nvmeBytes);
         });
+    if (in.stage < 3 && p.placement.parameterHostBytes > 0) p.workspaceBytes += in.homeGatherBytes;
+    // What the engine refuses with parameters homed off the device (train/ModelState.cpp, homeParameters).
+    if (p.placement.parameterHostBytes > 0) {
+      std::string refused = in.stage == 1 || in.stage == 2    ? "zero_optimization.stage 1 and 2"
+                            : c.optimizer.type == "adafactor" ? "optimizer.type adafactor"
+                            : c.store.delayedUpdate           ? "store.delayed_update"
+                            : p.pipeline > 1                  ? "parallel.pipeline"
+                                                              : "";
+      if (!refused.empty())
+        STRATA_USER_FAIL(
+            "{} of parameters would be homed in host memory (store.parameter_home {}), which {} does not "
+            "support: use zero_optimization.stage 0 or 3 with AdamW, or store.parameter_home: device with "
+            "room for them in store.gpu_budget_gb",
+            gib(p.placement.parameterHostBytes), c.store.parameterHome, refused);
+    }
     uint64_t reserve = delayedUpdateReserveBytes(c, p.compute, in.rangeElems, p.placement);
     if (reserve > 0)
       p.notes.push_back(fmt::format(
@@ -446,7 +471,8 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
                     dtypeName(p.compute), gib(in.gradientBytes / 2)));
   // Bytes by kind and tier: an fp32 chunk whose state stays on the device has no separate master (the engine
   // counts it so too).
-  p.kindBytes[kParameters][int(zero::Tier::Device)] = in.parameterBytes;
+  p.kindBytes[kParameters][int(zero::Tier::Device)] = p.placement.parameterBytes;
+  p.kindBytes[kParameters][int(zero::Tier::Host)] = p.placement.parameterHostBytes;
   for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
     int tier = int(p.placement.optimizerTier[i]);
     uint64_t range = uint64_t(in.rangeElems[i]) * 4;
@@ -467,6 +493,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   if (in.rangeElemsTotal() > 0)
     p.optimizerBytesPerParameter = double(optimizerBytes) / double(in.rangeElemsTotal());
 
+  nonModel = working + p.workspaceBytes + in.powerSgdBytes;
   p.devicePeakBytes = p.placement.bytes[int(zero::Tier::Device)] + nonModel;
   if (p.placement.optimizerTier.empty()) p.devicePeakBytes = in.parameterBytes + nonModel;
   if (!p.onGpu && p.fits &&
@@ -485,10 +512,10 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     p.refusal = fmt::format(
         "the device needs {} at its peak (parameters {}, optimizer state {}, activations {} and the "
         "backward's {}, gradient buffers {}, workspace {}), over the {} a step may use of its {}",
-        gib(p.devicePeakBytes), gib(in.parameterBytes),
-        gib(p.placement.bytes[int(zero::Tier::Device)] - in.parameterBytes), gib(p.activations.bytes),
-        gib(p.transientBytes), gib(p.gradientPeakBytes), gib(p.workspaceBytes), gib(p.usableBytes),
-        gib(p.deviceCapacityBytes));
+        gib(p.devicePeakBytes), gib(p.placement.parameterBytes),
+        gib(p.placement.bytes[int(zero::Tier::Device)] - p.placement.parameterBytes),
+        gib(p.activations.bytes), gib(p.transientBytes), gib(p.gradientPeakBytes), gib(p.workspaceBytes),
+        gib(p.usableBytes), gib(p.deviceCapacityBytes));
   }
 
   // Step time.
@@ -635,11 +662,18 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
       if (p.placement.optimizerTier[i] == zero::Tier::Nvme) ssdElems += in.rangeElems[i];
     double hostElems = double(offElems - ssdElems), ssd = double(ssdElems);
+    // Parameters homed in host memory take their new values there: they do not cross back.
+    int64_t homedElems = 0;
+    for (size_t i = 0; i < p.placement.parameterTier.size(); ++i)
+      if (p.placement.parameterTier[i] != zero::Tier::Device) homedElems += in.rangeElems[i];
     double down = double(offElems) * double(dtypeSize(in.gradientDType)),
-           up = double(offElems) * double(dtypeSize(p.compute));
+           up = double(offElems - homedElems) * double(dtypeSize(p.compute));
     double pcie = down / (*m.d2hGBs * 1e9) + up / (*m.h2dGBs * 1e9);
     double cpu = *m.cpuAdamwElemsPerS / double(p.ranksPerNode);
-    double gpuLane = c.optimizer.pipeline ? std::min(*m.h2dGBs, *m.d2hGBs) * 1e9 / kGpuLaneBytesPerElem : 0;
+    // The GPU lane writes parameters on the device: none where parameters are homed in host memory.
+    double gpuLane = c.optimizer.pipeline && homedElems == 0
+                         ? std::min(*m.h2dGBs, *m.d2hGBs) * 1e9 / kGpuLaneBytesPerElem
+                         : 0;
     double lanes = (ssd + hostElems) / (cpu + gpuLane);                      // the lanes finish together
     if (gpuLane > 0 && ssd / cpu >= hostElems / gpuLane) lanes = ssd / cpu;  // the GPU lane ran out of pieces
     p.terms.push_back(
@@ -651,6 +685,17 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
                      in.gradientDType == DType::F32 ? "fp32" : dtypeName(in.gradientDType),
                      gib(uint64_t(down)), *m.d2hGBs, gib(uint64_t(up)), *m.h2dGBs),
          true});
+  }
+  if (uint64_t homed = p.placement.parameterHostBytes; homed > 0) {
+    // NOTE [Parameter homes]: each homed chunk is copied into a slot for the forward and again for the
+    // backward of every micro-batch, on the gather stream ahead of its use.
+    double bytes = double(homed) * 2.0 * double(p.accumulation);
+    p.terms.push_back({"parameter homes", bytes / (*m.h2dGBs * 1e9),
+                       fmt::format("{} of parameters homed in host memory, in {} times a step (forward and "
+                                   "backward of {} micro-batch{}) at {:.0f} GB/s",
+                                   gib(homed), 2 * p.accumulation, p.accumulation,
+                                   p.accumulation == 1 ? "" : "es", *m.h2dGBs),
+                       true});
   }
   if (uint64_t nvme = p.placement.bytes[int(zero::Tier::Nvme)]; nvme > 0) {
     double bytes = double(nvme) * double(p.ranksPerNode);

@@ -232,13 +232,14 @@ zero::NvmeTier::ChunkFields nvmeFields(const ModelState& s, const config::Config
 // optimizer state in memory and on the SSD (where m and v may be kept in half precision).
 struct StateBytes {
   uint64_t parameters = 0;
-  std::vector<uint64_t> optimizer, nvme;
+  std::vector<uint64_t> parameterChunks, optimizer, nvme;  // per chunk
 };
 
 StateBytes stateBytes(const ModelState& s, const config::Config& c, const optim::AdafactorConfig& adafactor) {
   StateBytes b;
   for (size_t i = 0; i < s.chunks->numChunks(); ++i) {
-    b.parameters += s.parameterHome(i).nbytes();
+    b.parameterChunks.push_back(uint64_t(s.parameterHome(i).nbytes()));
+    b.parameters += b.parameterChunks.back();
     // AdamW: master, m, v (fp32); Adafactor: the master and its state.
     uint64_t elems = uint64_t(s.ranges[i].size());
     b.optimizer.push_back(c.optimizer.type == "adafactor"
@@ -250,30 +251,38 @@ StateBytes stateBytes(const ModelState& s, const config::Config& c, const optim:
   return b;
 }
 
-// NOTE [Store placement] in zero/Store.h: the parameters stay on the device; each chunk's optimizer state
-// goes to the device while its budget lasts, then to host memory, then to the SSD. NOTE [Memory tracer]: a
-// model whose state would crowd the device starts with its optimizer state off it, and the first step
-// decides how much comes back (s.traced).
+// NOTE [Store placement] in zero/Store.h: the parameters go to the device while its budget lasts (or where
+// store.parameter_home puts them), then to host memory; each chunk's optimizer state goes to the device while
+// its budget lasts, then to host memory, then to the SSD. NOTE [Memory tracer]: a model whose state would
+// crowd the device starts with its optimizer state off it, and the first step decides how much comes back
+// (s.traced).
 void place(ModelState& s, const config::Config& c, DType compute, const StateBytes& bytes,
            zero::StoreBudgets budgets, uint64_t plannedDeviceBudget) {
   bool autoDevice = c.zero.offloadOptimizerDevice == "none" &&
                     (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto");
+  zero::ParameterHome home = zero::parseParameterHome(c.store.parameterHome);
+  // The parameters the device must hold whatever its budget.
+  uint64_t deviceParameters = home == zero::ParameterHome::Device ? bytes.parameters : 0;
   // One placement truth: the plan's budget for the device (plan/Plan.h), where the trainer made one.
-  if (autoDevice && plannedDeviceBudget > 0) budgets.device = std::max(plannedDeviceBudget, bytes.parameters);
+  if (autoDevice && plannedDeviceBudget > 0) budgets.device = std::max(plannedDeviceBudget, deviceParameters);
   auto placeWithin = [&](zero::StoreBudgets b) {
     if (autoDevice && s.deviceMemory > 0 && (!s.device.isCpu() || s.deviceMemoryGiven)) {
-      uint64_t estimate = bytes.parameters;
+      uint64_t estimate = home == zero::ParameterHome::Host ? 0 : bytes.parameters;
       for (size_t i = 0; i < s.chunks->numChunks(); ++i)
         estimate += bytes.optimizer[i] + uint64_t(s.chunks->paddedElems(i)) *
                                              dtypeSize(s.chunks->gradientDType());  // state, gradient buffers
       if (double(estimate) > 0.8 * double(s.deviceMemory)) {
         // Off the device what the host and the SSD can hold; the first step measures what may come back.
-        uint64_t least = zero::smallestDeviceBudget(bytes.parameters, bytes.optimizer, b, bytes.nvme);
-        if (least != zero::kUnlimited) b.device = least;
+        uint64_t least = zero::smallestDeviceBudget(home == zero::ParameterHome::Host ? 0 : bytes.parameters,
+                                                    bytes.optimizer, b, bytes.nvme);
+        // A device budget (the plan's) that homes parameters in host memory stays: the smallest one
+        // assumes every parameter on the device.
+        bool homesParameters = home != zero::ParameterHome::Device && b.device < bytes.parameters;
+        if (least != zero::kUnlimited && !homesParameters) b.device = least;
         s.traced = true;
       }
     }
-    return zero::placeModelState(bytes.parameters, bytes.optimizer, b, bytes.nvme);
+    return zero::placeModelState(bytes.parameterChunks, home, bytes.optimizer, b, bytes.nvme);
   };
   // NOTE [Delayed SSD update] in optim/AdamW.h: the automatic host budget leaves room for the pending update.
   std::vector<int64_t> rangeElems;
@@ -312,6 +321,50 @@ void makeOptimizer(ModelState& s, const config::Config& c, const optim::Adafacto
                "optimizer.type {} does not read {} gradients", c.optimizer.type, s.chunks->gradientDType());
 }
 
+// NOTE [Parameter homes] in zero/ParameterGatherer.h: the chunks the placement homes in host memory move
+// there (this rank's shard at stage 3, the whole chunk at stage 0), page-locked where a GPU copies from
+// them; what the engine cannot yet drive with homes off the device is refused before any work.
+void homeParameters(ModelState& s, const config::Config& c) {
+  size_t offDevice = s.placement.parameterChunksOn(zero::Tier::Host);
+  if (offDevice == 0) return;
+  std::string why = c.store.parameterHome == "host"
+                        ? std::string("store.parameter_home is host")
+                        : detail::format(
+                              "store.parameter_home is auto and {} chunks' parameters do not fit "
+                              "store.gpu_budget_gb",
+                              offDevice);
+  STRATA_USER_CHECK(s.stage == 0 || s.stage == 3,
+                    "{}: parameters homed off the GPU need zero_optimization.stage 0 or 3 (it is {}: stages "
+                    "1 and 2 all-gather the updated shards into resident chunks); set "
+                    "zero_optimization.stage to 3 (or 0), or store.parameter_home: device with a larger "
+                    "store.gpu_budget_gb",
+                    why, s.stage);
+  STRATA_USER_CHECK(c.optimizer.type != "adafactor",
+                    "{}: parameters homed off the GPU are updated by AdamW only (optimizer.type is "
+                    "adafactor); set optimizer.type: adamw, or store.parameter_home: device",
+                    why);
+  STRATA_USER_CHECK(!c.store.delayedUpdate,
+                    "{}: parameters homed off the GPU do not combine with store.delayed_update; set "
+                    "store.delayed_update: false, or store.parameter_home: device",
+                    why);
+  STRATA_USER_CHECK(!s.pipeline.active(),
+                    "{}: parameters homed off the GPU do not combine with parallel.pipeline; set "
+                    "store.parameter_home: device",
+                    why);
+  NoGradGuard noGrad;
+  if (s.parameterShards.empty())
+    for (size_t i = 0; i < s.chunks->numChunks(); ++i) s.parameterShards.push_back(s.chunks->paddedFlat(i));
+  bool pin = c.zero.pinMemory && s.device.isCuda();
+  for (size_t i = 0; i < s.chunks->numChunks(); ++i) {
+    if (s.placement.parameterHome(i) != zero::Tier::Host) continue;
+    const Tensor& values = s.parameterShards[i];
+    Tensor home = optim::hostStateTensor(values.numel(), values.dtype(), pin);
+    ops::copy(home, values);
+    s.parameterShards[i] = home;
+  }
+  emptyDeviceCache(s.device);
+}
+
 void checkPlacementTotal(const ModelState& s) {
   STRATA_CHECK(s.placement.total() == s.bytes(),
                "the store holds {} bytes across its tiers, {} of model state", s.placement.total(),
@@ -325,6 +378,12 @@ void placeModelState(ModelState& s, const config::Config& c, DType compute, Rank
   adafactorConfig.pinHostState = c.zero.pinMemory;
   StateBytes bytes = stateBytes(s, c, adafactorConfig);
   place(s, c, compute, bytes, budgetsFor(s, c, bytes.parameters, shares), shares.plannedDeviceBudget);
+  homeParameters(s, c);
+}
+
+void makeChunkOptimizer(ModelState& s, const config::Config& c) {
+  optim::AdafactorConfig adafactorConfig = config::adafactorConfigFrom(c);
+  adafactorConfig.pinHostState = c.zero.pinMemory;
   makeOptimizer(s, c, adafactorConfig);
   // The bytes as they are: an fp32 chunk's state on the device has no separate master, and the SSD may keep
   // m and v in half precision.
@@ -335,7 +394,8 @@ void placeModelState(ModelState& s, const config::Config& c, DType compute, Rank
     s.placement.optimizerBytes[i] = state;
     s.placement.bytes[int(s.placement.optimizerTier[i])] += state;
   }
-  s.placement.bytes[int(zero::Tier::Device)] += bytes.parameters;
+  s.placement.bytes[int(zero::Tier::Device)] += s.placement.parameterBytes;
+  s.placement.bytes[int(zero::Tier::Host)] += s.placement.parameterHostBytes;
   checkPlacementTotal(s);
 }
 

@@ -6,11 +6,13 @@
 //      16-bit chunks taken out, every rank's chunks broadcast from its group's rank 0, and the shards this
 //      rank keeps: the optimizer state's range of each chunk (its shard at stage >= 1), and at stage 3 the
 //      parameters' shard too.
-//   2. (stage 3) zero::ParameterGatherer evicts the whole chunks and reserves its arena, before any
-//      optimizer state is allocated.
-//   3. placeModelState: the store's placement of each chunk's optimizer state (device, host or SSD; NOTE
-//      [Store placement] in zero/Store.h), the SSD tier and the optimizer over it.
-//   4. (traced runs) after the first step, promoteTracedState moves optimizer state onto the device.
+//   2. placeModelState: the store's placement of each chunk's parameters (device or host) and optimizer
+//      state (device, host or SSD; NOTE [Store placement] in zero/Store.h); the parameters homed off the
+//      device move there (NOTE [Parameter homes] in zero/ParameterGatherer.h).
+//   3. (stage 3, or parameters homed off the device) zero::ParameterGatherer evicts the chunks it gathers
+//      and reserves its arena, before any optimizer state is allocated.
+//   4. makeChunkOptimizer: the SSD tier and the optimizer over the placement.
+//   5. (traced runs) after the first step, promoteTracedState moves optimizer state onto the device.
 #pragma once
 
 #include <cstdint>
@@ -67,8 +69,10 @@ struct ModelState {
   // Per chunk: the elements whose optimizer state this rank keeps (the whole padded chunk at stage 0, this
   // rank's shard above).
   std::vector<zero::ShardRange> ranges;
-  std::vector<Tensor> parameterShards;  // stage 3: this rank's shard of each chunk's parameters
-  std::vector<Tensor> masters;          // 16-bit chunks' fp32 masters over `ranges`, until the optimizer's
+  // Stage 3: this rank's shard of each chunk's parameters; stage 0 with parameters homed off the device
+  // (NOTE [Parameter homes] in zero/ParameterGatherer.h): each whole chunk's home. Else empty.
+  std::vector<Tensor> parameterShards;
+  std::vector<Tensor> masters;  // 16-bit chunks' fp32 masters over `ranges`, until the optimizer's
   // This rank's share of the device's memory (or STRATA_DEVICE_MEMORY_GB, `deviceMemoryGiven`).
   uint64_t deviceMemory = 0;
   bool deviceMemoryGiven = false;
@@ -82,7 +86,11 @@ struct ModelState {
   std::unique_ptr<optim::ChunkOptimizer> optimizer;  // AdamW or Adafactor over `ranges`, homed by `placement`
 
   // Chunk c's parameters as this rank keeps them between steps: the padded chunk, or at stage 3 its shard.
-  Tensor parameterHome(size_t c) const { return stage == 3 ? parameterShards[c] : chunks->paddedFlat(c); }
+  Tensor parameterHome(size_t c) const {
+    return parameterShards.empty() ? chunks->paddedFlat(c) : parameterShards[c];
+  }
+  // Whether chunks are gathered into slots (stage 3, or parameters homed off the device).
+  bool gathers() const { return !parameterShards.empty(); }
   // Bytes of parameters, masters and optimizer state (every tier).
   size_t bytes() const;
 };
@@ -92,8 +100,10 @@ struct ModelState {
 ModelState layOutModelState(data::Objective& objective, const config::Config& config, Device device,
                             DType compute, dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
                             RankShares shares);
-// Step 3: the placement, the SSD tier and the optimizer (which takes the masters).
+// Step 2: the placement, and the parameters homed off the device moved there.
 void placeModelState(ModelState& state, const config::Config& config, DType compute, RankShares shares);
+// Step 4: the SSD tier and the optimizer (which takes the masters).
+void makeChunkOptimizer(ModelState& state, const config::Config& config);
 // Step 4 (NOTE [Memory tracer]): after the traced first step, the optimizer state of the chunks that fit
 // beside its peak moves onto the device (a pending delayed SSD update stays pending; the moved chunks'
 // pending parameters are written into this rank's part of them). Rank 0 logs the new placement.

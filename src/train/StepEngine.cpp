@@ -73,12 +73,14 @@ ZeroStepEngine::ZeroStepEngine(data::Objective& objective, const config::Config&
     }
     pipeline_ = std::make_unique<PipelineSchedule>(pipeline.stages->communicator(), s.pipeline);
   }
-  // Stage 3 evicts the whole chunks before any optimizer state takes device memory.
-  if (s.stage == 3)
-    gatherer_ =
-        std::make_unique<zero::ParameterGatherer>(*s.chunks, s.groups, s.parameterShards, objective.model(),
-                                                  device, c.zero.prefetchDepth, c.store.arena);
   placeModelState(s, c, compute, shares);
+  // Stage 3, and parameters homed off the device (NOTE [Parameter homes] in zero/ParameterGatherer.h), evict
+  // the chunks they gather before any optimizer state takes device memory.
+  if (s.gathers())
+    gatherer_ = std::make_unique<zero::ParameterGatherer>(
+        *s.chunks, s.groups, s.parameterShards, objective.model(), device, c.zero.prefetchDepth,
+        c.store.arena, s.placement.parameterTier, /*acrossRanks=*/s.stage == 3);
+  makeChunkOptimizer(s, c);
   if (c.dist.powersgdRank > 0 && s.stage >= 2)
     STRATA_USER_FAIL(
         "dist.powersgd_rank: {} needs ZeRO stage 0 or 1 (zero_optimization.stage is {}: stages 2 and 3 "
@@ -136,6 +138,8 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   NoGradGuard noGrad;
   // The gradients and the step end's device values stay allocated until the step returns (StepEnd).
   std::vector<Tensor> grads = reducer_->finish();
+  // NOTE [Parameter homes]: the update writes the homes off the device, which the gathers may still read.
+  if (gatherer_) gatherer_->homesWritable();
   StepEnd end = [&] {
     MemoryPurpose purpose("the optimizer step");
     return update_->finish(grads, std::move(stepLoss), lr);

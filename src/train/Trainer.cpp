@@ -625,8 +625,9 @@ void Trainer::setup() {
                  toString(p.device()), toString(device_));
   compute_ = config::computeDTypeFor(config_, device_);
   STRATA_USER_CHECK(config_.zero.offloadParamDevice == "none",
-                    "{}: zero_optimization.offload_param (device {}) is not available in this build yet: the "
-                    "parameters stay on the device; offload_optimizer (cpu, nvme) and the store budgets are",
+                    "{}: zero_optimization.offload_param (device {}) is not read: set store.parameter_home: "
+                    "host to home the parameters in host memory (auto homes there what store.gpu_budget_gb "
+                    "cannot hold)",
                     config_.sourcePath, config_.zero.offloadParamDevice);
   // Everything that would otherwise fail only after training has run is checked before any work.
   ensureWritableDirectory(config_.train.outDir, "train.out_dir");
@@ -1104,7 +1105,8 @@ TrainResult Trainer::run() {
         r.counts["alloc_failures"] = int64_t(gpu.numRawFailures);
         r.counts["alloc_retries"] = int64_t(gpu.numCacheFlushes);
       }
-      if (c.zero.stage == 3) {
+      // Stage 3, and parameters homed off the device (NOTE [Parameter homes]), gather chunks into slots.
+      if (c.zero.stage == 3 || engine.peakGatheredChunks() > 0) {
         r.counts["gathered_peak"] = int64_t(engine.peakGatheredChunks());
         if (!engine.arenas().empty()) {
           // Part of the allocated bytes: slots sized for the largest chunk of their class, in use or not.

@@ -17,25 +17,36 @@ namespace strata::zero {
 
 ParameterGatherer::ParameterGatherer(ChunkManager& chunks, const ChunkGroups& groups,
                                      std::vector<Tensor> parameterShards, nn::Module& model, Device device,
-                                     int64_t prefetchDepth, bool arena)
+                                     int64_t prefetchDepth, bool arena, std::vector<Tier> homes,
+                                     bool acrossRanks)
     : chunks_(chunks),
       groups_(groups),
       parameterShards_(std::move(parameterShards)),
       device_(device),
-      prefetchDepth_(prefetchDepth) {
+      prefetchDepth_(prefetchDepth),
+      homes_(std::move(homes)),
+      acrossRanks_(acrossRanks) {
   size_t n = chunks_.numChunks();
+  homes_.resize(n, Tier::Device);
+  STRATA_CHECK(parameterShards_.size() == n, "ParameterGatherer: {} parameter homes for {} chunks",
+               parameterShards_.size(), n);
+  for (size_t i = 0; i < n; ++i) managed_.push_back(acrossRanks_ || homes_[i] != Tier::Device);
   slots_.resize(n);
   for (size_t i = 0; i < n; ++i) gathered_.push_back(std::make_unique<Event>(device_));
   prefetched_.assign(n, false);
   explainResidency();
-  for (size_t i = 0; i < n; ++i) chunks_.evict(i);
+  for (size_t i = 0; i < n; ++i)
+    if (managed_[i]) chunks_.evict(i);
   if (auto* caching = dynamic_cast<CachingAllocator*>(&deviceAllocator(device_))) caching->emptyCache();
   arenaSlot_.assign(n, -1);
   if (arena) {
     // NOTE [Chunk arena] in zero/ChunkArena.h: one reservation per slot class (the chunks of the layout's
-    // size, and the oversized ones), each of slots the size of its largest chunk.
+    // size, and the oversized ones), each of slots the size of its largest chunk; over the gathered chunks.
     std::vector<int64_t> used, padded;
+    std::vector<size_t> gatheredChunks;
     for (size_t i = 0; i < n; ++i) {
+      if (!managed_[i]) continue;
+      gatheredChunks.push_back(i);
       used.push_back(chunks_.layout().chunks[i].used);
       padded.push_back(chunks_.paddedElems(i));
     }
@@ -45,7 +56,8 @@ ParameterGatherer::ParameterGatherer(ChunkManager& chunks, const ChunkGroups& gr
           deviceAllocator(device_), size_t(plan.slotElems[k]) * dtypeSize(chunks_.dtype()), plan.slots[k]));
       arenas_.back()->recordStream(deviceStreams(device_).gather);
     }
-    arenaClass_ = plan.classOf;
+    arenaClass_.assign(n, -1);
+    for (size_t k = 0; k < gatheredChunks.size(); ++k) arenaClass_[gatheredChunks[k]] = plan.classOf[k];
   }
   hookModules(model);
 }
@@ -61,6 +73,7 @@ void ParameterGatherer::explainResidency() {
   // call) names the parameter touched, from its bytes, and the two ways to read it.
   size_t esz = dtypeSize(chunks_.dtype());
   for (size_t c = 0; c < chunks_.numChunks(); ++c) {
+    if (!managed_[c]) continue;
     struct Held {
       size_t begin, end;
       std::string name;
@@ -104,7 +117,7 @@ void ParameterGatherer::hookModules(nn::Module& model) {
     std::vector<size_t> own;
     for (const auto& [n, p] : module->namedParameters(/*recurse=*/false)) {
       size_t c = chunkOf.at(&p.impl());
-      if (std::find(own.begin(), own.end(), c) == own.end()) own.push_back(c);
+      if (managed_[c] && std::find(own.begin(), own.end(), c) == own.end()) own.push_back(c);
     }
     if (own.empty()) {
       module->addForwardPreHook([this](nn::Module& m, const std::vector<Tensor>&) { active_.push_back(&m); });
@@ -190,8 +203,24 @@ void ParameterGatherer::startGather(size_t chunk) {
   peakGathered_ = std::max(peakGathered_, ++gatheredNow_);
   const Stream& gatherStream = deviceStreams(device_).gather;
   streamWaits(gatherStream, currentStream(device_), device_);
-  if (groups_.communicates(chunk)) {
-    groups_.comm(chunk).allGather(slot, parameterShards_[chunk]);
+  const Tensor& home = parameterShards_[chunk];
+  bool overRanks = acrossRanks_ && groups_.communicates(chunk);
+  if (homes_[chunk] != Tier::Device) {
+    // NOTE [Parameter homes]: the home (this rank's shard at stage 3) into its place in the slot, on the
+    // gather stream; then, over several ranks, the slot's all-gather in place.
+    int64_t at = acrossRanks_ ? groups_.shard(chunk).begin : 0;
+    Tensor own = slot.narrow(0, at, home.numel());
+    size_t bytes = size_t(home.nbytes());
+    if (device_.isCpu() || isPageLocked(home.data(), bytes)) {
+      copyAsync(own.data(), device_, home.data(), home.device(), bytes, gatherStream);
+    } else {
+      StreamGuard onGather(gatherStream);
+      copyBytes(own.data(), device_, home.data(), home.device(), bytes);  // pageable: waits for the copy
+    }
+    if (overRanks) groups_.comm(chunk).allGather(slot, own);
+    slot.storage()->recordStream(gatherStream);
+  } else if (overRanks) {
+    groups_.comm(chunk).allGather(slot, home);
   } else {
     StreamGuard onGather(gatherStream);
     ops::copy(slot, parameterShards_[chunk]);
@@ -219,6 +248,11 @@ void ParameterGatherer::releaseAll(bool prefetchedToo) {
     release(c);
   }
   active_.clear();
+}
+
+void ParameterGatherer::homesWritable() {
+  for (size_t c = 0; c < slots_.size(); ++c)
+    if (homes_[c] != Tier::Device) gathered_[c]->synchronize();
 }
 
 void ParameterGatherer::forwardDone() {

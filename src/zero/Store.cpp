@@ -51,6 +51,20 @@ uint64_t availableHostBytes() {
   return bytes > 0 ? bytes : kUnlimited;
 }
 
+ParameterHome parseParameterHome(const std::string& text, const std::string& key) {
+  if (text.empty() || text == "auto") return ParameterHome::Auto;
+  if (text == "device") return ParameterHome::Device;
+  if (text == "host") return ParameterHome::Host;
+  STRATA_USER_FAIL("{} is '{}': give auto, device or host", key, text);
+}
+
+size_t StorePlacement::parameterChunksOn(Tier tier) const {
+  if (parameterTier.empty()) return tier == Tier::Device ? optimizerTier.size() : 0;
+  size_t n = 0;
+  for (Tier t : parameterTier) n += t == tier;
+  return n;
+}
+
 size_t StorePlacement::chunksOn(Tier tier) const {
   size_t n = 0;
   for (Tier t : optimizerTier) n += t == tier;
@@ -64,7 +78,12 @@ std::string StorePlacement::table() const {
     Tier tier = Tier(t);
     out << fmt::format("\n  {:<6} {:>12}", tierName(tier), gib(bytes[t]));
     std::string what;
-    if (tier == Tier::Device) what = detail::format("parameters ({})", gib(parameterBytes));
+    uint64_t params = tier == Tier::Device ? parameterBytes : tier == Tier::Host ? parameterHostBytes : 0;
+    size_t homed = parameterChunksOn(tier);
+    if (tier == Tier::Device && parameterTier.empty())
+      what = detail::format("parameters ({})", gib(parameterBytes));
+    else if (homed > 0)
+      what = detail::format("parameters of {} chunk{} ({})", homed, homed == 1 ? "" : "s", gib(params));
     size_t n = chunksOn(tier);
     if (n > 0)
       what +=
@@ -99,28 +118,68 @@ uint64_t placeOffDevice(const std::vector<uint64_t>& optimizerBytes, const std::
 
 StorePlacement placeModelState(uint64_t parameterBytes, const std::vector<uint64_t>& optimizerBytes,
                                const StoreBudgets& budgets, const std::vector<uint64_t>& nvmeBytes) {
+  return placeModelState(std::vector<uint64_t>{parameterBytes}, ParameterHome::Device, optimizerBytes,
+                         budgets, nvmeBytes);
+}
+
+StorePlacement placeModelState(const std::vector<uint64_t>& parameterBytes, ParameterHome home,
+                               const std::vector<uint64_t>& optimizerBytes, const StoreBudgets& budgets,
+                               const std::vector<uint64_t>& nvmeBytes) {
   STRATA_CHECK(nvmeBytes.empty() || nvmeBytes.size() == optimizerBytes.size(),
                "placeModelState: {} SSD sizes for {} chunks", nvmeBytes.size(), optimizerBytes.size());
   StorePlacement p;
-  p.parameterBytes = parameterBytes;
   p.optimizerBytes = optimizerBytes;
-  STRATA_USER_CHECK(budgets.device == kUnlimited || parameterBytes <= budgets.device,
-                    "the parameters alone need {} on the device, over store.gpu_budget_gb ({}); the SSD and "
-                    "host tiers hold optimizer state only, for now",
-                    gib(parameterBytes), gib(budgets.device));
-  p.bytes[int(Tier::Device)] = parameterBytes;
-  // In chunk order: the device while its budget lasts, then the host, then the SSD; once a chunk goes to a
-  // colder tier the rest follow, so each tier holds a run of chunks.
-  uint64_t deviceLeft = budgets.device == kUnlimited ? kUnlimited : budgets.device - parameterBytes;
+  // The parameters first, in chunk order: the device while its budget lasts, then host memory.
+  uint64_t deviceLeft = budgets.device, hostLeft = budgets.host;
+  auto take = [](uint64_t& left, uint64_t b) {
+    if (left != kUnlimited && b > left) return false;
+    if (left != kUnlimited) left -= b;
+    return true;
+  };
+  bool perChunk = home != ParameterHome::Device;
+  bool device = home != ParameterHome::Host;
+  for (size_t c = 0; c < parameterBytes.size(); ++c) {
+    uint64_t b = parameterBytes[c];
+    device = device && (home == ParameterHome::Device || take(deviceLeft, b));
+    if (device) {
+      p.parameterBytes += b;
+    } else {
+      STRATA_USER_CHECK(
+          take(hostLeft, b),
+          "chunk {}'s parameters ({}) fit neither the device ({} of parameters there, "
+          "store.gpu_budget_gb {}) nor host memory ({} of parameters there, store.host_budget_gb {}): "
+          "raise a budget, or use more ranks at zero_optimization.stage 3",
+          c, gib(b), gib(p.parameterBytes), gib(budgets.device), gib(p.parameterHostBytes),
+          gib(budgets.host));
+      p.parameterHostBytes += b;
+    }
+    if (perChunk) p.parameterTier.push_back(device ? Tier::Device : Tier::Host);
+  }
+  if (home == ParameterHome::Device) {
+    STRATA_USER_CHECK(budgets.device == kUnlimited || p.parameterBytes <= budgets.device,
+                      "the parameters alone need {} on the device, over store.gpu_budget_gb ({}); raise it, "
+                      "or set store.parameter_home: auto (or host) to home parameters in host memory",
+                      gib(p.parameterBytes), gib(budgets.device));
+    if (deviceLeft != kUnlimited) deviceLeft -= p.parameterBytes;
+  }
+  if (perChunk && p.parameterHostBytes == 0) p.parameterTier.clear();  // every chunk's on the device
+  p.bytes[int(Tier::Device)] = p.parameterBytes;
+  p.bytes[int(Tier::Host)] = p.parameterHostBytes;
+  StoreBudgets left = budgets;
+  left.host = hostLeft;
+  // Then each chunk's optimizer state in chunk order: the device while its budget lasts, then the host, then
+  // the SSD; once a chunk goes to a colder tier the rest follow, so each tier holds a run of chunks. A chunk
+  // whose parameters are off the device keeps its state off it too.
   size_t onDevice = 0;
   for (; onDevice < optimizerBytes.size(); ++onDevice) {
     uint64_t b = optimizerBytes[onDevice];
+    if (p.parameterHome(onDevice) != Tier::Device) break;
     if (deviceLeft != kUnlimited && b > deviceLeft) break;
     if (deviceLeft != kUnlimited) deviceLeft -= b;
     p.optimizerTier.push_back(Tier::Device);
     p.bytes[int(Tier::Device)] += b;
   }
-  placeOffDevice(optimizerBytes, nvmeBytes, onDevice, budgets, &p.optimizerTier);
+  placeOffDevice(optimizerBytes, nvmeBytes, onDevice, left, &p.optimizerTier);
   for (size_t c = onDevice; c < optimizerBytes.size(); ++c) {
     if (p.optimizerTier[c] == Tier::Nvme && !nvmeBytes.empty()) p.optimizerBytes[c] = nvmeBytes[c];
     p.bytes[int(p.optimizerTier[c])] += p.optimizerBytes[c];
@@ -152,7 +211,7 @@ std::vector<size_t> chunksToPromote(const StorePlacement& placement, const std::
   uint64_t used = 0;
   for (Tier from : {Tier::Nvme, Tier::Host})
     for (size_t c = 0; c < placement.optimizerTier.size(); ++c) {
-      if (placement.optimizerTier[c] != from) continue;
+      if (placement.optimizerTier[c] != from || placement.parameterHome(c) != Tier::Device) continue;
       if (used + deviceBytes[c] > room) return out;
       used += deviceBytes[c];
       out.push_back(c);

@@ -1030,3 +1030,46 @@ TEST_CASE("parallel: auto takes the fastest layout that fits and that the traine
   CHECK(none.chosen < 0);
   CHECK(none.why.find("no layout of 8 ranks fits") != std::string::npos);
 }
+
+TEST_CASE("plan: a model whose parameters alone do not fit the GPU plans with parameters homed on the host",
+          "[train][plan][homes]") {
+  // configs/gpt3-20b-store.yaml (20.2B parameters, bf16 parameters and gradient buffers: 40 GB each) on an
+  // 80 GiB GPU: beside the gradient buffers and the activations, the device has room for part of the
+  // parameters; the rest are homed in host memory (NOTE [Store placement] in zero/Store.h).
+  plan::PlanOptions options = roundMachine();
+  options.calibration->deviceMemoryBytes = 80ull << 30;
+  std::vector<std::string> overrides = {"zero_optimization.nvme_path=/x"};
+  plan::ModelStatePlan p = plan::planModelState(configFile("gpt3-20b-store.yaml", overrides), options);
+  INFO(plan::formatPlan(p));
+  REQUIRE(p.fits);
+  const int device = int(zero::Tier::Device), host = int(zero::Tier::Host);
+  REQUIRE(p.placement.parameterHostBytes > 0);
+  REQUIRE(p.placement.parameterBytes > 0);
+  REQUIRE(p.placement.parameterBytes + p.placement.parameterHostBytes == p.inputs.parameterBytes);
+  REQUIRE(p.kindBytes[plan::kParameters][host] == p.placement.parameterHostBytes);
+  REQUIRE(p.kindBytes[plan::kParameters][device] == p.placement.parameterBytes);
+  // The device's peak counts the parameters left on it, and the arena the homed chunks are copied into.
+  REQUIRE(p.devicePeakBytes <= p.usableBytes);
+  REQUIRE(p.workspaceBytes == plan::kDeviceWorkspaceBytes + p.inputs.homeGatherBytes);
+  REQUIRE(p.inputs.homeGatherBytes > 0);
+  // Each homed byte crosses the link twice a micro-batch (forward and backward), at 50 GB/s.
+  REQUIRE(term(p, "parameter homes") != nullptr);
+  REQUIRE(term(p, "parameter homes")->seconds ==
+          Approx(double(p.placement.parameterHostBytes) * 2.0 * double(p.accumulation) / 50e9));
+  REQUIRE(plan::formatPlan(p).find("parameter homes") != std::string::npos);
+  // The homed chunks' update runs on the CPU alone (the GPU lane writes parameters on the device).
+  REQUIRE(term(p, "host update") != nullptr);
+  REQUIRE(term(p, "host update")->detail.find("GPU lane") == std::string::npos);
+  // Stage 1 does not drive homes: refused as the engine refuses it, naming the keys.
+  std::vector<std::string> stage1 = overrides;
+  stage1.push_back("zero_optimization.stage=1");
+  plan::ModelStatePlan sharded = plan::planModelState(configFile("gpt3-20b-store.yaml", stage1), options);
+  REQUIRE(!sharded.fits);
+  REQUIRE(sharded.refusal.find("zero_optimization.stage") != std::string::npos);
+  REQUIRE(sharded.refusal.find("store.parameter_home") != std::string::npos);
+  // Parameters kept on the device (store.parameter_home: device) do not fit: refused, naming the key.
+  overrides.push_back("store.parameter_home=device");
+  plan::ModelStatePlan pinned = plan::planModelState(configFile("gpt3-20b-store.yaml", overrides), options);
+  REQUIRE(!pinned.fits);
+  REQUIRE(pinned.refusal.find("store.parameter_home") != std::string::npos);
+}

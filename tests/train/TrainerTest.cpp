@@ -507,6 +507,98 @@ TEST_CASE("optimizer state offloaded to the host trains bit for bit like state o
                     tail);
 }
 
+TEST_CASE("parameters homed in host memory train bit for bit like parameters on the device, and resume",
+          "[train][trainer][store][homes]") {
+  // NOTE [Parameter homes] in zero/ParameterGatherer.h. On the CPU the home is a host buffer of its own and
+  // each use copies it into a slot of the chunk arena, as a GPU run copies it over PCIe; the update writes
+  // the new parameters into the home. Two micro-batches a step and evaluations exercise the releases.
+  fs::path base = test::freshDir("strata-parameter-homes");
+  std::vector<std::string> common = {"model.dropout=0", "zero_optimization.chunk_size_mb=0.02"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return extra;
+  };
+  train::Trainer(tinyConfig(base / "device", with({}))).run();
+  train::Trainer(tinyConfig(base / "host0",
+                            with({"store.parameter_home=host", "checkpoint.save=" + (base / "ckpt").string(),
+                                  "checkpoint.save_interval=10"})))
+      .run();
+  train::Trainer(
+      tinyConfig(base / "host3", with({"store.parameter_home=host", "zero_optimization.stage=3",
+                                       "optimizer.pipeline=true", "optimizer.pipeline_piece_mb=0.001"})))
+      .run();
+  // auto within a device budget smaller than the parameters: the first chunks' on the device, the rest homed
+  // in host memory.
+  train::Trainer(tinyConfig(base / "split", with({"store.gpu_budget_gb=0.0001"}))).run();
+  auto device = records(base / "device");
+  for (const char* run : {"host0", "host3", "split"}) {
+    INFO(run);
+    auto homed = records(base / run);
+    requireSameCurves(device, homed);
+    nlohmann::json last;
+    for (const auto& r : homed)
+      if (r.contains("loss")) last = r;
+    REQUIRE(last["mem_state_host_gb"].get<double>() > 0);
+    REQUIRE(last["mem_state_device_gb"].get<double>() + last["mem_state_host_gb"].get<double>() +
+                last["mem_state_nvme_gb"].get<double>() ==
+            Approx(last["mem_model_state_gb"].get<double>()).margin(1e-6));
+  }
+  for (const auto& r : records(base / "host0"))
+    if (r.contains("loss")) {
+      REQUIRE(r["mem_state_device_gb"].get<double>() == 0);
+      // Every chunk is gathered into the arena's slots, a few at a time.
+      REQUIRE(r["gathered_peak"].get<int64_t>() > 0);
+      REQUIRE(r["arena_slots"].get<int64_t>() > 0);
+    }
+  // The engine: the homed chunks are not resident between uses and are gathered into the arena's slots,
+  // a few at a time; at stage 0 the chunks homed on the device stay resident.
+  for (const char* home : {"host", "auto"}) {
+    INFO(home);
+    config::Config config = tinyConfig(
+        base / "engine", with({std::string("store.parameter_home=") + home, "store.gpu_budget_gb=0.0001"}));
+    auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+    data::CausalLmObjective objective(model, nullptr);
+    train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
+    const zero::StorePlacement& placement = engine.placement();
+    INFO(placement.table());
+    size_t n = engine.chunks().numChunks(), homed = placement.parameterChunksOn(zero::Tier::Host);
+    REQUIRE(homed > 0);
+    REQUIRE((homed == n) == (std::string(home) == "host"));
+    for (size_t c = 0; c < n; ++c)
+      REQUIRE(engine.chunks().storage(c)->resident() == (placement.parameterHome(c) == zero::Tier::Device));
+    REQUIRE(engine.arenas().size() >= 1);
+    auto data = data::TokenDataset::random(256, 4096, 3, 0.0);
+    int64_t index = 0;
+    auto next = [&] {
+      auto [ids, targets] = data.batch(data::Split::Train, index, 4, 32, 1, Device::cpu());
+      return data::TokenBatch{ids, targets, index++};
+    };
+    train::StepOutcome outcome = engine.step(next, 2, 1e-3);
+    REQUIRE(outcome.applied);
+    REQUIRE(engine.peakGatheredChunks() > 0);
+    REQUIRE(engine.peakGatheredChunks() <= homed);
+    for (size_t c = 0; c < n; ++c)
+      REQUIRE(engine.chunks().storage(c)->resident() == (placement.parameterHome(c) == zero::Tier::Device));
+  }
+  // Resuming the stage-0 homed run from step 10 into homes at stage 3 continues the curve exactly.
+  train::Trainer(
+      tinyConfig(base / "resumed", with({"checkpoint.load=" + (base / "ckpt" / "step-10").string(),
+                                         "store.parameter_home=host", "zero_optimization.stage=3"})))
+      .run();
+  auto tail = records(base / "resumed");
+  REQUIRE(tail.size() < device.size());
+  requireSameCurves(std::vector<nlohmann::json>(device.end() - std::ptrdiff_t(tail.size()), device.end()),
+                    tail);
+  // Stages 1 and 2 refuse homes off the device at start-up, naming the keys.
+  std::string e = test::errorOf([&] {
+    train::Trainer(
+        tinyConfig(base / "stage1", with({"store.parameter_home=host", "zero_optimization.stage=1"})))
+        .run();
+  });
+  REQUIRE(e.find("store.parameter_home") != std::string::npos);
+  REQUIRE(e.find("zero_optimization.stage") != std::string::npos);
+}
+
 TEST_CASE("the memory tracer starts off the device and brings the SSD's state back first, bit for bit",
           "[train][trainer][store][nvme][tracer]") {
   fs::path base = test::freshDir("strata-store-tracer");

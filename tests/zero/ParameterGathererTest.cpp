@@ -158,3 +158,61 @@ TEST_CASE("stage 3: a module reading a child's parameter outside the child's cal
     REQUIRE(error.find("nn::fusedCall") != std::string::npos);
   }
 }
+
+TEST_CASE(
+    "homes off the device: only the homed chunks are gathered, each from its home, with unchanged numbers",
+    "[zero][gather][homes]") {
+  // NOTE [Parameter homes]: stage 0 (no gathers across ranks), every other chunk homed on the host.
+  Tensor ids = ops::arange(0, 16, 1, DType::I64, Device::cpu()).view({1, 16});
+  Tensor targets = ops::arange(1, 17, 1, DType::I64, Device::cpu()).view({1, 16});
+  auto reference = models::buildModel(test::tinyGptSpec());
+  zero::ChunkManager referenceChunks(reference->namedParameters(), 8 << 10);
+  Tensor referenceLoss = reference->loss(ids, targets, DType::F32);
+  referenceChunks.beginBackward(true);
+  backward(referenceLoss);
+  auto referenceGrads = gradientsOf(*reference);
+
+  auto model = models::buildModel(test::tinyGptSpec());
+  zero::ChunkManager chunks(model->namedParameters(), 8 << 10);
+  size_t n = chunks.numChunks();
+  REQUIRE(n > 2);
+  zero::ChunkGroups groups(chunks, nullptr, nullptr);
+  std::vector<Tensor> homes;
+  std::vector<zero::Tier> tiers;
+  for (size_t c = 0; c < n; ++c) {
+    tiers.push_back(c % 2 == 0 ? zero::Tier::Host : zero::Tier::Device);
+    // A homed chunk's values live in a buffer of their own; a device chunk's home is the chunk itself.
+    homes.push_back(tiers[c] == zero::Tier::Host ? chunks.paddedFlat(c).clone() : chunks.paddedFlat(c));
+  }
+  zero::ParameterGatherer gatherer(chunks, groups, homes, *model, Device::cpu(), /*prefetchDepth=*/1,
+                                   /*arena=*/true, tiers, /*acrossRanks=*/false);
+  auto resident = [&] {
+    std::vector<bool> out;
+    for (size_t c = 0; c < n; ++c) out.push_back(chunks.storage(c)->resident());
+    return out;
+  };
+  std::vector<bool> deviceChunks;
+  for (size_t c = 0; c < n; ++c) deviceChunks.push_back(tiers[c] == zero::Tier::Device);
+  REQUIRE(resident() == deviceChunks);
+  for (int pass = 0; pass < 2; ++pass) {
+    INFO("pass " << pass);
+    Tensor loss = model->loss(ids, targets, DType::F32);
+    gatherer.forwardDone();
+    REQUIRE(resident() == deviceChunks);
+    REQUIRE(loss.item() == referenceLoss.item());
+    chunks.beginBackward(true);
+    backward(loss);
+    gatherer.backwardDone();
+    REQUIRE(resident() == deviceChunks);
+    REQUIRE(gradientsOf(*model) == referenceGrads);
+    chunks.releaseGradients();
+    REQUIRE(gatherer.peakGathered() > 0);
+    REQUIRE(gatherer.peakGathered() <= (n + 1) / 2);
+  }
+  // What the update writes into a home is what the next gather brings: zeroed homes change the loss.
+  gatherer.homesWritable();
+  for (size_t c = 0; c < n; c += 2) ops::fill(homes[c], 0.0);
+  Tensor changed = model->loss(ids, targets, DType::F32);
+  gatherer.forwardDone();
+  REQUIRE(changed.item() != referenceLoss.item());
+}

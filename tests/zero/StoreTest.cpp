@@ -93,3 +93,51 @@ TEST_CASE("a traced start keeps on the device only what the host and the SSD can
   // Nothing off the device at all: every chunk on it.
   REQUIRE(zero::smallestDeviceBudget(2 * kGiB, chunks, {zero::kUnlimited, 0, 0}) == 14 * kGiB);
 }
+
+TEST_CASE("parameters take the device first, then host memory, and their chunks' state stays off the device",
+          "[zero][store][homes]") {
+  // Four chunks of 1 GiB of parameters and 3 GiB of optimizer state each.
+  std::vector<uint64_t> params = {kGiB, kGiB, kGiB, kGiB};
+  std::vector<uint64_t> state = {3 * kGiB, 3 * kGiB, 3 * kGiB, 3 * kGiB};
+  // auto, 2.5 GiB on the device: two chunks' parameters there, the other two in host memory; the half GiB
+  // left on the device holds no chunk's state, and the homed chunks' state never goes there.
+  zero::StorePlacement p =
+      zero::placeModelState(params, zero::ParameterHome::Auto, state, {5 * kGiB / 2, 20 * kGiB, 0});
+  REQUIRE(p.parameterTier == std::vector<Tier>{Tier::Device, Tier::Device, Tier::Host, Tier::Host});
+  REQUIRE(p.parameterBytes == 2 * kGiB);
+  REQUIRE(p.parameterHostBytes == 2 * kGiB);
+  REQUIRE(p.parameterChunksOn(Tier::Host) == 2);
+  REQUIRE(p.chunksOn(Tier::Device) == 0);
+  REQUIRE(p.bytes[int(Tier::Device)] == 2 * kGiB);
+  REQUIRE(p.bytes[int(Tier::Host)] == 14 * kGiB);
+  REQUIRE(p.total() == 16 * kGiB);
+  REQUIRE(p.table().find("parameters of 2 chunks (2.00 GiB)") != std::string::npos);
+  // A device that holds the parameters and a chunk's state: that chunk's, the first one's.
+  zero::StorePlacement q =
+      zero::placeModelState(params, zero::ParameterHome::Auto, state, {7 * kGiB, 20 * kGiB, 0});
+  REQUIRE(q.parameterTier.empty());  // every chunk's parameters on the device
+  REQUIRE(q.optimizerTier == std::vector<Tier>{Tier::Device, Tier::Host, Tier::Host, Tier::Host});
+  // The host's budget counts the homed parameters before the optimizer state: what is left goes to the SSD.
+  zero::StorePlacement r = zero::placeModelState(params, zero::ParameterHome::Host, state,
+                                                 {zero::kUnlimited, 6 * kGiB, 12 * kGiB});
+  REQUIRE(r.parameterChunksOn(Tier::Host) == 4);
+  REQUIRE(r.optimizerTier == std::vector<Tier>{Tier::Nvme, Tier::Nvme, Tier::Nvme, Tier::Nvme});
+  zero::StorePlacement s = zero::placeModelState(params, zero::ParameterHome::Host, state,
+                                                 {zero::kUnlimited, 10 * kGiB, 9 * kGiB});
+  REQUIRE(s.optimizerTier == std::vector<Tier>{Tier::Host, Tier::Host, Tier::Nvme, Tier::Nvme});
+  // The memory tracer leaves a homed chunk's state where it is.
+  REQUIRE(zero::chunksToPromote(p, state, 100 * kGiB) == std::vector<size_t>{0, 1});
+  // device: the parameters over the device's budget are refused, naming the key that homes them elsewhere.
+  std::string e = test::errorOf([&] {
+    zero::placeModelState(params, zero::ParameterHome::Device, state, {2 * kGiB, 20 * kGiB, 0});
+  });
+  REQUIRE(e.find("store.parameter_home") != std::string::npos);
+  // Neither the device nor the host holds them: refused with the figures.
+  e = test::errorOf([&] {
+    zero::placeModelState(params, zero::ParameterHome::Auto, state, {kGiB, 2 * kGiB, 100 * kGiB});
+  });
+  REQUIRE(e.find("store.host_budget_gb") != std::string::npos);
+  REQUIRE(zero::parseParameterHome("host") == zero::ParameterHome::Host);
+  REQUIRE(test::errorOf([] { zero::parseParameterHome("ssd"); }).find("store.parameter_home") !=
+          std::string::npos);
+}

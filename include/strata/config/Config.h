@@ -158,6 +158,9 @@ struct StoreConfig {
   // SSD-resident state is updated one step late, overlapped with the next step's forward and backward
   // (NOTE [Delayed SSD update] in optim/AdamW.h). Opt-in: it changes the numbers.
   bool delayedUpdate = false;
+  // Where the 16-bit parameter chunks live between their uses (NOTE [Parameter homes] in
+  // zero/ParameterGatherer.h): auto (the placement decides, the device first), device, host.
+  std::string parameterHome = "auto";
 };
 
 struct DistConfig {

@@ -28,8 +28,10 @@ struct ModelStateInputs {
   zero::ChunkLayout layout;
   std::vector<int64_t> paddedElems;  // per chunk: its length padded to a multiple of the ranks
   std::vector<int64_t> rangeElems;   // per chunk: the elements whose optimizer state this rank keeps
-  // This rank's parameters on the device: the padded chunks, or their shards at stage 3.
+  // This rank's parameters: the padded chunks, or their shards at stage 3; in all and per chunk (their homes
+  // are placed chunk by chunk: NOTE [Store placement] in zero/Store.h).
   uint64_t parameterBytes = 0;
+  std::vector<uint64_t> parameterChunkBytes;
   // Per chunk: this rank's optimizer state as the engine asks the placement: AdamW's range x 12 bytes (fp32
   // master, m, v); Adafactor's fp32 master (range x 4) and its state (optim::adafactorStateBytes, the
   // pieces of rank 0's range).
@@ -54,6 +56,10 @@ struct ModelStateInputs {
   // Stage 3: the slots whole chunks are gathered into (the chunk arena's, store.arena; without it the one in
   // use and prefetch_depth ahead).
   uint64_t gatherBytes = 0;
+  // Below stage 3, the chunk arena that chunks homed off the device are copied into (NOTE [Parameter homes]
+  // in zero/ParameterGatherer.h): sized as at stage 3, over every chunk (a bound: the engine sizes it over
+  // the homed chunks only).
+  uint64_t homeGatherBytes = 0;
 
   int64_t rangeElemsTotal() const;
 };

@@ -10,9 +10,12 @@
 // NOTE [Step-end decision]
 // Clipping needs the global gradient norm and fp16 needs to know whether any gradient overflowed; both are
 // known only when the last gradient of the step is complete. Strata decides them in a two-phase step:
-//   1. During backward, as each chunk's gradients complete, they are reduced (ZeRO), moved to the home tier
-//      of their optimizer state, and their squared norm and finiteness are accumulated per chunk. Nothing is
-//      updated yet.
+//   1. During backward, as each chunk's gradients complete, they are reduced (ZeRO) in their device buffers:
+//      all-reduced at stages 0 and 1, reduce-scattered at stages 2 and 3 into this rank's fp32 shard, the
+//      full buffer freed at once. They stay on the device until the update: a chunk whose optimizer state
+//      is off the device has its gradients streamed to the host piece by piece then (NOTE [Pipelined
+//      update] in optim/AdamW.h), so `strata plan` counts every buffer (stages 0 and 1) or shard (2 and 3)
+//      in the device's memory at the update. Nothing is updated yet.
 //   2. When backward ends, one reduction of the per-chunk partial sums gives the global norm and the overflow
 //      flag (one host read per step). A non-finite step is skipped with every state untouched; otherwise the
 //      clip coefficient is fixed and the updates are issued chunk by chunk in first-use order: GPU-resident
@@ -167,7 +170,9 @@ struct PipelineGroups {
 // - zero::GradientReducer: each chunk's gradients reduced as they complete, per stage, on the comm stream;
 // - ShardedUpdate (src/train/ShardedUpdate.h): the norm, the step-end decision with fp16's loss scale, the
 //   optimizer's update and, at stages 1 and 2, the gathers of the updated parameters;
-// - zero::ParameterGatherer (stage 3): module hooks, gather slots and prefetch on the gather stream;
+// - zero::ParameterGatherer (stage 3, and chunks whose parameters are homed off the device: NOTE
+//   [Parameter homes] in zero/ParameterGatherer.h): module hooks, gather slots and prefetch on the gather
+//   stream;
 // - CheckpointPieces (src/train/CheckpointPieces.h): the state as checkpoint pieces, and their load;
 // - a MicroBatchSchedule: which micro-batch runs forward and backward when.
 // step() is the step itself: the schedule runs each micro-batch's forward and backward, the reducer hands
@@ -228,7 +233,7 @@ class ZeroStepEngine final : public StepEngine {
   uint64_t firstStepWorking_ = 0;
   // The parts, in the order the start-up makes them; destroyed in reverse, the model state last.
   std::unique_ptr<ModelState> state_;
-  std::unique_ptr<zero::ParameterGatherer> gatherer_;  // stage 3 only
+  std::unique_ptr<zero::ParameterGatherer> gatherer_;  // stage 3, or parameters homed off the device
   std::unique_ptr<zero::GradientReducer> reducer_;
   std::unique_ptr<ShardedUpdate> update_;
   std::unique_ptr<CheckpointPieces> checkpoint_;

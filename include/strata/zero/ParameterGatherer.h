@@ -17,6 +17,23 @@
 // module's own calls: code that reads a child's parameter outside the child's call (rather than through
 // Module::call or nn::fusedCall, NOTE [Module calls] in nn/Module.h) touches a released chunk, and the error
 // names the parameter and those two ways (explainResidency).
+//
+// NOTE [Parameter homes]
+// A chunk's parameters have a home tier (NOTE [Store placement] in zero/Store.h): the device, or host
+// memory (page-locked where a GPU copies from it). A chunk homed off the device lives the life above at any
+// ZeRO stage: its storage is not resident except while it is brought into a slot of the chunk arena for
+// its modules' calls, in the recorded order, prefetch_depth ahead, and released after its last use in
+// forward and again in backward. Bringing it in is a copy from the home into the slot on the gather stream
+// (cudaMemcpyAsync from page-locked memory; on the CPU the home and the slot are two buffers), followed at
+// stage 3 on several ranks by the all-gather of the slot in place (this rank's shard was copied into its
+// block of the slot): a rank's shard has a home. At stage 0 the home is the whole chunk and the chunks
+// homed on the device stay resident, untouched by the gatherer; at stage 3 every chunk is gathered, from
+// its home. The optimizer updates an off-device chunk on the CPU (its optimizer state is off the device
+// too; the pipelined update's GPU lane, which writes parameters on the device, then stays idle) and writes
+// the new 16-bit parameters into the home, so the next gather copies them: before the update writes a home,
+// homesWritable() waits for the copies still reading it (the host must not change page-locked bytes a copy
+// engine is reading). Stages 1 and 2 all-gather the updated shards into resident chunks, and refuse homes
+// off the device at start-up, as do Adafactor, store.delayed_update and parallel.pipeline.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +46,7 @@
 #include "strata/zero/ChunkArena.h"
 #include "strata/zero/ChunkGroups.h"
 #include "strata/zero/ChunkManager.h"
+#include "strata/zero/Store.h"
 
 namespace strata::nn {
 class Module;
@@ -42,8 +60,12 @@ class ParameterGatherer {
   // of each chunk, which the update writes) and hooks `model`'s modules to gather them. `arena`: into the
   // slots of chunk arenas (one per slot class, zero::planChunkArena), else into caching-allocator blocks.
   // The hooks and the manager's pass-complete listener hold this gatherer: it lives as long as they run.
+  // `homes` (NOTE [Parameter homes]): per chunk the tier of `parameterShards[c]` (empty: every one on the
+  // device). `acrossRanks`: stage 3, where every chunk is gathered over its ranks; else (stage 0) each
+  // parameterShards[c] is the whole chunk and only the chunks homed off the device are gathered, by a copy.
   ParameterGatherer(ChunkManager& chunks, const ChunkGroups& groups, std::vector<Tensor> parameterShards,
-                    nn::Module& model, Device device, int64_t prefetchDepth, bool arena);
+                    nn::Module& model, Device device, int64_t prefetchDepth, bool arena,
+                    std::vector<Tier> homes = {}, bool acrossRanks = true);
   ParameterGatherer(const ParameterGatherer&) = delete;
   ParameterGatherer& operator=(const ParameterGatherer&) = delete;
 
@@ -53,6 +75,11 @@ class ParameterGatherer {
   // After a micro-batch's backward: everything goes, prefetched chunks too; the first backward ends the
   // recording of the order the later passes prefetch in.
   void backwardDone();
+
+  // Before the host writes the homes off the device (the update): waits for the copies reading them.
+  void homesWritable();
+  // Whether chunk c is gathered (not resident between its modules' calls).
+  bool gathers(size_t c) const { return managed_[c]; }
 
   // The most chunks gathered at once so far, and the arenas (none with store.arena off).
   size_t peakGathered() const { return peakGathered_; }
@@ -76,6 +103,9 @@ class ParameterGatherer {
   std::vector<Tensor> parameterShards_;  // this rank's shard of each chunk's parameters
   Device device_;
   int64_t prefetchDepth_;
+  std::vector<Tier> homes_;    // per chunk: where parameterShards_[c] lives
+  bool acrossRanks_;           // stage 3: gathers all-gather over the chunk's ranks
+  std::vector<bool> managed_;  // per chunk: gathered (else resident throughout, stage 0's device chunks)
   std::vector<Tensor> slots_;  // each chunk's gathered parameters while it is resident
   std::map<nn::Module*, std::vector<size_t>> moduleChunks_;  // the chunks of each module's own parameters
   std::vector<nn::Module*> active_;                          // modules whose forward is running

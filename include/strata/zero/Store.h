@@ -4,9 +4,14 @@
 // NOTE [Store placement]
 // The pieces are a rank's 16-bit (or fp32) parameter chunks (or their shards at ZeRO-3) and, per chunk, the
 // optimizer state of the rank's range: fp32 master (16-bit chunks only), AdamW's m and v. Parameters are the
-// hottest state (every forward and backward reads them) and stay on the device. The optimizer state of a
-// chunk is read once per step; in chunk order it goes to the device while the device budget lasts, then to
-// host memory while the host budget lasts, then to the SSD. The CPU updates the host and SSD chunks
+// hottest state (every forward and backward reads them), so they are placed first: in chunk order each
+// chunk's parameters go to the device while the device budget lasts, then to host memory while the host
+// budget lasts (store.parameter_home: auto; device and host put every chunk's there). A chunk homed off the
+// device is copied into a slot ahead of each use (NOTE [Parameter homes] in zero/ParameterGatherer.h). The
+// optimizer state of a chunk is read once per step; in chunk order it goes to the device while what the
+// parameters left of the device budget lasts, then to host memory while what they left of the host budget
+// lasts, then to the SSD; a chunk whose parameters are off the device keeps its optimizer state off it too
+// (its update runs on the CPU and writes the parameters' home). The CPU updates the host and SSD chunks
 // (optim/AdamW.h). A placement over the SSD budget is refused before any work, with the figures. Budgets:
 // store.gpu_budget_gb, store.host_budget_gb (auto: 90% of the memory available at start),
 // store.nvme_budget_gb (auto: the free space of zero_optimization.nvme_path; none without a path). Until the
@@ -40,15 +45,25 @@ uint64_t parseBudgetGb(const std::string& text, uint64_t autoValue, const std::s
 // Host memory this process may still use: MemAvailable from /proc/meminfo (kUnlimited when unreadable).
 uint64_t availableHostBytes();
 
+// store.parameter_home: where the parameter chunks live (NOTE [Store placement]).
+enum class ParameterHome { Auto, Device, Host };
+// "auto", "device" or "host"; `key` names the setting in errors.
+ParameterHome parseParameterHome(const std::string& text, const std::string& key = "store.parameter_home");
+
 // Where a rank's model state lives.
 struct StorePlacement {
   uint64_t parameterBytes = 0;            // on the device
+  uint64_t parameterHostBytes = 0;        // homed in host memory
+  std::vector<Tier> parameterTier;        // per chunk (empty: every chunk's on the device)
   std::vector<uint64_t> optimizerBytes;   // per chunk
   std::vector<Tier> optimizerTier;        // per chunk
   uint64_t bytes[kNumTiers] = {0, 0, 0};  // per tier, parameters included
 
   uint64_t total() const { return bytes[0] + bytes[1] + bytes[2]; }
   size_t chunksOn(Tier tier) const;
+  // Chunk c's parameters' home, and how many chunks' parameters are homed on `tier`.
+  Tier parameterHome(size_t c) const { return c < parameterTier.size() ? parameterTier[c] : Tier::Device; }
+  size_t parameterChunksOn(Tier tier) const;
   // A table: one row per tier (bytes, chunks' optimizer state), for the log and `strata info`.
   std::string table() const;
 };
@@ -59,6 +74,10 @@ struct StorePlacement {
 // user error naming the figures when the state does not fit.
 StorePlacement placeModelState(uint64_t parameterBytes, const std::vector<uint64_t>& optimizerBytes,
                                const StoreBudgets& budgets, const std::vector<uint64_t>& nvmeBytes = {});
+// The same with each chunk's parameters homed by `home` (NOTE [Store placement]): `parameterBytes` per chunk.
+StorePlacement placeModelState(const std::vector<uint64_t>& parameterBytes, ParameterHome home,
+                               const std::vector<uint64_t>& optimizerBytes, const StoreBudgets& budgets,
+                               const std::vector<uint64_t>& nvmeBytes = {});
 
 // The smallest device budget (the parameters, and the optimizer state of the first chunks) with which the
 // rest of the optimizer state fits the host and SSD budgets: where a traced start (NOTE [Memory tracer])
@@ -77,7 +96,8 @@ uint64_t smallestDeviceBudget(uint64_t parameterBytes, const std::vector<uint64_
 // tracer on a small budget).
 
 // The chunks whose optimizer state moves to the device within `room` bytes, each costing `deviceBytes[c]`
-// there: the SSD's in chunk order, then the host's, until the next one does not fit.
+// there: the SSD's in chunk order, then the host's, until the next one does not fit. A chunk whose
+// parameters are homed off the device stays where it is.
 std::vector<size_t> chunksToPromote(const StorePlacement& placement, const std::vector<uint64_t>& deviceBytes,
                                     uint64_t room);
 

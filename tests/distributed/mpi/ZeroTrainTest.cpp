@@ -7,6 +7,7 @@
 // STRATA_DIST_TEST_SETS adds config overrides (comma-separated key=value) to every run.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -121,9 +122,11 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
   run.sample = result.sample;
   run.reducedBytes = result.reducedBytes;
   run.reducedBytesPowerSgd = result.reducedBytesPowerSgd;
-  // (Stage 3 keeps only shards between steps.)
+  // (Stage 3 keeps only shards between steps, and parameters homed off the device are not resident.)
+  bool resident =
+      stage < 3 && std::find(extra.begin(), extra.end(), "store.parameter_home=host") == extra.end();
   for (auto& [pname, p] :
-       stage < 3 ? trainer.model().namedParameters() : std::vector<std::pair<std::string, Tensor>>{}) {
+       resident ? trainer.model().namedParameters() : std::vector<std::pair<std::string, Tensor>>{}) {
     run.parameters[pname] = ops::to(p, Device::cpu(), DType::F32).toVector<float>();
     run.shapes[pname] = p.shape();
   }
@@ -282,6 +285,34 @@ TEST_CASE("optimizer state on the host and SSD tiers trains like state on the de
     CHECK(tiers.stateHostGb.back() > 0);
     // The host holds no more than its budget on any rank (the metric is the largest rank's).
     for (double gb : tiers.stateHostGb) CHECK(gb <= 0.00006);
+  }
+}
+
+TEST_CASE("parameters homed in host memory on N ranks train like parameters on the device, and resume",
+          "[dist][zero][store][homes]") {
+  // NOTE [Parameter homes] in zero/ParameterGatherer.h: at stage 0 every rank homes whole chunks and copies
+  // them into slots; at stage 3 each rank homes its shard, copies it into its block of the slot and
+  // all-gathers the slot in place.
+  auto ctx = world();
+  for (int stage : {0, 3}) {
+    std::string name = "homes-stage" + std::to_string(stage);
+    std::vector<std::string> homed = {"store.parameter_home=host", "zero_optimization.chunk_size_mb=0.02"};
+    Run device = trainRun(ctx, name + "-device", stage, {"zero_optimization.chunk_size_mb=0.02"});
+    std::vector<std::string> saving = homed;
+    saving.push_back("checkpoint.save_interval=10");
+    Run host = trainRun(ctx, name + "-host", stage, saving);
+    fs::path saved = fs::path(host.checkpoint).parent_path() / "step-10";
+    std::vector<std::string> resuming = homed;
+    resuming.push_back("checkpoint.load=" + saved.string());
+    Run resumed = trainRun(ctx, name + "-again", stage, resuming);
+    if (!ctx->isMain()) continue;
+    INFO("stage " << stage);
+    REQUIRE(device.losses.size() == 20);
+    CHECK(host.losses == device.losses);
+    CHECK(host.valLosses == device.valLosses);
+    CHECK(host.stateHostGb.back() > 0);
+    REQUIRE(resumed.losses.size() == 10);
+    CHECK(resumed.losses == std::vector<double>(device.losses.begin() + 10, device.losses.end()));
   }
 }
 
