@@ -383,10 +383,10 @@ void Communicator::sendReceive(const std::vector<PeerTransfer>& sends,
   try {
     delayLane(device, /*gather=*/false);
 #if STRATA_MPI
-    auto mpiTransfers = [](const std::vector<PeerTransfer>& list, const std::vector<Tensor>& host) {
+    auto mpiTransfers = [](const std::vector<PeerTransfer>& list, const std::vector<void*>& host) {
       std::vector<MpiCommunicator::Transfer> raw;
       for (size_t i = 0; i < list.size(); ++i) {
-        void* data = host.empty() ? list[i].tensor.data() : host[i].data();
+        void* data = host.empty() ? list[i].tensor.data() : host[i];
         raw.push_back({data, list[i].tensor.numel(), list[i].tensor.dtype(), list[i].peer, list[i].tag});
       }
       return raw;
@@ -394,20 +394,29 @@ void Communicator::sendReceive(const std::vector<PeerTransfer>& sends,
     if (device.isCpu()) {
       mpi_->sendReceive(mpiTransfers(out, {}), mpiTransfers(in, {}), peers);
     } else if (gpu_ == GpuCollectives::Staged) {
-      // NOTE [Staged GPU collectives]: through host copies on the comm lane.
+      // NOTE [Staged GPU collectives]: through the page-locked staging buffers (sends packed in the first,
+      // receives in the second) on the comm lane.
       const Stream& lane = collectiveStream(device, false);
-      std::vector<Tensor> hostOut, hostIn;
-      for (const auto& t : out) {
-        hostOut.push_back(Tensor::empty(t.tensor.shape(), t.tensor.dtype(), Device::cpu()));
-        copyAsync(hostOut.back().data(), Device::cpu(), t.tensor.data(), device, t.tensor.nbytes(), lane);
-      }
-      for (const auto& t : in)
-        hostIn.push_back(Tensor::empty(t.tensor.shape(), t.tensor.dtype(), Device::cpu()));
+      auto pack = [&](const std::vector<PeerTransfer>& list, size_t index) {
+        size_t total = 0;
+        for (const auto& t : list) total += (t.tensor.nbytes() + 63) / 64 * 64;
+        std::vector<void*> places;
+        if (total == 0) return std::vector<void*>(list.size(), nullptr);
+        auto* base = static_cast<char*>(stagingBuffer(index, total));
+        for (const auto& t : list) {
+          places.push_back(base);
+          base += (t.tensor.nbytes() + 63) / 64 * 64;
+        }
+        return places;
+      };
+      std::vector<void*> hostOut = pack(out, 0), hostIn = pack(in, 1);
+      for (size_t i = 0; i < out.size(); ++i)
+        copyAsync(hostOut[i], Device::cpu(), out[i].tensor.data(), device, out[i].tensor.nbytes(), lane);
       lane.synchronize();
       mpi_->sendReceive(mpiTransfers(out, hostOut), mpiTransfers(in, hostIn), peers);
       for (size_t i = 0; i < in.size(); ++i)
-        copyAsync(in[i].tensor.data(), device, hostIn[i].data(), Device::cpu(), in[i].tensor.nbytes(), lane);
-      lane.synchronize();  // the host copies die here
+        copyAsync(in[i].tensor.data(), device, hostIn[i], Device::cpu(), in[i].tensor.nbytes(), lane);
+      lane.synchronize();  // the staging buffers are free again
     }
     if (device.isCpu() || gpu_ == GpuCollectives::Staged) {
       for (const auto& t : in) t.tensor.storage()->bumpVersion();
