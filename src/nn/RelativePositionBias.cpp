@@ -75,9 +75,11 @@ std::vector<Tensor> RelativePositionBias::forwardImpl(const std::vector<Tensor>&
   const Tensor& buckets = inputs.at(0);
   STRATA_CHECK(buckets.dim() == 2, "relative position bias: buckets must be [S_q, S_k], got {}",
                toString(buckets.shape()));
-  // [Sq, Sk, H] -> [1, H, Sq, Sk]; the attention adds it with a broadcast over the batch.
+  // [Sq, Sk, H] -> [1, H, Sq, Sk]; the attention adds it with a broadcast over the batch. Made contiguous
+  // once here, as the fused attention reads it (NOTE [Biased fused attention] in kernels/FlashAttention.cuh),
+  // rather than by every layer.
   Tensor values = embedding(weight, buckets);
-  return {values.permute({2, 0, 1}).unsqueeze(0)};
+  return {values.permute({2, 0, 1}).contiguous().unsqueeze(0)};
 }
 
 }  // namespace strata::nn
