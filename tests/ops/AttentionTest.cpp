@@ -102,7 +102,7 @@ TEST_CASE("gradcheck: fused attention with a bias, shared by the batch and not",
 }
 
 TEST_CASE("fused attention's bias from a strided view is read as the same values", "[attention]") {
-  // RelativePositionBias used to hand out a permuted view; a last dim that is not contiguous is copied.
+  // A bias whose last dim is not contiguous (a permuted view) is copied first.
   int64_t B = 2, H = 2, Sq = 4, Sk = 6, D = 4;
   Tensor q = test::randomDouble({B, Sq, H, D}, 211), k = test::randomDouble({B, Sk, H, D}, 212),
          v = test::randomDouble({B, Sk, H, D}, 213);
