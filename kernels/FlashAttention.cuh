@@ -16,6 +16,24 @@
 // Dropout (the DROP instances; NOTE [Fused attention dropout] in ops/Ops.h): each kernel replays the mask of
 // probability (b, h, i, j) from its Philox counter. The forward sums the row's softmax before dropping and
 // multiplies the kept values by 1 / (1 - p) once, at the end; the backward feeds P z to dV and z dP to dS.
+//
+// NOTE [Biased fused attention]
+// An additive bias on the scores (T5's relative positions): softmax(scale * Q K^T + bias [+ causal mask]) V
+// with the bias [Bb, H, Sq, Sk], Bb 1 (one bias for the whole batch, T5's case) or B, its last dim
+// contiguous, in the BIAS instances (the others are the kernels as they were without one). Each kernel reads
+// the bias of the score tile it holds straight from global memory, one element per score in the accumulator
+// layout; the forward and dQ kernels issue the loads into registers before the tile's Q K^T so they overlap
+// the tensor-core work (the dK/dV kernel, short of registers, reads them where it uses them). The bias of
+// one head is Sq x Sk and shared by the batch, so after the first CTA it comes from L2. With a bias the tile
+// is turned into log2-domain logits (scale log2(e) s + log2(e) bias) before the running max, so lse2 includes
+// the bias and the backward replays P the same way. The bias's gradient is dS = P (z dP - delta) itself (the
+// scores' gradient before the softmax scale): the dQ kernel, which holds dS in the bias's own row-major
+// layout, adds it into an fp32 [Bb, H, Sq, Sk] accumulator. Where the batch shares one bias, B CTAs add into
+// each element: with atomics (two-float vector reductions where Sk is even) rather than a [B, H, Sq, Sk]
+// partial and a reduction, since the partial would cost B times the bias's memory (T5-base: 200 MB a layer at
+// batch 16) and the atomics meet only B-way contention, spread over the CTAs' run. The price is that the
+// batch sum's order, and so its last fp32 bit, can change between runs. Causally hidden scores (dS = 0) are
+// skipped. The composed path (nn::Attention on the CPU, key padding) is the reference.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -51,6 +69,14 @@ struct Params {
   float dropScale = 1;         // 1 / (1 - p)
   bool dropGroups = false;     // offset and Sk are multiples of 8: each 8-key group is one Philox evaluation
   uint64_t seed = 0, offset = 0;
+  // NOTE [Biased fused attention]: element (b, h, i, j) of the bias at bias + b * biasB + h * biasH + i *
+  // biasS
+  // + j (biasB 0: shared by the batch); null for none. dbias: fp32 contiguous, batch stride dbiasB (0:
+  // shared).
+  const void* bias = nullptr;
+  int64_t biasB = 0, biasH = 0, biasS = 0;
+  float* dbias = nullptr;
+  int64_t dbiasB = 0;
 };
 
 // Whether probability (query i, key j) of head bh survives dropout: ops::dropout's test on element
@@ -61,6 +87,7 @@ __device__ __forceinline__ bool dropKeeps(const Params& p, int bh, int i, int j)
 }
 
 constexpr int kBlockN = 64;  // keys per tile (forward, dQ); queries per tile (dK/dV)
+constexpr float kLog2e = 1.4426950408889634f;
 
 // Where p.dropGroups: the keep bits of keys [8 j8, 8 j8 + 8) for query i of head bh (bit l: key 8 j8 + l).
 __device__ __forceinline__ uint32_t dropGroupBits(const Params& p, int bh, int i, int j8) {
@@ -320,10 +347,65 @@ __device__ __forceinline__ void maskTile(float (&s)[kBlockN / 8][4], int row0, i
   }
 }
 
+// NOTE [Biased fused attention]: the bias of a warp's 16 x 64 score tile in the accumulator layout (rows row0
+// + g and + 8, keys col0 + 8 nt + 2t + {0, 1}), times log2(e); 0 past Sq or Sk (those scores are masked or
+// never stored).
+template <class T>
+__device__ __forceinline__ void loadBiasTile(const Params& p, int b, int h, float (&bias)[kBlockN / 8][4],
+                                             int row0, int col0, int lane) {
+  const T* base = static_cast<const T*>(p.bias) + b * p.biasB + h * p.biasH;
+#pragma unroll
+  for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int row = row0 + (lane >> 2) + (e >> 1) * 8;
+      int col = col0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+      bias[nt][e] = row < p.Sq && col < p.Sk ? toAcc(base[int64_t(row) * p.biasS + col]) * kLog2e : 0.0f;
+    }
+  }
+}
+
+// s <- scaleLog2 s + bias: a score tile as log2-domain logits (masked -inf stays -inf).
+__device__ __forceinline__ void addBiasTile(const Params& p, float (&s)[kBlockN / 8][4],
+                                            const float (&bias)[kBlockN / 8][4]) {
+#pragma unroll
+  for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = s[nt][e] * p.scaleLog2 + bias[nt][e];
+}
+
+// Adds a warp's 16 x 64 tile of dS (accumulator layout, as loadBiasTile) into p.dbias for batch b, head h:
+// where Sk is even the two neighbouring keys of a thread go as one two-float reduction.
+__device__ __forceinline__ void addBiasGradTile(const Params& p, int b, int h,
+                                                const float (&ds)[kBlockN / 8][4], int row0, int col0,
+                                                int lane) {
+  float* base = p.dbias + b * p.dbiasB + int64_t(h) * p.Sq * p.Sk;
+#pragma unroll
+  for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int row = row0 + (lane >> 2) + half * 8;
+      int col = col0 + nt * 8 + 2 * (lane & 3);
+      if (row >= p.Sq || col >= p.Sk || (p.causal && col > row + p.shift)) continue;
+      float* dst = base + int64_t(row) * p.Sk + col;
+      float lo = ds[nt][2 * half], hi = ds[nt][2 * half + 1];
+      bool hiValid = col + 1 < p.Sk && !(p.causal && col + 1 > row + p.shift);
+#if __CUDA_ARCH__ >= 900
+      if ((p.Sk & 1) == 0 && hiValid) {
+        atomicAdd(reinterpret_cast<float2*>(dst), make_float2(lo, hi));
+        continue;
+      }
+#endif
+      atomicAdd(dst, lo);
+      if (hiValid) atomicAdd(dst + 1, hi);
+    }
+  }
+}
+
 // ---- forward
 // ---------------------------------------------------------------------------------------------------------
 
-template <class T, int D, int WARPS, bool DROP>
+template <class T, int D, int WARPS, bool DROP, bool BIAS>
 __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
   constexpr int BM = 16 * WARPS, BN = kBlockN, THREADS = WARPS * 32, DS = kSmemStride<D>;
   extern __shared__ __align__(128) char smem[];
@@ -346,6 +428,7 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
 
   float o[D / 8][4] = {};
   float mRow[2] = {-INFINITY, -INFINITY}, lRow[2] = {0.0f, 0.0f};
+  const float toLog2 = BIAS ? 1.0f : p.scaleLog2;  // a biased tile is already in the log2 domain
   uint32_t qf[D / 16][4];
   const int wr0 = warp * 16;
 
@@ -362,6 +445,9 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) ldsm4(qf[kk], addrA<DS>(sQ, wr0, kk, lane));
     }
+    int col0 = j * BN;
+    float bias[BN / 8][4];  // NOTE [Biased fused attention]: loaded before the GEMM, added after it
+    if constexpr (BIAS) loadBiasTile<T>(p, b, h, bias, m0 + wr0, col0, lane);
     float s[BN / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -373,7 +459,7 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
         mma<T>(s[2 * nn + 1], qf[kk], bf[2], bf[3]);
       }
     }
-    int col0 = j * BN;
+    if constexpr (BIAS) addBiasTile(p, s, bias);
     if (col0 + BN > p.Sk || (p.causal && col0 + BN - 1 > m0 + p.shift))
       maskTile(s, m0 + wr0, col0, p.Sk, p.causal, p.shift, lane);
     uint32_t keepBoth = 0;  // DROP: bit 16 half + 2 nt + e set where element (nt, 2 half + e) survives
@@ -386,7 +472,7 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
       for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * half], s[nt][2 * half + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      float mNew = fmaxf(mRow[half], mx * p.scaleLog2);
+      float mNew = fmaxf(mRow[half], mx * toLog2);
       float mUse = mNew == -INFINITY ? 0.0f : mNew;
       float alpha = exp2f(mRow[half] - mUse);
       mRow[half] = mNew;
@@ -396,7 +482,7 @@ __global__ void __launch_bounds__(WARPS * 32) forwardKernel(Params p) {
       for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float pv = exp2f(s[nt][2 * half + e] * p.scaleLog2 - mUse);
+          float pv = exp2f(s[nt][2 * half + e] * toLog2 - mUse);
           sum += pv;  // the softmax's own sum: dropout comes after it
           if (DROP && !((keep >> (nt * 2 + e)) & 1u)) pv = 0.0f;
           s[nt][2 * half + e] = pv;
@@ -454,7 +540,7 @@ __global__ void deltaKernel(Params p) {
 }
 
 // dK, dV for 16 * WARPS keys, looping over 64-query tiles.
-template <class T, int D, int WARPS, bool DROP>
+template <class T, int D, int WARPS, bool DROP, bool BIAS>
 __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
   constexpr int BN = 16 * WARPS, BM = kBlockN, THREADS = WARPS * 32, DS = kSmemStride<D>;
   extern __shared__ __align__(128) char smem[];
@@ -490,6 +576,7 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
 
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
   const int wr0 = warp * 16;
+  const T* biasBH = BIAS ? static_cast<const T*>(p.bias) + b * p.biasB + h * p.biasH : nullptr;
   for (int i = iStart; i < iBlocks; ++i) {
     int buf = (i - iStart) & 1;
     uint32_t qT = sQ + buf * BM * DS * 2, doT = sDo + buf * BM * DS * 2;
@@ -515,7 +602,12 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
         int c = nt * 8 + 2 * (lane & 3) + (e & 1);
         int query = i * BM + c;
         bool masked = p.causal && key > query + p.shift;
-        s[nt][e] = masked ? 0.0f : exp2f(s[nt][e] * p.scaleLog2 - lseT[c]);
+        float logit = s[nt][e] * p.scaleLog2;
+        // NOTE [Biased fused attention], transposed (element (key, query)): read here rather than ahead of
+        // the GEMM, as the dK/dV accumulators leave no registers for a tile of it at head dim 128.
+        if (BIAS && key < p.Sk && query < p.Sq)
+          logit += toAcc(biasBH[int64_t(query) * p.biasS + key]) * kLog2e;
+        s[nt][e] = masked ? 0.0f : exp2f(logit - lseT[c]);
       }
     }
     // dV += (P z)^T dO, z = the dropout mask times 1 / (1 - p) (the scale is applied once at the end).
@@ -545,7 +637,7 @@ __global__ void __launch_bounds__(WARPS * 32) backwardKvKernel(Params p) {
 }
 
 // dQ for 16 * WARPS queries, looping over 64-key tiles.
-template <class T, int D, int WARPS, bool DROP>
+template <class T, int D, int WARPS, bool DROP, bool BIAS>
 __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
   constexpr int BM = 16 * WARPS, BN = kBlockN, THREADS = WARPS * 32, DS = kSmemStride<D>;
   extern __shared__ __align__(128) char smem[];
@@ -578,6 +670,7 @@ __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
     deltaRow[half] = ok ? p.delta[int64_t(bh) * p.Sq + row] : 0.0f;
   }
   float dq[D / 8][4] = {};
+  const float toLog2 = BIAS ? 1.0f : p.scaleLog2;  // a biased tile is already in the log2 domain
   for (int j = 0; j < nBlocks; ++j) {
     int buf = j & 1;
     uint32_t kT = sK + buf * BN * DS * 2, vT = sV + buf * BN * DS * 2;
@@ -586,15 +679,18 @@ __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
     if (j + 1 < nBlocks) loadKv(j + 1, buf ^ 1);
     cpAsyncCommit();
 
+    int col0 = j * BN;
+    float bias[BN / 8][4];  // NOTE [Biased fused attention]
+    if constexpr (BIAS) loadBiasTile<T>(p, b, h, bias, m0 + wr0, col0, lane);
     float s[BN / 8][4] = {};
     gemmABt<T, D, DS, BN / 8>(s, sQ, wr0, kT, lane);
-    int col0 = j * BN;
+    if constexpr (BIAS) addBiasTile(p, s, bias);
     if (col0 + BN > p.Sk || (p.causal && col0 + BN - 1 > m0 + p.shift))
       maskTile(s, m0 + wr0, col0, p.Sk, p.causal, p.shift, lane);
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] * p.scaleLog2 - lseRow[e >> 1]);
+      for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] * toLog2 - lseRow[e >> 1]);
     float dp[BN / 8][4] = {};
     gemmABt<T, D, DS, BN / 8>(dp, sDo, wr0, vT, lane);
     uint32_t keep = 0;  // DROP: bit nt * 4 + e set where s[nt][e] survives dropout
@@ -607,6 +703,7 @@ __global__ void __launch_bounds__(WARPS * 32) backwardQKernel(Params p) {
         float z = !DROP ? 1.0f : ((keep >> (nt * 4 + e)) & 1u) ? p.dropScale : 0.0f;
         dp[nt][e] = s[nt][e] * (z * dp[nt][e] - deltaRow[e >> 1]);
       }
+    if (BIAS && p.dbias) addBiasGradTile(p, b, h, dp, m0 + wr0, col0, lane);
     gemmPB<T, D, DS, BN / 16>(dq, dp, kT, lane);
   }
   cpAsyncWait<0>();

@@ -447,8 +447,9 @@ namespace {
 // The options of a fused attention call; with dropout, a [B, H, Sq, Sk] draw from `gen`, as the composed
 // path's dropout of its probabilities draws (NOTE [Fused attention dropout]).
 ops::AttentionOptions attentionOptions(const Tensor& q, const Tensor& k, bool causal, double scale,
-                                       double dropoutP, Generator& gen) {
+                                       double dropoutP, Generator& gen, const Tensor& bias) {
   ops::AttentionOptions o{scale, causal};
+  o.bias = saved(bias);
   if (dropoutP > 0.0) {
     o.dropout = dropoutP;
     o.seed = gen.seed();
@@ -456,25 +457,41 @@ ops::AttentionOptions attentionOptions(const Tensor& q, const Tensor& k, bool ca
   }
   return o;
 }
+
+// The bias's gradient buffer when it wants one (NOTE [Biased fused attention]), else undefined.
+Tensor biasGradBuffer(const Tensor& bias, bool wanted) {
+  return bias.defined() && wanted ? Tensor::empty(bias.shape(), bias.dtype(), bias.device()) : Tensor();
+}
 }  // namespace
 
+bool fusedAttentionTakes(const AttentionMask& mask, int64_t B, int64_t H, int64_t Sq, int64_t Sk,
+                         DType dtype) {
+  if (mask.keyPadding.defined()) return false;
+  if (!mask.bias.defined()) return true;
+  const Tensor& b = mask.bias;
+  return b.dim() == 4 && (b.size(0) == 1 || b.size(0) == B) && b.size(1) == H && b.size(2) == Sq &&
+         b.size(3) == Sk && b.dtype() == dtype;
+}
+
 Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
-                      double dropoutP, Generator& gen) {
-  ops::AttentionOptions o = attentionOptions(q, k, causal, scale, dropoutP, gen);
+                      double dropoutP, Generator& gen, const Tensor& bias) {
+  ops::AttentionOptions o = attentionOptions(q, k, causal, scale, dropoutP, gen, bias);
   ops::FlashAttentionResult r = ops::flashAttention(q, k, v, o);
   Tensor sq = saved(q), sk = saved(k), sv = saved(v);
   ops::FlashAttentionResult keep = r;
   keep.out = r.out.detach();
-  recordFunction("FlashAttentionBackward", {q, k, v}, {r.out}, [=](const Grads& g) {
+  bool biasGrad = participates(bias);
+  recordFunction("FlashAttentionBackward", {q, k, v, bias}, {r.out}, [=](const Grads& g) {
     Tensor dq = ops::emptyLike(sq), dk = ops::emptyLike(sk), dv = ops::emptyLike(sv);  // contiguous
-    ops::flashAttentionBackward(sq, sk, sv, keep, g[0], dq, dk, dv, o);
-    return Grads{dq, dk, dv};
+    Tensor dbias = biasGradBuffer(o.bias, biasGrad);
+    ops::flashAttentionBackward(sq, sk, sv, keep, g[0], dq, dk, dv, o, dbias);
+    return Grads{dq, dk, dv, dbias};
   });
   return r.out;
 }
 
 Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, double scale, double dropoutP,
-                            Generator& gen) {
+                            Generator& gen, const Tensor& bias) {
   STRATA_CHECK(qkv.dim() == 3 && heads > 0 && qkv.size(2) % (3 * heads) == 0,
                "flash attention: qkv must be [B, S, 3 * heads * D] for {} heads, got {}", heads,
                toString(qkv.shape()));
@@ -486,18 +503,20 @@ Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, doubl
     return std::array<Tensor, 3>{part(0), part(1), part(2)};
   };
   auto [q, k, v] = parts(packed);
-  ops::AttentionOptions o = attentionOptions(q, k, causal, scale, dropoutP, gen);
+  ops::AttentionOptions o = attentionOptions(q, k, causal, scale, dropoutP, gen, bias);
   ops::FlashAttentionResult r = ops::flashAttention(q, k, v, o);
   ops::FlashAttentionResult keep = r;
   keep.out = r.out.detach();
   Tensor out = detail::viewRaw(r.out, {B, S, heads * D});
-  recordFunction("FlashAttentionBackward", {qkv}, {out}, [=](const Grads& g) {
+  bool biasGrad = participates(bias);
+  recordFunction("FlashAttentionBackward", {qkv, bias}, {out}, [=](const Grads& g) {
     Tensor grad = Tensor::empty({B, S, 3 * heads * D}, packed.dtype(), packed.device());
     auto [dq, dk, dv] = parts(grad);
     auto [sq, sk, sv] = parts(packed);
     Tensor dout = detail::viewRaw(ops::contiguous(g[0]), {B, S, heads, D});
-    ops::flashAttentionBackward(sq, sk, sv, keep, dout, dq, dk, dv, o);
-    return Grads{grad};
+    Tensor dbias = biasGradBuffer(o.bias, biasGrad);
+    ops::flashAttentionBackward(sq, sk, sv, keep, dout, dq, dk, dv, o, dbias);
+    return Grads{grad, dbias};
   });
   return out;
 }

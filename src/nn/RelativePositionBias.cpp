@@ -66,18 +66,32 @@ Tensor RelativePositionBias::apply(int64_t queryLen, int64_t keyLen, DType dtype
   STRATA_CHECK(weight.dtype() == dtype,
                "relative position bias: {} table asked for a {} bias; parameters are in the compute dtype",
                weight.dtype(), dtype);
-  Tensor buckets = relativePositionBuckets(queryLen, keyLen, config_.bidirectional, config_.numBuckets,
-                                           config_.maxDistance, weight.device());
-  return (*this)(buckets);
+  STRATA_CHECK(queryLen > 0 && keyLen > 0, "relative position bias: {} queries and {} keys", queryLen,
+               keyLen);
+  // NOTE [Relative bias by diagonals] in nn/RelativePositionBias.h.
+  int64_t L = queryLen + keyLen - 1;
+  std::vector<int64_t> wrapped(static_cast<size_t>(L));
+  for (int64_t c = 0; c < L; ++c)
+    wrapped[size_t(c)] = relativePositionBucket(c < keyLen ? c : c - L, config_.bidirectional,
+                                                config_.numBuckets, config_.maxDistance);
+  Tensor values = (*this)(Tensor::fromVector<int64_t>(wrapped, {L}, weight.device()));  // [L, H]
+  int64_t H = values.size(1);
+  Tensor slots = values.transpose(0, 1).unsqueeze(1);  // [H, 1, L]
+  Tensor bias;
+  if (queryLen == 1) {
+    bias = slots.contiguous();  // L = S_k: slot j is distance j
+  } else {
+    Tensor rows = slots.expand({H, queryLen, L}).contiguous().reshape({H, queryLen * L});
+    bias = rows.narrow(1, 0, queryLen * (L - 1)).view({H, queryLen, L - 1}).narrow(2, 0, keyLen);
+  }
+  // [1, H, Sq, Sk] with a contiguous last dim (row stride L - 1), as the fused attention reads it (NOTE
+  // [Biased fused attention] in kernels/FlashAttention.cuh); the composed attention adds it by broadcast.
+  return bias.unsqueeze(0);
 }
 
 std::vector<Tensor> RelativePositionBias::forwardImpl(const std::vector<Tensor>& inputs) {
-  const Tensor& buckets = inputs.at(0);
-  STRATA_CHECK(buckets.dim() == 2, "relative position bias: buckets must be [S_q, S_k], got {}",
-               toString(buckets.shape()));
-  // [Sq, Sk, H] -> [1, H, Sq, Sk]; the attention adds it with a broadcast over the batch.
-  Tensor values = embedding(weight, buckets);
-  return {values.permute({2, 0, 1}).unsqueeze(0)};
+  // Any shape of buckets -> their values [..., H].
+  return {embedding(weight, inputs.at(0))};
 }
 
 }  // namespace strata::nn

@@ -66,7 +66,6 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
   int64_t C = H * D;  // the attention's inner width here (the model width unless headDim or tensor
                       // parallelism says otherwise)
   double scale = config_.scale;
-  bool plainMask = !extra.keyPadding.defined() && !extra.bias.defined();
   auto heads = [&](const Tensor& t, int64_t len, int64_t parts) {
     // [B, len, parts * C] -> parts tensors [B, H, len, D], each contiguous: one copy here lets every
     // attention GEMM (and k's transposed view) run as a single strided batch without further copies.
@@ -86,7 +85,9 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
   std::optional<TensorParallelRandom> ownHeads;
   ownHeads.emplace(config_.tensorParallel);
   // The fused kernel reads q, k and v as strided views of the projections and writes [B, S, H, D], already
-  // the [B, S, C] layout the output projection takes: no head permutes and no S x S scores.
+  // the [B, S, C] layout the output projection takes: no head permutes and no S x S scores. It takes an
+  // additive bias (T5's relative positions: NOTE [Biased fused attention] in kernels/FlashAttention.cuh) but
+  // no key padding, which goes to the composed path.
   Tensor y;
   if (config_.cross) {
     STRATA_CHECK(memory.defined(), "cross-attention needs the encoder output");
@@ -95,8 +96,10 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
     Tensor q = qp.view({B, S, H, D});
     Tensor kv = kvp.view({B, Sk, 2, H, D});
     Tensor k = kv.select(2, 0), v = kv.select(2, 1);
-    if (plainMask && flashAttentionUsable(q, k, v, config_.dropout, isTraining())) {
-      y = flashAttention(q, k, v, config_.causal, scale, isTraining() ? config_.dropout : 0.0)
+    if (fusedAttentionTakes(extra, B, H, S, Sk, q.dtype()) &&
+        flashAttentionUsable(q, k, v, config_.dropout, isTraining())) {
+      y = flashAttention(q, k, v, config_.causal, scale, isTraining() ? config_.dropout : 0.0,
+                         defaultGenerator(), extra.bias)
               .reshape({B, S, C});
     } else {
       auto kvHeads = heads(kvp, Sk, 2);
@@ -107,8 +110,10 @@ Tensor Attention::compute(const Tensor& x, const Tensor& memory, const Attention
     S = qkv.size(1);
     // A raw view (no autograd node): only its shape, dtype and device are asked about.
     Tensor probe = detail::narrowRaw(detail::viewRaw(qkv, {B, S, 3 * H, D}), 2, 0, H);
-    if (plainMask && flashAttentionUsable(probe, probe, probe, config_.dropout, isTraining())) {
-      y = flashAttentionPacked(qkv, H, config_.causal, scale, isTraining() ? config_.dropout : 0.0);
+    if (fusedAttentionTakes(extra, B, H, S, S, qkv.dtype()) &&
+        flashAttentionUsable(probe, probe, probe, config_.dropout, isTraining())) {
+      y = flashAttentionPacked(qkv, H, config_.causal, scale, isTraining() ? config_.dropout : 0.0,
+                               defaultGenerator(), extra.bias);
     } else {
       auto parts = heads(qkv, S, 3);
       y = composed(parts[0], parts[1], parts[2]);

@@ -65,6 +65,27 @@ bool flashAttentionSupported(const Tensor& q, const Tensor& k, const Tensor& v) 
          q.size(1) < (int64_t(1) << 30);
 }
 
+bool flashAttentionBiasFits(const Tensor& bias, const Tensor& q, const Tensor& k) {
+  if (bias.dim() != 4 || q.dim() != 4 || k.dim() != 4) return false;
+  int64_t B = q.size(0), Sq = q.size(1), H = q.size(2), Sk = k.size(1);
+  return (bias.size(0) == 1 || bias.size(0) == B) && bias.size(1) == H && bias.size(2) == Sq &&
+         bias.size(3) == Sk && bias.dtype() == q.dtype() && bias.device() == q.device();
+}
+
+namespace {
+
+// The bias as the kernels read it (NOTE [Biased fused attention]): a contiguous last dim.
+Tensor biasOperand(const Tensor& bias, const Tensor& q, const Tensor& k) {
+  if (!bias.defined()) return bias;
+  STRATA_CHECK(flashAttentionBiasFits(bias, q, k),
+               "flash attention: the bias must be [1 or {}, {}, {}, {}] in {} on {}, got {} {} on {}",
+               q.size(0), q.size(2), q.size(1), k.size(1), q.dtype(), toString(q.device()),
+               toString(bias.shape()), bias.dtype(), toString(bias.device()));
+  return bias.strides()[3] == 1 ? bias : contiguous(bias);
+}
+
+}  // namespace
+
 FlashAttentionResult flashAttention(const Tensor& qIn, const Tensor& kIn, const Tensor& vIn,
                                     const AttentionOptions& options) {
   checkOperand(qIn, "q");
@@ -85,11 +106,12 @@ FlashAttentionResult flashAttention(const Tensor& qIn, const Tensor& kIn, const 
   STRATA_CHECK(options.dropout >= 0.0 && options.dropout < 1.0,
                "flash attention: dropout must be in [0, 1), got {}", options.dropout);
   Tensor q = aligned(qIn), k = aligned(kIn), v = aligned(vIn);
+  AttentionOptions o = options;
+  o.scale = resolveScale(options, D);
+  o.bias = biasOperand(options.bias, q, k);
   FlashAttentionResult r;
   r.out = Tensor::empty({B, Sq, H, D}, q.dtype(), q.device());
   r.lse2 = Tensor::empty({B, H, Sq}, statsDType(q.dtype()), q.device());
-  AttentionOptions o = options;
-  o.scale = resolveScale(options, D);
   r.dropout = o.dropout;
   r.seed = o.seed;
   r.offset = o.offset;
@@ -107,7 +129,8 @@ FlashAttentionResult flashAttention(const Tensor& qIn, const Tensor& kIn, const 
 
 void flashAttentionBackward(const Tensor& qIn, const Tensor& kIn, const Tensor& vIn,
                             const FlashAttentionResult& saved, const Tensor& doutIn, const Tensor& dq,
-                            const Tensor& dk, const Tensor& dv, const AttentionOptions& options) {
+                            const Tensor& dk, const Tensor& dv, const AttentionOptions& options,
+                            const Tensor& dbias) {
   STRATA_CHECK(doutIn.shape() == saved.out.shape(),
                "flash attention backward: gradient of shape {} for output {}", toString(doutIn.shape()),
                toString(saved.out.shape()));
@@ -124,18 +147,41 @@ void flashAttentionBackward(const Tensor& qIn, const Tensor& kIn, const Tensor& 
   Tensor q = aligned(qIn), k = aligned(kIn), v = aligned(vIn), dout = aligned(doutIn);
   AttentionOptions o = options;
   o.scale = resolveScale(options, qIn.size(3));
+  o.bias = biasOperand(options.bias, q, k);
+  STRATA_CHECK(!dbias.defined() || (o.bias.defined() && dbias.shape() == o.bias.shape()),
+               "flash attention backward: a bias gradient of shape {} for the bias {}",
+               toString(dbias.shape()), o.bias.defined() ? toString(o.bias.shape()) : std::string("(none)"));
+  // NOTE [Biased fused attention]: the kernels add each batch's share into a zeroed fp32 accumulator.
+  Tensor dbiasSum = dbias.defined() ? zeros(o.bias.shape(), statsDType(q.dtype()), q.device()) : Tensor();
   STRATA_CHECK(
       o.dropout == saved.dropout && (o.dropout == 0.0 || (o.seed == saved.seed && o.offset == saved.offset)),
       "flash attention backward: dropout {} (seed {}, offset {}) differs from the forward's {} ({}, {})",
       o.dropout, o.seed, o.offset, saved.dropout, saved.seed, saved.offset);
+  auto finish = [&] {
+    if (dbias.defined()) copy(dbias, dbiasSum);
+  };
   if (saved.cudnn) {  // never with dropout: the forward does not ask cuDNN then
     Tensor natural = affine(saved.lse2, std::log(2.0), 0.0);
-    kernel<CudnnAttentionBackwardKernel>("cudnn_attention_backward", q.device())(q, k, v, saved.out, dout,
-                                                                                 natural, dq, dk, dv, o);
+    if (kernel<CudnnAttentionBackwardKernel>("cudnn_attention_backward", q.device())(
+            q, k, v, saved.out, dout, natural, dq, dk, dv, dbiasSum, o)) {
+      finish();
+      return;
+    }
+    // cuDNN ran the forward but refuses this backward (a bias gradient it cannot make, say): Strata's kernel
+    // recomputes the forward for its own statistics (its output matches cuDNN's to rounding) and runs the
+    // backward.
+    FlashAttentionResult own = saved;
+    own.out = Tensor::empty(saved.out.shape(), q.dtype(), q.device());
+    own.lse2 = Tensor::empty(saved.lse2.shape(), saved.lse2.dtype(), q.device());
+    kernel<FlashAttentionKernel>("flash_attention", q.device())(q, k, v, own.out, own.lse2, o);
+    kernel<FlashAttentionBackwardKernel>("flash_attention_backward", q.device())(
+        q, k, v, own.out, dout, own.lse2, dq, dk, dv, dbiasSum, o);
+    finish();
     return;
   }
-  kernel<FlashAttentionBackwardKernel>("flash_attention_backward", q.device())(q, k, v, saved.out, dout,
-                                                                               saved.lse2, dq, dk, dv, o);
+  kernel<FlashAttentionBackwardKernel>("flash_attention_backward", q.device())(
+      q, k, v, saved.out, dout, saved.lse2, dq, dk, dv, dbiasSum, o);
+  finish();
 }
 
 }  // namespace strata::ops

@@ -117,10 +117,13 @@ using DropoutKernel = void(const Tensor& x, const Tensor& out, double p, uint64_
 // log2-domain log-sum-exp of each query's scaled scores (written by the forward, read by the backward).
 using FlashAttentionKernel = void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& lse2, const AttentionOptions& options);
+// options.bias, where defined: [Bb, H, Sq, Sk] with a contiguous last dim. dbias, where defined: the
+// statistics dtype, contiguous [Bb, H, Sq, Sk], zero on entry; the backward adds each batch's gradient at the
+// bias into it (row b of it, or row 0 where Bb is 1).
 using FlashAttentionBackwardKernel = void(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& out, const Tensor& dout, const Tensor& lse2,
                                           const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                          const AttentionOptions& options);
+                                          const Tensor& dbias, const AttentionOptions& options);
 // cuDNN's fused attention (src/ops/cudnn, where built): the same operands, `lse` holding cuDNN's natural-log
 // statistics; false when cuDNN does not support the case (nothing written).
 using CudnnAttentionKernel = bool(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -128,7 +131,7 @@ using CudnnAttentionKernel = bool(const Tensor& q, const Tensor& k, const Tensor
 using CudnnAttentionBackwardKernel = bool(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& out, const Tensor& dout, const Tensor& lse,
                                           const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                          const AttentionOptions& options);
+                                          const Tensor& dbias, const AttentionOptions& options);
 
 // gradScale: fp32 [1] on the device multiplying every gradient (clipping, loss-scale), or undefined for 1.
 // out: fp32 [] on the tensors' device; tensors fp32 contiguous.

@@ -47,3 +47,34 @@ TEST_CASE("relative position bucket table and bias layout", "[nn]") {
       }
   REQUIRE_FALSE(test::errorOf([&] { bias.apply(3, 4, DType::BF16); }).empty());
 }
+
+TEST_CASE("relative position bias by diagonals: every shape's values, and the table's gradient",
+          "[nn][attention]") {
+  // NOTE [Relative bias by diagonals]: the skewed lookup equals the table at bucket(j - i) for one query,
+  // more queries than keys and the other way round; the table's gradient is the sum of the bias's over each
+  // bucket.
+  Generator gen(6);
+  for (bool bidirectional : {true, false}) {
+    nn::RelativePositionBias bias({3, 8, 12, bidirectional, 1.0, Device::cpu()}, gen);
+    bias.castParameters(DType::F64);
+    for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 5}, {4, 4}, {6, 3}, {3, 9}, {2, 1}}) {
+      INFO((bidirectional ? "bidirectional " : "causal ") << Sq << " x " << Sk);
+      bias.weight.setGrad(Tensor());
+      Tensor values = bias.apply(Sq, Sk, DType::F64);
+      REQUIRE(values.shape() == Shape({1, 3, Sq, Sk}));
+      REQUIRE(values.strides()[3] == 1);
+      Tensor g = test::randomDouble({1, 3, Sq, Sk}, 7);
+      backward(sum(mul(values, g)));
+      std::vector<double> table = bias.weight.toVector<double>(), v = values.contiguous().toVector<double>();
+      std::vector<double> gv = g.toVector<double>(), want(table.size(), 0.0);
+      for (int64_t h = 0; h < 3; ++h)
+        for (int64_t i = 0; i < Sq; ++i)
+          for (int64_t j = 0; j < Sk; ++j) {
+            int64_t bucket = nn::relativePositionBucket(j - i, bidirectional, 8, 12);
+            REQUIRE(v[size_t((h * Sq + i) * Sk + j)] == table[size_t(bucket * 3 + h)]);
+            want[size_t(bucket * 3 + h)] += gv[size_t((h * Sq + i) * Sk + j)];
+          }
+      test::requireClose(bias.weight.grad(), Tensor::fromVector<double>(want, {8, 3}), 1e-12, 1e-12);
+    }
+  }
+}

@@ -155,15 +155,24 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
                                  double scale = 0.0, Generator& gen = defaultGenerator());
 
 // Fused attention (ops::flashAttention): q [B, S_q, H, D], k and v [B, S_k, H, D] views -> [B, S_q, H, D],
-// never materialising the scores. No additive masks; causal masking as above. dropoutP > 0 drops
-// probabilities with the mask scaledDotProductAttention draws from the same state of `gen` (NOTE [Fused
-// attention dropout] in ops/Ops.h); pass 0 outside training.
+// never materialising the scores. No key padding; causal masking as above. dropoutP > 0 drops probabilities
+// with the mask scaledDotProductAttention draws from the same state of `gen` (NOTE [Fused attention dropout]
+// in ops/Ops.h); pass 0 outside training. `bias`, where defined, is added to the scaled scores: [1 or B, H,
+// S_q, S_k] in q's dtype (T5's relative positions; NOTE [Biased fused attention] in
+// kernels/FlashAttention.cuh); its gradient is summed over the batch where it is shared.
 Tensor flashAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale = 0.0,
-                      double dropoutP = 0.0, Generator& gen = defaultGenerator());
+                      double dropoutP = 0.0, Generator& gen = defaultGenerator(),
+                      const Tensor& bias = Tensor());
 // Self-attention straight from a packed projection: qkv [B, S, 3 * H * D] (q, k, v blocks, heads inside each)
 // -> [B, S, H * D]. The backward writes dq, dk and dv into one packed gradient, with no copies in between.
 Tensor flashAttentionPacked(const Tensor& qkv, int64_t heads, bool causal, double scale = 0.0,
-                            double dropoutP = 0.0, Generator& gen = defaultGenerator());
+                            double dropoutP = 0.0, Generator& gen = defaultGenerator(),
+                            const Tensor& bias = Tensor());
+// Whether the fused path can take `mask` for B batches of H heads, S_q queries and S_k keys in `dtype`: no
+// key padding, and a bias that is undefined or [1 or B, H, S_q, S_k] in `dtype`. The causal flag is the
+// caller's own.
+bool fusedAttentionTakes(const AttentionMask& mask, int64_t B, int64_t H, int64_t Sq, int64_t Sk,
+                         DType dtype);
 // Whether the fused path serves these operands ([B, S, H, D] views) and options on their device: CUDA,
 // bf16/f16, head dim 64, 80 or 128. STRATA_ATTENTION=composed turns it off. Dropout while training runs in
 // Strata's kernel (never cuDNN's), which replays the composed path's mask (NOTE [Fused attention dropout]);

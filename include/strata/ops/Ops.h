@@ -161,9 +161,9 @@ NormGrads rmsNormBackward(const Tensor& gy, const Tensor& x, const Tensor& weigh
 
 // ---- fused attention
 // ------------------------------------------------------------------------------------------------
-// softmax(scale * q k^T [+ causal mask]) v without materialising the scores. q [B, Sq, H, D], k and v
-// [B, Sk, H, D]: views with a contiguous last dim (heads may be interleaved with other data, e.g. slices of a
-// packed qkv projection). Causal masking hides key j from query i when j > i + (Sk - Sq). scale 0 means
+// softmax(scale * q k^T [+ bias] [+ causal mask]) v without materialising the scores. q [B, Sq, H, D], k and
+// v [B, Sk, H, D]: views with a contiguous last dim (heads may be interleaved with other data, e.g. slices of
+// a packed qkv projection). Causal masking hides key j from query i when j > i + (Sk - Sq). scale 0 means
 // 1/sqrt(D). On CUDA: bf16/f16, D of 64, 80 or 128 (flashAttentionSupported says); the CPU kernel is a
 // reference for every floating dtype.
 // Which fused kernel runs CUDA attention. Auto: cuDNN's where the build has them (the cuDNN frontend's
@@ -186,6 +186,11 @@ struct AttentionOptions {
   AttentionBackend backend = AttentionBackend::Auto;
   double dropout = 0.0;  // probability of dropping an attention probability, [0, 1)
   uint64_t seed = 0, offset = 0;
+  // Added to the scaled scores before the softmax (NOTE [Biased fused attention] in
+  // kernels/FlashAttention.cuh): [1 or B, H, Sq, Sk] in the operands' dtype and on their device, any strides
+  // (a last dim that is not contiguous is copied first); a leading 1 shares it with the whole batch (T5's
+  // relative positions). Undefined for none. The causal mask still applies on top.
+  Tensor bias = Tensor();
 };
 struct FlashAttentionResult {
   Tensor out;   // [B, Sq, H, D] contiguous
@@ -196,13 +201,19 @@ struct FlashAttentionResult {
   uint64_t seed = 0, offset = 0;
 };
 bool flashAttentionSupported(const Tensor& q, const Tensor& k, const Tensor& v);
+// Whether `bias` fits fused attention of q [B, Sq, H, D] and k [B, Sk, H, D]: [1 or B, H, Sq, Sk], q's dtype
+// and device.
+bool flashAttentionBiasFits(const Tensor& bias, const Tensor& q, const Tensor& k);
 FlashAttentionResult flashAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options);
 // Writes the gradients into dq, dk, dv (preallocated, shaped like q, k, v, contiguous last dim), which may be
-// views into one packed buffer.
+// views into one packed buffer. With options.bias, dbias (shaped like the bias, its dtype) receives the
+// bias's gradient, summed over the batch where the bias is shared by it; leave it undefined when none is
+// wanted.
 void flashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
                             const FlashAttentionResult& saved, const Tensor& dout, const Tensor& dq,
-                            const Tensor& dk, const Tensor& dv, const AttentionOptions& options);
+                            const Tensor& dk, const Tensor& dv, const AttentionOptions& options,
+                            const Tensor& dbias = Tensor());
 
 // ---- layers' kernels
 // ---------------------------------------------------------------------------------------------- weight [V,

@@ -1,6 +1,7 @@
 // CPU reference for fused attention: the same math as the CUDA kernels (log2-domain row statistics, P
-// recomputed in the backward, the dropout mask of NOTE [Fused attention dropout] replayed), one (batch, head)
-// per OpenMP task. Strided operands are read in place.
+// recomputed in the backward, the dropout mask of NOTE [Fused attention dropout] replayed, the additive bias
+// of NOTE [Biased fused attention] in kernels/FlashAttention.cuh), one (batch, head) per OpenMP task.
+// Strided operands are read in place.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -27,6 +28,24 @@ View<T> viewOf(const Tensor& t) {
 bool hidden(bool causal, int64_t i, int64_t j, int64_t shift) {
   return causal && j > i + shift;
 }
+
+// options.bias of (batch b, head h): its row i at row(i), or nothing.
+template <class T>
+struct BiasView {
+  const T* data = nullptr;
+  int64_t b = 0, h = 0, s = 0;
+  explicit BiasView(const Tensor& bias) {
+    if (!bias.defined()) return;
+    data = static_cast<const T*>(bias.data());
+    b = bias.size(0) == 1 ? 0 : bias.strides()[0];
+    h = bias.strides()[1];
+    s = bias.strides()[2];
+  }
+  template <class F>
+  F at(int64_t bi, int64_t hi, int64_t i, int64_t j) const {
+    return data == nullptr ? F(0) : F(data[bi * b + hi * h + i * s + j]);
+  }
+};
 
 // NOTE [Fused attention dropout] in ops/Ops.h: the factor probability (b, h, i, j) is multiplied by, 0 or
 // 1 / (1 - p), from the mask ops::dropout would draw over [B, H, Sq, Sk].
@@ -60,6 +79,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
     F* L = static_cast<F*>(lse2.data());  // F: fp32, or f64 for f64 inputs
     F scale = F(opt.scale);
     DropMask drop(opt, H, Sq, Sk);
+    BiasView<T> bias(opt.bias);
 #pragma omp parallel for collapse(2) if (B * H * Sq * Sk * D > kParallelGrain)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
@@ -75,7 +95,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
             const T* kj = K.row(b, h, j);
             F dot = 0;
             for (int64_t d = 0; d < D; ++d) dot += F(qi[d]) * F(kj[d]);
-            s[size_t(j)] = dot * scale;
+            s[size_t(j)] = dot * scale + bias.template at<F>(b, h, i, j);
             mx = std::max(mx, s[size_t(j)]);
           }
           F sum = 0;
@@ -98,7 +118,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
 }
 
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
-              const Tensor& lse2, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+              const Tensor& lse2, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dbias,
               const AttentionOptions& opt) {
   int64_t B = q.size(0), Sq = q.size(1), H = q.size(2), D = q.size(3), Sk = k.size(1), shift = Sk - Sq;
   visitFloating(q.dtype(), "flash_attention_backward", [&](auto tag) {
@@ -109,9 +129,18 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     const F* L = static_cast<const F*>(lse2.data());
     F scale = F(opt.scale);
     DropMask drop(opt, H, Sq, Sk);
+    BiasView<T> bias(opt.bias);
+    // The bias's gradient of each (batch, head), summed over the batch afterwards (in batch order) where the
+    // bias is shared: tasks of different batches never write one element.
+    bool sharedBias = dbias.defined() && dbias.size(0) == 1 && B > 1;
+    std::vector<F> dbiasParts(sharedBias ? size_t(B * H * Sq * Sk) : 0);
+    F* dbiasOut = dbias.defined() ? static_cast<F*>(dbias.data()) : nullptr;
 #pragma omp parallel for collapse(2) if (B * H * Sq * Sk * D > kParallelGrain)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
+        F* gbias = sharedBias ? dbiasParts.data() + (b * H + h) * Sq * Sk
+                   : dbiasOut ? dbiasOut + (b * H + h) * Sq * Sk
+                              : nullptr;
         std::vector<F> gk(static_cast<size_t>(Sk * D), F(0)), gv(static_cast<size_t>(Sk * D), F(0)),
             gq(static_cast<size_t>(D));
         for (int64_t i = 0; i < Sq; ++i) {
@@ -128,11 +157,13 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
               dot += F(qi[d]) * F(kj[d]);
               dp += F(gi[d]) * F(vj[d]);
             }
-            F p = std::exp(dot * scale - lse);
+            F p = std::exp(dot * scale + bias.template at<F>(b, h, i, j) - lse);
             // With dropout (z: 0 or 1 / (1 - p_drop)): O = (P z) V, so dV takes P z, and the gradient at P is
             // z dP; delta = rowsum(dO O) is still rowsum(P z dP).
             F z = drop.template factor<F>(b, h, i, j);
-            F ds = p * (z * dp - delta) * scale;
+            F dlogit = p * (z * dp - delta);  // the bias's gradient
+            if (gbias != nullptr) gbias[i * Sk + j] += dlogit;
+            F ds = dlogit * scale;
             for (int64_t d = 0; d < D; ++d) {
               gq[size_t(d)] += ds * F(kj[d]);
               gk[size_t(j * D + d)] += ds * F(qi[d]);
@@ -151,6 +182,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
         }
       }
     }
+    if (sharedBias)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t e = 0; e < H * Sq * Sk; ++e) dbiasOut[e] += dbiasParts[size_t(b * H * Sq * Sk + e)];
   });
 }
 

@@ -36,16 +36,29 @@ fl::Params params(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.dropScale = opt.dropout > 0 ? float(1.0 / (1.0 - opt.dropout)) : 1.0f;
   p.seed = opt.seed;
   p.offset = opt.offset;
+  if (opt.bias.defined()) {  // NOTE [Biased fused attention]
+    const Tensor& bias = opt.bias;
+    p.bias = bias.data();
+    p.biasB = bias.size(0) == 1 ? 0 : bias.strides()[0];
+    p.biasH = bias.strides()[1];
+    p.biasS = bias.strides()[2];
+  }
   return p;
 }
 
-// Calls fn.template operator()<DROP>() (NOTE [Fused attention dropout]).
+// Calls fn.template operator()<DROP, BIAS>() (NOTE [Fused attention dropout], NOTE [Biased fused attention]).
 template <class Fn>
-void visitDrop(const AttentionOptions& opt, Fn&& fn) {
-  if (opt.dropout > 0)
-    fn.template operator()<true>();
+void visitDropBias(const AttentionOptions& opt, Fn&& fn) {
+  auto withDrop = [&]<bool BIAS>() {
+    if (opt.dropout > 0)
+      fn.template operator()<true, BIAS>();
+    else
+      fn.template operator()<false, BIAS>();
+  };
+  if (opt.bias.defined())
+    withDrop.template operator()<true>();
   else
-    fn.template operator()<false>();
+    withDrop.template operator()<false>();
 }
 
 template <class Kernel>
@@ -86,14 +99,14 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
   dim3 grid(unsigned((p.Sq + BM - 1) / BM), unsigned(p.B * p.H));
   visitFlash(q.dtype(), q.size(3), [&]<class T, int D>() {
     int smem = (BM + 4 * fl::kBlockN) * fl::kSmemStride<D> * 2;
-    visitDrop(opt, [&]<bool DROP>() {
-      launch(fl::forwardKernel<T, D, kForwardWarps, DROP>, grid, kForwardWarps, smem, streamOf(q), p);
+    visitDropBias(opt, [&]<bool DROP, bool BIAS>() {
+      launch(fl::forwardKernel<T, D, kForwardWarps, DROP, BIAS>, grid, kForwardWarps, smem, streamOf(q), p);
     });
   });
 }
 
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
-              const Tensor& lse2, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+              const Tensor& lse2, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dbias,
               const AttentionOptions& opt) {
   DeviceGuard guard(q.device().index);
   fl::Params p = params(q, k, v, out, lse2, opt);
@@ -104,6 +117,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   p.dqS = operand(dq);
   p.dkS = operand(dk);
   p.dvS = operand(dv);
+  if (dbias.defined()) {
+    p.dbias = static_cast<float*>(dbias.data());
+    p.dbiasB = dbias.size(0) == 1 ? 0 : int64_t(p.H) * p.Sq * p.Sk;
+  }
   Tensor delta = Tensor::empty({q.size(0), q.size(2), q.size(1)}, DType::F32, q.device());
   p.delta = static_cast<float*>(delta.data());
   cudaStream_t stream = streamOf(q);
@@ -114,10 +131,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     STRATA_CUDA_CHECK_LAUNCH();
     int smemKv = (2 * B16 + 4 * fl::kBlockN) * fl::kSmemStride<D> * 2 + 4 * fl::kBlockN * int(sizeof(float));
     int smemQ = (2 * B16 + 4 * fl::kBlockN) * fl::kSmemStride<D> * 2;
-    visitDrop(opt, [&]<bool DROP>() {
-      launch(fl::backwardKvKernel<T, D, kWarps, DROP>,
+    visitDropBias(opt, [&]<bool DROP, bool BIAS>() {
+      launch(fl::backwardKvKernel<T, D, kWarps, DROP, BIAS>,
              dim3(unsigned((p.Sk + B16 - 1) / B16), unsigned(p.B * p.H)), kWarps, smemKv, stream, p);
-      launch(fl::backwardQKernel<T, D, kWarps, DROP>,
+      launch(fl::backwardQKernel<T, D, kWarps, DROP, BIAS>,
              dim3(unsigned((p.Sq + B16 - 1) / B16), unsigned(p.B * p.H)), kWarps, smemQ, stream, p);
     });
   });

@@ -6,6 +6,12 @@
 // cuDNN does not support is remembered too, and the caller falls back to Strata's own kernel. The statistics
 // cuDNN keeps for the backward are the natural-log log-sum-exp of each query row, [B, H, Sq] fp32: they go in
 // the result's lse2 slot, marked as cuDNN's, so only cuDNN's backward reads them.
+//
+// An additive bias (NOTE [Biased fused attention] in kernels/FlashAttention.cuh) goes to cuDNN's bias input
+// where the whole batch shares it ([1, H, Sq, Sk], T5's case), and its gradient to cuDNN's dBias, written in
+// the operands' dtype and then added into the caller's fp32 accumulator. cuDNN's bottom-right causal mask
+// takes no bias: a causal biased case runs here only where Sq == Sk (top-left and bottom-right agree). A
+// backward cuDNN refuses returns false and the caller runs Strata's kernels instead (ops/Attention.cpp).
 #include <cudnn.h>
 
 #include <cmath>
@@ -28,7 +34,7 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kBias, kDBias };
 
 // [B, S, H, D] views as cuDNN's [B, H, S, D] dims and strides.
 std::vector<int64_t> dimsOf(const Tensor& t) {
@@ -117,7 +123,41 @@ std::string keyOf(const char* what, const Tensor& q, const Tensor& k, const Tens
   uint64_t bits = 0;
   double scale = options.scale;
   std::memcpy(&bits, &scale, sizeof bits);
-  return key + std::to_string(bits) + (options.causal ? ":causal" : "");
+  key += std::to_string(bits) + (options.causal ? ":causal" : "");
+  if (options.bias.defined()) {
+    key += ":bias";
+    for (int64_t d : options.bias.shape()) key += "," + std::to_string(d);
+    for (int64_t st : options.bias.strides()) key += "/" + std::to_string(st);
+  }
+  return key;
+}
+
+// Whether cuDNN's graph can take this bias (see the file's note): shared by the batch, and no causal mask
+// whose bottom-right alignment differs from top-left.
+bool biasTaken(const Tensor& q, const Tensor& k, const AttentionOptions& options) {
+  if (!options.bias.defined()) return true;
+  return options.bias.size(0) == 1 && (!options.causal || q.size(1) == k.size(1));
+}
+
+// The causal mask: bottom-right (Strata's rule, NOTE above forward) without a bias; top-left with one, where
+// biasTaken has made sure Sq == Sk.
+template <class Attributes>
+void causalMask(Attributes& attributes, const AttentionOptions& options) {
+  if (!options.causal) return;
+  if (options.bias.defined())
+    attributes.set_causal_mask(true);
+  else
+    attributes.set_causal_mask_bottom_right(true);
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> biasInput(fe::graph::Graph& g, const Tensor& bias) {
+  return g.tensor(
+      fe::graph::Tensor_attributes()
+          .set_name("bias")
+          .set_uid(kBias)
+          .set_dim({bias.size(0), bias.size(1), bias.size(2), bias.size(3)})
+          .set_stride({bias.strides()[0], bias.strides()[1], bias.strides()[2], bias.strides()[3]})
+          .set_data_type(feType(bias.dtype())));
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, int64_t uid,
@@ -151,6 +191,7 @@ void output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid,
 // NOTE: Strata's causal mask hides key j from query i when j > i + (Sk - Sq): cuDNN's bottom-right diagonal.
 bool forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
              const AttentionOptions& options) {
+  if (!biasTaken(q, k, options)) return false;
   Device device = q.device();
   cudnnHandle_t handle = handleFor(device);
   Plan& plan = planFor(
@@ -161,7 +202,8 @@ bool forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
         auto attributes =
             fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(
                 float(options.scale));
-        if (options.causal) attributes.set_causal_mask_bottom_right(true);
+        causalMask(attributes, options);
+        if (options.bias.defined()) attributes.set_bias(biasInput(g, options.bias));
         auto [to, ts] = g.sdpa(tq, tk, tv, attributes);
         output(to, kO, out);
         int64_t B = lse.size(0), H = lse.size(1), S = lse.size(2);
@@ -176,17 +218,21 @@ bool forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
   if (!plan.graph) return false;
   std::unordered_map<int64_t, void*> pack{
       {kQ, q.data()}, {kK, k.data()}, {kV, v.data()}, {kO, out.data()}, {kStats, lse.data()}};
+  if (options.bias.defined()) pack.emplace(kBias, options.bias.data());
   run(plan, device, handle, pack);
   return true;
 }
 
 bool backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
-              const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+              const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dbias,
               const AttentionOptions& options) {
+  if (!biasTaken(q, k, options)) return false;
   Device device = q.device();
   cudnnHandle_t handle = handleFor(device);
-  std::string key =
-      keyOf("bwd", q, k, v, out, options) + describe(dout) + describe(dq) + describe(dk) + describe(dv);
+  std::string key = keyOf("bwd", q, k, v, out, options) + describe(dout) + describe(dq) + describe(dk) +
+                    describe(dv) + (dbias.defined() ? ":dbias" : "");
+  // cuDNN writes dBias, contiguous in the operands' dtype; the caller's accumulator takes it after.
+  Tensor dbiasOwn = dbias.defined() ? Tensor::empty(dbias.shape(), q.dtype(), device) : Tensor();
   Plan& plan = planFor(
       key, device,
       [&](fe::graph::Graph& g) {
@@ -197,7 +243,17 @@ bool backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
         auto attributes = fe::graph::SDPA_backward_attributes()
                               .set_name("sdpa_backward")
                               .set_attn_scale(float(options.scale));
-        if (options.causal) attributes.set_causal_mask_bottom_right(true);
+        causalMask(attributes, options);
+        if (options.bias.defined()) attributes.set_bias(biasInput(g, options.bias));
+        if (dbiasOwn.defined()) {
+          int64_t H = dbiasOwn.size(1), Sq = dbiasOwn.size(2), Sk = dbiasOwn.size(3);
+          attributes.set_dbias(g.tensor(fe::graph::Tensor_attributes()
+                                            .set_name("dbias")
+                                            .set_uid(kDBias)
+                                            .set_dim({1, H, Sq, Sk})
+                                            .set_stride({H * Sq * Sk, Sq * Sk, Sk, 1})
+                                            .set_data_type(feType(q.dtype()))));
+        }
         auto [tdq, tdk, tdv] = g.sdpa_backward(tq, tk, tv, to, tdo, ts, attributes);
         output(tdq, kDQ, dq);
         output(tdk, kDK, dk);
@@ -205,13 +261,14 @@ bool backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
         return true;
       },
       handle);
-  STRATA_CHECK(plan.graph != nullptr,
-               "cuDNN attention: its forward ran for this case but cuDNN refuses the backward (q {}, k {})",
-               toString(q.shape()), toString(k.shape()));
+  if (plan.graph == nullptr) return false;  // the caller runs Strata's kernels
   std::unordered_map<int64_t, void*> pack{{kQ, q.data()},   {kK, k.data()},     {kV, v.data()},
                                           {kO, out.data()}, {kDO, dout.data()}, {kStats, lse.data()},
                                           {kDQ, dq.data()}, {kDK, dk.data()},   {kDV, dv.data()}};
+  if (options.bias.defined()) pack.emplace(kBias, options.bias.data());
+  if (dbiasOwn.defined()) pack.emplace(kDBias, dbiasOwn.data());
   run(plan, device, handle, pack);
+  if (dbiasOwn.defined()) copy(dbias, dbiasOwn);  // the accumulator is zero on entry
   return true;
 }
 
