@@ -1,0 +1,114 @@
+// fp8Linear and Fp8Scaling on the CPU (NOTE [FP8 training] in autograd/Fp8.h): the emulated products against
+// the recipe written out with the conversion, the amaxes recorded, the bf16 fallback, and the state's save.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "TestUtil.h"
+#include "strata/autograd/Fp8.h"
+#include "strata/autograd/Functions.h"
+#include "strata/autograd/GradMode.h"
+
+using namespace strata;
+using namespace strata::test;
+
+namespace {
+
+// x quantised to `format` at `scale` and back (what the GEMMs multiply).
+Tensor quantised(const Tensor& x, Fp8Format format, float scale) {
+  std::vector<float> v = x.toVector<float>();
+  for (float& e : v) e = fp8ToFloat(floatToFp8(e * scale, format), format) / scale;
+  return Tensor::fromVector<float>(v, x.shape());
+}
+
+float largest(const Tensor& x) {
+  float m = 0;
+  for (float e : x.toVector<float>()) m = std::max(m, std::abs(e));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("fp8Linear multiplies E4M3 inputs and weights, E5M2 gradients, and records the amaxes",
+          "[autograd][fp8]") {
+  const int64_t rows = 32, K = 48, N = 16, H = 8;
+  Generator g(7);
+  Tensor x = ops::randn({2, rows / 2, K}, g).setRequiresGrad();
+  Tensor w = ops::randn({K, N}, g, DType::F32, Device::cpu(), 0, 0.1).setRequiresGrad();
+  Tensor b = ops::randn({N}, g).setRequiresGrad();
+  auto scaling = autograd::Fp8Scaling::create(autograd::Fp8Recipe{H, 0, false}, Device::cpu());
+  auto state = scaling->add("layer");
+  // Move on to position 2 with some scales other than 1: x 8, W 64, g 1024 (inverses follow).
+  scaling->update();
+  scaling->update();
+  ops::copy(state->state.narrow(0, 0, 6),
+            Tensor::fromVector<float>({8.0f, 64.0f, 1024.0f, 1 / 8.0f, 1 / 64.0f, 1 / 1024.0f}, {6}));
+  Tensor y = fp8Linear(x, w, b, *state);
+  REQUIRE(y.shape() == Shape({2, rows / 2, N}));
+  Tensor xq = quantised(x.detach(), Fp8Format::E4M3, 8), wq = quantised(w.detach(), Fp8Format::E4M3, 64);
+  requireClose(y.detach(), ops::add(ops::matmul(xq, wq), b.detach()), 1e-5, 1e-5);
+  Tensor gy = ops::randn({2, rows / 2, N}, g);
+  backward({y}, {gy});
+  Tensor gq = quantised(gy, Fp8Format::E5M2, 1024);
+  requireClose(x.grad(), ops::matmul(gq, ops::contiguous(wq.transpose(0, 1))), 1e-5, 1e-5);
+  Tensor gq2 = gq.reshape({rows, N});
+  requireClose(w.grad(), ops::matmul(ops::contiguous(xq.reshape({rows, K}).transpose(0, 1)), gq2), 1e-5,
+               1e-5);
+  requireClose(b.grad(), ops::sum(gy.reshape({rows, N}), {0}), 1e-5, 1e-5);
+  // Each cast maxed its tensor's amax into entry 2 of its history.
+  std::vector<float> s = state->state.toVector<float>();
+  REQUIRE(s[6 + 2] == largest(x.detach()));
+  REQUIRE(s[6 + H + 2] == largest(w.detach()));
+  REQUIRE(s[6 + 2 * H + 2] == largest(gy));
+  REQUIRE(s[6 + 1] == 0.0f);
+  // The next step's scales come from them.
+  scaling->update();
+  s = state->state.toVector<float>();
+  REQUIRE(s[0] == 448.0f / largest(x.detach()));
+  REQUIRE(s[2] == 57344.0f / largest(gy));
+  REQUIRE(scaling->position() == 3);
+}
+
+TEST_CASE("fp8Linear records nothing without gradients and falls back to bf16 at other shapes",
+          "[autograd][fp8]") {
+  Generator g(3);
+  auto scaling = autograd::Fp8Scaling::create(autograd::Fp8Recipe{4, 0, false}, Device::cpu());
+  auto state = scaling->add("layer");
+  Tensor x = ops::randn({16, 32}, g), w = ops::randn({32, 16}, g);
+  {
+    NoGradGuard noGrad;
+    Tensor y = fp8Linear(x, w, Tensor(), *state);
+    requireClose(y, ops::matmul(quantised(x, Fp8Format::E4M3, 1), quantised(w, Fp8Format::E4M3, 1)), 1e-5,
+                 1e-5);
+  }
+  std::vector<float> s = state->state.toVector<float>();
+  REQUIRE(std::all_of(s.begin() + 6, s.end(), [](float v) { return v == 0.0f; }));
+  // K = 20 is no multiple of 16: the product runs unquantised, as linear() does.
+  Tensor x2 = ops::randn({16, 20}, g).setRequiresGrad(), w2 = ops::randn({20, 16}, g).setRequiresGrad();
+  Tensor y2 = fp8Linear(x2, w2, Tensor(), *state);
+  REQUIRE(y2.toVector<float>() == linear(x2, w2).toVector<float>());
+  s = state->state.toVector<float>();
+  REQUIRE(std::all_of(s.begin() + 6, s.end(), [](float v) { return v == 0.0f; }));
+}
+
+TEST_CASE("Fp8Scaling saves and loads its scales, histories and position", "[autograd][fp8]") {
+  auto a = autograd::Fp8Scaling::create(autograd::Fp8Recipe{4, 1, false}, Device::cpu());
+  auto sa = a->add("one");
+  a->add("two");
+  ops::copy(sa->state.narrow(0, 6, 1), Tensor::fromVector<float>({2.0f}, {1}));
+  a->update();
+  REQUIRE(sa->state.toVector<float>()[0] == 448.0f / 2.0f / 2.0f);
+  Tensor flat = a->save();
+  REQUIRE(flat.numel() == a->savedElements());
+  auto b = autograd::Fp8Scaling::create(autograd::Fp8Recipe{4, 1, false}, Device::cpu());
+  auto sb = b->add("one");
+  b->add("two");
+  b->load(flat, "test");
+  REQUIRE(b->position() == 1);
+  REQUIRE(sb->state.toVector<float>() == sa->state.toVector<float>());
+  // Another history length or other layers are refused, naming the key.
+  auto c = autograd::Fp8Scaling::create(autograd::Fp8Recipe{8, 1, false}, Device::cpu());
+  c->add("one");
+  c->add("two");
+  REQUIRE(errorOf([&] { c->load(flat, "test"); }).find("precision.fp8_amax_history") != std::string::npos);
+}
