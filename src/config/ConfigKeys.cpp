@@ -498,7 +498,7 @@ const std::vector<ConfigSection> kSections = {
      "defaults "
      "are HF's advice for an external learning rate."},
     {"lr_schedule", "A linear warm-up to `optimizer.lr`, then a decay to `optimizer.min_lr`."},
-    {"precision", "The compute dtype and fp16's dynamic loss scaling."},
+    {"precision", "The compute dtype, fp16's dynamic loss scaling and FP8 training."},
     {"zero_optimization", "DeepSpeed-style keys: ZeRO over chunks, offloading and the SSD tier's transfers."},
     {"store",
      "Where model state lives: each chunk's optimizer state stays on the GPU while its budget lasts, then "
