@@ -18,6 +18,11 @@
 // kernel with its own heuristics. GEMMs with an epilogue stay on cuBLASLt. The default (`lt`) is cuBLASLt for
 // all.
 //
+// FP8 operands (GemmArgs::fp8A/fp8B; NOTE [FP8 training] in autograd/Fp8.h) take the same path: E4M3/E5M2
+// layouts in the TN form Hopper's FP8 kernels need (cuBLASLt's A transposed: our B stored [n, k]), the
+// per-tensor dequantisation factors as A/B_SCALE_POINTER (set per call with the epilogue pointers), fp32
+// accumulation, a bf16 or fp32 D, and a bf16 bias in the epilogue when an algorithm has one.
+//
 // The workspace is per stream: each call takes it from the device's caching allocator on the GEMM's stream
 // and frees it once the GEMM is enqueued. Stream-ordered reuse (NOTE [Stream-ordered reuse]) hands the same
 // block to the next GEMM on that stream, which runs after this one, and never to a GEMM on another stream
@@ -283,6 +288,12 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
       int64_t ld = g.ldAux;
       STRATA_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+    }
+    // FP8 inputs: the bias in D's dtype (bf16), said explicitly, as the default depends on the inputs.
+    if (g.fp8A && g.bias) {
+      cudaDataType_t bt = cudaType(*g.outDtype);
+      STRATA_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
     }
     // The heuristic reads the pointers' alignment.
     setEpiloguePointers(*plan, g);
