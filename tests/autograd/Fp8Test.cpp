@@ -112,3 +112,54 @@ TEST_CASE("Fp8Scaling saves and loads its scales, histories and position", "[aut
   c->add("two");
   REQUIRE(errorOf([&] { c->load(flat, "test"); }).find("precision.fp8_amax_history") != std::string::npos);
 }
+
+TEST_CASE("[cuda] fp8Linear on the GPU gives the CPU emulation's outputs, gradients and scales",
+          "[cuda][autograd][fp8]") {
+  STRATA_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  const int64_t rows = 64, K = 96, N = 80, H = 4;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    INFO(dtypeName(dt));
+    Generator g(13);
+    // Values a bf16 holds exactly, so both devices cast the same numbers.
+    auto values = [&](const Shape& shape, double std) {
+      return ops::to(ops::randn(shape, g, DType::F32, Device::cpu(), 0, std), Device::cpu(), DType::BF16)
+          .to(DType::F32);
+    };
+    Tensor x = values({rows, K}, 1.0), w = values({K, N}, 0.05), b = values({N}, 1.0),
+           gy = values({rows, N}, 1e-3);
+    auto run = [&](Device device, DType dtype) {
+      auto scaling = autograd::Fp8Scaling::create(autograd::Fp8Recipe{H, 0, false}, device);
+      auto state = scaling->add("layer");
+      // Fresh leaves (ops::to may hand back its input when nothing changes).
+      Tensor xd = ops::to(x.clone(), device, dtype).setRequiresGrad();
+      Tensor wd = ops::to(w.clone(), device, dtype).setRequiresGrad();
+      Tensor bd = ops::to(b.clone(), device, dtype).setRequiresGrad();
+      std::vector<Tensor> out;
+      // Two steps: the second casts with the scales the first one's amaxes gave.
+      for (int step = 0; step < 2; ++step) {
+        xd.setGrad(Tensor());
+        wd.setGrad(Tensor());
+        bd.setGrad(Tensor());
+        Tensor y = fp8Linear(xd, wd, bd, *state);
+        backward({y}, {gy.to(device, dtype)});
+        scaling->update();
+        if (step == 1) out = {y.detach(), xd.grad(), wd.grad(), bd.grad(), state->state};
+      }
+      for (Tensor& t : out) t = ops::to(t, Device::cpu(), DType::F32);
+      return out;
+    };
+    std::vector<Tensor> cpu = run(Device::cpu(), DType::F32), dev = run(gpu, dt);
+    // The same products; the sums' order and a bf16 output's rounding differ.
+    double rtol = dt == DType::BF16 ? 1e-2 : 1e-4;
+    for (size_t i = 0; i < 4; ++i) {
+      INFO("tensor " << i);
+      std::vector<float> v = cpu[i].toVector<float>();
+      double scale = 0;
+      for (float e : v) scale = std::max(scale, double(std::abs(e)));
+      requireClose(dev[i], cpu[i], 1e-3 * scale, rtol);
+    }
+    // The scales and histories: the amaxes of the same values, the same arithmetic.
+    REQUIRE(dev[4].toVector<float>() == cpu[4].toVector<float>());
+  }
+}

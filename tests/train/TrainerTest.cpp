@@ -95,24 +95,26 @@ TEST_CASE("resume continues the loss curve exactly", "[train][trainer][checkpoin
                     tail);
 }
 
-TEST_CASE("fp8 training (the CPU's emulation) lowers the loss as bf16 does and resumes bit for bit",
-          "[train][trainer][fp8]") {
-  fs::path bf16 = fs::temp_directory_path() / "strata-fp8-bf16";
-  fs::path straight = fs::temp_directory_path() / "strata-fp8-straight";
-  fs::path split = fs::temp_directory_path() / "strata-fp8-split";
-  for (const fs::path& p : {bf16, straight, split}) fs::remove_all(p);
-  std::vector<std::string> common{"train.train_iters=30", "precision.fp8_amax_history=4"};
+namespace {
+
+// FP8 training against bf16 on `device`: the loss falls alike over 30 steps, and a run stopped every 10 steps
+// and resumed gives the uninterrupted run's losses bit for bit (the scales, histories and history position
+// come back with the optimizer state; a history of 4 steps wraps around in between).
+void requireFp8TrainsAndResumes(const std::string& device) {
+  fs::path base = test::freshDir("strata-fp8-" + device);
+  std::vector<std::string> common{"train.train_iters=30", "precision.fp8_amax_history=4",
+                                  "train.device=" + device};
   std::vector<std::string> fp8 = common;
   fp8.push_back("precision.fp8=true");
-  train::Trainer(tinyConfig(bf16, common)).run();
-  train::Trainer(tinyConfig(straight, fp8)).run();
+  train::Trainer(tinyConfig(base / "bf16", common)).run();
+  train::Trainer(tinyConfig(base / "straight", fp8)).run();
   auto lossesOf = [](const std::vector<nlohmann::json>& recs) {
     std::vector<double> out;
     for (const auto& r : recs)
       if (r.contains("loss")) out.push_back(r["loss"].get<double>());
     return out;
   };
-  std::vector<double> a = lossesOf(records(bf16)), b = lossesOf(records(straight));
+  std::vector<double> a = lossesOf(records(base / "bf16")), b = lossesOf(records(base / "straight"));
   REQUIRE(a.size() == 30);
   REQUIRE(b.size() == 30);
   auto tail = [](const std::vector<double>& v) { return (v[27] + v[28] + v[29]) / 3; };
@@ -120,9 +122,7 @@ TEST_CASE("fp8 training (the CPU's emulation) lowers the loss as bf16 does and r
   REQUIRE(tail(b) < 0.7 * b.front());
   REQUIRE(std::abs(tail(b) - tail(a)) < 0.05 * tail(a));
   REQUIRE(a != b);  // the products did run in FP8
-  // Stopped every 10 steps and resumed: the scales, histories and history position come back with the
-  // optimizer state, so the curve continues exactly (a history of 4 steps wraps around in between).
-  fs::path ckpt = split / "ckpt";
+  fs::path split = base / "split", ckpt = split / "ckpt";
   std::vector<std::string> first = fp8;
   first.push_back("train.exit_interval=10");
   first.push_back("checkpoint.save=" + ckpt.string());
@@ -132,7 +132,20 @@ TEST_CASE("fp8 training (the CPU's emulation) lowers the loss as bf16 does and r
   resumed.push_back("checkpoint.load=" + ckpt.string());
   train::Trainer(tinyConfig(split, resumed)).run();  // to step 20 (the run's exit interval)
   train::Trainer(tinyConfig(split, resumed)).run();
-  requireSameCurves(records(straight), records(split));
+  requireSameCurves(records(base / "straight"), records(split));
+}
+
+}  // namespace
+
+TEST_CASE("fp8 training (the CPU's emulation) lowers the loss as bf16 does and resumes bit for bit",
+          "[train][trainer][fp8]") {
+  requireFp8TrainsAndResumes("cpu");
+}
+
+TEST_CASE("[cuda] fp8 training lowers the loss as bf16 does and resumes bit for bit",
+          "[cuda][train][trainer][fp8]") {
+  STRATA_REQUIRE_CUDA();
+  requireFp8TrainsAndResumes("cuda");
 }
 
 TEST_CASE("fp16 training skips overflowing steps and lowers the loss scale", "[train][trainer][fp16]") {
