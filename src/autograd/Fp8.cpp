@@ -57,8 +57,8 @@ void Fp8Scaling::load(const Tensor& flat, const std::string& source) {
       v.size() >= size_t(kHeader) && int64_t(v[1]) == int64_t(states_.size()) &&
           int64_t(v[2]) == recipe_.amaxHistory && int64_t(v.size()) == savedElements(),
       "{} holds FP8 scaling state of {} layers with an amax history of {} steps; this run has {} "
-      "FP8 layers and precision.fp8_amax_history {}. Resume with the saved model and "
-      "precision.fp8_amax_history",
+      "FP8 layers and precision.fp8_amax_history {}. Resume with the saved model, "
+      "precision.fp8_amax_history and precision.fp8_lm_head",
       source, v.size() >= 2 ? int64_t(v[1]) : 0, v.size() >= 3 ? int64_t(v[2]) : 0, states_.size(),
       recipe_.amaxHistory);
   position_ = int64_t(v[0]);
@@ -70,6 +70,12 @@ void Fp8Scaling::load(const Tensor& flat, const std::string& source) {
                            v.begin() + kHeader + int64_t(i + 1) * per);
     ops::copy(states_[i].second, Tensor::fromVector<float>(one, {per}));
   }
+}
+
+Tensor fp8Amax(const Fp8LinearState& fp8, int role, bool record) {
+  if (!record) return ops::zeros({1}, DType::F32, fp8.state.device());
+  int64_t H = fp8.scaling->recipe().amaxHistory;
+  return fp8.state.narrow(0, 6 + role * H + fp8.scaling->position(), 1);
 }
 
 }  // namespace strata::autograd
@@ -92,14 +98,12 @@ Tensor fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
                weight.dtype());
   Device device = x.device();
   const Tensor state = fp8.state;
-  const int64_t H = fp8.scaling->recipe().amaxHistory, position = fp8.scaling->position();
   auto scale = [state](int role) { return state.narrow(0, role, 1); };
   auto inverse = [state](int role) { return state.narrow(0, 3 + role, 1); };
-  // Forwards without gradients record into scratch (NOTE [FP8 training]).
+  // Forwards without gradients record into scratch (NOTE [FP8 training]). The backward records into the
+  // forward's entry: the position moves only between steps.
   bool record = gradEnabled();
-  auto amax = [state, H, position, device](int role, bool rec) {
-    return rec ? state.narrow(0, 6 + role * H + position, 1) : ops::zeros({1}, DType::F32, device);
-  };
+  auto amax = [fp8](int role, bool rec) { return autograd::fp8Amax(fp8, role, rec); };
   bool nx = participates(x), nw = participates(weight), nb = participates(bias);
   Tensor x2 = detail::viewRaw(ops::contiguous(x), {rows, K});
   ops::Fp8Codes xq = ops::fp8Cast(x2, Fp8Format::E4M3, scale(0), amax(0, record), true, nw);

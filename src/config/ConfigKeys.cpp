@@ -362,6 +362,9 @@ std::vector<ConfigKey> makeTable() {
           "precision.fp8_amax_compute", [](Config& c) { return &c.precision.fp8AmaxCompute; },
           "fp8: the amax a scale is computed from: the history's max, or its most recent entry",
           oneOf({"max", "most_recent"})),
+      key(
+          "precision.fp8_lm_head", [](Config& c) { return &c.precision.fp8LmHead; },
+          "fp8: the LM head's GEMMs (the fused head and loss over the embedding table) in FP8 too"),
       // zero_optimization
       key(
           "zero_optimization.stage", [](Config& c) { return &c.zero.stage; },

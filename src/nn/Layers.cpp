@@ -55,10 +55,12 @@ Tensor Linear::product(const Tensor& x, const Tensor& b) const {
 }
 
 std::shared_ptr<autograd::Fp8Scaling> enableFp8(Module& model, const autograd::Fp8Recipe& recipe,
-                                                Device device) {
+                                                Device device, bool lmHead) {
   std::shared_ptr<autograd::Fp8Scaling> scaling = autograd::Fp8Scaling::create(recipe, device);
-  for (auto& [name, module] : model.namedModules())
+  for (auto& [name, module] : model.namedModules()) {
     if (auto* layer = dynamic_cast<Linear*>(module)) layer->setFp8(scaling->add(name));
+    if (auto* table = dynamic_cast<Embedding*>(module); table && lmHead) table->setFp8(scaling->add(name));
+  }
   return scaling;
 }
 
@@ -173,7 +175,7 @@ Tensor Embedding::unembedCrossEntropy(const Tensor& x, const Tensor& target) {
       Tensor logits = matmul(headInput(in[0]), weight.transpose(0, 1));
       return std::vector<Tensor>{vocabParallelCrossEntropy(logits, in[1], tensorParallel_)};
     }
-    return std::vector<Tensor>{linearCrossEntropy(in[0], weight, in[1])};
+    return std::vector<Tensor>{linearCrossEntropy(in[0], weight, in[1], -100, 0, fp8_.get())};
   })[0];
 }
 

@@ -99,7 +99,7 @@ ZeroStepEngine::ZeroStepEngine(data::Objective& objective, const config::Config&
     fp8_ = nn::enableFp8(objective.model(),
                          autograd::Fp8Recipe{c.precision.fp8AmaxHistory, c.precision.fp8Margin,
                                              c.precision.fp8AmaxCompute == "most_recent"},
-                         device);
+                         device, c.precision.fp8LmHead);
     fp8Index_ =
         (int64_t(s.pipeline.rank) * s.tensor.size + s.tensor.rank) * s.groups.ranks() + s.groups.rank();
   }

@@ -163,3 +163,48 @@ TEST_CASE("[cuda] fp8Linear on the GPU gives the CPU emulation's outputs, gradie
     REQUIRE(dev[4].toVector<float>() == cpu[4].toVector<float>());
   }
 }
+
+TEST_CASE("linearCrossEntropy in FP8 multiplies E4M3 rows and table, E5M2 softmax gradients",
+          "[autograd][fp8]") {
+  // 48 rows in chunks of 16 (20 rounds down), a table of 32 entries of 16.
+  const int64_t N = 48, V = 32, C = 16, H = 4;
+  Generator g(21);
+  Tensor x = ops::randn({N, C}, g).setRequiresGrad();
+  Tensor w = ops::randn({V, C}, g, DType::F32, Device::cpu(), 0, 0.5).setRequiresGrad();
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < N; ++i) t.push_back(i % 5 == 0 ? -100 : (i * 7) % V);
+  Tensor target = Tensor::fromVector<int64_t>(t, {N});
+  auto scaling = autograd::Fp8Scaling::create(autograd::Fp8Recipe{H, 0, false}, Device::cpu());
+  auto state = scaling->add("wte");
+  ops::copy(state->state.narrow(0, 0, 6),
+            Tensor::fromVector<float>({16.0f, 128.0f, 4096.0f, 1 / 16.0f, 1 / 128.0f, 1 / 4096.0f}, {6}));
+  Tensor loss = linearCrossEntropy(x, w, target, -100, 20, state.get());
+  backward(loss);
+  // The recipe written out: the logits of the quantised operands, the softmax gradient quantised to E5M2,
+  // both gradient products over the quantised operands, divided by the rows counted.
+  Tensor xq = quantised(x.detach(), Fp8Format::E4M3, 16), wq = quantised(w.detach(), Fp8Format::E4M3, 128);
+  Tensor logits = ops::matmul(xq, ops::contiguous(wq.transpose(0, 1)));
+  Tensor reference = crossEntropy(logits, target);
+  REQUIRE(std::abs(loss.item() - reference.item()) < 1e-5);
+  std::vector<float> p = ops::softmax(logits).toVector<float>();
+  double counted = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    if (t[size_t(i)] < 0) {
+      for (int64_t v = 0; v < V; ++v) p[size_t(i * V + v)] = 0;
+      continue;
+    }
+    p[size_t(i * V + t[size_t(i)])] -= 1;
+    counted += 1;
+  }
+  Tensor dq = quantised(Tensor::fromVector<float>(p, {N, V}), Fp8Format::E5M2, 4096);
+  requireClose(x.grad(), ops::mul(ops::matmul(dq, wq), ops::full({}, 1 / counted)), 1e-5, 1e-4);
+  requireClose(w.grad(),
+               ops::mul(ops::matmul(ops::contiguous(dq.transpose(0, 1)), xq), ops::full({}, 1 / counted)),
+               1e-5, 1e-4);
+  // The three amaxes of this step's entry.
+  std::vector<float> s = state->state.toVector<float>();
+  REQUIRE(s[6] == largest(x.detach()));
+  REQUIRE(s[6 + H] == largest(w.detach()));
+  REQUIRE(s[6 + 2 * H] > 0.5f);
+  REQUIRE(s[6 + 2 * H] <= 1.0f);
+}

@@ -97,15 +97,17 @@ TEST_CASE("resume continues the loss curve exactly", "[train][trainer][checkpoin
 
 namespace {
 
-// FP8 training against bf16 on `device`: the loss falls alike over 30 steps, and a run stopped every 10 steps
-// and resumed gives the uninterrupted run's losses bit for bit (the scales, histories and history position
-// come back with the optimizer state; a history of 4 steps wraps around in between).
+// FP8 training (the LM head included) against bf16 on `device`: the loss falls alike over 30 steps, and a run
+// stopped every 10 steps and resumed gives the uninterrupted run's losses bit for bit (the scales,
+// histories and history position come back with the optimizer state; a history of 4 steps wraps around in
+// between).
 void requireFp8TrainsAndResumes(const std::string& device) {
   fs::path base = test::freshDir("strata-fp8-" + device);
   std::vector<std::string> common{"train.train_iters=30", "precision.fp8_amax_history=4",
                                   "train.device=" + device};
   std::vector<std::string> fp8 = common;
   fp8.push_back("precision.fp8=true");
+  fp8.push_back("precision.fp8_lm_head=true");  // the tied head too (a vocabulary of 256)
   train::Trainer(tinyConfig(base / "bf16", common)).run();
   train::Trainer(tinyConfig(base / "straight", fp8)).run();
   auto lossesOf = [](const std::vector<nlohmann::json>& recs) {

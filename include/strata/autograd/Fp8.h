@@ -33,8 +33,11 @@
 // - On the CPU the same recipe runs as an emulation: the casts produce the device's codes bit for bit (one
 //   conversion for both), and the products of the decoded values are summed in fp32. CI tests the recipe and
 //   exact resume there; the [cuda] tests compare the GPU's casts and GEMMs with it.
-// - Not in FP8: LayerNorm, attention's softmax and its two batched products, the loss and the LM head (the
-//   zoo's heads are the tied or untied embedding tables, not Linear layers), the optimizer.
+// - The LM head (the zoo's heads are embedding tables: Embedding::unembedCrossEntropy, the fused head and
+//   loss of linearCrossEntropy) stays in bf16 unless precision.fp8_lm_head: its logits' GEMM and both
+//   gradient GEMMs then run in FP8 per row chunk, the softmax gradient cast to E5M2, with a state of its own.
+//   Under vocabulary parallelism the head stays in bf16.
+// - Not in FP8: LayerNorm, attention's softmax and its two batched products, the loss itself, the optimizer.
 #pragma once
 
 #include <memory>
@@ -88,6 +91,9 @@ class Fp8Scaling : public std::enable_shared_from_this<Fp8Scaling> {
   std::vector<std::pair<std::string, Tensor>> states_;
 };
 
+// The one-element slot a cast of `role` (0 x, 1 W, 2 g) maxes its amax into: the history's current entry
+// when `record`, else scratch (forwards without gradients record nothing).
+Tensor fp8Amax(const Fp8LinearState& fp8, int role, bool record);
 }  // namespace strata::autograd
 
 namespace strata {

@@ -140,6 +140,7 @@ struct PrecisionConfig {
   int64_t fp8AmaxHistory = 1024;
   int64_t fp8Margin = 0;
   std::string fp8AmaxCompute = "max";  // max, most_recent
+  bool fp8LmHead = false;              // the LM head's GEMMs too
 };
 
 struct ZeroConfig {

@@ -81,9 +81,10 @@ class Linear : public Module {
   TensorParallel tensorParallel_;
 };
 
-// Sets every nn::Linear of `model` to run in FP8 (NOTE [FP8 training]), each with a state of its own on
-// `device` in the returned scaling, named and saved in the order of model.namedModules().
+// Sets every nn::Linear of `model` to run in FP8 (NOTE [FP8 training]), and with `lmHead` every
+// nn::Embedding's unembedCrossEntropy (the LM heads), each with a state of its own on `device` in the
+// returned scaling, named and saved in the order of model.namedModules().
 std::shared_ptr<autograd::Fp8Scaling> enableFp8(Module& model, const autograd::Fp8Recipe& recipe,
-                                                Device device);
+                                                Device device, bool lmHead = false);
 
 }  // namespace strata::nn
