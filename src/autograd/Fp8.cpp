@@ -110,7 +110,7 @@ Tensor fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
   ops::Fp8Codes wq = ops::fp8Cast(weight, Fp8Format::E4M3, scale(1), amax(1, record), false, true);
   Tensor out = Tensor::empty({rows, N}, x.dtype(), device);
   ops::fp8MatmulInto(out, xq.plain, Fp8Format::E4M3, inverse(0), wq.transposed, Fp8Format::E4M3, inverse(1),
-                     bias.defined() ? ops::contiguous(bias) : Tensor(), false);
+                     bias.defined() ? ops::contiguous(bias) : Tensor(), false, ops::fp8FastForward());
   Shape outShape(x.shape().begin(), x.shape().end() - 1);
   outShape.push_back(N);
   out = detail::viewRaw(out, outShape);

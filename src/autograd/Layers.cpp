@@ -339,7 +339,7 @@ Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& t
           ops::fp8Cast(xc, Fp8Format::E4M3, scaleOf(0), autograd::fp8Amax(*fp8, 0, grads), true, grads && nw);
       Tensor logits = Tensor::empty({rows, V}, compute, dev);
       ops::fp8MatmulInto(logits, xq.plain, Fp8Format::E4M3, inverseOf(0), wq.plain, Fp8Format::E4M3,
-                         inverseOf(1), Tensor(), false);
+                         inverseOf(1), Tensor(), false, ops::fp8FastForward());
       ops::crossEntropyInPlace(logits, tc, detail::narrowRaw(rowLoss, 0, r0, rows),
                                detail::narrowRaw(valid, 0, r0, rows), grads, ignoreIndex);
       if (!grads) continue;

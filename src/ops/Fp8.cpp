@@ -1,5 +1,8 @@
 // FP8 front ends (NOTE [FP8 training] in autograd/Fp8.h): the cast with its amax, the FP8 GEMM through the
 // GEMM kernel's FP8 operands, and delayed scaling's update.
+#include <cstdlib>
+#include <string>
+
 #include "Kernels.h"
 #include "strata/ops/Ops.h"
 
@@ -32,7 +35,7 @@ Fp8Codes fp8Cast(const Tensor& x, Fp8Format format, const Tensor& scale, const T
 
 void fp8MatmulInto(const Tensor& out, const Tensor& a, Fp8Format formatA, const Tensor& scaleA,
                    const Tensor& b, Fp8Format formatB, const Tensor& scaleB, const Tensor& bias,
-                   bool accumulate) {
+                   bool accumulate, bool fastAccumulate) {
   STRATA_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2 && a.dtype() == DType::U8 &&
                    b.dtype() == DType::U8 && a.size(1) == b.size(1) &&
                    out.shape() == Shape({a.size(0), b.size(0)}) && a.isContiguous() && b.isContiguous() &&
@@ -73,6 +76,7 @@ void fp8MatmulInto(const Tensor& out, const Tensor& a, Fp8Format formatA, const 
   g.scaleA = static_cast<const float*>(scaleA.data());
   g.scaleB = static_cast<const float*>(scaleB.data());
   g.bias = bias.defined() ? bias.data() : nullptr;
+  g.fp8FastAccumulate = fastAccumulate;
   bool ran = kernel<GemmKernel>("gemm", out.device())(g);
   if (!ran && g.bias) {
     // The backend had no FP8 kernel with the bias epilogue: the product, then the bias.
@@ -81,6 +85,11 @@ void fp8MatmulInto(const Tensor& out, const Tensor& a, Fp8Format formatA, const 
     if (ran) addInPlace(out, detail::expandRaw(bias, out.shape()));
   }
   STRATA_CHECK(ran, "fp8MatmulInto: no FP8 GEMM for [{} x {}] @ [{} x {}]", m, k, k, n);
+}
+
+bool fp8FastForward() {
+  const char* v = std::getenv("STRATA_FP8_FAST_ACCUM");
+  return v && std::string(v) == "1";
 }
 
 void fp8UpdateScales(const std::vector<Tensor>& states, int64_t history, int64_t position, int margin,

@@ -71,6 +71,8 @@ struct GemmArgs {
   std::optional<Fp8Format> fp8A, fp8B;
   const float* scaleA = nullptr;
   const float* scaleB = nullptr;
+  // CUDA: FP8 products accumulate without periodic promotion to fp32 (faster; the CPU sums in fp32 anyway).
+  bool fp8FastAccumulate = false;
   bool hasEpilogue() const { return bias || gelu || dgelu || biasGrad; }
 };
 // Returns false, having written nothing, when the backend has no kernel for the requested gelu, dgelu or

@@ -13,6 +13,9 @@
 //   forward and [K, N] again in the backward (recast from the bf16 weight, not held), g as [rows, N] for
 //   dgrad and [N, rows] for wgrad. The FP8 copies live in scratch; the chunks keep the bf16 parameters and
 //   the optimizer its fp32 masters, as without FP8.
+// - The products promote their partial sums to fp32 at intervals (cuBLASLt's default). With
+//   STRATA_FP8_FAST_ACCUM=1 the forward's skip that, as Transformer Engine's recipe does (faster, a little
+//   less exact); the gradients' products keep it.
 // - cuBLASLt needs K and every leading dimension a multiple of 16. A layer whose rows, in or out features are
 //   not runs that call in bf16 (ops::fp8Shape decides; the CPU emulation decides alike).
 // - Per-tensor scales, delayed: each layer keeps, on the device, a scale for x, W and g, their inverses (the
@@ -20,11 +23,11 @@
 //   precision.fp8_amax_history steps for each. A cast multiplies by the current scale (saturating, round to
 //   nearest even; core/Fp8.h) and maxes the tensor's largest finite |value| into the history's current
 //   entry (a step with infinities or NaNs is skipped by the step engine; it must not freeze the scales for
-//   a whole history, nor make the state unsaveable). At
-//   the end of every optimizer step one kernel updates every layer (Fp8Scaling::update): amax = the
-//   history's max (precision.fp8_amax_compute max) or its newest entry (most_recent), scale = (fp8_max /
-//   amax) / 2^precision.fp8_margin, kept when amax is zero or not finite; then the next entry is zeroed and
-//   becomes current. The host only counts the position, so nothing waits for the device. Scales start at 1.
+//   a whole history, nor make the state unsaveable). At the end of every optimizer step one kernel updates
+//   every layer (Fp8Scaling::update): amax = the history's max (precision.fp8_amax_compute max) or its
+//   newest entry (most_recent), scale = (fp8_max / amax) / 2^precision.fp8_margin, kept when amax is zero
+//   or not finite; then the next entry is zeroed and becomes current. The host only counts the position,
+//   so nothing waits for the device. Scales start at 1.
 // - Forwards without gradients (evaluation, generation) cast with the same scales but record nothing, so
 //   they never change training; a checkpointed region records in its recomputation, once.
 // - The scales and histories are training state: the step engine saves them with the optimizer state

@@ -139,10 +139,14 @@ Fp8Codes fp8Cast(const Tensor& x, Fp8Format format, const Tensor& scale, const T
 // out [m, n] = scaleA scaleB (a [m, k] @ b [n, k]^T) (+ bias [n] of out's dtype), a and b FP8 codes (u8)
 // with k contiguous (cuBLASLt's FP8 layout on Hopper), products accumulated in fp32, written in `out`'s
 // dtype (bf16 or fp32; the CPU computes in fp32). scaleA, scaleB: fp32 one-element views (dequantisation
-// factors). With `accumulate` the product is added to out (beta 1; no bias).
+// factors). With `accumulate` the product is added to out (beta 1; no bias). With `fastAccumulate` the
+// GPU's kernel may keep its partial sums in the tensor cores' own precision (cuBLASLt FAST_ACCUM).
 void fp8MatmulInto(const Tensor& out, const Tensor& a, Fp8Format formatA, const Tensor& scaleA,
                    const Tensor& b, Fp8Format formatB, const Tensor& scaleB, const Tensor& bias,
-                   bool accumulate);
+                   bool accumulate, bool fastAccumulate = false);
+// STRATA_FP8_FAST_ACCUM=1: the forward's FP8 products use fastAccumulate (Transformer Engine's default for
+// the forward); the gradients' products never do. Read at each call.
+bool fp8FastForward();
 // Whether a [rows, K] @ [K, N] product can run in FP8: cuBLASLt needs K and every leading dimension a
 // multiple of 16, and the backward's products take rows and N as their K.
 inline bool fp8Shape(int64_t rows, int64_t K, int64_t N) {

@@ -21,7 +21,9 @@
 // FP8 operands (GemmArgs::fp8A/fp8B; NOTE [FP8 training] in autograd/Fp8.h) take the same path: E4M3/E5M2
 // layouts in the TN form Hopper's FP8 kernels need (cuBLASLt's A transposed: our B stored [n, k]), the
 // per-tensor dequantisation factors as A/B_SCALE_POINTER (set per call with the epilogue pointers), fp32
-// accumulation, a bf16 or fp32 D, and a bf16 bias in the epilogue when an algorithm has one.
+// accumulation, a bf16 or fp32 D, and a bf16 bias in the epilogue when an algorithm has one. With
+// fp8FastAccumulate the kernel keeps its partial sums in the tensor cores' own precision instead of
+// promoting them to fp32 at intervals (CUBLASLT_MATMUL_DESC_FAST_ACCUM; faster, less exact).
 //
 // The workspace is per stream: each call takes it from the device's caching allocator on the GEMM's stream
 // and frees it once the GEMM is enqueued. Stream-ordered reuse (NOTE [Stream-ordered reuse]) hands the same
@@ -151,7 +153,7 @@ cudaDataType_t fp8Type(Fp8Format f) {
 // The plan key's code of g's FP8 formats (0: not FP8).
 int fp8Code(const GemmArgs& g) {
   if (!g.fp8A) return 0;
-  return 1 + int(*g.fp8A) * 2 + int(*g.fp8B);
+  return 1 + int(*g.fp8A) * 2 + int(*g.fp8B) + (g.fp8FastAccumulate ? 4 : 0);
 }
 
 void setBatch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
@@ -279,7 +281,12 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
   setBatch(plan->layoutX, g.batch, g.strideB);
   setBatch(plan->layoutY, g.batch, g.strideA);
   setBatch(plan->layoutC, g.batch, g.strideC);
-  if (g.fp8A) setEpiloguePointers(*plan, g);
+  if (g.fp8A) {
+    setEpiloguePointers(*plan, g);
+    int8_t fast = g.fp8FastAccumulate ? 1 : 0;
+    STRATA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  }
   cublasLtEpilogue_t epilogue = epilogueOf(g);
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
