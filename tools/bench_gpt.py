@@ -2,8 +2,11 @@
 """GPT training speed: Strata (`build/strata train`) and a nanoGPT-style PyTorch peer, eager and torch.compile,
 same shapes, one GPU, one run. Prints a Markdown table.
 
-Usage: python3 tools/bench_gpt.py [--sizes 124m,1.3b] [--iters 30] [--skip-compile] [--profile | --profile-gpu]
+Usage: python3 tools/bench_gpt.py [--sizes 124m,1.3b] [--iters 30] [--skip-compile] [--skip-fp8]
+                                 [--profile | --profile-gpu]
 --profile also prints Strata's op profile (STRATA_PROFILE=1) and the eager peer's top CUDA kernels.
+The fp8 columns are Strata with precision.fp8: true (the Linear layers' GEMMs in FP8) against the same bf16
+peers; TFLOP/s counts the model's FLOPs alike for all.
 The token stream is random GPT-2-sized ids (speed does not depend on the text). PyTorch is the peer only.
 """
 import argparse
@@ -106,13 +109,15 @@ def peer(layers, d, h, batch, iters, compile_model, profile=False):
     return result
 
 
-def strata(binary, cfg, batch, iters, data, profile=False, gemm_backend=None):
+def strata(binary, cfg, batch, iters, data, profile=False, gemm_backend=None, fp8=False):
     out = tempfile.mkdtemp(prefix="strata-bench-")
     cmd = [binary, "train", cfg, "--set", f"data.path={data}", "--set", "data.format=nanogpt",
            "--set", f"model.seq_length={SEQ}", "--set", f"train.micro_batch_size={batch}",
            "--set", f"train.global_batch_size={batch}", "--set", f"train.train_iters={iters + 10}",
            "--set", "train.log_interval=10", "--set", "train.eval_interval=0", "--set", "lr_schedule.warmup_iters=0",
            "--set", f"train.out_dir={out}", "--set", "train.device=cuda"]
+    if fp8:
+        cmd += ["--set", "precision.fp8=true"]
     env = dict(os.environ, STRATA_PROFILE=profile or "0")
     if gemm_backend:
         env["STRATA_GEMM_BACKEND"] = gemm_backend
@@ -138,29 +143,36 @@ def main():
     ap.add_argument("--profile", action="store_true", help="Strata's op profile (synchronised) and the eager peer's")
     ap.add_argument("--profile-gpu", action="store_true",
                     help="Strata's op profile timed with events (STRATA_PROFILE=gpu) and the compile peer's kernels")
+    ap.add_argument("--skip-fp8", action="store_true", help="no Strata run with precision.fp8: true")
     ap.add_argument("--gemm-backends", default="",
                     help="comma list of STRATA_GEMM_BACKEND values (lt, cublas): one Strata row each, same peers")
     args = ap.parse_args()
     data = os.path.join(tempfile.mkdtemp(), "random.bin")
     np.random.default_rng(0).integers(0, VOCAB, size=20_000_000, dtype=np.uint16).tofile(data)
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  seq {SEQ}, bf16")
-    print("| model | batch | Strata TFLOP/s | eager TFLOP/s | compile TFLOP/s | Strata/eager | Strata/compile "
-          "| tokens/s Strata / eager / compile | peak GiB Strata / eager / compile |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| model | batch | Strata TFLOP/s | Strata fp8 TFLOP/s | eager TFLOP/s | compile TFLOP/s | Strata/eager "
+          "| Strata/compile | Strata fp8/compile | tokens/s Strata / fp8 / eager / compile "
+          "| peak GiB Strata / fp8 / eager / compile |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.sizes.split(","):
         layers, d, h, batch, cfg = SHAPES[name]
         mode = "gpu" if args.profile_gpu else "1" if args.profile else None
         backends = [b for b in args.gemm_backends.split(",") if b] or [None]
         runs = [(b, strata(args.binary, cfg, batch, args.iters, data, mode, b)) for b in backends]
+        f = strata(args.binary, cfg, batch, args.iters, data, mode, None, fp8=True) if not args.skip_fp8 else None
         e = peer(layers, d, h, batch, args.iters, False, args.profile)
         c = peer(layers, d, h, batch, args.iters, True, args.profile_gpu) if not args.skip_compile else None
         ct = f"{c['tflops']:.0f}" if c else "-"
+        ft = f"{f['tflops']:.0f}" if f else "-"
+        fr = f"{f['tflops'] / c['tflops']:.2f}" if f and c else "-"
         for b, s in runs:
             cr = f"{s['tflops'] / c['tflops']:.2f}" if c else "-"
             label = f"{name} (gemm {b})" if b else name
-            print(f"| {label} | {batch} | {s['tflops']:.0f} | {e['tflops']:.0f} | {ct} | {s['tflops'] / e['tflops']:.2f} "
-                  f"| {cr} | {s['tok']:.0f} / {e['tok']:.0f} / {c['tok'] if c else 0:.0f} "
-                  f"| {s['mem']:.1f} / {e['mem']:.1f} / {c['mem'] if c else 0:.1f} |", flush=True)
+            print(f"| {label} | {batch} | {s['tflops']:.0f} | {ft} | {e['tflops']:.0f} | {ct} "
+                  f"| {s['tflops'] / e['tflops']:.2f} | {cr} | {fr} "
+                  f"| {s['tok']:.0f} / {f['tok'] if f else 0:.0f} / {e['tok']:.0f} / {c['tok'] if c else 0:.0f} "
+                  f"| {s['mem']:.1f} / {f['mem'] if f else 0:.1f} / {e['mem']:.1f} / {c['mem'] if c else 0:.1f} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "strata/autograd/Fp8.h"
 #include "strata/autograd/Functions.h"
 #include "strata/autograd/GradMode.h"
 #include "strata/autograd/Node.h"
@@ -292,7 +293,7 @@ Tensor crossEntropy(const Tensor& logits, const Tensor& target, int64_t ignoreIn
 }
 
 Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& target, int64_t ignoreIndex,
-                          int64_t chunkRows) {
+                          int64_t chunkRows, const autograd::Fp8LinearState* fp8) {
   STRATA_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
                "linearCrossEntropy: x must be [N, C] and weight [V, C], got {} and {}", toString(x.shape()),
                toString(weight.shape()));
@@ -316,9 +317,42 @@ Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& t
                           : Tensor();
   Tensor one = ops::ones({}, sd, dev);
   Tensor xd = x.detach(), tgt = ops::contiguous(target);
+  // FP8 (NOTE [FP8 training]): chunks of a multiple of 16 rows, the weight cast once for all of them, as
+  // [V, C] for the logits and [C, V] for x's gradient; each chunk's x as [rows, C] and [C, rows], its softmax
+  // gradient as [rows, V] and [V, rows]. Amaxes are recorded when gradients are formed.
+  bool inFp8 = fp8 && chunkRows >= 16 && ops::fp8Shape(N, C, V);
+  if (inFp8) chunkRows = chunkRows / 16 * 16;
+  Tensor fp8State;
+  ops::Fp8Codes wq;
+  if (inFp8) {
+    fp8State = fp8->state;
+    wq = ops::fp8Cast(w, Fp8Format::E4M3, fp8State.narrow(0, 1, 1), autograd::fp8Amax(*fp8, 1, grads), true,
+                      grads && nx);
+  }
+  auto scaleOf = [&](int role) { return fp8State.narrow(0, role, 1); };
+  auto inverseOf = [&](int role) { return fp8State.narrow(0, 3 + role, 1); };
   for (int64_t r0 = 0; r0 < N; r0 += chunkRows) {
     int64_t rows = std::min(chunkRows, N - r0);
     Tensor xc = detail::narrowRaw(xd, 0, r0, rows), tc = detail::narrowRaw(tgt, 0, r0, rows);
+    if (inFp8) {
+      ops::Fp8Codes xq =
+          ops::fp8Cast(xc, Fp8Format::E4M3, scaleOf(0), autograd::fp8Amax(*fp8, 0, grads), true, grads && nw);
+      Tensor logits = Tensor::empty({rows, V}, compute, dev);
+      ops::fp8MatmulInto(logits, xq.plain, Fp8Format::E4M3, inverseOf(0), wq.plain, Fp8Format::E4M3,
+                         inverseOf(1), Tensor(), false, ops::fp8FastForward());
+      ops::crossEntropyInPlace(logits, tc, detail::narrowRaw(rowLoss, 0, r0, rows),
+                               detail::narrowRaw(valid, 0, r0, rows), grads, ignoreIndex);
+      if (!grads) continue;
+      ops::Fp8Codes gq =
+          ops::fp8Cast(logits, Fp8Format::E5M2, scaleOf(2), autograd::fp8Amax(*fp8, 2, true), nx, nw);
+      if (nx)
+        ops::fp8MatmulInto(detail::narrowRaw(gx, 0, r0, rows), gq.plain, Fp8Format::E5M2, inverseOf(2),
+                           wq.transposed, Fp8Format::E4M3, inverseOf(1), Tensor(), false);
+      if (nw)
+        ops::fp8MatmulInto(gw, gq.transposed, Fp8Format::E5M2, inverseOf(2), xq.transposed, Fp8Format::E4M3,
+                           inverseOf(0), Tensor(), r0 > 0);
+      continue;
+    }
     Tensor logits = ops::matmul(xc, wT);
     // The loss and, with grads, the unnormalised softmax-minus-one-hot in place of the logits: the 1 / count
     // of the whole batch comes in the backward.

@@ -210,6 +210,10 @@ struct Loader {
         c.precision.gradAccumDType == "fp32" || c.precision.gradAccumDType == c.precision.dtype,
         "{}: 'precision.grad_accum_dtype' is fp32 or the compute dtype ('precision.dtype' {}), not {}",
         place("precision.grad_accum_dtype"), c.precision.dtype, c.precision.gradAccumDType);
+    STRATA_USER_CHECK(!c.precision.fp8 || c.precision.dtype == "bf16",
+                      "{}: 'precision.fp8' needs 'precision.dtype' bf16, not {} (FP8 GEMMs write bf16): set "
+                      "precision.dtype: bf16 or precision.fp8: false",
+                      place("precision.fp8"), c.precision.dtype);
     if (c.lrSchedule.warmupIters > c.train.trainIters)
       c.warnings.push_back(detail::format(
           "{}: 'lr_schedule.warmup_iters' ({}) exceeds 'train.train_iters' ({}): the learning rate never "

@@ -348,6 +348,23 @@ std::vector<ConfigKey> makeTable() {
           "what gradient buffers accumulate in: fp32, or the compute dtype (half the memory; micro-batches "
           "then add in 16 bits)",
           oneOf(kDTypes)),
+      key(
+          "precision.fp8", [](Config& c) { return &c.precision.fp8; },
+          "bf16 only: every Linear layer's GEMMs in FP8 (E4M3 forward, E5M2 gradients) with delayed "
+          "per-tensor scaling; the CPU emulates it"),
+      key(
+          "precision.fp8_amax_history", [](Config& c) { return &c.precision.fp8AmaxHistory; },
+          "fp8: steps of amax history each scale is computed from", within(1, 16777216)),
+      key(
+          "precision.fp8_margin", [](Config& c) { return &c.precision.fp8Margin; },
+          "fp8: powers of two of headroom below the format's largest value", within(0, 64)),
+      key(
+          "precision.fp8_amax_compute", [](Config& c) { return &c.precision.fp8AmaxCompute; },
+          "fp8: the amax a scale is computed from: the history's max, or its most recent entry",
+          oneOf({"max", "most_recent"})),
+      key(
+          "precision.fp8_lm_head", [](Config& c) { return &c.precision.fp8LmHead; },
+          "fp8: the LM head's GEMMs (the fused head and loss over the embedding table) in FP8 too"),
       // zero_optimization
       key(
           "zero_optimization.stage", [](Config& c) { return &c.zero.stage; },
@@ -489,7 +506,7 @@ const std::vector<ConfigSection> kSections = {
      "defaults "
      "are HF's advice for an external learning rate."},
     {"lr_schedule", "A linear warm-up to `optimizer.lr`, then a decay to `optimizer.min_lr`."},
-    {"precision", "The compute dtype and fp16's dynamic loss scaling."},
+    {"precision", "The compute dtype, fp16's dynamic loss scaling and FP8 training."},
     {"zero_optimization", "DeepSpeed-style keys: ZeRO over chunks, offloading and the SSD tier's transfers."},
     {"store",
      "Where model state lives: each chunk's optimizer state stays on the GPU while its budget lasts, then "

@@ -50,10 +50,24 @@ Tensor Linear::apply(const Tensor& x) {
   return (*this)(x);
 }
 
+Tensor Linear::product(const Tensor& x, const Tensor& b) const {
+  return fp8_ ? fp8Linear(x, weight, b, *fp8_) : linear(x, weight, b);
+}
+
+std::shared_ptr<autograd::Fp8Scaling> enableFp8(Module& model, const autograd::Fp8Recipe& recipe,
+                                                Device device, bool lmHead) {
+  std::shared_ptr<autograd::Fp8Scaling> scaling = autograd::Fp8Scaling::create(recipe, device);
+  for (auto& [name, module] : model.namedModules()) {
+    if (auto* layer = dynamic_cast<Linear*>(module)) layer->setFp8(scaling->add(name));
+    if (auto* table = dynamic_cast<Embedding*>(module); table && lmHead) table->setFp8(scaling->add(name));
+  }
+  return scaling;
+}
+
 Tensor Linear::applyPartial(const Tensor& x) {
   if (split() != TensorSplit::Rows) return apply(x);
-  return call({x},
-              [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{linear(in[0], weight)}; })[0];
+  return call(
+      {x}, [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{product(in[0], Tensor())}; })[0];
 }
 
 Tensor Linear::reducePartial(const Tensor& partial) {
@@ -74,16 +88,16 @@ Tensor Linear::columnInput(const Tensor& x) const {
 
 Tensor Linear::applyToColumnInput(const Tensor& in) {
   if (split() != TensorSplit::Columns) return apply(in);
-  return call(
-      {in}, [&](const std::vector<Tensor>& x) { return std::vector<Tensor>{linear(x[0], weight, bias)}; })[0];
+  return call({in},
+              [&](const std::vector<Tensor>& x) { return std::vector<Tensor>{product(x[0], bias)}; })[0];
 }
 
 std::vector<Tensor> Linear::forwardImpl(const std::vector<Tensor>& inputs) {
   switch (split()) {
     case TensorSplit::Columns:
-      return {linear(columnInput(inputs.at(0)), weight, bias)};
+      return {product(columnInput(inputs.at(0)), bias)};
     case TensorSplit::Rows: {
-      Tensor partial = linear(inputs.at(0), weight);
+      Tensor partial = product(inputs.at(0), Tensor());
       Tensor y = tensorParallel_.splitsSequence()
                      ? scatterSequence(partial, tensorParallel_, partial.dim() - 2)
                      : reduceFromTensorParallel(partial, tensorParallel_);
@@ -92,7 +106,7 @@ std::vector<Tensor> Linear::forwardImpl(const std::vector<Tensor>& inputs) {
     case TensorSplit::None:
       break;
   }
-  return {linear(inputs.at(0), weight, bias)};
+  return {product(inputs.at(0), bias)};
 }
 
 Embedding::Embedding(const EmbeddingConfig& config, Generator& gen)
@@ -161,7 +175,7 @@ Tensor Embedding::unembedCrossEntropy(const Tensor& x, const Tensor& target) {
       Tensor logits = matmul(headInput(in[0]), weight.transpose(0, 1));
       return std::vector<Tensor>{vocabParallelCrossEntropy(logits, in[1], tensorParallel_)};
     }
-    return std::vector<Tensor>{linearCrossEntropy(in[0], weight, in[1])};
+    return std::vector<Tensor>{linearCrossEntropy(in[0], weight, in[1], -100, 0, fp8_.get())};
   })[0];
 }
 

@@ -151,7 +151,8 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
   const Tensor& x = inputs.at(0);
   Tensor y;
   bool recompute = recomputeActivation_ && gradEnabled();
-  if (!config_.gated && config_.activation == Activation::GeluTanh) {
+  // FP8 layers (NOTE [FP8 training]) run fc and proj as layers of their own, the GELU between them.
+  if (!config_.gated && config_.activation == Activation::GeluTanh && !fc_->fp8() && !proj_->fp8()) {
     const TensorParallel& tp = config_.tensorParallel;
     // geluMlp reads fc's and proj's parameters itself, so it runs as a call of both (NOTE [Module calls]).
     // Tensor-parallel: f before fc, g after proj's partial product, then proj's whole bias; under sequence
@@ -174,9 +175,10 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
   // The activation and the projection, from the activation's input(s). A row-parallel projection's
   // collective stays outside the recomputed part: recomputation repeats the product, not the all-reduce.
   auto tail = [this](const std::vector<Tensor>& in) {
-    Tensor h = config_.gated                            ? gatedGelu(in[0], in[1])
-               : config_.activation == Activation::Relu ? relu(in[0])
-                                                        : gelu(in[0], GeluApprox::None);
+    Tensor h = config_.gated                                ? gatedGelu(in[0], in[1])
+               : config_.activation == Activation::Relu     ? relu(in[0])
+               : config_.activation == Activation::GeluTanh ? gelu(in[0], GeluApprox::Tanh)
+                                                            : gelu(in[0], GeluApprox::None);
     return std::vector<Tensor>{proj_->applyPartial(h)};
   };
   std::vector<Tensor> pre;

@@ -65,11 +65,27 @@ struct GemmArgs {
   // - biasGrad: [n] in C's dtype, set to the sums of op(B) over k (with B a Linear's output gradient and A
   //   its input transposed, C and biasGrad are the weight's and the bias's gradients). Alone only.
   void* biasGrad = nullptr;
+  // FP8 operands (dtype U8; NOTE [FP8 training] in autograd/Fp8.h): a holds codes of fp8A, b of fp8B, A
+  // stored [m, k] and B [n, k] (transA false, transB true: cuBLASLt's FP8 layout), and C = alpha scaleA
+  // scaleB (A B) + beta C (+ bias in C's dtype) with scaleA, scaleB fp32 on the device. outDtype is set.
+  std::optional<Fp8Format> fp8A, fp8B;
+  const float* scaleA = nullptr;
+  const float* scaleB = nullptr;
+  // CUDA: FP8 products accumulate without periodic promotion to fp32 (faster; the CPU sums in fp32 anyway).
+  bool fp8FastAccumulate = false;
   bool hasEpilogue() const { return bias || gelu || dgelu || biasGrad; }
 };
 // Returns false, having written nothing, when the backend has no kernel for the requested gelu, dgelu or
 // biasGrad epilogue (the front end then runs the parts separately); plain products and bias always run.
 using GemmKernel = bool(const GemmArgs& args);
+
+// x contiguous [rows, cols]; plain [rows, cols] and transposed [cols, rows] u8 (either may be undefined);
+// scale and amax fp32 one-element tensors on x's device.
+using Fp8CastKernel = void(const Tensor& x, Fp8Format format, const Tensor& scale, const Tensor& amax,
+                           const Tensor& plain, const Tensor& transposed);
+// states: contiguous fp32 [6 + 3 * history] each (ops::fp8UpdateScales).
+using Fp8UpdateScalesKernel = void(const std::vector<Tensor>& states, int64_t history, int64_t position,
+                                   int margin, bool mostRecent);
 
 // Rows of the last dimension: x, y, gy, gx contiguous [N, C].
 // softmax(scale * x + mask) per row; with causalRows > 0, row r (query r % causalRows) masks columns

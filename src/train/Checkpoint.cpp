@@ -523,7 +523,7 @@ bool parsePiece(const std::string& name, std::string* kind, int64_t* chunk, int6
   if (dot == std::string::npos) return false;
   std::string k = name.substr(0, dot);
   if (k != "param" && k != "exp_avg" && k != "exp_avg_sq" && k != "adafactor_v" && k != "delayed_param" &&
-      k != "powersgd")
+      k != "powersgd" && k != "fp8")
     return false;
   size_t at = name.find('@', dot);
   auto digits = [](const std::string& t) {
@@ -587,9 +587,9 @@ ChunkCheckpointReader::ChunkCheckpointReader(const std::string& path) : dir_(res
   for (auto& [kind, chunks] : pieces_)
     for (auto& [chunk, list] : chunks) {
       std::sort(list.begin(), list.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
-      // (An optimizer's own layout and PowerSGD's state are not one value per element: their pieces may be
-      // longer than a shard.)
-      if (kind == "adafactor_v" || kind == "powersgd") continue;
+      // (An optimizer's own layout, PowerSGD's and FP8's state are not one value per element: their pieces
+      // may be longer than a shard.)
+      if (kind == "adafactor_v" || kind == "powersgd" || kind == "fp8") continue;
       for (size_t i = 1; i < list.size(); ++i)
         STRATA_USER_CHECK(list[i - 1].end <= list[i].begin,
                           "checkpoint {} is corrupted: two ranks hold element {} of {} chunk {}", dir_,

@@ -16,6 +16,7 @@
 #include "strata/core/Stream.h"
 #include "strata/distributed/Communicator.h"
 #include "strata/distributed/ProcessGroup.h"
+#include "strata/nn/Linear.h"
 #include "strata/ops/Ops.h"
 #include "strata/zero/GradientReducer.h"
 #include "strata/zero/ParameterGatherer.h"
@@ -94,6 +95,16 @@ ZeroStepEngine::ZeroStepEngine(data::Objective& objective, const config::Config&
   update_ = std::make_unique<ShardedUpdate>(s, c, compute);
   checkpoint_ = std::make_unique<CheckpointPieces>(s);
   schedule_ = std::make_unique<SequentialSchedule>();
+  if (c.precision.fp8) {
+    // NOTE [FP8 training] in autograd/Fp8.h. Each rank keeps the scales of what it saw, saved under its
+    // place in the pipeline, tensor-parallel and data-parallel groups.
+    fp8_ = nn::enableFp8(objective.model(),
+                         autograd::Fp8Recipe{c.precision.fp8AmaxHistory, c.precision.fp8Margin,
+                                             c.precision.fp8AmaxCompute == "most_recent"},
+                         device, c.precision.fp8LmHead);
+    fp8Index_ =
+        (int64_t(s.pipeline.rank) * s.tensor.size + s.tensor.rank) * s.groups.ranks() + s.groups.rank();
+  }
   memlog(device_, "engine built", 0);
 }
 
@@ -145,6 +156,8 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
     return update_->finish(grads, std::move(stepLoss), lr);
   }();
   if (!end.outcome.finite) reducer_->dropPowerSgdState();
+  // Delayed scaling's step: the amaxes this step recorded give the next step's scales (NOTE [FP8 training]).
+  if (fp8_) fp8_->update();
   reducer_->release();
   profiler::mark("zero grad");
   memlog(device_, "update", ++steps_);
@@ -260,11 +273,30 @@ SaveTensors ZeroStepEngine::checkpointOptimizer() const {
                    DType::F32,
                    [reducer, c] { return reducer->savePowerSgdState(c); }});
   }
+  if (fp8_) {
+    std::shared_ptr<autograd::Fp8Scaling> fp8 = fp8_;
+    pieces.push_back(
+        SaveTensor{chunkPieceName("fp8", fp8Index_, 0), {fp8->savedElements()}, DType::F32, [fp8] {
+                     return fp8->save();
+                   }});
+  }
   return pieces;
 }
 
 void ZeroStepEngine::loadState(ChunkCheckpointReader& reader, bool optimizer) {
   checkpoint_->load(reader, optimizer);
+  // NOTE [FP8 training]: this rank's scales and histories, or (another layout of ranks) the first rank's. A
+  // checkpoint without them (saved without precision.fp8) leaves the fresh ones.
+  if (fp8_ && optimizer && reader.hasKind("fp8")) {
+    std::vector<float> host(size_t(fp8_->savedElements()));
+    bool found = reader.readChunkPiece("fp8", fp8Index_, 0, int64_t(host.size()), host.data()) ||
+                 reader.readChunkPiece("fp8", 0, 0, int64_t(host.size()), host.data());
+    STRATA_USER_CHECK(found,
+                      "checkpoint {} holds FP8 scaling state that does not fit this run's {} FP8 layers and "
+                      "precision.fp8_amax_history {}: resume with the saved model and settings",
+                      reader.directory(), fp8_->layers(), fp8_->recipe().amaxHistory);
+    fp8_->load(Tensor::fromVector<float>(host, {int64_t(host.size())}), reader.directory());
+  }
   powerSgdLoaded_ = false;
   if (!optimizer || !reader.hasKind("powersgd")) return;
   std::vector<float> host;

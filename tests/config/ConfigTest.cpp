@@ -207,6 +207,23 @@ TEST_CASE("optimizer.type adafactor and its keys", "[train][config][adafactor]")
               .find("the compute dtype") != std::string::npos);
 }
 
+TEST_CASE("precision.fp8 takes bf16 only and reads its recipe's keys", "[config][fp8]") {
+  auto c = parseConfig(
+      "precision:\n  fp8: true\n  fp8_amax_history: 16\n  fp8_margin: 2\n  fp8_amax_compute: "
+      "most_recent\n",
+      "t.yaml", {}, false);
+  REQUIRE(c.precision.fp8);
+  REQUIRE(c.precision.fp8AmaxHistory == 16);
+  REQUIRE(c.precision.fp8Margin == 2);
+  REQUIRE(c.precision.fp8AmaxCompute == "most_recent");
+  REQUIRE(!parseConfig("", "t.yaml", {}, false).precision.fp8);
+  std::string e = errorOf("precision:\n  dtype: fp32\n  fp8: true\n");
+  REQUIRE(e.find("precision.fp8") != std::string::npos);
+  REQUIRE(e.find("precision.dtype") != std::string::npos);
+  REQUIRE(errorOf("precision:\n  fp8_amax_compute: mean\n").find("precision.fp8_amax_compute") !=
+          std::string::npos);
+}
+
 TEST_CASE("the model keys HF checkpoints carry: max_position_embeddings, pad_token_id, scale_decoder_outputs",
           "[train][config][hf]") {
   auto c =

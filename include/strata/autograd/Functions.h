@@ -12,6 +12,10 @@
 
 namespace strata {
 
+namespace autograd {
+struct Fp8LinearState;
+}  // namespace autograd
+
 // ---- creation (leaves; no graph)
 // ----------------------------------------------------------------------------------
 Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
@@ -128,8 +132,12 @@ inline int64_t linearCrossEntropyChunkRows(int64_t N, int64_t V) {
 // chunk's logits exist at a time. x [N, C] in the compute
 // dtype; weight [V, C] (a tied embedding) in the compute dtype; target [N]. The gradients are formed
 // in the forward (the loss is a scalar) and scaled by the incoming gradient in the backward.
+// With `fp8` (precision.fp8_lm_head; NOTE [FP8 training] in autograd/Fp8.h) the three GEMMs of each chunk run
+// in FP8 with its scales (x and the weight E4M3, the softmax gradient E5M2), when N, C, V and the chunk's
+// rows are multiples of 16 (chunks are then a multiple of 16 rows); else as without.
 Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& target,
-                          int64_t ignoreIndex = -100, int64_t chunkRows = 0);
+                          int64_t ignoreIndex = -100, int64_t chunkRows = 0,
+                          const autograd::Fp8LinearState* fp8 = nullptr);
 // Identity when !training or p == 0. The mask comes from `gen` and is replayed, not stored, for the backward.
 Tensor dropout(const Tensor& x, double p, bool training = true, Generator& gen = defaultGenerator());
 

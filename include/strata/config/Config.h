@@ -134,6 +134,13 @@ struct PrecisionConfig {
   // What the chunks' gradient buffers accumulate in: fp32, or the compute dtype (bf16, fp16; half the
   // gradient memory, and micro-batches then add in 16 bits). Adafactor only: AdamW's kernels read fp32.
   std::string gradAccumDType = "fp32";
+  // FP8 training (NOTE [FP8 training] in autograd/Fp8.h; bf16 only): the Linear layers' GEMMs in FP8 with
+  // delayed per-tensor scaling from an amax history.
+  bool fp8 = false;
+  int64_t fp8AmaxHistory = 1024;
+  int64_t fp8Margin = 0;
+  std::string fp8AmaxCompute = "max";  // max, most_recent
+  bool fp8LmHead = false;              // the LM head's GEMMs too
 };
 
 struct ZeroConfig {

@@ -1,6 +1,7 @@
 // Token or position embedding: a [num, dim] table looked up by integer ids.
 #pragma once
 
+#include "strata/autograd/Fp8.h"
 #include "strata/core/Generator.h"
 #include "strata/nn/Module.h"
 #include "strata/nn/TensorParallel.h"
@@ -33,6 +34,9 @@ class Embedding : public Module {
   // Mean cross-entropy of unembed(x) against target, fused (linearCrossEntropy): x [N, dim] in the compute
   // dtype, target [N]. The [N, num] logits never exist at once.
   Tensor unembedCrossEntropy(const Tensor& x, const Tensor& target);
+  // FP8 (precision.fp8_lm_head; NOTE [FP8 training] in autograd/Fp8.h): from here on unembedCrossEntropy's
+  // GEMMs run in FP8 with the scales of `state` (not under vocabulary parallelism).
+  void setFp8(std::shared_ptr<autograd::Fp8LinearState> state) { fp8_ = std::move(state); }
   // Vocabulary-parallel: unembed gathers the ranks' logits (generation), and unembedCrossEntropy takes the
   // loss from this rank's [N, num / T] logits (vocabParallelCrossEntropy), never gathering them. With
   // sequence parallelism (NOTE [Sequence parallelism] in nn/TensorParallel.h) lookups return this rank's part
@@ -48,6 +52,7 @@ class Embedding : public Module {
   std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
 
  private:
+  std::shared_ptr<autograd::Fp8LinearState> fp8_;
   Tensor lookup(const Tensor& ids, DType dtype);
   // The tied head's input under vocabulary parallelism: through f, or gathered along the sequence.
   Tensor headInput(const Tensor& x) const;

@@ -18,6 +18,7 @@
 //   (Embedding::unembed) multiplies by its transpose.
 #pragma once
 
+#include "strata/autograd/Fp8.h"
 #include "strata/core/Generator.h"
 #include "strata/nn/Module.h"
 #include "strata/nn/TensorParallel.h"
@@ -63,14 +64,27 @@ class Linear : public Module {
   // gradient is all-reduced once, not once per layer. Unsplit: x, then apply.
   Tensor columnInput(const Tensor& x) const;
   Tensor applyToColumnInput(const Tensor& in);
+  // FP8 (NOTE [FP8 training] in autograd/Fp8.h): from here on this layer's products run in FP8 with the
+  // scales of `state` (enableFp8 sets every layer's).
+  void setFp8(std::shared_ptr<autograd::Fp8LinearState> state) { fp8_ = std::move(state); }
+  bool fp8() const { return fp8_ != nullptr; }
 
  protected:
   std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;
 
  private:
+  // x W (+ b): linear(), or fp8Linear() once FP8 is set.
+  Tensor product(const Tensor& x, const Tensor& b) const;
+  std::shared_ptr<autograd::Fp8LinearState> fp8_;
   TensorSplit split_ = TensorSplit::None;
   int64_t splitGroups_ = 1;
   TensorParallel tensorParallel_;
 };
+
+// Sets every nn::Linear of `model` to run in FP8 (NOTE [FP8 training]), and with `lmHead` every
+// nn::Embedding's unembedCrossEntropy (the LM heads), each with a state of its own on `device` in the
+// returned scaling, named and saved in the order of model.namedModules().
+std::shared_ptr<autograd::Fp8Scaling> enableFp8(Module& model, const autograd::Fp8Recipe& recipe,
+                                                Device device, bool lmHead = false);
 
 }  // namespace strata::nn

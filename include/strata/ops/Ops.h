@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "strata/core/Fp8.h"
 #include "strata/core/Generator.h"
 #include "strata/core/Tensor.h"
 
@@ -124,6 +125,40 @@ LinearParamGrads linearParamGrads(const Tensor& x, const Tensor& gy, DType out, 
 // micro-batches without a pass of its own). Returns the bias gradient in `biasDtype` when withBias.
 Tensor linearParamGradsInto(const Tensor& x, const Tensor& gy, const Tensor& weight, bool accumulate,
                             bool withBias, DType biasDtype);
+
+// ---- FP8 (NOTE [FP8 training] in autograd/Fp8.h; the formats in core/Fp8.h)
+// x [rows, cols] (any floating dtype, contiguous rows) as FP8 codes (u8) of x * scale in `format`: `plain`
+// [rows, cols] and/or `transposed` [cols, rows] (undefined when not asked), from one pass that also maxes the
+// largest finite |x| into amax. scale, amax: fp32 one-element views on x's device (slots of an FP8 state);
+// the scale is read on the device, so nothing waits for the host.
+struct Fp8Codes {
+  Tensor plain, transposed;
+};
+Fp8Codes fp8Cast(const Tensor& x, Fp8Format format, const Tensor& scale, const Tensor& amax, bool plain,
+                 bool transposed);
+// out [m, n] = scaleA scaleB (a [m, k] @ b [n, k]^T) (+ bias [n] of out's dtype), a and b FP8 codes (u8)
+// with k contiguous (cuBLASLt's FP8 layout on Hopper), products accumulated in fp32, written in `out`'s
+// dtype (bf16 or fp32; the CPU computes in fp32). scaleA, scaleB: fp32 one-element views (dequantisation
+// factors). With `accumulate` the product is added to out (beta 1; no bias). With `fastAccumulate` the
+// GPU's kernel may keep its partial sums in the tensor cores' own precision (cuBLASLt FAST_ACCUM).
+void fp8MatmulInto(const Tensor& out, const Tensor& a, Fp8Format formatA, const Tensor& scaleA,
+                   const Tensor& b, Fp8Format formatB, const Tensor& scaleB, const Tensor& bias,
+                   bool accumulate, bool fastAccumulate = false);
+// STRATA_FP8_FAST_ACCUM=1: the forward's FP8 products use fastAccumulate (Transformer Engine's default for
+// the forward); the gradients' products never do. Read at each call.
+bool fp8FastForward();
+// Whether a [rows, K] @ [K, N] product can run in FP8: cuBLASLt needs K and every leading dimension a
+// multiple of 16, and the backward's products take rows and N as their K.
+inline bool fp8Shape(int64_t rows, int64_t K, int64_t N) {
+  return rows > 0 && K > 0 && N > 0 && rows % 16 == 0 && K % 16 == 0 && N % 16 == 0;
+}
+// Delayed scaling's step (NOTE [FP8 training]) over FP8 states, each fp32 [6 + 3 * history]: scales [3],
+// their inverses [3], then three amax histories. For each of the three, the amax is the history's largest
+// (or, with mostRecent, the entry at `position`); the scale becomes fp8NextScale(amax) for format E4M3
+// (the first two) or E5M2 (the third), its inverse follows, and the entry at position + 1 (mod history) is
+// zeroed for the next step to record into.
+void fp8UpdateScales(const std::vector<Tensor>& states, int64_t history, int64_t position, int margin,
+                     bool mostRecent);
 
 // ---- normalisation and softmax (over the last dimension unless given)
 // ---------------------------------------------

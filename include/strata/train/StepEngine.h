@@ -33,6 +33,7 @@
 #include <memory>
 #include <vector>
 
+#include "strata/autograd/Fp8.h"
 #include "strata/config/Config.h"
 #include "strata/data/Objective.h"
 #include "strata/optim/ChunkOptimizer.h"
@@ -207,6 +208,8 @@ class ZeroStepEngine final : public StepEngine {
   // zero/ChunkArena.h.
   size_t peakGatheredChunks() const;
   std::vector<const zero::ChunkArena*> arenas() const;
+  // FP8 training's scales and histories (NOTE [FP8 training] in autograd/Fp8.h); null without precision.fp8.
+  const autograd::Fp8Scaling* fp8() const { return fp8_.get(); }
   // Replaces the order micro-batches run in (SequentialSchedule unless set).
   void setSchedule(std::unique_ptr<MicroBatchSchedule> schedule);
   // On a GPU, after the first step: the most device memory the step held beyond the model state on the device
@@ -240,6 +243,10 @@ class ZeroStepEngine final : public StepEngine {
   std::unique_ptr<MicroBatchSchedule> schedule_;
   nn::PipelineStageModel* stages_ = nullptr;  // the model as a pipeline stage, under a pipeline
   std::unique_ptr<PipelineSchedule> pipeline_;
+  // precision.fp8: every Linear layer's FP8 state, updated at the end of each step and saved with the
+  // optimizer state as piece "fp8.<fp8Index_>@0" (one per rank).
+  std::shared_ptr<autograd::Fp8Scaling> fp8_;
+  int64_t fp8Index_ = 0;
 };
 
 }  // namespace strata::train

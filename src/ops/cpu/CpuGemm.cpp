@@ -6,6 +6,7 @@
 
 #include "../ElementwiseFunctors.h"
 #include "CpuKernels.h"
+#include "strata/core/Fp8.h"
 
 namespace strata::ops::cpu {
 namespace {
@@ -127,6 +128,32 @@ void gemmWidened(const GemmArgs& g) {
       }
 }
 
+// FP8 operands (GemmArgs::fp8A/fp8B): the codes decoded exactly to fp32, multiplied in fp32 and scaled by
+// alpha scaleA scaleB, as cuBLASLt does on the device (up to the order of the sums). T is C's dtype.
+template <class T>
+void gemmFp8(const GemmArgs& g) {
+  std::vector<float> a(size_t(g.m * g.k)), b(size_t(g.n * g.k)), c(size_t(g.m * g.n), 0.0f);
+  const auto* ac = static_cast<const uint8_t*>(g.a);
+  const auto* bc = static_cast<const uint8_t*>(g.b);
+  for (int64_t r = 0; r < g.m; ++r)
+    for (int64_t i = 0; i < g.k; ++i) a[size_t(r * g.k + i)] = fp8ToFloat(ac[r * g.lda + i], *g.fp8A);
+  for (int64_t r = 0; r < g.n; ++r)
+    for (int64_t i = 0; i < g.k; ++i) b[size_t(r * g.k + i)] = fp8ToFloat(bc[r * g.ldb + i], *g.fp8B);
+  T* out = static_cast<T*>(g.c);
+  if (g.beta != 0.0f)
+    for (int64_t r = 0; r < g.m; ++r)
+      for (int64_t col = 0; col < g.n; ++col) c[size_t(r * g.n + col)] = float(out[r * g.ldc + col]);
+  GemmArgs f = g;
+  f.dtype = DType::F32;
+  f.lda = f.ldb = g.k;
+  f.ldc = g.n;
+  f.alpha = g.alpha * *g.scaleA * *g.scaleB;
+  gemmBatched<float>(f, a.data(), b.data(), c.data());
+  epilogue<float, T, float>(f, c.data(), b.data());
+  for (int64_t r = 0; r < g.m; ++r)
+    for (int64_t col = 0; col < g.n; ++col) out[r * g.ldc + col] = T(c[size_t(r * g.n + col)]);
+}
+
 template <class T>
 void gemmNative(const GemmArgs& g) {
   gemmBatched(g, static_cast<const T*>(g.a), static_cast<const T*>(g.b), static_cast<T*>(g.c));
@@ -135,6 +162,18 @@ void gemmNative(const GemmArgs& g) {
 
 bool gemm(const GemmArgs& g) {
   STRATA_CHECK(!g.hasEpilogue() || g.batch == 1, "gemm: epilogues need batch 1");
+  if (g.fp8A || g.fp8B) {
+    STRATA_CHECK(g.fp8A && g.fp8B && g.dtype == DType::U8 && g.outDtype && !g.transA && g.transB &&
+                     g.batch == 1 && !(g.gelu || g.dgelu || g.biasGrad),
+                 "gemm: FP8 operands take A [m, k] and B [n, k], batch 1, a bias at most");
+    if (*g.outDtype == DType::F32)
+      gemmFp8<float>(g);
+    else if (*g.outDtype == DType::BF16)
+      gemmFp8<BFloat16>(g);
+    else
+      STRATA_FAIL("gemm: an FP8 product writes bf16 or fp32, not {}", *g.outDtype);
+    return true;
+  }
   STRATA_CHECK(!(g.gelu && g.dgelu) && (!g.dgelu || g.aux) && (!g.biasGrad || !(g.bias || g.gelu || g.dgelu)),
                "gemm: unsupported epilogue combination");
   STRATA_CHECK(!(g.bias || g.gelu || g.dgelu) || !g.outDtype || *g.outDtype == g.dtype,

@@ -67,5 +67,6 @@ void registerNormalization(Registry& r);
 void registerNn(Registry& r);
 void registerOptim(Registry& r);
 void registerAttention(Registry& r);
+void registerFp8(Registry& r);
 
 }  // namespace strata::ops::cpu

@@ -11,6 +11,7 @@ void registerCpuKernels(Registry& r) {
   cpu::registerNn(r);
   cpu::registerOptim(r);
   cpu::registerAttention(r);
+  cpu::registerFp8(r);
 }
 
 }  // namespace strata::ops

@@ -72,6 +72,7 @@ void registerNormalization(Registry& r);
 void registerNn(Registry& r);
 void registerOptim(Registry& r);
 void registerAttention(Registry& r);
+void registerFp8(Registry& r);
 
 // Reduces a contiguous fp32 or T [A, R, B] problem; used by the reduce ops and by other kernels' second
 // passes. op: 0 sum, 1 max. out dtype is in's or f32.

@@ -18,6 +18,13 @@
 // kernel with its own heuristics. GEMMs with an epilogue stay on cuBLASLt. The default (`lt`) is cuBLASLt for
 // all.
 //
+// FP8 operands (GemmArgs::fp8A/fp8B; NOTE [FP8 training] in autograd/Fp8.h) take the same path: E4M3/E5M2
+// layouts in the TN form Hopper's FP8 kernels need (cuBLASLt's A transposed: our B stored [n, k]), the
+// per-tensor dequantisation factors as A/B_SCALE_POINTER (set per call with the epilogue pointers), fp32
+// accumulation, a bf16 or fp32 D, and a bf16 bias in the epilogue when an algorithm has one. With
+// fp8FastAccumulate the kernel keeps its partial sums in the tensor cores' own precision instead of
+// promoting them to fp32 at intervals (CUBLASLT_MATMUL_DESC_FAST_ACCUM; faster, less exact).
+//
 // The workspace is per stream: each call takes it from the device's caching allocator on the GEMM's stream
 // and frees it once the GEMM is enqueued. Stream-ordered reuse (NOTE [Stream-ordered reuse]) hands the same
 // block to the next GEMM on that stream, which runs after this one, and never to a GEMM on another stream
@@ -70,7 +77,7 @@ bool plainCublasRequested() {
 }
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t,
-                           int64_t, int64_t, int64_t, bool, int, int, int, int, int, int64_t, bool>;
+                           int64_t, int64_t, int64_t, bool, int, int, int, int, int, int64_t, bool, int>;
 
 struct Plan {
   bool supported = true;     // false: the heuristic had no algorithm for an optional epilogue
@@ -138,6 +145,17 @@ cudaDataType_t cudaType(DType t) {
   }
 }
 
+// FP8 operands (GemmArgs::fp8A/fp8B): the cuBLASLt type of a format.
+cudaDataType_t fp8Type(Fp8Format f) {
+  return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+// The plan key's code of g's FP8 formats (0: not FP8).
+int fp8Code(const GemmArgs& g) {
+  if (!g.fp8A) return 0;
+  return 1 + int(*g.fp8A) * 2 + int(*g.fp8B) + (g.fp8FastAccumulate ? 4 : 0);
+}
+
 void setBatch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
   if (batch <= 1) return;
   int32_t count = int32_t(batch);
@@ -159,8 +177,15 @@ cublasLtEpilogue_t epilogueOf(const GemmArgs& g) {
   return g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-// The per-call pointers of the epilogue (the plan is shared; callers hold the state's lock).
+// The per-call pointers of the epilogue and of FP8's scales (the plan is shared; callers hold the state's
+// lock). cuBLASLt's A is our B (the column-major view), so our B's scale is its A's.
 void setEpiloguePointers(const Plan& plan, const GemmArgs& g) {
+  if (g.fp8A) {
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                       &g.scaleB, sizeof(g.scaleB)));
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                       &g.scaleA, sizeof(g.scaleA)));
+  }
   const void* bias = g.biasGrad ? g.biasGrad : g.bias;
   if (bias)
     STRATA_CUBLAS_CHECK(
@@ -235,7 +260,10 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
     plan->plainCublas = true;
     return plan;
   }
-  cudaDataType_t dt = cudaType(g.dtype);
+  // FP8 operands (A [m, k], B [n, k]: cuBLASLt's A = our B transposed, its B = our A, the TN layout Hopper's
+  // FP8 kernels take) carry their formats; the others share g.dtype.
+  cudaDataType_t dtX = g.fp8B ? fp8Type(*g.fp8B) : cudaType(g.dtype);
+  cudaDataType_t dtY = g.fp8A ? fp8Type(*g.fp8A) : cudaType(g.dtype);
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // Column-major view: C^T [n, m] = X [n, k] * Y [k, m] with X = op(B)^T and Y = op(A)^T.
   cublasOperation_t opX = g.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -246,13 +274,19 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opY, sizeof(opY)));
   uint64_t xRows = g.transB ? g.k : g.n, xCols = g.transB ? g.n : g.k;
   uint64_t yRows = g.transA ? g.m : g.k, yCols = g.transA ? g.k : g.m;
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layoutX, dt, xRows, xCols, g.ldb));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layoutY, dt, yRows, yCols, g.lda));
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layoutX, dtX, xRows, xCols, g.ldb));
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layoutY, dtY, yRows, yCols, g.lda));
   cudaDataType_t ct = cudaType(g.outDtype.value_or(g.dtype));
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layoutC, ct, uint64_t(g.n), uint64_t(g.m), g.ldc));
   setBatch(plan->layoutX, g.batch, g.strideB);
   setBatch(plan->layoutY, g.batch, g.strideA);
   setBatch(plan->layoutC, g.batch, g.strideC);
+  if (g.fp8A) {
+    setEpiloguePointers(*plan, g);
+    int8_t fast = g.fp8FastAccumulate ? 1 : 0;
+    STRATA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  }
   cublasLtEpilogue_t epilogue = epilogueOf(g);
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
@@ -261,6 +295,12 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
       int64_t ld = g.ldAux;
       STRATA_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+    }
+    // FP8 inputs: the bias in D's dtype (bf16), said explicitly, as the default depends on the inputs.
+    if (g.fp8A && g.bias) {
+      cudaDataType_t bt = cudaType(*g.outDtype);
+      STRATA_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
     }
     // The heuristic reads the pointers' alignment.
     setEpiloguePointers(*plan, g);
@@ -281,7 +321,8 @@ std::unique_ptr<Plan> makePlan(LtState& st, const GemmArgs& g, int alignX, int a
       cublasLtMatmulAlgoGetHeuristic(st.handle, plan->desc, plan->layoutX, plan->layoutY, plan->layoutC,
                                      plan->layoutC, pref, autotune() ? kCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  bool optional = g.gelu || g.dgelu || g.biasGrad;
+  // An FP8 product with a bias falls back to the product then the bias (ops::fp8MatmulInto).
+  bool optional = g.gelu || g.dgelu || g.biasGrad || (g.fp8A && g.bias);
   if (optional && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
     plan->supported = false;
     return plan;
@@ -318,10 +359,15 @@ void plainGemm(cublasHandle_t blas, const GemmArgs& g, void* workspace, cudaStre
 }
 
 bool gemm(const GemmArgs& g) {
-  STRATA_CHECK(!g.outDtype || *g.outDtype == g.dtype ||
+  bool fp8 = g.fp8A.has_value();
+  STRATA_CHECK(fp8 == g.fp8B.has_value() &&
+                   (!fp8 || (g.dtype == DType::U8 && g.outDtype && !g.transA && g.transB && g.batch == 1 &&
+                             g.scaleA && g.scaleB && !(g.gelu || g.dgelu || g.biasGrad))),
+               "gemm: FP8 operands take A [m, k] and B [n, k], batch 1, scales, a bias at most");
+  STRATA_CHECK(fp8 || !g.outDtype || *g.outDtype == g.dtype ||
                    (*g.outDtype == DType::F32 && (g.dtype == DType::BF16 || g.dtype == DType::F16)),
                "gemm: output dtype {} for {} operands is not supported", *g.outDtype, g.dtype);
-  STRATA_CHECK(!(g.bias || g.gelu || g.dgelu) || !g.outDtype || *g.outDtype == g.dtype,
+  STRATA_CHECK(fp8 || !(g.bias || g.gelu || g.dgelu) || !g.outDtype || *g.outDtype == g.dtype,
                "gemm: a bias or GELU epilogue needs C in the operands' dtype");
   STRATA_CHECK(!g.hasEpilogue() || g.batch == 1, "gemm: epilogues need batch 1");
   STRATA_CHECK(!(g.gelu && g.dgelu) && (!g.dgelu || g.aux) && (!g.biasGrad || !(g.bias || g.gelu || g.dgelu)),
@@ -334,7 +380,7 @@ bool gemm(const GemmArgs& g) {
   for (const void* p : {g.bias, static_cast<const void*>(g.aux), static_cast<const void*>(g.biasGrad)})
     if (p) alignC = std::min(alignC, alignmentOf(p));
   // The backend is part of the key: a process that changes STRATA_GEMM_BACKEND gets the one it asks for.
-  bool plainCublas = epilogueOf(g) == CUBLASLT_EPILOGUE_DEFAULT && plainCublasRequested();
+  bool plainCublas = !fp8 && epilogueOf(g) == CUBLASLT_EPILOGUE_DEFAULT && plainCublasRequested();
   PlanKey key{int(g.dtype),
               g.m,
               g.n,
@@ -355,7 +401,8 @@ bool gemm(const GemmArgs& g) {
               int(epilogueOf(g)),
               int(g.outDtype.value_or(g.dtype)),
               g.ldAux,
-              plainCublas};
+              plainCublas,
+              fp8Code(g)};
   Plan* plan;
   {
     std::lock_guard<std::mutex> lock(st.mutex);

@@ -15,6 +15,7 @@ void registerCudaKernels(Registry& r) {
   cuda::registerNn(r);
   cuda::registerOptim(r);
   cuda::registerAttention(r);
+  cuda::registerFp8(r);
 #if STRATA_CUDNN_SDPA
   registerCudnnAttention(r);
 #endif

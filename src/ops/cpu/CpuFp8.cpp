@@ -1,0 +1,63 @@
+// FP8 on the CPU: the emulation of the CUDA kernels (NOTE [FP8 training] in autograd/Fp8.h). The cast uses
+// core/Fp8.h's conversion, the one the device runs, so the codes are the same bits; the update runs the
+// recipe's arithmetic in fp32 as the device does.
+#include <algorithm>
+#include <cmath>
+
+#include "CpuKernels.h"
+#include "strata/core/Fp8.h"
+
+namespace strata::ops::cpu {
+namespace {
+
+template <class T>
+void castRows(const Tensor& x, Fp8Format format, float scale, uint8_t* plain, uint8_t* transposed,
+              float& amax) {
+  const T* in = static_cast<const T*>(x.data());
+  int64_t rows = x.size(0), cols = x.size(1);
+  float largest = 0.0f;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float v = float(in[r * cols + c]);
+      if (std::isfinite(v)) largest = std::fmax(largest, std::fabs(v));
+      uint8_t code = floatToFp8(v * scale, format);
+      if (plain) plain[r * cols + c] = code;
+      if (transposed) transposed[c * rows + r] = code;
+    }
+  amax = std::fmax(amax, largest);
+}
+
+void fp8Cast(const Tensor& x, Fp8Format format, const Tensor& scale, const Tensor& amax, const Tensor& plain,
+             const Tensor& transposed) {
+  float s = *static_cast<const float*>(scale.data());
+  float& a = *static_cast<float*>(amax.data());
+  auto* p = plain.defined() ? static_cast<uint8_t*>(plain.data()) : nullptr;
+  auto* t = transposed.defined() ? static_cast<uint8_t*>(transposed.data()) : nullptr;
+  visitFloating(x.dtype(), "fp8Cast",
+                [&](auto tag) { castRows<typename decltype(tag)::type>(x, format, s, p, t, a); });
+}
+
+void fp8UpdateScales(const std::vector<Tensor>& states, int64_t history, int64_t position, int margin,
+                     bool mostRecent) {
+  for (const Tensor& state : states) {
+    float* s = static_cast<float*>(state.data());
+    for (int role = 0; role < 3; ++role) {
+      float* h = s + 6 + role * history;
+      float amax = h[position];
+      if (!mostRecent)
+        for (int64_t i = 0; i < history; ++i) amax = std::fmax(amax, h[i]);
+      s[role] = fp8NextScale(amax, s[role], role == 2 ? Fp8Format::E5M2 : Fp8Format::E4M3, margin);
+      s[3 + role] = 1.0f / s[role];
+      h[(position + 1) % history] = 0.0f;
+    }
+  }
+}
+
+}  // namespace
+
+void registerFp8(Registry& r) {
+  r.add<Fp8CastKernel>("fp8Cast", DeviceType::CPU, &fp8Cast);
+  r.add<Fp8UpdateScalesKernel>("fp8UpdateScales", DeviceType::CPU, &fp8UpdateScales);
+}
+
+}  // namespace strata::ops::cpu

@@ -1,0 +1,57 @@
+// FP8 launchers: the cast with its amax and delayed scaling's update (kernels/Fp8.cuh). The FP8 GEMM is
+// CudaGemm.cu's, through GemmArgs' FP8 operands.
+#include <vector>
+
+#include "kernels/Fp8.cuh"
+#include "src/ops/cuda/CudaCommon.h"
+
+namespace strata::ops::cuda {
+namespace {
+
+void fp8Cast(const Tensor& x, Fp8Format format, const Tensor& scale, const Tensor& amax, const Tensor& plain,
+             const Tensor& transposed) {
+  DeviceGuard guard(x.device().index);
+  int64_t rows = x.size(0), cols = x.size(1);
+  int64_t tilesX = (cols + kernels::kFp8Tile - 1) / kernels::kFp8Tile;
+  int64_t tilesY = (rows + kernels::kFp8Tile - 1) / kernels::kFp8Tile;
+  STRATA_CHECK(tilesX < (int64_t(1) << 31), "fp8Cast: {} columns are too many", cols);
+  dim3 grid(unsigned(tilesX), unsigned(std::min<int64_t>(tilesY, 65535)));
+  auto* p = plain.defined() ? static_cast<uint8_t*>(plain.data()) : nullptr;
+  auto* t = transposed.defined() ? static_cast<uint8_t*>(transposed.data()) : nullptr;
+  cudaStream_t stream = streamOf(x);
+  visitFloatingCuda(x.dtype(), "fp8Cast", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    kernels::fp8CastKernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(x.data()), rows, cols, format,
+                                                        static_cast<const float*>(scale.data()),
+                                                        static_cast<float*>(amax.data()), p, t);
+  });
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+void fp8UpdateScales(const std::vector<Tensor>& states, int64_t history, int64_t position, int margin,
+                     bool mostRecent) {
+  Device dev = states[0].device();
+  DeviceGuard guard(dev.index);
+  std::vector<float*> pointers;
+  for (const Tensor& s : states) pointers.push_back(static_cast<float*>(s.data()));
+  STRATA_CHECK(pointers.size() < 65536, "fp8UpdateScales: {} states are too many for one launch",
+               pointers.size());
+  // The pointers travel in one small copy on the compute stream, ordered before the kernel that reads them;
+  // `pointers` is pageable, so the copy has read it when cudaMemcpyAsync returns.
+  size_t bytes = pointers.size() * sizeof(float*);
+  Tensor table = Tensor::empty({int64_t(bytes)}, DType::U8, dev);
+  cudaStream_t stream = streamOf(table);
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(table.data(), pointers.data(), bytes, cudaMemcpyHostToDevice, stream));
+  kernels::fp8UpdateScalesKernel<<<dim3(unsigned(pointers.size()), 3), 256, 0, stream>>>(
+      static_cast<float* const*>(table.data()), history, position, margin, mostRecent);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void registerFp8(Registry& r) {
+  r.add<Fp8CastKernel>("fp8Cast", DeviceType::CUDA, &fp8Cast);
+  r.add<Fp8UpdateScalesKernel>("fp8UpdateScales", DeviceType::CUDA, &fp8UpdateScales);
+}
+
+}  // namespace strata::ops::cuda

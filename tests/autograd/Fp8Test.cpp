@@ -1,0 +1,210 @@
+// fp8Linear and Fp8Scaling on the CPU (NOTE [FP8 training] in autograd/Fp8.h): the emulated products against
+// the recipe written out with the conversion, the amaxes recorded, the bf16 fallback, and the state's save.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "TestUtil.h"
+#include "strata/autograd/Fp8.h"
+#include "strata/autograd/Functions.h"
+#include "strata/autograd/GradMode.h"
+
+using namespace strata;
+using namespace strata::test;
+
+namespace {
+
+// x quantised to `format` at `scale` and back (what the GEMMs multiply).
+Tensor quantised(const Tensor& x, Fp8Format format, float scale) {
+  std::vector<float> v = x.toVector<float>();
+  for (float& e : v) e = fp8ToFloat(floatToFp8(e * scale, format), format) / scale;
+  return Tensor::fromVector<float>(v, x.shape());
+}
+
+float largest(const Tensor& x) {
+  float m = 0;
+  for (float e : x.toVector<float>()) m = std::max(m, std::abs(e));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("fp8Linear multiplies E4M3 inputs and weights, E5M2 gradients, and records the amaxes",
+          "[autograd][fp8]") {
+  const int64_t rows = 32, K = 48, N = 16, H = 8;
+  Generator g(7);
+  Tensor x = ops::randn({2, rows / 2, K}, g).setRequiresGrad();
+  Tensor w = ops::randn({K, N}, g, DType::F32, Device::cpu(), 0, 0.1).setRequiresGrad();
+  Tensor b = ops::randn({N}, g).setRequiresGrad();
+  auto scaling = autograd::Fp8Scaling::create(autograd::Fp8Recipe{H, 0, false}, Device::cpu());
+  auto state = scaling->add("layer");
+  // Move on to position 2 with some scales other than 1: x 8, W 64, g 1024 (inverses follow).
+  scaling->update();
+  scaling->update();
+  ops::copy(state->state.narrow(0, 0, 6),
+            Tensor::fromVector<float>({8.0f, 64.0f, 1024.0f, 1 / 8.0f, 1 / 64.0f, 1 / 1024.0f}, {6}));
+  Tensor y = fp8Linear(x, w, b, *state);
+  REQUIRE(y.shape() == Shape({2, rows / 2, N}));
+  Tensor xq = quantised(x.detach(), Fp8Format::E4M3, 8), wq = quantised(w.detach(), Fp8Format::E4M3, 64);
+  requireClose(y.detach(), ops::add(ops::matmul(xq, wq), b.detach()), 1e-5, 1e-5);
+  Tensor gy = ops::randn({2, rows / 2, N}, g);
+  backward({y}, {gy});
+  Tensor gq = quantised(gy, Fp8Format::E5M2, 1024);
+  requireClose(x.grad(), ops::matmul(gq, ops::contiguous(wq.transpose(0, 1))), 1e-5, 1e-5);
+  Tensor gq2 = gq.reshape({rows, N});
+  requireClose(w.grad(), ops::matmul(ops::contiguous(xq.reshape({rows, K}).transpose(0, 1)), gq2), 1e-5,
+               1e-5);
+  requireClose(b.grad(), ops::sum(gy.reshape({rows, N}), {0}), 1e-5, 1e-5);
+  // Each cast maxed its tensor's amax into entry 2 of its history.
+  std::vector<float> s = state->state.toVector<float>();
+  REQUIRE(s[6 + 2] == largest(x.detach()));
+  REQUIRE(s[6 + H + 2] == largest(w.detach()));
+  REQUIRE(s[6 + 2 * H + 2] == largest(gy));
+  REQUIRE(s[6 + 1] == 0.0f);
+  // The next step's scales come from them.
+  scaling->update();
+  s = state->state.toVector<float>();
+  REQUIRE(s[0] == 448.0f / largest(x.detach()));
+  REQUIRE(s[2] == 57344.0f / largest(gy));
+  REQUIRE(scaling->position() == 3);
+}
+
+TEST_CASE("fp8Linear records nothing without gradients and falls back to bf16 at other shapes",
+          "[autograd][fp8]") {
+  Generator g(3);
+  auto scaling = autograd::Fp8Scaling::create(autograd::Fp8Recipe{4, 0, false}, Device::cpu());
+  auto state = scaling->add("layer");
+  Tensor x = ops::randn({16, 32}, g), w = ops::randn({32, 16}, g);
+  {
+    NoGradGuard noGrad;
+    Tensor y = fp8Linear(x, w, Tensor(), *state);
+    requireClose(y, ops::matmul(quantised(x, Fp8Format::E4M3, 1), quantised(w, Fp8Format::E4M3, 1)), 1e-5,
+                 1e-5);
+  }
+  std::vector<float> s = state->state.toVector<float>();
+  REQUIRE(std::all_of(s.begin() + 6, s.end(), [](float v) { return v == 0.0f; }));
+  // K = 20 is no multiple of 16: the product runs unquantised, as linear() does.
+  Tensor x2 = ops::randn({16, 20}, g).setRequiresGrad(), w2 = ops::randn({20, 16}, g).setRequiresGrad();
+  Tensor y2 = fp8Linear(x2, w2, Tensor(), *state);
+  REQUIRE(y2.toVector<float>() == linear(x2, w2).toVector<float>());
+  s = state->state.toVector<float>();
+  REQUIRE(std::all_of(s.begin() + 6, s.end(), [](float v) { return v == 0.0f; }));
+}
+
+TEST_CASE("Fp8Scaling saves and loads its scales, histories and position", "[autograd][fp8]") {
+  auto a = autograd::Fp8Scaling::create(autograd::Fp8Recipe{4, 1, false}, Device::cpu());
+  auto sa = a->add("one");
+  a->add("two");
+  ops::copy(sa->state.narrow(0, 6, 1), Tensor::fromVector<float>({2.0f}, {1}));
+  a->update();
+  REQUIRE(sa->state.toVector<float>()[0] == 448.0f / 2.0f / 2.0f);
+  Tensor flat = a->save();
+  REQUIRE(flat.numel() == a->savedElements());
+  auto b = autograd::Fp8Scaling::create(autograd::Fp8Recipe{4, 1, false}, Device::cpu());
+  auto sb = b->add("one");
+  b->add("two");
+  b->load(flat, "test");
+  REQUIRE(b->position() == 1);
+  REQUIRE(sb->state.toVector<float>() == sa->state.toVector<float>());
+  // Another history length or other layers are refused, naming the key.
+  auto c = autograd::Fp8Scaling::create(autograd::Fp8Recipe{8, 1, false}, Device::cpu());
+  c->add("one");
+  c->add("two");
+  REQUIRE(errorOf([&] { c->load(flat, "test"); }).find("precision.fp8_amax_history") != std::string::npos);
+}
+
+TEST_CASE("[cuda] fp8Linear on the GPU gives the CPU emulation's outputs, gradients and scales",
+          "[cuda][autograd][fp8]") {
+  STRATA_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  const int64_t rows = 64, K = 96, N = 80, H = 4;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    INFO(dtypeName(dt));
+    Generator g(13);
+    // Values a bf16 holds exactly, so both devices cast the same numbers.
+    auto values = [&](const Shape& shape, double std) {
+      return ops::to(ops::randn(shape, g, DType::F32, Device::cpu(), 0, std), Device::cpu(), DType::BF16)
+          .to(DType::F32);
+    };
+    Tensor x = values({rows, K}, 1.0), w = values({K, N}, 0.05), b = values({N}, 1.0),
+           gy = values({rows, N}, 1e-3);
+    auto run = [&](Device device, DType dtype) {
+      auto scaling = autograd::Fp8Scaling::create(autograd::Fp8Recipe{H, 0, false}, device);
+      auto state = scaling->add("layer");
+      // Fresh leaves (ops::to may hand back its input when nothing changes).
+      Tensor xd = ops::to(x.clone(), device, dtype).setRequiresGrad();
+      Tensor wd = ops::to(w.clone(), device, dtype).setRequiresGrad();
+      Tensor bd = ops::to(b.clone(), device, dtype).setRequiresGrad();
+      std::vector<Tensor> out;
+      // Two steps: the second casts with the scales the first one's amaxes gave.
+      for (int step = 0; step < 2; ++step) {
+        xd.setGrad(Tensor());
+        wd.setGrad(Tensor());
+        bd.setGrad(Tensor());
+        Tensor y = fp8Linear(xd, wd, bd, *state);
+        backward({y}, {gy.to(device, dtype)});
+        scaling->update();
+        if (step == 1) out = {y.detach(), xd.grad(), wd.grad(), bd.grad(), state->state};
+      }
+      for (Tensor& t : out) t = ops::to(t, Device::cpu(), DType::F32);
+      return out;
+    };
+    std::vector<Tensor> cpu = run(Device::cpu(), DType::F32), dev = run(gpu, dt);
+    // The same products; the sums' order and a bf16 output's rounding differ.
+    double rtol = dt == DType::BF16 ? 1e-2 : 1e-4;
+    for (size_t i = 0; i < 4; ++i) {
+      INFO("tensor " << i);
+      std::vector<float> v = cpu[i].toVector<float>();
+      double scale = 0;
+      for (float e : v) scale = std::max(scale, double(std::abs(e)));
+      requireClose(dev[i], cpu[i], 1e-3 * scale, rtol);
+    }
+    // The scales and histories: the amaxes of the same values, the same arithmetic.
+    REQUIRE(dev[4].toVector<float>() == cpu[4].toVector<float>());
+  }
+}
+
+TEST_CASE("linearCrossEntropy in FP8 multiplies E4M3 rows and table, E5M2 softmax gradients",
+          "[autograd][fp8]") {
+  // 48 rows in chunks of 16 (20 rounds down), a table of 32 entries of 16.
+  const int64_t N = 48, V = 32, C = 16, H = 4;
+  Generator g(21);
+  Tensor x = ops::randn({N, C}, g).setRequiresGrad();
+  Tensor w = ops::randn({V, C}, g, DType::F32, Device::cpu(), 0, 0.5).setRequiresGrad();
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < N; ++i) t.push_back(i % 5 == 0 ? -100 : (i * 7) % V);
+  Tensor target = Tensor::fromVector<int64_t>(t, {N});
+  auto scaling = autograd::Fp8Scaling::create(autograd::Fp8Recipe{H, 0, false}, Device::cpu());
+  auto state = scaling->add("wte");
+  ops::copy(state->state.narrow(0, 0, 6),
+            Tensor::fromVector<float>({16.0f, 128.0f, 4096.0f, 1 / 16.0f, 1 / 128.0f, 1 / 4096.0f}, {6}));
+  Tensor loss = linearCrossEntropy(x, w, target, -100, 20, state.get());
+  backward(loss);
+  // The recipe written out: the logits of the quantised operands, the softmax gradient quantised to E5M2,
+  // both gradient products over the quantised operands, divided by the rows counted.
+  Tensor xq = quantised(x.detach(), Fp8Format::E4M3, 16), wq = quantised(w.detach(), Fp8Format::E4M3, 128);
+  Tensor logits = ops::matmul(xq, ops::contiguous(wq.transpose(0, 1)));
+  Tensor reference = crossEntropy(logits, target);
+  REQUIRE(std::abs(loss.item() - reference.item()) < 1e-5);
+  std::vector<float> p = ops::softmax(logits).toVector<float>();
+  double counted = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    if (t[size_t(i)] < 0) {
+      for (int64_t v = 0; v < V; ++v) p[size_t(i * V + v)] = 0;
+      continue;
+    }
+    p[size_t(i * V + t[size_t(i)])] -= 1;
+    counted += 1;
+  }
+  Tensor dq = quantised(Tensor::fromVector<float>(p, {N, V}), Fp8Format::E5M2, 4096);
+  requireClose(x.grad(), ops::mul(ops::matmul(dq, wq), ops::full({}, 1 / counted)), 1e-5, 1e-4);
+  requireClose(w.grad(),
+               ops::mul(ops::matmul(ops::contiguous(dq.transpose(0, 1)), xq), ops::full({}, 1 / counted)),
+               1e-5, 1e-4);
+  // The three amaxes of this step's entry.
+  std::vector<float> s = state->state.toVector<float>();
+  REQUIRE(s[6] == largest(x.detach()));
+  REQUIRE(s[6 + H] == largest(w.detach()));
+  REQUIRE(s[6 + 2 * H] > 0.5f);
+  REQUIRE(s[6 + 2 * H] <= 1.0f);
+}
