@@ -428,6 +428,12 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
           return zero::placeModelState(in.parameterChunkBytes, home, in.optimizerBytes, less, in.nvmeBytes);
         });
     if (in.stage < 3 && p.placement.parameterHostBytes > 0) p.workspaceBytes += in.homeGatherBytes;
+    // As the engine refuses parameters homed on the SSD (train/ModelState.cpp, homeParameters).
+    if (p.placement.parameterNvmeBytes > 0)
+      STRATA_USER_FAIL(
+          "{} of parameters fit neither store.gpu_budget_gb nor store.host_budget_gb, and the trainer does "
+          "not home parameters on the SSD: raise a budget, or use more ranks at zero_optimization.stage 3",
+          gib(p.placement.parameterNvmeBytes));
     // What the engine refuses with parameters homed off the device (train/ModelState.cpp, homeParameters).
     if (p.placement.parameterHostBytes > 0) {
       std::string refused = in.stage == 1 || in.stage == 2    ? "zero_optimization.stage 1 and 2"

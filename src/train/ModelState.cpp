@@ -325,8 +325,17 @@ void makeOptimizer(ModelState& s, const config::Config& c, const optim::Adafacto
 // there (this rank's shard at stage 3, the whole chunk at stage 0), page-locked where a GPU copies from
 // them; what the engine cannot yet drive with homes off the device is refused before any work.
 void homeParameters(ModelState& s, const config::Config& c) {
-  size_t offDevice = s.placement.parameterChunksOn(zero::Tier::Host);
+  size_t onSsd = s.placement.parameterChunksOn(zero::Tier::Nvme);
+  size_t offDevice = s.placement.parameterChunksOn(zero::Tier::Host) + onSsd;
   if (offDevice == 0) return;
+  // The gatherer brings chunks in from the SSD tier (NOTE [Parameter homes]); the update and the checkpoints
+  // write parameter homes on the device and in host memory only.
+  STRATA_USER_CHECK(onSsd == 0,
+                    "the parameters of {} chunk{} ({:.2f} GiB) fit neither store.gpu_budget_gb nor "
+                    "store.host_budget_gb, and the trainer does not home parameters on the SSD: raise a "
+                    "budget, or use more ranks at zero_optimization.stage 3",
+                    onSsd, onSsd == 1 ? "" : "s",
+                    double(s.placement.parameterNvmeBytes) / double(1ull << 30));
   std::string why = c.store.parameterHome == "host"
                         ? std::string("store.parameter_home is host")
                         : detail::format(

@@ -1067,6 +1067,15 @@ TEST_CASE("plan: a model whose parameters alone do not fit the GPU plans with pa
   REQUIRE(!sharded.fits);
   REQUIRE(sharded.refusal.find("zero_optimization.stage") != std::string::npos);
   REQUIRE(sharded.refusal.find("store.parameter_home") != std::string::npos);
+  // Past the host's budget the parameters would go to the SSD, where the trainer does not home them:
+  // refused as the engine refuses it.
+  std::vector<std::string> ssdHomes = overrides;
+  ssdHomes.push_back("store.host_budget_gb=4");
+  ssdHomes.push_back("store.nvme_budget_gb=2000");
+  plan::ModelStatePlan onSsd = plan::planModelState(configFile("gpt3-20b-store.yaml", ssdHomes), options);
+  INFO(onSsd.refusal);
+  REQUIRE(!onSsd.fits);
+  REQUIRE(onSsd.refusal.find("does not home parameters on the SSD") != std::string::npos);
   // Parameters kept on the device (store.parameter_home: device) do not fit: refused, naming the key.
   overrides.push_back("store.parameter_home=device");
   plan::ModelStatePlan pinned = plan::planModelState(configFile("gpt3-20b-store.yaml", overrides), options);

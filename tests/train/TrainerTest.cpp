@@ -597,6 +597,16 @@ TEST_CASE("parameters homed in host memory train bit for bit like parameters on 
   });
   REQUIRE(e.find("store.parameter_home") != std::string::npos);
   REQUIRE(e.find("zero_optimization.stage") != std::string::npos);
+  // Past the host's budget the placement puts parameters on the SSD, where the trainer does not home them:
+  // refused at start-up, naming the budgets.
+  e = test::errorOf([&] {
+    train::Trainer(
+        tinyConfig(base / "ssd", with({"store.gpu_budget_gb=0.00002", "store.host_budget_gb=0.00002",
+                                       "zero_optimization.nvme_path=" + (base / "nvme").string()})))
+        .run();
+  });
+  REQUIRE(e.find("does not home parameters on the SSD") != std::string::npos);
+  REQUIRE(e.find("store.host_budget_gb") != std::string::npos);
 }
 
 TEST_CASE("the memory tracer starts off the device and brings the SSD's state back first, bit for bit",
