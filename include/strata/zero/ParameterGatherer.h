@@ -45,9 +45,12 @@
 // chunk's parameters (the reads ahead, and the one a gather waits on). The staging does not keep a chunk
 // between its forward and its backward: an SSD chunk is read twice per micro-batch, as often as a host
 // chunk is copied. homesWritable() drops the reads ahead, which an update of the extents would make stale
-// (a write issued after them runs after them: the tier's issue order). The trainer does not place
-// parameters on the SSD: its update and checkpoints write homes on the device and in host memory only, so
-// a placement with parameters there is refused at start-up and by `strata plan`.
+// (a write issued after them runs after them: the tier's issue order). The CPU update of such a chunk (its
+// optimizer state in host memory or on the SSD, read ahead as the tier does for state) rounds the new
+// values into its staging and writes them into the extent, waiting for the write before the next chunk:
+// the pipelined update's lanes step aside for the plain update then. A checkpoint saves the chunk from its
+// master; a load writes the extent. The engine's parameterShards[c] of such a chunk is a view of one host
+// buffer of the largest of them, which only the load fills.
 #pragma once
 
 #include <cstdint>

@@ -6,11 +6,10 @@
 // optimizer state of the rank's range: fp32 master (16-bit chunks only), AdamW's m and v. Parameters are the
 // hottest state (every forward and backward reads them), so they are placed first: in chunk order each
 // chunk's parameters go to the device while the device budget lasts, then to host memory while the host
-// budget lasts, then to the SSD (store.parameter_home: auto; device and host put every chunk's there, as
-// ParameterHome::Nvme does on the SSD; auto goes past the host only with an SSD budget, and the parameters
-// there count against it with the optimizer state; the trainer refuses parameters on the SSD). A chunk
-// homed off the device is brought into a slot ahead of each use (NOTE [Parameter homes] in
-// zero/ParameterGatherer.h). The
+// budget lasts, then to the SSD (store.parameter_home: auto; device, host and nvme put every chunk's there;
+// auto goes past the host only with an SSD budget, and the parameters there count against it with the
+// optimizer state). A chunk homed off the device is brought into a slot ahead of each use (NOTE [Parameter
+// homes] in zero/ParameterGatherer.h). The
 // optimizer state of a chunk is read once per step; in chunk order it goes to the device while what the
 // parameters left of the device budget lasts, then to host memory while what they left of the host budget
 // lasts, then to the SSD; a chunk whose parameters are off the device keeps its optimizer state off it too
