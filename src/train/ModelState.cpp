@@ -261,20 +261,22 @@ void place(ModelState& s, const config::Config& c, DType compute, const StateByt
   bool autoDevice = c.zero.offloadOptimizerDevice == "none" &&
                     (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto");
   zero::ParameterHome home = zero::parseParameterHome(c.store.parameterHome);
-  // The parameters the device must hold whatever its budget.
+  // The parameters the device must hold whatever its budget, and those it may hold (none when they are all
+  // homed off it).
   uint64_t deviceParameters = home == zero::ParameterHome::Device ? bytes.parameters : 0;
+  bool allOffDevice = home == zero::ParameterHome::Host || home == zero::ParameterHome::Nvme;
   // One placement truth: the plan's budget for the device (plan/Plan.h), where the trainer made one.
   if (autoDevice && plannedDeviceBudget > 0) budgets.device = std::max(plannedDeviceBudget, deviceParameters);
   auto placeWithin = [&](zero::StoreBudgets b) {
     if (autoDevice && s.deviceMemory > 0 && (!s.device.isCpu() || s.deviceMemoryGiven)) {
-      uint64_t estimate = home == zero::ParameterHome::Host ? 0 : bytes.parameters;
+      uint64_t estimate = allOffDevice ? 0 : bytes.parameters;
       for (size_t i = 0; i < s.chunks->numChunks(); ++i)
         estimate += bytes.optimizer[i] + uint64_t(s.chunks->paddedElems(i)) *
                                              dtypeSize(s.chunks->gradientDType());  // state, gradient buffers
       if (double(estimate) > 0.8 * double(s.deviceMemory)) {
         // Off the device what the host and the SSD can hold; the first step measures what may come back.
-        uint64_t least = zero::smallestDeviceBudget(home == zero::ParameterHome::Host ? 0 : bytes.parameters,
-                                                    bytes.optimizer, b, bytes.nvme);
+        uint64_t least =
+            zero::smallestDeviceBudget(allOffDevice ? 0 : bytes.parameters, bytes.optimizer, b, bytes.nvme);
         // A device budget (the plan's) that homes parameters in host memory stays: the smallest one
         // assumes every parameter on the device.
         bool homesParameters = home != zero::ParameterHome::Device && b.device < bytes.parameters;
