@@ -427,8 +427,9 @@ std::vector<ConfigKey> makeTable() {
       key(
           "store.parameter_home", [](Config& c) { return &c.store.parameterHome; },
           "where the parameter chunks live between uses: auto (the GPU while store.gpu_budget_gb lasts, "
-          "then host memory), device, or host (each chunk is copied into a GPU slot ahead of its use)",
-          oneOf({"auto", "device", "host"})),
+          "then host memory while store.host_budget_gb lasts, then the SSD), device, host, or nvme (each "
+          "chunk off the GPU is copied into a GPU slot ahead of its use; from the SSD through a read ahead)",
+          oneOf({"auto", "device", "host", "nvme"})),
       key(
           "store.delayed_update", [](Config& c) { return &c.store.delayedUpdate; },
           "SSD-resident state is updated one step late, overlapped with the next step (it changes the "

@@ -188,7 +188,7 @@ Adafactor::Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> maste
     STRATA_CHECK(nvme_ != nullptr, "Adafactor: chunk {} is placed on the SSD tier, which is missing", c);
     zero::NvmeTier::ChunkFields want = adafactorTierFields(layout, c, r, config_, nvme_->stateDType());
     bool fits = nvme_->holds(c);
-    for (int f = 0; f < zero::NvmeTier::kFields && fits; ++f)
+    for (int f = 0; f < zero::NvmeTier::kStateFields && fits; ++f)
       fits = nvme_->fieldElems(c, zero::NvmeTier::Field(f)) == want.elems[size_t(f)] &&
              (want.elems[size_t(f)] == 0 ||
               nvme_->fieldDType(c, zero::NvmeTier::Field(f)) == want.dtypes[size_t(f)]);

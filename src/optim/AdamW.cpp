@@ -417,6 +417,9 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
                                    const Tensor& gradScale, const Tensor& hostScale,
                                    const std::function<HostState(size_t)>& ssdAcquire,
                                    const std::function<void(size_t, const HostState&)>& ssdRelease) {
+  // Parameters homed on the SSD are written into their extents chunk by chunk: the plain update does that.
+  for (size_t c = 0; c < homes_.size(); ++c)
+    if (nvme_ != nullptr && nvme_->holdsParameters(c)) return false;
   // The pieces: the SSD chunks' first (only the CPU lane takes them), then the host chunks'.
   std::vector<Piece> pieces;
   size_t hostBegin = 0;
@@ -684,7 +687,13 @@ void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<
   if (!sets.empty()) ops::adamw(sets, h, hostScale);
   phases_.cpuUpdate += secondsSince(start);
   start = std::chrono::steady_clock::now();
-  ops::copy(params, hostParams);
+  if (nvme_ != nullptr && nvme_->holdsParameters(c)) {
+    // NOTE [Parameter homes] in zero/ParameterGatherer.h: parameters homed on the SSD go into their extent
+    // (the staging is the next chunk's: the write ends first).
+    nvme_->wait(nvme_->writeAsync(c, {{zero::NvmeTier::Parameters, hostParams.data(), hostParams.dtype()}}));
+  } else {
+    ops::copy(params, hostParams);
+  }
   phases_.parametersIn += secondsSince(start);
 }
 

@@ -10,9 +10,9 @@
 namespace strata::optim {
 
 StateTensors SsdBuffers::get(size_t set, const zero::NvmeTier& tier, size_t c,
-                             const std::array<int64_t, zero::NvmeTier::kFields>& least) {
-  Tensor out[zero::NvmeTier::kFields];
-  for (int f = 0; f < zero::NvmeTier::kFields; ++f) {
+                             const std::array<int64_t, zero::NvmeTier::kStateFields>& least) {
+  Tensor out[zero::NvmeTier::kStateFields];
+  for (int f = 0; f < zero::NvmeTier::kStateFields; ++f) {
     int64_t n = tier.fieldElems(c, zero::NvmeTier::Field(f));
     if (n == 0) continue;
     Tensor& buffer = buffers_[set][f];
@@ -36,7 +36,7 @@ StateTensors SsdBuffers::readNow(zero::NvmeTier& tier, size_t c) {
 std::vector<zero::NvmeTier::FieldValues> SsdBuffers::fields(const StateTensors& state) {
   std::vector<zero::NvmeTier::FieldValues> out;
   const Tensor* values[] = {&state.master, &state.m, &state.v};
-  for (int f = 0; f < zero::NvmeTier::kFields; ++f)
+  for (int f = 0; f < zero::NvmeTier::kStateFields; ++f)
     if (values[f]->defined())
       out.push_back({zero::NvmeTier::Field(f), values[f]->data(), values[f]->dtype()});
   return out;
@@ -53,7 +53,7 @@ SsdStateStream::SsdStateStream(zero::NvmeTier* tier, SsdBuffers& buffers, std::v
   STRATA_CHECK(order_.empty() || tier_ != nullptr, "{} chunks are placed on the SSD tier, which is missing",
                order_.size());
   for (size_t c : order_)
-    for (int f = 0; f < zero::NvmeTier::kFields; ++f)
+    for (int f = 0; f < zero::NvmeTier::kStateFields; ++f)
       largest_[size_t(f)] = std::max(largest_[size_t(f)], tier_->fieldElems(c, zero::NvmeTier::Field(f)));
 }
 

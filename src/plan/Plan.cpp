@@ -421,15 +421,17 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
               zero::placeModelState(in.parameterChunkBytes, home, in.optimizerBytes, b, in.nvmeBytes);
           // NOTE [Parameter homes]: below stage 3, homed chunks are copied into an arena of their own,
           // which the automatic device budget then leaves room for.
-          if (in.stage == 3 || placed.parameterHostBytes == 0 || !autoDeviceBudget || !p.onGpu) return placed;
+          bool homes = placed.parameterHostBytes + placed.parameterNvmeBytes > 0;
+          if (in.stage == 3 || !homes || !autoDeviceBudget || !p.onGpu) return placed;
           zero::StoreBudgets less = b;
           if (less.device != zero::kUnlimited)
             less.device = less.device > in.homeGatherBytes ? less.device - in.homeGatherBytes : 0;
           return zero::placeModelState(in.parameterChunkBytes, home, in.optimizerBytes, less, in.nvmeBytes);
         });
-    if (in.stage < 3 && p.placement.parameterHostBytes > 0) p.workspaceBytes += in.homeGatherBytes;
+    uint64_t homedBytes = p.placement.parameterHostBytes + p.placement.parameterNvmeBytes;
+    if (in.stage < 3 && homedBytes > 0) p.workspaceBytes += in.homeGatherBytes;
     // What the engine refuses with parameters homed off the device (train/ModelState.cpp, homeParameters).
-    if (p.placement.parameterHostBytes > 0) {
+    if (homedBytes > 0) {
       std::string refused = in.stage == 1 || in.stage == 2    ? "zero_optimization.stage 1 and 2"
                             : c.optimizer.type == "adafactor" ? "optimizer.type adafactor"
                             : c.store.delayedUpdate           ? "store.delayed_update"
@@ -437,10 +439,10 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
                                                               : "";
       if (!refused.empty())
         STRATA_USER_FAIL(
-            "{} of parameters would be homed in host memory (store.parameter_home {}), which {} does not "
+            "{} of parameters would be homed off the device (store.parameter_home {}), which {} does not "
             "support: use zero_optimization.stage 0 or 3 with AdamW, or store.parameter_home: device with "
             "room for them in store.gpu_budget_gb",
-            gib(p.placement.parameterHostBytes), c.store.parameterHome, refused);
+            gib(homedBytes), c.store.parameterHome, refused);
     }
     uint64_t reserve = delayedUpdateReserveBytes(c, p.compute, in.rangeElems, p.placement);
     if (reserve > 0)
@@ -473,6 +475,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   // counts it so too).
   p.kindBytes[kParameters][int(zero::Tier::Device)] = p.placement.parameterBytes;
   p.kindBytes[kParameters][int(zero::Tier::Host)] = p.placement.parameterHostBytes;
+  p.kindBytes[kParameters][int(zero::Tier::Nvme)] = p.placement.parameterNvmeBytes;
   for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
     int tier = int(p.placement.optimizerTier[i]);
     uint64_t range = uint64_t(in.rangeElems[i]) * 4;
@@ -686,24 +689,37 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
                      gib(uint64_t(down)), *m.d2hGBs, gib(uint64_t(up)), *m.h2dGBs),
          true});
   }
-  if (uint64_t homed = p.placement.parameterHostBytes; homed > 0) {
+  uint64_t onSsd = p.placement.parameterNvmeBytes;
+  if (uint64_t homed = p.placement.parameterHostBytes + onSsd; homed > 0) {
     // NOTE [Parameter homes]: each homed chunk is copied into a slot for the forward and again for the
-    // backward of every micro-batch, on the gather stream ahead of its use.
+    // backward of every micro-batch, on the gather stream ahead of its use. A chunk homed on the SSD is read
+    // as often (its staging does not keep it between forward and backward), ahead of its copy: the slower
+    // of the two bounds the term.
     double bytes = double(homed) * 2.0 * double(p.accumulation);
-    p.terms.push_back({"parameter homes", bytes / (*m.h2dGBs * 1e9),
-                       fmt::format("{} of parameters homed in host memory, in {} times a step (forward and "
+    double seconds = bytes / (*m.h2dGBs * 1e9);
+    std::string ssd;
+    if (onSsd > 0) {
+      double reads = double(onSsd) * 2.0 * double(p.accumulation) * double(p.ranksPerNode);
+      seconds = std::max(seconds, reads / (*m.nvmeReadGBs * 1e9));
+      ssd = fmt::format(" ({} of them on the SSD, read as often at {:.2f} GB/s{})", gib(onSsd),
+                        *m.nvmeReadGBs, p.ranksPerNode > 1 ? ", the machine's ranks sharing it" : "");
+    }
+    p.terms.push_back({"parameter homes", seconds,
+                       fmt::format("{} of parameters homed off the device{}, in {} times a step (forward and "
                                    "backward of {} micro-batch{}) at {:.0f} GB/s",
-                                   gib(homed), 2 * p.accumulation, p.accumulation,
+                                   gib(homed), ssd, 2 * p.accumulation, p.accumulation,
                                    p.accumulation == 1 ? "" : "es", *m.h2dGBs),
                        true});
   }
   if (uint64_t nvme = p.placement.bytes[int(zero::Tier::Nvme)]; nvme > 0) {
-    double bytes = double(nvme) * double(p.ranksPerNode);
-    p.terms.push_back(
-        {"SSD", bytes / (*m.nvmeReadGBs * 1e9) + bytes / (*m.nvmeWriteGBs * 1e9),
-         fmt::format("read and write back {} at {:.2f} / {:.2f} GB/s{}", gib(uint64_t(bytes)), *m.nvmeReadGBs,
-                     *m.nvmeWriteGBs, p.ranksPerNode > 1 ? " (the machine's ranks share it)" : ""),
-         true});
+    // The update reads the state and writes it back with the new parameters of the chunks homed there.
+    double written = double(nvme) * double(p.ranksPerNode),
+           read = double(nvme - onSsd) * double(p.ranksPerNode);
+    p.terms.push_back({"SSD", read / (*m.nvmeReadGBs * 1e9) + written / (*m.nvmeWriteGBs * 1e9),
+                       fmt::format("read {} and write back {} at {:.2f} / {:.2f} GB/s{}", gib(uint64_t(read)),
+                                   gib(uint64_t(written)), *m.nvmeReadGBs, *m.nvmeWriteGBs,
+                                   p.ranksPerNode > 1 ? " (the machine's ranks share it)" : ""),
+                       true});
   }
   if (p.terms.front().seconds < 0.05)
     p.notes.push_back(

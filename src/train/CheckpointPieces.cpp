@@ -79,7 +79,11 @@ void loadSsdChunk(ModelState& s, StateReader& in, size_t c, bool optimizer, int6
 
 // Chunk c's parameters, master and (with `optimizer`) optimizer state.
 void loadChunk(ModelState& s, StateReader& in, size_t c, bool optimizer, int64_t savedIndex) {
-  in.fill(s.parameterHome(c), c, "param");
+  Tensor home = s.parameterHome(c);
+  in.fill(home, c, "param");
+  // NOTE [Parameter homes] in zero/ParameterGatherer.h: parameters homed on the SSD go into their extent.
+  if (s.nvme && s.nvme->holdsParameters(c))
+    s.nvme->wait(s.nvme->writeAsync(c, {{zero::NvmeTier::Parameters, home.data(), home.dtype()}}));
   if (s.optimizer->home(c) == zero::Tier::Nvme) {
     loadSsdChunk(s, in, c, optimizer, savedIndex);
     return;

@@ -261,20 +261,22 @@ void place(ModelState& s, const config::Config& c, DType compute, const StateByt
   bool autoDevice = c.zero.offloadOptimizerDevice == "none" &&
                     (c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto");
   zero::ParameterHome home = zero::parseParameterHome(c.store.parameterHome);
-  // The parameters the device must hold whatever its budget.
+  // The parameters the device must hold whatever its budget, and those it may hold (none when they are all
+  // homed off it).
   uint64_t deviceParameters = home == zero::ParameterHome::Device ? bytes.parameters : 0;
+  bool allOffDevice = home == zero::ParameterHome::Host || home == zero::ParameterHome::Nvme;
   // One placement truth: the plan's budget for the device (plan/Plan.h), where the trainer made one.
   if (autoDevice && plannedDeviceBudget > 0) budgets.device = std::max(plannedDeviceBudget, deviceParameters);
   auto placeWithin = [&](zero::StoreBudgets b) {
     if (autoDevice && s.deviceMemory > 0 && (!s.device.isCpu() || s.deviceMemoryGiven)) {
-      uint64_t estimate = home == zero::ParameterHome::Host ? 0 : bytes.parameters;
+      uint64_t estimate = allOffDevice ? 0 : bytes.parameters;
       for (size_t i = 0; i < s.chunks->numChunks(); ++i)
         estimate += bytes.optimizer[i] + uint64_t(s.chunks->paddedElems(i)) *
                                              dtypeSize(s.chunks->gradientDType());  // state, gradient buffers
       if (double(estimate) > 0.8 * double(s.deviceMemory)) {
         // Off the device what the host and the SSD can hold; the first step measures what may come back.
-        uint64_t least = zero::smallestDeviceBudget(home == zero::ParameterHome::Host ? 0 : bytes.parameters,
-                                                    bytes.optimizer, b, bytes.nvme);
+        uint64_t least =
+            zero::smallestDeviceBudget(allOffDevice ? 0 : bytes.parameters, bytes.optimizer, b, bytes.nvme);
         // A device budget (the plan's) that homes parameters in host memory stays: the smallest one
         // assumes every parameter on the device.
         bool homesParameters = home != zero::ParameterHome::Device && b.device < bytes.parameters;
@@ -290,18 +292,27 @@ void place(ModelState& s, const config::Config& c, DType compute, const StateByt
   s.placement = plan::placeWithDelayedReserve(c, compute, rangeElems, budgets, placeWithin);
 }
 
-// The SSD tier the placement asks for, and the optimizer over every tier, which takes the masters.
-void makeOptimizer(ModelState& s, const config::Config& c, const optim::AdafactorConfig& adafactorConfig) {
+// The SSD tier the placement asks for: the optimizer state of its chunks there, and the parameters homed
+// there (NOTE [Parameter homes] in zero/ParameterGatherer.h).
+void makeNvmeTier(ModelState& s, const config::Config& c, const optim::AdafactorConfig& adafactorConfig) {
   std::vector<zero::NvmeTier::ChunkFields> nvmeFieldsOf(s.chunks->numChunks());
-  for (size_t i = 0; i < s.chunks->numChunks(); ++i)
+  for (size_t i = 0; i < s.chunks->numChunks(); ++i) {
     if (s.placement.optimizerTier[i] == zero::Tier::Nvme)
       nvmeFieldsOf[i] = nvmeFields(s, c, adafactorConfig, i);
-  if (s.placement.chunksOn(zero::Tier::Nvme) > 0)
+    if (s.placement.parameterHome(i) == zero::Tier::Nvme)
+      nvmeFieldsOf[i].withParameters(s.parameterHome(i).numel(), s.parameterHome(i).dtype());
+  }
+  if (s.placement.chunksOn(zero::Tier::Nvme) > 0 || s.placement.parameterChunksOn(zero::Tier::Nvme) > 0)
     s.nvme = std::make_unique<zero::NvmeTier>(c.zero.nvmePath, s.groups.rank(), plan::nvmeStateDType(c),
                                               nvmeFieldsOf,
                                               zero::NvmeIoConfig{c.zero.aioBlockSize, c.zero.aioQueueDepth});
+}
+
+// The optimizer over every tier, which takes the masters.
+void makeOptimizer(ModelState& s, const config::Config& c, const optim::AdafactorConfig& adafactorConfig) {
   for (size_t i = 0; i < s.masters.size(); ++i)
-    if (s.placement.optimizerTier[i] == zero::Tier::Device && s.masters[i].device() != s.device)
+    if (s.placement.optimizerTier[i] == zero::Tier::Device && s.masters[i].defined() &&
+        s.masters[i].device() != s.device)
       s.masters[i] = ops::to(s.masters[i], s.device, DType::F32);
   if (c.optimizer.type == "adafactor") {
     s.optimizer =
@@ -323,9 +334,11 @@ void makeOptimizer(ModelState& s, const config::Config& c, const optim::Adafacto
 
 // NOTE [Parameter homes] in zero/ParameterGatherer.h: the chunks the placement homes in host memory move
 // there (this rank's shard at stage 3, the whole chunk at stage 0), page-locked where a GPU copies from
-// them; what the engine cannot yet drive with homes off the device is refused before any work.
+// them, and those it homes on the SSD are written into the tier's Parameters field; what the engine cannot
+// drive with homes off the device is refused before any work.
 void homeParameters(ModelState& s, const config::Config& c) {
-  size_t offDevice = s.placement.parameterChunksOn(zero::Tier::Host);
+  size_t offDevice =
+      s.placement.parameterChunksOn(zero::Tier::Host) + s.placement.parameterChunksOn(zero::Tier::Nvme);
   if (offDevice == 0) return;
   std::string why = c.store.parameterHome == "host"
                         ? std::string("store.parameter_home is host")
@@ -355,12 +368,35 @@ void homeParameters(ModelState& s, const config::Config& c) {
   if (s.parameterShards.empty())
     for (size_t i = 0; i < s.chunks->numChunks(); ++i) s.parameterShards.push_back(s.chunks->paddedFlat(i));
   bool pin = c.zero.pinMemory && s.device.isCuda();
+  // The SSD chunks' parameterShards[c] become views of one host buffer of the largest of them: the
+  // checkpoint load fills it a chunk at a time before writing the chunk's extent, and the update writes the
+  // new values into the extent from its own staging.
+  int64_t largestOnSsd = 0;
+  for (size_t i = 0; i < s.chunks->numChunks(); ++i)
+    if (s.placement.parameterHome(i) == zero::Tier::Nvme)
+      largestOnSsd = std::max(largestOnSsd, s.parameterShards[i].numel());
+  Tensor scratch =
+      largestOnSsd > 0 ? Tensor::empty({largestOnSsd}, s.chunks->dtype(), Device::cpu()) : Tensor();
   for (size_t i = 0; i < s.chunks->numChunks(); ++i) {
-    if (s.placement.parameterHome(i) != zero::Tier::Host) continue;
+    zero::Tier tier = s.placement.parameterHome(i);
+    if (tier == zero::Tier::Device) continue;
     const Tensor& values = s.parameterShards[i];
-    Tensor home = optim::hostStateTensor(values.numel(), values.dtype(), pin);
-    ops::copy(home, values);
-    s.parameterShards[i] = home;
+    if (tier == zero::Tier::Host) {
+      Tensor home = optim::hostStateTensor(values.numel(), values.dtype(), pin);
+      ops::copy(home, values);
+      s.parameterShards[i] = home;
+      continue;
+    }
+    // A copy of its own: the chunk's storage goes when the gatherer evicts it.
+    Tensor host = values.device().isCpu() ? values.clone() : ops::to(values, Device::cpu(), values.dtype());
+    s.nvme->wait(s.nvme->writeAsync(i, {{zero::NvmeTier::Parameters, host.data(), host.dtype()}}));
+    // fp32 chunks have no masters: the optimizer takes the values it starts from here, as the parameters
+    // no longer hold them.
+    if (host.dtype() == DType::F32) {
+      s.masters.resize(s.chunks->numChunks());
+      s.masters[i] = host;
+    }
+    s.parameterShards[i] = scratch.narrow(0, 0, values.numel());
   }
   emptyDeviceCache(s.device);
 }
@@ -378,6 +414,7 @@ void placeModelState(ModelState& s, const config::Config& c, DType compute, Rank
   adafactorConfig.pinHostState = c.zero.pinMemory;
   StateBytes bytes = stateBytes(s, c, adafactorConfig);
   place(s, c, compute, bytes, budgetsFor(s, c, bytes.parameters, shares), shares.plannedDeviceBudget);
+  makeNvmeTier(s, c, adafactorConfig);
   homeParameters(s, c);
 }
 
@@ -396,6 +433,7 @@ void makeChunkOptimizer(ModelState& s, const config::Config& c) {
   }
   s.placement.bytes[int(zero::Tier::Device)] += s.placement.parameterBytes;
   s.placement.bytes[int(zero::Tier::Host)] += s.placement.parameterHostBytes;
+  s.placement.bytes[int(zero::Tier::Nvme)] += s.placement.parameterNvmeBytes;
   checkPlacementTotal(s);
 }
 

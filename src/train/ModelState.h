@@ -70,7 +70,9 @@ struct ModelState {
   // rank's shard above).
   std::vector<zero::ShardRange> ranges;
   // Stage 3: this rank's shard of each chunk's parameters; stage 0 with parameters homed off the device
-  // (NOTE [Parameter homes] in zero/ParameterGatherer.h): each whole chunk's home. Else empty.
+  // (NOTE [Parameter homes] in zero/ParameterGatherer.h): each whole chunk's home. Else empty. A chunk homed
+  // on the SSD (in `nvme`'s Parameters field) has a view of a scratch buffer here, which checkpoint loads
+  // fill before writing the extent.
   std::vector<Tensor> parameterShards;
   std::vector<Tensor> masters;  // 16-bit chunks' fp32 masters over `ranges`, until the optimizer's
   // This rank's share of the device's memory (or STRATA_DEVICE_MEMORY_GB, `deviceMemoryGiven`).

@@ -80,7 +80,7 @@ ZeroStepEngine::ZeroStepEngine(data::Objective& objective, const config::Config&
   if (s.gathers())
     gatherer_ = std::make_unique<zero::ParameterGatherer>(
         *s.chunks, s.groups, s.parameterShards, objective.model(), device, c.zero.prefetchDepth,
-        c.store.arena, s.placement.parameterTier, /*acrossRanks=*/s.stage == 3);
+        c.store.arena, s.placement.parameterTier, /*acrossRanks=*/s.stage == 3, s.nvme.get());
   makeChunkOptimizer(s, c);
   if (c.dist.powersgdRank > 0 && s.stage >= 2)
     STRATA_USER_FAIL(

@@ -149,7 +149,7 @@ NvmeTier::NvmeTier(const std::string& directory, int rank, DType stateDType,
     for (int f = 0; f < kFields; ++f)
       STRATA_CHECK(fields.elems[f] >= 0 && storable(fields.dtypes[f]) &&
                        (f != Master || fields.dtypes[f] == DType::F32),
-                   "the SSD tier stores an fp32 master and fp32, bf16 or fp16 state");
+                   "the SSD tier stores an fp32 master and fp32, bf16 or fp16 state and parameters");
   STRATA_USER_CHECK(
       !directory.empty(),
       "the SSD tier needs a directory: set zero_optimization.nvme_path (e.g. a folder on the SSD)");
@@ -158,12 +158,15 @@ NvmeTier::NvmeTier(const std::string& directory, int rank, DType stateDType,
   STRATA_USER_CHECK(fs::is_directory(directory), "zero_optimization.nvme_path {} is not a directory{}",
                     directory, ec ? ": " + ec.message() : std::string());
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    offsets_.push_back(fileBytes_);
-    if (!holds(c)) continue;
+    std::array<uint64_t, kFields> at{};
+    bool state = holds(c);
     for (int f = 0; f < kFields; ++f) {
+      at[size_t(f)] = fileBytes_;
+      if (f < kStateFields && !state) continue;  // no state here: its other fields take no room
       fileBytes_ += alignUp(fieldBytes(c, Field(f)));
-      stateBytes_ += fieldBytes(c, Field(f));
+      (f < kStateFields ? stateBytes_ : parameterBytes_) += fieldBytes(c, Field(f));
     }
+    offsets_.push_back(at);
   }
   path_ = (fs::path(directory) / tierFileName(rank, hostName(), long(::getpid()))).string();
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
@@ -252,13 +255,14 @@ const char* NvmeTier::backendName() const {
 void NvmeTier::release(size_t chunk) {
   if (!holds(chunk)) return;
   stateBytes_ -= chunkStateBytes(chunk);
-  chunks_[chunk].elems = {};  // its offsets stay; nothing reads it again
+  // The fields' offsets stay (the parameters' too); nothing reads the state again.
+  for (int f = 0; f < kStateFields; ++f) chunks_[chunk].elems[size_t(f)] = 0;
 }
 
 uint64_t NvmeTier::chunkStateBytes(size_t chunk) const {
   uint64_t bytes = 0;
   if (holds(chunk))
-    for (int f = 0; f < kFields; ++f) bytes += fieldBytes(chunk, Field(f));
+    for (int f = 0; f < kStateFields; ++f) bytes += fieldBytes(chunk, Field(f));
   return bytes;
 }
 
@@ -267,15 +271,15 @@ size_t NvmeTier::fieldBytes(size_t chunk, Field f) const {
 }
 
 uint64_t NvmeTier::offsetOf(size_t chunk, Field f) const {
-  uint64_t o = offsets_[chunk];
-  for (int k = 0; k < int(f); ++k) o += alignUp(fieldBytes(chunk, Field(k)));
-  return o;
+  return offsets_[chunk][size_t(f)];
 }
 
 NvmeTier::Ticket NvmeTier::submit(bool write, size_t chunk, const std::vector<FieldValues>& fields) {
-  STRATA_CHECK(holds(chunk), "chunk {} has no extent on the SSD tier", chunk);
   Job job{0, write, {}};
   for (const FieldValues& fv : fields) {
+    STRATA_CHECK(fv.field == Parameters ? holdsParameters(chunk) : holds(chunk),
+                 "chunk {} has no {} on the SSD tier", chunk,
+                 fv.field == Parameters ? "parameters" : "optimizer state");
     DType dt = chunks_[chunk].dtypes[fv.field];
     int64_t elems = chunks_[chunk].elems[fv.field];
     STRATA_CHECK(fv.dtype == DType::F32 || fv.dtype == dt,

@@ -18,18 +18,30 @@ namespace strata::zero {
 ParameterGatherer::ParameterGatherer(ChunkManager& chunks, const ChunkGroups& groups,
                                      std::vector<Tensor> parameterShards, nn::Module& model, Device device,
                                      int64_t prefetchDepth, bool arena, std::vector<Tier> homes,
-                                     bool acrossRanks)
+                                     bool acrossRanks, NvmeTier* nvme)
     : chunks_(chunks),
       groups_(groups),
       parameterShards_(std::move(parameterShards)),
       device_(device),
       prefetchDepth_(prefetchDepth),
       homes_(std::move(homes)),
-      acrossRanks_(acrossRanks) {
+      acrossRanks_(acrossRanks),
+      nvme_(nvme) {
   size_t n = chunks_.numChunks();
   homes_.resize(n, Tier::Device);
   STRATA_CHECK(parameterShards_.size() == n, "ParameterGatherer: {} parameter homes for {} chunks",
                parameterShards_.size(), n);
+  stagingOf_.assign(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    if (homes_[i] != Tier::Nvme) continue;
+    int64_t own = acrossRanks_ ? groups_.shard(i).size() : chunks_.paddedElems(i);
+    STRATA_CHECK(nvme_ != nullptr && nvme_->holdsParameters(i) &&
+                     nvme_->fieldElems(i, NvmeTier::Parameters) == own &&
+                     nvme_->fieldDType(i, NvmeTier::Parameters) == chunks_.dtype(),
+                 "ParameterGatherer: chunk {}'s parameters are homed on the SSD, whose tier {} them ({} "
+                 "elements of {})",
+                 i, nvme_ ? "does not hold" : "is missing for", own, chunks_.dtype());
+  }
   for (size_t i = 0; i < n; ++i) managed_.push_back(acrossRanks_ || homes_[i] != Tier::Device);
   slots_.resize(n);
   for (size_t i = 0; i < n; ++i) gathered_.push_back(std::make_unique<Event>(device_));
@@ -60,6 +72,13 @@ ParameterGatherer::ParameterGatherer(ChunkManager& chunks, const ChunkGroups& gr
     for (size_t k = 0; k < gatheredChunks.size(); ++k) arenaClass_[gatheredChunks[k]] = plan.classOf[k];
   }
   hookModules(model);
+}
+
+ParameterGatherer::~ParameterGatherer() {
+  // The tier's I/O thread may still be reading into a staging buffer.
+  if (nvme_ != nullptr) nvme_->drain();
+  for (Staging& s : staging_)
+    if (s.copying) s.copied->synchronize();
 }
 
 std::vector<const ChunkArena*> ParameterGatherer::arenas() const {
@@ -186,10 +205,66 @@ void ParameterGatherer::prefetchAfter(size_t chunk) {
       prefetched_[next] = true;
     }
   }
+  // NOTE [Parameter homes]: the SSD chunks among the prefetch_depth chunks after those are read ahead.
+  for (size_t k = size_t(prefetchDepth_); k < 2 * size_t(prefetchDepth_) && cursor_ + k < n; ++k) {
+    size_t next = order_[cursor_ + k];
+    if (homes_[next] == Tier::Nvme && !slots_[next].defined() && stagingOf_[next] < 0) {
+      readAhead(next);
+      ++ssdReadsAhead_;
+    }
+  }
+}
+
+size_t ParameterGatherer::freeStaging() {
+  for (size_t k = 0; k < staging_.size(); ++k)
+    if (staging_[k].chunk < 0 && !staging_[k].copying) return k;
+  // Else a buffer a copy may still be reading: wait for that copy to end.
+  for (size_t k = 0; k < staging_.size(); ++k)
+    if (staging_[k].chunk < 0) {
+      staging_[k].copied->synchronize();
+      staging_[k].copying = false;
+      return k;
+    }
+  // Every buffer holds a read not yet copied: one more (page-locked where a GPU copies from it), of the
+  // largest SSD chunk's parameters.
+  int64_t largest = 0;
+  for (size_t c = 0; c < homes_.size(); ++c)
+    if (homes_[c] == Tier::Nvme) largest = std::max(largest, nvme_->fieldElems(c, NvmeTier::Parameters));
+  size_t bytes = size_t(largest) * dtypeSize(chunks_.dtype());
+  auto storage = std::make_shared<StorageImpl>(bytes, hostStateAllocator(device_.isCuda()));
+  Staging added;
+  added.buffer = Tensor::fromStorage(std::move(storage), {largest}, {1}, 0, chunks_.dtype());
+  added.copied = std::make_unique<Event>(device_);
+  staging_.push_back(std::move(added));
+  return staging_.size() - 1;
+}
+
+void ParameterGatherer::readAhead(size_t chunk) {
+  size_t k = freeStaging();
+  Staging& s = staging_[k];
+  s.chunk = int64_t(chunk);
+  s.ticket = nvme_->readAsync(chunk, {{NvmeTier::Parameters, s.buffer.data(), chunks_.dtype()}});
+  stagingOf_[chunk] = int64_t(k);
+  ++ssdReads_;
+}
+
+void ParameterGatherer::dropReadsAhead() {
+  for (Staging& s : staging_) {
+    if (s.chunk < 0) continue;
+    stagingOf_[size_t(s.chunk)] = -1;
+    s.chunk = -1;
+    nvme_->wait(s.ticket);  // a failed read is thrown here, naming the file
+  }
 }
 
 void ParameterGatherer::startGather(size_t chunk) {
   NoGradGuard noGrad;
+  if (homes_[chunk] == Tier::Nvme) {
+    // NOTE [Parameter homes]: the chunk's read (issued ahead, or now) ends before anything is taken for it;
+    // a failed one is thrown here, naming the file.
+    if (stagingOf_[chunk] < 0) readAhead(chunk);
+    nvme_->wait(staging_[size_t(stagingOf_[chunk])].ticket);
+  }
   // Allocated on the compute stream (or an arena slot), written on the gather stream once compute has
   // reached this point (the block may hold a chunk that compute read just before).
   Tensor slot;
@@ -205,7 +280,27 @@ void ParameterGatherer::startGather(size_t chunk) {
   streamWaits(gatherStream, currentStream(device_), device_);
   const Tensor& home = parameterShards_[chunk];
   bool overRanks = acrossRanks_ && groups_.communicates(chunk);
-  if (homes_[chunk] != Tier::Device) {
+  if (homes_[chunk] == Tier::Nvme) {
+    // The copy from the staging buffer (read above) into this rank's place in the slot; over several ranks,
+    // the slot's all-gather in place.
+    Staging& s = staging_[size_t(stagingOf_[chunk])];
+    stagingOf_[chunk] = -1;
+    s.chunk = -1;
+    int64_t elems = nvme_->fieldElems(chunk, NvmeTier::Parameters);
+    int64_t at = acrossRanks_ ? groups_.shard(chunk).begin : 0;
+    Tensor own = slot.narrow(0, at, elems);
+    size_t bytes = size_t(elems) * dtypeSize(chunks_.dtype());
+    if (device_.isCpu() || isPageLocked(s.buffer.data(), bytes)) {
+      copyAsync(own.data(), device_, s.buffer.data(), Device::cpu(), bytes, gatherStream);
+    } else {
+      StreamGuard onGather(gatherStream);
+      copyBytes(own.data(), device_, s.buffer.data(), Device::cpu(), bytes);  // pageable: waits for the copy
+    }
+    s.copied->record(gatherStream);
+    s.copying = true;
+    if (overRanks) groups_.comm(chunk).allGather(slot, own);
+    slot.storage()->recordStream(gatherStream);
+  } else if (homes_[chunk] != Tier::Device) {
     // NOTE [Parameter homes]: the home (this rank's shard at stage 3) into its place in the slot, on the
     // gather stream; then, over several ranks, the slot's all-gather in place.
     int64_t at = acrossRanks_ ? groups_.shard(chunk).begin : 0;
@@ -253,6 +348,7 @@ void ParameterGatherer::releaseAll(bool prefetchedToo) {
 void ParameterGatherer::homesWritable() {
   for (size_t c = 0; c < slots_.size(); ++c)
     if (homes_[c] != Tier::Device) gathered_[c]->synchronize();
+  dropReadsAhead();
 }
 
 void ParameterGatherer::forwardDone() {

@@ -55,7 +55,8 @@ ParameterHome parseParameterHome(const std::string& text, const std::string& key
   if (text.empty() || text == "auto") return ParameterHome::Auto;
   if (text == "device") return ParameterHome::Device;
   if (text == "host") return ParameterHome::Host;
-  STRATA_USER_FAIL("{} is '{}': give auto, device or host", key, text);
+  if (text == "nvme") return ParameterHome::Nvme;
+  STRATA_USER_FAIL("{} is '{}': give auto, device, host or nvme", key, text);
 }
 
 size_t StorePlacement::parameterChunksOn(Tier tier) const {
@@ -78,7 +79,7 @@ std::string StorePlacement::table() const {
     Tier tier = Tier(t);
     out << fmt::format("\n  {:<6} {:>12}", tierName(tier), gib(bytes[t]));
     std::string what;
-    uint64_t params = tier == Tier::Device ? parameterBytes : tier == Tier::Host ? parameterHostBytes : 0;
+    uint64_t params = parameterBytesOn(tier);
     size_t homed = parameterChunksOn(tier);
     if (tier == Tier::Device && parameterTier.empty())
       what = detail::format("parameters ({})", gib(parameterBytes));
@@ -137,23 +138,31 @@ StorePlacement placeModelState(const std::vector<uint64_t>& parameterBytes, Para
     return true;
   };
   bool perChunk = home != ParameterHome::Device;
-  bool device = home != ParameterHome::Host;
+  bool device = home == ParameterHome::Device || home == ParameterHome::Auto;
+  bool host = home != ParameterHome::Nvme;
+  STRATA_USER_CHECK(home != ParameterHome::Nvme || budgets.nvme > 0,
+                    "store.parameter_home is nvme, but the SSD tier has no budget: set "
+                    "zero_optimization.nvme_path to a folder on the SSD (and store.nvme_budget_gb auto or "
+                    "above 0)");
+  // Once a chunk goes to a colder tier the rest follow, as for the optimizer state.
   for (size_t c = 0; c < parameterBytes.size(); ++c) {
     uint64_t b = parameterBytes[c];
     device = device && (home == ParameterHome::Device || take(deviceLeft, b));
-    if (device) {
-      p.parameterBytes += b;
-    } else {
+    if (!device) host = host && take(hostLeft, b);
+    Tier tier = device ? Tier::Device : host ? Tier::Host : Tier::Nvme;
+    if (tier == Tier::Nvme)
       STRATA_USER_CHECK(
-          take(hostLeft, b),
+          home != ParameterHome::Host && budgets.nvme > 0,
           "chunk {}'s parameters ({}) fit neither the device ({} of parameters there, "
           "store.gpu_budget_gb {}) nor host memory ({} of parameters there, store.host_budget_gb {}): "
-          "raise a budget, or use more ranks at zero_optimization.stage 3",
+          "raise a budget, home them on the SSD (store.parameter_home auto or nvme, with "
+          "zero_optimization.nvme_path), or use more ranks at zero_optimization.stage 3",
           c, gib(b), gib(p.parameterBytes), gib(budgets.device), gib(p.parameterHostBytes),
           gib(budgets.host));
-      p.parameterHostBytes += b;
-    }
-    if (perChunk) p.parameterTier.push_back(device ? Tier::Device : Tier::Host);
+    (tier == Tier::Device ? p.parameterBytes
+     : tier == Tier::Host ? p.parameterHostBytes
+                          : p.parameterNvmeBytes) += b;
+    if (perChunk) p.parameterTier.push_back(tier);
   }
   if (home == ParameterHome::Device) {
     STRATA_USER_CHECK(budgets.device == kUnlimited || p.parameterBytes <= budgets.device,
@@ -162,9 +171,11 @@ StorePlacement placeModelState(const std::vector<uint64_t>& parameterBytes, Para
                       gib(p.parameterBytes), gib(budgets.device));
     if (deviceLeft != kUnlimited) deviceLeft -= p.parameterBytes;
   }
-  if (perChunk && p.parameterHostBytes == 0) p.parameterTier.clear();  // every chunk's on the device
+  // Every chunk's on the device: no per-chunk homes.
+  if (perChunk && p.parameterHostBytes == 0 && p.parameterNvmeBytes == 0) p.parameterTier.clear();
   p.bytes[int(Tier::Device)] = p.parameterBytes;
   p.bytes[int(Tier::Host)] = p.parameterHostBytes;
+  p.bytes[int(Tier::Nvme)] = p.parameterNvmeBytes;
   StoreBudgets left = budgets;
   left.host = hostLeft;
   // Then each chunk's optimizer state in chunk order: the device while its budget lasts, then the host, then

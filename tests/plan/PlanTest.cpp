@@ -1067,6 +1067,26 @@ TEST_CASE("plan: a model whose parameters alone do not fit the GPU plans with pa
   REQUIRE(!sharded.fits);
   REQUIRE(sharded.refusal.find("zero_optimization.stage") != std::string::npos);
   REQUIRE(sharded.refusal.find("store.parameter_home") != std::string::npos);
+  // Past the host's budget the parameters go to the SSD, with the state there: each byte of them read twice
+  // a micro-batch (the staging does not keep it between forward and backward), no faster than the disk.
+  std::vector<std::string> ssdHomes = overrides;
+  ssdHomes.push_back("store.host_budget_gb=4");
+  ssdHomes.push_back("store.nvme_budget_gb=2000");
+  plan::ModelStatePlan onSsd = plan::planModelState(configFile("gpt3-20b-store.yaml", ssdHomes), options);
+  INFO(plan::formatPlan(onSsd));
+  REQUIRE(onSsd.fits);
+  const int nvme = int(zero::Tier::Nvme);
+  REQUIRE(onSsd.placement.parameterNvmeBytes > 0);
+  REQUIRE(onSsd.placement.parameterBytes + onSsd.placement.parameterHostBytes +
+              onSsd.placement.parameterNvmeBytes ==
+          onSsd.inputs.parameterBytes);
+  REQUIRE(onSsd.kindBytes[plan::kParameters][nvme] == onSsd.placement.parameterNvmeBytes);
+  REQUIRE(term(onSsd, "parameter homes") != nullptr);
+  REQUIRE(term(onSsd, "parameter homes")->detail.find("on the SSD") != std::string::npos);
+  REQUIRE(term(onSsd, "parameter homes")->seconds >= double(onSsd.placement.parameterNvmeBytes) * 2.0 *
+                                                         double(onSsd.accumulation) /
+                                                         (*onSsd.machine.nvmeReadGBs * 1e9));
+  REQUIRE(plan::formatPlan(onSsd).find("nvme") != std::string::npos);
   // Parameters kept on the device (store.parameter_home: device) do not fit: refused, naming the key.
   overrides.push_back("store.parameter_home=device");
   plan::ModelStatePlan pinned = plan::planModelState(configFile("gpt3-20b-store.yaml", overrides), options);

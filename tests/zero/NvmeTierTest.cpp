@@ -177,6 +177,86 @@ TEST_CASE("a tier file changed underneath the run fails its checksum, naming the
   }
 }
 
+TEST_CASE(
+    "parameters homed on the SSD move as they are, with or without the chunk's state there, and stay "
+    "when the state leaves",
+    "[zero][store][nvme][homes]") {
+  // Chunk 0: bf16 parameters and AdamW's state; chunk 1: parameters alone (their state in host memory);
+  // chunk 2: state alone.
+  fs::path dir = test::freshDir("strata-nvme-parameters");
+  std::vector<zero::NvmeTier::ChunkFields> chunks = {
+      zero::NvmeTier::ChunkFields::uniform(6000, DType::BF16).withParameters(6000, DType::BF16),
+      zero::NvmeTier::ChunkFields{}.withParameters(9000, DType::BF16),
+      zero::NvmeTier::ChunkFields::uniform(3000, DType::BF16)};
+  std::vector<uint16_t> params(9000), other(9000), back(9000);
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i] = BFloat16(float(i) * 0.25f - 700.0f).bits;
+    other[i] = BFloat16(float(i) * -0.5f + 3.0f).bits;
+  }
+  std::vector<float> master(6000, 1.5f), masterBack(6000);
+  for (zero::NvmeBackend backend : backends()) {
+    INFO(nameOf(backend));
+    // Pieces of 4 KiB: each field in several.
+    zero::NvmeTier tier(dir.string(), 0, DType::BF16, chunks, zero::NvmeIoConfig{4096, 3, backend});
+    if (!runs(tier, backend)) continue;
+    REQUIRE(tier.holds(0));
+    REQUIRE(tier.holdsParameters(0));
+    REQUIRE(!tier.holds(1));
+    REQUIRE(tier.holdsParameters(1));
+    REQUIRE(!tier.holdsParameters(2));
+    // The optimizer state's bytes and the parameters' apart.
+    REQUIRE(tier.stateBytes() == (6000 + 3000) * (4 + 2 + 2));
+    REQUIRE(tier.chunkStateBytes(1) == 0);
+    REQUIRE(tier.parameterBytes() == (6000 + 9000) * 2);
+    // Each field 4 KiB-aligned: chunk 0's four (24576 + 3 x 12288), chunk 1's parameters (20480), chunk
+    // 2's state (12288 + 2 x 8192).
+    REQUIRE(tier.fileBytes() == 24576 + 3 * 12288 + 20480 + 12288 + 2 * 8192);
+    tier.wait(tier.writeAsync(0, {{zero::NvmeTier::Master, master.data()},
+                                  {zero::NvmeTier::Parameters, params.data(), DType::BF16}}));
+    tier.wait(tier.writeAsync(1, {{zero::NvmeTier::Parameters, other.data(), DType::BF16}}));
+    tier.wait(tier.readAsync(0, {{zero::NvmeTier::Parameters, back.data(), DType::BF16}}));
+    REQUIRE(std::equal(back.begin(), back.begin() + 6000, params.begin()));  // the bits
+    tier.wait(tier.readAsync(1, {{zero::NvmeTier::Parameters, back.data(), DType::BF16}}));
+    REQUIRE(back == other);
+    tier.read(0, zero::NvmeTier::Master, masterBack.data());
+    REQUIRE(masterBack == master);
+    // A chunk without parameters here, or without state, says so.
+    REQUIRE(test::errorOf([&] {
+              tier.wait(tier.readAsync(2, {{zero::NvmeTier::Parameters, back.data(), DType::BF16}}));
+            }).find("chunk 2 has no parameters on the SSD tier") != std::string::npos);
+    REQUIRE(test::errorOf([&] {
+              tier.read(1, zero::NvmeTier::Master, masterBack.data());
+            }).find("chunk 1 has no optimizer state on the SSD tier") != std::string::npos);
+    // Chunk 0's state moves to the device; its parameters stay where they were.
+    tier.release(0);
+    REQUIRE(!tier.holds(0));
+    REQUIRE(tier.holdsParameters(0));
+    REQUIRE(tier.stateBytes() == 3000 * (4 + 2 + 2));
+    REQUIRE(tier.parameterBytes() == (6000 + 9000) * 2);
+    std::fill(back.begin(), back.end(), uint16_t(0));
+    tier.wait(tier.readAsync(0, {{zero::NvmeTier::Parameters, back.data(), DType::BF16}}));
+    REQUIRE(std::equal(back.begin(), back.begin() + 6000, params.begin()));
+    // A changed byte of chunk 1's parameters (their second piece, past chunk 0's four fields) fails the
+    // tier's checksum, naming the file.
+    {
+      int fd = ::open(tier.path().c_str(), O_RDWR);
+      REQUIRE(fd >= 0);
+      off_t at = 24576 + 3 * 12288 + 4096 + 10;
+      char byte = 0;
+      REQUIRE(::pread(fd, &byte, 1, at) == 1);
+      byte = char(byte ^ 0x01);
+      REQUIRE(::pwrite(fd, &byte, 1, at) == 1);
+      ::close(fd);
+    }
+    std::string e = test::errorOf([&] {
+      tier.wait(tier.readAsync(1, {{zero::NvmeTier::Parameters, back.data(), DType::BF16}}));
+    });
+    INFO(e);
+    REQUIRE(e.find("the SSD tier's file " + tier.path() + " is corrupted") != std::string::npos);
+    REQUIRE(e.find("at offset " + std::to_string(24576 + 3 * 12288 + 4096)) != std::string::npos);
+  }
+}
+
 TEST_CASE("an SSD tier that cannot get its space says so, naming the file", "[zero][store][nvme]") {
   fs::path dir = test::freshDir("strata-nvme-full");
   // A file-size limit stands in for a full disk: the reservation fails before any training.

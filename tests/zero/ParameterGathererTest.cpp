@@ -1,6 +1,8 @@
 // ZeRO-3's parameter gathers on one rank (the gathers across ranks: the mpirun suite's stage-3 training):
 // the chunks are not resident outside a module's forward and backward, the forward and backward read the
 // values they would read unsharded, and the arena holds what is gathered at once.
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "strata/nn/ModuleList.h"
 #include "strata/ops/Ops.h"
 #include "strata/zero/ChunkGroups.h"
+#include "strata/zero/NvmeTier.h"
 #include "strata/zero/ParameterGatherer.h"
 
 using namespace strata;
@@ -215,4 +218,100 @@ TEST_CASE(
   Tensor changed = model->loss(ids, targets, DType::F32);
   gatherer.forwardDone();
   REQUIRE(changed.item() != referenceLoss.item());
+}
+
+TEST_CASE(
+    "homes on the SSD: chunks are read ahead from the tier through staging, gathered with unchanged "
+    "numbers, and a changed extent is named",
+    "[zero][gather][homes][nvme]") {
+  // NOTE [Parameter homes]: stage 0, chunks homed on the SSD, in host memory and on the device in turn.
+  Tensor ids = ops::arange(0, 16, 1, DType::I64, Device::cpu()).view({1, 16});
+  Tensor targets = ops::arange(1, 17, 1, DType::I64, Device::cpu()).view({1, 16});
+  auto reference = models::buildModel(test::tinyGptSpec());
+  zero::ChunkManager referenceChunks(reference->namedParameters(), 8 << 10);
+  Tensor referenceLoss = reference->loss(ids, targets, DType::F32);
+  referenceChunks.beginBackward(true);
+  backward(referenceLoss);
+  auto referenceGrads = gradientsOf(*reference);
+
+  auto model = models::buildModel(test::tinyGptSpec());
+  zero::ChunkManager chunks(model->namedParameters(), 8 << 10);
+  size_t n = chunks.numChunks();
+  REQUIRE(n > 5);
+  zero::ChunkGroups groups(chunks, nullptr, nullptr);
+  std::vector<zero::Tier> tiers;
+  std::vector<zero::NvmeTier::ChunkFields> fields(n);
+  size_t ssdChunks = 0;
+  for (size_t c = 0; c < n; ++c) {
+    tiers.push_back(c % 3 == 0 ? zero::Tier::Nvme : c % 3 == 1 ? zero::Tier::Host : zero::Tier::Device);
+    if (tiers[c] != zero::Tier::Nvme) continue;
+    fields[c].withParameters(chunks.paddedElems(c), chunks.dtype());
+    ++ssdChunks;
+  }
+  std::filesystem::path dir = test::freshDir("strata-gather-ssd");
+  zero::NvmeTier tier(dir.string(), 0, DType::F32, fields);
+  std::vector<Tensor> homes;
+  for (size_t c = 0; c < n; ++c) {
+    Tensor values = chunks.paddedFlat(c);
+    if (tiers[c] == zero::Tier::Nvme)
+      tier.wait(tier.writeAsync(c, {{zero::NvmeTier::Parameters, values.data(), values.dtype()}}));
+    // An SSD chunk's home is its extent; a host chunk's a buffer of its own; a device chunk's the chunk.
+    homes.push_back(tiers[c] == zero::Tier::Nvme   ? Tensor()
+                    : tiers[c] == zero::Tier::Host ? values.clone()
+                                                   : values);
+  }
+  const int64_t depth = 2;
+  zero::ParameterGatherer gatherer(chunks, groups, homes, *model, Device::cpu(), depth, /*arena=*/true, tiers,
+                                   /*acrossRanks=*/false, &tier);
+  std::vector<bool> deviceChunks;
+  for (size_t c = 0; c < n; ++c) deviceChunks.push_back(tiers[c] == zero::Tier::Device);
+  auto resident = [&] {
+    std::vector<bool> out;
+    for (size_t c = 0; c < n; ++c) out.push_back(chunks.storage(c)->resident());
+    return out;
+  };
+  REQUIRE(resident() == deviceChunks);
+  const int passes = 3;
+  for (int pass = 0; pass < passes; ++pass) {
+    INFO("pass " << pass);
+    Tensor loss = model->loss(ids, targets, DType::F32);
+    gatherer.forwardDone();
+    REQUIRE(loss.item() == referenceLoss.item());
+    chunks.beginBackward(true);
+    backward(loss);
+    gatherer.backwardDone();
+    REQUIRE(resident() == deviceChunks);
+    REQUIRE(gradientsOf(*model) == referenceGrads);
+    chunks.releaseGradients();
+  }
+  // Each pass reads every SSD chunk at least once; the passes after the first read ahead of the gathers,
+  // through at most prefetch_depth + 1 buffers.
+  REQUIRE(gatherer.ssdReads() >= ssdChunks * passes);
+  REQUIRE(gatherer.ssdReadsAhead() > 0);
+  REQUIRE(gatherer.stagingBuffers() >= 1);
+  REQUIRE(gatherer.stagingBuffers() <= size_t(depth) + 1);
+  REQUIRE(tier.bytesRead() > 0);
+
+  // What the update writes into the extents is what the next gather brings: zeroed extents change the loss.
+  gatherer.homesWritable();
+  std::vector<float> zeros(size_t(chunks.paddedElems(0)), 0.0f);
+  tier.wait(tier.writeAsync(0, {{zero::NvmeTier::Parameters, zeros.data(), DType::F32}}));
+  Tensor changed = model->loss(ids, targets, DType::F32);
+  gatherer.forwardDone();
+  REQUIRE(changed.item() != referenceLoss.item());
+
+  // A byte of chunk 0's extent (the file's first) changed underneath: its gather names the file.
+  gatherer.homesWritable();
+  {
+    std::fstream file(tier.path(), std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(file.good());
+    char byte = 0;
+    file.seekg(10);
+    file.get(byte);
+    file.seekp(10);
+    file.put(char(byte ^ 0x10));
+  }
+  std::string e = test::errorOf([&] { model->loss(ids, targets, DType::F32); });
+  INFO(e);
+  REQUIRE(e.find("the SSD tier's file " + tier.path() + " is corrupted") != std::string::npos);
 }

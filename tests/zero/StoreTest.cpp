@@ -132,12 +132,65 @@ TEST_CASE("parameters take the device first, then host memory, and their chunks'
     zero::placeModelState(params, zero::ParameterHome::Device, state, {2 * kGiB, 20 * kGiB, 0});
   });
   REQUIRE(e.find("store.parameter_home") != std::string::npos);
-  // Neither the device nor the host holds them: refused with the figures.
+  // Neither the device nor the host holds them, and there is no SSD budget: refused with the figures.
   e = test::errorOf([&] {
-    zero::placeModelState(params, zero::ParameterHome::Auto, state, {kGiB, 2 * kGiB, 100 * kGiB});
+    zero::placeModelState(params, zero::ParameterHome::Auto, state, {kGiB, 2 * kGiB, 0});
+  });
+  REQUIRE(e.find("store.host_budget_gb") != std::string::npos);
+  REQUIRE(e.find("zero_optimization.nvme_path") != std::string::npos);
+  // host: the parameters over the host's budget are refused even with an SSD budget.
+  e = test::errorOf([&] {
+    zero::placeModelState(params, zero::ParameterHome::Host, state, {kGiB, 2 * kGiB, 100 * kGiB});
   });
   REQUIRE(e.find("store.host_budget_gb") != std::string::npos);
   REQUIRE(zero::parseParameterHome("host") == zero::ParameterHome::Host);
+  REQUIRE(zero::parseParameterHome("nvme") == zero::ParameterHome::Nvme);
   REQUIRE(test::errorOf([] { zero::parseParameterHome("ssd"); }).find("store.parameter_home") !=
           std::string::npos);
+}
+
+TEST_CASE("parameters go to the SSD after the host's budget, counted against the SSD's with their state",
+          "[zero][store][homes][nvme]") {
+  std::vector<uint64_t> params = {kGiB, kGiB, kGiB, kGiB};
+  std::vector<uint64_t> state = {3 * kGiB, 3 * kGiB, 3 * kGiB, 3 * kGiB};
+  // auto: a chunk's parameters on the device, two in host memory, the last on the SSD; the host's half GiB
+  // left holds no chunk's state, so every chunk's state goes to the SSD.
+  zero::StorePlacement p =
+      zero::placeModelState(params, zero::ParameterHome::Auto, state, {kGiB, 5 * kGiB / 2, 20 * kGiB});
+  REQUIRE(p.parameterTier == std::vector<Tier>{Tier::Device, Tier::Host, Tier::Host, Tier::Nvme});
+  REQUIRE(p.parameterBytes == kGiB);
+  REQUIRE(p.parameterHostBytes == 2 * kGiB);
+  REQUIRE(p.parameterNvmeBytes == kGiB);
+  REQUIRE(p.parameterBytesOn(Tier::Nvme) == kGiB);
+  REQUIRE(p.parameterChunksOn(Tier::Nvme) == 1);
+  REQUIRE(p.optimizerTier == std::vector<Tier>{Tier::Nvme, Tier::Nvme, Tier::Nvme, Tier::Nvme});
+  REQUIRE(p.bytes[int(Tier::Nvme)] == 13 * kGiB);
+  REQUIRE(p.total() == 16 * kGiB);
+  REQUIRE(p.table().find("nvme") != std::string::npos);
+  REQUIRE(p.table().find("parameters of 1 chunk (1.00 GiB), optimizer state of 4 chunks") !=
+          std::string::npos);
+  // Once a chunk's parameters went to the SSD, the later ones follow (a run of chunks per tier), even where
+  // a later one would fit the host.
+  zero::StorePlacement q = zero::placeModelState({kGiB, 2 * kGiB, kGiB / 2}, zero::ParameterHome::Auto,
+                                                 {0, 0, 0}, {0, 3 * kGiB / 2, 20 * kGiB});
+  REQUIRE(q.parameterTier == std::vector<Tier>{Tier::Host, Tier::Nvme, Tier::Nvme});
+  // nvme: every chunk's there; the state follows the host's budget.
+  zero::StorePlacement r = zero::placeModelState(params, zero::ParameterHome::Nvme, state,
+                                                 {zero::kUnlimited, 7 * kGiB, 20 * kGiB});
+  REQUIRE(r.parameterChunksOn(Tier::Nvme) == 4);
+  REQUIRE(r.parameterBytes == 0);
+  REQUIRE(r.optimizerTier == std::vector<Tier>{Tier::Host, Tier::Host, Tier::Nvme, Tier::Nvme});
+  REQUIRE(r.bytes[int(Tier::Nvme)] == 10 * kGiB);
+  REQUIRE(zero::chunksToPromote(r, state, 100 * kGiB).empty());
+  // The parameters count against the SSD's budget: 4 GiB of them and 6 of state do not fit in 9.
+  std::string e = test::errorOf([&] {
+    zero::placeModelState(params, zero::ParameterHome::Nvme, state, {zero::kUnlimited, 7 * kGiB, 9 * kGiB});
+  });
+  REQUIRE(e.find("store.nvme_budget_gb") != std::string::npos);
+  // nvme without an SSD budget names the setting that gives one.
+  e = test::errorOf([&] {
+    zero::placeModelState(params, zero::ParameterHome::Nvme, state, {zero::kUnlimited, 7 * kGiB, 0});
+  });
+  REQUIRE(e.find("store.parameter_home is nvme") != std::string::npos);
+  REQUIRE(e.find("zero_optimization.nvme_path") != std::string::npos);
 }

@@ -26,23 +26,23 @@ class SsdBuffers {
  public:
   // `dtypes`: each field's dtype in memory (NvmeTier::Field order): fp32, or the field's stored dtype, which
   // then moves as it is. `pinned`: page-locked host memory, for state the device copies in and out.
-  explicit SsdBuffers(std::array<DType, zero::NvmeTier::kFields> dtypes = {DType::F32, DType::F32,
-                                                                           DType::F32},
+  explicit SsdBuffers(std::array<DType, zero::NvmeTier::kStateFields> dtypes = {DType::F32, DType::F32,
+                                                                                DType::F32},
                       bool pinned = false)
       : dtypes_(dtypes), pinned_(pinned) {}
   // Set `set`'s buffers for chunk `c` of `tier` (each field's first elements; undefined for a field of
   // none), each made (or remade) to hold at least max(its elements, `least`[field]).
   StateTensors get(size_t set, const zero::NvmeTier& tier, size_t c,
-                   const std::array<int64_t, zero::NvmeTier::kFields>& least = {});
+                   const std::array<int64_t, zero::NvmeTier::kStateFields>& least = {});
   // Chunk c's state read into the first set now (outside an update: nothing may be in flight).
   StateTensors readNow(zero::NvmeTier& tier, size_t c);
   // The tier's transfers of `state`'s defined fields.
   static std::vector<zero::NvmeTier::FieldValues> fields(const StateTensors& state);
 
  private:
-  std::array<DType, zero::NvmeTier::kFields> dtypes_;
+  std::array<DType, zero::NvmeTier::kStateFields> dtypes_;
   bool pinned_;
-  Tensor buffers_[2][zero::NvmeTier::kFields];
+  Tensor buffers_[2][zero::NvmeTier::kStateFields];
 };
 
 // One update's pass over the SSD chunks `order` (in use order): chunk order[k] is read into set k % 2 (k %
@@ -76,7 +76,7 @@ class SsdStateStream {
   SsdBuffers& buffers_;
   std::vector<size_t> order_;
   size_t sets_;
-  std::array<int64_t, zero::NvmeTier::kFields> largest_{};
+  std::array<int64_t, zero::NvmeTier::kStateFields> largest_{};
   std::vector<zero::NvmeTier::Ticket> reads_;
   size_t readsIssued_ = 0;
   zero::NvmeTier::Ticket written_ = 0;

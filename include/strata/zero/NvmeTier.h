@@ -1,4 +1,5 @@
-// The SSD tier of the store: a rank's optimizer state that neither the device nor host memory holds.
+// The SSD tier of the store: a rank's optimizer state that neither the device nor host memory holds, and the
+// parameters homed on the SSD (NOTE [Parameter homes] in zero/ParameterGatherer.h).
 //
 // NOTE [SSD tier]
 // One file per rank under zero_optimization.nvme_path, created at start (its whole size reserved with
@@ -10,9 +11,11 @@
 // updates smaller than its last bit); Adafactor's (optim/Adafactor.h) fp32 master, its first moment (none,
 // or of the master's length) and its second moment's flat buffer, of its own length and always fp32. A
 // field's values in memory are fp32, or already in the stored dtype (Adafactor's bf16 first moment), which
-// then moves as it is. The file is opened with O_DIRECT, so the page cache neither doubles the host memory
-// nor hides the disk's speed (file systems without O_DIRECT, like some tmpfs, fall back to buffered I/O,
-// said once in the log).
+// then moves as it is. A chunk whose parameters are homed on the SSD has a fourth field, after the three:
+// its 16-bit (or fp32) parameters (this rank's shard at ZeRO-3), stored in their own dtype and moved as they
+// are; a chunk may have it with or without optimizer state here, and keeps it when its state leaves. The file
+// is opened with O_DIRECT, so the page cache neither doubles the host memory nor hides the disk's speed (file
+// systems without O_DIRECT, like some tmpfs, fall back to buffered I/O, said once in the log).
 //
 // I/O. A field moves in pieces of zero_optimization.aio.block_size bytes (default 16 MiB, rounded down to
 // 4 KiB), up to zero_optimization.aio.queue_depth pieces (default 8) in flight, each through a 4 KiB-aligned
@@ -87,17 +90,24 @@ uint64_t removeStaleTierFiles(const std::string& directory);
 
 class NvmeTier {
  public:
-  // Fields of a chunk's extent.
-  enum Field { Master = 0, FirstMoment = 1, SecondMoment = 2 };
-  static constexpr int kFields = 3;
+  // Fields of a chunk's extent: the optimizer state's three (kStateFields), then the parameters homed here.
+  enum Field { Master = 0, FirstMoment = 1, SecondMoment = 2, Parameters = 3 };
+  static constexpr int kStateFields = 3;
+  static constexpr int kFields = 4;
   // A chunk's extent: each field's elements and stored dtype (fp32, bf16 or fp16). A chunk whose master has
-  // no elements is not on the SSD; another field of none takes no room.
+  // no elements has no optimizer state on the SSD; another field of none takes no room.
   struct ChunkFields {
     std::array<int64_t, kFields> elems{};
     std::array<DType, kFields> dtypes{DType::F32, DType::F32, DType::F32};
     // AdamW's: an fp32 master and m, v of `elems` each in `stateDType` (0 elements: not on the SSD).
     static ChunkFields uniform(int64_t elems, DType stateDType) {
       return {{elems, elems, elems}, {DType::F32, stateDType, stateDType}};
+    }
+    // The parameters homed on the SSD: `elems` in `dtype`, stored as they are.
+    ChunkFields& withParameters(int64_t n, DType dtype) {
+      elems[Parameters] = n;
+      dtypes[Parameters] = dtype;
+      return *this;
     }
     // The fields' payload bytes.
     uint64_t bytes() const {
@@ -146,18 +156,25 @@ class NvmeTier {
   // Whether this build has the io_uring backend.
   static bool uringBuilt();
 
-  // Chunk `chunk` left the SSD (moved to the device): its extent is no longer state.
+  // Chunk `chunk`'s optimizer state left the SSD (moved to the device): its state fields are no longer
+  // state. Its parameters, where homed here, stay.
   void release(size_t chunk);
-  // Whether chunk `chunk` is on the SSD, and the elements and stored dtype of its field `f`.
+  // Whether chunk `chunk`'s optimizer state is on the SSD, whether its parameters are, and the elements and
+  // stored dtype of its field `f`.
   bool holds(size_t chunk) const { return chunk < chunks_.size() && chunks_[chunk].elems[Master] > 0; }
+  bool holdsParameters(size_t chunk) const {
+    return chunk < chunks_.size() && chunks_[chunk].elems[Parameters] > 0;
+  }
   int64_t fieldElems(size_t chunk, Field f) const { return chunks_.at(chunk).elems[f]; }
   DType fieldDType(size_t chunk, Field f) const { return chunks_.at(chunk).dtypes[f]; }
-  // Bytes of state chunk `chunk`'s fields hold (without the alignment padding; 0 off the SSD).
+  // Bytes of optimizer state chunk `chunk`'s fields hold (without the alignment padding; 0 off the SSD).
   uint64_t chunkStateBytes(size_t chunk) const;
   const std::string& path() const { return path_; }
   uint64_t fileBytes() const { return fileBytes_; }
-  // Bytes of state this tier holds (the fields' payload, without the alignment padding).
+  // Bytes of optimizer state this tier holds (the fields' payload, without the alignment padding), and of
+  // parameters.
   uint64_t stateBytes() const { return stateBytes_; }
+  uint64_t parameterBytes() const { return parameterBytes_; }
   DType stateDType() const { return stateDType_; }
   // Bytes moved since construction, for the log's bandwidth figures.
   uint64_t bytesRead() const { return bytesRead_; }
@@ -175,8 +192,8 @@ class NvmeTier {
   bool direct_ = true;
   DType stateDType_;
   std::vector<ChunkFields> chunks_;
-  std::vector<uint64_t> offsets_;  // per chunk: the extent's first byte
-  uint64_t fileBytes_ = 0, stateBytes_ = 0;
+  std::vector<std::array<uint64_t, kFields>> offsets_;  // per chunk and field: its first byte
+  uint64_t fileBytes_ = 0, stateBytes_ = 0, parameterBytes_ = 0;
   std::atomic<uint64_t> bytesRead_{0}, bytesWritten_{0};
   size_t blockBytes_ = 0;  // a piece's most bytes: aio.block_size rounded down to 4 KiB
   std::unique_ptr<detail::IoBackend> backend_;

@@ -19,9 +19,9 @@
 // names the parameter and those two ways (explainResidency).
 //
 // NOTE [Parameter homes]
-// A chunk's parameters have a home tier (NOTE [Store placement] in zero/Store.h): the device, or host
-// memory (page-locked where a GPU copies from it). A chunk homed off the device lives the life above at any
-// ZeRO stage: its storage is not resident except while it is brought into a slot of the chunk arena for
+// A chunk's parameters have a home tier (NOTE [Store placement] in zero/Store.h): the device, host memory
+// (page-locked where a GPU copies from it), or the SSD. A chunk homed off the device lives the life above at
+// any ZeRO stage: its storage is not resident except while it is brought into a slot of the chunk arena for
 // its modules' calls, in the recorded order, prefetch_depth ahead, and released after its last use in
 // forward and again in backward. Bringing it in is a copy from the home into the slot on the gather stream
 // (cudaMemcpyAsync from page-locked memory; on the CPU the home and the slot are two buffers), followed at
@@ -34,6 +34,23 @@
 // homesWritable() waits for the copies still reading it (the host must not change page-locked bytes a copy
 // engine is reading). Stages 1 and 2 all-gather the updated shards into resident chunks, and refuse homes
 // off the device at start-up, as do Adafactor, store.delayed_update and parallel.pipeline.
+//
+// A chunk homed on the SSD keeps its parameters (this rank's shard) in the Parameters field of its extent
+// in the SSD tier (NOTE [SSD tier] in zero/NvmeTier.h). Bringing it in is a read into a page-locked staging
+// buffer, then the copy above from the buffer into the slot. The read goes ahead of the gathers: once the
+// order is recorded, the SSD chunks among the prefetch_depth chunks after those gathered ahead are read
+// ahead on the tier's I/O thread while compute runs, and a chunk's gather waits only for what is left of its
+// read (where the tier's checksum error, naming the file and the offset, is thrown). A buffer is free again
+// once the copy from it ended; the buffers stay between steps, at most prefetch_depth + 1 of the largest SSD
+// chunk's parameters (the reads ahead, and the one a gather waits on). The staging does not keep a chunk
+// between its forward and its backward: an SSD chunk is read twice per micro-batch, as often as a host
+// chunk is copied. homesWritable() drops the reads ahead, which an update of the extents would make stale
+// (a write issued after them runs after them: the tier's issue order). The CPU update of such a chunk (its
+// optimizer state in host memory or on the SSD, read ahead as the tier does for state) rounds the new
+// values into its staging and writes them into the extent, waiting for the write before the next chunk:
+// the pipelined update's lanes step aside for the plain update then. A checkpoint saves the chunk from its
+// master; a load writes the extent. The engine's parameterShards[c] of such a chunk is a view of one host
+// buffer of the largest of them, which only the load fills.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +63,7 @@
 #include "strata/zero/ChunkArena.h"
 #include "strata/zero/ChunkGroups.h"
 #include "strata/zero/ChunkManager.h"
+#include "strata/zero/NvmeTier.h"
 #include "strata/zero/Store.h"
 
 namespace strata::nn {
@@ -63,9 +81,12 @@ class ParameterGatherer {
   // `homes` (NOTE [Parameter homes]): per chunk the tier of `parameterShards[c]` (empty: every one on the
   // device). `acrossRanks`: stage 3, where every chunk is gathered over its ranks; else (stage 0) each
   // parameterShards[c] is the whole chunk and only the chunks homed off the device are gathered, by a copy.
+  // `nvme`: the SSD tier holding the Parameters field of the chunks homed on Tier::Nvme (their
+  // parameterShards[c] are not read).
   ParameterGatherer(ChunkManager& chunks, const ChunkGroups& groups, std::vector<Tensor> parameterShards,
                     nn::Module& model, Device device, int64_t prefetchDepth, bool arena,
-                    std::vector<Tier> homes = {}, bool acrossRanks = true);
+                    std::vector<Tier> homes = {}, bool acrossRanks = true, NvmeTier* nvme = nullptr);
+  ~ParameterGatherer();
   ParameterGatherer(const ParameterGatherer&) = delete;
   ParameterGatherer& operator=(const ParameterGatherer&) = delete;
 
@@ -76,13 +97,19 @@ class ParameterGatherer {
   // recording of the order the later passes prefetch in.
   void backwardDone();
 
-  // Before the host writes the homes off the device (the update): waits for the copies reading them.
+  // Before the host writes the homes off the device (the update): waits for the copies reading them, and
+  // drops the SSD reads ahead.
   void homesWritable();
   // Whether chunk c is gathered (not resident between its modules' calls).
   bool gathers(size_t c) const { return managed_[c]; }
 
   // The most chunks gathered at once so far, and the arenas (none with store.arena off).
   size_t peakGathered() const { return peakGathered_; }
+  // The SSD chunks' reads so far, and how many were issued ahead of their gather.
+  size_t ssdReads() const { return ssdReads_; }
+  size_t ssdReadsAhead() const { return ssdReadsAhead_; }
+  // The page-locked staging buffers the SSD reads go through (NOTE [Parameter homes]).
+  size_t stagingBuffers() const { return staging_.size(); }
   std::vector<const ChunkArena*> arenas() const;
 
  private:
@@ -95,6 +122,12 @@ class ParameterGatherer {
   // Where the recorded order has reached with `chunk`, and the prefetches from there.
   void prefetchAfter(size_t chunk);
   void startGather(size_t chunk);
+  // An SSD chunk's read into a staging buffer, unless one is under way (NOTE [Parameter homes]).
+  void readAhead(size_t chunk);
+  // A staging buffer with no read pending on it; its last copy ended.
+  size_t freeStaging();
+  // Waits for the reads ahead not yet copied and frees their buffers.
+  void dropReadsAhead();
   void release(size_t chunk);
   void releaseAll(bool prefetchedToo);
 
@@ -119,6 +152,19 @@ class ParameterGatherer {
   std::vector<int> arenaClass_;  // per chunk: its arena
   std::vector<int> arenaSlot_;
   size_t gatheredNow_ = 0, peakGathered_ = 0;
+  // The SSD homes: the tier, the staging buffers (each with its last copy's event and the chunk whose read
+  // it holds, -1: none) and per chunk its buffer with a read issued and not yet copied (-1: none).
+  NvmeTier* nvme_ = nullptr;
+  struct Staging {
+    Tensor buffer;
+    std::unique_ptr<Event> copied;
+    bool copying = false;
+    int64_t chunk = -1;
+    NvmeTier::Ticket ticket = 0;
+  };
+  std::vector<Staging> staging_;
+  std::vector<int64_t> stagingOf_;
+  size_t ssdReads_ = 0, ssdReadsAhead_ = 0;
 };
 
 }  // namespace strata::zero

@@ -6,8 +6,10 @@
 // optimizer state of the rank's range: fp32 master (16-bit chunks only), AdamW's m and v. Parameters are the
 // hottest state (every forward and backward reads them), so they are placed first: in chunk order each
 // chunk's parameters go to the device while the device budget lasts, then to host memory while the host
-// budget lasts (store.parameter_home: auto; device and host put every chunk's there). A chunk homed off the
-// device is copied into a slot ahead of each use (NOTE [Parameter homes] in zero/ParameterGatherer.h). The
+// budget lasts, then to the SSD (store.parameter_home: auto; device, host and nvme put every chunk's there;
+// auto goes past the host only with an SSD budget, and the parameters there count against it with the
+// optimizer state). A chunk homed off the device is brought into a slot ahead of each use (NOTE [Parameter
+// homes] in zero/ParameterGatherer.h). The
 // optimizer state of a chunk is read once per step; in chunk order it goes to the device while what the
 // parameters left of the device budget lasts, then to host memory while what they left of the host budget
 // lasts, then to the SSD; a chunk whose parameters are off the device keeps its optimizer state off it too
@@ -46,14 +48,15 @@ uint64_t parseBudgetGb(const std::string& text, uint64_t autoValue, const std::s
 uint64_t availableHostBytes();
 
 // store.parameter_home: where the parameter chunks live (NOTE [Store placement]).
-enum class ParameterHome { Auto, Device, Host };
-// "auto", "device" or "host"; `key` names the setting in errors.
+enum class ParameterHome { Auto, Device, Host, Nvme };
+// "auto", "device", "host" or "nvme"; `key` names the setting in errors.
 ParameterHome parseParameterHome(const std::string& text, const std::string& key = "store.parameter_home");
 
 // Where a rank's model state lives.
 struct StorePlacement {
   uint64_t parameterBytes = 0;            // on the device
   uint64_t parameterHostBytes = 0;        // homed in host memory
+  uint64_t parameterNvmeBytes = 0;        // homed on the SSD
   std::vector<Tier> parameterTier;        // per chunk (empty: every chunk's on the device)
   std::vector<uint64_t> optimizerBytes;   // per chunk
   std::vector<Tier> optimizerTier;        // per chunk
@@ -64,6 +67,12 @@ struct StorePlacement {
   // Chunk c's parameters' home, and how many chunks' parameters are homed on `tier`.
   Tier parameterHome(size_t c) const { return c < parameterTier.size() ? parameterTier[c] : Tier::Device; }
   size_t parameterChunksOn(Tier tier) const;
+  // The parameter bytes homed on `tier`.
+  uint64_t parameterBytesOn(Tier tier) const {
+    return tier == Tier::Device ? parameterBytes
+           : tier == Tier::Host ? parameterHostBytes
+                                : parameterNvmeBytes;
+  }
   // A table: one row per tier (bytes, chunks' optimizer state), for the log and `strata info`.
   std::string table() const;
 };

@@ -123,8 +123,10 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
   run.reducedBytes = result.reducedBytes;
   run.reducedBytesPowerSgd = result.reducedBytesPowerSgd;
   // (Stage 3 keeps only shards between steps, and parameters homed off the device are not resident.)
-  bool resident =
-      stage < 3 && std::find(extra.begin(), extra.end(), "store.parameter_home=host") == extra.end();
+  auto homed = [&](const char* home) {
+    return std::find(extra.begin(), extra.end(), std::string("store.parameter_home=") + home) != extra.end();
+  };
+  bool resident = stage < 3 && !homed("host") && !homed("nvme");
   for (auto& [pname, p] :
        resident ? trainer.model().namedParameters() : std::vector<std::pair<std::string, Tensor>>{}) {
     run.parameters[pname] = ops::to(p, Device::cpu(), DType::F32).toVector<float>();
@@ -288,11 +290,11 @@ TEST_CASE("optimizer state on the host and SSD tiers trains like state on the de
   }
 }
 
-TEST_CASE("parameters homed in host memory on N ranks train like parameters on the device, and resume",
+TEST_CASE("parameters homed in host memory or on the SSD on N ranks train like parameters on the device",
           "[dist][zero][store][homes]") {
   // NOTE [Parameter homes] in zero/ParameterGatherer.h: at stage 0 every rank homes whole chunks and copies
   // them into slots; at stage 3 each rank homes its shard, copies it into its block of the slot and
-  // all-gathers the slot in place.
+  // all-gathers the slot in place. The host homes resume; the SSD's are read ahead through staging.
   auto ctx = world();
   for (int stage : {0, 3}) {
     std::string name = "homes-stage" + std::to_string(stage);
@@ -305,12 +307,21 @@ TEST_CASE("parameters homed in host memory on N ranks train like parameters on t
     std::vector<std::string> resuming = homed;
     resuming.push_back("checkpoint.load=" + saved.string());
     Run resumed = trainRun(ctx, name + "-again", stage, resuming);
+    // Every chunk's parameters (each rank's shard at stage 3) on the SSD, in each rank's own file.
+    fs::path nvme = fs::temp_directory_path() /
+                    ("strata-homes-nvme-" + std::to_string(::getppid()) + "-" + std::to_string(ctx->rank()));
+    Run ssd = trainRun(ctx, name + "-ssd", stage,
+                       {"store.parameter_home=nvme", "zero_optimization.chunk_size_mb=0.02",
+                        "zero_optimization.nvme_path=" + nvme.string()});
     if (!ctx->isMain()) continue;
     INFO("stage " << stage);
     REQUIRE(device.losses.size() == 20);
     CHECK(host.losses == device.losses);
     CHECK(host.valLosses == device.valLosses);
     CHECK(host.stateHostGb.back() > 0);
+    CHECK(ssd.losses == device.losses);
+    CHECK(ssd.valLosses == device.valLosses);
+    CHECK(ssd.stateNvmeGb.back() > 0);
     REQUIRE(resumed.losses.size() == 10);
     CHECK(resumed.losses == std::vector<double>(device.losses.begin() + 10, device.losses.end()));
   }
