@@ -28,6 +28,24 @@ std::vector<std::vector<float>> gradientsOf(nn::Module& model) {
   return out;
 }
 
+// One sequence of the tiny GPT, and the unsharded reference on it: the same model in chunks of 8 KiB,
+// never evicted, its loss and gradients.
+struct Reference {
+  Tensor ids = ops::arange(0, 16, 1, DType::I64, Device::cpu()).view({1, 16});
+  Tensor targets = ops::arange(1, 17, 1, DType::I64, Device::cpu()).view({1, 16});
+  Tensor loss;
+  std::vector<std::vector<float>> grads;
+
+  Reference() {
+    auto model = models::buildModel(test::tinyGptSpec());
+    zero::ChunkManager chunks(model->namedParameters(), 8 << 10);
+    loss = model->loss(ids, targets, DType::F32);
+    chunks.beginBackward(true);
+    backward(loss);
+    grads = gradientsOf(*model);
+  }
+};
+
 // A block that reads its child's weight itself: directly in its forward (outside the child's call, which
 // ZeRO-3 does not gather for), or inside a call of the child (Module::call, the declared use).
 class Peeking : public nn::Module {
@@ -69,15 +87,8 @@ class PeekingModel : public nn::Module {
 
 TEST_CASE("stage 3's gatherer keeps chunks resident only while their modules run, with unchanged numbers",
           "[zero][gather][arena]") {
-  Tensor ids = ops::arange(0, 16, 1, DType::I64, Device::cpu()).view({1, 16});
-  Tensor targets = ops::arange(1, 17, 1, DType::I64, Device::cpu()).view({1, 16});
-  // The unsharded reference: the same model in chunks, never evicted.
-  auto reference = models::buildModel(test::tinyGptSpec());
-  zero::ChunkManager referenceChunks(reference->namedParameters(), 8 << 10);
-  Tensor referenceLoss = reference->loss(ids, targets, DType::F32);
-  referenceChunks.beginBackward(true);
-  backward(referenceLoss);
-  auto referenceGrads = gradientsOf(*reference);
+  Reference reference;  // the unsharded numbers
+  const Tensor &ids = reference.ids, &targets = reference.targets;
 
   for (bool arena : {true, false}) {
     INFO("arena " << arena);
@@ -100,12 +111,12 @@ TEST_CASE("stage 3's gatherer keeps chunks resident only while their modules run
       Tensor loss = model->loss(ids, targets, DType::F32);
       gatherer.forwardDone();
       REQUIRE(test::errorOf(touch).find("not resident") != std::string::npos);
-      REQUIRE(loss.item() == referenceLoss.item());
+      REQUIRE(loss.item() == reference.loss.item());
       chunks.beginBackward(true);
       backward(loss);
       gatherer.backwardDone();
       REQUIRE(test::errorOf(touch).find("not resident") != std::string::npos);
-      REQUIRE(gradientsOf(*model) == referenceGrads);
+      REQUIRE(gradientsOf(*model) == reference.grads);
       chunks.releaseGradients();
       // A few modules' chunks at a time, never all of them, each in an arena slot (one arena per slot
       // class), and every slot back.
@@ -166,14 +177,8 @@ TEST_CASE(
     "homes off the device: only the homed chunks are gathered, each from its home, with unchanged numbers",
     "[zero][gather][homes]") {
   // NOTE [Parameter homes]: stage 0 (no gathers across ranks), every other chunk homed on the host.
-  Tensor ids = ops::arange(0, 16, 1, DType::I64, Device::cpu()).view({1, 16});
-  Tensor targets = ops::arange(1, 17, 1, DType::I64, Device::cpu()).view({1, 16});
-  auto reference = models::buildModel(test::tinyGptSpec());
-  zero::ChunkManager referenceChunks(reference->namedParameters(), 8 << 10);
-  Tensor referenceLoss = reference->loss(ids, targets, DType::F32);
-  referenceChunks.beginBackward(true);
-  backward(referenceLoss);
-  auto referenceGrads = gradientsOf(*reference);
+  Reference reference;  // the unsharded numbers
+  const Tensor &ids = reference.ids, &targets = reference.targets;
 
   auto model = models::buildModel(test::tinyGptSpec());
   zero::ChunkManager chunks(model->namedParameters(), 8 << 10);
@@ -202,12 +207,12 @@ TEST_CASE(
     Tensor loss = model->loss(ids, targets, DType::F32);
     gatherer.forwardDone();
     REQUIRE(resident() == deviceChunks);
-    REQUIRE(loss.item() == referenceLoss.item());
+    REQUIRE(loss.item() == reference.loss.item());
     chunks.beginBackward(true);
     backward(loss);
     gatherer.backwardDone();
     REQUIRE(resident() == deviceChunks);
-    REQUIRE(gradientsOf(*model) == referenceGrads);
+    REQUIRE(gradientsOf(*model) == reference.grads);
     chunks.releaseGradients();
     REQUIRE(gatherer.peakGathered() > 0);
     REQUIRE(gatherer.peakGathered() <= (n + 1) / 2);
@@ -217,7 +222,7 @@ TEST_CASE(
   for (size_t c = 0; c < n; c += 2) ops::fill(homes[c], 0.0);
   Tensor changed = model->loss(ids, targets, DType::F32);
   gatherer.forwardDone();
-  REQUIRE(changed.item() != referenceLoss.item());
+  REQUIRE(changed.item() != reference.loss.item());
 }
 
 TEST_CASE(
@@ -225,14 +230,8 @@ TEST_CASE(
     "numbers, and a changed extent is named",
     "[zero][gather][homes][nvme]") {
   // NOTE [Parameter homes]: stage 0, chunks homed on the SSD, in host memory and on the device in turn.
-  Tensor ids = ops::arange(0, 16, 1, DType::I64, Device::cpu()).view({1, 16});
-  Tensor targets = ops::arange(1, 17, 1, DType::I64, Device::cpu()).view({1, 16});
-  auto reference = models::buildModel(test::tinyGptSpec());
-  zero::ChunkManager referenceChunks(reference->namedParameters(), 8 << 10);
-  Tensor referenceLoss = reference->loss(ids, targets, DType::F32);
-  referenceChunks.beginBackward(true);
-  backward(referenceLoss);
-  auto referenceGrads = gradientsOf(*reference);
+  Reference reference;  // the unsharded numbers
+  const Tensor &ids = reference.ids, &targets = reference.targets;
 
   auto model = models::buildModel(test::tinyGptSpec());
   zero::ChunkManager chunks(model->namedParameters(), 8 << 10);
@@ -276,12 +275,12 @@ TEST_CASE(
     INFO("pass " << pass);
     Tensor loss = model->loss(ids, targets, DType::F32);
     gatherer.forwardDone();
-    REQUIRE(loss.item() == referenceLoss.item());
+    REQUIRE(loss.item() == reference.loss.item());
     chunks.beginBackward(true);
     backward(loss);
     gatherer.backwardDone();
     REQUIRE(resident() == deviceChunks);
-    REQUIRE(gradientsOf(*model) == referenceGrads);
+    REQUIRE(gradientsOf(*model) == reference.grads);
     chunks.releaseGradients();
   }
   // Each pass reads every SSD chunk at least once; the passes after the first read ahead of the gathers,
@@ -298,7 +297,7 @@ TEST_CASE(
   tier.wait(tier.writeAsync(0, {{zero::NvmeTier::Parameters, zeros.data(), DType::F32}}));
   Tensor changed = model->loss(ids, targets, DType::F32);
   gatherer.forwardDone();
-  REQUIRE(changed.item() != referenceLoss.item());
+  REQUIRE(changed.item() != reference.loss.item());
 
   // A byte of chunk 0's extent (the file's first) changed underneath: its gather names the file.
   gatherer.homesWritable();
