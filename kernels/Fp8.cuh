@@ -60,7 +60,7 @@ __global__ void fp8UpdateScalesKernel(float* const* __restrict__ states, int64_t
   __shared__ float scratch[32];
   float* s = states[blockIdx.x];
   int role = blockIdx.y;
-  float* h = s + 6 + role * history;
+  float* h = s + fp8HistorySlot(role, history);
   float amax = 0.0f;
   if (mostRecent) {
     amax = h[position];
@@ -70,8 +70,9 @@ __global__ void fp8UpdateScalesKernel(float* const* __restrict__ states, int64_t
   amax = blockMax(amax, scratch);
   __syncthreads();
   if (threadIdx.x == 0) {
-    s[role] = fp8NextScale(amax, s[role], role == 2 ? Fp8Format::E5M2 : Fp8Format::E4M3, margin);
-    s[3 + role] = 1.0f / s[role];
+    float& scale = s[fp8ScaleSlot(role)];
+    scale = fp8NextScale(amax, scale, role == 2 ? Fp8Format::E5M2 : Fp8Format::E4M3, margin);
+    s[fp8InverseSlot(role)] = 1.0f / scale;
     h[(position + 1) % history] = 0.0f;
   }
 }

@@ -21,8 +21,11 @@ std::shared_ptr<Fp8Scaling> Fp8Scaling::create(const Fp8Recipe& recipe, Device d
 }
 
 std::shared_ptr<Fp8LinearState> Fp8Scaling::add(const std::string& name) {
-  Tensor state = ops::zeros({6 + 3 * recipe_.amaxHistory}, DType::F32, device_);
-  ops::fill(state.narrow(0, 0, 6), 1.0);  // scales and their inverses start at 1
+  Tensor state = ops::zeros({fp8StateElements(recipe_.amaxHistory)}, DType::F32, device_);
+  for (int role = 0; role < 3; ++role) {  // scales and their inverses start at 1
+    ops::fill(state.narrow(0, fp8ScaleSlot(role), 1), 1.0);
+    ops::fill(state.narrow(0, fp8InverseSlot(role), 1), 1.0);
+  }
   states_.emplace_back(name, state);
   auto s = std::make_shared<Fp8LinearState>();
   s->state = state;
@@ -38,7 +41,7 @@ void Fp8Scaling::update() {
 }
 
 int64_t Fp8Scaling::savedElements() const {
-  return kHeader + int64_t(states_.size()) * (6 + 3 * recipe_.amaxHistory);
+  return kHeader + int64_t(states_.size()) * fp8StateElements(recipe_.amaxHistory);
 }
 
 Tensor Fp8Scaling::save() const {
@@ -64,7 +67,7 @@ void Fp8Scaling::load(const Tensor& flat, const std::string& source) {
   position_ = int64_t(v[0]);
   STRATA_USER_CHECK(position_ >= 0 && position_ < recipe_.amaxHistory,
                     "{}: FP8 history position {} is corrupted", source, position_);
-  int64_t per = 6 + 3 * recipe_.amaxHistory;
+  int64_t per = fp8StateElements(recipe_.amaxHistory);
   for (size_t i = 0; i < states_.size(); ++i) {
     std::vector<float> one(v.begin() + kHeader + int64_t(i) * per,
                            v.begin() + kHeader + int64_t(i + 1) * per);
@@ -75,7 +78,7 @@ void Fp8Scaling::load(const Tensor& flat, const std::string& source) {
 Tensor fp8Amax(const Fp8LinearState& fp8, int role, bool record) {
   if (!record) return ops::zeros({1}, DType::F32, fp8.state.device());
   int64_t H = fp8.scaling->recipe().amaxHistory;
-  return fp8.state.narrow(0, 6 + role * H + fp8.scaling->position(), 1);
+  return fp8.state.narrow(0, fp8HistorySlot(role, H) + fp8.scaling->position(), 1);
 }
 
 }  // namespace strata::autograd
@@ -98,8 +101,8 @@ Tensor fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
                weight.dtype());
   Device device = x.device();
   const Tensor state = fp8.state;
-  auto scale = [state](int role) { return state.narrow(0, role, 1); };
-  auto inverse = [state](int role) { return state.narrow(0, 3 + role, 1); };
+  auto scale = [state](int role) { return state.narrow(0, fp8ScaleSlot(role), 1); };
+  auto inverse = [state](int role) { return state.narrow(0, fp8InverseSlot(role), 1); };
   // Forwards without gradients record into scratch (NOTE [FP8 training]). The backward records into the
   // forward's entry: the position moves only between steps.
   bool record = gradEnabled();

@@ -326,11 +326,11 @@ Tensor linearCrossEntropy(const Tensor& x, const Tensor& weight, const Tensor& t
   ops::Fp8Codes wq;
   if (inFp8) {
     fp8State = fp8->state;
-    wq = ops::fp8Cast(w, Fp8Format::E4M3, fp8State.narrow(0, 1, 1), autograd::fp8Amax(*fp8, 1, grads), true,
-                      grads && nx);
+    wq = ops::fp8Cast(w, Fp8Format::E4M3, fp8State.narrow(0, fp8ScaleSlot(1), 1),
+                      autograd::fp8Amax(*fp8, 1, grads), true, grads && nx);
   }
-  auto scaleOf = [&](int role) { return fp8State.narrow(0, role, 1); };
-  auto inverseOf = [&](int role) { return fp8State.narrow(0, 3 + role, 1); };
+  auto scaleOf = [&](int role) { return fp8State.narrow(0, fp8ScaleSlot(role), 1); };
+  auto inverseOf = [&](int role) { return fp8State.narrow(0, fp8InverseSlot(role), 1); };
   for (int64_t r0 = 0; r0 < N; r0 += chunkRows) {
     int64_t rows = std::min(chunkRows, N - r0);
     Tensor xc = detail::narrowRaw(xd, 0, r0, rows), tc = detail::narrowRaw(tgt, 0, r0, rows);

@@ -75,9 +75,11 @@ void fp8MatmulInto(const Tensor& out, const Tensor& a, Fp8Format formatA, const 
   g.fp8B = formatB;
   g.scaleA = static_cast<const float*>(scaleA.data());
   g.scaleB = static_cast<const float*>(scaleB.data());
-  g.bias = bias.defined() ? bias.data() : nullptr;
+  // cuBLASLt's FP8 epilogue takes a bf16 bias only, so an fp32 output adds its bias after the product.
+  g.bias = bias.defined() && out.dtype() == DType::BF16 ? bias.data() : nullptr;
   g.fp8FastAccumulate = fastAccumulate;
   bool ran = kernel<GemmKernel>("gemm", out.device())(g);
+  if (ran && bias.defined() && !g.bias) addInPlace(out, detail::expandRaw(bias, out.shape()));
   if (!ran && g.bias) {
     // The backend had no FP8 kernel with the bias epilogue: the product, then the bias.
     g.bias = nullptr;
@@ -98,9 +100,10 @@ void fp8UpdateScales(const std::vector<Tensor>& states, int64_t history, int64_t
                "fp8UpdateScales: history {} position {} margin {}", history, position, margin);
   if (states.empty()) return;
   for (const Tensor& s : states) {
-    STRATA_CHECK(s.dtype() == DType::F32 && s.isContiguous() && s.numel() == 6 + 3 * history &&
+    STRATA_CHECK(s.dtype() == DType::F32 && s.isContiguous() && s.numel() == fp8StateElements(history) &&
                      s.device() == states[0].device(),
-                 "fp8UpdateScales: each state is a contiguous fp32 [{}] on one device", 6 + 3 * history);
+                 "fp8UpdateScales: each state is a contiguous fp32 [{}] on one device",
+                 fp8StateElements(history));
     s.storage()->bumpVersion();
   }
   kernel<Fp8UpdateScalesKernel>("fp8UpdateScales", states[0].device())(states, history, position, margin,

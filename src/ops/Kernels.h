@@ -83,7 +83,7 @@ using GemmKernel = bool(const GemmArgs& args);
 // scale and amax fp32 one-element tensors on x's device.
 using Fp8CastKernel = void(const Tensor& x, Fp8Format format, const Tensor& scale, const Tensor& amax,
                            const Tensor& plain, const Tensor& transposed);
-// states: contiguous fp32 [6 + 3 * history] each (ops::fp8UpdateScales).
+// states: contiguous fp32 [fp8StateElements(history)] each (ops::fp8UpdateScales).
 using Fp8UpdateScalesKernel = void(const std::vector<Tensor>& states, int64_t history, int64_t position,
                                    int margin, bool mostRecent);
 

@@ -21,6 +21,15 @@ Tensor quantised(const Tensor& x, Fp8Format format, float scale) {
   return Tensor::fromVector<float>(v, x.shape());
 }
 
+// Sets a state's three scales and their inverses.
+void setScales(const Tensor& state, float x, float w, float g) {
+  const float scales[3] = {x, w, g};
+  for (int role = 0; role < 3; ++role) {
+    ops::copy(state.narrow(0, fp8ScaleSlot(role), 1), Tensor::fromVector<float>({scales[role]}, {1}));
+    ops::copy(state.narrow(0, fp8InverseSlot(role), 1), Tensor::fromVector<float>({1 / scales[role]}, {1}));
+  }
+}
+
 float largest(const Tensor& x) {
   float m = 0;
   for (float e : x.toVector<float>()) m = std::max(m, std::abs(e));
@@ -41,8 +50,7 @@ TEST_CASE("fp8Linear multiplies E4M3 inputs and weights, E5M2 gradients, and rec
   // Move on to position 2 with some scales other than 1: x 8, W 64, g 1024 (inverses follow).
   scaling->update();
   scaling->update();
-  ops::copy(state->state.narrow(0, 0, 6),
-            Tensor::fromVector<float>({8.0f, 64.0f, 1024.0f, 1 / 8.0f, 1 / 64.0f, 1 / 1024.0f}, {6}));
+  setScales(state->state, 8.0f, 64.0f, 1024.0f);
   Tensor y = fp8Linear(x, w, b, *state);
   REQUIRE(y.shape() == Shape({2, rows / 2, N}));
   Tensor xq = quantised(x.detach(), Fp8Format::E4M3, 8), wq = quantised(w.detach(), Fp8Format::E4M3, 64);
@@ -57,15 +65,15 @@ TEST_CASE("fp8Linear multiplies E4M3 inputs and weights, E5M2 gradients, and rec
   requireClose(b.grad(), ops::sum(gy.reshape({rows, N}), {0}), 1e-5, 1e-5);
   // Each cast maxed its tensor's amax into entry 2 of its history.
   std::vector<float> s = state->state.toVector<float>();
-  REQUIRE(s[6 + 2] == largest(x.detach()));
-  REQUIRE(s[6 + H + 2] == largest(w.detach()));
-  REQUIRE(s[6 + 2 * H + 2] == largest(gy));
-  REQUIRE(s[6 + 1] == 0.0f);
+  REQUIRE(s[kFp8StateHeader + 2] == largest(x.detach()));
+  REQUIRE(s[kFp8StateHeader + H + 2] == largest(w.detach()));
+  REQUIRE(s[kFp8StateHeader + 2 * H + 2] == largest(gy));
+  REQUIRE(s[kFp8StateHeader + 1] == 0.0f);
   // The next step's scales come from them.
   scaling->update();
   s = state->state.toVector<float>();
-  REQUIRE(s[0] == 448.0f / largest(x.detach()));
-  REQUIRE(s[2] == 57344.0f / largest(gy));
+  REQUIRE(s[fp8ScaleSlot(0)] == 448.0f / largest(x.detach()));
+  REQUIRE(s[fp8ScaleSlot(2)] == 57344.0f / largest(gy));
   REQUIRE(scaling->position() == 3);
 }
 
@@ -82,22 +90,22 @@ TEST_CASE("fp8Linear records nothing without gradients and falls back to bf16 at
                  1e-5);
   }
   std::vector<float> s = state->state.toVector<float>();
-  REQUIRE(std::all_of(s.begin() + 6, s.end(), [](float v) { return v == 0.0f; }));
+  REQUIRE(std::all_of(s.begin() + kFp8StateHeader, s.end(), [](float v) { return v == 0.0f; }));
   // K = 20 is no multiple of 16: the product runs unquantised, as linear() does.
   Tensor x2 = ops::randn({16, 20}, g).setRequiresGrad(), w2 = ops::randn({20, 16}, g).setRequiresGrad();
   Tensor y2 = fp8Linear(x2, w2, Tensor(), *state);
   REQUIRE(y2.toVector<float>() == linear(x2, w2).toVector<float>());
   s = state->state.toVector<float>();
-  REQUIRE(std::all_of(s.begin() + 6, s.end(), [](float v) { return v == 0.0f; }));
+  REQUIRE(std::all_of(s.begin() + kFp8StateHeader, s.end(), [](float v) { return v == 0.0f; }));
 }
 
 TEST_CASE("Fp8Scaling saves and loads its scales, histories and position", "[autograd][fp8]") {
   auto a = autograd::Fp8Scaling::create(autograd::Fp8Recipe{4, 1, false}, Device::cpu());
   auto sa = a->add("one");
   a->add("two");
-  ops::copy(sa->state.narrow(0, 6, 1), Tensor::fromVector<float>({2.0f}, {1}));
+  ops::copy(sa->state.narrow(0, kFp8StateHeader, 1), Tensor::fromVector<float>({2.0f}, {1}));
   a->update();
-  REQUIRE(sa->state.toVector<float>()[0] == 448.0f / 2.0f / 2.0f);
+  REQUIRE(sa->state.toVector<float>()[fp8ScaleSlot(0)] == 448.0f / 2.0f / 2.0f);
   Tensor flat = a->save();
   REQUIRE(flat.numel() == a->savedElements());
   auto b = autograd::Fp8Scaling::create(autograd::Fp8Recipe{4, 1, false}, Device::cpu());
@@ -150,14 +158,15 @@ TEST_CASE("[cuda] fp8Linear on the GPU gives the CPU emulation's outputs, gradie
       return out;
     };
     std::vector<Tensor> cpu = run(Device::cpu(), DType::F32), dev = run(gpu, dt);
-    // The same products; the sums' order and a bf16 output's rounding differ.
-    double rtol = dt == DType::BF16 ? 1e-2 : 1e-4;
+    // The same products; the sums' order, the tensor cores' narrower adds (about 14 bits between promotions
+    // to fp32) and a bf16 output's rounding differ.
+    double rtol = dt == DType::BF16 ? 1e-2 : 1e-3;
     for (size_t i = 0; i < 4; ++i) {
       INFO("tensor " << i);
       std::vector<float> v = cpu[i].toVector<float>();
       double scale = 0;
       for (float e : v) scale = std::max(scale, double(std::abs(e)));
-      requireClose(dev[i], cpu[i], 1e-3 * scale, rtol);
+      requireClose(dev[i], cpu[i], 4e-3 * scale, rtol);
     }
     // The scales and histories: the amaxes of the same values, the same arithmetic.
     REQUIRE(dev[4].toVector<float>() == cpu[4].toVector<float>());
@@ -176,8 +185,7 @@ TEST_CASE("linearCrossEntropy in FP8 multiplies E4M3 rows and table, E5M2 softma
   Tensor target = Tensor::fromVector<int64_t>(t, {N});
   auto scaling = autograd::Fp8Scaling::create(autograd::Fp8Recipe{H, 0, false}, Device::cpu());
   auto state = scaling->add("wte");
-  ops::copy(state->state.narrow(0, 0, 6),
-            Tensor::fromVector<float>({16.0f, 128.0f, 4096.0f, 1 / 16.0f, 1 / 128.0f, 1 / 4096.0f}, {6}));
+  setScales(state->state, 16.0f, 128.0f, 4096.0f);
   Tensor loss = linearCrossEntropy(x, w, target, -100, 20, state.get());
   backward(loss);
   // The recipe written out: the logits of the quantised operands, the softmax gradient quantised to E5M2,
@@ -203,8 +211,8 @@ TEST_CASE("linearCrossEntropy in FP8 multiplies E4M3 rows and table, E5M2 softma
                1e-5, 1e-4);
   // The three amaxes of this step's entry.
   std::vector<float> s = state->state.toVector<float>();
-  REQUIRE(s[6] == largest(x.detach()));
-  REQUIRE(s[6 + H] == largest(w.detach()));
-  REQUIRE(s[6 + 2 * H] > 0.5f);
-  REQUIRE(s[6 + 2 * H] <= 1.0f);
+  REQUIRE(s[kFp8StateHeader] == largest(x.detach()));
+  REQUIRE(s[kFp8StateHeader + H] == largest(w.detach()));
+  REQUIRE(s[kFp8StateHeader + 2 * H] > 0.5f);
+  REQUIRE(s[kFp8StateHeader + 2 * H] <= 1.0f);
 }

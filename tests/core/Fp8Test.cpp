@@ -98,4 +98,9 @@ TEST_CASE("delayed scaling's next scale follows the recipe", "[core][fp8]") {
   REQUIRE(fp8NextScale(0.0f, 7.0f, Fp8Format::E4M3, 0) == 7.0f);
   REQUIRE(fp8NextScale(std::numeric_limits<float>::infinity(), 7.0f, Fp8Format::E4M3, 0) == 7.0f);
   REQUIRE(fp8NextScale(std::nanf(""), 7.0f, Fp8Format::E5M2, 0) == 7.0f);
+  // An amax so small that the quotient overflows gives the largest finite scale, which casts 0 to code 0.
+  float tiny = fp8NextScale(1e-37f, 7.0f, Fp8Format::E4M3, 0);
+  REQUIRE(tiny == std::numeric_limits<float>::max());
+  REQUIRE(floatToE4M3(0.0f * tiny) == 0);
+  REQUIRE(fp8NextScale(1e-37f, 7.0f, Fp8Format::E5M2, 2) == std::numeric_limits<float>::max());
 }

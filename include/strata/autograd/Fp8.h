@@ -61,8 +61,9 @@ struct Fp8Recipe {
 
 class Fp8Scaling;
 
-// One layer's FP8 state: fp32 [6 + 3 * amaxHistory] on the device (scales of x, W, g; their inverses; the
-// three histories), and the scaling it belongs to (the recipe and the current history position).
+// One layer's FP8 state: fp32 [fp8StateElements(amaxHistory)] on the device (scales of x, W, g; their
+// inverses; the three histories; the layout in core/Fp8.h), and the scaling it belongs to (the recipe and the
+// current history position).
 struct Fp8LinearState {
   Tensor state;
   std::shared_ptr<const Fp8Scaling> scaling;

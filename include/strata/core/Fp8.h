@@ -121,12 +121,33 @@ STRATA_FP8_HD float fp8ToFloat(uint8_t code, Fp8Format format) {
   return format == Fp8Format::E4M3 ? e4m3ToFloat(code) : e5m2ToFloat(code);
 }
 
+// One layer's FP8 state (NOTE [FP8 training] in autograd/Fp8.h), fp32: for each tensor role (0: x, 1: W,
+// 2: the output's gradient g) its scale and the scale's inverse, each at the start of a 16-byte slot of its
+// own (cuBLASLt reads the inverses through its A/B scale pointers, and FP8 GEMMs take 16-byte aligned
+// pointers), then the three amax histories of `history` entries each.
+constexpr int64_t kFp8StateHeader = 24;
+STRATA_FP8_HD constexpr int64_t fp8ScaleSlot(int role) {
+  return 4 * role;
+}
+STRATA_FP8_HD constexpr int64_t fp8InverseSlot(int role) {
+  return 12 + 4 * role;
+}
+STRATA_FP8_HD constexpr int64_t fp8HistorySlot(int role, int64_t history) {
+  return kFp8StateHeader + role * history;
+}
+constexpr int64_t fp8StateElements(int64_t history) {
+  return kFp8StateHeader + 3 * history;
+}
+
 // Delayed scaling's update (NOTE [FP8 training]): the scale that maps `amax` to the format's largest value,
 // with `margin` powers of two to spare: (fp8Max / amax) / 2^margin. The previous scale stays when amax is
-// zero (the tensor was all zeros, or not seen) or not finite.
+// zero (the tensor was all zeros, or not seen) or not finite. An amax so small that the quotient overflows
+// (below about 1e-36) gives fp32's largest finite value, never infinity: an infinite scale would turn zeros
+// into NaN codes (0 x inf) and its inverse, the GEMM's factor, into 0.
 STRATA_FP8_HD float fp8NextScale(float amax, float previous, Fp8Format format, int margin) {
   if (!(amax > 0.0f) || !isfinite(amax)) return previous;
-  return (fp8Max(format) / amax) / ldexpf(1.0f, margin);
+  float scale = (fp8Max(format) / amax) / ldexpf(1.0f, margin);
+  return isfinite(scale) ? scale : 3.40282347e+38f;
 }
 
 }  // namespace strata

@@ -152,11 +152,11 @@ bool fp8FastForward();
 inline bool fp8Shape(int64_t rows, int64_t K, int64_t N) {
   return rows > 0 && K > 0 && N > 0 && rows % 16 == 0 && K % 16 == 0 && N % 16 == 0;
 }
-// Delayed scaling's step (NOTE [FP8 training]) over FP8 states, each fp32 [6 + 3 * history]: scales [3],
-// their inverses [3], then three amax histories. For each of the three, the amax is the history's largest
-// (or, with mostRecent, the entry at `position`); the scale becomes fp8NextScale(amax) for format E4M3
-// (the first two) or E5M2 (the third), its inverse follows, and the entry at position + 1 (mod history) is
-// zeroed for the next step to record into.
+// Delayed scaling's step (NOTE [FP8 training]) over FP8 states, each fp32 [fp8StateElements(history)] laid
+// out as core/Fp8.h says: scales and their inverses, then three amax histories. For each of the three, the
+// amax is the history's largest (or, with mostRecent, the entry at `position`); the scale becomes
+// fp8NextScale(amax) for format E4M3 (the first two) or E5M2 (the third), its inverse follows, and the entry
+// at position + 1 (mod history) is zeroed for the next step to record into.
 void fp8UpdateScales(const std::vector<Tensor>& states, int64_t history, int64_t position, int margin,
                      bool mostRecent);
 

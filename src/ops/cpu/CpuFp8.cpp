@@ -42,12 +42,13 @@ void fp8UpdateScales(const std::vector<Tensor>& states, int64_t history, int64_t
   for (const Tensor& state : states) {
     float* s = static_cast<float*>(state.data());
     for (int role = 0; role < 3; ++role) {
-      float* h = s + 6 + role * history;
+      float* h = s + fp8HistorySlot(role, history);
       float amax = h[position];
       if (!mostRecent)
         for (int64_t i = 0; i < history; ++i) amax = std::fmax(amax, h[i]);
-      s[role] = fp8NextScale(amax, s[role], role == 2 ? Fp8Format::E5M2 : Fp8Format::E4M3, margin);
-      s[3 + role] = 1.0f / s[role];
+      float& scale = s[fp8ScaleSlot(role)];
+      scale = fp8NextScale(amax, scale, role == 2 ? Fp8Format::E5M2 : Fp8Format::E4M3, margin);
+      s[fp8InverseSlot(role)] = 1.0f / scale;
       h[(position + 1) % history] = 0.0f;
     }
   }

@@ -422,9 +422,24 @@ bool gemm(const GemmArgs& g) {
     return true;
   }
   setEpiloguePointers(*plan, g);
-  STRATA_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan->desc, &alpha, g.b, plan->layoutX, g.a, plan->layoutY,
-                                     &beta, g.c, plan->layoutC, g.c, plan->layoutC, &plan->algo,
-                                     workspace.ptr, kWorkspaceBytes, strata::cuda::nativeStream(stream)));
+  cublasStatus_t status = cublasLtMatmul(
+      st.handle, plan->desc, &alpha, g.b, plan->layoutX, g.a, plan->layoutY, &beta, g.c, plan->layoutC, g.c,
+      plan->layoutC, &plan->algo, workspace.ptr, kWorkspaceBytes, strata::cuda::nativeStream(stream));
+  if (status == CUBLAS_STATUS_SUCCESS) return true;
+  // An FP8 product whose bias epilogue the library refuses at run time: the caller adds the bias after.
+  if (fp8 && g.bias && status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    plan->supported = false;
+    return false;
+  }
+  if (fp8)
+    STRATA_USER_FAIL(
+        "FP8 GEMM [{} x {}] @ [{} x {}]^T ({} x {} into {}, beta {}, bias {}) failed with cuBLAS status {} "
+        "(operand alignments {}, {} and {} bytes; scale pointers at {} and {} bytes). FP8 needs a Hopper or "
+        "Ada GPU and sizes that are multiples of 16; set precision.fp8: false to train in bf16",
+        g.m, g.k, g.n, g.k, *g.fp8A == Fp8Format::E4M3 ? "E4M3" : "E5M2",
+        *g.fp8B == Fp8Format::E4M3 ? "E4M3" : "E5M2", dtypeName(*g.outDtype), g.beta, g.bias ? "yes" : "no",
+        int(status), alignY, alignX, alignC, alignmentOf(g.scaleA), alignmentOf(g.scaleB));
+  STRATA_CUBLAS_CHECK(status);
   return true;
 }
 
