@@ -11,6 +11,8 @@
 
 #include "TestUtil.h"
 #include "TinyRun.h"
+#include "strata/core/Allocator.h"
+#include "strata/core/Stream.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Metrics.h"
 #include "strata/train/StepEngine.h"
@@ -1400,6 +1402,69 @@ TEST_CASE("[cuda] AdamW with bf16 gradient buffers trains like fp32 ones, on the
   auto reference = records(base / "fp32grads");
   for (const char* run : {"device", "host", "sequential"})
     requireCloseCurves(reference, records(base / run), run, 0.1, 1.5);
+}
+
+TEST_CASE(
+    "[cuda] gradients homed in host memory leave the GPU as they complete and train like gradients on it",
+    "[cuda][train][trainer][store][homes]") {
+  STRATA_REQUIRE_CUDA();
+  // NOTE [Gradient homes] in zero/GradientReducer.h. bf16, two micro-batches a step, the optimizer state on
+  // the host: the norm's partial sums and the copies to page-locked memory run on the comm stream.
+  fs::path base = test::freshDir("strata-gradient-homes-cuda");
+  std::vector<std::string> cuda = {"train.device=cuda",
+                                   "precision.dtype=bf16",
+                                   "model.dropout=0",
+                                   "optimizer.lr=0.01",
+                                   "zero_optimization.chunk_size_mb=0.02",
+                                   "zero_optimization.offload_optimizer.device=cpu"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), cuda.begin(), cuda.end());
+    return extra;
+  };
+  for (std::string stage : {"0", "3"}) {
+    std::string staged = "zero_optimization.stage=" + stage;
+    train::Trainer(tinyConfig(base / ("device" + stage), with({staged, "store.gradient_home=device"}))).run();
+    train::Trainer(tinyConfig(base / ("host" + stage), with({staged, "store.gradient_home=host"}))).run();
+    // The GPU's sums differ from run to run in their last bits (atomics): close, not equal.
+    requireCloseCurves(records(base / ("device" + stage)), records(base / ("host" + stage)), "stage " + stage,
+                       0.05, 1.0);
+  }
+  // The engine: at the end of the step's last backward the GPU holds no gradient buffer of a homed chunk.
+  struct AtEnd final : train::MicroBatchSchedule {
+    mutable uint64_t allocated = 0;
+    void run(int64_t microBatches, const train::MicroBatchWork& work) const override {
+      for (int64_t m = 0; m < microBatches; ++m) work.backward(m, work.forward(m));
+      synchronizeDevice(Device::cuda(0));
+      allocated = deviceAllocator(Device::cuda(0)).stats().allocatedBytes;
+    }
+  };
+  std::map<std::string, uint64_t> allocated;
+  uint64_t gradientBytes = 0;
+  for (const char* home : {"device", "host"}) {
+    config::Config config = tinyConfig(base / "engine", with({std::string("store.gradient_home=") + home}));
+    auto model = models::buildModel(config::modelSpecFrom(config, Device::cuda(0)));
+    data::CausalLmObjective objective(model, nullptr);
+    train::ZeroStepEngine engine(objective, config, Device::cuda(0), DType::BF16);
+    auto atEnd = std::make_unique<AtEnd>();
+    AtEnd* seen = atEnd.get();
+    engine.setSchedule(std::move(atEnd));
+    auto data = data::TokenDataset::random(256, 4096, 3, 0.0);
+    int64_t index = 0;
+    auto next = [&] {
+      auto [ids, targets] = data.batch(data::Split::Train, index, 4, 32, 1, Device::cuda(0));
+      return data::TokenBatch{ids, targets, index++};
+    };
+    for (int step = 0; step < 2; ++step) REQUIRE(engine.step(next, 2, 1e-3).applied);
+    allocated[home] = seen->allocated;
+    gradientBytes = 0;
+    for (size_t c = 0; c < engine.chunks().numChunks(); ++c)
+      gradientBytes += uint64_t(engine.chunks().paddedElems(c)) * dtypeSize(engine.chunks().gradientDType());
+    REQUIRE((engine.gradientReducer().hostGradientBytes() == gradientBytes) == (std::string(home) == "host"));
+  }
+  INFO("allocated at the end of backward: " << allocated["device"] << " with the gradients on the GPU, "
+                                            << allocated["host"] << " homed; gradient buffers "
+                                            << gradientBytes);
+  REQUIRE(allocated["host"] + gradientBytes / 2 < allocated["device"]);
 }
 
 TEST_CASE("train.recompute selective and full train a GPT with the losses of none, at ZeRO stages 0 and 3",
