@@ -13,12 +13,14 @@
 //
 // NOTE [Gradient homes]
 // A chunk whose optimizer state is off the device (host memory or the SSD) is updated on the CPU from its
-// gradients in host memory; a chunk whose gradients have a home in host memory (store.gradient_home) sends
-// them there as soon as they are reduced, instead of at the update. In the step's last backward, once the
+// gradients in host memory; a chunk whose gradients have a home in host memory (store.gradient_home: host,
+// every chunk whose state is off the device; auto, those whose parameters are homed off it too) sends them
+// there as soon as they are reduced, instead of at the update. In the step's last backward, once the
 // chunk's gradients are complete and reduced (at stage 3 this rank's shard, after the reduce-scatter), the
 // comm stream, after the reduction, runs the step end's own work on them while they are still on the
-// device (the engine's callback: the chunk's term of the squared gradient norm, so the step-end decision
-// reads the same bits as if they had stayed: NOTE [Step-end decision] in train/StepEngine.h), copies them
+// device (the engine's callback: the chunk's partial sums of the squared norm, ops::sumOfSquaresParts,
+// which the step end adds with the other chunks' in one ops::sumParts, so the step-end decision reads the
+// bits it would have read had they stayed: NOTE [Step-end decision] in train/StepEngine.h), copies them
 // into the chunk's page-locked host buffer, and the device buffer goes back to the allocator at once (a
 // fence on the comm stream keeps it from reuse until the copy is done). The update then reads the host
 // buffer: the CPU lane of the pipelined update without a copy of its own (NOTE [Pipelined update] in
@@ -26,11 +28,12 @@
 // micro-batches of the step accumulate in the device buffers as before: with gradient accumulation every
 // buffer is on the device through the last micro-batch's forward, and the buffers leave during its
 // backward. The host buffers are made on first use and kept (4 bytes per element of the chunk's gradients,
-// 2 for 16-bit buffers). ZeRO stages 0 and 3 only, the stages parameter homes run at (NOTE [Parameter
-// homes] in zero/ParameterGatherer.h), without pipelines (their chunks complete after the schedule, outside
-// backward), PowerSGD (its factors are summed in the gradients' place) or Adafactor (its host chunks are
-// updated on the GPU): the engine refuses store.gradient_home: host there, and auto keeps them on the
-// device.
+// 2 for 16-bit buffers); where they cannot be page-locked (zero_optimization.pin_memory: false, or the
+// driver's limit) the chunk's gradients stay on the device. ZeRO stages 0 and 3 only, the stages parameter
+// homes run at (NOTE [Parameter homes] in zero/ParameterGatherer.h), without pipelines (their chunks complete
+// after the schedule, outside backward), PowerSGD (its factors are summed in the gradients' place) or
+// Adafactor (its host chunks are updated on the GPU): the engine refuses store.gradient_home: host there, and
+// auto keeps them on the device.
 #pragma once
 
 #include <cstdint>
