@@ -431,6 +431,13 @@ std::vector<ConfigKey> makeTable() {
           "chunk off the GPU is copied into a GPU slot ahead of its use; from the SSD through a read ahead)",
           oneOf({"auto", "device", "host", "nvme"})),
       key(
+          "store.gradient_home", [](Config& c) { return &c.store.gradientHome; },
+          "where a chunk's gradients go once complete in the step's last backward, when its optimizer state "
+          "is off the GPU: host (copied to host memory and the GPU buffer freed at once; ZeRO stages 0 and "
+          "3), device (kept on the GPU until the update), or auto (host where the chunk's parameters are "
+          "homed off the GPU too)",
+          oneOf({"auto", "device", "host"})),
+      key(
           "store.delayed_update", [](Config& c) { return &c.store.delayedUpdate; },
           "SSD-resident state is updated one step late, overlapped with the next step (it changes the "
           "numbers: those parameters are one step stale)"),

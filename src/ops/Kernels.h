@@ -152,6 +152,10 @@ using CudnnAttentionBackwardKernel = bool(const Tensor& q, const Tensor& k, cons
 // gradScale: fp32 [1] on the device multiplying every gradient (clipping, loss-scale), or undefined for 1.
 // out: fp32 [] on the tensors' device; tensors fp32 contiguous.
 using SumOfSquaresKernel = void(const std::vector<Tensor>& tensors, const Tensor& out);
+// The same in two halves (ops::sumOfSquaresParts, ops::sumParts): the partial sums, made on the tensors'
+// device; and their sum into `out`, in list order.
+using SquarePartsKernel = Tensor(const std::vector<Tensor>& tensors);
+using SumPartsKernel = void(const std::vector<Tensor>& parts, const Tensor& out);
 using AdamWKernel = void(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper,
                          const Tensor& gradScale);
 using AdafactorKernel = void(const std::vector<AdafactorTensors>& sets, const AdafactorHyper& hyper,

@@ -15,6 +15,27 @@ Tensor sumOfSquares(const std::vector<Tensor>& tensors) {
   return out;
 }
 
+Tensor sumOfSquaresParts(const std::vector<Tensor>& tensors) {
+  STRATA_CHECK(!tensors.empty(), "sumOfSquaresParts: no tensors");
+  Device dev = tensors[0].device();
+  for (const auto& t : tensors)
+    STRATA_CHECK(t.defined() && t.dtype() == DType::F32 && t.isContiguous() && t.device() == dev,
+                 "sumOfSquaresParts: tensors must be fp32, contiguous and on {}", toString(dev));
+  return kernel<SquarePartsKernel>("sum_of_squares_parts", dev)(tensors);
+}
+
+Tensor sumParts(const std::vector<Tensor>& parts) {
+  STRATA_CHECK(!parts.empty(), "sumParts: no parts");
+  Device dev = parts[0].device();
+  for (const auto& p : parts)
+    STRATA_CHECK(
+        p.defined() && p.dtype() == parts[0].dtype() && p.isContiguous() && p.dim() == 1 && p.device() == dev,
+        "sumParts: the parts must be flat tensors of one dtype from sumOfSquaresParts, on {}", toString(dev));
+  Tensor out = Tensor::empty({}, DType::F32, dev);
+  kernel<SumPartsKernel>("sum_parts", dev)(parts, out);
+  return out;
+}
+
 void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const Tensor& gradScale) {
   if (sets.empty()) return;
   Device dev = sets[0].param.device();

@@ -429,9 +429,11 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
     if (tier == zero::Tier::Nvme && delaysSsd()) continue;  // the delayed update takes them
     for (size_t c = 0; c < homes_.size(); ++c) {
       if (homes_[c] != tier) continue;
-      // The step's device: where the gradients are (a chunk's parameters may be homed in host memory,
-      // NOTE [Parameter homes] in zero/ParameterGatherer.h).
-      device = gradients[c].device();
+      // The step's device: where the gradients or the parameters are (a chunk's parameters may be homed in
+      // host memory, NOTE [Parameter homes] in zero/ParameterGatherer.h, and its gradients too, NOTE
+      // [Gradient homes] in zero/GradientReducer.h).
+      for (Device d : {gradients[c].device(), paramFlats_[c].device()})
+        if (!d.isCpu()) device = d;
       STRATA_CHECK(ranges_[c].size() > 0, "AdamW: chunk {} has an empty range", c);
       for (int64_t a = ranges_[c].begin; a < ranges_[c].end; a += config_.pieceElems)
         pieces.push_back(Piece{c, a, std::min(a + config_.pieceElems, ranges_[c].end)});
@@ -449,11 +451,13 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
   // No page-locked staging (the driver refused it): the caller runs the plain update, which stages through
   // its own pool.
   if (cuda && !lanes_->pinned) return false;
-  // The GPU lane writes the new parameters on the device: not for parameters homed in host memory.
-  bool hostParameters = false;
+  // The GPU lane reads the gradients and writes the new parameters on the device: not for parameters or
+  // gradients homed in host memory.
+  bool hostHomes = false;
   for (size_t c = 0; c < homes_.size(); ++c)
-    hostParameters = hostParameters || (homes_[c] != zero::Tier::Device && paramFlats_[c].device().isCpu());
-  bool gpuLane = cuda && hostPinned_ && !hostParameters;
+    hostHomes = hostHomes || (homes_[c] != zero::Tier::Device &&
+                              (paramFlats_[c].device().isCpu() || gradients[c].device().isCpu()));
+  bool gpuLane = cuda && hostPinned_ && !hostHomes;
   Stream compute = cuda ? currentStream(device) : Stream();
   const DeviceStreams* copies = cuda ? &deviceStreams(device) : nullptr;
   if (cuda) {
@@ -512,9 +516,9 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
   };
   // Piece p's gradients into CPU slot `slot`'s staging, on the d2h stream.
   auto fetch = [&](size_t slotIndex, const Piece& p) {
-    if (!cuda) return;
-    Lanes::Slot& slot = *lanes_->cpu[slotIndex];
     const Tensor& g = gradients[p.chunk];
+    if (!cuda || g.device().isCpu()) return;  // gradients homed in host memory are read where they are
+    Lanes::Slot& slot = *lanes_->cpu[slotIndex];
     int64_t origin = g.numel() == ranges_[p.chunk].size() ? ranges_[p.chunk].begin : 0;
     size_t width = dtypeSize(g.dtype());  // 16-bit buffers cross the link at half the bytes
     copyAsync(slot.grads->data(), Device::cpu(),
@@ -546,15 +550,19 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
     if (next >= 0) fetch(nextSlot, pieces[size_t(next)]);
     if (cuda) {
       Lanes::Slot& slot = *lanes_->cpu[slotIndex];
+      const Tensor& g = gradients[c];
+      bool hostGrads = g.device().isCpu();
       auto t = std::chrono::steady_clock::now();
-      slot.arrived.synchronize();
+      if (!hostGrads) slot.arrived.synchronize();
       phases_.gradientsOut += since(t);
       t = std::chrono::steady_clock::now();
       slot.done.synchronize();  // the staging's last parameters have left
       phases_.parametersIn += since(t);
       t = std::chrono::steady_clock::now();
       DType dt = paramFlats_[c].dtype();
-      Tensor grads = Tensor::fromStorage(slot.grads, {n}, {1}, 0, gradients[c].dtype());
+      int64_t origin = g.numel() == ranges_[c].size() ? ranges_[c].begin : 0;
+      Tensor grads = hostGrads ? g.narrow(0, p.begin - origin, n)
+                               : Tensor::fromStorage(slot.grads, {n}, {1}, 0, g.dtype());
       if (paramFlats_[c].device().isCpu()) {
         // Parameters homed in host memory take their new values there, in place.
         Tensor params = paramFlats_[c].narrow(0, p.begin - ranges_[c].begin, n);
@@ -656,8 +664,12 @@ void AdamW::stepHostChunk(size_t c, const ops::AdamWHyper& h, const std::vector<
     staging_ = std::make_unique<PinnedHostPool>(need + (4u << 20));
   }
   auto start = std::chrono::steady_clock::now();
-  Tensor hostGrads = staged({r.size()}, g.dtype());
-  ops::copy(hostGrads, range);
+  // Gradients homed in host memory (NOTE [Gradient homes] in zero/GradientReducer.h) are read in place.
+  Tensor hostGrads = range;
+  if (!range.device().isCpu()) {
+    hostGrads = staged({r.size()}, g.dtype());
+    ops::copy(hostGrads, range);
+  }
   phases_.gradientsOut += secondsSince(start);
   start = std::chrono::steady_clock::now();
   // The kernel writes every parameter's elements; only the gaps between them need their zeros (the chunk

@@ -496,6 +496,49 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   if (in.rangeElemsTotal() > 0)
     p.optimizerBytesPerParameter = double(optimizerBytes) / double(in.rangeElemsTotal());
 
+  // NOTE [Gradient homes] in zero/GradientReducer.h: the gradients of chunks whose optimizer state is off the
+  // device (store.gradient_home host; auto: those whose parameters are homed off it too) leave the device as
+  // they complete in the last backward. With one micro-batch a step the device then holds at the update the
+  // other chunks' buffers and those still accumulating; with several, every buffer lives through the last
+  // forward anyway. The placement above assumed every buffer on the device: what they free is headroom.
+  const std::string& gradientHome = c.store.gradientHome;
+  std::string gradientsStay = in.stage != 0 && in.stage != 3
+                                  ? fmt::format("zero_optimization.stage {}", in.stage)
+                              : p.pipeline > 1              ? std::string("parallel.pipeline")
+                              : c.dist.powersgdRank > 0     ? std::string("dist.powersgd_rank")
+                              : c.optimizer.type != "adamw" ? "optimizer.type " + c.optimizer.type
+                                                            : std::string();
+  if (gradientHome == "host" && !gradientsStay.empty() && p.fits) {
+    p.fits = false;
+    p.refusal = fmt::format(
+        "store.gradient_home is host, but gradients cannot leave the GPU with {}: set store.gradient_home "
+        "to auto or device",
+        gradientsStay);
+  }
+  if (gradientHome != "device" && gradientsStay.empty() && p.onGpu) {
+    bool shardedBuffers = in.stage >= 2 && in.ranks > 1;
+    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
+      if (p.placement.optimizerTier[i] == zero::Tier::Device) continue;
+      if (gradientHome == "auto" && p.placement.parameterHome(i) == zero::Tier::Device) continue;
+      p.gradientHomeElems += shardedBuffers ? in.rangeElems[i] : in.paddedElems[i];
+      p.gradientHomeBytes += shardedBuffers ? uint64_t(in.rangeElems[i]) * 4
+                                            : uint64_t(in.paddedElems[i]) * dtypeSize(in.gradientDType);
+    }
+    if (p.gradientHomeBytes > 0 && p.accumulation == 1) {
+      uint64_t stay = gradientsAtUpdate > p.gradientHomeBytes ? gradientsAtUpdate - p.gradientHomeBytes : 0;
+      if (!shardedGrads) stay = std::min(in.gradientBytes, stay + inFlight);
+      p.gradientPeakBytes = stay;
+      working = p.transientBytes + std::max(p.activations.bytes, stay);
+    }
+    if (p.gradientHomeBytes > 0)
+      p.notes.push_back(fmt::format(
+          "store.gradient_home {}: {} of gradients go to host memory as their chunks complete in backward "
+          "(page-locked buffers kept across steps){}",
+          gradientHome, gib(p.gradientHomeBytes),
+          p.accumulation > 1 ? "; with gradient accumulation every buffer is on the device through the last "
+                               "micro-batch's forward, so the peak keeps them"
+                             : "; the device no longer holds them at the update"));
+  }
   nonModel = working + p.workspaceBytes + in.powerSgdBytes;
   p.devicePeakBytes = p.placement.bytes[int(zero::Tier::Device)] + nonModel;
   if (p.placement.optimizerTier.empty()) p.devicePeakBytes = in.parameterBytes + nonModel;
@@ -669,12 +712,13 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     int64_t homedElems = 0;
     for (size_t i = 0; i < p.placement.parameterTier.size(); ++i)
       if (p.placement.parameterTier[i] != zero::Tier::Device) homedElems += in.rangeElems[i];
-    double down = double(offElems) * double(dtypeSize(in.gradientDType)),
+    // Gradients homed in host memory crossed during backward (NOTE [Gradient homes]).
+    double down = double(offElems - p.gradientHomeElems) * double(dtypeSize(in.gradientDType)),
            up = double(offElems - homedElems) * double(dtypeSize(p.compute));
     double pcie = down / (*m.d2hGBs * 1e9) + up / (*m.h2dGBs * 1e9);
     double cpu = *m.cpuAdamwElemsPerS / double(p.ranksPerNode);
     // The GPU lane writes parameters on the device: none where parameters are homed in host memory.
-    double gpuLane = c.optimizer.pipeline && homedElems == 0
+    double gpuLane = c.optimizer.pipeline && homedElems == 0 && p.gradientHomeElems == 0
                          ? std::min(*m.h2dGBs, *m.d2hGBs) * 1e9 / kGpuLaneBytesPerElem
                          : 0;
     double lanes = (ssd + hostElems) / (cpu + gpuLane);                      // the lanes finish together
@@ -688,6 +732,13 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
                      in.gradientDType == DType::F32 ? "fp32" : dtypeName(in.gradientDType),
                      gib(uint64_t(down)), *m.d2hGBs, gib(uint64_t(up)), *m.h2dGBs),
          true});
+    // NOTE [Gradient homes]: the homed gradients cross on the comm stream as their chunks complete, beside
+    // the rest of backward.
+    if (p.gradientHomeBytes > 0)
+      p.terms.push_back({"gradient homes", double(p.gradientHomeBytes) / (*m.d2hGBs * 1e9),
+                         fmt::format("gradients out during backward {} at {:.0f} GB/s (store.gradient_home)",
+                                     gib(p.gradientHomeBytes), *m.d2hGBs),
+                         true});
   }
   uint64_t onSsd = p.placement.parameterNvmeBytes;
   if (uint64_t homed = p.placement.parameterHostBytes + onSsd; homed > 0) {
@@ -967,9 +1018,11 @@ std::string formatPlan(const ModelStatePlan& p) {
   bool shardsAtPeak = p.accumulation == 1 && p.inputs.stage >= 2 && p.inputs.ranks > 1;
   out << fmt::format("  {:<22} {:>12}  {}, {}\n", "gradient buffers", gib(p.gradientPeakBytes),
                      dtypeName(shardsAtPeak ? DType::F32 : p.inputs.gradientDType),
-                     p.accumulation > 1 ? "every chunk, kept across the micro-batches"
-                     : shardsAtPeak     ? "this rank's shards and two chunks in flight"
-                                        : "every chunk, from backward to the update");
+                     p.accumulation > 1        ? "every chunk, kept across the micro-batches"
+                     : p.gradientHomeBytes > 0 ? "the chunks whose gradients stay on the device, and two "
+                                                 "chunks in flight (store.gradient_home)"
+                     : shardsAtPeak            ? "this rank's shards and two chunks in flight"
+                                               : "every chunk, from backward to the update");
   if (p.inputs.powerSgdBytes > 0)
     out << fmt::format(
         "  {:<22} {:>12}  fp32 error feedback and Q matrices (dist.powersgd_rank), across steps\n",

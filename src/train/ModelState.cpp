@@ -437,7 +437,7 @@ void makeChunkOptimizer(ModelState& s, const config::Config& c) {
   checkPlacementTotal(s);
 }
 
-void promoteTracedState(ModelState& s) {
+void promoteTracedState(ModelState& s, const std::vector<uint64_t>& gradientsBack) {
   // NOTE [Delayed SSD update] in optim/AdamW.h: a pending delayed update stays pending; moveToDevice writes
   // the moved chunks' own parameters.
   s.optimizer->waitDelayed();
@@ -463,7 +463,11 @@ void promoteTracedState(ModelState& s) {
   }
   std::vector<uint64_t> deviceBytes;
   for (size_t c = 0; c < s.chunks->numChunks(); ++c) deviceBytes.push_back(s.optimizer->deviceStateBytes(c));
-  std::vector<size_t> moved = zero::chunksToPromote(s.placement, deviceBytes, room);
+  // A chunk whose gradients went to the host in the traced step keeps them on the device once its state is
+  // there: its move takes their room too.
+  std::vector<uint64_t> takes = deviceBytes;
+  for (size_t c = 0; c < gradientsBack.size(); ++c) takes[c] += gradientsBack[c];
+  std::vector<size_t> moved = zero::chunksToPromote(s.placement, takes, room);
   uint64_t movedBytes = 0;
   for (size_t c : moved) {
     zero::Tier from = s.placement.optimizerTier[c];

@@ -109,6 +109,9 @@ void makeChunkOptimizer(ModelState& state, const config::Config& config);
 // Step 4 (NOTE [Memory tracer]): after the traced first step, the optimizer state of the chunks that fit
 // beside its peak moves onto the device (a pending delayed SSD update stays pending; the moved chunks'
 // pending parameters are written into this rank's part of them). Rank 0 logs the new placement.
-void promoteTracedState(ModelState& state);
+// `gradientsBack` (per chunk; empty: none): the device bytes of gradients that left the device in the traced
+// step and would stay on it once the chunk's state is there (NOTE [Gradient homes] in
+// zero/GradientReducer.h), which the chunk's move must find room for too.
+void promoteTracedState(ModelState& state, const std::vector<uint64_t>& gradientsBack = {});
 
 }  // namespace strata::train

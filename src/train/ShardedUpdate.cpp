@@ -31,6 +31,8 @@ StepEnd ShardedUpdate::finish(const std::vector<Tensor>& grads, Tensor stepLoss,
     reduceOverRanks(sumSq, stepLoss);
   }
   if (state_.pipelineGroup) reduceOverStages(sumSq, stepLoss);
+  kept_.assign(kept_.size(), false);
+  keptSquares_.assign(keptSquares_.size(), {});
   end.loss = std::move(stepLoss);
   end.sumSq = std::move(sumSq);
   end.norm = ops::sqrt(end.sumSq);
@@ -122,37 +124,55 @@ void ShardedUpdate::gatherShards() {
   streamWaits(currentStream(device_), gatherStream, device_);
 }
 
-Tensor ShardedUpdate::shardSquares(const std::vector<Tensor>& grads, std::optional<bool> slices) const {
-  // The pieces of the parameters inside this rank's shard of each chunk, in layout order; `grads` holds, per
-  // chunk, the whole (padded) chunk's gradients or just the shard's.
-  // 16-bit gradient buffers (precision.grad_accum_dtype) are widened to fp32 one chunk at a time, and the
-  // chunks' sums added in chunk order.
-  std::vector<Tensor> pieces;
-  Tensor sum;
+Tensor ShardedUpdate::chunkSquares(size_t c, const Tensor& grads, std::optional<bool> slices) const {
+  // The pieces of the parameters inside this rank's shard of the chunk, in layout order; `grads` holds the
+  // whole (padded) chunk's gradients or just the shard's. 16-bit gradient buffers
+  // (precision.grad_accum_dtype) are widened to fp32 here, one chunk at a time.
   const zero::ChunkLayout& layout = state_.chunks->layout();
+  zero::ShardRange r = state_.groups.shard(c);
+  int64_t base = grads.numel() == r.size() ? r.begin : 0;
+  Tensor g = grads.dtype() != DType::F32 ? ops::to(grads, grads.device(), DType::F32) : grads;
+  std::vector<Tensor> pieces;
+  for (int64_t k : layout.chunks[c].slots) {
+    if (slices && state_.sliceSlots[size_t(k)] != *slices) continue;
+    if (!state_.tiedCopySlots.empty() && state_.tiedCopySlots[size_t(k)]) continue;
+    const zero::ChunkSlot& slot = layout.slots[size_t(k)];
+    int64_t a = std::max(slot.offset, r.begin), b = std::min(slot.offset + slot.numel, r.end);
+    if (a < b) pieces.push_back(g.narrow(0, a - base, b - a));
+  }
+  return pieces.empty() ? Tensor() : ops::sumOfSquaresParts(pieces);
+}
+
+void ShardedUpdate::keepSquares(size_t c, const Tensor& grads) {
+  size_t n = state_.chunks->numChunks();
+  kept_.resize(n, false);
+  keptSquares_.resize(n);
+  auto keep = [&](std::optional<bool> slices) {
+    Tensor sum = chunkSquares(c, grads, slices);
+    // Made on the caller's stream (the comm stream), read on the compute stream at the step's end.
+    if (sum.defined()) sum.storage()->recordStream(deviceStreams(device_).compute);
+    return sum;
+  };
+  if (state_.tensor.active())
+    keptSquares_[c] = {keep(true), keep(false)};
+  else
+    keptSquares_[c] = {keep(std::nullopt), Tensor()};
+  kept_[c] = true;
+}
+
+Tensor ShardedUpdate::shardSquares(const std::vector<Tensor>& grads, std::optional<bool> slices) const {
+  // One sum over every chunk's partial sums, in chunk order: the bits of one sumOfSquares over all the
+  // pieces, wherever each chunk's partials were taken.
+  std::vector<Tensor> parts;
   for (size_t c = 0; c < grads.size(); ++c) {
-    zero::ShardRange r = state_.groups.shard(c);
-    int64_t base = grads[c].numel() == r.size() ? r.begin : 0;
-    bool widen = grads[c].dtype() != DType::F32;
-    Tensor g = widen ? ops::to(grads[c], device_, DType::F32) : grads[c];
-    for (int64_t k : layout.chunks[c].slots) {
-      if (slices && state_.sliceSlots[size_t(k)] != *slices) continue;
-      if (!state_.tiedCopySlots.empty() && state_.tiedCopySlots[size_t(k)]) continue;
-      const zero::ChunkSlot& slot = layout.slots[size_t(k)];
-      int64_t a = std::max(slot.offset, r.begin), b = std::min(slot.offset + slot.numel, r.end);
-      if (a < b) pieces.push_back(g.narrow(0, a - base, b - a));
-    }
-    if (widen && !pieces.empty()) {
-      Tensor part = ops::sumOfSquares(pieces);
-      sum = sum.defined() ? ops::add(sum, part) : part;
-      pieces.clear();
-    }
+    bool kept = c < kept_.size() && kept_[c];
+    STRATA_CHECK(kept || grads[c].device() == device_,
+                 "chunk {}: its gradients left the device without their norm's terms", c);
+    Tensor part = kept ? keptSquares_[c][slices == std::optional<bool>(false) ? 1 : 0]
+                       : chunkSquares(c, grads[c], slices);
+    if (part.defined()) parts.push_back(part);
   }
-  if (!pieces.empty()) {
-    Tensor part = ops::sumOfSquares(pieces);
-    sum = sum.defined() ? ops::add(sum, part) : part;
-  }
-  return sum.defined() ? sum : ops::zeros({}, DType::F32, device_);
+  return parts.empty() ? ops::zeros({}, DType::F32, device_) : ops::sumParts(parts);
 }
 
 void ShardedUpdate::saveScaler(StepEngineState& s) const {

@@ -6,9 +6,9 @@
 // updated shards (on the gather stream). It owns fp16's loss scaler; the optimizer is the model state's.
 #pragma once
 
-#include <optional>
-
+#include <array>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "strata/config/Config.h"
@@ -44,11 +44,21 @@ class ShardedUpdate {
   // The loss scaler's counters in a checkpoint.
   void saveScaler(StepEngineState& state) const;
   void restoreScaler(const StepEngineState& state);
+  // NOTE [Gradient homes] in zero/GradientReducer.h: chunk c's terms of the squared norm from `grads` (as
+  // finish() would get them) while they are still on the device, kept for this step's finish(), which
+  // then reads the chunk's gradients only for the update.
+  void keepSquares(size_t c, const Tensor& grads);
 
  private:
   // The squared norm over this rank's shard of every chunk (the whole chunks on one rank); with `slices`,
-  // over the parameters that are (true) or are not (false) tensor-parallel slices only.
+  // over the parameters that are (true) or are not (false) tensor-parallel slices only. Each chunk's partial
+  // sums (chunkSquares, or what keepSquares kept) are added in chunk order by one ops::sumParts, which
+  // gives the bits of one sum over every piece: they depend neither on the chunk layout nor on where a
+  // chunk's gradients are at the step's end.
   Tensor shardSquares(const std::vector<Tensor>& grads, std::optional<bool> slices = std::nullopt) const;
+  // Chunk c's partial sums (ops::sumOfSquaresParts; undefined where this rank's shard holds none of the
+  // parameters).
+  Tensor chunkSquares(size_t c, const Tensor& grads, std::optional<bool> slices) const;
   // The global squared norm and loss: this rank's summed with every rank's, in rank order.
   void reduceOverRanks(Tensor& sumSq, Tensor& stepLoss) const;
   // The same under tensor parallelism: the slices' squares summed over the data-parallel and the
@@ -66,6 +76,10 @@ class ShardedUpdate {
   Device device_;
   double clipGrad_;
   std::unique_ptr<optim::LossScaler> scaler_;  // fp16 only
+  // By chunk, from keepSquares until finish(): whether its sums were kept, and they (the whole sum, or
+  // under tensor parallelism the slices' and the whole parameters').
+  std::vector<bool> kept_;
+  std::vector<std::array<Tensor, 2>> keptSquares_;
 };
 
 }  // namespace strata::train

@@ -93,6 +93,7 @@ ZeroStepEngine::ZeroStepEngine(data::Objective& objective, const config::Config&
       *s.chunks, s.groups, s.stage, device,
       zero::PowerSgdOptions{c.dist.powersgdRank, c.dist.powersgdStartIter, c.train.seed});
   update_ = std::make_unique<ShardedUpdate>(s, c, compute);
+  homeGradients(c);
   checkpoint_ = std::make_unique<CheckpointPieces>(s);
   schedule_ = std::make_unique<SequentialSchedule>();
   if (c.precision.fp8) {
@@ -109,6 +110,41 @@ ZeroStepEngine::ZeroStepEngine(data::Objective& objective, const config::Config&
 }
 
 ZeroStepEngine::~ZeroStepEngine() = default;
+
+void ZeroStepEngine::homeGradients(const config::Config& c) {
+  const ModelState& s = *state_;
+  const std::string& setting = c.store.gradientHome;
+  if (setting == "device") return;
+  bool host = setting == "host";
+  std::string whyNot;
+  if (s.stage != 0 && s.stage != 3)
+    whyNot = detail::format("zero_optimization.stage is {} (they need stage 0 or 3)", s.stage);
+  else if (s.pipeline.active())
+    whyNot = "parallel.pipeline is set (a pipeline's chunks complete after its schedule, outside backward)";
+  else if (c.dist.powersgdRank > 0)
+    whyNot = "dist.powersgd_rank is set (PowerSGD's factors are summed in the gradients' place)";
+  else if (c.optimizer.type == "adafactor")
+    whyNot = "optimizer.type is adafactor (it updates host chunks on the GPU, from the device's gradients)";
+  if (!whyNot.empty()) {
+    STRATA_USER_CHECK(!host,
+                      "store.gradient_home is host, but gradients cannot leave the GPU here: {}; set "
+                      "store.gradient_home to auto (they stay on the GPU here) or device",
+                      whyNot);
+    return;
+  }
+  // host: every chunk whose optimizer state is off the device; auto: those whose parameters are homed off
+  // it too (the placement found the device budget short). Asked at each chunk's reduction: the memory
+  // tracer may have moved the chunk's state onto the device since the start.
+  const ModelState* state = state_.get();
+  ShardedUpdate* update = update_.get();
+  reducer_->setGradientHomes(
+      [state, host](size_t chunk) {
+        if (state->optimizer->home(chunk) == zero::Tier::Device) return false;
+        return host || state->placement.parameterHome(chunk) != zero::Tier::Device;
+      },
+      [update](size_t chunk, const Tensor& grads) { update->keepSquares(chunk, grads); },
+      c.zero.pinMemory && device_.isCuda());
+}
 
 StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatches, double lr) {
   // The first step's peak: what the memory tracer and the trainer's check of the plan read after it.
@@ -149,6 +185,10 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
   NoGradGuard noGrad;
   // The gradients and the step end's device values stay allocated until the step returns (StepEnd).
   std::vector<Tensor> grads = reducer_->finish();
+  // NOTE [Gradient homes]: the device bytes of the gradients that left it, for the memory tracer.
+  std::vector<uint64_t> gradientsBack(grads.size(), 0);
+  for (size_t c = 0; c < grads.size(); ++c)
+    if (reducer_->onHost(c)) gradientsBack[c] = uint64_t(grads[c].nbytes());
   // NOTE [Parameter homes]: the update writes the homes off the device, which the gathers may still read.
   if (gatherer_) gatherer_->homesWritable();
   StepEnd end = [&] {
@@ -166,7 +206,7 @@ StepOutcome ZeroStepEngine::step(const MicroBatchSource& next, int64_t microBatc
     firstStepWorking_ = peak > stateOnDevice ? peak - stateOnDevice : 0;
   }
   if (state_->traced && steps_ == 1) {
-    promoteTracedState(*state_);
+    promoteTracedState(*state_, gradientsBack);
     // A moved chunk's pending parameters went into this rank's shard only: every rank gathers the chunks
     // again (the same collectives on every rank, whatever each one moved).
     if (delayedUpdate_ && (state_->stage == 1 || state_->stage == 2)) update_->gatherShards();

@@ -2,6 +2,7 @@
 
 #include "strata/autograd/GradMode.h"
 #include "strata/autograd/Node.h"
+#include "strata/core/Allocator.h"
 #include "strata/core/Error.h"
 #include "strata/core/Stream.h"
 #include "strata/distributed/Communicator.h"
@@ -19,6 +20,8 @@ GradientReducer::GradientReducer(ChunkManager& chunks, const ChunkGroups& groups
     powerSgd_ = std::make_unique<PowerSgd>(powerSgd.rank, powerSgd.seed);
   }
   shardGrads_.resize(chunks_.numChunks());
+  hostGrads_.resize(chunks_.numChunks());
+  onHost_.assign(chunks_.numChunks(), false);
   notices_.assign(chunks_.numChunks(), 0);
   chunks_.onGradientsComplete([this](size_t chunk) { reduce(chunk); });
 }
@@ -34,8 +37,14 @@ void GradientReducer::reduce(size_t chunk) {
     ops::fill(sink.buffer, 0.0);
   }
   Tensor grads = chunks_.ensureGradients(chunk);
-  if (!groups_.communicates(chunk)) return;
+  bool home = homed_ && homed_(chunk);
+  if (!groups_.communicates(chunk)) {
+    if (home) sendHome(chunk, grads);
+    return;
+  }
   if (powerSgd_ && steps_ >= powerSgdOptions_.startStep) {
+    STRATA_CHECK(!home, "chunk {}: PowerSGD's gradients cannot leave the device (NOTE [Gradient homes])",
+                 chunk);
     std::vector<Tensor> paramGrads;
     for (const Tensor& p : chunks_.parameters(chunk)) paramGrads.push_back(p.grad());
     powerSgd_->reduce(chunk, paramGrads, groups_.comm(chunk), device_);
@@ -51,6 +60,7 @@ void GradientReducer::reduce(size_t chunk) {
     shardGrads_[chunk] = Tensor::empty({r.size()}, DType::F32, device_);
     groups_.comm(chunk).reduceScatter(shardGrads_[chunk], wide);
     chunks_.releaseGradients(chunk);
+    if (home) sendHome(chunk, shardGrads_[chunk]);
   } else {
     groups_.comm(chunk).allReduce(wide);
     if (wide.data() != grads.data()) {
@@ -58,7 +68,50 @@ void GradientReducer::reduce(size_t chunk) {
       streamWaits(currentStream(device_), commStream, device_);
       ops::copy(grads, wide);
     }
+    if (home) sendHome(chunk, grads);
   }
+}
+
+void GradientReducer::setGradientHomes(std::function<bool(size_t)> homed,
+                                       std::function<void(size_t, const Tensor&)> beforeLeaving,
+                                       bool pinned) {
+  STRATA_CHECK(stage_ == 0 || stage_ == 3, "gradient homes need ZeRO stage 0 or 3, not {}", stage_);
+  homed_ = std::move(homed);
+  beforeLeaving_ = std::move(beforeLeaving);
+  pinHomes_ = pinned;
+}
+
+void GradientReducer::sendHome(size_t chunk, const Tensor& grads) {
+  // NOTE [Gradient homes]. On the comm stream, after the reduction (or the backward) that wrote `grads`.
+  Tensor& host = hostGrads_[chunk];
+  if (!host.defined() || host.numel() != grads.numel() || host.dtype() != grads.dtype()) {
+    auto storage = std::make_shared<StorageImpl>(size_t(grads.numel()) * dtypeSize(grads.dtype()),
+                                                 hostStateAllocator(pinHomes_));
+    host = Tensor::fromStorage(std::move(storage), {grads.numel()}, {1}, 0, grads.dtype());
+  }
+  // A buffer the driver would not page-lock cannot take an asynchronous copy: those gradients stay.
+  if (device_.isCuda() && !isPageLocked(host.data(), host.nbytes())) return;
+  const Stream& commStream = deviceStreams(device_).comm;
+  streamWaits(commStream, currentStream(device_), device_);
+  {
+    StreamGuard onComm(commStream);
+    if (beforeLeaving_) beforeLeaving_(chunk, grads);
+  }
+  copyAsync(host.data(), Device::cpu(), grads.data(), device_, host.nbytes(), commStream);
+  // Freed now, reused once the copy is done.
+  grads.storage()->recordStream(commStream);
+  if (stage_ >= 2 && groups_.communicates(chunk))
+    shardGrads_[chunk] = Tensor();
+  else
+    chunks_.releaseGradients(chunk);
+  onHost_[chunk] = true;
+}
+
+uint64_t GradientReducer::hostGradientBytes() const {
+  uint64_t bytes = 0;
+  for (const Tensor& t : hostGrads_)
+    if (t.defined()) bytes += uint64_t(t.nbytes());
+  return bytes;
 }
 
 std::vector<Tensor> GradientReducer::finish() {
@@ -69,10 +122,18 @@ std::vector<Tensor> GradientReducer::finish() {
   }
   ++steps_;
   std::vector<Tensor> grads(chunks_.numChunks());
-  for (size_t c = 0; c < grads.size(); ++c)
-    grads[c] = stage_ >= 2 && groups_.communicates(c) ? shardGrads_[c] : chunks_.gradients(c);
-  // The reductions ran on the comm stream: the update's reads wait for them.
-  if (groups_.communicates()) streamWaits(currentStream(device_), deviceStreams(device_).comm, device_);
+  bool anyHome = false;
+  for (size_t c = 0; c < grads.size(); ++c) {
+    anyHome = anyHome || onHost_[c];
+    grads[c] = onHost_[c]                               ? hostGrads_[c]
+               : stage_ >= 2 && groups_.communicates(c) ? shardGrads_[c]
+                                                        : chunks_.gradients(c);
+  }
+  // The reductions ran on the comm stream: the update's reads wait for them. NOTE [Gradient homes]: the
+  // CPU reads the host buffers once their copies are done.
+  if (groups_.communicates() || anyHome)
+    streamWaits(currentStream(device_), deviceStreams(device_).comm, device_);
+  if (anyHome && device_.isCuda()) deviceStreams(device_).comm.synchronize();
   return grads;
 }
 
@@ -130,6 +191,7 @@ int64_t GradientReducer::powerSgdStateBytes() const {
 void GradientReducer::release() {
   chunks_.releaseGradients();
   for (auto& g : shardGrads_) g = Tensor();
+  onHost_.assign(onHost_.size(), false);
 }
 
 }  // namespace strata::zero

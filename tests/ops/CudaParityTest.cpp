@@ -816,6 +816,24 @@ TEST_CASE("[cuda] multi-tensor sum of squares matches the cpu", "[cuda][parity][
          {big, small, shifted}, {1e-3, 1e-5});
 }
 
+TEST_CASE("[cuda] the sum of squares in parts equals the sum in one call bit for bit", "[cuda][optim]") {
+  STRATA_REQUIRE_CUDA();
+  // NOTE [Gradient homes] in zero/GradientReducer.h: chunks take their partial sums at different times.
+  Device dev = Device::cuda(0);
+  auto onDevice = [&](const Tensor& t) { return ops::to(t, dev, DType::F32); };
+  std::vector<Tensor> tensors = {onDevice(randomOf({200003}, DType::F32, 140)),
+                                 onDevice(randomOf({7}, DType::F32, 141)),
+                                 onDevice(randomOf({1001}, DType::F32, 142)).narrow(0, 1, 1000)};
+  double whole = ops::sumOfSquares(tensors).item();
+  for (size_t split = 1; split < tensors.size(); ++split) {
+    INFO("split at " << split);
+    Tensor first = ops::sumOfSquaresParts(std::vector<Tensor>(tensors.begin(), tensors.begin() + split));
+    Tensor second = ops::sumOfSquaresParts(std::vector<Tensor>(tensors.begin() + split, tensors.end()));
+    REQUIRE(ops::sumParts({first, second}).item() == whole);
+  }
+  REQUIRE(ops::sumParts({ops::sumOfSquaresParts(tensors)}).item() == whole);
+}
+
 TEST_CASE("[cuda] linear with the bias epilogue matches the cpu", "[cuda][parity]") {
   STRATA_REQUIRE_CUDA();
   for (DType dt : kFloatTypes) {

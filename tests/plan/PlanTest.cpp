@@ -201,6 +201,47 @@ TEST_CASE("plan: BERT's MLM head on the chosen tokens, and its fp32 residual str
           plan::estimateActivations(narrow, 16, DType::F32, true).bytes);
 }
 
+TEST_CASE("plan: gradients homed in host memory leave the device before the update", "[train][plan][homes]") {
+  // NOTE [Gradient homes] in zero/GradientReducer.h. GPT-6.7B with its optimizer on the host and one
+  // micro-batch a step, short enough that the gradients outweigh the activations.
+  plan::PlanOptions options = roundMachine();
+  auto planWith = [&](const std::string& home, std::vector<std::string> extra = {}) {
+    std::vector<std::string> overrides = {"zero_optimization.offload_optimizer.device=cpu",
+                                          "model.seq_length=512", "train.micro_batch_size=1",
+                                          "train.global_batch_size=1", "store.gradient_home=" + home};
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    return plan::planModelState(configFile("gpt3-6.7b.yaml", overrides), options);
+  };
+  plan::ModelStatePlan device = planWith("device"), host = planWith("host"), automatic = planWith("auto");
+  REQUIRE(host.fits);
+  REQUIRE(host.accumulation == 1);
+  REQUIRE(device.gradientHomeBytes == 0);
+  // auto: the parameters are on the device, so their gradients stay there too.
+  REQUIRE(automatic.gradientHomeBytes == 0);
+  // Every chunk's state is on the host: every buffer leaves, and two chunks' are on the device at a time.
+  REQUIRE(host.gradientHomeBytes == host.inputs.gradientBytes);
+  REQUIRE(device.gradientPeakBytes == device.inputs.gradientBytes);
+  REQUIRE(host.gradientPeakBytes == 2 * uint64_t(host.inputs.largestChunkElems) * 4);
+  REQUIRE(host.devicePeakBytes < device.devicePeakBytes);
+  // Their copy runs during backward; the host update reads them there, so only the parameters cross in it,
+  // and the GPU lane idles.
+  uint64_t elems = uint64_t(host.inputs.rangeElemsTotal());
+  REQUIRE(term(host, "gradient homes")->seconds == Approx(double(host.inputs.gradientBytes) / 25e9));
+  REQUIRE(term(device, "gradient homes") == nullptr);
+  REQUIRE(term(host, "host update")->seconds ==
+          Approx(std::max(double(elems) / 1e9, 2.0 * double(elems) / 50e9)));
+  REQUIRE(plan::formatPlan(host).find("store.gradient_home") != std::string::npos);
+  // Gradient accumulation keeps every buffer through the last forward: the peak keeps them.
+  plan::ModelStatePlan accumulating = planWith("host", {"train.global_batch_size=8"});
+  REQUIRE(accumulating.accumulation == 8);
+  REQUIRE(accumulating.gradientHomeBytes == accumulating.inputs.gradientBytes);
+  REQUIRE(accumulating.gradientPeakBytes == accumulating.inputs.gradientBytes);
+  // Stages 1 and 2 are refused, naming the key.
+  plan::ModelStatePlan stage1 = planWith("host", {"zero_optimization.stage=1"});
+  REQUIRE(!stage1.fits);
+  REQUIRE(stage1.refusal.find("store.gradient_home") != std::string::npos);
+}
+
 TEST_CASE("plan: state past the host budget goes to the SSD, and a config too big is refused",
           "[train][plan]") {
   plan::PlanOptions options = roundMachine();

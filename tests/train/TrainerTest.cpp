@@ -11,10 +11,13 @@
 
 #include "TestUtil.h"
 #include "TinyRun.h"
+#include "strata/core/Allocator.h"
+#include "strata/core/Stream.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Metrics.h"
 #include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
+#include "strata/zero/GradientReducer.h"
 
 using namespace strata;
 namespace fs = std::filesystem;
@@ -651,6 +654,107 @@ TEST_CASE("parameters homed in host memory train bit for bit like parameters on 
         .run();
   });
   REQUIRE(e.find("store.parameter_home") != std::string::npos);
+  REQUIRE(e.find("zero_optimization.stage") != std::string::npos);
+}
+
+TEST_CASE("gradients homed in host memory train bit for bit like gradients on the device, and resume",
+          "[train][trainer][store][homes]") {
+  // NOTE [Gradient homes] in zero/GradientReducer.h. On the CPU the home is a host buffer of its own: each
+  // chunk's gradients are copied there once complete in the step's last backward and its buffer released,
+  // as a GPU run copies them over PCIe; the norm's terms are taken before the copy and the update reads the
+  // home. Two micro-batches a step: the first accumulates in the buffers, which leave in the second.
+  fs::path base = test::freshDir("strata-gradient-homes");
+  std::vector<std::string> common = {"model.dropout=0", "zero_optimization.chunk_size_mb=0.02",
+                                     "zero_optimization.offload_optimizer.device=cpu"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return extra;
+  };
+  train::Trainer(tinyConfig(base / "device", with({"store.gradient_home=device"}))).run();
+  train::Trainer(tinyConfig(base / "host0",
+                            with({"store.gradient_home=host", "checkpoint.save=" + (base / "ckpt").string(),
+                                  "checkpoint.save_interval=10"})))
+      .run();
+  train::Trainer(
+      tinyConfig(base / "host3", with({"store.gradient_home=host", "zero_optimization.stage=3",
+                                       "optimizer.pipeline=true", "optimizer.pipeline_piece_mb=0.001"})))
+      .run();
+  // auto with the parameters homed in host memory too, and the plain update.
+  train::Trainer(tinyConfig(base / "auto3", with({"store.parameter_home=host", "zero_optimization.stage=3",
+                                                  "optimizer.pipeline=false"})))
+      .run();
+  auto device = records(base / "device");
+  for (const char* run : {"host0", "host3", "auto3"}) {
+    INFO(run);
+    requireSameCurves(device, records(base / run));
+  }
+  // Resuming the stage-0 run from step 10 at stage 3 continues the curve exactly.
+  train::Trainer(
+      tinyConfig(base / "resumed", with({"checkpoint.load=" + (base / "ckpt" / "step-10").string(),
+                                         "store.gradient_home=host", "zero_optimization.stage=3"})))
+      .run();
+  auto tail = records(base / "resumed");
+  REQUIRE(tail.size() < device.size());
+  requireSameCurves(std::vector<nlohmann::json>(device.end() - std::ptrdiff_t(tail.size()), device.end()),
+                    tail);
+
+  // The engine: at the end of backward no chunk whose state is off the device holds a gradient buffer; its
+  // gradients are in host memory. After the first of two micro-batches every buffer is still there.
+  struct Watch final : train::MicroBatchSchedule {
+    const train::ZeroStepEngine* engine = nullptr;
+    mutable std::vector<bool> afterFirst, atEnd, onHost;
+    void run(int64_t microBatches, const train::MicroBatchWork& work) const override {
+      for (int64_t m = 0; m < microBatches; ++m) {
+        work.backward(m, work.forward(m));
+        std::vector<bool>& seen = m + 1 == microBatches ? atEnd : afterFirst;
+        seen.clear();
+        for (size_t c = 0; c < engine->chunks().numChunks(); ++c)
+          seen.push_back(engine->chunks().gradients(c).defined());
+      }
+      onHost.clear();
+      for (size_t c = 0; c < engine->chunks().numChunks(); ++c)
+        onHost.push_back(engine->gradientReducer().onHost(c));
+    }
+  };
+  for (int stage : {0, 3})
+    for (const char* home : {"host", "device"}) {
+      INFO("stage " << stage << ", store.gradient_home " << home);
+      config::Config config =
+          tinyConfig(base / "engine", with({std::string("store.gradient_home=") + home,
+                                            "zero_optimization.stage=" + std::to_string(stage)}));
+      auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+      data::CausalLmObjective objective(model, nullptr);
+      train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
+      auto watch = std::make_unique<Watch>();
+      Watch* seen = watch.get();
+      watch->engine = &engine;
+      engine.setSchedule(std::move(watch));
+      auto data = data::TokenDataset::random(256, 4096, 3, 0.0);
+      int64_t index = 0;
+      auto next = [&] {
+        auto [ids, targets] = data.batch(data::Split::Train, index, 4, 32, 1, Device::cpu());
+        return data::TokenBatch{ids, targets, index++};
+      };
+      REQUIRE(engine.step(next, 2, 1e-3).applied);
+      size_t n = engine.chunks().numChunks();
+      REQUIRE(engine.placement().chunksOn(zero::Tier::Device) == 0);
+      bool homed = std::string(home) == "host";
+      REQUIRE((engine.gradientReducer().hostGradientBytes() > 0) == homed);
+      for (size_t c = 0; c < n; ++c) {
+        INFO("chunk " << c);
+        REQUIRE(seen->afterFirst[c]);
+        REQUIRE(seen->onHost[c] == homed);
+        // Stage 3 on one rank keeps the chunk's buffer as its shard of the gradients.
+        REQUIRE(seen->atEnd[c] == !homed);
+      }
+    }
+  // Stages 1 and 2 refuse gradients homed in host memory, naming the keys.
+  std::string e = test::errorOf([&] {
+    train::Trainer(
+        tinyConfig(base / "stage1", with({"store.gradient_home=host", "zero_optimization.stage=1"})))
+        .run();
+  });
+  REQUIRE(e.find("store.gradient_home") != std::string::npos);
   REQUIRE(e.find("zero_optimization.stage") != std::string::npos);
 }
 
@@ -1298,6 +1402,69 @@ TEST_CASE("[cuda] AdamW with bf16 gradient buffers trains like fp32 ones, on the
   auto reference = records(base / "fp32grads");
   for (const char* run : {"device", "host", "sequential"})
     requireCloseCurves(reference, records(base / run), run, 0.1, 1.5);
+}
+
+TEST_CASE(
+    "[cuda] gradients homed in host memory leave the GPU as they complete and train like gradients on it",
+    "[cuda][train][trainer][store][homes]") {
+  STRATA_REQUIRE_CUDA();
+  // NOTE [Gradient homes] in zero/GradientReducer.h. bf16, two micro-batches a step, the optimizer state on
+  // the host: the norm's partial sums and the copies to page-locked memory run on the comm stream.
+  fs::path base = test::freshDir("strata-gradient-homes-cuda");
+  std::vector<std::string> cuda = {"train.device=cuda",
+                                   "precision.dtype=bf16",
+                                   "model.dropout=0",
+                                   "optimizer.lr=0.01",
+                                   "zero_optimization.chunk_size_mb=0.02",
+                                   "zero_optimization.offload_optimizer.device=cpu"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), cuda.begin(), cuda.end());
+    return extra;
+  };
+  for (std::string stage : {"0", "3"}) {
+    std::string staged = "zero_optimization.stage=" + stage;
+    train::Trainer(tinyConfig(base / ("device" + stage), with({staged, "store.gradient_home=device"}))).run();
+    train::Trainer(tinyConfig(base / ("host" + stage), with({staged, "store.gradient_home=host"}))).run();
+    // The GPU's sums differ from run to run in their last bits (atomics): close, not equal.
+    requireCloseCurves(records(base / ("device" + stage)), records(base / ("host" + stage)), "stage " + stage,
+                       0.05, 1.0);
+  }
+  // The engine: at the end of the step's last backward the GPU holds no gradient buffer of a homed chunk.
+  struct AtEnd final : train::MicroBatchSchedule {
+    mutable uint64_t allocated = 0;
+    void run(int64_t microBatches, const train::MicroBatchWork& work) const override {
+      for (int64_t m = 0; m < microBatches; ++m) work.backward(m, work.forward(m));
+      synchronizeDevice(Device::cuda(0));
+      allocated = deviceAllocator(Device::cuda(0)).stats().allocatedBytes;
+    }
+  };
+  std::map<std::string, uint64_t> allocated;
+  uint64_t gradientBytes = 0;
+  for (const char* home : {"device", "host"}) {
+    config::Config config = tinyConfig(base / "engine", with({std::string("store.gradient_home=") + home}));
+    auto model = models::buildModel(config::modelSpecFrom(config, Device::cuda(0)));
+    data::CausalLmObjective objective(model, nullptr);
+    train::ZeroStepEngine engine(objective, config, Device::cuda(0), DType::BF16);
+    auto atEnd = std::make_unique<AtEnd>();
+    AtEnd* seen = atEnd.get();
+    engine.setSchedule(std::move(atEnd));
+    auto data = data::TokenDataset::random(256, 4096, 3, 0.0);
+    int64_t index = 0;
+    auto next = [&] {
+      auto [ids, targets] = data.batch(data::Split::Train, index, 4, 32, 1, Device::cuda(0));
+      return data::TokenBatch{ids, targets, index++};
+    };
+    for (int step = 0; step < 2; ++step) REQUIRE(engine.step(next, 2, 1e-3).applied);
+    allocated[home] = seen->allocated;
+    gradientBytes = 0;
+    for (size_t c = 0; c < engine.chunks().numChunks(); ++c)
+      gradientBytes += uint64_t(engine.chunks().paddedElems(c)) * dtypeSize(engine.chunks().gradientDType());
+    REQUIRE((engine.gradientReducer().hostGradientBytes() == gradientBytes) == (std::string(home) == "host"));
+  }
+  INFO("allocated at the end of backward: " << allocated["device"] << " with the gradients on the GPU, "
+                                            << allocated["host"] << " homed; gradient buffers "
+                                            << gradientBytes);
+  REQUIRE(allocated["host"] + gradientBytes / 2 < allocated["device"]);
 }
 
 TEST_CASE("train.recompute selective and full train a GPT with the losses of none, at ZeRO stages 0 and 3",

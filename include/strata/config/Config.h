@@ -168,6 +168,10 @@ struct StoreConfig {
   // Where the 16-bit parameter chunks live between their uses (NOTE [Parameter homes] in
   // zero/ParameterGatherer.h): auto (the placement decides, the device first), device, host.
   std::string parameterHome = "auto";
+  // Where a chunk's reduced gradients go once complete in the step's last backward, when its optimizer
+  // state is off the device (NOTE [Gradient homes] in zero/GradientReducer.h): auto (host memory where the
+  // chunk's parameters are homed off the device too), device (they stay until the update), host.
+  std::string gradientHome = "auto";
 };
 
 struct DistConfig {

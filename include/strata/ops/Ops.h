@@ -315,6 +315,13 @@ inline float adamwDecayFactor(float lr, float weightDecay) {
 // Sum of squares of every element of every tensor (fp32, contiguous, one device) as an fp32 scalar on that
 // device: the global gradient norm's reduction in one launch, deterministic (no atomics).
 Tensor sumOfSquares(const std::vector<Tensor>& tensors);
+// The same reduction in two halves, for terms taken at different times (NOTE [Gradient homes] in
+// zero/GradientReducer.h): sumOfSquaresParts gives the backend's partial sums of `tensors` (a flat tensor on
+// their device whose dtype and length are the backend's: one fp64 sum per tensor on the CPU, one fp32 sum
+// per block on the GPU), and sumParts adds lists of them as sumOfSquares adds the concatenated tensors:
+// sumParts({sumOfSquaresParts(a), sumOfSquaresParts(b)}) equals sumOfSquares(a then b) bit for bit.
+Tensor sumOfSquaresParts(const std::vector<Tensor>& tensors);
+Tensor sumParts(const std::vector<Tensor>& parts);
 void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper,
            const Tensor& gradScale = Tensor());
 

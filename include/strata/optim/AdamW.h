@@ -88,7 +88,8 @@ struct AdamWConfig {
 //      stream (the next piece's are requested before this one is updated), the SIMD kernel updates the
 //      master, m and v in host memory (or in an SSD buffer set, read ahead and written behind per chunk as
 //      NOTE [SSD tier] says) and rounds the new values into staging, and the h2d stream copies them into
-//      the chunk. The staging slots (zero_optimization.buffer_count, default 4) take turns.
+//      the chunk. The staging slots (zero_optimization.buffer_count, default 4) take turns. Gradients
+//      already in host memory (NOTE [Gradient homes] in zero/GradientReducer.h) are read in place.
 //    - the GPU lane takes host pieces from the back: the piece's master, m and v go to device scratch (own
 //      h2d stream), the GPU kernel updates them from the gradients on the device and writes the 16-bit
 //      parameters in place, and the state goes back to host memory (own d2h stream). Up to kGpuLaneDepth
@@ -96,7 +97,8 @@ struct AdamWConfig {
 //      whenever one completes, polled between the CPU lane's pieces.
 //    The lanes meet where their speeds put them, so both finish together without a model of either: the
 //    split adapts to the CPU's memory bandwidth and the PCIe link as measured by the work itself
-//    (OffloadPhases::gpuLaneShare reports it). The GPU lane needs the host state page-locked and a GPU.
+//    (OffloadPhases::gpuLaneShare reports it). The GPU lane needs the host state page-locked and a GPU,
+//    and the off-device chunks' parameters and gradients on it (it idles for homes in host memory).
 // Which lane updates an element does not change its bits (NOTE [AdamW bits] in ops/Ops.h), so the pipelined
 // update equals the sequential one (optimizer.pipeline: false) bitwise; the tests hold it to that. The
 // next step waits for the parameters on the device (the compute stream waits for both lanes' streams).

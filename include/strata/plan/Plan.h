@@ -132,7 +132,11 @@ struct ModelStatePlan {
   ActivationEstimate activations;
   uint64_t gradientPeakBytes = 0, workspaceBytes = 0, deviceCapacityBytes = 0, devicePeakBytes = 0;
   uint64_t transientBytes = 0;  // the backward's buffers (kBackwardAllowance)
-  uint64_t usableBytes = 0;     // what a step may take of the device (usableDeviceBytes), or the CPU's share
+  // NOTE [Gradient homes] in zero/GradientReducer.h: the device bytes of the gradients that go to host
+  // memory as they complete (store.gradient_home), and their elements; 0 where they all stay.
+  uint64_t gradientHomeBytes = 0;
+  int64_t gradientHomeElems = 0;
+  uint64_t usableBytes = 0;  // what a step may take of the device (usableDeviceBytes), or the CPU's share
   std::vector<StepTerm> terms;
   double serialSeconds = 0, overlappedSeconds = 0;
   std::string bound;        // the largest term once overlapped

@@ -12,10 +12,12 @@
 // known only when the last gradient of the step is complete. Strata decides them in a two-phase step:
 //   1. During backward, as each chunk's gradients complete, they are reduced (ZeRO) in their device buffers:
 //      all-reduced at stages 0 and 1, reduce-scattered at stages 2 and 3 into this rank's fp32 shard, the
-//      full buffer freed at once. They stay on the device until the update: a chunk whose optimizer state
-//      is off the device has its gradients streamed to the host piece by piece then (NOTE [Pipelined
+//      full buffer freed at once. They stay on the device until the update, where a chunk whose optimizer
+//      state is off the device has its gradients streamed to the host piece by piece (NOTE [Pipelined
 //      update] in optim/AdamW.h), so `strata plan` counts every buffer (stages 0 and 1) or shard (2 and 3)
-//      in the device's memory at the update. Nothing is updated yet.
+//      in the device's memory at the update; unless they have a home in host memory (stages 0 and 3, NOTE
+//      [Gradient homes] in zero/GradientReducer.h): then the chunk's terms of the norm are taken on the
+//      device and the gradients leave for the host at once, freeing their buffer. Nothing is updated yet.
 //   2. When backward ends, one reduction of the per-chunk partial sums gives the global norm and the overflow
 //      flag (one host read per step). A non-finite step is skipped with every state untouched; otherwise the
 //      clip coefficient is fixed and the updates are issued chunk by chunk in first-use order: GPU-resident
@@ -225,6 +227,9 @@ class ZeroStepEngine final : public StepEngine {
   // weighing `share`, the last stage's losses added into stepLoss; then the tied gradients summed and every
   // chunk announced complete.
   void pipelineStep(const MicroBatchSource& next, int64_t microBatches, double share, Tensor& stepLoss);
+  // NOTE [Gradient homes] in zero/GradientReducer.h: which chunks' gradients leave the device as they
+  // complete (store.gradient_home), refused where the engine cannot drive them.
+  void homeGradients(const config::Config& config);
 
   data::Objective& objective_;
   Device device_;

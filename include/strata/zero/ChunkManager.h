@@ -10,7 +10,9 @@
 // parameters' dtype when wider) that its parameters' .grad are views into (NOTE [Gradient buffers] in
 // strata/autograd/Node.h): micro-batches accumulate there without allocating. The buffer is made when the
 // step's first gradient reaches the chunk in backward and released after the update (releaseGradients), so
-// gradients hold memory only while activations are being freed, as per-tensor gradients did. The move goes
+// gradients hold memory only while activations are being freed, as per-tensor gradients did; a chunk whose
+// gradients have a home in host memory releases its buffer as soon as they are copied there, in the step's
+// last backward (NOTE [Gradient homes] in zero/GradientReducer.h). The move goes
 // chunk by chunk, releasing each parameter's old storage as soon as it is copied, so it needs about one chunk
 // of extra memory beyond the final state.
 //

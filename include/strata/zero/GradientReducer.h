@@ -10,9 +10,34 @@
 // the backward that wrote its gradients; finish() makes the compute stream wait for them. 16-bit gradient
 // buffers (precision.grad_accum_dtype) are summed in fp32: a 16-bit reduction would round at every hop of
 // NCCL's ring.
+//
+// NOTE [Gradient homes]
+// A chunk whose optimizer state is off the device (host memory or the SSD) is updated on the CPU from its
+// gradients in host memory; a chunk whose gradients have a home in host memory (store.gradient_home: host,
+// every chunk whose state is off the device; auto, those whose parameters are homed off it too) sends them
+// there as soon as they are reduced, instead of at the update. In the step's last backward, once the
+// chunk's gradients are complete and reduced (at stage 3 this rank's shard, after the reduce-scatter), the
+// comm stream, after the reduction, runs the step end's own work on them while they are still on the
+// device (the engine's callback: the chunk's partial sums of the squared norm, ops::sumOfSquaresParts,
+// which the step end adds with the other chunks' in one ops::sumParts, so the step-end decision reads the
+// bits it would have read had they stayed: NOTE [Step-end decision] in train/StepEngine.h), copies them
+// into the chunk's page-locked host buffer, and the device buffer goes back to the allocator at once (a
+// fence on the comm stream keeps it from reuse until the copy is done). The update then reads the host
+// buffer: the CPU lane of the pipelined update without a copy of its own (NOTE [Pipelined update] in
+// optim/AdamW.h). So the device never holds every gradient buffer at the end of backward. Earlier
+// micro-batches of the step accumulate in the device buffers as before: with gradient accumulation every
+// buffer is on the device through the last micro-batch's forward, and the buffers leave during its
+// backward. The host buffers are made on first use and kept (4 bytes per element of the chunk's gradients,
+// 2 for 16-bit buffers); where they cannot be page-locked (zero_optimization.pin_memory: false, or the
+// driver's limit) the chunk's gradients stay on the device. ZeRO stages 0 and 3 only, the stages parameter
+// homes run at (NOTE [Parameter homes] in zero/ParameterGatherer.h), without pipelines (their chunks complete
+// after the schedule, outside backward), PowerSGD (its factors are summed in the gradients' place) or
+// Adafactor (its host chunks are updated on the GPU): the engine refuses store.gradient_home: host there, and
+// auto keeps them on the device.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -46,8 +71,19 @@ class GradientReducer {
   // the gradients this rank updates from (the reduced chunk, or at stages 2 and 3 its reduced shard), with
   // the compute stream ordered after the reductions.
   std::vector<Tensor> finish();
-  // After the update: every gradient buffer and shard goes back to the allocator.
+  // After the update: every gradient buffer and shard goes back to the allocator (the host homes stay).
   void release();
+
+  // NOTE [Gradient homes]: `homed(c)` says whether chunk c's reduced gradients leave the device in this
+  // step; `beforeLeaving(c, grads)` runs first on the comm stream, with the gradients finish() would have
+  // given on the device. The host buffers are page-locked where `pinned` (a GPU copies into them); a chunk
+  // whose buffer could not be page-locked keeps its gradients on the device.
+  void setGradientHomes(std::function<bool(size_t)> homed,
+                        std::function<void(size_t, const Tensor&)> beforeLeaving, bool pinned);
+  // Whether chunk c's gradients of the step in progress are in host memory (from its reduction to
+  // release()), and the bytes of the host buffers made so far.
+  bool onHost(size_t c) const { return onHost_[c]; }
+  uint64_t hostGradientBytes() const;
 
   // Steps reduced so far (finish() counts them); a resume sets it, PowerSGD starts at powerSgd.startStep.
   int64_t steps() const { return steps_; }
@@ -73,6 +109,8 @@ class GradientReducer {
   std::vector<Shape> communicatedShapes() const;
 
   void reduce(size_t chunk);
+  // NOTE [Gradient homes]: chunk c's reduced gradients `grads` to its host buffer, the device's released.
+  void sendHome(size_t chunk, const Tensor& grads);
 
   ChunkManager& chunks_;
   const ChunkGroups& groups_;
@@ -82,6 +120,11 @@ class GradientReducer {
   std::vector<int64_t> notices_;    // by chunk: gradient-complete notices in this step
   PowerSgdOptions powerSgdOptions_;
   std::unique_ptr<PowerSgd> powerSgd_;  // null: off
+  std::function<bool(size_t)> homed_;   // NOTE [Gradient homes]; null: every chunk's stay
+  std::function<void(size_t, const Tensor&)> beforeLeaving_;
+  bool pinHomes_ = false;
+  std::vector<Tensor> hostGrads_;  // by chunk: its host buffer, once made
+  std::vector<bool> onHost_;       // by chunk: this step's gradients are in hostGrads_
   int64_t steps_ = 0;
 };
 

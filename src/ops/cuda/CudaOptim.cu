@@ -78,6 +78,55 @@ void sumOfSquares(const std::vector<Tensor>& tensors, const Tensor& out) {
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
+// The same in two halves: the first kernel's per-block partials, then the second kernel over the partials
+// of every list, copied end to end (the blocks of sumOfSquares over the concatenated tensors).
+Tensor sumOfSquaresParts(const std::vector<Tensor>& tensors) {
+  Device dev = tensors[0].device();
+  DeviceGuard guard(dev.index);
+  std::vector<kernels::NormChunk> chunks;
+  for (const auto& t : tensors) {
+    const float* base = static_cast<const float*>(t.data());
+    for (int64_t off = 0; off < t.numel(); off += kernels::kAdamChunk)
+      chunks.push_back(kernels::NormChunk{base + off, std::min(kernels::kAdamChunk, t.numel() - off)});
+  }
+  STRATA_CHECK(chunks.size() < (size_t(1) << 31), "sumOfSquaresParts: too many chunks ({})", chunks.size());
+  Tensor partial = Tensor::empty({int64_t(chunks.size())}, DType::F32, dev);
+  if (chunks.empty()) return partial;
+  size_t bytes = chunks.size() * sizeof(kernels::NormChunk);
+  Tensor table = Tensor::empty({int64_t(bytes)}, DType::U8, dev);
+  cudaStream_t stream = streamOf(partial);
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(table.data(), chunks.data(), bytes, cudaMemcpyHostToDevice, stream));
+  kernels::sumSquaresKernel<<<unsigned(chunks.size()), 512, 0, stream>>>(
+      static_cast<const kernels::NormChunk*>(table.data()), static_cast<float*>(partial.data()));
+  STRATA_CUDA_CHECK_LAUNCH();
+  return partial;
+}
+
+void sumParts(const std::vector<Tensor>& parts, const Tensor& out) {
+  Device dev = out.device();
+  DeviceGuard guard(dev.index);
+  cudaStream_t stream = streamOf(out);
+  int64_t n = 0;
+  for (const auto& p : parts) n += p.numel();
+  if (n == 0) {
+    STRATA_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, sizeof(float), stream));
+    return;
+  }
+  STRATA_CHECK(n < (int64_t(1) << 31), "sumParts: too many parts ({})", n);
+  Tensor all = parts.size() == 1 ? parts[0] : Tensor::empty({n}, DType::F32, dev);
+  if (parts.size() > 1) {
+    int64_t at = 0;
+    for (const auto& p : parts) {
+      STRATA_CUDA_CHECK(cudaMemcpyAsync(static_cast<float*>(all.data()) + at, p.data(), p.nbytes(),
+                                        cudaMemcpyDeviceToDevice, stream));
+      at += p.numel();
+    }
+  }
+  kernels::sumPartialsKernel<<<1, 1024, 0, stream>>>(static_cast<const float*>(all.data()), int(n),
+                                                     static_cast<float*>(out.data()));
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
 // ----
 
 // Each pass over every set is one launch (kernels/Adafactor.cuh). The descriptor tables, the column
@@ -209,6 +258,8 @@ void adafactor(const std::vector<AdafactorTensors>& sets, const AdafactorHyper& 
 
 void registerOptim(Registry& r) {
   r.add<SumOfSquaresKernel>("sum_of_squares", DeviceType::CUDA, &sumOfSquares);
+  r.add<SquarePartsKernel>("sum_of_squares_parts", DeviceType::CUDA, &sumOfSquaresParts);
+  r.add<SumPartsKernel>("sum_parts", DeviceType::CUDA, &sumParts);
   r.add<AdamWKernel>("adamw", DeviceType::CUDA, &adamw);
   r.add<AdafactorKernel>("adafactor", DeviceType::CUDA, &adafactor);
 }

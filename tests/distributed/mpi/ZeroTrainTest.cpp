@@ -294,7 +294,10 @@ TEST_CASE("parameters homed in host memory or on the SSD on N ranks train like p
           "[dist][zero][store][homes]") {
   // NOTE [Parameter homes] in zero/ParameterGatherer.h: at stage 0 every rank homes whole chunks and copies
   // them into slots; at stage 3 each rank homes its shard, copies it into its block of the slot and
-  // all-gathers the slot in place. The host homes resume; the SSD's are read ahead through staging.
+  // all-gathers the slot in place. The host homes resume; the SSD's are read ahead through staging. Their
+  // gradients go to host memory as they complete (store.gradient_home: auto; NOTE [Gradient homes] in
+  // zero/GradientReducer.h): at stage 0 each rank's all-reduced chunk, at stage 3 its reduce-scattered
+  // shard; and so do those of parameters on the device with their optimizer state in host memory.
   auto ctx = world();
   for (int stage : {0, 3}) {
     std::string name = "homes-stage" + std::to_string(stage);
@@ -313,6 +316,9 @@ TEST_CASE("parameters homed in host memory or on the SSD on N ranks train like p
     Run ssd = trainRun(ctx, name + "-ssd", stage,
                        {"store.parameter_home=nvme", "zero_optimization.chunk_size_mb=0.02",
                         "zero_optimization.nvme_path=" + nvme.string()});
+    Run grads = trainRun(ctx, name + "-grads", stage,
+                         {"store.gradient_home=host", "zero_optimization.offload_optimizer.device=cpu",
+                          "zero_optimization.chunk_size_mb=0.02"});
     if (!ctx->isMain()) continue;
     INFO("stage " << stage);
     REQUIRE(device.losses.size() == 20);
@@ -322,6 +328,10 @@ TEST_CASE("parameters homed in host memory or on the SSD on N ranks train like p
     CHECK(ssd.losses == device.losses);
     CHECK(ssd.valLosses == device.valLosses);
     CHECK(ssd.stateNvmeGb.back() > 0);
+    CHECK(grads.losses == device.losses);
+    CHECK(grads.valLosses == device.valLosses);
+    CHECK(grads.gradNorms == device.gradNorms);
+    if (stage == 0) CHECK(grads.parameters == device.parameters);
     REQUIRE(resumed.losses.size() == 10);
     CHECK(resumed.losses == std::vector<double>(device.losses.begin() + 10, device.losses.end()));
   }
