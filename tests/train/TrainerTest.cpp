@@ -850,6 +850,106 @@ TEST_CASE("state across the device, host and SSD tiers trains bit for bit like s
   REQUIRE(e.find("store.nvme_budget_gb") != std::string::npos);
 }
 
+TEST_CASE(
+    "AdamW with m and v in bf16 trains close to fp32 moments, bit for bit alike in every tier, and resumes "
+    "bit for bit",
+    "[train][trainer][store][nvme]") {
+  // NOTE [AdamW moments dtype] in optim/AdamW.h: optimizer.moments_dtype bf16 on the device, in host memory
+  // and on the SSD (stored as they are, though store.nvme_state_dtype says fp32).
+  fs::path base = test::freshDir("strata-bf16-moments");
+  std::vector<std::string> common = {"model.dropout=0", "zero_optimization.chunk_size_mb=0.02"};
+  auto with = [&](std::vector<std::string> extra, bool bf16 = true) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    if (bf16) extra.push_back("optimizer.moments_dtype=bf16");
+    return extra;
+  };
+  std::string saveEvery10 = "checkpoint.save_interval=10";
+  train::Trainer(tinyConfig(base / "fp32", with({}, false))).run();
+  train::Trainer(
+      tinyConfig(base / "memory", with({"checkpoint.save=" + (base / "ckpt").string(), saveEvery10})))
+      .run();
+  std::vector<std::string> tiers = {"store.gpu_budget_gb=0.0002", "store.host_budget_gb=0.0002",
+                                    "zero_optimization.nvme_path=" + (base / "nvme").string(),
+                                    "store.nvme_state_dtype=fp32"};
+  std::vector<std::string> saving = tiers;
+  saving.push_back("checkpoint.save=" + (base / "tiers-ckpt").string());
+  saving.push_back(saveEvery10);
+  train::Trainer(tinyConfig(base / "tiers", with(saving))).run();
+  auto fp32 = records(base / "fp32"), memory = records(base / "memory");
+  // Every tier updates with the same kernel from the same bits.
+  requireSameCurves(memory, records(base / "tiers"));
+  nlohmann::json last;
+  for (const auto& r : records(base / "tiers"))
+    if (r.contains("loss")) last = r;
+  for (const char* tier : {"mem_state_device_gb", "mem_state_host_gb", "mem_state_nvme_gb"}) {
+    INFO(tier);
+    REQUIRE(last[tier].get<double>() > 0);
+  }
+  // Rounding m and v each step moves the curve a little from fp32 moments'.
+  double worst = 0;
+  for (size_t i = 0; i < fp32.size(); ++i)
+    if (fp32[i].contains("loss"))
+      worst = std::max(worst, std::abs(fp32[i]["loss"].get<double>() - memory[i]["loss"].get<double>()));
+  double first = 0, lastLoss = 0;
+  for (const auto& r : memory)
+    if (r.contains("loss")) (first == 0 ? first : lastLoss) = r["loss"].get<double>();
+  INFO("largest loss difference from fp32 moments: " << worst << "; loss " << first << " -> " << lastLoss);
+  REQUIRE(worst > 0);
+  REQUIRE(worst < 0.05);
+  REQUIRE(lastLoss < first - 1.5);
+  {
+    // The engine's accounting: 4 + 2 + 2 bytes per element in every tier, as the placement weighed it.
+    config::Config config = tinyConfig(base / "engine", with(tiers));
+    auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+    data::CausalLmObjective objective(model, nullptr);
+    train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
+    const zero::StorePlacement& placement = engine.placement();
+    INFO(placement.table());
+    REQUIRE(placement.chunksOn(zero::Tier::Nvme) > 0);
+    REQUIRE(placement.chunksOn(zero::Tier::Host) > 0);
+    REQUIRE(placement.total() == engine.modelStateBytes());
+    uint64_t elems = 0;
+    for (const auto& r : engine.optimizer().ranges()) elems += uint64_t(r.size());
+    // Beside the parameters; an fp32 chunk on the device is its own master: at most 8 bytes an element.
+    uint64_t optimizerBytes = engine.modelStateBytes() - placement.parameterBytes -
+                              placement.parameterHostBytes - placement.parameterNvmeBytes;
+    REQUIRE(optimizerBytes <= elems * (4 + 2 + 2));
+    REQUIRE(optimizerBytes > elems * (2 + 2));
+    uint64_t ssdElems = 0;
+    for (size_t c = 0; c < placement.optimizerTier.size(); ++c)
+      if (placement.optimizerTier[c] == zero::Tier::Nvme)
+        ssdElems += uint64_t(engine.optimizer().ranges()[c].size());
+    REQUIRE(placement.bytes[int(zero::Tier::Nvme)] == ssdElems * (4 + 2 + 2));
+  }
+  // Resumes continue the curve bit for bit: in memory from memory, into the tiers from the tiers, and across
+  // (the checkpoint holds fp32 pieces either way).
+  for (auto [from, into] :
+       {std::pair{"ckpt", "memory"}, std::pair{"tiers-ckpt", "tiers"}, std::pair{"tiers-ckpt", "memory"}}) {
+    INFO(from << " into " << into);
+    std::vector<std::string> resume = std::string(into) == "tiers" ? tiers : std::vector<std::string>{};
+    resume.push_back("checkpoint.load=" + (base / from / "step-10").string());
+    fs::path out = base / (std::string("resumed-") + from + "-" + into);
+    train::Trainer(tinyConfig(out, with(resume))).run();
+    auto tail = records(out);
+    REQUIRE(!tail.empty());
+    requireSameCurves(std::vector<nlohmann::json>(memory.end() - std::ptrdiff_t(tail.size()), memory.end()),
+                      tail);
+  }
+  // A bf16-moments checkpoint loads into an fp32-moments run (widened exactly): its first step's loss is
+  // the bf16 run's (the same weights), and it trains on.
+  train::Trainer(tinyConfig(base / "into-fp32",
+                            with({"checkpoint.load=" + (base / "ckpt" / "step-10").string()}, false)))
+      .run();
+  auto intoFp32 = records(base / "into-fp32");
+  REQUIRE(!intoFp32.empty());
+  std::vector<nlohmann::json> memoryTail(memory.end() - std::ptrdiff_t(intoFp32.size()), memory.end());
+  for (size_t i = 0; i < intoFp32.size(); ++i)
+    if (intoFp32[i].contains("loss")) {
+      REQUIRE(intoFp32[i]["loss"].get<double>() == memoryTail[i]["loss"].get<double>());
+      break;
+    }
+}
+
 namespace {
 
 // Trains the tiny model twice with state across the device, host and SSD tiers, with the sequential update
@@ -926,6 +1026,9 @@ TEST_CASE("the pipelined update equals the sequential one bit for bit, with stat
           "[train][trainer][store][nvme][pipeline]") {
   nlohmann::json last = pipelineMatchesSequential(test::freshDir("strata-pipeline"), {}, true);
   REQUIRE(last["offload_gpu_share"].get<double>() == 0);  // no GPU: the CPU lane takes every piece
+  // m and v in bf16 (optimizer.moments_dtype), in host memory and on the SSD.
+  pipelineMatchesSequential(test::freshDir("strata-pipeline-bf16-moments"), {"optimizer.moments_dtype=bf16"},
+                            true);
 }
 
 TEST_CASE("[cuda] the pipelined update shares the host state with the GPU and keeps the sequential bits",
@@ -944,6 +1047,11 @@ TEST_CASE("[cuda] the pipelined update shares the host state with the GPU and ke
   pipelineMatchesSequential(test::freshDir("strata-pipeline-cuda-2"),
                             {"train.device=cuda", "precision.dtype=bf16", "zero_optimization.buffer_count=2"},
                             false);
+  // m and v in bf16 (optimizer.moments_dtype): the GPU lane streams them through its scratch at 2 bytes.
+  nlohmann::json bf16Moments = pipelineMatchesSequential(
+      test::freshDir("strata-pipeline-cuda-bf16-moments"),
+      {"train.device=cuda", "precision.dtype=bf16", "optimizer.moments_dtype=bf16"}, false);
+  REQUIRE(bf16Moments["offload_gpu_share"].get<double>() > 0);
 }
 
 TEST_CASE("store.delayed_update trains with the SSD chunks one step behind, close to the undelayed curve",
