@@ -411,7 +411,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
                                   c.zero.nvmePath, c.store.nvmeBudgetGb));
 
   // The placement: the store's own function, as the engine calls it (m and v on the SSD in
-  // store.nvme_state_dtype).
+  // store.nvme_state_dtype, or bf16 with optimizer.moments_dtype bf16).
   uint64_t hostBudget = p.budgets.host;
   zero::ParameterHome home = zero::parseParameterHome(c.store.parameterHome);
   bool autoDeviceBudget = c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto";

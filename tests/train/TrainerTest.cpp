@@ -1408,6 +1408,38 @@ TEST_CASE("[cuda] AdamW with bf16 gradient buffers trains like fp32 ones, on the
     requireCloseCurves(reference, records(base / run), run, 0.1, 1.5);
 }
 
+TEST_CASE(
+    "[cuda] AdamW with m and v in bf16 trains like fp32 moments on the GPU, from host state and the SSD",
+    "[cuda][train][trainer][adamw][store]") {
+  STRATA_REQUIRE_CUDA();
+  // NOTE [AdamW moments dtype] in optim/AdamW.h: the device's kernel, the pipelined update's two lanes (the
+  // GPU lane streams bf16 m and v through its scratch) and the SSD tier, each with m and v in bf16.
+  fs::path base = test::freshDir("strata-adamw-bf16-moments-cuda");
+  std::vector<std::string> cuda = {"train.device=cuda", "precision.dtype=bf16", "model.dropout=0",
+                                   "zero_optimization.chunk_size_mb=0.02", "optimizer.lr=0.01"};
+  train::Trainer(tinyConfig(base / "fp32", cuda)).run();
+  std::vector<std::string> bf16 = cuda;
+  bf16.push_back("optimizer.moments_dtype=bf16");
+  train::Trainer(tinyConfig(base / "device", bf16)).run();
+  std::vector<std::string> host = bf16;
+  host.push_back("zero_optimization.offload_optimizer.device=cpu");
+  train::Trainer(tinyConfig(base / "host", host)).run();
+  std::vector<std::string> ssd = bf16;
+  ssd.insert(ssd.end(), {"zero_optimization.offload_optimizer.device=nvme",
+                         "zero_optimization.nvme_path=" + (base / "nvme").string()});
+  train::Trainer(tinyConfig(base / "ssd", ssd)).run();
+  auto reference = records(base / "fp32");
+  for (const char* run : {"device", "host", "ssd"})
+    requireCloseCurves(reference, records(base / run), run, 0.1, 1.5);
+  nlohmann::json last;
+  for (const auto& r : records(base / "host"))
+    if (r.contains("loss")) last = r;
+  REQUIRE(last["offload_gpu_share"].get<double>() > 0);
+  for (const auto& r : records(base / "ssd"))
+    if (r.contains("loss")) last = r;
+  REQUIRE(last["mem_state_nvme_gb"].get<double>() > 0);
+}
+
 TEST_CASE("train.recompute selective and full train a GPT with the losses of none, at ZeRO stages 0 and 3",
           "[train][trainer][recompute]") {
   // Dropout on (tinyConfig's 0.1): the recomputation replays the generator, so its masks are the same.

@@ -295,10 +295,10 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 //
 // NOTE [AdamW bits]: the CPU kernels (every path) and the GPU kernel give the same bits for the same inputs.
 // They run one sequence of IEEE operations (products not contracted into fused multiply-adds except where
-// the sequence has one; correctly rounded division and square root; round-to-nearest-even to 16 bits), and
-// the host computes the constants for both (adamwDecayFactor, 1 / bias corrections, 1 - beta). So a chunk's
-// update may run on either side and training does not depend on which (the pipelined optimizer splits the
-// host-resident state between them by their speed).
+// the sequence has one; correctly rounded division and square root; round-to-nearest-even to 16 bits, for
+// the copy and for bf16 m and v), and the host computes the constants for both (adamwDecayFactor, 1 / bias
+// corrections, 1 - beta). So a chunk's update may run on either side and training does not depend on which
+// (the pipelined optimizer splits the host-resident state between them by their speed).
 struct AdamWTensors {
   Tensor param, grad, m, v;
   float weightDecay = 0.0f;
