@@ -864,7 +864,9 @@ TEST_CASE(
     return extra;
   };
   std::string saveEvery10 = "checkpoint.save_interval=10";
-  train::Trainer(tinyConfig(base / "fp32", with({}, false))).run();
+  train::Trainer(tinyConfig(base / "fp32",
+                            with({"checkpoint.save=" + (base / "fp32-ckpt").string(), saveEvery10}, false)))
+      .run();
   train::Trainer(
       tinyConfig(base / "memory", with({"checkpoint.save=" + (base / "ckpt").string(), saveEvery10})))
       .run();
@@ -935,19 +937,40 @@ TEST_CASE(
     requireSameCurves(std::vector<nlohmann::json>(memory.end() - std::ptrdiff_t(tail.size()), memory.end()),
                       tail);
   }
-  // A bf16-moments checkpoint loads into an fp32-moments run (widened exactly): its first step's loss is
-  // the bf16 run's (the same weights), and it trains on.
-  train::Trainer(tinyConfig(base / "into-fp32",
-                            with({"checkpoint.load=" + (base / "ckpt" / "step-10").string()}, false)))
-      .run();
-  auto intoFp32 = records(base / "into-fp32");
-  REQUIRE(!intoFp32.empty());
-  std::vector<nlohmann::json> memoryTail(memory.end() - std::ptrdiff_t(intoFp32.size()), memory.end());
-  for (size_t i = 0; i < intoFp32.size(); ++i)
-    if (intoFp32[i].contains("loss")) {
-      REQUIRE(intoFp32[i]["loss"].get<double>() == memoryTail[i]["loss"].get<double>());
-      break;
+  // The moments' dtype is the run's (it changes the step's numbers): a resume that changes it is refused,
+  // naming it, unless checkpoint.allow_changes says so. Then a bf16-moments checkpoint loads into an
+  // fp32-moments run (widened exactly), and an fp32 one into a bf16-moments run (rounded): the first step's
+  // loss is the saving run's (the same weights), and the curve goes on close to it.
+  std::string refused = test::errorOf([&] {
+    train::Trainer(
+        tinyConfig(base / "refused", with({"checkpoint.load=" + (base / "fp32-ckpt" / "step-10").string()})))
+        .run();
+  });
+  REQUIRE(refused.find("optimizer.moments_dtype: fp32 in the checkpoint, bf16 now") != std::string::npos);
+  for (bool toFp32 : {true, false}) {
+    INFO((toFp32 ? "bf16 moments into fp32 ones" : "fp32 moments into bf16 ones"));
+    fs::path out = base / (toFp32 ? "into-fp32" : "into-bf16");
+    fs::path from = base / (toFp32 ? "ckpt" : "fp32-ckpt") / "step-10";
+    std::vector<std::string> sets = {"checkpoint.load=" + from.string(), "checkpoint.allow_changes=true"};
+    if (toFp32) sets.push_back("optimizer.moments_dtype=fp32");
+    train::Trainer(tinyConfig(out, with(sets, !toFp32))).run();
+    auto into = records(out);
+    const auto& saver = toFp32 ? memory : fp32;
+    REQUIRE(!into.empty());
+    std::vector<nlohmann::json> saverTail(saver.end() - std::ptrdiff_t(into.size()), saver.end());
+    bool first = true, departs = false;
+    for (size_t i = 0; i < into.size(); ++i) {
+      if (!into[i].contains("loss")) continue;
+      double a = into[i]["loss"].get<double>(), b = saverTail[i]["loss"].get<double>();
+      if (first)
+        REQUIRE(a == b);
+      else
+        REQUIRE(std::abs(a - b) < 0.05);
+      departs = departs || a != b;
+      first = false;
     }
+    REQUIRE(departs);  // the new dtype ran: the curve is not the saving run's
+  }
 }
 
 namespace {

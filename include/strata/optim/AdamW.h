@@ -15,8 +15,9 @@
 // there and refuses fp16). The kernels widen them as they read and round the new values to nearest even as
 // they write (NOTE [AdamW bits] in ops/Ops.h), so every tier and lane still gives the same bits. The master
 // stays fp32. State per parameter: 4 + 2 + 2 bytes instead of 4 + 4 + 4. Checkpoints save m and v as fp32
-// pieces either way (widened exactly), so a run of either dtype loads the other's; loading into bf16
-// moments rounds, and a bf16 run's own checkpoint reloads to the same bits.
+// pieces either way (widened exactly), so a run of either dtype loads the other's (the dtype is the run's
+// setting: a resume changes it with checkpoint.allow_changes); loading into bf16 moments rounds, and a bf16
+// run's own checkpoint reloads to the same bits.
 #pragma once
 
 #include <functional>
