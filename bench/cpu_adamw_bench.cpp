@@ -1,12 +1,14 @@
 // CPU AdamW throughput: the CPU kernel of ops::adamw over N fp32 parameters with a 16-bit copy, per path and
 // thread count. Each path is first checked bit for bit against the scalar one on a small set, then timed.
 // Bytes per parameter (the fewest the update must move): 16 read (master, m, v, gradient) and 12 written
-// (master, m, v) plus the copy (2 for bf16/f16, 4 for f32, 0 for none): 30 with bf16.
+// (master, m, v) plus the copy (2 for bf16/f16, 4 for f32, 0 for none): 30 with bf16. --moments bf16 keeps
+// m and v in bf16 (optimizer.moments_dtype): 8 bytes fewer, 22 with a bf16 copy.
 // Prints one line per measurement, then a markdown table:
 //   cpu_adamw PATH THREADS PARAMS MEDIAN_MS GPARAM_PER_S GB_PER_S STORES PREFETCH
 // Usage: bench_cpu_adamw [--params N] [--threads 1,2,4,8,16] [--isa best|all|avx512|avx2|scalar]
 //                        [--copy bf16|f16|f32|none] [--repeats R] [--memory plain|huge]
 //                        [--split static|steal|both] [--stores plain,copy,stream|all] [--prefetch 0,512]
+//                        [--moments fp32|bf16]
 // --split picks how the threads share the update (NOTE [CPU AdamW split]; default STRATA_CPU_SPLIT's);
 // a stealing split is printed as PATH-steal (avx512-steal). STRATA_CPU_PIN=all also pins the calling thread.
 // --stores lists how the vector paths store (NOTE [CPU AdamW stores]; default STRATA_CPU_STORES's) and
@@ -56,7 +58,8 @@ ops::AdamWHyper hyperAt(int step) {
 
 // Parameters in [-0.5, 0.5), gradients in [-0.01, 0.01), moments zero, written by the threads in the
 // kernel's static partition (first touch: on a multi-socket host each thread's pages are local).
-bool hugePages = false;  // --memory huge
+bool hugePages = false;           // --memory huge
+DType momentsDType = DType::F32;  // --moments
 
 Tensor buffer(int64_t n, DType dtype = DType::F32) {
   if (!hugePages) return Tensor::empty({n}, dtype);
@@ -74,16 +77,22 @@ Tensor buffer(int64_t n, DType dtype = DType::F32) {
 }
 
 ops::AdamWTensors makeSet(int64_t n, std::optional<DType> copy) {
-  ops::AdamWTensors s{buffer(n), buffer(n), buffer(n), buffer(n), 0.1f, copy ? buffer(n, *copy) : Tensor()};
+  ops::AdamWTensors s{buffer(n),
+                      buffer(n),
+                      buffer(n, momentsDType),
+                      buffer(n, momentsDType),
+                      0.1f,
+                      copy ? buffer(n, *copy) : Tensor()};
   float *p = static_cast<float*>(s.param.data()), *g = static_cast<float*>(s.grad.data());
-  float *m = static_cast<float*>(s.m.data()), *v = static_cast<float*>(s.v.data());
+  char *m = static_cast<char*>(s.m.data()), *v = static_cast<char*>(s.v.data());
+  size_t width = dtypeSize(momentsDType);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     uint32_t h = uint32_t(i) * 2654435761u;
     p[i] = float(h >> 8) / float(1 << 24) - 0.5f;
     g[i] = (float((h * 2246822519u) >> 8) / float(1 << 24) - 0.5f) * 0.02f;
-    m[i] = 0;
-    v[i] = 0;
+    std::memset(m + size_t(i) * width, 0, width);  // zero in either dtype
+    std::memset(v + size_t(i) * width, 0, width);
   }
   if (copy) std::memset(s.copy.data(), 0, s.copy.nbytes());
   return s;
@@ -164,6 +173,13 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--prefetch") {
       prefetches = parseList(argv[i + 1]);
+    } else if (a == "--moments") {
+      std::string v = argv[i + 1];
+      if (v != "fp32" && v != "bf16") {
+        std::fprintf(stderr, "bench_cpu_adamw: --moments %s: expected fp32 or bf16\n", v.c_str());
+        return 2;
+      }
+      momentsDType = v == "bf16" ? DType::BF16 : DType::F32;
     } else {
       std::fprintf(stderr, "bench_cpu_adamw: unknown argument %s\n", a.c_str());
       return 2;
@@ -171,7 +187,8 @@ int main(int argc, char** argv) {
   }
   std::optional<DType> copy;
   if (copyArg != "none") copy = dtypeFromName(copyArg);
-  double bytesPerParam = 28.0 + (copy ? double(dtypeSize(*copy)) : 0.0);
+  double bytesPerParam =
+      12.0 + 4.0 * double(dtypeSize(momentsDType)) + (copy ? double(dtypeSize(*copy)) : 0.0);
 
   std::vector<CpuIsa> paths;
   for (CpuIsa isa : {CpuIsa::Avx512, CpuIsa::Avx2, CpuIsa::Scalar}) {
@@ -198,10 +215,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf(
-      "# %lld parameters, copy %s, %.0f bytes per parameter, %d repeats (median), omp max threads %d, %s "
-      "pages\n",
-      (long long)params, copyArg.c_str(), bytesPerParam, repeats, omp_get_max_threads(),
-      hugePages ? "huge" : "plain");
+      "# %lld parameters, copy %s, moments %s, %.0f bytes per parameter, %d repeats (median), omp max "
+      "threads "
+      "%d, %s pages\n",
+      (long long)params, copyArg.c_str(), dtypeName(momentsDType), bytesPerParam, repeats,
+      omp_get_max_threads(), hugePages ? "huge" : "plain");
   std::fflush(stdout);
 
   std::vector<ops::AdamWTensors> sets{makeSet(params, copy)};

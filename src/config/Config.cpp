@@ -201,6 +201,19 @@ struct Loader {
     STRATA_USER_CHECK(c.optimizer.minLr <= c.optimizer.lr,
                       "{}: 'optimizer.min_lr' ({}) exceeds 'optimizer.lr' ({})", place("optimizer.min_lr"),
                       c.optimizer.minLr, c.optimizer.lr);
+    STRATA_USER_CHECK(c.optimizer.momentsDType == "fp32" || c.optimizer.type != "adafactor",
+                      "{}: 'optimizer.moments_dtype: {}' is AdamW's (optimizer.type is adafactor): set "
+                      "optimizer.adafactor_bf16_momentum: true for Adafactor's first moment in bf16 (with "
+                      "optimizer.adafactor_beta1 set; its factored second moment stays fp32), and drop "
+                      "optimizer.moments_dtype",
+                      place("optimizer.moments_dtype"), c.optimizer.momentsDType);
+    // With bf16 moments the SSD tier stores them in bf16 too (NOTE [AdamW moments dtype] in optim/AdamW.h):
+    // fp32 and bf16 both mean that; fp16 would round them a second time, differently.
+    STRATA_USER_CHECK(c.optimizer.momentsDType != "bf16" || c.store.nvmeStateDType != "fp16",
+                      "{}: 'store.nvme_state_dtype: fp16' with 'optimizer.moments_dtype: bf16': the SSD tier "
+                      "keeps bf16 moments as they are; set store.nvme_state_dtype to bf16 (or leave it "
+                      "fp32), or optimizer.moments_dtype: fp32",
+                      place("store.nvme_state_dtype"));
     if (c.optimizer.type != "adafactor")
       for (const auto& [key, value] : c.values)
         if (key.rfind("optimizer.adafactor_", 0) == 0)

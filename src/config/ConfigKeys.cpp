@@ -281,6 +281,11 @@ std::vector<ConfigKey> makeTable() {
       key(
           "optimizer.eps", [](Config& c) { return &c.optimizer.eps; }, "AdamW's epsilon", within(0, 1)),
       key(
+          "optimizer.moments_dtype", [](Config& c) { return &c.optimizer.momentsDType; },
+          "AdamW's m and v on the GPU, in host memory and on the SSD: bf16 keeps 4 bytes of them per "
+          "parameter instead of 8 (the update computes in fp32 and rounds them to nearest even)",
+          oneOf({"fp32", "bf16"})),
+      key(
           "optimizer.clip_grad", [](Config& c) { return &c.optimizer.clipGrad; },
           "the global gradient norm is clipped to this; 0: no clipping"),
       key(
@@ -417,8 +422,9 @@ std::vector<ConfigKey> makeTable() {
           shownAs(kBudgetType)),
       key(
           "store.nvme_state_dtype", [](Config& c) { return &c.store.nvmeStateDType; },
-          "how the moments are stored on the SSD: AdamW's m and v, Adafactor's first moment (masters and "
-          "Adafactor's factored second moment always in fp32)",
+          "how the moments are stored on the SSD: AdamW's m and v (bf16 with optimizer.moments_dtype: bf16, "
+          "which takes fp32 or bf16 here), Adafactor's first moment (masters and Adafactor's factored second "
+          "moment always in fp32)",
           oneOf(kDTypes)),
       key(
           "store.arena", [](Config& c) { return &c.store.arena; },

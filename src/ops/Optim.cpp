@@ -42,13 +42,17 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& hyper, const
   for (const auto& s : sets) {
     for (const Tensor* t : {&s.param, &s.grad, &s.m, &s.v}) {
       bool gradDtype = t == &s.grad && (t->dtype() == DType::BF16 || t->dtype() == DType::F16);
+      bool momentDtype = (t == &s.m || t == &s.v) && t->dtype() == DType::BF16;
       STRATA_CHECK(
-          t->defined() && (t->dtype() == DType::F32 || gradDtype) && t->isContiguous() && t->device() == dev,
-          "adamw: '{}' needs fp32 contiguous param and state and an fp32, bf16 or f16 contiguous "
-          "grad on {}",
+          t->defined() && (t->dtype() == DType::F32 || gradDtype || momentDtype) && t->isContiguous() &&
+              t->device() == dev,
+          "adamw: '{}' needs an fp32 contiguous param, fp32 or bf16 contiguous m and v, and an fp32, "
+          "bf16 or f16 contiguous grad on {}",
           s.param.name(), toString(dev));
       STRATA_CHECK(t->numel() == s.param.numel(), "adamw: state of '{}' has the wrong size", s.param.name());
     }
+    STRATA_CHECK(s.m.dtype() == s.v.dtype(), "adamw: m and v of '{}' must share a dtype (got {} and {})",
+                 s.param.name(), s.m.dtype(), s.v.dtype());
     STRATA_CHECK(!s.copy.defined() ||
                      ((s.copy.dtype() == DType::BF16 || s.copy.dtype() == DType::F16 ||
                        s.copy.dtype() == DType::F32) &&

@@ -23,16 +23,23 @@ double secondsSince(std::chrono::steady_clock::time_point start) {
 float decayFor(const Tensor& p, double weightDecay) {
   return p.dim() >= 2 ? float(weightDecay) : 0.0f;
 }
+
+void checkMomentsDType(const AdamWConfig& config) {
+  STRATA_CHECK(config.momentsDType == DType::F32 || config.momentsDType == DType::BF16,
+               "AdamW keeps m and v in fp32 or bf16 (optimizer.moments_dtype), not {}", config.momentsDType);
+}
 }  // namespace
 
 AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> namedParameters, const AdamWConfig& config)
     : config_(config) {
+  checkMomentsDType(config_);
   for (auto& [name, p] : namedParameters) {
     STRATA_CHECK(p.dtype() == DType::F32, "AdamW keeps fp32 master weights; parameter '{}' is {}", name,
                  p.dtype());
     STRATA_CHECK(p.isContiguous(), "AdamW: parameter '{}' must be contiguous", name);
-    slots_.push_back(Slot{name, p, p, ops::zerosLike(p), ops::zerosLike(p), decayFor(p, config.weightDecay),
-                          0, 0, p.numel(), p.shape(), p.strides()});
+    slots_.push_back(Slot{name, p, p, ops::zeros(p.shape(), config.momentsDType, p.device()),
+                          ops::zeros(p.shape(), config.momentsDType, p.device()),
+                          decayFor(p, config.weightDecay), 0, 0, p.numel(), p.shape(), p.strides()});
   }
 }
 
@@ -43,7 +50,10 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
       masters_(std::move(masters)),
       ranges_(std::move(shards)),
       homes_(std::move(homes)),
-      nvme_(nvme) {
+      nvme_(nvme),
+      ssdBuffers_({DType::F32, config.momentsDType, config.momentsDType}) {
+  checkMomentsDType(config_);
+  const DType momentsDType = config_.momentsDType;
   const zero::ChunkLayout& layout = chunks.layout();
   STRATA_CHECK(masters_.empty() ? chunks.dtype() == DType::F32 : masters_.size() == chunks.numChunks(),
                "AdamW: {} chunks need {} fp32 masters, got {}", chunks.dtype(), chunks.numChunks(),
@@ -72,6 +82,11 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
   for (size_t c = 0; c < chunks.numChunks(); ++c) {
     if (homes_[c] != zero::Tier::Nvme) continue;
     STRATA_CHECK(nvme_ != nullptr, "AdamW: chunk {} is placed on the SSD tier, which is missing", c);
+    // NOTE [AdamW moments dtype]: bf16 moments move to and from the SSD as they are.
+    for (auto f : {zero::NvmeTier::FirstMoment, zero::NvmeTier::SecondMoment})
+      STRATA_CHECK(momentsDType == DType::F32 || nvme_->fieldDType(c, f) == momentsDType,
+                   "AdamW: chunk {}'s moments are {} but the SSD tier stores them as {}", c, momentsDType,
+                   nvme_->fieldDType(c, f));
     zero::ShardRange r = ranges_[c];
     const Tensor& values = masters_[c].defined() ? masters_[c] : paramFlats_[c];
     STRATA_CHECK(values.numel() == r.size(), "AdamW: chunk {}'s master has {} elements, its range {}", c,
@@ -98,8 +113,8 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
       Tensor master = hostStateTensor(r.size(), DType::F32, pin);
       ops::copy(master, masters_[c].defined() ? masters_[c] : paramFlats_[c]);
       masters_[c] = master;
-      m_[c] = hostStateTensor(r.size(), DType::F32, pin);
-      v_[c] = hostStateTensor(r.size(), DType::F32, pin);
+      m_[c] = hostStateTensor(r.size(), momentsDType, pin);
+      v_[c] = hostStateTensor(r.size(), momentsDType, pin);
       ops::fill(m_[c], 0.0);
       ops::fill(v_[c], 0.0);
     }
@@ -110,8 +125,8 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
     STRATA_CHECK(own || !masters_[c].defined() || masters_[c].numel() == r.size(),
                  "AdamW: chunk {}'s master has {} elements, its range {}", c, masters_[c].numel(), r.size());
     if (home == zero::Tier::Device) {
-      m_[c] = ops::zeros({r.size()}, DType::F32, base.device());
-      v_[c] = ops::zeros({r.size()}, DType::F32, base.device());
+      m_[c] = ops::zeros({r.size()}, momentsDType, base.device());
+      v_[c] = ops::zeros({r.size()}, momentsDType, base.device());
     }
     std::vector<Tensor> params = chunks.parameters(c);
     for (size_t j = 0; j < params.size(); ++j) {
@@ -130,7 +145,7 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
       Tensor piece = full && !sharded ? p : view(paramBase, a - paramOffset, p.dtype());
       slotsOf_[c].push_back(slots_.size());
       slots_.push_back(Slot{slot.name, piece, own ? piece : view(base, a - baseOffset, DType::F32),
-                            view(m_[c], a - r.begin, DType::F32), view(v_[c], a - r.begin, DType::F32),
+                            view(m_[c], a - r.begin, momentsDType), view(v_[c], a - r.begin, momentsDType),
                             decayFor(p, config.weightDecay), c, a, b, shape, strides});
     }
   }
@@ -142,7 +157,7 @@ struct AdamW::Lanes {
   // its parameters' copies to the device, which queue behind the GPU lane's larger ones on the link, rarely
   // hold it up; at least two (the next piece's gradients are requested before this one is updated).
   struct Slot {
-    Tensor master, m, v;    // GPU lane: device scratch for a piece's state
+    Tensor master, m, v;    // GPU lane: device scratch for a piece's state (m, v in momentsDType)
     Storage grads, params;  // CPU lane: pinned staging for a piece's gradients and new parameters
     Event arrived, done;    // CPU lane: gradients on the host, parameters sent; GPU lane: state in, back
   };
@@ -150,8 +165,10 @@ struct AdamW::Lanes {
   DeviceStreams gpu;  // the GPU lane's own streams (h2d, compute, d2h)
   std::vector<std::unique_ptr<Slot>> cpu, gpuSlots;
   int64_t pieceElems;
+  DType momentsDType;
   bool pinned = false;  // the CPU lane's staging is page-locked
-  Lanes(Device d, int64_t elems, int slots) : device(d), gpu(DeviceStreams::create(d)), pieceElems(elems) {
+  Lanes(Device d, int64_t elems, int slots, DType moments)
+      : device(d), gpu(DeviceStreams::create(d)), pieceElems(elems), momentsDType(moments) {
     for (int i = 0; i < std::max(2, slots); ++i) {
       auto slot = std::make_unique<Slot>(Slot{{}, {}, {}, {}, {}, Event(d), Event(d)});
       for (Storage* st : {&slot->grads, &slot->params})
@@ -165,8 +182,8 @@ struct AdamW::Lanes {
     while (gpuSlots.size() <= i) {
       StreamGuard onLane(gpu.compute);
       auto slot = std::make_unique<Slot>(Slot{Tensor::empty({pieceElems}, DType::F32, device),
-                                              Tensor::empty({pieceElems}, DType::F32, device),
-                                              Tensor::empty({pieceElems}, DType::F32, device),
+                                              Tensor::empty({pieceElems}, momentsDType, device),
+                                              Tensor::empty({pieceElems}, momentsDType, device),
                                               {},
                                               {},
                                               Event(device),
@@ -441,7 +458,7 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
   }
   bool cuda = device.isCuda();
   if (cuda && !lanes_) {
-    lanes_ = std::make_unique<Lanes>(device, config_.pieceElems, config_.stagingSlots);
+    lanes_ = std::make_unique<Lanes>(device, config_.pieceElems, config_.stagingSlots, config_.momentsDType);
     hostPinned_ = true;
     for (size_t c = 0; c < homes_.size(); ++c)
       if (homes_[c] == zero::Tier::Host)
@@ -480,8 +497,12 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
     const DeviceStreams& lane = lanes_->gpu;
     // The slot's scratch is free once its last state went back.
     slot.done.block(lane.h2d);
-    for (auto [dst, src] : {std::pair{&slot.master, &masters_[c]}, {&slot.m, &m_[c]}, {&slot.v, &v_[c]}})
-      copyAsync(dst->data(), device, src->data<float>() + at, Device::cpu(), size_t(n) * 4, lane.h2d);
+    // Each field at its own width (NOTE [AdamW moments dtype]).
+    for (auto [dst, src] : {std::pair{&slot.master, &masters_[c]}, {&slot.m, &m_[c]}, {&slot.v, &v_[c]}}) {
+      size_t width = dtypeSize(src->dtype());
+      copyAsync(dst->data(), device, static_cast<const char*>(src->data()) + size_t(at) * width,
+                Device::cpu(), size_t(n) * width, lane.h2d);
+    }
     slot.arrived.record(lane.h2d);
     slot.arrived.block(lane.compute);
     {
@@ -491,8 +512,11 @@ bool AdamW::stepOffDevicePipelined(const ops::AdamWHyper& h, const std::vector<T
       ops::adamw(pieceSets(p, scratch, true, gradients[c], false, params), h, gradScale);
     }
     streamWaits(lane.d2h, lane.compute, device);
-    for (auto [dst, src] : {std::pair{&masters_[c], &slot.master}, {&m_[c], &slot.m}, {&v_[c], &slot.v}})
-      copyAsync(dst->data<float>() + at, Device::cpu(), src->data(), device, size_t(n) * 4, lane.d2h);
+    for (auto [dst, src] : {std::pair{&masters_[c], &slot.master}, {&m_[c], &slot.m}, {&v_[c], &slot.v}}) {
+      size_t width = dtypeSize(dst->dtype());
+      copyAsync(static_cast<char*>(dst->data()) + size_t(at) * width, Device::cpu(), src->data(), device,
+                size_t(n) * width, lane.d2h);
+    }
     slot.done.record(lane.d2h);
     gpuElems += n;
   };
@@ -620,7 +644,7 @@ void AdamW::moveToDevice(size_t c, Device device) {
   // SSD state was read into the shared work buffers: on a CPU "device" ops::to would hand those back, so the
   // chunk takes copies of its own.
   auto take = [&](const Tensor& t) {
-    Tensor moved = ops::to(t, device, DType::F32);
+    Tensor moved = ops::to(t, device, t.dtype());  // m and v keep their dtype (NOTE [AdamW moments dtype])
     return homes_[c] == zero::Tier::Nvme && moved.storage() == t.storage() ? moved.clone() : moved;
   };
   masters_[c] = own ? Tensor() : take(st.master);
@@ -631,7 +655,7 @@ void AdamW::moveToDevice(size_t c, Device device) {
     Slot& s = slots_[i];
     auto at = [&](const Tensor& flat) {
       return Tensor::fromStorage(flat.storage(), s.shape, s.strides, flat.offset() + (s.begin - r.begin),
-                                 DType::F32);
+                                 flat.dtype());
     };
     s.master = own ? s.param : at(masters_[c]);
     s.m = at(m_[c]);
@@ -774,9 +798,9 @@ uint64_t AdamW::stateBytes(size_t c) const {
 }
 
 uint64_t AdamW::deviceStateBytes(size_t c) const {
-  // On the device an fp32 chunk's parameters are their own master.
+  // On the device an fp32 chunk's parameters are their own master; m and v in their dtype.
   bool own = paramFlats_.at(c).dtype() == DType::F32;
-  return uint64_t(ranges_.at(c).size()) * (own ? 8 : 12);
+  return uint64_t(ranges_.at(c).size()) * ((own ? 0 : 4) + 2 * dtypeSize(config_.momentsDType));
 }
 
 void AdamW::writeParameters() {

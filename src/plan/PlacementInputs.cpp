@@ -138,7 +138,8 @@ ModelStateInputs modelStateInputs(const config::Config& c, int ranks, DType comp
     in.rangeElems.push_back(range);
     in.parameterChunkBytes.push_back(uint64_t(in.stage == 3 ? range : padded) * elemBytes);
     in.parameterBytes += in.parameterChunkBytes.back();
-    uint64_t first = uint64_t(range) * 4, second = uint64_t(range) * 4;
+    // AdamW's m and v in optimizer.moments_dtype (NOTE [AdamW moments dtype] in optim/AdamW.h).
+    uint64_t first = uint64_t(range) * dtypeSize(momentsDType(c)), second = first;
     if (adafactor) {
       uint64_t state = optim::adafactorStateBytes(in.layout, i, zero::ShardRange{0, range}, adafactorConfig);
       first =
@@ -184,7 +185,10 @@ uint64_t hostHeadroomBytes(const config::Config& c, int64_t largestChunkElems, u
   uint64_t reserve = std::max(hostTotal / 20, std::min<uint64_t>(8ull << 30, hostTotal / 4));
   uint64_t piece = std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4));
   uint64_t staging = uint64_t(std::max<int64_t>(2, c.zero.bufferCount)) * 2 * 4 * piece;
-  uint64_t ssd = c.zero.nvmePath.empty() ? 0 : 2 * 3 * 4 * uint64_t(largestChunkElems);
+  // Two SSD buffer sets of the largest chunk's master, m and v (NOTE [AdamW moments dtype]).
+  uint64_t ssd = c.zero.nvmePath.empty()
+                     ? 0
+                     : 2 * (4 + 2 * uint64_t(dtypeSize(momentsDType(c)))) * uint64_t(largestChunkElems);
   return reserve + staging + ssd + kProcessHostBytes;
 }
 
@@ -254,7 +258,12 @@ zero::StorePlacement placeWithDelayedReserve(
   return placement;
 }
 
+DType momentsDType(const config::Config& c) {
+  return c.optimizer.type != "adafactor" && c.optimizer.momentsDType == "bf16" ? DType::BF16 : DType::F32;
+}
+
 DType nvmeStateDType(const config::Config& c) {
+  if (momentsDType(c) == DType::BF16) return DType::BF16;  // stored as they are in memory
   return c.store.nvmeStateDType == "bf16"   ? DType::BF16
          : c.store.nvmeStateDType == "fp16" ? DType::F16
                                             : DType::F32;

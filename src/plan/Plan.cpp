@@ -341,6 +341,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   p.inputs = modelStateInputs(c, p.ranks, p.compute);
   const ModelStateInputs& in = p.inputs;
   p.optimizer = c.optimizer.type;
+  p.momentsDType = momentsDType(c);
   p.activations =
       estimateActivations(p.spec, p.microBatch, p.compute, p.onGpu, c.train.recompute, tensor,
                           c.parallel.sequenceParallel, p.pipeline, p.virtualStages, p.accumulation);
@@ -410,7 +411,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
                                   c.zero.nvmePath, c.store.nvmeBudgetGb));
 
   // The placement: the store's own function, as the engine calls it (m and v on the SSD in
-  // store.nvme_state_dtype).
+  // store.nvme_state_dtype, or bf16 with optimizer.moments_dtype bf16).
   uint64_t hostBudget = p.budgets.host;
   zero::ParameterHome home = zero::parseParameterHome(c.store.parameterHome);
   bool autoDeviceBudget = c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto";
@@ -621,10 +622,12 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   int64_t deviceElems = 0, offElems = 0;
   for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
     (p.placement.optimizerTier[i] == zero::Tier::Device ? deviceElems : offElems) += in.rangeElems[i];
+  const DType moments = momentsDType(c);
   if (deviceElems > 0)
-    p.terms.push_back({"device update", double(deviceElems) * kDeviceUpdateBytesPerElem / (memoryGBs * 1e9),
+    p.terms.push_back({"device update",
+                       double(deviceElems) * deviceUpdateBytesPerElem(moments) / (memoryGBs * 1e9),
                        fmt::format("{:.3g} elements x {:.0f} B at {:.1f} TB/s", double(deviceElems),
-                                   kDeviceUpdateBytesPerElem, memoryGBs / 1000),
+                                   deviceUpdateBytesPerElem(moments), memoryGBs / 1000),
                        false});
   if (tensor > 1) {
     // Megatron's tensor parallelism: per block one all-reduce of the micro-batch's [B, S, hidden] stream
@@ -719,7 +722,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     double cpu = *m.cpuAdamwElemsPerS / double(p.ranksPerNode);
     // The GPU lane writes parameters on the device: none where parameters are homed in host memory.
     double gpuLane = c.optimizer.pipeline && homedElems == 0 && p.gradientHomeElems == 0
-                         ? std::min(*m.h2dGBs, *m.d2hGBs) * 1e9 / kGpuLaneBytesPerElem
+                         ? std::min(*m.h2dGBs, *m.d2hGBs) * 1e9 / gpuLaneBytesPerElem(moments)
                          : 0;
     double lanes = (ssd + hostElems) / (cpu + gpuLane);                      // the lanes finish together
     if (gpuLane > 0 && ssd / cpu >= hostElems / gpuLane) lanes = ssd / cpu;  // the GPU lane ran out of pieces
@@ -869,6 +872,17 @@ std::vector<std::string> fitAdvice(const config::Config& c, const PlanOptions& o
     s.store.gpuBudgetGb = s.store.hostBudgetGb = "auto";
     if (fits(s, options)) out.push_back("--set store.gpu_budget_gb=auto --set store.host_budget_gb=auto");
   }
+  // AdamW's m and v in bf16 (NOTE [AdamW moments dtype] in optim/AdamW.h): 4 bytes of state less per
+  // parameter in every tier.
+  if (c.optimizer.type != "adafactor" && c.optimizer.momentsDType != "bf16" &&
+      c.store.nvmeStateDType != "fp16") {
+    config::Config s = c;
+    s.optimizer.momentsDType = "bf16";
+    if (fits(s, options))
+      out.push_back(
+          "--set optimizer.moments_dtype=bf16: AdamW's m and v in bf16 in every tier (8 bytes of optimizer "
+          "state per parameter with the fp32 master instead of 12)");
+  }
   // The SSD tier.
   if (c.zero.nvmePath.empty()) {
     config::Config s = c;
@@ -993,7 +1007,9 @@ std::string formatPlan(const ModelStatePlan& p) {
   out << fmt::format(
       "optimizer      {}: {:.3f} bytes of optimizer state per parameter (fp32 masters included{})\n",
       p.optimizer, p.optimizerBytesPerParameter,
-      p.optimizer == "adafactor" ? "; the second moment factored per matrix" : "");
+      p.optimizer == "adafactor"      ? "; the second moment factored per matrix"
+      : p.momentsDType == DType::BF16 ? "; m and v in bf16, optimizer.moments_dtype"
+                                      : "");
 
   out << "\nmodel state per rank, by tier:\n";
   out << fmt::format("  {:<22} {:>12} {:>12} {:>12}\n", "", "device", "host", "ssd");

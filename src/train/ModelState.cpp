@@ -240,12 +240,13 @@ StateBytes stateBytes(const ModelState& s, const config::Config& c, const optim:
   for (size_t i = 0; i < s.chunks->numChunks(); ++i) {
     b.parameterChunks.push_back(uint64_t(s.parameterHome(i).nbytes()));
     b.parameters += b.parameterChunks.back();
-    // AdamW: master, m, v (fp32); Adafactor: the master and its state.
+    // AdamW: the fp32 master, m and v (fp32 or bf16, optimizer.moments_dtype); Adafactor: the master and its
+    // state.
     uint64_t elems = uint64_t(s.ranges[i].size());
     b.optimizer.push_back(c.optimizer.type == "adafactor"
                               ? elems * 4 +
                                     optim::adafactorStateBytes(s.chunks->layout(), i, s.ranges[i], adafactor)
-                              : elems * 4 * 3);
+                              : elems * (4 + 2 * dtypeSize(plan::momentsDType(c))));
     b.nvme.push_back(nvmeFields(s, c, adafactor, i).bytes());
   }
   return b;
@@ -324,7 +325,7 @@ void makeOptimizer(ModelState& s, const config::Config& c, const optim::Adafacto
         optim::AdamWConfig{c.optimizer.lr, c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps,
                            c.optimizer.weightDecay, c.optimizer.pipeline, c.zero.pinMemory,
                            std::max<int64_t>(1, int64_t(c.optimizer.pipelinePieceMb * double(1 << 20) / 4)),
-                           c.store.delayedUpdate, int(c.zero.bufferCount)},
+                           c.store.delayedUpdate, int(c.zero.bufferCount), plan::momentsDType(c)},
         s.ranges, s.parameterShards, s.placement.optimizerTier, s.nvme.get());
   }
   s.masters.clear();

@@ -9,6 +9,7 @@
 #include "strata/config/Config.h"
 #include "strata/config/ConfigKeys.h"
 #include "strata/optim/Adafactor.h"
+#include "strata/plan/PlacementInputs.h"
 
 using namespace strata;
 using strata::config::parseConfig;
@@ -205,6 +206,32 @@ TEST_CASE("optimizer.type adafactor and its keys", "[train][config][adafactor]")
               .zero.offloadOptimizerDevice == "nvme");
   REQUIRE(errorOf("optimizer:\n  type: adafactor\nprecision:\n  dtype: fp16\n  grad_accum_dtype: bf16\n")
               .find("the compute dtype") != std::string::npos);
+}
+
+TEST_CASE("optimizer.moments_dtype: AdamW's only, and the SSD keeps bf16 moments as they are",
+          "[train][config]") {
+  // NOTE [AdamW moments dtype] in optim/AdamW.h.
+  REQUIRE(parseConfig("", "t.yaml", {}, false).optimizer.momentsDType == "fp32");
+  auto c = parseConfig("optimizer:\n  moments_dtype: bf16\n", "t.yaml", {}, false);
+  REQUIRE(c.optimizer.momentsDType == "bf16");
+  REQUIRE(plan::momentsDType(c) == DType::BF16);
+  REQUIRE(plan::nvmeStateDType(c) == DType::BF16);  // store.nvme_state_dtype fp32 (the default) or bf16
+  auto bf16Ssd = parseConfig("optimizer:\n  moments_dtype: bf16\nstore:\n  nvme_state_dtype: bf16\n",
+                             "t.yaml", {}, false);
+  REQUIRE(plan::nvmeStateDType(bf16Ssd) == DType::BF16);
+  REQUIRE(plan::momentsDType(parseConfig("", "t.yaml", {}, false)) == DType::F32);
+  REQUIRE(errorOf("optimizer:\n  moments_dtype: fp16\n").find("optimizer.moments_dtype") !=
+          std::string::npos);
+  // Adafactor: refused, naming its own key.
+  std::string e = errorOf("optimizer:\n  type: adafactor\n  moments_dtype: bf16\n");
+  REQUIRE(e.find("optimizer.moments_dtype") != std::string::npos);
+  REQUIRE(e.find("optimizer.adafactor_bf16_momentum: true") != std::string::npos);
+  REQUIRE(parseConfig("optimizer:\n  type: adafactor\n  moments_dtype: fp32\n", "t.yaml", {}, false)
+              .optimizer.type == "adafactor");
+  // fp16 on the SSD would round bf16 moments again.
+  e = errorOf("optimizer:\n  moments_dtype: bf16\nstore:\n  nvme_state_dtype: fp16\n");
+  REQUIRE(e.find("store.nvme_state_dtype") != std::string::npos);
+  REQUIRE(e.find("set store.nvme_state_dtype to bf16") != std::string::npos);
 }
 
 TEST_CASE("precision.fp8 takes bf16 only and reads its recipe's keys", "[config][fp8]") {

@@ -165,7 +165,10 @@ TEST_CASE(
     "[optim][adamw][chunks][store]") {
   // Three bf16 chunks: one stays on the device, one is homed on the host, one on the SSD; after two steps
   // the memory tracer's move brings the off-device ones onto the device. Every step must be bit for bit the
-  // all-on-device update (on the CPU both run the same kernel).
+  // all-on-device update (on the CPU both run the same kernel), with m and v in fp32 and in bf16
+  // (optimizer.moments_dtype: bf16 in every tier, the SSD's fields included).
+  DType momentsDType = GENERATE(DType::F32, DType::BF16);
+  INFO("moments " << dtypeName(momentsDType));
   fs::path dir = test::freshDir("strata-adamw-tiers");
   Generator gen(5);
   auto make = [&](Generator& g) {
@@ -183,14 +186,25 @@ TEST_CASE(
   zero::ChunkManager c1(ps1, chunkBytes, DType::BF16), c2(ps2, chunkBytes, DType::BF16);
   REQUIRE(c1.numChunks() == 3);
   optim::AdamWConfig cfg{0.01, 0.9, 0.95, 1e-8, 0.1};
+  cfg.momentsDType = momentsDType;
   optim::AdamW onDevice(c1, c1.takeMasters(), cfg);
   std::vector<int64_t> nvmeElems = {0, 0, c2.paddedElems(2)};
-  zero::NvmeTier nvme(dir.string(), 0, nvmeElems, DType::F32);
+  zero::NvmeTier nvme(dir.string(), 0, nvmeElems, momentsDType);
   optim::AdamW tiered(c2, c2.takeMasters(), cfg, {}, {},
                       {zero::Tier::Device, zero::Tier::Host, zero::Tier::Nvme}, &nvme);
   REQUIRE(tiered.home(1) == zero::Tier::Host);
   REQUIRE(tiered.masterFlats()[1].device().isCpu());
   REQUIRE(!tiered.masterFlats()[2].defined());
+  for (size_t c : {0, 1}) {
+    REQUIRE(tiered.firstMoments()[c].dtype() == momentsDType);
+    REQUIRE(tiered.secondMoments()[c].dtype() == momentsDType);
+  }
+  REQUIRE(nvme.fieldDType(2, zero::NvmeTier::FirstMoment) == momentsDType);
+  // The state's bytes: 4 for the master, 2 x 2 or 2 x 4 for m and v.
+  uint64_t perElem = 4 + 2 * dtypeSize(momentsDType);
+  REQUIRE(tiered.stateBytes(1) == uint64_t(c2.paddedElems(1)) * perElem);
+  REQUIRE(tiered.deviceStateBytes(1) == uint64_t(c2.paddedElems(1)) * perElem);
+  REQUIRE(nvme.chunkStateBytes(2) == uint64_t(c2.paddedElems(2)) * perElem);
   for (int step = 0; step < 4; ++step) {
     if (step == 2) {
       tiered.moveToDevice(1, Device::cpu());
@@ -210,7 +224,9 @@ TEST_CASE(
       REQUIRE(ps1[k].second.toVector<double>() == ps2[k].second.toVector<double>());
   }
   for (size_t c = 0; c < 3; ++c) {
+    REQUIRE(tiered.firstMoments()[c].dtype() == momentsDType);  // moved with their dtype
     REQUIRE(tiered.firstMoments()[c].toVector<float>() == onDevice.firstMoments()[c].toVector<float>());
+    REQUIRE(tiered.secondMoments()[c].toVector<float>() == onDevice.secondMoments()[c].toVector<float>());
     REQUIRE(tiered.masterFlats()[c].toVector<float>() == onDevice.masterFlats()[c].toVector<float>());
   }
 }
@@ -372,12 +388,15 @@ TEST_CASE("[cuda] the pipelined update of host and SSD state gives the sequentia
   // NOTE [Pipelined update]: the CPU lane and the GPU lane split the host pieces between them; whatever the
   // split, every parameter, master and moment must equal the one-chunk-at-a-time CPU update's, step by step,
   // and the 16-bit chunks keep zeros between their parameters. With fp32 gradients, and with bf16 ones
-  // (precision.grad_accum_dtype), which cross to the CPU lane at 2 bytes each.
+  // (precision.grad_accum_dtype), which cross to the CPU lane at 2 bytes each; with fp32 m and v, and with
+  // bf16 ones (optimizer.moments_dtype), which cross the GPU lane at 2 bytes each and the SSD as they are.
   STRATA_REQUIRE_CUDA();
   DType gradDType = GENERATE(DType::F32, DType::BF16);
-  INFO("gradients " << dtypeName(gradDType));
+  DType momentsDType = GENERATE(DType::F32, DType::BF16);
+  INFO("gradients " << dtypeName(gradDType) << ", moments " << dtypeName(momentsDType));
   Device gpu = Device::cuda(0);
-  fs::path dir = test::freshDir(std::string("strata-adamw-pipeline-") + dtypeName(gradDType));
+  fs::path dir = test::freshDir(std::string("strata-adamw-pipeline-") + dtypeName(gradDType) + "-" +
+                                dtypeName(momentsDType));
   auto make = [&](Generator& g) {
     std::vector<std::pair<std::string, Tensor>> ps;
     for (int k = 0; k < 8; ++k) {
@@ -399,8 +418,9 @@ TEST_CASE("[cuda] the pipelined update of host and SSD state gives the sequentia
   REQUIRE(n == homes.size());
   std::vector<int64_t> elems;
   for (size_t c = 0; c < n; ++c) elems.push_back(homes[c] == Tier::Nvme ? c1.paddedElems(c) : 0);
-  zero::NvmeTier nvme1(dir.string(), 1, elems, DType::F32), nvme2(dir.string(), 2, elems, DType::F32);
+  zero::NvmeTier nvme1(dir.string(), 1, elems, momentsDType), nvme2(dir.string(), 2, elems, momentsDType);
   optim::AdamWConfig pipelined{0.01, 0.9, 0.95, 1e-8, 0.1, true, true, 700};  // several pieces per chunk
+  pipelined.momentsDType = momentsDType;
   optim::AdamWConfig sequential = pipelined;
   sequential.pipeline = false;
   optim::AdamW a(c1, c1.takeMasters(), pipelined, {}, {}, homes, &nvme1);
@@ -423,6 +443,7 @@ TEST_CASE("[cuda] the pipelined update of host and SSD state gives the sequentia
       INFO("chunk " << c);
       REQUIRE(c1.paddedFlat(c).toVector<double>() == c2.paddedFlat(c).toVector<double>());
       if (homes[c] == Tier::Nvme) continue;
+      REQUIRE(a.firstMoments()[c].dtype() == momentsDType);
       REQUIRE(a.masterFlats()[c].toVector<double>() == b.masterFlats()[c].toVector<double>());
       REQUIRE(a.firstMoments()[c].toVector<double>() == b.firstMoments()[c].toVector<double>());
       REQUIRE(a.secondMoments()[c].toVector<double>() == b.secondMoments()[c].toVector<double>());
@@ -457,7 +478,9 @@ TEST_CASE("the delayed SSD update lands each step's update one step late, and eq
   // NOTE [Delayed SSD update]: the reference is the plain optimizer with the same chunks in host memory, fed
   // the same gradients. After step t the delayed one's SSD chunks hold the reference's parameters of step
   // t - 1 and every other chunk those of step t; once finished, all parameters and the SSD's state are the
-  // reference's.
+  // reference's. With m and v in fp32, and in bf16 (optimizer.moments_dtype; on the SSD as they are).
+  DType momentsDType = GENERATE(DType::F32, DType::BF16);
+  INFO("moments " << dtypeName(momentsDType));
   fs::path dir = test::freshDir("strata-adamw-delayed");
   auto make = [](Generator& g) {
     std::vector<std::pair<std::string, Tensor>> ps;
@@ -479,8 +502,9 @@ TEST_CASE("the delayed SSD update lands each step's update one step late, and eq
   REQUIRE(n == homes.size());
   std::vector<int64_t> elems;
   for (size_t c = 0; c < n; ++c) elems.push_back(homes[c] == Tier::Nvme ? c1.paddedElems(c) : 0);
-  zero::NvmeTier nvme(dir.string(), 1, elems, DType::F32);
+  zero::NvmeTier nvme(dir.string(), 1, elems, momentsDType);
   optim::AdamWConfig cfg{0.01, 0.9, 0.95, 1e-8, 0.1};
+  cfg.momentsDType = momentsDType;
   optim::AdamWConfig delayedCfg = cfg;
   delayedCfg.delayedSsdUpdate = true;
   optim::AdamW delayed(c1, c1.takeMasters(), delayedCfg, {}, {}, homes, &nvme);

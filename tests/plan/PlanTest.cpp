@@ -151,6 +151,74 @@ TEST_CASE("plan: GPT-6.7B with its optimizer on the host", "[train][plan]") {
   REQUIRE(plan::formatPlan(bf16).find("would keep") == std::string::npos);
 }
 
+TEST_CASE("plan: AdamW's m and v in bf16 take 2 bytes each in every tier", "[train][plan]") {
+  // optimizer.moments_dtype: bf16 (NOTE [AdamW moments dtype] in optim/AdamW.h): 8 bytes of optimizer state
+  // per parameter with the fp32 master, on the host and in the GPU lane's traffic.
+  plan::PlanOptions options = roundMachine();
+  std::vector<std::string> host{"zero_optimization.offload_optimizer.device=cpu"};
+  plan::ModelStatePlan wide = plan::planModelState(configFile("gpt3-6.7b.yaml", host), options);
+  host.push_back("optimizer.moments_dtype=bf16");
+  plan::ModelStatePlan p = plan::planModelState(configFile("gpt3-6.7b.yaml", host), options);
+  REQUIRE(p.fits);
+  const int hostTier = int(zero::Tier::Host);
+  uint64_t elems = uint64_t(p.inputs.rangeElemsTotal());
+  CHECK(p.kindBytes[plan::kMasters][hostTier] == 4 * elems);
+  CHECK(p.kindBytes[plan::kFirstMoments][hostTier] == 2 * elems);
+  CHECK(p.kindBytes[plan::kSecondMoments][hostTier] == 2 * elems);
+  CHECK(p.optimizerBytesPerParameter == Approx(8.0));
+  CHECK(wide.optimizerBytesPerParameter == Approx(12.0));
+  std::string text = plan::formatPlan(p);
+  CHECK(text.find("8.000 bytes of optimizer state per parameter (fp32 masters included; m and v in bf16") !=
+        std::string::npos);
+  // The GPU lane moves 16 bytes an element instead of 24: it takes more of the host update.
+  CHECK(plan::gpuLaneBytesPerElem(DType::BF16) == 16);
+  CHECK(plan::gpuLaneBytesPerElem(DType::F32) == plan::kGpuLaneBytesPerElem);
+  double lanes = double(elems) / (1e9 + 25e9 / 16.0);
+  CHECK(term(p, "host update")->seconds ==
+        Approx(std::max(lanes, 4.0 * double(elems) / 25e9 + 2.0 * double(elems) / 50e9)));
+  // On the SSD they are bf16 whatever store.nvme_state_dtype says: the state all there (4 TB free), the
+  // SSD term reads and writes 8 bytes a parameter.
+  options.calibration->nvmeFreeBytes = 4000ull << 30;
+  plan::ModelStatePlan ssd = plan::planModelState(
+      configFile("gpt3-6.7b.yaml", {"zero_optimization.offload_optimizer.device=nvme",
+                                    "zero_optimization.nvme_path=/tmp/strata-plan-moments",
+                                    "store.nvme_state_dtype=fp32", "optimizer.moments_dtype=bf16"}),
+      options);
+  const int nvme = int(zero::Tier::Nvme);
+  REQUIRE(ssd.placement.chunksOn(zero::Tier::Nvme) == ssd.placement.optimizerTier.size());
+  CHECK(ssd.kindBytes[plan::kMasters][nvme] == 4 * elems);
+  CHECK(ssd.kindBytes[plan::kFirstMoments][nvme] == 2 * elems);
+  CHECK(ssd.kindBytes[plan::kSecondMoments][nvme] == 2 * elems);
+  CHECK(ssd.placement.bytes[nvme] == 8 * elems);
+}
+
+TEST_CASE("plan: configs/gpt3-25b-store.yaml fits one H200 with m and v in bf16, and not with fp32 ones",
+          "[train][plan]") {
+  // The 26.1B GPT at the largest layer count of width 6144 that the reference H200 (139 GiB GPU, 125 GiB of
+  // RAM, 64 GiB of disk) places with optimizer.moments_dtype bf16.
+  plan::PlanOptions options;
+  options.calibration = plan::measuredH200();
+  config::Config c = configFile("gpt3-25b-store.yaml");
+  REQUIRE(c.optimizer.momentsDType == "bf16");
+  REQUIRE(c.model.numLayers == 57);
+  plan::ModelStatePlan p = plan::planModelState(c, options);
+  INFO(plan::formatPlan(p));
+  REQUIRE(p.fits);
+  CHECK(double(p.parameters) > 26e9);
+  CHECK(p.optimizerBytesPerParameter == Approx(8.0));
+  for (int t : {int(zero::Tier::Device), int(zero::Tier::Host), int(zero::Tier::Nvme)})
+    CHECK(p.placement.bytes[t] > 0);
+  // One layer more does not fit; with fp32 m and v not even 55 layers do, and the refusal names the key.
+  CHECK(!plan::planModelState(configFile("gpt3-25b-store.yaml", {"model.num_layers=58"}), options).fits);
+  config::Config wide =
+      configFile("gpt3-25b-store.yaml", {"model.num_layers=55", "optimizer.moments_dtype=fp32"});
+  CHECK(!plan::planModelState(wide, options).fits);
+  std::vector<std::string> advice = plan::fitAdvice(wide, options);
+  CHECK(std::find_if(advice.begin(), advice.end(), [](const std::string& a) {
+          return a.rfind("--set optimizer.moments_dtype=bf16", 0) == 0;
+        }) != advice.end());
+}
+
 TEST_CASE("plan: the activation estimate matches the measured GPT-6.7B forward", "[train][plan]") {
   // BENCHMARKS.md (the 6.7B activation measurement): B8 x seq 512, 86.96 GiB after the engine was built,
   // 103.8 after the forward: 16.84 GiB of activations.
@@ -719,6 +787,10 @@ TEST_CASE("the automatic host budget leaves the system its reserve and the store
   CHECK(plan::hostHeadroomBytes(c, 1 << 20, 2 * GiB) == GiB + GiB / 2 + 128 * MiB);
   config::Config ssd = configFile("gpt-nano.yaml", {"zero_optimization.nvme_path=/tmp/strata-headroom"});
   CHECK(plan::hostHeadroomBytes(ssd, 1 << 20, 125 * GiB) == 9 * GiB + 128 * MiB + 24 * MiB);
+  // AdamW's m and v in bf16 (optimizer.moments_dtype): 4 + 2 + 2 bytes a set.
+  config::Config narrow = configFile(
+      "gpt-nano.yaml", {"zero_optimization.nvme_path=/tmp/strata-headroom", "optimizer.moments_dtype=bf16"});
+  CHECK(plan::hostHeadroomBytes(narrow, 1 << 20, 125 * GiB) == 9 * GiB + 128 * MiB + 16 * MiB);
   // auto is what is available less the headroom, at most 90% of it; a budget given is taken as given.
   uint64_t headroom = 9 * GiB + 128 * MiB;
   CHECK(plan::storeBudgets(c, 0, zero::kUnlimited, 40 * GiB, 0, headroom).host == 40 * GiB - headroom);

@@ -954,6 +954,129 @@ TEST_CASE("state across the device, host and SSD tiers trains bit for bit like s
   REQUIRE(e.find("store.nvme_budget_gb") != std::string::npos);
 }
 
+TEST_CASE(
+    "AdamW with m and v in bf16 trains close to fp32 moments, bit for bit alike in every tier, and resumes "
+    "bit for bit",
+    "[train][trainer][store][nvme]") {
+  // NOTE [AdamW moments dtype] in optim/AdamW.h: optimizer.moments_dtype bf16 on the device, in host memory
+  // and on the SSD (stored as they are, though store.nvme_state_dtype says fp32).
+  fs::path base = test::freshDir("strata-bf16-moments");
+  std::vector<std::string> common = {"model.dropout=0", "zero_optimization.chunk_size_mb=0.02"};
+  auto with = [&](std::vector<std::string> extra, bool bf16 = true) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    if (bf16) extra.push_back("optimizer.moments_dtype=bf16");
+    return extra;
+  };
+  std::string saveEvery10 = "checkpoint.save_interval=10";
+  train::Trainer(tinyConfig(base / "fp32",
+                            with({"checkpoint.save=" + (base / "fp32-ckpt").string(), saveEvery10}, false)))
+      .run();
+  train::Trainer(
+      tinyConfig(base / "memory", with({"checkpoint.save=" + (base / "ckpt").string(), saveEvery10})))
+      .run();
+  std::vector<std::string> tiers = {"store.gpu_budget_gb=0.0002", "store.host_budget_gb=0.0002",
+                                    "zero_optimization.nvme_path=" + (base / "nvme").string(),
+                                    "store.nvme_state_dtype=fp32"};
+  std::vector<std::string> saving = tiers;
+  saving.push_back("checkpoint.save=" + (base / "tiers-ckpt").string());
+  saving.push_back(saveEvery10);
+  train::Trainer(tinyConfig(base / "tiers", with(saving))).run();
+  auto fp32 = records(base / "fp32"), memory = records(base / "memory");
+  // Every tier updates with the same kernel from the same bits.
+  requireSameCurves(memory, records(base / "tiers"));
+  nlohmann::json last;
+  for (const auto& r : records(base / "tiers"))
+    if (r.contains("loss")) last = r;
+  for (const char* tier : {"mem_state_device_gb", "mem_state_host_gb", "mem_state_nvme_gb"}) {
+    INFO(tier);
+    REQUIRE(last[tier].get<double>() > 0);
+  }
+  // Rounding m and v each step moves the curve a little from fp32 moments'.
+  double worst = 0;
+  for (size_t i = 0; i < fp32.size(); ++i)
+    if (fp32[i].contains("loss"))
+      worst = std::max(worst, std::abs(fp32[i]["loss"].get<double>() - memory[i]["loss"].get<double>()));
+  double first = 0, lastLoss = 0;
+  for (const auto& r : memory)
+    if (r.contains("loss")) (first == 0 ? first : lastLoss) = r["loss"].get<double>();
+  INFO("largest loss difference from fp32 moments: " << worst << "; loss " << first << " -> " << lastLoss);
+  REQUIRE(worst > 0);
+  REQUIRE(worst < 0.05);
+  REQUIRE(lastLoss < first - 1.5);
+  {
+    // The engine's accounting: 4 + 2 + 2 bytes per element in every tier, as the placement weighed it.
+    config::Config config = tinyConfig(base / "engine", with(tiers));
+    auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+    data::CausalLmObjective objective(model, nullptr);
+    train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
+    const zero::StorePlacement& placement = engine.placement();
+    INFO(placement.table());
+    REQUIRE(placement.chunksOn(zero::Tier::Nvme) > 0);
+    REQUIRE(placement.chunksOn(zero::Tier::Host) > 0);
+    REQUIRE(placement.total() == engine.modelStateBytes());
+    uint64_t elems = 0;
+    for (const auto& r : engine.optimizer().ranges()) elems += uint64_t(r.size());
+    // Beside the parameters; an fp32 chunk on the device is its own master: at most 8 bytes an element.
+    uint64_t optimizerBytes = engine.modelStateBytes() - placement.parameterBytes -
+                              placement.parameterHostBytes - placement.parameterNvmeBytes;
+    REQUIRE(optimizerBytes <= elems * (4 + 2 + 2));
+    REQUIRE(optimizerBytes > elems * (2 + 2));
+    uint64_t ssdElems = 0;
+    for (size_t c = 0; c < placement.optimizerTier.size(); ++c)
+      if (placement.optimizerTier[c] == zero::Tier::Nvme)
+        ssdElems += uint64_t(engine.optimizer().ranges()[c].size());
+    REQUIRE(placement.bytes[int(zero::Tier::Nvme)] == ssdElems * (4 + 2 + 2));
+  }
+  // Resumes continue the curve bit for bit: in memory from memory, into the tiers from the tiers, and across
+  // (the checkpoint holds fp32 pieces either way).
+  for (auto [from, into] :
+       {std::pair{"ckpt", "memory"}, std::pair{"tiers-ckpt", "tiers"}, std::pair{"tiers-ckpt", "memory"}}) {
+    INFO(from << " into " << into);
+    std::vector<std::string> resume = std::string(into) == "tiers" ? tiers : std::vector<std::string>{};
+    resume.push_back("checkpoint.load=" + (base / from / "step-10").string());
+    fs::path out = base / (std::string("resumed-") + from + "-" + into);
+    train::Trainer(tinyConfig(out, with(resume))).run();
+    auto tail = records(out);
+    REQUIRE(!tail.empty());
+    requireSameCurves(std::vector<nlohmann::json>(memory.end() - std::ptrdiff_t(tail.size()), memory.end()),
+                      tail);
+  }
+  // The moments' dtype is the run's (it changes the step's numbers): a resume that changes it is refused,
+  // naming it, unless checkpoint.allow_changes says so. Then a bf16-moments checkpoint loads into an
+  // fp32-moments run (widened exactly), and an fp32 one into a bf16-moments run (rounded): the first step's
+  // loss is the saving run's (the same weights), and the curve goes on close to it.
+  std::string refused = test::errorOf([&] {
+    train::Trainer(
+        tinyConfig(base / "refused", with({"checkpoint.load=" + (base / "fp32-ckpt" / "step-10").string()})))
+        .run();
+  });
+  REQUIRE(refused.find("optimizer.moments_dtype: fp32 in the checkpoint, bf16 now") != std::string::npos);
+  for (bool toFp32 : {true, false}) {
+    INFO((toFp32 ? "bf16 moments into fp32 ones" : "fp32 moments into bf16 ones"));
+    fs::path out = base / (toFp32 ? "into-fp32" : "into-bf16");
+    fs::path from = base / (toFp32 ? "ckpt" : "fp32-ckpt") / "step-10";
+    std::vector<std::string> sets = {"checkpoint.load=" + from.string(), "checkpoint.allow_changes=true"};
+    if (toFp32) sets.push_back("optimizer.moments_dtype=fp32");
+    train::Trainer(tinyConfig(out, with(sets, !toFp32))).run();
+    auto into = records(out);
+    const auto& saver = toFp32 ? memory : fp32;
+    REQUIRE(!into.empty());
+    std::vector<nlohmann::json> saverTail(saver.end() - std::ptrdiff_t(into.size()), saver.end());
+    bool first = true, departs = false;
+    for (size_t i = 0; i < into.size(); ++i) {
+      if (!into[i].contains("loss")) continue;
+      double a = into[i]["loss"].get<double>(), b = saverTail[i]["loss"].get<double>();
+      if (first)
+        REQUIRE(a == b);
+      else
+        REQUIRE(std::abs(a - b) < 0.05);
+      departs = departs || a != b;
+      first = false;
+    }
+    REQUIRE(departs);  // the new dtype ran: the curve is not the saving run's
+  }
+}
+
 namespace {
 
 // Trains the tiny model twice with state across the device, host and SSD tiers, with the sequential update
@@ -1030,6 +1153,9 @@ TEST_CASE("the pipelined update equals the sequential one bit for bit, with stat
           "[train][trainer][store][nvme][pipeline]") {
   nlohmann::json last = pipelineMatchesSequential(test::freshDir("strata-pipeline"), {}, true);
   REQUIRE(last["offload_gpu_share"].get<double>() == 0);  // no GPU: the CPU lane takes every piece
+  // m and v in bf16 (optimizer.moments_dtype), in host memory and on the SSD.
+  pipelineMatchesSequential(test::freshDir("strata-pipeline-bf16-moments"), {"optimizer.moments_dtype=bf16"},
+                            true);
 }
 
 TEST_CASE("[cuda] the pipelined update shares the host state with the GPU and keeps the sequential bits",
@@ -1048,6 +1174,11 @@ TEST_CASE("[cuda] the pipelined update shares the host state with the GPU and ke
   pipelineMatchesSequential(test::freshDir("strata-pipeline-cuda-2"),
                             {"train.device=cuda", "precision.dtype=bf16", "zero_optimization.buffer_count=2"},
                             false);
+  // m and v in bf16 (optimizer.moments_dtype): the GPU lane streams them through its scratch at 2 bytes.
+  nlohmann::json bf16Moments = pipelineMatchesSequential(
+      test::freshDir("strata-pipeline-cuda-bf16-moments"),
+      {"train.device=cuda", "precision.dtype=bf16", "optimizer.moments_dtype=bf16"}, false);
+  REQUIRE(bf16Moments["offload_gpu_share"].get<double>() > 0);
 }
 
 TEST_CASE("store.delayed_update trains with the SSD chunks one step behind, close to the undelayed curve",
@@ -1465,6 +1596,38 @@ TEST_CASE(
                                             << allocated["host"] << " homed; gradient buffers "
                                             << gradientBytes);
   REQUIRE(allocated["host"] + gradientBytes / 2 < allocated["device"]);
+}
+
+TEST_CASE(
+    "[cuda] AdamW with m and v in bf16 trains like fp32 moments on the GPU, from host state and the SSD",
+    "[cuda][train][trainer][adamw][store]") {
+  STRATA_REQUIRE_CUDA();
+  // NOTE [AdamW moments dtype] in optim/AdamW.h: the device's kernel, the pipelined update's two lanes (the
+  // GPU lane streams bf16 m and v through its scratch) and the SSD tier, each with m and v in bf16.
+  fs::path base = test::freshDir("strata-adamw-bf16-moments-cuda");
+  std::vector<std::string> cuda = {"train.device=cuda", "precision.dtype=bf16", "model.dropout=0",
+                                   "zero_optimization.chunk_size_mb=0.02", "optimizer.lr=0.01"};
+  train::Trainer(tinyConfig(base / "fp32", cuda)).run();
+  std::vector<std::string> bf16 = cuda;
+  bf16.push_back("optimizer.moments_dtype=bf16");
+  train::Trainer(tinyConfig(base / "device", bf16)).run();
+  std::vector<std::string> host = bf16;
+  host.push_back("zero_optimization.offload_optimizer.device=cpu");
+  train::Trainer(tinyConfig(base / "host", host)).run();
+  std::vector<std::string> ssd = bf16;
+  ssd.insert(ssd.end(), {"zero_optimization.offload_optimizer.device=nvme",
+                         "zero_optimization.nvme_path=" + (base / "nvme").string()});
+  train::Trainer(tinyConfig(base / "ssd", ssd)).run();
+  auto reference = records(base / "fp32");
+  for (const char* run : {"device", "host", "ssd"})
+    requireCloseCurves(reference, records(base / run), run, 0.1, 1.5);
+  nlohmann::json last;
+  for (const auto& r : records(base / "host"))
+    if (r.contains("loss")) last = r;
+  REQUIRE(last["offload_gpu_share"].get<double>() > 0);
+  for (const auto& r : records(base / "ssd"))
+    if (r.contains("loss")) last = r;
+  REQUIRE(last["mem_state_nvme_gb"].get<double>() > 0);
 }
 
 TEST_CASE("train.recompute selective and full train a GPT with the losses of none, at ZeRO stages 0 and 3",

@@ -247,8 +247,11 @@ int runInfo(const std::string& configPath, const std::vector<std::string>& overr
     kinds.push_back({"Adafactor v (factored)", total / double(params) - firstMoment,
                      "row and column means per matrix, full v per vector"});
   } else {
-    kinds.push_back({"AdamW m (fp32)", 4, "per chunk"});
-    kinds.push_back({"AdamW v (fp32)", 4, "per chunk"});
+    // optimizer.moments_dtype: fp32 or bf16, in every tier.
+    const std::string& moments = c.optimizer.momentsDType;
+    double momentBytes = moments == "bf16" ? 2 : 4;
+    kinds.push_back({"AdamW m (" + moments + ")", momentBytes, "per chunk"});
+    kinds.push_back({"AdamW v (" + moments + ")", momentBytes, "per chunk"});
   }
   double perParam = 0;
   std::printf("model state by kind:       bytes/param  total\n");

@@ -115,6 +115,8 @@ struct OptimizerConfig {
   double clipGrad = 1.0;        // 0: no clipping
   bool pipeline = true;         // the pipelined CPU+GPU update of offloaded state (NOTE [Pipelined update])
   double pipelinePieceMb = 16;  // its pieces: MiB of fp32 state per field (4M elements)
+  // AdamW's m and v in every tier: fp32, or bf16 (12 bytes of state per parameter instead of 16).
+  std::string momentsDType = "fp32";
   AdafactorOptions adafactor;
 };
 

@@ -283,19 +283,22 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 
 // ---- optimizer updates
 // -------------------------------------------------------------------------------------------- AdamW
-// (decoupled weight decay) over a list of tensors on one device, in place. param, m and v: fp32, contiguous;
-// grad: contiguous fp32, bf16 or f16 (16-bit gradient buffers, precision.grad_accum_dtype: widened exactly
-// as they are read, so the update equals the one from the widened fp32 gradient). One fused launch on the
+// (decoupled weight decay) over a list of tensors on one device, in place. param: fp32, contiguous; m and v:
+// contiguous, both fp32 or both bf16 (optimizer.moments_dtype: widened exactly as they are read, the update
+// computed in fp32 as with fp32 moments, and the new m and v rounded to nearest even as they are written, as
+// BFloat16(float) rounds; a NaN stays a NaN); grad: contiguous fp32, bf16 or f16 (16-bit gradient buffers,
+// precision.grad_accum_dtype: widened exactly as they are read, so the update equals the one from the
+// widened fp32 gradient). One fused launch on the
 // GPU. `copy` (optional): a contiguous bf16, f16 or f32 tensor of param's size that receives the updated
 // param rounded to its dtype in the same pass (the 16-bit parameter whose fp32 master `param` is). Bumps the
 // storage versions of param and copy.
 //
 // NOTE [AdamW bits]: the CPU kernels (every path) and the GPU kernel give the same bits for the same inputs.
 // They run one sequence of IEEE operations (products not contracted into fused multiply-adds except where
-// the sequence has one; correctly rounded division and square root; round-to-nearest-even to 16 bits), and
-// the host computes the constants for both (adamwDecayFactor, 1 / bias corrections, 1 - beta). So a chunk's
-// update may run on either side and training does not depend on which (the pipelined optimizer splits the
-// host-resident state between them by their speed).
+// the sequence has one; correctly rounded division and square root; round-to-nearest-even to 16 bits, for
+// the copy and for bf16 m and v), and the host computes the constants for both (adamwDecayFactor, 1 / bias
+// corrections, 1 - beta). So a chunk's update may run on either side and training does not depend on which
+// (the pipelined optimizer splits the host-resident state between them by their speed).
 struct AdamWTensors {
   Tensor param, grad, m, v;
   float weightDecay = 0.0f;

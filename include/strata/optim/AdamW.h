@@ -1,12 +1,23 @@
-// AdamW with fp32 state (m, v) beside each fp32 master, decoupled weight decay, and bias correction.
+// AdamW with state (m, v) beside each fp32 master, decoupled weight decay, and bias correction.
 // Parameters of rank < 2 (biases, norm gains) get no weight decay, as in GPT-2/nanoGPT.
 //
 // Two ways to hold the state:
 // - per parameter: fp32 parameters that are their own masters, with m and v per tensor;
-// - per chunk (zero/ChunkManager.h): m and v are one flat fp32 buffer per chunk, and for 16-bit chunks the
+// - per chunk (zero/ChunkManager.h): m and v are one flat buffer each per chunk, and for 16-bit chunks the
 //   fp32 masters are too (ChunkManager::takeMasters); each step updates the masters and writes the 16-bit
 //   parameters in the same pass (the kernel rounds the new master into the parameter).
 // Either way a parameter whose gradient is undefined at step() (no gradient in this step) is left alone.
+//
+// NOTE [AdamW moments dtype]
+// m and v are fp32, or bf16 (optimizer.moments_dtype: AdamWConfig::momentsDType) wherever they live: on the
+// device, in host memory, in the GPU lane's device scratch, in the SSD buffer sets and in the SSD tier's
+// fields (stored as they are, whatever store.nvme_state_dtype says: config validation takes fp32 or bf16
+// there and refuses fp16). The kernels widen them as they read and round the new values to nearest even as
+// they write (NOTE [AdamW bits] in ops/Ops.h), so every tier and lane still gives the same bits. The master
+// stays fp32. State per parameter: 4 + 2 + 2 bytes instead of 4 + 4 + 4. Checkpoints save m and v as fp32
+// pieces either way (widened exactly), so a run of either dtype loads the other's (the dtype is the run's
+// setting: a resume changes it with checkpoint.allow_changes); loading into bf16 moments rounds, and a bf16
+// run's own checkpoint reloads to the same bits.
 #pragma once
 
 #include <functional>
@@ -48,6 +59,8 @@ struct AdamWConfig {
   // each (zero_optimization.buffer_count; at least 2). Host memory beyond the state: 2 x 4 bytes x
   // pieceElems per slot.
   int stagingSlots = 4;
+  // m and v: fp32 or bf16 (NOTE [AdamW moments dtype]).
+  DType momentsDType = DType::F32;
 };
 
 // NOTE [Delayed SSD update]
@@ -156,8 +169,8 @@ class AdamW final : public ChunkOptimizer {
   // reads each when it comes to it, through one buffer set (the same values, for tests and measurements).
   void setSsdReadAhead(bool on) { readAhead_ = on; }
   const AdamWConfig& config() const { return config_; }
-  // Optimizer state for checkpoints: per chunk "exp_avg.<chunk>" and "exp_avg_sq.<chunk>" (flat fp32), or per
-  // parameter "m.<param>" and "v.<param>".
+  // Optimizer state for checkpoints: per chunk "exp_avg.<chunk>" and "exp_avg_sq.<chunk>" (flat, in
+  // momentsDType), or per parameter "m.<param>" and "v.<param>".
   std::vector<std::pair<std::string, Tensor>> namedState() const;
   // The fp32 master of each parameter by name (views into the chunks' masters; the parameters themselves
   // when they are fp32): what a checkpoint saves as the model.

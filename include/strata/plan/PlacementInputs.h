@@ -33,15 +33,15 @@ struct ModelStateInputs {
   uint64_t parameterBytes = 0;
   std::vector<uint64_t> parameterChunkBytes;
   // Per chunk: this rank's optimizer state as the engine asks the placement: AdamW's range x 12 bytes (fp32
-  // master, m, v); Adafactor's fp32 master (range x 4) and its state (optim::adafactorStateBytes, the
-  // pieces of rank 0's range).
+  // master, m, v), or range x 8 with m and v in bf16 (optimizer.moments_dtype); Adafactor's fp32 master
+  // (range x 4) and its state (optim::adafactorStateBytes, the pieces of rank 0's range).
   std::vector<uint64_t> optimizerBytes;
   // Per chunk, the parts of optimizerBytes: first and second moments (on the device or the host).
   std::vector<uint64_t> firstMomentBytes, secondMomentBytes;
   // Per chunk, its state were it on the SSD, as the engine makes the SSD tier's extents: the whole (what
   // the placement weighs) and the first and second moments' parts of it (AdamW's m and v in
-  // store.nvme_state_dtype; Adafactor's first moment in bf16 or store.nvme_state_dtype, its second moment
-  // in fp32: NOTE [Adafactor SSD chunks] in optim/Adafactor.h).
+  // store.nvme_state_dtype, or bf16 with optimizer.moments_dtype bf16; Adafactor's first moment in bf16 or
+  // store.nvme_state_dtype, its second moment in fp32: NOTE [Adafactor SSD chunks] in optim/Adafactor.h).
   std::vector<uint64_t> nvmeBytes, nvmeFirstMomentBytes, nvmeSecondMomentBytes;
   // Gradient buffers on the device: every padded chunk's (what backward accumulates into, across the
   // micro-batches of a step), and this rank's shards of them (stage >= 2 on several ranks: what is left
@@ -119,7 +119,10 @@ uint64_t delayedUpdateReserveBytes(const config::Config& config, DType compute,
                                    const std::vector<int64_t>& rangeElems,
                                    const zero::StorePlacement& placement);
 
-// How the SSD tier stores m and v: store.nvme_state_dtype (fp32, bf16, fp16) as a dtype.
+// AdamW's m and v in memory: optimizer.moments_dtype (fp32, bf16) as a dtype; fp32 for Adafactor.
+DType momentsDType(const config::Config& config);
+// How the SSD tier stores m and v: store.nvme_state_dtype (fp32, bf16, fp16) as a dtype, or bf16 where
+// AdamW keeps them in bf16 (optimizer.moments_dtype; NOTE [AdamW moments dtype] in optim/AdamW.h).
 DType nvmeStateDType(const config::Config& config);
 
 // Free bytes of the file system holding `path` (or its nearest existing parent); 0 when none can be read.

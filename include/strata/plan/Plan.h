@@ -57,6 +57,14 @@ constexpr double kComputeEfficiency = 0.72;
 constexpr double kGpuLaneBytesPerElem = 24;
 // The device's fused AdamW: 28 bytes per element at 3.6 TB/s (BENCHMARKS.md: 10 ms per step at 1.3B).
 constexpr double kDeviceUpdateBytesPerElem = 28, kDeviceUpdateGBs = 3600;
+// The same two with AdamW's m and v in `moments` (optimizer.moments_dtype): each read and written, or sent
+// both ways, at its own width (bf16: 16 bytes through the GPU lane, 20 through the device's update).
+inline double gpuLaneBytesPerElem(DType moments) {
+  return kGpuLaneBytesPerElem - 4.0 * double(4 - dtypeSize(moments));
+}
+inline double deviceUpdateBytesPerElem(DType moments) {
+  return kDeviceUpdateBytesPerElem - 4.0 * double(4 - dtypeSize(moments));
+}
 // NCCL bus bandwidth between the GPUs of one machine (measured on a 2-GPU H200 machine: all_reduce of 1 GiB):
 // what a calibration without nvlink_bus_gb_s is planned with.
 constexpr double kCollectiveBusGBs = 331;
@@ -127,6 +135,7 @@ struct ModelStatePlan {
   zero::StorePlacement placement;
   uint64_t kindBytes[kNumStateKinds][zero::kNumTiers] = {};
   std::string optimizer = "adamw";  // optimizer.type
+  DType momentsDType = DType::F32;  // AdamW's m and v (optimizer.moments_dtype)
   // The optimizer's bytes per parameter on this rank's share: fp32 masters (where separate) and state.
   double optimizerBytesPerParameter = 0;
   ActivationEstimate activations;

@@ -8,8 +8,9 @@
 // placed here has an extent of three 4 KiB-aligned fields, each with its own length and stored dtype
 // (NvmeTier::ChunkFields), which the optimizer decides: AdamW's fp32 master, then m and v of the master's
 // length in store.nvme_state_dtype (fp32, bf16 or fp16; the master stays fp32, as rounding it would lose the
-// updates smaller than its last bit); Adafactor's (optim/Adafactor.h) fp32 master, its first moment (none,
-// or of the master's length) and its second moment's flat buffer, of its own length and always fp32. A
+// updates smaller than its last bit), or in bf16 where AdamW keeps them in bf16 in memory
+// (optimizer.moments_dtype, moved as they are); Adafactor's (optim/Adafactor.h) fp32 master, its first moment
+// (none, or of the master's length) and its second moment's flat buffer, of its own length and always fp32. A
 // field's values in memory are fp32, or already in the stored dtype (Adafactor's bf16 first moment), which
 // then moves as it is. A chunk whose parameters are homed on the SSD has a fourth field, after the three:
 // its 16-bit (or fp32) parameters (this rank's shard at ZeRO-3), stored in their own dtype and moved as they
@@ -35,11 +36,11 @@
 // write came from, which the order makes safe). The read-ahead stays inside a step (its first read starts
 // before the device's update): between steps no buffer holds state, so checkpoints, the memory tracer's
 // moves and loads see the file alone. Memory: two sets of buffers of the largest SSD chunk range's fields;
-// AdamW's are three fp32 buffers, 2 x 3 x 4 = 24 bytes per element of it (a 64 MB bf16 chunk whole on one
-// rank: 32 Mi elements, 768 MiB; the one set before was 384 MiB), Adafactor's the master's 4 bytes and its
-// first moment's 0, 2 or 4 (its second moment is rows plus columns), plus the staging (by default at most
-// 8 x 16 MiB = 128 MiB).
-// The thread pool converts on its threads; io_uring converts on the I/O thread as pieces complete.
+// AdamW's are three fp32 buffers, 2 x 3 x 4 = 24 bytes per element of it (16 with bf16 m and v; a 64 MB
+// bf16 chunk whole on one rank: 32 Mi elements, 768 MiB; the one set before was 384 MiB), Adafactor's the
+// master's 4 bytes and its first moment's 0, 2 or 4 (its second moment is rows plus columns), plus the
+// staging (by default at most 8 x 16 MiB = 128 MiB). The thread pool converts on its threads; io_uring
+// converts on the I/O thread as pieces complete.
 //
 // Errors. A failed read or write (ENOSPC, EIO, a short file) is an error that names the operation, the
 // bytes, the offset and the file; it is thrown by the wait for that transfer or any later one, and every

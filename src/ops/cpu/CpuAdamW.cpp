@@ -1,6 +1,7 @@
 // CPU AdamW: one fused pass over every tensor set. Each element reads the fp32 master, m, v and the gradient
 // and writes the master, m, v and the parameter's copy (bf16, f16 or f32) in the same loop iteration, so the
-// state streams through memory once: 16 bytes read and 12 + 2 written per parameter with a 16-bit copy.
+// state streams through memory once: 16 bytes read and 12 + 2 written per parameter with a 16-bit copy
+// (12 read and 8 + 2 written with m and v in bf16, optimizer.moments_dtype).
 // The copy is written with non-temporal stores by default: nothing reads it back on the CPU soon (it is
 // copied to the device), and a plain store would first read each of its lines from memory (2 more bytes per
 // parameter). NOTE [CPU AdamW stores]: the choices, master, m and v included.
@@ -44,18 +45,42 @@ namespace {
 
 enum class CopyKind { None, F32, BF16, F16 };
 enum class GradKind { F32, BF16, F16 };  // 16-bit gradient buffers are widened as they are read
+// m and v (both of one kind): fp32, or bf16 (optimizer.moments_dtype), widened as they are read and the
+// new values rounded to nearest even as they are written (NOTE [AdamW bits] in strata/ops/Ops.h).
+enum class MomentKind { F32, BF16 };
 
 // One set as raw pointers (offsets applied) and its decay factor.
 struct AdamSpan {
   float* param;
   const void* grad;
-  float* m;
-  float* v;
+  void* m;  // fp32 or bf16 (momentKind)
+  void* v;
   void* copy;
   CopyKind kind;
   GradKind gradKind;
+  MomentKind momentKind;
   float decay;  // 1 - lr * weight decay
 };
+
+// The bytes of one element of m (and of v).
+inline int64_t momentBytes(const AdamSpan& s) {
+  return s.momentKind == MomentKind::BF16 ? 2 : 4;
+}
+
+// Moment element i in fp32 (exact), and the new value stored (bf16: rounded as BFloat16(float) rounds).
+template <MomentKind kMoments>
+inline float momentAt(const void* moments, int64_t i) {
+  if constexpr (kMoments == MomentKind::BF16)
+    return bitsFloat(uint32_t(static_cast<const uint16_t*>(moments)[i]) << 16);
+  return static_cast<const float*>(moments)[i];
+}
+template <MomentKind kMoments>
+inline void setMoment(void* moments, int64_t i, float x) {
+  if constexpr (kMoments == MomentKind::BF16)
+    static_cast<uint16_t*>(moments)[i] = BFloat16::fromFloat(x);
+  else
+    static_cast<float*>(moments)[i] = x;
+}
 
 // Gradient element i in fp32 (exact for every kind). A half NaN comes back quiet, as the vector paths'
 // hardware conversion gives it.
@@ -87,15 +112,16 @@ struct AdamConsts {
 
 // ---- scalar: the reference order of operations, and the vector paths' tails
 
-void scalarRange(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
+template <MomentKind kMoments>
+void scalarRangeOf(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     float g = gradAt(s, i) * k.scale;
-    float m = std::fma(k.beta1, s.m[i], k.oneMinusBeta1 * g);
-    float v = std::fma(k.beta2, s.v[i], (k.oneMinusBeta2 * g) * g);
+    float m = std::fma(k.beta1, momentAt<kMoments>(s.m, i), k.oneMinusBeta1 * g);
+    float v = std::fma(k.beta2, momentAt<kMoments>(s.v, i), (k.oneMinusBeta2 * g) * g);
     float update = (k.negLr * (m * k.c1)) / (std::sqrt(v * k.c2) + k.eps);
     float p = std::fma(s.param[i], s.decay, update);
-    s.m[i] = m;
-    s.v[i] = v;
+    setMoment<kMoments>(s.m, i, m);
+    setMoment<kMoments>(s.v, i, v);
     s.param[i] = p;
     switch (s.kind) {
       case CopyKind::F32:
@@ -160,26 +186,33 @@ struct StreamChoice {
 StreamChoice streamChoice(const AdamSpan& s, const AdamConsts& k, int64_t i) {
   bool copy = k.stores != CpuStores::Plain && s.kind != CopyKind::None &&
               lineAligned(static_cast<char*>(s.copy) + i * (s.kind == CopyKind::F32 ? 4 : 2));
-  bool state = k.stores == CpuStores::Stream && lineAligned(s.param + i) && lineAligned(s.m + i) &&
-               lineAligned(s.v + i);
+  bool state = k.stores == CpuStores::Stream && lineAligned(s.param + i) &&
+               lineAligned(static_cast<char*>(s.m) + i * momentBytes(s)) &&
+               lineAligned(static_cast<char*>(s.v) + i * momentBytes(s));
   return {state, copy};
 }
 
 // Software prefetches for the four read streams, `ahead` elements past i (two fp32 lines each; a 16-bit
-// gradient's one). Prefetches do not fault, so past the end is harmless; the addresses are computed as
-// integers because a pointer past the end is not one C++ lets us form. Always inlined: GCC finds that a
-// function holding only prefetches has no effect and drops its calls.
+// gradient's or moment's one). Prefetches do not fault, so past the end is harmless; the addresses are
+// computed as integers because a pointer past the end is not one C++ lets us form. Always inlined: GCC finds
+// that a function holding only prefetches has no effect and drops its calls.
 [[gnu::always_inline]] inline void prefetchLine(const void* base, int64_t byteOffset) {
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + uintptr_t(byteOffset)),
                _MM_HINT_T0);
 }
 
-template <GradKind kGrad>
+template <GradKind kGrad, MomentKind kMoments>
 [[gnu::always_inline]] inline void prefetchAt(const AdamSpan& s, int64_t i, int64_t ahead) {
   int64_t at = (i + ahead) * 4;
-  for (const float* stream : {s.param, s.m, s.v}) {
-    prefetchLine(stream, at);
-    prefetchLine(stream, at + 64);
+  prefetchLine(s.param, at);
+  prefetchLine(s.param, at + 64);
+  for (const void* stream : {static_cast<const void*>(s.m), static_cast<const void*>(s.v)}) {
+    if constexpr (kMoments == MomentKind::F32) {
+      prefetchLine(stream, at);
+      prefetchLine(stream, at + 64);
+    } else {
+      prefetchLine(stream, at / 2);
+    }
   }
   if constexpr (kGrad == GradKind::F32) {
     prefetchLine(s.grad, at);
@@ -191,10 +224,10 @@ template <GradKind kGrad>
 
 // The vector range: the scalar head, the 32-element loop with the stores chosen for this span, an sfence
 // after non-temporal stores, the scalar tail. Loop<kStreamState, kStreamCopy> returns where it stopped.
-template <template <bool, bool> class Loop>
+template <template <bool, bool> class Loop, MomentKind kMoments>
 void vectorRange(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
   int64_t i = headEnd(s, begin, end);
-  scalarRange(s, k, begin, i);
+  scalarRangeOf<kMoments>(s, k, begin, i);
   StreamChoice choice = streamChoice(s, k, i);
   if (choice.state && choice.copy)
     i = Loop<true, true>::run(s, k, i, end);
@@ -205,7 +238,7 @@ void vectorRange(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t 
   else
     i = Loop<false, false>::run(s, k, i, end);
   if (choice.state || choice.copy) _mm_sfence();
-  scalarRange(s, k, i, end);
+  scalarRangeOf<kMoments>(s, k, i, end);
 }
 
 // ---- AVX-512 (avx512f for the arithmetic; bw and vl come with every AVX-512 server CPU since Skylake-SP)
@@ -253,7 +286,30 @@ STRATA_AVX512 inline void put(float* at, __m512 x) {
     _mm512_storeu_ps(at, x);
 }
 
-template <CopyKind kKind, GradKind kGrad>
+// 16 moments from element i, widened to fp32 (exactly); and 16 new ones stored, bf16 rounded as bf16Of does
+// (a stored line of bf16 moments is half a line: 32 bytes, aligned where the loop streams).
+template <MomentKind kMoments>
+STRATA_AVX512 inline __m512 momentsAt(const void* moments, int64_t i) {
+  if constexpr (kMoments == MomentKind::F32) return _mm512_loadu_ps(static_cast<const float*>(moments) + i);
+  __m256i bits =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(moments) + i));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+template <MomentKind kMoments, bool kStream>
+STRATA_AVX512 inline void putMoments(void* moments, int64_t i, __m512 x) {
+  if constexpr (kMoments == MomentKind::F32) {
+    put<kStream>(static_cast<float*>(moments) + i, x);
+  } else {
+    auto* at = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(moments) + i);
+    if constexpr (kStream)
+      _mm256_stream_si256(at, bf16Of(x));
+    else
+      _mm256_storeu_si256(at, bf16Of(x));
+  }
+}
+
+template <CopyKind kKind, GradKind kGrad, MomentKind kMoments>
 struct Avx512 {
   template <bool kStreamState, bool kStreamCopy>
   struct Loop {
@@ -264,25 +320,26 @@ struct Avx512 {
       const __m512 beta2 = _mm512_set1_ps(k.beta2), oneMinusBeta2 = _mm512_set1_ps(k.oneMinusBeta2);
       const __m512 c1 = _mm512_set1_ps(k.c1), c2 = _mm512_set1_ps(k.c2);
       // Locals: the stores below could otherwise alias `s` and make the compiler reload every pointer.
-      float *param = s.param, *firstMoment = s.m, *secondMoment = s.v;
+      float* param = s.param;
+      void *firstMoment = s.m, *secondMoment = s.v;
       const void* grad = s.grad;
       void* copy = s.copy;
       const int64_t ahead = k.prefetchElems;
       for (; i + 32 <= end; i += 32) {
-        if (ahead > 0) prefetchAt<kGrad>(s, i, ahead);
+        if (ahead > 0) prefetchAt<kGrad, kMoments>(s, i, ahead);
         __m512 p[2];
         for (int h = 0; h < 2; ++h) {
           int64_t j = i + 16 * h;
           __m512 g = _mm512_mul_ps(gradsAt<kGrad>(grad, j), scale);
           __m512 m =
-              _mm512_fmadd_ps(beta1, _mm512_loadu_ps(firstMoment + j), _mm512_mul_ps(oneMinusBeta1, g));
-          __m512 v = _mm512_fmadd_ps(beta2, _mm512_loadu_ps(secondMoment + j),
+              _mm512_fmadd_ps(beta1, momentsAt<kMoments>(firstMoment, j), _mm512_mul_ps(oneMinusBeta1, g));
+          __m512 v = _mm512_fmadd_ps(beta2, momentsAt<kMoments>(secondMoment, j),
                                      _mm512_mul_ps(_mm512_mul_ps(oneMinusBeta2, g), g));
           __m512 update = _mm512_div_ps(_mm512_mul_ps(negLr, _mm512_mul_ps(m, c1)),
                                         _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(v, c2)), eps));
           p[h] = _mm512_fmadd_ps(_mm512_loadu_ps(param + j), decay, update);
-          put<kStreamState>(firstMoment + j, m);
-          put<kStreamState>(secondMoment + j, v);
+          putMoments<kMoments, kStreamState>(firstMoment, j, m);
+          putMoments<kMoments, kStreamState>(secondMoment, j, v);
           put<kStreamState>(param + j, p[h]);
         }
         if constexpr (kKind == CopyKind::F32) {
@@ -305,9 +362,9 @@ struct Avx512 {
   };
 };
 
-template <CopyKind kKind, GradKind kGrad>
+template <CopyKind kKind, GradKind kGrad, MomentKind kMoments>
 void avx512Range(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
-  vectorRange<Avx512<kKind, kGrad>::template Loop>(s, k, begin, end);
+  vectorRange<Avx512<kKind, kGrad, kMoments>::template Loop, kMoments>(s, k, begin, end);
 }
 
 // ---- AVX2
@@ -358,7 +415,27 @@ STRATA_AVX2 inline void put(__m256i* at, __m256i x) {
     _mm256_storeu_si256(at, x);
 }
 
-template <CopyKind kKind, GradKind kGrad>
+template <MomentKind kMoments>
+STRATA_AVX2 inline __m256 momentsAt8(const void* moments, int64_t i) {
+  if constexpr (kMoments == MomentKind::F32) return _mm256_loadu_ps(static_cast<const float*>(moments) + i);
+  __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(moments) + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+template <MomentKind kMoments, bool kStream>
+STRATA_AVX2 inline void putMoments8(void* moments, int64_t i, __m256 x) {
+  if constexpr (kMoments == MomentKind::F32) {
+    put<kStream>(static_cast<float*>(moments) + i, x);
+  } else {
+    auto* at = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(moments) + i);
+    if constexpr (kStream)
+      _mm_stream_si128(at, bf16Of(x));
+    else
+      _mm_storeu_si128(at, bf16Of(x));
+  }
+}
+
+template <CopyKind kKind, GradKind kGrad, MomentKind kMoments>
 struct Avx2 {
   template <bool kStreamState, bool kStreamCopy>
   struct Loop {
@@ -368,25 +445,26 @@ struct Avx2 {
       const __m256 beta1 = _mm256_set1_ps(k.beta1), oneMinusBeta1 = _mm256_set1_ps(k.oneMinusBeta1);
       const __m256 beta2 = _mm256_set1_ps(k.beta2), oneMinusBeta2 = _mm256_set1_ps(k.oneMinusBeta2);
       const __m256 c1 = _mm256_set1_ps(k.c1), c2 = _mm256_set1_ps(k.c2);
-      float *param = s.param, *firstMoment = s.m, *secondMoment = s.v;
+      float* param = s.param;
+      void *firstMoment = s.m, *secondMoment = s.v;
       const void* grad = s.grad;
       void* copy = s.copy;
       const int64_t ahead = k.prefetchElems;
       for (; i + 32 <= end; i += 32) {
-        if (ahead > 0) prefetchAt<kGrad>(s, i, ahead);
+        if (ahead > 0) prefetchAt<kGrad, kMoments>(s, i, ahead);
         __m256 p[4];
         for (int q = 0; q < 4; ++q) {
           int64_t j = i + 8 * q;
           __m256 g = _mm256_mul_ps(gradsAt8<kGrad>(grad, j), scale);
           __m256 m =
-              _mm256_fmadd_ps(beta1, _mm256_loadu_ps(firstMoment + j), _mm256_mul_ps(oneMinusBeta1, g));
-          __m256 v = _mm256_fmadd_ps(beta2, _mm256_loadu_ps(secondMoment + j),
+              _mm256_fmadd_ps(beta1, momentsAt8<kMoments>(firstMoment, j), _mm256_mul_ps(oneMinusBeta1, g));
+          __m256 v = _mm256_fmadd_ps(beta2, momentsAt8<kMoments>(secondMoment, j),
                                      _mm256_mul_ps(_mm256_mul_ps(oneMinusBeta2, g), g));
           __m256 update = _mm256_div_ps(_mm256_mul_ps(negLr, _mm256_mul_ps(m, c1)),
                                         _mm256_add_ps(_mm256_sqrt_ps(_mm256_mul_ps(v, c2)), eps));
           p[q] = _mm256_fmadd_ps(_mm256_loadu_ps(param + j), decay, update);
-          put<kStreamState>(firstMoment + j, m);
-          put<kStreamState>(secondMoment + j, v);
+          putMoments8<kMoments, kStreamState>(firstMoment, j, m);
+          putMoments8<kMoments, kStreamState>(secondMoment, j, v);
           put<kStreamState>(param + j, p[q]);
         }
         if constexpr (kKind == CopyKind::F32)
@@ -407,49 +485,55 @@ struct Avx2 {
   };
 };
 
-template <CopyKind kKind, GradKind kGrad>
+template <CopyKind kKind, GradKind kGrad, MomentKind kMoments>
 void avx2Range(const AdamSpan& s, const AdamConsts& k, int64_t begin, int64_t end) {
-  vectorRange<Avx2<kKind, kGrad>::template Loop>(s, k, begin, end);
+  vectorRange<Avx2<kKind, kGrad, kMoments>::template Loop, kMoments>(s, k, begin, end);
 }
 
 #endif  // STRATA_CPU_X86
 
 using RangeFn = void (*)(const AdamSpan&, const AdamConsts&, int64_t, int64_t);
 
-template <CopyKind kKind, GradKind kGrad>
+template <CopyKind kKind, GradKind kGrad, MomentKind kMoments>
 RangeFn pathFor(CpuIsa isa) {
 #if STRATA_CPU_X86
-  if (isa == CpuIsa::Avx512) return &avx512Range<kKind, kGrad>;
-  if (isa == CpuIsa::Avx2) return &avx2Range<kKind, kGrad>;
+  if (isa == CpuIsa::Avx512) return &avx512Range<kKind, kGrad, kMoments>;
+  if (isa == CpuIsa::Avx2) return &avx2Range<kKind, kGrad, kMoments>;
 #endif
-  return &scalarRange;
+  return &scalarRangeOf<kMoments>;
 }
 
-template <GradKind kGrad>
+template <GradKind kGrad, MomentKind kMoments>
 RangeFn rangeFnFor(CpuIsa isa, CopyKind kind) {
   switch (kind) {
     case CopyKind::F32:
-      return pathFor<CopyKind::F32, kGrad>(isa);
+      return pathFor<CopyKind::F32, kGrad, kMoments>(isa);
     case CopyKind::BF16:
-      return pathFor<CopyKind::BF16, kGrad>(isa);
+      return pathFor<CopyKind::BF16, kGrad, kMoments>(isa);
     case CopyKind::F16:
-      return pathFor<CopyKind::F16, kGrad>(isa);
+      return pathFor<CopyKind::F16, kGrad, kMoments>(isa);
     case CopyKind::None:
       break;
   }
-  return pathFor<CopyKind::None, kGrad>(isa);
+  return pathFor<CopyKind::None, kGrad, kMoments>(isa);
 }
 
-RangeFn rangeFn(CpuIsa isa, CopyKind kind, GradKind grad) {
+template <MomentKind kMoments>
+RangeFn rangeFnOf(CpuIsa isa, CopyKind kind, GradKind grad) {
   switch (grad) {
     case GradKind::BF16:
-      return rangeFnFor<GradKind::BF16>(isa, kind);
+      return rangeFnFor<GradKind::BF16, kMoments>(isa, kind);
     case GradKind::F16:
-      return rangeFnFor<GradKind::F16>(isa, kind);
+      return rangeFnFor<GradKind::F16, kMoments>(isa, kind);
     case GradKind::F32:
       break;
   }
-  return rangeFnFor<GradKind::F32>(isa, kind);
+  return rangeFnFor<GradKind::F32, kMoments>(isa, kind);
+}
+
+RangeFn rangeFn(CpuIsa isa, const AdamSpan& s) {
+  return s.momentKind == MomentKind::BF16 ? rangeFnOf<MomentKind::BF16>(isa, s.kind, s.gradKind)
+                                          : rangeFnOf<MomentKind::F32>(isa, s.kind, s.gradKind);
 }
 
 AdamSpan spanOf(const AdamWTensors& s, const AdamWHyper& h) {
@@ -462,11 +546,12 @@ AdamSpan spanOf(const AdamWTensors& s, const AdamWHyper& h) {
                                                  : GradKind::F32;
   return AdamSpan{static_cast<float*>(s.param.data()),
                   s.grad.data(),
-                  static_cast<float*>(s.m.data()),
-                  static_cast<float*>(s.v.data()),
+                  s.m.data(),
+                  s.v.data(),
                   s.copy.defined() ? s.copy.data() : nullptr,
                   kind,
                   grad,
+                  s.m.dtype() == DType::BF16 ? MomentKind::BF16 : MomentKind::F32,
                   adamwDecayFactor(h.lr, s.weightDecay)};
 }
 
@@ -478,7 +563,7 @@ void updateRange(CpuIsa isa, const std::vector<AdamWTensors>& sets, const AdamWH
     int64_t n = s.param.numel(), lo = std::max(begin, offset), hi = std::min(end, offset + n);
     if (lo < hi) {
       AdamSpan span = spanOf(s, h);
-      rangeFn(isa, span.kind, span.gradKind)(span, k, lo - offset, hi - offset);
+      rangeFn(isa, span)(span, k, lo - offset, hi - offset);
     }
     offset += n;
     if (offset >= end) break;

@@ -14,9 +14,12 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
   if (sets.empty()) return;
   Device dev = sets[0].param.device();
   DeviceGuard guard(dev.index);
-  std::vector<kernels::AdamChunk> chunks;
+  // Sets with fp32 moments in one launch, sets with bf16 moments (optimizer.moments_dtype) in another.
+  std::vector<kernels::AdamChunk> byMoments[2];
   for (const auto& s : sets) {
     int64_t n = s.param.numel();
+    bool bf16Moments = s.m.dtype() == DType::BF16;
+    size_t momentBytes = dtypeSize(s.m.dtype());
     for (int64_t off = 0; off < n; off += kernels::kAdamChunk) {
       int kind = !s.copy.defined()               ? 0
                  : s.copy.dtype() == DType::BF16 ? 1
@@ -27,28 +30,35 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
                                : static_cast<void*>(static_cast<uint16_t*>(s.copy.data()) + off);
       int gradKind = s.grad.dtype() == DType::BF16 ? 1 : s.grad.dtype() == DType::F16 ? 2 : 0;
       const void* grad = static_cast<const char*>(s.grad.data()) + size_t(off) * dtypeSize(s.grad.dtype());
-      chunks.push_back(kernels::AdamChunk{
-          static_cast<float*>(s.param.data()) + off, grad, static_cast<float*>(s.m.data()) + off,
-          static_cast<float*>(s.v.data()) + off, std::min(kernels::kAdamChunk, n - off),
+      byMoments[bf16Moments].push_back(kernels::AdamChunk{
+          static_cast<float*>(s.param.data()) + off, grad,
+          static_cast<char*>(s.m.data()) + size_t(off) * momentBytes,
+          static_cast<char*>(s.v.data()) + size_t(off) * momentBytes, std::min(kernels::kAdamChunk, n - off),
           adamwDecayFactor(h.lr, s.weightDecay), copy, kind, gradKind});
     }
   }
-  if (chunks.empty()) return;
-  STRATA_CHECK(chunks.size() < (size_t(1) << 31), "adamw: too many chunks ({})", chunks.size());
-  // The descriptors travel in one small copy on the compute stream, ordered before the kernel that reads
-  // them.
-  size_t bytes = chunks.size() * sizeof(kernels::AdamChunk);
-  Tensor table = Tensor::empty({int64_t(bytes)}, DType::U8, dev);
-  cudaStream_t stream = streamOf(table);
-  STRATA_CUDA_CHECK(cudaMemcpyAsync(table.data(), chunks.data(), bytes, cudaMemcpyHostToDevice, stream));
   kernels::AdamParams p{-h.lr,          h.beta1, 1.0f - h.beta1,           h.beta2,
                         1.0f - h.beta2, h.eps,   1.0f / h.biasCorrection1, 1.0f / h.biasCorrection2};
   const float* scale = gradScale.defined() ? static_cast<const float*>(gradScale.data()) : nullptr;
-  kernels::adamwKernel<<<unsigned(chunks.size()), 256, 0, stream>>>(
-      static_cast<const kernels::AdamChunk*>(table.data()), p, scale);
-  STRATA_CUDA_CHECK_LAUNCH();
-  // `chunks` is pageable host memory: the copy above has completed its host-side read when cudaMemcpyAsync
-  // returns.
+  for (int bf16Moments = 0; bf16Moments < 2; ++bf16Moments) {
+    const std::vector<kernels::AdamChunk>& chunks = byMoments[bf16Moments];
+    if (chunks.empty()) continue;
+    STRATA_CHECK(chunks.size() < (size_t(1) << 31), "adamw: too many chunks ({})", chunks.size());
+    // The descriptors travel in one small copy on the compute stream, ordered before the kernel that reads
+    // them.
+    size_t bytes = chunks.size() * sizeof(kernels::AdamChunk);
+    Tensor table = Tensor::empty({int64_t(bytes)}, DType::U8, dev);
+    cudaStream_t stream = streamOf(table);
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(table.data(), chunks.data(), bytes, cudaMemcpyHostToDevice, stream));
+    auto* descriptors = static_cast<const kernels::AdamChunk*>(table.data());
+    if (bf16Moments)
+      kernels::adamwKernel<true><<<unsigned(chunks.size()), 256, 0, stream>>>(descriptors, p, scale);
+    else
+      kernels::adamwKernel<false><<<unsigned(chunks.size()), 256, 0, stream>>>(descriptors, p, scale);
+    STRATA_CUDA_CHECK_LAUNCH();
+  }
+  // `byMoments` is pageable host memory: the copies above have completed their host-side reads when
+  // cudaMemcpyAsync returns.
 }
 
 void sumOfSquares(const std::vector<Tensor>& tensors, const Tensor& out) {

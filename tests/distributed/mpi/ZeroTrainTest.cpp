@@ -290,6 +290,40 @@ TEST_CASE("optimizer state on the host and SSD tiers trains like state on the de
   }
 }
 
+TEST_CASE(
+    "AdamW's m and v in bf16 on N ranks: sharded state in the tiers trains like on the device, and "
+    "resumes exactly here and resharded at one rank",
+    "[dist][zero][store][checkpoint]") {
+  // NOTE [AdamW moments dtype] in optim/AdamW.h: optimizer.moments_dtype bf16 at stage 3, each rank's shard
+  // of m and v in bf16 on the device, in host memory and on the SSD; the checkpoint's fp32 pieces reload at
+  // this world size and resharded onto one rank.
+  auto ctx = world();
+  std::string tag = std::to_string(ctx->rank());
+  std::string bf16 = "optimizer.moments_dtype=bf16";
+  Run device = trainRun(ctx, "bf16-moments-device", 3, {bf16, "checkpoint.save_interval=10"});
+  fs::path saved = fs::path(device.checkpoint).parent_path() / "step-10";
+  fs::path nvme = fs::temp_directory_path() / ("strata-zero-bf16-moments-" + std::to_string(::getppid()) +
+                                               "-" + std::to_string(ctx->rank()));
+  Run tiers = trainRun(ctx, "bf16-moments-tiers", 3,
+                       {bf16, "store.gpu_budget_gb=" + std::to_string(0.00016 / ctx->worldSize()),
+                        "store.host_budget_gb=0.00004", "zero_optimization.nvme_path=" + nvme.string()});
+  Run resumed = trainRun(ctx, "bf16-moments-again", 3, {bf16, "checkpoint.load=" + saved.string()});
+  Run single =
+      trainRun(alone(), "bf16-moments-single-" + tag, 0, {bf16, "checkpoint.load=" + saved.string()});
+  CHECK(fs::is_empty(nvme));
+  if (!ctx->isMain()) return;
+  REQUIRE(device.losses.size() == 20);
+  CHECK(tiers.losses == device.losses);
+  CHECK(tiers.valLosses == device.valLosses);
+  CHECK(tiers.stateNvmeGb.back() > 0);
+  CHECK(tiers.stateHostGb.back() > 0);
+  std::vector<double> tail(device.losses.begin() + 10, device.losses.end());
+  CHECK(resumed.losses == tail);
+  INFO("one rank from the N ranks' checkpoint: worst relative loss difference "
+       << worstRelative(single.losses, tail));
+  CHECK(worstRelative(single.losses, tail) < 1e-5);
+}
+
 TEST_CASE("parameters homed in host memory or on the SSD on N ranks train like parameters on the device",
           "[dist][zero][store][homes]") {
   // NOTE [Parameter homes] in zero/ParameterGatherer.h: at stage 0 every rank homes whole chunks and copies

@@ -42,20 +42,22 @@ std::vector<CpuIsa> vectorPaths() {
 // Sets of odd sizes (vector tails), some starting mid-buffer (unaligned loads, and copies that need the
 // vector paths' alignment peel), over the kernel's parallel threshold in total so that the thread ranges
 // cut through sets.
-std::vector<ops::AdamWTensors> makeSets(uint64_t seed, std::optional<DType> copyDType, float weightDecay) {
+// m and v in `momentDType` (fp32, or bf16: optimizer.moments_dtype).
+std::vector<ops::AdamWTensors> makeSets(uint64_t seed, std::optional<DType> copyDType, float weightDecay,
+                                        DType momentDType = DType::F32) {
   Generator gen(seed);
   std::vector<ops::AdamWTensors> sets;
   int index = 0;
   for (int64_t n : {1, 7, 15, 17, 33, 1000, 4099, 70001}) {
     int64_t skip = index++ % 3;  // 0, 1 or 2 elements in
-    auto make = [&](double lo, double hi) {
-      return ops::rand({n + skip}, gen, DType::F32, Device::cpu(), lo, hi).narrow(0, skip, n);
+    auto make = [&](double lo, double hi, DType dt = DType::F32) {
+      return ops::rand({n + skip}, gen, DType::F32, Device::cpu(), lo, hi).to(dt).narrow(0, skip, n);
     };
     ops::AdamWTensors s;
     s.param = make(-1, 1);
     s.grad = ops::randn({n}, gen, DType::F32, Device::cpu());
-    s.m = make(-0.1, 0.1);
-    s.v = make(0, 0.01);
+    s.m = make(-0.1, 0.1, momentDType);
+    s.v = make(0, 0.01, momentDType);
     s.weightDecay = weightDecay;
     if (copyDType) s.copy = Tensor::empty({n + skip}, *copyDType).narrow(0, skip, n);
     sets.push_back(s);
@@ -104,10 +106,11 @@ TEST_CASE("CPU AdamW: the AVX-512, AVX2 and scalar paths agree bit for bit", "[o
   for (std::optional<DType> copy : {std::optional<DType>(), std::optional(DType::F32),
                                     std::optional(DType::BF16), std::optional(DType::F16)}) {
     for (float weightDecay : {0.0f, 0.1f}) {
-      for (float scale : {1.0f, 0.37f}) {
+      for (auto [scale, moments] : {std::pair{1.0f, DType::F32}, std::pair{0.37f, DType::F32},
+                                    std::pair{1.0f, DType::BF16}, std::pair{0.37f, DType::BF16}}) {
         INFO("copy " << (copy ? dtypeName(*copy) : "none") << ", weight decay " << weightDecay
-                     << ", gradient scale " << scale);
-        auto reference = makeSets(21, copy, weightDecay);
+                     << ", gradient scale " << scale << ", moments " << dtypeName(moments));
+        auto reference = makeSets(21, copy, weightDecay, moments);
         std::vector<std::vector<ops::AdamWTensors>> runs;
         for (size_t p = 0; p < paths.size(); ++p) runs.push_back(cloneSets(reference));
         auto before = bytesOf(reference.back().param);
@@ -320,7 +323,7 @@ TEST_CASE("CPU AdamW: plain, copy-streaming and streaming stores give the same b
     std::vector<Tensor> whole;  // param, grad, m, v, copy (undefined without one), guards included
     std::vector<ops::AdamWTensors> sets;
   };
-  auto makeBuffers = [&](std::optional<DType> copy, DType gradDType) {
+  auto makeBuffers = [&](std::optional<DType> copy, DType gradDType, DType momentDType) {
     Generator gen(77);
     Buffers b;
     int index = 0;
@@ -330,8 +333,8 @@ TEST_CASE("CPU AdamW: plain, copy-streaming and streaming stores give the same b
       ++index;
       Tensor param = ops::rand({skip + n + kGuard}, gen, DType::F32, Device::cpu(), -1, 1);
       Tensor grad = ops::randn({skip + n + kGuard}, gen, DType::F32, Device::cpu()).to(gradDType);
-      Tensor m = ops::rand({skip + n + kGuard}, gen, DType::F32, Device::cpu(), -0.1, 0.1);
-      Tensor v = ops::rand({skip + n + kGuard}, gen, DType::F32, Device::cpu(), 0, 0.01);
+      Tensor m = ops::rand({skip + n + kGuard}, gen, DType::F32, Device::cpu(), -0.1, 0.1).to(momentDType);
+      Tensor v = ops::rand({skip + n + kGuard}, gen, DType::F32, Device::cpu(), 0, 0.01).to(momentDType);
       Tensor c;
       if (copy) {
         c = Tensor::empty({copySkip + n + kGuard}, *copy);
@@ -345,20 +348,23 @@ TEST_CASE("CPU AdamW: plain, copy-streaming and streaming stores give the same b
     return b;
   };
   auto paths = vectorPaths();
-  for (DType gradDType : {DType::F32, DType::BF16}) {
+  // m and v in fp32, or in bf16 (half a line per 32 elements) with fp32 or bf16 gradients.
+  for (auto [gradDType, momentDType] :
+       {std::pair{DType::F32, DType::F32}, std::pair{DType::BF16, DType::F32},
+        std::pair{DType::F32, DType::BF16}, std::pair{DType::BF16, DType::BF16}}) {
     for (std::optional<DType> copy : {std::optional<DType>(), std::optional(DType::BF16),
                                       std::optional(DType::F16), std::optional(DType::F32)}) {
-      Buffers reference = makeBuffers(copy, gradDType);
+      Buffers reference = makeBuffers(copy, gradDType, momentDType);
       for (int step = 1; step <= 2; ++step)
         ops::cpu::adamwOnPath(CpuIsa::Scalar, reference.sets, hyperAt(step), 0.37f);
       for (CpuIsa isa : paths) {
         for (auto stores :
              {ops::cpu::CpuStores::Plain, ops::cpu::CpuStores::Copy, ops::cpu::CpuStores::Stream}) {
           for (int64_t prefetch : {0, 256}) {
-            INFO("gradients " << dtypeName(gradDType) << ", copy " << (copy ? dtypeName(*copy) : "none")
-                              << ", path " << ops::cpu::cpuIsaName(isa) << ", stores "
-                              << ops::cpu::cpuStoresName(stores) << ", prefetch " << prefetch);
-            Buffers run = makeBuffers(copy, gradDType);
+            INFO("gradients " << dtypeName(gradDType) << ", moments " << dtypeName(momentDType) << ", copy "
+                              << (copy ? dtypeName(*copy) : "none") << ", path " << ops::cpu::cpuIsaName(isa)
+                              << ", stores " << ops::cpu::cpuStoresName(stores) << ", prefetch " << prefetch);
+            Buffers run = makeBuffers(copy, gradDType, momentDType);
             ops::cpu::CpuAdamWOptions options{
                 .split = ops::cpu::CpuSplit::Static, .stores = stores, .prefetchElems = prefetch};
             for (int step = 1; step <= 2; ++step)
@@ -377,4 +383,40 @@ TEST_CASE("CPU AdamW: plain, copy-streaming and streaming stores give the same b
   REQUIRE(std::string(ops::cpu::cpuStoresName(ops::cpu::CpuStores::Plain)) == "plain");
   REQUIRE(std::string(ops::cpu::cpuStoresName(ops::cpu::CpuStores::Copy)) == "copy");
   REQUIRE(std::string(ops::cpu::cpuStoresName(ops::cpu::CpuStores::Stream)) == "stream");
+}
+
+TEST_CASE("CPU AdamW: bf16 moments update as the fp32 computation does, rounded once, on every path",
+          "[optim][adamw][cpu]") {
+  // optimizer.moments_dtype: bf16 (NOTE [AdamW bits] in strata/ops/Ops.h). Each step from the same bf16 m
+  // and v: the kernel with bf16 moments gives the parameter and copy that the fp32 kernel gives from the
+  // widened moments, and the fp32 kernel's new m and v rounded to nearest even, bit for bit.
+  std::vector<CpuIsa> paths = vectorPaths();
+  paths.insert(paths.begin(), CpuIsa::Scalar);
+  for (CpuIsa isa : paths) {
+    for (DType gradDType : {DType::F32, DType::BF16}) {
+      INFO("path " << ops::cpu::cpuIsaName(isa) << ", gradients " << dtypeName(gradDType));
+      auto narrow = makeSets(41, DType::BF16, 0.1f, DType::BF16);
+      for (auto& s : narrow) s.grad = s.grad.to(gradDType);
+      for (int step = 1; step <= 3; ++step) {
+        // The fp32 run starts from this step's bf16 state, widened.
+        auto wide = cloneSets(narrow);
+        for (auto& s : wide) {
+          s.m = s.m.to(DType::F32);
+          s.v = s.v.to(DType::F32);
+        }
+        auto mBefore = bytesOf(narrow.back().m);
+        ops::cpu::adamwOnPath(isa, wide, hyperAt(step), 0.37f);
+        ops::cpu::adamwOnPath(isa, narrow, hyperAt(step), 0.37f);
+        REQUIRE(firstDifference(bytesOf(narrow.back().m), mBefore) != -1);  // the moments moved
+        for (size_t i = 0; i < narrow.size(); ++i) {
+          INFO("step " << step << ", set " << i << " of " << narrow[i].param.numel() << " elements");
+          REQUIRE(narrow[i].m.dtype() == DType::BF16);
+          REQUIRE(firstDifference(bytesOf(narrow[i].param), bytesOf(wide[i].param)) == -1);
+          REQUIRE(firstDifference(bytesOf(narrow[i].copy), bytesOf(wide[i].copy)) == -1);
+          REQUIRE(firstDifference(bytesOf(narrow[i].m), bytesOf(wide[i].m.to(DType::BF16))) == -1);
+          REQUIRE(firstDifference(bytesOf(narrow[i].v), bytesOf(wide[i].v.to(DType::BF16))) == -1);
+        }
+      }
+    }
+  }
 }
