@@ -78,7 +78,7 @@ void Fp8Scaling::load(const Tensor& flat, const std::string& source) {
 Tensor fp8Amax(const Fp8LinearState& fp8, int role, bool record) {
   if (!record) return ops::zeros({1}, DType::F32, fp8.state.device());
   int64_t H = fp8.scaling->recipe().amaxHistory;
-  return fp8.state.narrow(0, fp8HistorySlot(role, H) + fp8.scaling->position(), 1);
+  return detail::narrowRaw(fp8.state, 0, fp8HistorySlot(role, H) + fp8.scaling->position(), 1);
 }
 
 }  // namespace strata::autograd
@@ -101,8 +101,8 @@ Tensor fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
                weight.dtype());
   Device device = x.device();
   const Tensor state = fp8.state;
-  auto scale = [state](int role) { return state.narrow(0, fp8ScaleSlot(role), 1); };
-  auto inverse = [state](int role) { return state.narrow(0, fp8InverseSlot(role), 1); };
+  auto scale = [state](int role) { return detail::narrowRaw(state, 0, fp8ScaleSlot(role), 1); };
+  auto inverse = [state](int role) { return detail::narrowRaw(state, 0, fp8InverseSlot(role), 1); };
   // Forwards without gradients record into scratch (NOTE [FP8 training]). The backward records into the
   // forward's entry: the position moves only between steps.
   bool record = gradEnabled();

@@ -193,7 +193,9 @@ TEST_CASE("[cuda] the FP8 GEMM matches fp32 within FP8's error at odd and large 
     Tensor got = ops::to(dev, Device::cpu(), DType::F32);
     // Against the CPU emulation (the same products; the order of the sums and the output's rounding differ,
     // and Hopper's FP8 tensor cores add with about 14 bits of mantissa between their promotions to fp32).
-    requireClose(got, cpu, c.out == DType::BF16 ? 5e-2 : 2e-2, c.out == DType::BF16 ? 1e-2 : 2e-3);
+    // The sums' error grows with k: at k = 1024 a bf16 output was 1.6x the k < 100 tolerance (H200).
+    double kScale = std::sqrt(double(c.k) / 96.0);
+    requireClose(got, cpu, (c.out == DType::BF16 ? 5e-2 : 2e-2) * kScale, c.out == DType::BF16 ? 1e-2 : 2e-3);
     // Against the unquantised fp32 product: FP8's rounding (relative 2^-4 for E4M3, 2^-3 for E5M2 at most,
     // per operand) leaves an RMS error of a few percent; a wrong scale, layout or format is off by 100%.
     Tensor exact = ops::matmul(a, ops::contiguous(b.transpose(0, 1)));
@@ -211,7 +213,7 @@ TEST_CASE("[cuda] the FP8 GEMM matches fp32 within FP8's error at odd and large 
     Tensor fast = Tensor::empty({c.m, c.n}, c.out, gpu);
     ops::fp8MatmulInto(fast, qa.plain.to(gpu), c.fa, invA.to(gpu), qb.plain.to(gpu), c.fb, invB.to(gpu),
                        c.bias ? biasOut.to(gpu) : Tensor(), false, true);
-    requireClose(ops::to(fast, Device::cpu(), DType::F32), cpu, 5e-2, 2e-2);
+    requireClose(ops::to(fast, Device::cpu(), DType::F32), cpu, 5e-2 * kScale, 2e-2);
   }
 }
 

@@ -61,15 +61,21 @@ void adamw(const std::vector<AdamWTensors>& sets, const AdamWHyper& h, const Ten
   // cudaMemcpyAsync returns.
 }
 
-void sumOfSquares(const std::vector<Tensor>& tensors, const Tensor& out) {
-  Device dev = out.device();
-  DeviceGuard guard(dev.index);
+// The tensors (fp32, contiguous) cut into the sum-of-squares kernel's chunks, one block each, in order.
+std::vector<kernels::NormChunk> normChunks(const std::vector<Tensor>& tensors) {
   std::vector<kernels::NormChunk> chunks;
   for (const auto& t : tensors) {
     const float* base = static_cast<const float*>(t.data());
     for (int64_t off = 0; off < t.numel(); off += kernels::kAdamChunk)
       chunks.push_back(kernels::NormChunk{base + off, std::min(kernels::kAdamChunk, t.numel() - off)});
   }
+  return chunks;
+}
+
+void sumOfSquares(const std::vector<Tensor>& tensors, const Tensor& out) {
+  Device dev = out.device();
+  DeviceGuard guard(dev.index);
+  std::vector<kernels::NormChunk> chunks = normChunks(tensors);
   cudaStream_t stream = streamOf(out);
   if (chunks.empty()) {
     STRATA_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, sizeof(float), stream));
@@ -93,12 +99,7 @@ void sumOfSquares(const std::vector<Tensor>& tensors, const Tensor& out) {
 Tensor sumOfSquaresParts(const std::vector<Tensor>& tensors) {
   Device dev = tensors[0].device();
   DeviceGuard guard(dev.index);
-  std::vector<kernels::NormChunk> chunks;
-  for (const auto& t : tensors) {
-    const float* base = static_cast<const float*>(t.data());
-    for (int64_t off = 0; off < t.numel(); off += kernels::kAdamChunk)
-      chunks.push_back(kernels::NormChunk{base + off, std::min(kernels::kAdamChunk, t.numel() - off)});
-  }
+  std::vector<kernels::NormChunk> chunks = normChunks(tensors);
   STRATA_CHECK(chunks.size() < (size_t(1) << 31), "sumOfSquaresParts: too many chunks ({})", chunks.size());
   Tensor partial = Tensor::empty({int64_t(chunks.size())}, DType::F32, dev);
   if (chunks.empty()) return partial;
