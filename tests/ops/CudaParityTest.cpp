@@ -56,6 +56,27 @@ void parity(const std::string& what, const Fn& fn, const std::vector<Tensor>& cp
   }
 }
 
+// Every value an AdamW update wrote (param, m, v and the 16-bit copy of each set), in order.
+std::vector<double> adamwValues(const std::vector<ops::AdamWTensors>& sets) {
+  std::vector<double> out;
+  for (const auto& s : sets)
+    for (const Tensor* t : {&s.param, &s.m, &s.v, &s.copy})
+      if (t->defined()) {
+        auto values = t->toVector<double>();
+        out.insert(out.end(), values.begin(), values.end());
+      }
+  return out;
+}
+
+// The CPU's and the GPU's values are the same, bit for bit.
+void requireSameValues(const std::vector<double>& cpu, const std::vector<double>& gpu) {
+  REQUIRE(cpu.size() == gpu.size());
+  size_t differing = 0;
+  for (size_t k = 0; k < cpu.size(); ++k) differing += cpu[k] != gpu[k] ? 1 : 0;
+  INFO(differing << " of " << cpu.size() << " values differ");
+  REQUIRE(differing == 0);
+}
+
 Tensor randomOf(const Shape& shape, DType dt, uint64_t seed, double lo = -2.0, double hi = 2.0) {
   Generator gen(seed);
   return ops::rand(shape, gen, DType::F32, Device::cpu(), lo, hi).to(dt);
@@ -515,21 +536,10 @@ TEST_CASE("[cuda] fused AdamW reads bf16 and f16 gradients as the cpu kernel doe
         h.biasCorrection2 = float(1 - std::pow(0.999, step));
         ops::adamw(sets, h, ops::full({}, 0.37, DType::F32, dev));
       }
-      std::vector<double> out;
-      for (auto& s : sets)
-        for (const Tensor* t : {&s.param, &s.m, &s.v, &s.copy})
-          if (t->defined()) {
-            auto v = t->toVector<double>();
-            out.insert(out.end(), v.begin(), v.end());
-          }
-      return out;
+      return adamwValues(sets);
     };
-    auto cpu = run(Device::cpu()), gpu = run(kGpu);
-    REQUIRE(cpu.size() == gpu.size());
-    size_t differing = 0;
-    for (size_t k = 0; k < cpu.size(); ++k) differing += cpu[k] != gpu[k] ? 1 : 0;
-    INFO(dtypeName(gradDType) << " gradients: " << differing << " of " << cpu.size() << " values differ");
-    REQUIRE(differing == 0);
+    INFO(dtypeName(gradDType) << " gradients");
+    requireSameValues(run(Device::cpu()), run(kGpu));
   }
 }
 
@@ -564,21 +574,9 @@ TEST_CASE("[cuda] fused AdamW with bf16 moments gives the cpu kernel's bits", "[
       h.biasCorrection2 = float(1 - std::pow(0.95, step));
       ops::adamw(sets, h, step == 2 ? Tensor() : ops::full({}, 0.37, DType::F32, dev));
     }
-    std::vector<double> out;
-    for (auto& s : sets)
-      for (const Tensor* t : {&s.param, &s.m, &s.v, &s.copy})
-        if (t->defined()) {
-          auto values = t->toVector<double>();
-          out.insert(out.end(), values.begin(), values.end());
-        }
-    return out;
+    return adamwValues(sets);
   };
-  auto cpu = run(Device::cpu()), gpu = run(kGpu);
-  REQUIRE(cpu.size() == gpu.size());
-  size_t differing = 0;
-  for (size_t k = 0; k < cpu.size(); ++k) differing += cpu[k] != gpu[k] ? 1 : 0;
-  INFO(differing << " of " << cpu.size() << " values differ");
-  REQUIRE(differing == 0);
+  requireSameValues(run(Device::cpu()), run(kGpu));
 }
 
 TEST_CASE("[cuda] fused attention matches the cpu reference, forward and backward",
