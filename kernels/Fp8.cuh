@@ -7,6 +7,13 @@
 // goes into *amax with one atomicMax on the float's bits (amax >= 0, so the integer order is the float
 // order); NaNs and infinities are passed over (NOTE [FP8 training]).
 //
+// fp8CastWideKernel: the same cast where rows and cols are multiples of 8 and every row starts 16-byte
+// aligned (the FP8 GEMMs' shapes): each thread converts 8 consecutive elements of a row from one or two
+// 16-byte loads and writes their 8 codes at once; a block of 256 threads takes 64 x 64 tiles, and its
+// transposed tile goes out as 8 codes (8 consecutive rows of one column) a thread. The grid is a few blocks
+// per SM striding over the tiles, so the amax costs one atomicMax per block, not per tile. The codes and the
+// amax are fp8CastKernel's, bit for bit.
+//
 // fp8UpdateScalesKernel: one block per (state, tensor role): the amax over the history (or its entry at
 // `position`), the next scale and its inverse, and the entry at position + 1 zeroed for the next step.
 #pragma once
@@ -47,6 +54,83 @@ __global__ void fp8CastKernel(const T* __restrict__ x, int64_t rows, int64_t col
         if (r < rows && c < cols) transposed[c * rows + r] = tile[tx][j];
       }
       __syncthreads();  // the tile is rewritten by the next tile row
+    }
+  }
+  largest = blockMax(largest, scratch);
+  if (threadIdx.x == 0 && largest > 0.0f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(largest));
+}
+
+constexpr int kFp8WideTile = 64;
+
+// The 8 elements at p (16-byte aligned) as floats.
+__device__ __forceinline__ void fp8Load8(const float* p, float v[8]) {
+  float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+template <class T>
+__device__ __forceinline__ void fp8Load8(const T* p, float v[8]) {
+  static_assert(sizeof(T) == 2, "fp8Load8: 16-bit elements");
+  uint4 u = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = toAcc(e[k]);
+}
+
+template <class T, Fp8Format Format>
+__global__ void __launch_bounds__(256)
+    fp8CastWideKernel(const T* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ scale,
+                      float* __restrict__ amax, uint8_t* __restrict__ plain,
+                      uint8_t* __restrict__ transposed) {
+  constexpr int kTile = kFp8WideTile;
+  // Rows of 72 bytes: 8-byte aligned for the packed stores, and the transposed reads of one warp spread
+  // over two banks' worth of rows.
+  __shared__ __align__(16) uint8_t tile[kTile][kTile + 8];
+  __shared__ float scratch[32];
+  float s = *scale, largest = 0.0f;
+  int group = threadIdx.x & 7;  // which 8 columns (or, transposed, 8 rows) of the tile
+  int line = threadIdx.x >> 3;  // 0..31: a row of the tile (or, transposed, a column) per pass
+  int64_t tilesX = (cols + kTile - 1) / kTile, tiles = tilesX * ((rows + kTile - 1) / kTile);
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int64_t row0 = (t / tilesX) * kTile, col0 = (t % tilesX) * kTile;
+#pragma unroll
+    for (int pass = 0; pass < kTile / 32; ++pass) {
+      int j = pass * 32 + line;
+      int64_t r = row0 + j, c = col0 + group * 8;
+      if (r < rows && c < cols) {  // cols % 8 == 0: the 8 are all inside or all outside
+        float v[8];
+        fp8Load8(x + r * cols + c, v);
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          if (isfinite(v[k])) largest = fmaxf(largest, fabsf(v[k]));
+          uint32_t code = floatToFp8(v[k] * s, Format);
+          if (k < 4)
+            lo |= code << (8 * k);
+          else
+            hi |= code << (8 * (k - 4));
+        }
+        uint2 packed = make_uint2(lo, hi);
+        if (plain) *reinterpret_cast<uint2*>(plain + r * cols + c) = packed;
+        if (transposed) *reinterpret_cast<uint2*>(&tile[j][group * 8]) = packed;
+      }
+    }
+    if (transposed) {
+      __syncthreads();
+#pragma unroll
+      for (int pass = 0; pass < kTile / 32; ++pass) {
+        int jc = pass * 32 + line;
+        int64_t c = col0 + jc, r = row0 + group * 8;
+        if (c < cols && r < rows) {  // rows % 8 == 0
+          uint32_t lo = 0, hi = 0;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            lo |= uint32_t(tile[group * 8 + k][jc]) << (8 * k);
+            hi |= uint32_t(tile[group * 8 + 4 + k][jc]) << (8 * k);
+          }
+          *reinterpret_cast<uint2*>(transposed + c * rows + r) = make_uint2(lo, hi);
+        }
+      }
+      __syncthreads();  // the tile is rewritten by the next one
     }
   }
   largest = blockMax(largest, scratch);

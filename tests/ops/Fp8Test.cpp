@@ -131,19 +131,27 @@ TEST_CASE("fp8Shape takes multiples of 16 only", "[ops][fp8]") {
 TEST_CASE("[cuda] the GPU's FP8 cast equals the CPU's bit for bit, amax included", "[cuda][ops][fp8]") {
   STRATA_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 53}, {256, 96}, {1, 700}, {2049, 48}})
+  // Odd shapes take the element-wise kernel; multiples of 8 the wide one, with partial 64 x 64 tiles
+  // (136 x 200) and more tiles than its grid has blocks (2112 x 2112).
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{37, 53}, {256, 96}, {1, 700}, {2049, 48}, {136, 200}, {2112, 2112}})
     for (DType dt : {DType::F32, DType::BF16})
-      for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
-        INFO(rows << " x " << cols << " " << dtypeName(dt) << " format " << int(f));
-        Tensor x = ops::to(edgy(rows, cols, uint64_t(rows * cols)), Device::cpu(), dt);
-        Tensor scale = Tensor::fromVector<float>({3.5f}, {1});
-        Tensor cpuAmax = ops::zeros({1}), gpuAmax = ops::zeros({1}, DType::F32, gpu);
-        ops::Fp8Codes c = ops::fp8Cast(x, f, scale, cpuAmax, true, true);
-        ops::Fp8Codes d = ops::fp8Cast(x.to(gpu), f, scale.to(gpu), gpuAmax, true, true);
-        REQUIRE(c.plain.toVector<uint8_t>() == d.plain.toVector<uint8_t>());
-        REQUIRE(c.transposed.toVector<uint8_t>() == d.transposed.toVector<uint8_t>());
-        REQUIRE(cpuAmax.item() == gpuAmax.item());
-      }
+      for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+        for (auto [plain, transposed] : {std::pair<bool, bool>{true, true}, {true, false}, {false, true}}) {
+          INFO(rows << " x " << cols << " " << dtypeName(dt) << " format " << int(f) << " plain " << plain
+                    << " transposed " << transposed);
+          Tensor x = ops::to(edgy(rows, cols, uint64_t(rows * cols)), Device::cpu(), dt);
+          Tensor scale = Tensor::fromVector<float>({3.5f}, {1});
+          Tensor cpuAmax = ops::zeros({1}), gpuAmax = ops::zeros({1}, DType::F32, gpu);
+          ops::Fp8Codes c = ops::fp8Cast(x, f, scale, cpuAmax, plain, transposed);
+          ops::Fp8Codes d = ops::fp8Cast(x.to(gpu), f, scale.to(gpu), gpuAmax, plain, transposed);
+          REQUIRE(c.plain.defined() == plain);
+          REQUIRE(d.plain.defined() == plain);
+          REQUIRE(d.transposed.defined() == transposed);
+          if (plain) REQUIRE(c.plain.toVector<uint8_t>() == d.plain.toVector<uint8_t>());
+          if (transposed) REQUIRE(c.transposed.toVector<uint8_t>() == d.transposed.toVector<uint8_t>());
+          REQUIRE(cpuAmax.item() == gpuAmax.item());
+        }
 }
 
 TEST_CASE("[cuda] the GPU's FP8 scale update equals the CPU's bit for bit", "[cuda][ops][fp8]") {

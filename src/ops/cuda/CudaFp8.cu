@@ -1,5 +1,7 @@
 // FP8 launchers: the cast with its amax and delayed scaling's update (kernels/Fp8.cuh). The FP8 GEMM is
 // CudaGemm.cu's, through GemmArgs' FP8 operands.
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/Fp8.cuh"
@@ -12,13 +14,37 @@ void fp8Cast(const Tensor& x, Fp8Format format, const Tensor& scale, const Tenso
              const Tensor& transposed) {
   DeviceGuard guard(x.device().index);
   int64_t rows = x.size(0), cols = x.size(1);
+  auto* p = plain.defined() ? static_cast<uint8_t*>(plain.data()) : nullptr;
+  auto* t = transposed.defined() ? static_cast<uint8_t*>(transposed.data()) : nullptr;
+  cudaStream_t stream = streamOf(x);
+  // The wide kernel's 8-element packs: whole 16-byte loads and 8-byte stores on every row.
+  bool wide = rows % 8 == 0 && cols % 8 == 0 && aligned16(x.data()) &&
+              (cols * int64_t(dtypeSize(x.dtype()))) % 16 == 0 &&
+              (!p || reinterpret_cast<uintptr_t>(p) % 8 == 0) &&
+              (!t || reinterpret_cast<uintptr_t>(t) % 8 == 0);
+  if (wide) {
+    int64_t tiles = ((rows + kernels::kFp8WideTile - 1) / kernels::kFp8WideTile) *
+                    ((cols + kernels::kFp8WideTile - 1) / kernels::kFp8WideTile);
+    unsigned blocks = unsigned(std::min<int64_t>(tiles, 8 * int64_t(smCount(x.device().index))));
+    visitFloatingCuda(x.dtype(), "fp8Cast", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      auto* in = static_cast<const T*>(x.data());
+      auto* sc = static_cast<const float*>(scale.data());
+      auto* am = static_cast<float*>(amax.data());
+      if (format == Fp8Format::E4M3)
+        kernels::fp8CastWideKernel<T, Fp8Format::E4M3>
+            <<<blocks, 256, 0, stream>>>(in, rows, cols, sc, am, p, t);
+      else
+        kernels::fp8CastWideKernel<T, Fp8Format::E5M2>
+            <<<blocks, 256, 0, stream>>>(in, rows, cols, sc, am, p, t);
+    });
+    STRATA_CUDA_CHECK_LAUNCH();
+    return;
+  }
   int64_t tilesX = (cols + kernels::kFp8Tile - 1) / kernels::kFp8Tile;
   int64_t tilesY = (rows + kernels::kFp8Tile - 1) / kernels::kFp8Tile;
   STRATA_CHECK(tilesX < (int64_t(1) << 31), "fp8Cast: {} columns are too many", cols);
   dim3 grid(unsigned(tilesX), unsigned(std::min<int64_t>(tilesY, 65535)));
-  auto* p = plain.defined() ? static_cast<uint8_t*>(plain.data()) : nullptr;
-  auto* t = transposed.defined() ? static_cast<uint8_t*>(transposed.data()) : nullptr;
-  cudaStream_t stream = streamOf(x);
   visitFloatingCuda(x.dtype(), "fp8Cast", [&](auto tag) {
     using T = typename decltype(tag)::type;
     kernels::fp8CastKernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(x.data()), rows, cols, format,
