@@ -12,7 +12,8 @@
 // 16-byte loads and writes their 8 codes at once; a block of 256 threads takes 64 x 64 tiles, and its
 // transposed tile goes out as 8 codes (8 consecutive rows of one column) a thread. The grid is a few blocks
 // per SM striding over the tiles, so the amax costs one atomicMax per block, not per tile. The codes and the
-// amax are fp8CastKernel's, bit for bit.
+// amax are fp8CastKernel's, bit for bit. It may first apply an operation to each element (a GELU, or a
+// GELU's backward with aux) and add the cast values up by column (NOTE [FP8 fused casts] in autograd/Fp8.h).
 //
 // fp8UpdateScalesKernel: one block per (state, tensor role): the amax over the history (or its entry at
 // `position`), the next scale and its inverse, and the entry at position + 1 zeroed for the next step.
@@ -76,33 +77,46 @@ __device__ __forceinline__ void fp8Load8(const T* p, float v[8]) {
   for (int k = 0; k < 8; ++k) v[k] = toAcc(e[k]);
 }
 
-template <class T, Fp8Format Format>
+// The value a wide cast converts, from the element x (and aux's element a): P::operator()(x, a), rounded to
+// the tensor's dtype where it is computed (NOTE [FP8 fused casts] in autograd/Fp8.h). P::kAux: whether it
+// reads aux.
+struct Fp8AsIs {
+  static constexpr bool kAux = false;
+  __device__ __forceinline__ float operator()(float x, float) const { return x; }
+};
+
+template <class T, Fp8Format Format, class P>
 __global__ void __launch_bounds__(256)
-    fp8CastWideKernel(const T* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ scale,
-                      float* __restrict__ amax, uint8_t* __restrict__ plain,
-                      uint8_t* __restrict__ transposed) {
+    fp8CastWideKernel(const T* __restrict__ x, const T* __restrict__ aux, int64_t rows, int64_t cols,
+                      P prologue, const float* __restrict__ scale, float* __restrict__ amax,
+                      uint8_t* __restrict__ plain, uint8_t* __restrict__ transposed,
+                      float* __restrict__ partials) {
   constexpr int kTile = kFp8WideTile;
   // Rows of 72 bytes: 8-byte aligned for the packed stores, and the transposed reads of one warp spread
   // over two banks' worth of rows.
   __shared__ __align__(16) uint8_t tile[kTile][kTile + 8];
+  __shared__ float values[kTile][kTile + 1];  // the cast values, for the column sums
   __shared__ float scratch[32];
   float s = *scale, largest = 0.0f;
   int group = threadIdx.x & 7;  // which 8 columns (or, transposed, 8 rows) of the tile
   int line = threadIdx.x >> 3;  // 0..31: a row of the tile (or, transposed, a column) per pass
   int64_t tilesX = (cols + kTile - 1) / kTile, tiles = tilesX * ((rows + kTile - 1) / kTile);
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    int64_t row0 = (t / tilesX) * kTile, col0 = (t % tilesX) * kTile;
+    int64_t tileY = t / tilesX, row0 = tileY * kTile, col0 = (t % tilesX) * kTile;
 #pragma unroll
     for (int pass = 0; pass < kTile / 32; ++pass) {
       int j = pass * 32 + line;
       int64_t r = row0 + j, c = col0 + group * 8;
       if (r < rows && c < cols) {  // cols % 8 == 0: the 8 are all inside or all outside
-        float v[8];
+        float v[8], a[8];
         fp8Load8(x + r * cols + c, v);
+        if constexpr (P::kAux) fp8Load8(aux + r * cols + c, a);
         uint32_t lo = 0, hi = 0;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
+          v[k] = prologue(v[k], P::kAux ? a[k] : 0.0f);
           if (isfinite(v[k])) largest = fmaxf(largest, fabsf(v[k]));
+          if (partials) values[j][group * 8 + k] = v[k];
           uint32_t code = floatToFp8(v[k] * s, Format);
           if (k < 4)
             lo |= code << (8 * k);
@@ -114,8 +128,8 @@ __global__ void __launch_bounds__(256)
         if (transposed) *reinterpret_cast<uint2*>(&tile[j][group * 8]) = packed;
       }
     }
+    if (transposed || partials) __syncthreads();
     if (transposed) {
-      __syncthreads();
 #pragma unroll
       for (int pass = 0; pass < kTile / 32; ++pass) {
         int jc = pass * 32 + line;
@@ -130,11 +144,28 @@ __global__ void __launch_bounds__(256)
           *reinterpret_cast<uint2*>(transposed + c * rows + r) = make_uint2(lo, hi);
         }
       }
-      __syncthreads();  // the tile is rewritten by the next one
     }
+    // The tile's column sums, row after row (NOTE [FP8 fused casts]): partials [tile rows, cols].
+    if (partials && threadIdx.x < kTile && col0 + threadIdx.x < cols) {
+      float sum = 0.0f;
+      int64_t last = rows - row0 < kTile ? rows - row0 : kTile;
+      for (int64_t j = 0; j < last; ++j) sum += values[j][threadIdx.x];
+      partials[tileY * cols + col0 + threadIdx.x] = sum;
+    }
+    if (transposed || partials) __syncthreads();  // the tile is rewritten by the next one
   }
   largest = blockMax(largest, scratch);
   if (threadIdx.x == 0 && largest > 0.0f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(largest));
+}
+
+// out[c] = the partial sums of column c summed in tile-row order (NOTE [FP8 fused casts]).
+__global__ void fp8ColumnSumsKernel(const float* __restrict__ partials, int64_t tileRows, int64_t cols,
+                                    float* __restrict__ out) {
+  int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float sum = 0.0f;
+  for (int64_t t = 0; t < tileRows; ++t) sum += partials[t * cols + c];
+  out[c] = sum;
 }
 
 // ----

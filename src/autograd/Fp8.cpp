@@ -89,6 +89,75 @@ using autograd::Grads;
 using autograd::participates;
 using autograd::recordFunction;
 
+namespace {
+
+// One FP8 layer's scale, inverse and amax slots (NOTE [FP8 training]).
+struct Fp8Slots {
+  const autograd::Fp8LinearState& fp8;
+  Tensor scale(int role) const { return detail::narrowRaw(fp8.state, 0, fp8ScaleSlot(role), 1); }
+  Tensor inverse(int role) const { return detail::narrowRaw(fp8.state, 0, fp8InverseSlot(role), 1); }
+  Tensor amax(int role, bool record) const { return autograd::fp8Amax(fp8, role, record); }
+};
+
+// out [rows, N] = codes(x) W (+ b) from x's E4M3 codes [rows, K]: W cast to [N, K] codes for this product.
+Tensor fp8Forward(const Tensor& xPlain, const Tensor& weight, const Tensor& bias, const Fp8Slots& s,
+                  bool record, DType dtype) {
+  ops::Fp8Codes wq = ops::fp8Cast(weight, Fp8Format::E4M3, s.scale(1), s.amax(1, record), false, true);
+  Tensor out = Tensor::empty({xPlain.size(0), weight.size(1)}, dtype, xPlain.device());
+  ops::fp8MatmulInto(out, xPlain, Fp8Format::E4M3, s.inverse(0), wq.transposed, Fp8Format::E4M3, s.inverse(1),
+                     bias.defined() ? ops::contiguous(bias) : Tensor(), false, ops::fp8FastForward());
+  return out;
+}
+
+// The input's gradient [rows, K] = codes(g) W^T from g's E5M2 codes [rows, N], W recast as [K, N] codes.
+Tensor fp8InputGrad(const Tensor& gPlain, const Tensor& w, uint64_t wVersion, const Fp8Slots& s,
+                    DType dtype) {
+  STRATA_CHECK(w.storage()->version() == wVersion,
+               "fp8Linear: a weight saved for the backward was written in place after the forward (an "
+               "optimizer step between the forward and a backward through a retained graph?)");
+  ops::Fp8Codes wp = ops::fp8Cast(w, Fp8Format::E4M3, s.scale(1), s.amax(1, true), true, false);
+  Tensor gx = Tensor::empty({gPlain.size(0), w.size(0)}, dtype, gPlain.device());
+  ops::fp8MatmulInto(gx, gPlain, Fp8Format::E5M2, s.inverse(2), wp.plain, Fp8Format::E4M3, s.inverse(1),
+                     Tensor(), false);
+  return gx;
+}
+
+// The weight's gradient [K, N] = codes(x)^T codes(g) from both transposed codes, into the weight's gradient
+// buffer when it has one (adding over micro-batches, as linear() does); else returned.
+Tensor fp8WeightGrad(const Tensor& xT, const Tensor& gT, const Tensor& wLeaf, const Fp8Slots& s) {
+  autograd::GradSink sink = autograd::claimGradBuffer(wLeaf);
+  Tensor target =
+      sink ? sink.buffer : Tensor::empty({xT.size(0), gT.size(0)}, autograd::gradDType(wLeaf), xT.device());
+  ops::fp8MatmulInto(target, xT, Fp8Format::E4M3, s.inverse(0), gT, Fp8Format::E5M2, s.inverse(2), Tensor(),
+                     sink && sink.accumulate);
+  return sink ? Tensor() : target;
+}
+
+// The bias's gradient from the gradient cast's column sums (fp32), into the bias's buffer when it has one.
+Tensor fp8BiasGrad(const Tensor& sums, const Tensor& bLeaf) {
+  DType dtype = autograd::gradDType(bLeaf);
+  Tensor gb = sums.dtype() == dtype ? sums : ops::to(sums, sums.device(), dtype);
+  autograd::GradSink sink = autograd::claimGradBuffer(bLeaf);
+  if (!sink) return gb;
+  if (sink.accumulate)
+    ops::addInPlace(sink.buffer, gb);
+  else
+    ops::copy(sink.buffer, gb);
+  return Tensor();
+}
+
+Tensor columnSums(bool wanted, int64_t n, Device device) {
+  return wanted ? Tensor::empty({n}, DType::F32, device) : Tensor();
+}
+
+Shape withLast(const Shape& shape, int64_t last) {
+  Shape out(shape.begin(), shape.end() - 1);
+  out.push_back(last);
+  return out;
+}
+
+}  // namespace
+
 Tensor fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
                  const autograd::Fp8LinearState& fp8) {
   STRATA_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(0),
@@ -100,23 +169,15 @@ Tensor fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
                "fp8Linear: {} input with a {} weight; parameters are in the compute dtype", x.dtype(),
                weight.dtype());
   Device device = x.device();
-  const Tensor state = fp8.state;
-  auto scale = [state](int role) { return detail::narrowRaw(state, 0, fp8ScaleSlot(role), 1); };
-  auto inverse = [state](int role) { return detail::narrowRaw(state, 0, fp8InverseSlot(role), 1); };
+  Fp8Slots s{fp8};
   // Forwards without gradients record into scratch (NOTE [FP8 training]). The backward records into the
   // forward's entry: the position moves only between steps.
   bool record = gradEnabled();
-  auto amax = [fp8](int role, bool rec) { return autograd::fp8Amax(fp8, role, rec); };
   bool nx = participates(x), nw = participates(weight), nb = participates(bias);
   Tensor x2 = detail::viewRaw(ops::contiguous(x), {rows, K});
-  ops::Fp8Codes xq = ops::fp8Cast(x2, Fp8Format::E4M3, scale(0), amax(0, record), true, nw);
-  ops::Fp8Codes wq = ops::fp8Cast(weight, Fp8Format::E4M3, scale(1), amax(1, record), false, true);
-  Tensor out = Tensor::empty({rows, N}, x.dtype(), device);
-  ops::fp8MatmulInto(out, xq.plain, Fp8Format::E4M3, inverse(0), wq.transposed, Fp8Format::E4M3, inverse(1),
-                     bias.defined() ? ops::contiguous(bias) : Tensor(), false, ops::fp8FastForward());
-  Shape outShape(x.shape().begin(), x.shape().end() - 1);
-  outShape.push_back(N);
-  out = detail::viewRaw(out, outShape);
+  ops::Fp8Codes xq = ops::fp8Cast(x2, Fp8Format::E4M3, s.scale(0), s.amax(0, record), true, nw);
+  Tensor out =
+      detail::viewRaw(fp8Forward(xq.plain, weight, bias, s, record, x.dtype()), withLast(x.shape(), N));
 
   Tensor xT = xq.transposed;  // [K, rows] codes for wgrad
   Tensor w = nx ? weight.detach() : Tensor();
@@ -125,41 +186,90 @@ Tensor fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
   Shape shX = x.shape();
   std::vector<Tensor> inputs{x, weight};
   if (bias.defined()) inputs.push_back(bias);
+  autograd::Fp8LinearState held = fp8;
   recordFunction("Fp8LinearBackward", inputs, {out}, [=](const Grads& gs) {
+    Fp8Slots sb{held};
     Tensor g2 = detail::viewRaw(ops::contiguous(gs[0]), {rows, N});
-    ops::Fp8Codes gq = ops::fp8Cast(g2, Fp8Format::E5M2, scale(2), amax(2, true), nx, nw);
-    Tensor gx, gw, gb;
-    if (nx) {
-      STRATA_CHECK(w.storage()->version() == wVersion,
-                   "fp8Linear: a weight saved for the backward was written in place after the forward (an "
-                   "optimizer step between the forward and a backward through a retained graph?)");
-      ops::Fp8Codes wp = ops::fp8Cast(w, Fp8Format::E4M3, scale(1), amax(1, true), true, false);
-      Tensor gx2 = Tensor::empty({rows, K}, g2.dtype(), device);
-      ops::fp8MatmulInto(gx2, gq.plain, Fp8Format::E5M2, inverse(2), wp.plain, Fp8Format::E4M3, inverse(1),
-                         Tensor(), false);
-      gx = detail::viewRaw(gx2, shX);
-    }
-    if (nw) {
-      // Into the weight's gradient buffer when it has one (adding over micro-batches), as linear() does.
-      autograd::GradSink sink = autograd::claimGradBuffer(wLeaf);
-      Tensor target = sink ? sink.buffer : Tensor::empty({K, N}, autograd::gradDType(wLeaf), device);
-      ops::fp8MatmulInto(target, xT, Fp8Format::E4M3, inverse(0), gq.transposed, Fp8Format::E5M2, inverse(2),
-                         Tensor(), sink && sink.accumulate);
-      if (!sink) gw = target;
-    }
-    if (nb) {
-      gb = ops::sum(g2, {0}, false, autograd::gradDType(bLeaf));
-      autograd::GradSink sink = autograd::claimGradBuffer(bLeaf);
-      if (sink) {
-        if (sink.accumulate)
-          ops::addInPlace(sink.buffer, gb);
-        else
-          ops::copy(sink.buffer, gb);
-        gb = Tensor();
-      }
-    }
+    // The bias's gradient is the cast's column sums (NOTE [FP8 fused casts]).
+    Tensor sums = columnSums(nb, N, device);
+    ops::Fp8Codes gq = ops::fp8CastFused(g2, ops::Fp8Prologue::None, Tensor(), Fp8Format::E5M2, sb.scale(2),
+                                         sb.amax(2, true), nx, nw, sums);
+    Tensor gx = nx ? detail::viewRaw(fp8InputGrad(gq.plain, w, wVersion, sb, g2.dtype()), shX) : Tensor();
+    Tensor gw = nw ? fp8WeightGrad(xT, gq.transposed, wLeaf, sb) : Tensor();
+    Tensor gb = nb ? fp8BiasGrad(sums, bLeaf) : Tensor();
     Grads grads{gx, gw};
     if (bias.defined()) grads.push_back(gb);
+    return grads;
+  });
+  return out;
+}
+
+Tensor fp8GeluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, const Tensor& projWeight,
+                  const Tensor& projBias, const autograd::Fp8LinearState& fcFp8,
+                  const autograd::Fp8LinearState& projFp8) {
+  STRATA_CHECK(fcWeight.dim() == 2 && projWeight.dim() == 2 && x.dim() >= 1 &&
+                   x.size(-1) == fcWeight.size(0) && projWeight.size(0) == fcWeight.size(1),
+               "fp8GeluMlp: x {} does not fit fc {} and proj {} ([in, out])", toString(x.shape()),
+               toString(fcWeight.shape()), toString(projWeight.shape()));
+  int64_t K = fcWeight.size(0), F = fcWeight.size(1), C = projWeight.size(1), rows = x.numel() / K;
+  if (!ops::fp8Shape(rows, K, F) || !ops::fp8Shape(rows, F, C))
+    return fp8Linear(gelu(fp8Linear(x, fcWeight, fcBias, fcFp8), GeluApprox::Tanh), projWeight, projBias,
+                     projFp8);
+  for (const Tensor& t : {fcWeight, fcBias, projWeight, projBias})
+    STRATA_CHECK(!t.defined() || t.dtype() == x.dtype(),
+                 "fp8GeluMlp: {} input with a {} parameter; parameters are in the compute dtype", x.dtype(),
+                 t.dtype());
+  Device device = x.device();
+  DType dtype = x.dtype();
+  Fp8Slots fc{fcFp8}, proj{projFp8};
+  bool record = gradEnabled();
+  bool nx = participates(x), nw1 = participates(fcWeight), nb1 = participates(fcBias);
+  bool nw2 = participates(projWeight), nb2 = participates(projBias);
+  Tensor x2 = detail::viewRaw(ops::contiguous(x), {rows, K});
+  ops::Fp8Codes xq = ops::fp8Cast(x2, Fp8Format::E4M3, fc.scale(0), fc.amax(0, record), true, nw1);
+  Tensor pre = fp8Forward(xq.plain, fcWeight, fcBias, fc, record, dtype);
+  // The GELU inside proj's input cast: h itself is never written (NOTE [FP8 fused casts]).
+  ops::Fp8Codes hq = ops::fp8CastFused(pre, ops::Fp8Prologue::GeluTanh, Tensor(), Fp8Format::E4M3,
+                                       proj.scale(0), proj.amax(0, record), true, nw2);
+  Tensor out = detail::viewRaw(fp8Forward(hq.plain, projWeight, projBias, proj, record, dtype),
+                               withLast(x.shape(), C));
+
+  bool fcGrads = nx || nw1 || nb1;
+  Tensor xT = xq.transposed, hT = hq.transposed, savedPre = fcGrads ? pre : Tensor();
+  Tensor w1 = nx ? fcWeight.detach() : Tensor(), w2 = fcGrads ? projWeight.detach() : Tensor();
+  uint64_t v1 = nx ? fcWeight.storage()->version() : 0, v2 = fcGrads ? projWeight.storage()->version() : 0;
+  Tensor w1Leaf = nw1 ? fcWeight : Tensor(), b1Leaf = nb1 ? fcBias : Tensor();
+  Tensor w2Leaf = nw2 ? projWeight : Tensor(), b2Leaf = nb2 ? projBias : Tensor();
+  Shape shX = x.shape();
+  std::vector<Tensor> inputs{x, fcWeight};
+  if (fcBias.defined()) inputs.push_back(fcBias);
+  inputs.push_back(projWeight);
+  if (projBias.defined()) inputs.push_back(projBias);
+  bool hasB1 = fcBias.defined(), hasB2 = projBias.defined();
+  autograd::Fp8LinearState fcHeld = fcFp8, projHeld = projFp8;
+  recordFunction("Fp8GeluMlpBackward", inputs, {out}, [=](const Grads& gs) {
+    Fp8Slots fcb{fcHeld}, projb{projHeld};
+    Tensor g2 = detail::viewRaw(ops::contiguous(gs[0]), {rows, C});
+    Tensor projSums = columnSums(nb2, C, device);
+    ops::Fp8Codes gq = ops::fp8CastFused(g2, ops::Fp8Prologue::None, Tensor(), Fp8Format::E5M2,
+                                         projb.scale(2), projb.amax(2, true), fcGrads, nw2, projSums);
+    Tensor gw2 = nw2 ? fp8WeightGrad(hT, gq.transposed, w2Leaf, projb) : Tensor();
+    Tensor gb2 = nb2 ? fp8BiasGrad(projSums, b2Leaf) : Tensor();
+    Tensor gx, gw1, gb1;
+    if (fcGrads) {
+      // h's gradient, then the GELU's backward inside fc's gradient cast (NOTE [FP8 fused casts]).
+      Tensor dh = fp8InputGrad(gq.plain, w2, v2, projb, g2.dtype());
+      Tensor fcSums = columnSums(nb1, F, device);
+      ops::Fp8Codes dq = ops::fp8CastFused(dh, ops::Fp8Prologue::GeluTanhBackward, savedPre, Fp8Format::E5M2,
+                                           fcb.scale(2), fcb.amax(2, true), nx, nw1, fcSums);
+      if (nx) gx = detail::viewRaw(fp8InputGrad(dq.plain, w1, v1, fcb, g2.dtype()), shX);
+      if (nw1) gw1 = fp8WeightGrad(xT, dq.transposed, w1Leaf, fcb);
+      if (nb1) gb1 = fp8BiasGrad(fcSums, b1Leaf);
+    }
+    Grads grads{gx, gw1};
+    if (hasB1) grads.push_back(gb1);
+    grads.push_back(gw2);
+    if (hasB2) grads.push_back(gb2);
     return grads;
   });
   return out;

@@ -151,7 +151,18 @@ std::vector<Tensor> Mlp::forwardImpl(const std::vector<Tensor>& inputs) {
   const Tensor& x = inputs.at(0);
   Tensor y;
   bool recompute = recomputeActivation_ && gradEnabled();
-  // FP8 layers (NOTE [FP8 training]) run fc and proj as layers of their own, the GELU between them.
+  // fc and proj both in FP8, the GELU inside their casts (NOTE [FP8 fused casts]); without tensor
+  // parallelism, and not when the GELU and proj are recomputed (that keeps pre alone, where this keeps h's
+  // codes too).
+  if (!config_.gated && config_.activation == Activation::GeluTanh && fc_->fp8() && proj_->fp8() &&
+      !config_.tensorParallel.active() && !recompute) {
+    y = fusedCall({fc_.get(), proj_.get()}, {x}, [&](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{fp8GeluMlp(in[0], fc_->weight, fc_->bias, proj_->weight, proj_->bias,
+                                            *fc_->fp8State(), *proj_->fp8State())};
+    })[0];
+    return {dropout(y, config_.dropout, isTraining())};
+  }
+  // Other FP8 layers (NOTE [FP8 training]) run fc and proj as layers of their own, the GELU between them.
   if (!config_.gated && config_.activation == Activation::GeluTanh && !fc_->fp8() && !proj_->fp8()) {
     const TensorParallel& tp = config_.tensorParallel;
     // geluMlp reads fc's and proj's parameters itself, so it runs as a call of both (NOTE [Module calls]).

@@ -18,18 +18,44 @@ void checkSlot(const char* what, const Tensor& t, Device device) {
 
 Fp8Codes fp8Cast(const Tensor& x, Fp8Format format, const Tensor& scale, const Tensor& amax, bool plain,
                  bool transposed) {
+  return fp8CastFused(x, Fp8Prologue::None, Tensor(), format, scale, amax, plain, transposed);
+}
+
+Fp8Codes fp8CastFused(const Tensor& x, Fp8Prologue prologue, const Tensor& aux, Fp8Format format,
+                      const Tensor& scale, const Tensor& amax, bool plain, bool transposed,
+                      const Tensor& columnSums) {
   STRATA_CHECK(x.dim() == 2 && isFloating(x.dtype()), "fp8Cast: x must be a floating [rows, cols], got {} {}",
                x.dtype(), toString(x.shape()));
   checkSlot("fp8Cast scale", scale, x.device());
   checkSlot("fp8Cast amax", amax, x.device());
-  Tensor in = contiguous(x);
+  bool withAux = prologue == Fp8Prologue::GeluTanhBackward;
+  STRATA_CHECK(!withAux || (aux.defined() && aux.shape() == x.shape() && aux.dtype() == x.dtype() &&
+                            aux.device() == x.device()),
+               "fp8CastFused: the GELU's backward needs its input as aux, of x's shape, dtype and device");
+  STRATA_CHECK(
+      !columnSums.defined() || (columnSums.dtype() == DType::F32 && columnSums.isContiguous() &&
+                                columnSums.numel() == x.size(1) && columnSums.device() == x.device()),
+      "fp8CastFused: the column sums are a contiguous fp32 [{}] on x's device", x.size(1));
+  Tensor in = contiguous(x), a = withAux ? contiguous(aux) : Tensor();
   int64_t rows = in.size(0), cols = in.size(1);
   Fp8Codes out;
   if (plain) out.plain = Tensor::empty({rows, cols}, DType::U8, x.device());
   if (transposed) out.transposed = Tensor::empty({cols, rows}, DType::U8, x.device());
-  if (in.numel() == 0) return out;
+  if (columnSums.defined()) columnSums.storage()->bumpVersion();
+  if (in.numel() == 0) {
+    if (columnSums.defined()) fill(columnSums, 0.0);
+    return out;
+  }
   amax.storage()->bumpVersion();
-  kernel<Fp8CastKernel>("fp8Cast", x.device())(in, format, scale, amax, out.plain, out.transposed);
+  auto cast = kernel<Fp8CastKernel>("fp8Cast", x.device());
+  if (cast(in, prologue, a, format, scale, amax, out.plain, out.transposed, columnSums)) return out;
+  // Composed where the device's kernel does not fuse these at this shape.
+  Tensor v = prologue == Fp8Prologue::GeluTanh           ? geluTanh(in)
+             : prologue == Fp8Prologue::GeluTanhBackward ? geluTanhBackward(in, a)
+                                                         : in;
+  STRATA_CHECK(cast(v, Fp8Prologue::None, Tensor(), format, scale, amax, out.plain, out.transposed, Tensor()),
+               "fp8Cast: the {} kernel cast nothing", toString(x.device()));
+  if (columnSums.defined()) copy(columnSums, sum(v, {0}, false, DType::F32));
   return out;
 }
 

@@ -79,10 +79,13 @@ struct GemmArgs {
 // biasGrad epilogue (the front end then runs the parts separately); plain products and bias always run.
 using GemmKernel = bool(const GemmArgs& args);
 
-// x contiguous [rows, cols]; plain [rows, cols] and transposed [cols, rows] u8 (either may be undefined);
-// scale and amax fp32 one-element tensors on x's device.
-using Fp8CastKernel = void(const Tensor& x, Fp8Format format, const Tensor& scale, const Tensor& amax,
-                           const Tensor& plain, const Tensor& transposed);
+// x contiguous [rows, cols] (aux, when the prologue reads it, likewise); plain [rows, cols] and transposed
+// [cols, rows] u8 (either may be undefined); scale and amax fp32 one-element tensors on x's device;
+// columnSums fp32 [cols] or undefined (ops::fp8CastFused). Returns false, having done nothing, where it does
+// not fuse the prologue or the sums at this shape (the front end composes them).
+using Fp8CastKernel = bool(const Tensor& x, Fp8Prologue prologue, const Tensor& aux, Fp8Format format,
+                           const Tensor& scale, const Tensor& amax, const Tensor& plain,
+                           const Tensor& transposed, const Tensor& columnSums);
 // states: contiguous fp32 [fp8StateElements(history)] each (ops::fp8UpdateScales).
 using Fp8UpdateScalesKernel = void(const std::vector<Tensor>& states, int64_t history, int64_t position,
                                    int margin, bool mostRecent);

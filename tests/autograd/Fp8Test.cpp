@@ -99,6 +99,65 @@ TEST_CASE("fp8Linear records nothing without gradients and falls back to bf16 at
   REQUIRE(std::all_of(s.begin() + kFp8StateHeader, s.end(), [](float v) { return v == 0.0f; }));
 }
 
+namespace {
+
+// proj(gelu(fc(x))) in FP8, fused (fp8GeluMlp) or composed (fp8Linear, gelu, fp8Linear), over two steps on
+// `device`: the second step's output, every gradient, and both layers' states.
+std::vector<Tensor> fp8MlpRun(bool fused, Device device, DType dtype, const std::vector<Tensor>& values,
+                              const Tensor& gy) {
+  auto scaling = autograd::Fp8Scaling::create(autograd::Fp8Recipe{4, 0, false}, device);
+  auto fc = scaling->add("fc"), proj = scaling->add("proj");
+  std::vector<Tensor> leaves;
+  for (const Tensor& v : values) leaves.push_back(ops::to(v.clone(), device, dtype).setRequiresGrad());
+  const Tensor &x = leaves[0], &w1 = leaves[1], &b1 = leaves[2], &w2 = leaves[3], &b2 = leaves[4];
+  std::vector<Tensor> out;
+  for (int step = 0; step < 2; ++step) {
+    for (Tensor& l : leaves) l.setGrad(Tensor());
+    Tensor y = fused ? fp8GeluMlp(x, w1, b1, w2, b2, *fc, *proj)
+                     : fp8Linear(gelu(fp8Linear(x, w1, b1, *fc), GeluApprox::Tanh), w2, b2, *proj);
+    backward({y}, {gy.to(device, dtype)});
+    scaling->update();
+    if (step == 1)
+      out = {y.detach(), x.grad(), w1.grad(), b1.grad(), w2.grad(), b2.grad(), fc->state, proj->state};
+  }
+  for (Tensor& t : out) t = ops::to(t, Device::cpu(), DType::F32);
+  return out;
+}
+
+std::vector<Tensor> fp8MlpValues(int64_t rows, int64_t C, int64_t F, uint64_t seed) {
+  Generator g(seed);
+  return {ops::randn({2, rows / 2, C}, g), ops::randn({C, F}, g, DType::F32, Device::cpu(), 0, 0.1),
+          ops::randn({F}, g, DType::F32, Device::cpu(), 0, 0.1),
+          ops::randn({F, C}, g, DType::F32, Device::cpu(), 0, 0.05),
+          ops::randn({C}, g, DType::F32, Device::cpu(), 0, 0.1)};
+}
+
+void requireSameBits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("tensor " << i);
+    REQUIRE(a[i].toVector<float>() == b[i].toVector<float>());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fp8GeluMlp gives fp8Linear, gelu, fp8Linear's bits: outputs, gradients and scales",
+          "[autograd][fp8]") {
+  // 144 rows: two blocks of 64 rows for the bias sums and a partial one (FP8 shapes: multiples of 16).
+  const int64_t rows = 144, C = 32, F = 128;
+  std::vector<Tensor> values = fp8MlpValues(rows, C, F, 17);
+  Generator g(18);
+  Tensor gy = ops::randn({2, rows / 2, C}, g, DType::F32, Device::cpu(), 0, 1e-2);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    INFO(dtypeName(dt));
+    std::vector<Tensor> fused = fp8MlpRun(true, Device::cpu(), dt, values, gy);
+    requireSameBits(fused, fp8MlpRun(false, Device::cpu(), dt, values, gy));
+    // The scales moved off 1, so the second step cast with recorded amaxes.
+    REQUIRE(fused[6].toVector<float>()[size_t(fp8ScaleSlot(0))] != 1.0f);
+  }
+}
+
 TEST_CASE("Fp8Scaling saves and loads its scales, histories and position", "[autograd][fp8]") {
   auto a = autograd::Fp8Scaling::create(autograd::Fp8Recipe{4, 1, false}, Device::cpu());
   auto sa = a->add("one");
@@ -215,4 +274,17 @@ TEST_CASE("linearCrossEntropy in FP8 multiplies E4M3 rows and table, E5M2 softma
   REQUIRE(s[kFp8StateHeader + H] == largest(w.detach()));
   REQUIRE(s[kFp8StateHeader + 2 * H] > 0.5f);
   REQUIRE(s[kFp8StateHeader + 2 * H] <= 1.0f);
+}
+
+TEST_CASE("[cuda] fp8GeluMlp on the GPU gives the GPU's composed layers' bits", "[cuda][autograd][fp8]") {
+  STRATA_REQUIRE_CUDA();
+  const int64_t rows = 256, C = 64, F = 256;
+  std::vector<Tensor> values = fp8MlpValues(rows, C, F, 23);
+  Generator g(24);
+  Tensor gy = ops::randn({2, rows / 2, C}, g, DType::F32, Device::cpu(), 0, 1e-2);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    INFO(dtypeName(dt));
+    requireSameBits(fp8MlpRun(true, Device::cuda(0), dt, values, gy),
+                    fp8MlpRun(false, Device::cuda(0), dt, values, gy));
+  }
 }

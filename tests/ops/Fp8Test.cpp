@@ -1,5 +1,6 @@
 // FP8 ops: the cast with its amax, the FP8 GEMM and delayed scaling's update on the CPU against the recipe
 // worked by hand; on a GPU, the cast bit for bit against the CPU and the GEMM against fp32.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -58,6 +59,46 @@ TEST_CASE("fp8Cast writes the scaled codes plain and transposed and maxes the fi
   REQUIRE(!d.plain.defined());
   REQUIRE(amax.item() == 3.0);
   REQUIRE(d.transposed.toVector<uint8_t>() == std::vector<uint8_t>{0x40, 0x7B, 0x7E, 0xC5});
+}
+
+TEST_CASE(
+    "fp8CastFused casts the GELU or its backward as the ops store them, and sums columns in blocks of 64",
+    "[ops][fp8]") {
+  // 130 rows: two whole blocks of 64 and a partial one.
+  const int64_t rows = 130, cols = 24;
+  Generator g(5);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    INFO(dtypeName(dt));
+    Tensor x = ops::to(ops::randn({rows, cols}, g), Device::cpu(), dt);
+    Tensor pre = ops::to(ops::randn({rows, cols}, g), Device::cpu(), dt);
+    Tensor scale = Tensor::fromVector<float>({5.0f}, {1});
+    struct Case {
+      ops::Fp8Prologue prologue;
+      Tensor aux, composed;
+    };
+    for (const Case& c : {Case{ops::Fp8Prologue::None, Tensor(), x},
+                          Case{ops::Fp8Prologue::GeluTanh, Tensor(), ops::geluTanh(x)},
+                          Case{ops::Fp8Prologue::GeluTanhBackward, pre, ops::geluTanhBackward(x, pre)}}) {
+      INFO("prologue " << int(c.prologue));
+      Tensor amaxF = ops::zeros({1}), amaxC = ops::zeros({1}), sums = ops::zeros({cols});
+      ops::Fp8Codes fused =
+          ops::fp8CastFused(x, c.prologue, c.aux, Fp8Format::E5M2, scale, amaxF, true, true, sums);
+      ops::Fp8Codes composed = ops::fp8Cast(c.composed, Fp8Format::E5M2, scale, amaxC, true, true);
+      REQUIRE(fused.plain.toVector<uint8_t>() == composed.plain.toVector<uint8_t>());
+      REQUIRE(fused.transposed.toVector<uint8_t>() == composed.transposed.toVector<uint8_t>());
+      REQUIRE(amaxF.item() == amaxC.item());
+      // The sums' order written out: each block of 64 rows row by row, then the blocks in order.
+      std::vector<float> v = ops::to(c.composed, Device::cpu(), DType::F32).toVector<float>();
+      std::vector<float> want(size_t(cols), 0.0f);
+      for (int64_t c0 = 0; c0 < cols; ++c0)
+        for (int64_t b = 0; b < rows; b += 64) {
+          float block = 0.0f;
+          for (int64_t r = b; r < std::min(rows, b + 64); ++r) block += v[size_t(r * cols + c0)];
+          want[size_t(c0)] += block;
+        }
+      REQUIRE(sums.toVector<float>() == want);
+    }
+  }
 }
 
 TEST_CASE("the FP8 GEMM multiplies the decoded codes and applies both scales and the bias", "[ops][fp8]") {
@@ -152,6 +193,56 @@ TEST_CASE("[cuda] the GPU's FP8 cast equals the CPU's bit for bit, amax included
           if (transposed) REQUIRE(c.transposed.toVector<uint8_t>() == d.transposed.toVector<uint8_t>());
           REQUIRE(cpuAmax.item() == gpuAmax.item());
         }
+}
+
+TEST_CASE("[cuda] the GPU's fused FP8 casts equal its composed ones, and its column sums the CPU's",
+          "[cuda][ops][fp8]") {
+  STRATA_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  // Partial blocks of 64 rows and columns (136 x 200), more tiles than blocks (2112 x 2112), and an odd
+  // shape the front end composes (37 x 53).
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{136, 200}, {2112, 2112}, {37, 53}})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      INFO(rows << " x " << cols << " " << dtypeName(dt));
+      Tensor x = ops::to(edgy(rows, cols, uint64_t(rows + cols)), Device::cpu(), dt);
+      Tensor pre = ops::to(edgy(rows, cols, uint64_t(rows * 3 + cols)), Device::cpu(), dt);
+      Tensor xd = x.to(gpu), pd = pre.to(gpu);
+      Tensor scale = Tensor::fromVector<float>({0.75f}, {1}, gpu);
+      // The GPU's own composed ops: the same codes, amax and sums as the fused kernel.
+      for (auto prologue : {ops::Fp8Prologue::GeluTanh, ops::Fp8Prologue::GeluTanhBackward}) {
+        INFO("prologue " << int(prologue));
+        bool backward = prologue == ops::Fp8Prologue::GeluTanhBackward;
+        Tensor composedIn = backward ? ops::geluTanhBackward(xd, pd) : ops::geluTanh(xd);
+        Tensor amaxF = ops::zeros({1}, DType::F32, gpu), amaxC = ops::zeros({1}, DType::F32, gpu);
+        Tensor sumsF = ops::zeros({cols}, DType::F32, gpu), sumsC = ops::zeros({cols}, DType::F32, gpu);
+        ops::Fp8Codes f = ops::fp8CastFused(xd, prologue, backward ? pd : Tensor(), Fp8Format::E5M2, scale,
+                                            amaxF, true, true, sumsF);
+        ops::Fp8Codes c = ops::fp8CastFused(composedIn, ops::Fp8Prologue::None, Tensor(), Fp8Format::E5M2,
+                                            scale, amaxC, true, true, sumsC);
+        REQUIRE(f.plain.toVector<uint8_t>() == c.plain.toVector<uint8_t>());
+        REQUIRE(f.transposed.toVector<uint8_t>() == c.transposed.toVector<uint8_t>());
+        REQUIRE(amaxF.item() == amaxC.item());
+        REQUIRE(ops::to(sumsF, Device::cpu(), DType::F32).toVector<float>() ==
+                ops::to(sumsC, Device::cpu(), DType::F32).toVector<float>());
+      }
+      // Without a prologue the values are the input's on both devices, so the sums are the CPU's bits where
+      // the kernel fuses them.
+      if (rows % 8 == 0 && cols % 8 == 0) {
+        Tensor sumsG = ops::zeros({cols}, DType::F32, gpu), sumsCpu = ops::zeros({cols});
+        Tensor amaxG = ops::zeros({1}, DType::F32, gpu), amaxCpu = ops::zeros({1});
+        // edgy() holds an infinity and a NaN; the sums of those columns are not comparable bits.
+        std::vector<float> v = edgy(rows, cols, 99).toVector<float>();
+        for (float& e : v)
+          if (!std::isfinite(e)) e = 1.0f;
+        Tensor clean = ops::to(Tensor::fromVector<float>(v, {rows, cols}), Device::cpu(), dt);
+        ops::fp8CastFused(clean.to(gpu), ops::Fp8Prologue::None, Tensor(), Fp8Format::E5M2, scale, amaxG,
+                          false, false, sumsG);
+        ops::fp8CastFused(clean, ops::Fp8Prologue::None, Tensor(), Fp8Format::E5M2,
+                          Tensor::fromVector<float>({0.75f}, {1}), amaxCpu, false, false, sumsCpu);
+        REQUIRE(ops::to(sumsG, Device::cpu(), DType::F32).toVector<float>() == sumsCpu.toVector<float>());
+        REQUIRE(amaxG.item() == amaxCpu.item());
+      }
+    }
 }
 
 TEST_CASE("[cuda] the GPU's FP8 scale update equals the CPU's bit for bit", "[cuda][ops][fp8]") {

@@ -41,6 +41,21 @@
 //   gradient GEMMs then run in FP8 per row chunk, the softmax gradient cast to E5M2, with a state of its own.
 //   Under vocabulary parallelism the head stays in bf16.
 // - Not in FP8: LayerNorm, attention's softmax and its two batched products, the loss itself, the optimizer.
+//
+// NOTE [FP8 fused casts]
+// A cast is a pass over its tensor, so work on the same elements rides it (ops::fp8CastFused):
+// - The bias's gradient is the column sums of g, taken by g's E5M2 cast from the values it converts, in a
+//   fixed order (blocks of 64 rows summed row by row, then the blocks in order; the CPU's order too), instead
+//   of a second pass over g.
+// - A GELU MLP whose fc and proj are both FP8 (fp8GeluMlp; nn::Mlp uses it) never writes h = gelu(pre):
+// proj's
+//   input cast reads pre and casts gelu(pre), rounded to the compute dtype as the GELU op would store it. In
+//   the backward, fc's gradient cast reads h's gradient and pre and casts gelu'(pre) * dh, likewise rounded,
+//   and sums its columns for fc's bias. The codes, the amaxes and the gradients are the composed layers'
+//   (fp8Linear, gelu, fp8Linear) bit for bit; what is saved is the same (pre, and the codes for the weights'
+//   gradients). Each pass that goes saves a write and a read of the [rows, 4C] activation or its gradient.
+// - On the GPU the fusing kernel takes rows and columns in multiples of 8 with 16-byte aligned rows (the
+//   FP8 GEMMs' shapes always are); elsewhere the front end composes the same steps.
 #pragma once
 
 #include <memory>
@@ -106,5 +121,13 @@ namespace strata {
 // training]); in bf16 when ops::fp8Shape refuses the shapes.
 Tensor fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
                  const autograd::Fp8LinearState& fp8);
+
+// proj(gelu_tanh(fc(x))) with both layers in FP8 (fcFp8's and projFp8's scales): as fp8Linear, then
+// gelu(.., GeluApprox::Tanh), then fp8Linear, the same bits, with the GELU fused into proj's input cast and
+// its backward into fc's gradient cast (NOTE [FP8 fused casts]); composed as written when ops::fp8Shape
+// refuses either layer's shapes.
+Tensor fp8GeluMlp(const Tensor& x, const Tensor& fcWeight, const Tensor& fcBias, const Tensor& projWeight,
+                  const Tensor& projBias, const autograd::Fp8LinearState& fcFp8,
+                  const autograd::Fp8LinearState& projFp8);
 
 }  // namespace strata

@@ -68,6 +68,7 @@ class Linear : public Module {
   // scales of `state` (enableFp8 sets every layer's).
   void setFp8(std::shared_ptr<autograd::Fp8LinearState> state) { fp8_ = std::move(state); }
   bool fp8() const { return fp8_ != nullptr; }
+  const autograd::Fp8LinearState* fp8State() const { return fp8_.get(); }
 
  protected:
   std::vector<Tensor> forwardImpl(const std::vector<Tensor>& inputs) override;

@@ -136,6 +136,16 @@ struct Fp8Codes {
 };
 Fp8Codes fp8Cast(const Tensor& x, Fp8Format format, const Tensor& scale, const Tensor& amax, bool plain,
                  bool transposed);
+// fp8Cast of v = prologue(x[, aux]) (NOTE [FP8 fused casts] in autograd/Fp8.h): x itself (None),
+// geluTanh(x) (GeluTanh), or geluTanhBackward(x, aux) with x the GELU output's gradient and aux (x's shape
+// and dtype) its input (GeluTanhBackward); v is rounded to x's dtype, as those ops store it, before the cast
+// and the amax see it, so the codes and the amax are the composed ops' bits. With `columnSums` (fp32 [cols],
+// overwritten) the columns' sums of v in fp32: in blocks of 64 rows, each summed row by row, the blocks' sums
+// then added in order (the same order on every device where the kernel fuses them, ops::sum's elsewhere).
+enum class Fp8Prologue : uint8_t { None, GeluTanh, GeluTanhBackward };
+Fp8Codes fp8CastFused(const Tensor& x, Fp8Prologue prologue, const Tensor& aux, Fp8Format format,
+                      const Tensor& scale, const Tensor& amax, bool plain, bool transposed,
+                      const Tensor& columnSums = Tensor());
 // out [m, n] = scaleA scaleB (a [m, k] @ b [n, k]^T) (+ bias [n] of out's dtype), a and b FP8 codes (u8)
 // with k contiguous (cuBLASLt's FP8 layout on Hopper), products accumulated in fp32, written in `out`'s
 // dtype (bf16 or fp32; the CPU computes in fp32). scaleA, scaleB: fp32 one-element views (dequantisation
