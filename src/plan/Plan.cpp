@@ -433,15 +433,14 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     if (in.stage < 3 && homedBytes > 0) p.workspaceBytes += in.homeGatherBytes;
     // What the engine refuses with parameters homed off the device (train/ModelState.cpp, homeParameters).
     if (homedBytes > 0) {
-      std::string refused = in.stage == 1 || in.stage == 2    ? "zero_optimization.stage 1 and 2"
-                            : c.optimizer.type == "adafactor" ? "optimizer.type adafactor"
-                            : c.store.delayedUpdate           ? "store.delayed_update"
-                            : p.pipeline > 1                  ? "parallel.pipeline"
-                                                              : "";
+      std::string refused = in.stage == 1 || in.stage == 2 ? "zero_optimization.stage 1 and 2"
+                            : c.store.delayedUpdate        ? "store.delayed_update"
+                            : p.pipeline > 1               ? "parallel.pipeline"
+                                                           : "";
       if (!refused.empty())
         STRATA_USER_FAIL(
             "{} of parameters would be homed off the device (store.parameter_home {}), which {} does not "
-            "support: use zero_optimization.stage 0 or 3 with AdamW, or store.parameter_home: device with "
+            "support: use zero_optimization.stage 0 or 3, or store.parameter_home: device with "
             "room for them in store.gpu_budget_gb",
             gib(homedBytes), c.store.parameterHome, refused);
     }
@@ -692,15 +691,22 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   }
   if (offElems > 0 && p.optimizer == "adafactor") {
     // NOTE [Adafactor host chunks] in optim/Adafactor.h: the masters and the state cross the link both ways
-    // and the GPU updates them (the SSD chunks' too, read from the SSD into host memory first).
-    double bytes = 0;
-    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
-      if (p.placement.optimizerTier[i] != zero::Tier::Device)
-        bytes += double(in.rangeElems[i]) * 4 + double(in.firstMomentBytes[i] + in.secondMomentBytes[i]);
-    p.terms.push_back({"PCIe", bytes / (*m.h2dGBs * 1e9) + bytes / (*m.d2hGBs * 1e9),
-                       fmt::format("masters and state in and out {} at {:.0f} / {:.0f} GB/s",
-                                   gib(uint64_t(bytes)), *m.h2dGBs, *m.d2hGBs),
-                       true});
+    // and the GPU updates them (the SSD chunks' too, read from the SSD into host memory first); the new
+    // 16-bit parameters of the chunks homed off the device go back to their homes (NOTE [Parameter homes]).
+    double bytes = 0, homed = 0;
+    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
+      if (p.placement.optimizerTier[i] == zero::Tier::Device) continue;
+      bytes += double(in.rangeElems[i]) * 4 + double(in.firstMomentBytes[i] + in.secondMomentBytes[i]);
+      if (p.placement.parameterHome(i) != zero::Tier::Device)
+        homed += double(in.rangeElems[i]) * double(dtypeSize(p.compute));
+    }
+    p.terms.push_back(
+        {"PCIe", bytes / (*m.h2dGBs * 1e9) + (bytes + homed) / (*m.d2hGBs * 1e9),
+         fmt::format(
+             "masters and state in and out {} at {:.0f} / {:.0f} GB/s{}", gib(uint64_t(bytes)), *m.h2dGBs,
+             *m.d2hGBs,
+             homed > 0 ? fmt::format(", the homed parameters out {}", gib(uint64_t(homed))) : std::string()),
+         true});
   } else if (offElems > 0) {
     // NOTE [Plan model]: the host update after the backward. The gradients cross as they accumulate (fp32, or
     // 16-bit: precision.grad_accum_dtype) and the new 16-bit parameters come back; the pipelined update's two
