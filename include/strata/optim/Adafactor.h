@@ -49,7 +49,11 @@
 // which is copied into the page-locked home, or into the host staging of a chunk homed on the SSD, whose
 // extent's Parameters field is then written (waiting for the write before the next chunk); without a GPU the
 // kernel rounds them into the home (or the zeroed staging) directly. fp32 parameters are their master's
-// values, copied whole. The bits are those of the parameters on the device.
+// values, copied whole. The bits are those of the parameters on the device. Gradients homed in host memory
+// (NOTE [Gradient homes] in zero/GradientReducer.h) come to the device with the state, widened to fp32 there
+// when they are 16-bit: the device's kernel reads the same values, so the bits are those of gradients kept
+// on the device (the link carries them twice, out during backward and in at the update; the device holds
+// them one chunk at a time).
 //
 // NOTE [Adafactor SSD chunks]
 // An SSD-resident chunk's master, first moment and second moment are the three fields of its extent in the
