@@ -558,6 +558,21 @@ TEST_CASE(
   REQUIRE(term(p, "parameter homes") != nullptr);
   REQUIRE(term(p, "PCIe") != nullptr);
   REQUIRE(term(p, "PCIe")->detail.find("homed parameters out") != std::string::npos);
+  // Their gradients are homed too (store.gradient_home: auto): out during backward, and back in with the
+  // state for the GPU's update (NOTE [Gradient homes] in zero/GradientReducer.h).
+  REQUIRE(p.gradientHomeBytes > 0);
+  REQUIRE(term(p, "gradient homes") != nullptr);
+  REQUIRE(term(p, "PCIe")->detail.find("homed gradients in") != std::string::npos);
+  plan::ModelStatePlan kept = plan::planModelState(
+      configFile(
+          "gpt3-20b-store.yaml",
+          {"zero_optimization.nvme_path=/x", "optimizer.type=adafactor", "optimizer.adafactor_beta1=0.9",
+           "optimizer.adafactor_bf16_momentum=true", "store.gradient_home=device"}),
+      options);
+  REQUIRE(kept.gradientHomeBytes == 0);
+  REQUIRE(term(kept, "gradient homes") == nullptr);
+  REQUIRE(term(p, "PCIe")->seconds ==
+          Approx(term(kept, "PCIe")->seconds + double(p.gradientHomeBytes) / (*p.machine.h2dGBs * 1e9)));
   // Stage 1 still refuses homes, naming the keys.
   plan::ModelStatePlan sharded = plan::planModelState(
       configFile("gpt3-20b-store.yaml",
