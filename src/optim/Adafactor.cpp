@@ -152,7 +152,10 @@ Adafactor::Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> maste
     Tensor paramBase = sharded ? parameterShards[c] : chunks.paddedFlat(c);
     int64_t paramOffset = sharded ? r.begin : 0;
     paramFlats_.push_back(paramBase.narrow(0, r.begin - paramOffset, r.size()));
-    cuda = cuda || paramBase.device().isCuda();
+    // The compute device: parameters homed off it (NOTE [Parameter homes] in zero/ParameterGatherer.h) are
+    // not there.
+    device_ = chunks.storage(c)->device();
+    cuda = cuda || device_.isCuda();
     std::vector<Tensor> params = chunks.parameters(c);
     for (size_t j = 0; j < params.size(); ++j) {
       const zero::ChunkSlot& slot = layout.slots[size_t(layout.chunks[c].slots[j])];
@@ -213,7 +216,7 @@ Adafactor::Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> maste
       // NOTE [Adafactor host chunks]: the master moves to host memory (an fp32 chunk's parameters are
       // copied there to be its master), and m and the statistics are made there.
       bool onHost = homes_[c] == zero::Tier::Host;
-      bool pin = onHost && config_.pinHostState && paramFlats_[c].device().isCuda();
+      bool pin = onHost && config_.pinHostState && device_.isCuda();
       if (onHost) {
         Tensor master = hostStateTensor(r.size(), DType::F32, pin);
         ops::copy(master, masters_[c].defined() ? masters_[c] : paramFlats_[c]);
@@ -222,7 +225,7 @@ Adafactor::Adafactor(const zero::ChunkManager& chunks, std::vector<Tensor> maste
       STRATA_CHECK(!masters_[c].defined() || masters_[c].numel() == r.size(),
                    "Adafactor: chunk {}'s master has {} elements, its range {}", c, masters_[c].numel(),
                    r.size());
-      Device device = masters_[c].defined() ? masters_[c].device() : paramFlats_[c].device();
+      Device device = masters_[c].defined() ? masters_[c].device() : device_;
       auto stateTensor = [&](int64_t elems, DType dt) {
         Tensor t = onHost ? hostStateTensor(elems, dt, pin) : Tensor::empty({elems}, dt, device);
         ops::fill(t, 0.0);
@@ -260,7 +263,8 @@ void Adafactor::bindSlots(size_t c) {
 
 std::vector<ops::AdafactorTensors> Adafactor::offDeviceSets(size_t c, const StateTensors& state,
                                                             const std::vector<Tensor>& grads,
-                                                            bool copyParameters) const {
+                                                            bool copyParameters,
+                                                            const Tensor& parametersOut) const {
   const zero::ShardRange& r = ranges_[c];
   std::vector<ops::AdafactorTensors> sets;
   for (size_t i : slotsOf_[c]) {
@@ -277,7 +281,10 @@ std::vector<ops::AdafactorTensors> Adafactor::offDeviceSets(size_t c, const Stat
     }
     t.weightDecay = s.weightDecay;
     // The master off the device is never the parameter: the kernel rounds it into the parameter.
-    if (copyParameters) t.copy = s.param;
+    if (copyParameters)
+      t.copy = parametersOut.defined()
+                   ? viewOf(parametersOut, s.begin - r.begin, s.shape, s.strides, parametersOut.dtype())
+                   : s.param;
     sets.push_back(t);
   }
   return sets;
@@ -405,10 +412,11 @@ Tensor scratch(Tensor& buffer, int64_t n, DType dtype, Device device) {
 void Adafactor::stepChunk(size_t c, const ops::AdafactorHyper& h, const Tensor& gradients,
                           const Tensor& gradScale, const StateTensors& state) {
   const zero::ShardRange& r = ranges_[c];
-  Device device = paramFlats_[c].device();
-  // The range's gradients in fp32 (a 16-bit buffer is widened here, one chunk at a time).
+  Device device = device_;
+  // The range's gradients in fp32 on the compute device (a 16-bit buffer is widened here, one chunk at a
+  // time; gradients homed in host memory come in with the state: NOTE [Adafactor host chunks]).
   Tensor g = gradients.numel() == r.size() ? gradients : gradients.narrow(0, r.begin, r.size());
-  if (g.dtype() != DType::F32) g = ops::to(g, device, DType::F32);
+  if (g.dtype() != DType::F32 || g.device() != device) g = ops::to(g, device, DType::F32);
   std::vector<Tensor> rangeGrads(ranges_.size());
   rangeGrads[c] = g;
   std::vector<Tensor> grads = gradientPieces(rangeGrads);
@@ -420,7 +428,22 @@ void Adafactor::stepChunk(size_t c, const ops::AdafactorHyper& h, const Tensor& 
     return;
   }
   bool stream = device.isCuda();
-  bool fp32Params = paramFlats_[c].dtype() == DType::F32;
+  const Tensor& params = paramFlats_[c];
+  bool fp32Params = params.dtype() == DType::F32;
+  // NOTE [Adafactor host chunks]: parameters homed off the device (NOTE [Parameter homes] in
+  // zero/ParameterGatherer.h) take their new values in their home; those homed on the SSD are rounded into
+  // the host buffer parameterShards[c] views, then written into the chunk's extent.
+  bool ssdParams = nvme_ != nullptr && nvme_->holdsParameters(c);
+  bool homedParams = ssdParams || params.device() != device;
+  // The kernel writes each parameter's elements only: the gaps between them (zeros in the chunk) are
+  // zeroed first where the values do not stay in place (the SSD's staging, the device's scratch).
+  Tensor out;  // where the new parameters are rounded: the parameters themselves, or the device's scratch
+  if (!stream) {
+    if (ssdParams) ops::fill(params, 0.0);
+  } else if (homedParams && !fp32Params) {
+    out = scratch(scratch_[3], r.size(), params.dtype(), device);
+    ops::fill(out, 0.0);
+  }
   // NOTE [Adafactor host chunks]: the state comes to device scratch, and goes back after the kernel.
   StateTensors work = state;
   if (stream) {
@@ -433,15 +456,21 @@ void Adafactor::stepChunk(size_t c, const ops::AdafactorHyper& h, const Tensor& 
     work.v = scratch(scratch_[2], state.v.numel(), DType::F32, device);
     ops::copy(work.v, state.v);
   }
-  // The GPU kernel writes 16-bit copies only: fp32 parameters are copied whole below.
-  ops::adafactor(offDeviceSets(c, work, grads, !(stream && fp32Params)), h, scale);
+  // The GPU kernel writes 16-bit copies only: fp32 parameters are copied whole from the master below.
+  bool copyParameters = !(stream && fp32Params);
+  ops::adafactor(offDeviceSets(c, work, grads, copyParameters, out), h, scale);
   if (stream) {
-    if (fp32Params) ops::copy(paramFlats_[c], work.master);
+    // fp32 parameters are the master's values; 16-bit ones homed off the device come from the scratch.
+    if (fp32Params) ops::copy(params, work.master);
+    if (out.defined()) ops::copy(params, out);
     ops::copy(state.master, work.master);
     if (state.m.defined()) ops::copy(state.m, work.m);
     ops::copy(state.v,
               work.v);  // the copies to the host return once the data is there: nothing is left pending
   }
+  // The staging is the next SSD chunk's too: the write ends first.
+  if (ssdParams)
+    nvme_->wait(nvme_->writeAsync(c, {{zero::NvmeTier::Parameters, params.data(), params.dtype()}}));
 }
 
 void Adafactor::moveToDevice(size_t c, Device device) {

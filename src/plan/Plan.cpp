@@ -433,15 +433,14 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     if (in.stage < 3 && homedBytes > 0) p.workspaceBytes += in.homeGatherBytes;
     // What the engine refuses with parameters homed off the device (train/ModelState.cpp, homeParameters).
     if (homedBytes > 0) {
-      std::string refused = in.stage == 1 || in.stage == 2    ? "zero_optimization.stage 1 and 2"
-                            : c.optimizer.type == "adafactor" ? "optimizer.type adafactor"
-                            : c.store.delayedUpdate           ? "store.delayed_update"
-                            : p.pipeline > 1                  ? "parallel.pipeline"
-                                                              : "";
+      std::string refused = in.stage == 1 || in.stage == 2 ? "zero_optimization.stage 1 and 2"
+                            : c.store.delayedUpdate        ? "store.delayed_update"
+                            : p.pipeline > 1               ? "parallel.pipeline"
+                                                           : "";
       if (!refused.empty())
         STRATA_USER_FAIL(
             "{} of parameters would be homed off the device (store.parameter_home {}), which {} does not "
-            "support: use zero_optimization.stage 0 or 3 with AdamW, or store.parameter_home: device with "
+            "support: use zero_optimization.stage 0 or 3, or store.parameter_home: device with "
             "room for them in store.gpu_budget_gb",
             gib(homedBytes), c.store.parameterHome, refused);
     }
@@ -505,10 +504,9 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   const std::string& gradientHome = c.store.gradientHome;
   std::string gradientsStay = in.stage != 0 && in.stage != 3
                                   ? fmt::format("zero_optimization.stage {}", in.stage)
-                              : p.pipeline > 1              ? std::string("parallel.pipeline")
-                              : c.dist.powersgdRank > 0     ? std::string("dist.powersgd_rank")
-                              : c.optimizer.type != "adamw" ? "optimizer.type " + c.optimizer.type
-                                                            : std::string();
+                              : p.pipeline > 1          ? std::string("parallel.pipeline")
+                              : c.dist.powersgdRank > 0 ? std::string("dist.powersgd_rank")
+                                                        : std::string();
   if (gradientHome == "host" && !gradientsStay.empty() && p.fits) {
     p.fits = false;
     p.refusal = fmt::format(
@@ -692,14 +690,24 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   }
   if (offElems > 0 && p.optimizer == "adafactor") {
     // NOTE [Adafactor host chunks] in optim/Adafactor.h: the masters and the state cross the link both ways
-    // and the GPU updates them (the SSD chunks' too, read from the SSD into host memory first).
-    double bytes = 0;
-    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i)
-      if (p.placement.optimizerTier[i] != zero::Tier::Device)
-        bytes += double(in.rangeElems[i]) * 4 + double(in.firstMomentBytes[i] + in.secondMomentBytes[i]);
-    p.terms.push_back({"PCIe", bytes / (*m.h2dGBs * 1e9) + bytes / (*m.d2hGBs * 1e9),
-                       fmt::format("masters and state in and out {} at {:.0f} / {:.0f} GB/s",
-                                   gib(uint64_t(bytes)), *m.h2dGBs, *m.d2hGBs),
+    // and the GPU updates them (the SSD chunks' too, read from the SSD into host memory first); the new
+    // 16-bit parameters of the chunks homed off the device go back to their homes (NOTE [Parameter homes]).
+    // Gradients homed in host memory (NOTE [Gradient homes]) left during backward and come back in with
+    // the state.
+    double bytes = 0, homed = 0;
+    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
+      if (p.placement.optimizerTier[i] == zero::Tier::Device) continue;
+      bytes += double(in.rangeElems[i]) * 4 + double(in.firstMomentBytes[i] + in.secondMomentBytes[i]);
+      if (p.placement.parameterHome(i) != zero::Tier::Device)
+        homed += double(in.rangeElems[i]) * double(dtypeSize(p.compute));
+    }
+    double gradients = double(p.gradientHomeBytes);
+    std::string extra;
+    if (homed > 0) extra += fmt::format(", the homed parameters out {}", gib(uint64_t(homed)));
+    if (gradients > 0) extra += fmt::format(", the homed gradients in {}", gib(uint64_t(gradients)));
+    p.terms.push_back({"PCIe", (bytes + gradients) / (*m.h2dGBs * 1e9) + (bytes + homed) / (*m.d2hGBs * 1e9),
+                       fmt::format("masters and state in and out {} at {:.0f} / {:.0f} GB/s{}",
+                                   gib(uint64_t(bytes)), *m.h2dGBs, *m.d2hGBs, extra),
                        true});
   } else if (offElems > 0) {
     // NOTE [Plan model]: the host update after the backward. The gradients cross as they accumulate (fp32, or
@@ -735,14 +743,14 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
                      in.gradientDType == DType::F32 ? "fp32" : dtypeName(in.gradientDType),
                      gib(uint64_t(down)), *m.d2hGBs, gib(uint64_t(up)), *m.h2dGBs),
          true});
-    // NOTE [Gradient homes]: the homed gradients cross on the comm stream as their chunks complete, beside
-    // the rest of backward.
-    if (p.gradientHomeBytes > 0)
-      p.terms.push_back({"gradient homes", double(p.gradientHomeBytes) / (*m.d2hGBs * 1e9),
-                         fmt::format("gradients out during backward {} at {:.0f} GB/s (store.gradient_home)",
-                                     gib(p.gradientHomeBytes), *m.d2hGBs),
-                         true});
   }
+  // NOTE [Gradient homes]: the homed gradients cross on the comm stream as their chunks complete, beside the
+  // rest of backward.
+  if (p.gradientHomeBytes > 0)
+    p.terms.push_back({"gradient homes", double(p.gradientHomeBytes) / (*m.d2hGBs * 1e9),
+                       fmt::format("gradients out during backward {} at {:.0f} GB/s (store.gradient_home)",
+                                   gib(p.gradientHomeBytes), *m.d2hGBs),
+                       true});
   uint64_t onSsd = p.placement.parameterNvmeBytes;
   if (uint64_t homed = p.placement.parameterHostBytes + onSsd; homed > 0) {
     // NOTE [Parameter homes]: each homed chunk is copied into a slot for the forward and again for the

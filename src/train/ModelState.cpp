@@ -353,10 +353,6 @@ void homeParameters(ModelState& s, const config::Config& c) {
                     "zero_optimization.stage to 3 (or 0), or store.parameter_home: device with a larger "
                     "store.gpu_budget_gb",
                     why, s.stage);
-  STRATA_USER_CHECK(c.optimizer.type != "adafactor",
-                    "{}: parameters homed off the GPU are updated by AdamW only (optimizer.type is "
-                    "adafactor); set optimizer.type: adamw, or store.parameter_home: device",
-                    why);
   STRATA_USER_CHECK(!c.store.delayedUpdate,
                     "{}: parameters homed off the GPU do not combine with store.delayed_update; set "
                     "store.delayed_update: false, or store.parameter_home: device",

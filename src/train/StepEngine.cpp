@@ -123,8 +123,6 @@ void ZeroStepEngine::homeGradients(const config::Config& c) {
     whyNot = "parallel.pipeline is set (a pipeline's chunks complete after its schedule, outside backward)";
   else if (c.dist.powersgdRank > 0)
     whyNot = "dist.powersgd_rank is set (PowerSGD's factors are summed in the gradients' place)";
-  else if (c.optimizer.type == "adafactor")
-    whyNot = "optimizer.type is adafactor (it updates host chunks on the GPU, from the device's gradients)";
   if (!whyNot.empty()) {
     STRATA_USER_CHECK(!host,
                       "store.gradient_home is host, but gradients cannot leave the GPU here: {}; set "

@@ -509,6 +509,80 @@ TEST_CASE(
   REQUIRE(suggestsSsd);
 }
 
+TEST_CASE(
+    "plan: Adafactor with parameters homed on the host and the SSD, placed and counted as the engine does",
+    "[train][plan][adafactor][homes]") {
+  // A tiny GPT on the CPU whose parameters spread over the three tiers (NOTE [Parameter homes] in
+  // zero/ParameterGatherer.h): the engine's real placement and the plan's agree chunk for chunk and byte for
+  // byte, at stages 0 and 3.
+  fs::path nvme = fs::temp_directory_path() / "strata-plan-adafactor-homes";
+  for (int stage : {0, 3}) {
+    INFO("stage " << stage);
+    config::Config c = config::parseConfig(
+        "", "test",
+        {"data.path=" + corpus().string(), "train.device=cpu", "model.num_layers=2", "model.hidden_size=32",
+         "model.num_attention_heads=2", "model.seq_length=32", "train.micro_batch_size=2",
+         "zero_optimization.chunk_size_mb=0.02", "optimizer.type=adafactor", "optimizer.lr=0.01",
+         "optimizer.adafactor_beta1=0.9", "store.gpu_budget_gb=0.00004", "store.host_budget_gb=0.00002",
+         "zero_optimization.nvme_path=" + nvme.string(), "store.nvme_state_dtype=fp32",
+         "zero_optimization.stage=" + std::to_string(stage)});
+    auto model = models::buildModel(config::modelSpecFrom(c, Device::cpu()));
+    data::CausalLmObjective objective(model, nullptr);
+    train::ZeroStepEngine engine(objective, c, Device::cpu(), DType::F32);
+    const zero::StorePlacement& real = engine.placement();
+    plan::ModelStatePlan p = plan::planModelState(c, roundMachine());
+    INFO(plan::formatPlan(p));
+    REQUIRE(p.fits);
+    REQUIRE(real.parameterChunksOn(zero::Tier::Host) > 0);
+    REQUIRE(real.parameterChunksOn(zero::Tier::Nvme) > 0);
+    REQUIRE(p.placement.parameterTier == real.parameterTier);
+    REQUIRE(p.placement.optimizerTier == real.optimizerTier);
+    for (int t = 0; t < zero::kNumTiers; ++t) {
+      INFO(zero::tierName(zero::Tier(t)));
+      REQUIRE(p.placement.bytes[t] == real.bytes[t]);
+    }
+  }
+  // configs/gpt3-20b-store.yaml with Adafactor on an 80 GiB GPU: the parameters that do not fit beside the
+  // gradients and activations are homed in host memory, not refused; their new values cross back to the
+  // homes with the masters and the state.
+  plan::PlanOptions options = roundMachine();
+  options.calibration->deviceMemoryBytes = 80ull << 30;
+  plan::ModelStatePlan p = plan::planModelState(
+      configFile("gpt3-20b-store.yaml",
+                 {"zero_optimization.nvme_path=/x", "optimizer.type=adafactor",
+                  "optimizer.adafactor_beta1=0.9", "optimizer.adafactor_bf16_momentum=true"}),
+      options);
+  INFO(plan::formatPlan(p));
+  REQUIRE(p.fits);
+  REQUIRE(p.optimizer == "adafactor");
+  REQUIRE(p.placement.parameterHostBytes > 0);
+  REQUIRE(term(p, "parameter homes") != nullptr);
+  REQUIRE(term(p, "PCIe") != nullptr);
+  REQUIRE(term(p, "PCIe")->detail.find("homed parameters out") != std::string::npos);
+  // Their gradients are homed too (store.gradient_home: auto): out during backward, and back in with the
+  // state for the GPU's update (NOTE [Gradient homes] in zero/GradientReducer.h).
+  REQUIRE(p.gradientHomeBytes > 0);
+  REQUIRE(term(p, "gradient homes") != nullptr);
+  REQUIRE(term(p, "PCIe")->detail.find("homed gradients in") != std::string::npos);
+  plan::ModelStatePlan kept = plan::planModelState(
+      configFile(
+          "gpt3-20b-store.yaml",
+          {"zero_optimization.nvme_path=/x", "optimizer.type=adafactor", "optimizer.adafactor_beta1=0.9",
+           "optimizer.adafactor_bf16_momentum=true", "store.gradient_home=device"}),
+      options);
+  REQUIRE(kept.gradientHomeBytes == 0);
+  REQUIRE(term(kept, "gradient homes") == nullptr);
+  REQUIRE(term(p, "PCIe")->seconds ==
+          Approx(term(kept, "PCIe")->seconds + double(p.gradientHomeBytes) / (*p.machine.h2dGBs * 1e9)));
+  // Stage 1 still refuses homes, naming the keys.
+  plan::ModelStatePlan sharded = plan::planModelState(
+      configFile("gpt3-20b-store.yaml",
+                 {"zero_optimization.nvme_path=/x", "optimizer.type=adafactor", "zero_optimization.stage=1"}),
+      options);
+  REQUIRE(!sharded.fits);
+  REQUIRE(sharded.refusal.find("store.parameter_home") != std::string::npos);
+}
+
 TEST_CASE("the placement inputs of expert parallelism are expert-parallel rank 0's chunks",
           "[train][plan][moe]") {
   // A GPT-MoE with 4 experts over expert-parallel groups of 2, on 4 ranks: each rank holds 2 experts, which

@@ -13,6 +13,7 @@
 #include "TinyRun.h"
 #include "strata/core/Allocator.h"
 #include "strata/core/Stream.h"
+#include "strata/optim/Adafactor.h"
 #include "strata/train/Checkpoint.h"
 #include "strata/train/Metrics.h"
 #include "strata/train/StepEngine.h"
@@ -1483,6 +1484,168 @@ TEST_CASE(
   REQUIRE(e.find("optimizer-rank0.safetensors is corrupted") != std::string::npos);
 }
 
+TEST_CASE(
+    "Adafactor with parameters homed in host memory and on the SSD trains bit for bit like parameters on the "
+    "device, at stages 0 and 3, and resumes",
+    "[train][trainer][adafactor][store][homes][nvme]") {
+  // NOTE [Parameter homes] in zero/ParameterGatherer.h and NOTE [Adafactor host chunks] in optim/Adafactor.h:
+  // a homed chunk's state is off the device too; its update rounds the new values into the home (the host
+  // buffer, or the SSD's staging, then its extent). fp32 state on the SSD (the bf16 first moment moves as it
+  // is) keeps the in-memory bits.
+  fs::path base = test::freshDir("strata-adafactor-homes");
+  std::string nvme = "zero_optimization.nvme_path=" + (base / "nvme").string();
+  // auto past small device and host budgets: the first chunk's parameters on the device, the next in host
+  // memory, the rest on the SSD.
+  std::vector<std::string> tiers = {"store.gpu_budget_gb=0.00004", "store.host_budget_gb=0.00002", nvme,
+                                    "store.nvme_state_dtype=fp32"};
+  auto withTiers = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), tiers.begin(), tiers.end());
+    return adafactorSets(extra);
+  };
+  train::Trainer(tinyConfig(base / "device", adafactorSets({}))).run();
+  train::Trainer(tinyConfig(base / "host0", adafactorSets({"store.parameter_home=host",
+                                                           "checkpoint.save=" + (base / "ckpt").string(),
+                                                           "checkpoint.save_interval=10"})))
+      .run();
+  train::Trainer(
+      tinyConfig(base / "host3", adafactorSets({"store.parameter_home=host", "zero_optimization.stage=3"})))
+      .run();
+  train::Trainer(tinyConfig(base / "ssd0", withTiers({"checkpoint.save=" + (base / "ckpt-ssd").string(),
+                                                      "checkpoint.save_interval=10"})))
+      .run();
+  train::Trainer(tinyConfig(base / "ssd3", withTiers({"zero_optimization.stage=3"}))).run();
+  train::Trainer(
+      tinyConfig(base / "nvme3", adafactorSets({"store.parameter_home=nvme", "zero_optimization.stage=3",
+                                                nvme, "store.nvme_state_dtype=fp32"})))
+      .run();
+  auto device = records(base / "device");
+  for (const char* run : {"host0", "host3", "ssd0", "ssd3", "nvme3"}) {
+    INFO(run);
+    auto homed = records(base / run);
+    requireSameCurves(device, homed);
+    nlohmann::json last;
+    for (const auto& r : homed)
+      if (r.contains("loss")) last = r;
+    bool ssd = std::string(run).find("host") == std::string::npos;
+    REQUIRE(last[ssd ? "mem_state_nvme_gb" : "mem_state_host_gb"].get<double>() > 0);
+    if (!ssd) REQUIRE(last["mem_state_device_gb"].get<double>() == 0);
+    REQUIRE(last["mem_state_device_gb"].get<double>() + last["mem_state_host_gb"].get<double>() +
+                last["mem_state_nvme_gb"].get<double>() ==
+            Approx(last["mem_model_state_gb"].get<double>()).margin(1e-6));
+  }
+  REQUIRE(fs::is_empty(base / "nvme"));  // the SSD tier's file goes with the run
+  // The placement: the parameters over three tiers, each homed chunk's Adafactor state off the device.
+  for (int stage : {0, 3}) {
+    INFO("stage " << stage);
+    config::Config config =
+        tinyConfig(base / "engine", withTiers({"zero_optimization.stage=" + std::to_string(stage)}));
+    auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+    data::CausalLmObjective objective(model, nullptr);
+    train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
+    const zero::StorePlacement& placement = engine.placement();
+    INFO(placement.table());
+    REQUIRE(dynamic_cast<const optim::Adafactor*>(&engine.optimizer()) != nullptr);
+    REQUIRE(placement.parameterChunksOn(zero::Tier::Device) > 0);
+    REQUIRE(placement.parameterChunksOn(zero::Tier::Host) > 0);
+    REQUIRE(placement.parameterChunksOn(zero::Tier::Nvme) > 0);
+    REQUIRE(placement.total() == engine.modelStateBytes());
+    for (size_t c = 0; c < engine.chunks().numChunks(); ++c) {
+      if (placement.parameterHome(c) == zero::Tier::Device) continue;
+      REQUIRE(placement.optimizerTier[c] != zero::Tier::Device);
+      REQUIRE(!engine.chunks().storage(c)->resident());
+    }
+  }
+  // Resuming from step 10 continues the curve exactly: the host-homed stage-0 run at stage 3, the stage-0
+  // run over the three tiers at stage 3, and the latter's checkpoint with parameters and state on the device.
+  struct Resume {
+    const char* out;
+    fs::path from;
+    std::vector<std::string> sets;
+  };
+  for (const Resume& r :
+       {Resume{"resumed-host3", base / "ckpt" / "step-10",
+               adafactorSets({"store.parameter_home=host", "zero_optimization.stage=3"})},
+        Resume{"resumed-tiers", base / "ckpt-ssd" / "step-10", withTiers({"zero_optimization.stage=3"})},
+        Resume{"resumed-device", base / "ckpt-ssd" / "step-10", adafactorSets({})}}) {
+    INFO(r.out);
+    std::vector<std::string> sets = r.sets;
+    sets.push_back("checkpoint.load=" + r.from.string());
+    train::Trainer(tinyConfig(base / r.out, sets)).run();
+    auto tail = records(base / r.out);
+    REQUIRE(!tail.empty());
+    REQUIRE(tail.size() < device.size());
+    requireSameCurves(std::vector<nlohmann::json>(device.end() - std::ptrdiff_t(tail.size()), device.end()),
+                      tail);
+  }
+}
+
+TEST_CASE(
+    "Adafactor with gradients homed in host memory trains bit for bit like gradients on the device, and "
+    "resumes",
+    "[train][trainer][adafactor][store][homes]") {
+  // NOTE [Gradient homes] in zero/GradientReducer.h and NOTE [Adafactor host chunks] in optim/Adafactor.h:
+  // each chunk's gradients go to a host buffer of its own once complete in the step's last backward, and
+  // the update takes them back in with the chunk's state. Two micro-batches a step (the tiny config's).
+  fs::path base = test::freshDir("strata-adafactor-gradient-homes");
+  std::string nvme = "zero_optimization.nvme_path=" + (base / "nvme").string();
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), "zero_optimization.offload_optimizer.device=cpu");
+    return adafactorSets(extra);
+  };
+  train::Trainer(tinyConfig(base / "device", with({"store.gradient_home=device"}))).run();
+  train::Trainer(tinyConfig(base / "host0",
+                            with({"store.gradient_home=host", "checkpoint.save=" + (base / "ckpt").string(),
+                                  "checkpoint.save_interval=10"})))
+      .run();
+  train::Trainer(tinyConfig(base / "host3", with({"store.gradient_home=host", "zero_optimization.stage=3"})))
+      .run();
+  // auto with the parameters homed in host memory too.
+  train::Trainer(tinyConfig(base / "auto3", with({"store.parameter_home=host", "zero_optimization.stage=3"})))
+      .run();
+  // The state and the parameters on the SSD, the gradients in host memory.
+  train::Trainer(
+      tinyConfig(base / "ssd3", adafactorSets({"zero_optimization.offload_optimizer.device=nvme", nvme,
+                                               "store.nvme_state_dtype=fp32", "store.parameter_home=nvme",
+                                               "store.gradient_home=host", "zero_optimization.stage=3"})))
+      .run();
+  auto device = records(base / "device");
+  for (const char* run : {"host0", "host3", "auto3", "ssd3"}) {
+    INFO(run);
+    requireSameCurves(device, records(base / run));
+  }
+  // Resuming the stage-0 run from step 10 at stage 3 continues the curve exactly.
+  train::Trainer(
+      tinyConfig(base / "resumed", with({"checkpoint.load=" + (base / "ckpt" / "step-10").string(),
+                                         "store.gradient_home=host", "zero_optimization.stage=3"})))
+      .run();
+  auto tail = records(base / "resumed");
+  REQUIRE(!tail.empty());
+  REQUIRE(tail.size() < device.size());
+  requireSameCurves(std::vector<nlohmann::json>(device.end() - std::ptrdiff_t(tail.size()), device.end()),
+                    tail);
+  // The engine: the gradients went to host buffers (kept across steps) with host, and stayed with device.
+  for (int stage : {0, 3})
+    for (const char* home : {"host", "device"}) {
+      INFO("stage " << stage << ", store.gradient_home " << home);
+      config::Config config =
+          tinyConfig(base / "engine", with({std::string("store.gradient_home=") + home,
+                                            "zero_optimization.stage=" + std::to_string(stage)}));
+      auto model = models::buildModel(config::modelSpecFrom(config, Device::cpu()));
+      data::CausalLmObjective objective(model, nullptr);
+      train::ZeroStepEngine engine(objective, config, Device::cpu(), DType::F32);
+      REQUIRE(dynamic_cast<const optim::Adafactor*>(&engine.optimizer()) != nullptr);
+      auto data = data::TokenDataset::random(256, 4096, 3, 0.0);
+      int64_t index = 0;
+      auto next = [&] {
+        auto [ids, targets] = data.batch(data::Split::Train, index, 4, 32, 1, Device::cpu());
+        return data::TokenBatch{ids, targets, index++};
+      };
+      REQUIRE(engine.step(next, 2, 1e-3).applied);
+      REQUIRE(engine.placement().chunksOn(zero::Tier::Device) == 0);
+      REQUIRE((engine.gradientReducer().hostGradientBytes() > 0) == (std::string(home) == "host"));
+    }
+}
+
 TEST_CASE("[cuda] Adafactor with host or SSD state and bf16 gradient buffers trains like state on the GPU",
           "[cuda][train][trainer][adafactor][store]") {
   STRATA_REQUIRE_CUDA();
@@ -1502,10 +1665,24 @@ TEST_CASE("[cuda] Adafactor with host or SSD state and bf16 gradient buffers tra
              {"zero_optimization.offload_optimizer.device=nvme",
               "zero_optimization.nvme_path=" + (base / "nvme").string(), "store.nvme_state_dtype=fp32"});
   train::Trainer(tinyConfig(base / "ssd", adafactorSets(ssd))).run();
+  // Gradients homed in host memory, copied back in with the state; parameters homed in page-locked host
+  // memory at stage 3 (their gradients homed too: store.gradient_home auto) and on the SSD at stage 0, their
+  // new values copied from the device's scratch into the homes.
+  std::vector<std::string> gradientHomes = host;
+  gradientHomes.push_back("store.gradient_home=host");
+  train::Trainer(tinyConfig(base / "gradient-homes", adafactorSets(gradientHomes))).run();
+  std::vector<std::string> hostHomes = cuda;
+  hostHomes.insert(hostHomes.end(), {"store.parameter_home=host", "zero_optimization.stage=3"});
+  train::Trainer(tinyConfig(base / "host-homes", adafactorSets(hostHomes))).run();
+  std::vector<std::string> ssdHomes = cuda;
+  ssdHomes.insert(ssdHomes.end(),
+                  {"store.parameter_home=nvme", "zero_optimization.nvme_path=" + (base / "nvme").string(),
+                   "store.nvme_state_dtype=fp32"});
+  train::Trainer(tinyConfig(base / "ssd-homes", adafactorSets(ssdHomes))).run();
   auto device = records(base / "device");
   // The host and SSD runs are the device run's kernel on the same inputs (bf16 GEMMs' run-to-run noise
   // aside); bf16 gradient buffers round each gradient once more.
-  for (const char* run : {"host", "bf16grads", "ssd"})
+  for (const char* run : {"host", "bf16grads", "ssd", "gradient-homes", "host-homes", "ssd-homes"})
     requireCloseCurves(device, records(base / run), run, 0.1, 1.5);
   nlohmann::json last;
   for (const auto& r : records(base / "ssd"))

@@ -43,6 +43,17 @@
 // through host memory; the reductions of the factored second moment also stay on the GPU. Without a GPU (the
 // CPU "device") the kernel updates the host tensors where they are. The bits are the device-resident
 // update's: the same kernel, the same inputs.
+// A chunk whose parameters are homed off the device (NOTE [Parameter homes] in zero/ParameterGatherer.h;
+// its state is then off the device too) is updated the same way, and its new values go to the home: on a
+// GPU the kernel rounds them into device scratch (zeroed first: the gaps between parameters stay zeros),
+// which is copied into the page-locked home, or into the host staging of a chunk homed on the SSD, whose
+// extent's Parameters field is then written (waiting for the write before the next chunk); without a GPU the
+// kernel rounds them into the home (or the zeroed staging) directly. fp32 parameters are their master's
+// values, copied whole. The bits are those of the parameters on the device. Gradients homed in host memory
+// (NOTE [Gradient homes] in zero/GradientReducer.h) come to the device with the state, widened to fp32 there
+// when they are 16-bit: the device's kernel reads the same values, so the bits are those of gradients kept
+// on the device (the link carries them twice, out during backward and in at the update; the device holds
+// them one chunk at a time).
 //
 // NOTE [Adafactor SSD chunks]
 // An SSD-resident chunk's master, first moment and second moment are the three fields of its extent in the
@@ -187,10 +198,11 @@ class Adafactor final : public ChunkOptimizer {
   // Chunk c's slots as views into its masters_, m_ and v_ (or its parameters, for their own masters).
   void bindSlots(size_t c);
   // The kernel's sets of chunk c with its state off the device in `state` (its range's master and first
-  // moment, its second moment's buffer), writing the parameters unless `copyParameters` is false.
+  // moment, its second moment's buffer), writing the parameters unless `copyParameters` is false: into the
+  // chunk's own, or into `parametersOut` (the range's values, flat) where it is defined.
   std::vector<ops::AdafactorTensors> offDeviceSets(size_t c, const StateTensors& state,
-                                                   const std::vector<Tensor>& grads,
-                                                   bool copyParameters) const;
+                                                   const std::vector<Tensor>& grads, bool copyParameters,
+                                                   const Tensor& parametersOut) const;
   // Chunk c's update alone: its gradients widened to fp32 when they are not; its state off the device in
   // `state` (host memory or an SSD buffer set) streamed through device scratch on a GPU (NOTE [Adafactor
   // host chunks]).
@@ -204,7 +216,10 @@ class Adafactor final : public ChunkOptimizer {
   std::vector<Tensor> paramFlats_;            // per chunk: the range's parameter values
   std::vector<std::vector<size_t>> slotsOf_;  // per chunk: its slots
   std::vector<int64_t> secondElems_;          // per chunk: its second moment's elements
-  Tensor scratch_[3];                         // device scratch for a host chunk's master, m and v
+  Device device_ = Device::cpu();             // the compute device (the chunks')
+  // Device scratch for a host chunk's master, m and v, and for the new 16-bit parameters of a chunk homed
+  // off the device.
+  Tensor scratch_[4];
   zero::NvmeTier* nvme_ = nullptr;
   SsdBuffers ssdBuffers_;  // NOTE [Adafactor SSD chunks]: two sets of an SSD chunk's state
   bool readAhead_ = true;

@@ -23,17 +23,17 @@
 // bits it would have read had they stayed: NOTE [Step-end decision] in train/StepEngine.h), copies them
 // into the chunk's page-locked host buffer, and the device buffer goes back to the allocator at once (a
 // fence on the comm stream keeps it from reuse until the copy is done). The update then reads the host
-// buffer: the CPU lane of the pipelined update without a copy of its own (NOTE [Pipelined update] in
-// optim/AdamW.h). So the device never holds every gradient buffer at the end of backward. Earlier
-// micro-batches of the step accumulate in the device buffers as before: with gradient accumulation every
-// buffer is on the device through the last micro-batch's forward, and the buffers leave during its
-// backward. The host buffers are made on first use and kept (4 bytes per element of the chunk's gradients,
-// 2 for 16-bit buffers); where they cannot be page-locked (zero_optimization.pin_memory: false, or the
-// driver's limit) the chunk's gradients stay on the device. ZeRO stages 0 and 3 only, the stages parameter
-// homes run at (NOTE [Parameter homes] in zero/ParameterGatherer.h), without pipelines (their chunks complete
-// after the schedule, outside backward), PowerSGD (its factors are summed in the gradients' place) or
-// Adafactor (its host chunks are updated on the GPU): the engine refuses store.gradient_home: host there, and
-// auto keeps them on the device.
+// buffer: AdamW's CPU lane of the pipelined update without a copy of its own (NOTE [Pipelined update] in
+// optim/AdamW.h); Adafactor, which updates host chunks on the GPU, copies it back in with the chunk's state
+// (NOTE [Adafactor host chunks] in optim/Adafactor.h). So the device never holds every gradient buffer at the
+// end of backward. Earlier micro-batches of the step accumulate in the device buffers as before: with
+// gradient accumulation every buffer is on the device through the last micro-batch's forward, and the buffers
+// leave during its backward. The host buffers are made on first use and kept (4 bytes per element of the
+// chunk's gradients, 2 for 16-bit buffers); where they cannot be page-locked (zero_optimization.pin_memory:
+// false, or the driver's limit) the chunk's gradients stay on the device. ZeRO stages 0 and 3 only, the
+// stages parameter homes run at (NOTE [Parameter homes] in zero/ParameterGatherer.h), without pipelines
+// (their chunks complete after the schedule, outside backward) or PowerSGD (its factors are summed in the
+// gradients' place): the engine refuses store.gradient_home: host there, and auto keeps them on the device.
 #pragma once
 
 #include <cstdint>

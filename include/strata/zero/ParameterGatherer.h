@@ -28,12 +28,15 @@
 // stage 3 on several ranks by the all-gather of the slot in place (this rank's shard was copied into its
 // block of the slot): a rank's shard has a home. At stage 0 the home is the whole chunk and the chunks
 // homed on the device stay resident, untouched by the gatherer; at stage 3 every chunk is gathered, from
-// its home. The optimizer updates an off-device chunk on the CPU (its optimizer state is off the device
-// too; the pipelined update's GPU lane, which writes parameters on the device, then stays idle) and writes
-// the new 16-bit parameters into the home, so the next gather copies them: before the update writes a home,
-// homesWritable() waits for the copies still reading it (the host must not change page-locked bytes a copy
-// engine is reading). Stages 1 and 2 all-gather the updated shards into resident chunks, and refuse homes
-// off the device at start-up, as do Adafactor, store.delayed_update and parallel.pipeline.
+// its home. The optimizer's state of an off-device chunk is off the device too. AdamW updates such a chunk on
+// the CPU (the pipelined update's GPU lane, which writes parameters on the device, then stays idle);
+// Adafactor streams its state through device scratch as for any host chunk and rounds the new values into
+// device scratch of their own, copied to the home after the kernel (NOTE [Adafactor host chunks] in
+// optim/Adafactor.h). Either writes the new 16-bit parameters into the home, so the next gather copies
+// them: before the update writes a home, homesWritable() waits for the copies still reading it (the host
+// must not change page-locked bytes a copy engine is reading). Stages 1 and 2 all-gather the updated shards
+// into resident chunks, and refuse homes off the device at start-up, as do store.delayed_update and
+// parallel.pipeline.
 //
 // A chunk homed on the SSD keeps its parameters (this rank's shard) in the Parameters field of its extent
 // in the SSD tier (NOTE [SSD tier] in zero/NvmeTier.h). Bringing it in is a read into a page-locked staging
@@ -45,12 +48,13 @@
 // chunk's parameters (the reads ahead, and the one a gather waits on). The staging does not keep a chunk
 // between its forward and its backward: an SSD chunk is read twice per micro-batch, as often as a host
 // chunk is copied. homesWritable() drops the reads ahead, which an update of the extents would make stale
-// (a write issued after them runs after them: the tier's issue order). The CPU update of such a chunk (its
-// optimizer state in host memory or on the SSD, read ahead as the tier does for state) rounds the new
-// values into its staging and writes them into the extent, waiting for the write before the next chunk:
-// the pipelined update's lanes step aside for the plain update then. A checkpoint saves the chunk from its
-// master; a load writes the extent. The engine's parameterShards[c] of such a chunk is a view of one host
-// buffer of the largest of them, which only the load fills.
+// (a write issued after them runs after them: the tier's issue order). The update of such a chunk (its
+// optimizer state in host memory or on the SSD, read ahead as the tier does for state; AdamW's on the CPU,
+// Adafactor's through device scratch) rounds the new values into its staging and writes them into the
+// extent, waiting for the write before the next chunk: the pipelined update's lanes step aside for the
+// plain update then. A checkpoint saves the chunk from its master; a load writes the extent. The engine's
+// parameterShards[c] of such a chunk is a view of one host buffer of the largest of them, which only the
+// load fills.
 #pragma once
 
 #include <cstdint>

@@ -13,11 +13,12 @@
 // optimizer state of a chunk is read once per step; in chunk order it goes to the device while what the
 // parameters left of the device budget lasts, then to host memory while what they left of the host budget
 // lasts, then to the SSD; a chunk whose parameters are off the device keeps its optimizer state off it too
-// (its update runs on the CPU and writes the parameters' home). The CPU updates the host and SSD chunks
-// (optim/AdamW.h). A placement over the SSD budget is refused before any work, with the figures. Budgets:
-// store.gpu_budget_gb, store.host_budget_gb (auto: 90% of the memory available at start),
-// store.nvme_budget_gb (auto: the free space of zero_optimization.nvme_path; none without a path). Until the
-// memory tracer sizes the device budget from a warm-up step, the device's `auto` means "all of it" unless
+// (its update writes the parameters' home). The CPU updates AdamW's host and SSD chunks (optim/AdamW.h);
+// Adafactor streams them through the device (NOTE [Adafactor host chunks] in optim/Adafactor.h). A placement
+// over the SSD budget is refused before any work, with the figures. Budgets: store.gpu_budget_gb,
+// store.host_budget_gb (auto: 90% of the memory available at start), store.nvme_budget_gb (auto: the free
+// space of zero_optimization.nvme_path; none without a path). Until the memory tracer sizes the device budget
+// from a warm-up step, the device's `auto` means "all of it" unless
 // zero_optimization.offload_optimizer.device is cpu or nvme.
 #pragma once
 

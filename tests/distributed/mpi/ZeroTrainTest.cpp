@@ -413,6 +413,20 @@ TEST_CASE(
   Run tiers3 = trainRun(ctx, "adafactor-stage3-tiers", 3, with(tiers));
   tiers.push_back("checkpoint.load=" + saved.string());
   Run tiersResumed = trainRun(ctx, "adafactor-stage3-tiers-again", 3, with(tiers));
+  // Parameters homed off every rank's device (NOTE [Parameter homes] in zero/ParameterGatherer.h): in host
+  // memory at stages 0 and 3 (each rank's whole chunks, or its shards), the stage-3 run resumed; and on the
+  // SSD, in each rank's own file. The same update, its new values written into the homes.
+  std::vector<std::string> hostHomes = {"store.parameter_home=host"};
+  Run homes0 = trainRun(ctx, "adafactor-stage0-homes", 0, with(hostHomes));
+  hostHomes.push_back("checkpoint.save_interval=10");
+  Run homes3 = trainRun(ctx, "adafactor-stage3-homes", 3, with(hostHomes));
+  hostHomes.back() = "checkpoint.load=" + (fs::path(homes3.checkpoint).parent_path() / "step-10").string();
+  Run homesResumed = trainRun(ctx, "adafactor-stage3-homes-again", 3, with(hostHomes));
+  std::vector<std::string> ssdHomes = {"store.parameter_home=nvme",
+                                       "zero_optimization.nvme_path=" + nvme.string(),
+                                       "store.nvme_state_dtype=fp32"};
+  Run ssdHomes0 = trainRun(ctx, "adafactor-stage0-ssd-homes", 0, with(ssdHomes));
+  Run ssdHomes3 = trainRun(ctx, "adafactor-stage3-ssd-homes", 3, with(ssdHomes));
   CHECK(fs::is_empty(nvme));
   if (!ctx->isMain()) return;
   INFO(ctx->worldSize() << " ranks");
@@ -443,6 +457,13 @@ TEST_CASE(
   CHECK(tiers3.stateHostGb.back() > 0);
   CHECK(tiers3.stateNvmeGb.back() > 0);
   CHECK(tiersResumed.losses == tail);
+  CHECK(homes0.losses == stages[0].losses);
+  CHECK(homes3.losses == stages[3].losses);
+  CHECK(homes3.stateHostGb.back() > 0);
+  CHECK(homesResumed.losses == tail);
+  CHECK(ssdHomes0.losses == stages[0].losses);
+  CHECK(ssdHomes3.losses == stages[3].losses);
+  CHECK(ssdHomes3.stateNvmeGb.back() > 0);
 }
 
 TEST_CASE("bert and t5 at ZeRO stages 0 and 3 on N ranks train like one rank", "[dist][zero][zoo]") {
