@@ -238,18 +238,34 @@ uint64_t delayedUpdateReserveBytes(const config::Config& c, DType compute,
   return reserve;
 }
 
-zero::StorePlacement placeWithDelayedReserve(
-    const config::Config& c, DType compute, const std::vector<int64_t>& rangeElems,
-    zero::StoreBudgets& budgets,
+GradientHomes gradientHomes(const config::Config& c, const GradientBuffers& buffers,
+                            const zero::StorePlacement& placement) {
+  GradientHomes homes;
+  const std::string& setting = c.store.gradientHome;
+  if (setting == "device" || !buffers.onGpu || (buffers.stage != 0 && buffers.stage != 3) ||
+      buffers.pipeline || c.dist.powersgdRank > 0)
+    return homes;
+  bool sharded = buffers.stage >= 2 && buffers.ranks > 1;
+  for (size_t i = 0; i < placement.optimizerTier.size() && i < buffers.paddedElems.size(); ++i) {
+    if (placement.optimizerTier[i] == zero::Tier::Device) continue;
+    if (setting == "auto" && placement.parameterHome(i) == zero::Tier::Device) continue;
+    int64_t elems = sharded ? buffers.rangeElems[i] : buffers.paddedElems[i];
+    homes.elems += elems;
+    homes.bytes += uint64_t(elems) * (sharded ? 4 : dtypeSize(buffers.dtype));
+  }
+  return homes;
+}
+
+zero::StorePlacement placeWithHostReserves(
+    const config::Config& c, DType compute, const GradientBuffers& buffers, zero::StoreBudgets& budgets,
     const std::function<zero::StorePlacement(const zero::StoreBudgets&)>& place) {
   zero::StorePlacement placement = place(budgets);
   bool autoHost = c.store.hostBudgetGb.empty() || c.store.hostBudgetGb == "auto";
-  if (!c.store.delayedUpdate || c.optimizer.type == "adafactor" || !autoHost ||
-      budgets.host == zero::kUnlimited)
-    return placement;
+  if (!autoHost || budgets.host == zero::kUnlimited) return placement;
   uint64_t host = budgets.host;
-  for (size_t round = 0; round <= rangeElems.size(); ++round) {
-    uint64_t reserve = delayedUpdateReserveBytes(c, compute, rangeElems, placement);
+  for (size_t round = 0; round <= buffers.rangeElems.size(); ++round) {
+    uint64_t reserve = delayedUpdateReserveBytes(c, compute, buffers.rangeElems, placement) +
+                       gradientHomes(c, buffers, placement).bytes;
     uint64_t wanted = host > reserve ? host - reserve : 0;
     if (wanted == budgets.host) break;
     budgets.host = wanted;

@@ -413,11 +413,13 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
   // The placement: the store's own function, as the engine calls it (m and v on the SSD in
   // store.nvme_state_dtype, or bf16 with optimizer.moments_dtype bf16).
   uint64_t hostBudget = p.budgets.host;
+  GradientBuffers gradientBuffers{in.paddedElems, in.rangeElems,  in.gradientDType, in.stage,
+                                  in.ranks,       p.pipeline > 1, p.onGpu};
   zero::ParameterHome home = zero::parseParameterHome(c.store.parameterHome);
   bool autoDeviceBudget = c.store.gpuBudgetGb.empty() || c.store.gpuBudgetGb == "auto";
   try {
     p.placement =
-        placeWithDelayedReserve(c, p.compute, in.rangeElems, p.budgets, [&](const zero::StoreBudgets& b) {
+        placeWithHostReserves(c, p.compute, gradientBuffers, p.budgets, [&](const zero::StoreBudgets& b) {
           zero::StorePlacement placed =
               zero::placeModelState(in.parameterChunkBytes, home, in.optimizerBytes, b, in.nvmeBytes);
           // NOTE [Parameter homes]: below stage 3, homed chunks are copied into an arena of their own,
@@ -515,14 +517,9 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
         gradientsStay);
   }
   if (gradientHome != "device" && gradientsStay.empty() && p.onGpu) {
-    bool shardedBuffers = in.stage >= 2 && in.ranks > 1;
-    for (size_t i = 0; i < p.placement.optimizerTier.size(); ++i) {
-      if (p.placement.optimizerTier[i] == zero::Tier::Device) continue;
-      if (gradientHome == "auto" && p.placement.parameterHome(i) == zero::Tier::Device) continue;
-      p.gradientHomeElems += shardedBuffers ? in.rangeElems[i] : in.paddedElems[i];
-      p.gradientHomeBytes += shardedBuffers ? uint64_t(in.rangeElems[i]) * 4
-                                            : uint64_t(in.paddedElems[i]) * dtypeSize(in.gradientDType);
-    }
+    GradientHomes homes = gradientHomes(c, gradientBuffers, p.placement);
+    p.gradientHomeElems = homes.elems;
+    p.gradientHomeBytes = homes.bytes;
     if (p.gradientHomeBytes > 0 && p.accumulation == 1) {
       uint64_t stay = gradientsAtUpdate > p.gradientHomeBytes ? gradientsAtUpdate - p.gradientHomeBytes : 0;
       if (!shardedGrads) stay = std::min(in.gradientBytes, stay + inFlight);
@@ -532,7 +529,7 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     if (p.gradientHomeBytes > 0)
       p.notes.push_back(fmt::format(
           "store.gradient_home {}: {} of gradients go to host memory as their chunks complete in backward "
-          "(page-locked buffers kept across steps){}",
+          "(page-locked buffers kept across steps, which an automatic host budget leaves room for){}",
           gradientHome, gib(p.gradientHomeBytes),
           p.accumulation > 1 ? "; with gradient accumulation every buffer is on the device through the last "
                                "micro-batch's forward, so the peak keeps them"

@@ -287,10 +287,18 @@ void place(ModelState& s, const config::Config& c, DType compute, const StateByt
     }
     return zero::placeModelState(bytes.parameterChunks, home, bytes.optimizer, b, bytes.nvme);
   };
-  // NOTE [Delayed SSD update] in optim/AdamW.h: the automatic host budget leaves room for the pending update.
-  std::vector<int64_t> rangeElems;
-  for (const auto& r : s.ranges) rangeElems.push_back(r.size());
-  s.placement = plan::placeWithDelayedReserve(c, compute, rangeElems, budgets, placeWithin);
+  // The automatic host budget leaves room for the delayed SSD update's pending update (NOTE [Delayed SSD
+  // update] in optim/AdamW.h) and the gradient homes' buffers (NOTE [Gradient homes] in
+  // zero/GradientReducer.h).
+  plan::GradientBuffers buffers;
+  for (const auto& r : s.ranges) buffers.rangeElems.push_back(r.size());
+  for (size_t i = 0; i < s.chunks->numChunks(); ++i) buffers.paddedElems.push_back(s.chunks->paddedElems(i));
+  buffers.dtype = s.chunks->gradientDType();
+  buffers.stage = s.stage;
+  buffers.ranks = s.groups.ranks();
+  buffers.pipeline = s.pipeline.active();
+  buffers.onGpu = s.device.isCuda();
+  s.placement = plan::placeWithHostReserves(c, compute, buffers, budgets, placeWithin);
 }
 
 // The SSD tier the placement asks for: the optimizer state of its chunks there, and the parameters homed

@@ -42,9 +42,10 @@ bool isLaunchSetting(const std::string& key) {
   if (key.rfind("dist.powersgd_", 0) == 0) return false;
   for (const char* prefix : {"zero_optimization.", "dist."})
     if (key.rfind(prefix, 0) == 0) return true;
-  for (const char* k : {"train.device", "train.threads", "train.recompute", "store.gpu_budget_gb",
-                        "store.host_budget_gb", "store.nvme_budget_gb", "store.arena", "optimizer.pipeline",
-                        "optimizer.pipeline_piece_mb", "model.moe_expert_parallel_size"})
+  for (const char* k :
+       {"train.device", "train.threads", "train.recompute", "store.gpu_budget_gb", "store.host_budget_gb",
+        "store.nvme_budget_gb", "store.arena", "store.parameter_home", "store.gradient_home",
+        "optimizer.pipeline", "optimizer.pipeline_piece_mb", "model.moe_expert_parallel_size"})
     if (key == k) return true;
   return false;
 }

@@ -195,7 +195,8 @@ TEST_CASE("plan: AdamW's m and v in bf16 take 2 bytes each in every tier", "[tra
 TEST_CASE("plan: configs/gpt3-25b-store.yaml fits one H200 with m and v in bf16, and not with fp32 ones",
           "[train][plan]") {
   // The 25.7B GPT that trained on the H200 with optimizer.moments_dtype bf16. The reference H200 (139 GiB
-  // GPU, 125 GiB of RAM, 64 GiB of disk) places one layer more; the H200 it ran on had 0.5 GiB less free disk.
+  // GPU, 125 GiB of RAM, 64 GiB of disk) places one layer more; the H200 it ran on had 0.5 GiB less free
+  // disk.
   plan::PlanOptions options;
   options.calibration = plan::measuredH200();
   config::Config c = configFile("gpt3-25b-store.yaml");
@@ -572,6 +573,11 @@ TEST_CASE(
       options);
   REQUIRE(kept.gradientHomeBytes == 0);
   REQUIRE(term(kept, "gradient homes") == nullptr);
+  // The homed gradients' page-locked buffers live beside the state in host memory: the automatic host budget
+  // for state leaves room for them (plan::placeWithHostReserves), so state and buffers fit the budget the
+  // device-gradient plan places within.
+  REQUIRE(p.budgets.host + p.gradientHomeBytes == kept.budgets.host);
+  REQUIRE(p.placement.bytes[int(zero::Tier::Host)] + p.gradientHomeBytes <= kept.budgets.host);
   REQUIRE(term(p, "PCIe")->seconds ==
           Approx(term(kept, "PCIe")->seconds + double(p.gradientHomeBytes) / (*p.machine.h2dGBs * 1e9)));
   // Stage 1 still refuses homes, naming the keys.

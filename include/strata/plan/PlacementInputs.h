@@ -103,17 +103,38 @@ uint64_t hostAvailableBytes();
 zero::StoreBudgets storeBudgets(const config::Config& config, uint64_t parameterBytes, uint64_t deviceAuto,
                                 uint64_t hostAvailable, uint64_t nvmeFree, uint64_t hostHeadroom = 0);
 
-// The placement with the delayed SSD update's host reserve (NOTE [Delayed SSD update] in optim/AdamW.h): with
-// store.delayed_update and AdamW, the pending update keeps the SSD chunks' gradients (fp32, or 16-bit with
-// precision.grad_accum_dtype) and new 16-bit parameters in host memory, (4 or 2) + compute size bytes per
-// SSD-resident element of `rangeElems`. An automatic
-// host budget (store.host_budget_gb auto) leaves room for them: budgets.host is lowered by the reserve and
-// `place` called again, since less room sends more state to the SSD, until the reserve settles (it only
-// grows, so within a round per chunk). An explicit host budget is taken as given, and without a delayed
-// update this is `place(budgets)`. The engine and `strata plan` both place through it.
-zero::StorePlacement placeWithDelayedReserve(
-    const config::Config& config, DType compute, const std::vector<int64_t>& rangeElems,
-    zero::StoreBudgets& budgets, const std::function<zero::StorePlacement(const zero::StoreBudgets&)>& place);
+// The gradient buffers of a rank as the engine makes them: per chunk its padded length and this rank's range,
+// their dtype (precision.grad_accum_dtype), the ZeRO stage, the data-parallel ranks, whether a pipeline
+// schedules the backward, and whether the device is a GPU.
+struct GradientBuffers {
+  std::vector<int64_t> paddedElems, rangeElems;
+  DType dtype = DType::F32;
+  int stage = 0;
+  int ranks = 1;
+  bool pipeline = false;
+  bool onGpu = true;
+};
+// The gradients a placement homes in host memory (NOTE [Gradient homes] in zero/GradientReducer.h): with
+// store.gradient_home host every chunk whose optimizer state is off the device, with auto those whose
+// parameters are homed off it too; none on the CPU, at stages 1 and 2, under a pipeline or with PowerSGD.
+// Their page-locked buffers (a chunk's padded gradients, or this rank's fp32 shard at stage 3 on several
+// ranks) are kept across steps.
+struct GradientHomes {
+  int64_t elems = 0;
+  uint64_t bytes = 0;
+};
+GradientHomes gradientHomes(const config::Config& config, const GradientBuffers& buffers,
+                            const zero::StorePlacement& placement);
+// The placement with the host memory that is not state reserved beside it: the delayed SSD update's
+// pending gradients and parameters (NOTE [Delayed SSD update] in optim/AdamW.h: with store.delayed_update and
+// AdamW, (4 or 2) + compute size bytes per SSD-resident element of the ranges) and the gradient homes'
+// buffers (gradientHomes). An automatic host budget (store.host_budget_gb auto) leaves room for them:
+// budgets.host is lowered by the reserve and `place` called again, since less room sends more state to the
+// SSD, until the reserve settles (it only grows, so within a round per chunk). An explicit host budget is
+// taken as given. The engine and `strata plan` both place through it.
+zero::StorePlacement placeWithHostReserves(
+    const config::Config& config, DType compute, const GradientBuffers& buffers, zero::StoreBudgets& budgets,
+    const std::function<zero::StorePlacement(const zero::StoreBudgets&)>& place);
 // The reserve of that placement: bytes of host memory the delayed update keeps.
 uint64_t delayedUpdateReserveBytes(const config::Config& config, DType compute,
                                    const std::vector<int64_t>& rangeElems,
