@@ -140,22 +140,26 @@ void requireSameBits(const std::vector<Tensor>& a, const std::vector<Tensor>& b)
   }
 }
 
+// fp8GeluMlp against the composed layers on `device`, in fp32 and bf16: the same bits, and scales moved off 1
+// (the second step cast with recorded amaxes).
+void requireFusedMlpIsComposed(Device device, int64_t rows, int64_t C, int64_t F, uint64_t seed) {
+  std::vector<Tensor> values = fp8MlpValues(rows, C, F, seed);
+  Generator g(seed + 1);
+  Tensor gy = ops::randn({2, rows / 2, C}, g, DType::F32, Device::cpu(), 0, 1e-2);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    INFO(dtypeName(dt));
+    std::vector<Tensor> fused = fp8MlpRun(true, device, dt, values, gy);
+    requireSameBits(fused, fp8MlpRun(false, device, dt, values, gy));
+    REQUIRE(fused[6].toVector<float>()[size_t(fp8ScaleSlot(0))] != 1.0f);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("fp8GeluMlp gives fp8Linear, gelu, fp8Linear's bits: outputs, gradients and scales",
           "[autograd][fp8]") {
   // 144 rows: two blocks of 64 rows for the bias sums and a partial one (FP8 shapes: multiples of 16).
-  const int64_t rows = 144, C = 32, F = 128;
-  std::vector<Tensor> values = fp8MlpValues(rows, C, F, 17);
-  Generator g(18);
-  Tensor gy = ops::randn({2, rows / 2, C}, g, DType::F32, Device::cpu(), 0, 1e-2);
-  for (DType dt : {DType::F32, DType::BF16}) {
-    INFO(dtypeName(dt));
-    std::vector<Tensor> fused = fp8MlpRun(true, Device::cpu(), dt, values, gy);
-    requireSameBits(fused, fp8MlpRun(false, Device::cpu(), dt, values, gy));
-    // The scales moved off 1, so the second step cast with recorded amaxes.
-    REQUIRE(fused[6].toVector<float>()[size_t(fp8ScaleSlot(0))] != 1.0f);
-  }
+  requireFusedMlpIsComposed(Device::cpu(), 144, 32, 128, 17);
 }
 
 TEST_CASE("Fp8Scaling saves and loads its scales, histories and position", "[autograd][fp8]") {
@@ -278,13 +282,5 @@ TEST_CASE("linearCrossEntropy in FP8 multiplies E4M3 rows and table, E5M2 softma
 
 TEST_CASE("[cuda] fp8GeluMlp on the GPU gives the GPU's composed layers' bits", "[cuda][autograd][fp8]") {
   STRATA_REQUIRE_CUDA();
-  const int64_t rows = 256, C = 64, F = 256;
-  std::vector<Tensor> values = fp8MlpValues(rows, C, F, 23);
-  Generator g(24);
-  Tensor gy = ops::randn({2, rows / 2, C}, g, DType::F32, Device::cpu(), 0, 1e-2);
-  for (DType dt : {DType::F32, DType::BF16}) {
-    INFO(dtypeName(dt));
-    requireSameBits(fp8MlpRun(true, Device::cuda(0), dt, values, gy),
-                    fp8MlpRun(false, Device::cuda(0), dt, values, gy));
-  }
+  requireFusedMlpIsComposed(Device::cuda(0), 256, 64, 256, 23);
 }
