@@ -3,10 +3,10 @@
 same shapes, one GPU, one run. Prints a Markdown table.
 
 Usage: python3 tools/bench_gpt.py [--sizes 124m,1.3b] [--iters 30] [--skip-compile] [--skip-fp8]
-                                 [--profile | --profile-gpu]
+                                 [--fp8-lm-head] [--profile | --profile-gpu]
 --profile also prints Strata's op profile (STRATA_PROFILE=1) and the eager peer's top CUDA kernels.
-The fp8 columns are Strata with precision.fp8: true (the Linear layers' GEMMs in FP8) against the same bf16
-peers; TFLOP/s counts the model's FLOPs alike for all.
+The fp8 columns are Strata with precision.fp8: true (the Linear layers' GEMMs in FP8; with --fp8-lm-head the
+LM head's too, precision.fp8_lm_head) against the same bf16 peers; TFLOP/s counts the model's FLOPs alike for all.
 The token stream is random GPT-2-sized ids (speed does not depend on the text). PyTorch is the peer only.
 """
 import argparse
@@ -110,7 +110,7 @@ def peer(layers, d, h, batch, iters, compile_model, profile=False):
     return result
 
 
-def strata(binary, cfg, batch, iters, data, profile=False, gemm_backend=None, fp8=False):
+def strata(binary, cfg, batch, iters, data, profile=False, gemm_backend=None, fp8=False, fp8_lm_head=False):
     out = tempfile.mkdtemp(prefix="strata-bench-")
     cmd = [binary, "train", cfg, "--set", f"data.path={data}", "--set", "data.format=nanogpt",
            "--set", f"model.seq_length={SEQ}", "--set", f"train.micro_batch_size={batch}",
@@ -119,6 +119,8 @@ def strata(binary, cfg, batch, iters, data, profile=False, gemm_backend=None, fp
            "--set", f"train.out_dir={out}", "--set", "train.device=cuda"]
     if fp8:
         cmd += ["--set", "precision.fp8=true"]
+        if fp8_lm_head:
+            cmd += ["--set", "precision.fp8_lm_head=true"]
     env = dict(os.environ, STRATA_PROFILE=profile or "0")
     if gemm_backend:
         env["STRATA_GEMM_BACKEND"] = gemm_backend
@@ -145,6 +147,7 @@ def main():
     ap.add_argument("--profile-gpu", action="store_true",
                     help="Strata's op profile timed with events (STRATA_PROFILE=gpu) and the compile peer's kernels")
     ap.add_argument("--skip-fp8", action="store_true", help="no Strata run with precision.fp8: true")
+    ap.add_argument("--fp8-lm-head", action="store_true", help="the fp8 run's LM head in FP8 too")
     ap.add_argument("--gemm-backends", default="",
                     help="comma list of STRATA_GEMM_BACKEND values (lt, cublas): one Strata row each, same peers")
     args = ap.parse_args()
@@ -163,7 +166,8 @@ def main():
         f = None
         if not args.skip_fp8:
             try:
-                f = strata(args.binary, cfg, batch, args.iters, data, mode, None, fp8=True)
+                f = strata(args.binary, cfg, batch, args.iters, data, mode, None, fp8=True,
+                           fp8_lm_head=args.fp8_lm_head)
             except subprocess.CalledProcessError as e:  # the bf16 columns still print
                 print(f"Strata fp8 at {name} failed with exit status {e.returncode}", file=sys.stderr)
         e = peer(layers, d, h, batch, args.iters, False, args.profile)

@@ -529,8 +529,12 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     if (p.gradientHomeBytes > 0)
       p.notes.push_back(fmt::format(
           "store.gradient_home {}: {} of gradients go to host memory as their chunks complete in backward "
-          "(page-locked buffers kept across steps, which an automatic host budget leaves room for){}",
+          "(page-locked buffers kept across steps{}){}",
           gradientHome, gib(p.gradientHomeBytes),
+          c.store.hostBudgetGb.empty() || c.store.hostBudgetGb == "auto"
+              ? fmt::format(", which the automatic host budget leaves room for: {} for state",
+                            gib(p.budgets.host))
+              : std::string(),
           p.accumulation > 1 ? "; with gradient accumulation every buffer is on the device through the last "
                                "micro-batch's forward, so the peak keeps them"
                              : "; the device no longer holds them at the update"));
