@@ -48,12 +48,12 @@
 //   fixed order (blocks of 64 rows summed row by row, then the blocks in order; the CPU's order too), instead
 //   of a second pass over g.
 // - A GELU MLP whose fc and proj are both FP8 (fp8GeluMlp; nn::Mlp uses it) never writes h = gelu(pre):
-// proj's
-//   input cast reads pre and casts gelu(pre), rounded to the compute dtype as the GELU op would store it. In
-//   the backward, fc's gradient cast reads h's gradient and pre and casts gelu'(pre) * dh, likewise rounded,
-//   and sums its columns for fc's bias. The codes, the amaxes and the gradients are the composed layers'
-//   (fp8Linear, gelu, fp8Linear) bit for bit; what is saved is the same (pre, and the codes for the weights'
-//   gradients). Each pass that goes saves a write and a read of the [rows, 4C] activation or its gradient.
+//   proj's input cast reads pre and casts gelu(pre), rounded to the compute dtype as the GELU op would store
+//   it. In the backward, fc's gradient cast reads h's gradient and pre and casts gelu'(pre) * dh, likewise
+//   rounded, and sums its columns for fc's bias. The codes, the amaxes and the gradients are the composed
+//   layers' (fp8Linear, gelu, fp8Linear) bit for bit; what is saved is the same (pre, and the codes for the
+//   weights' gradients). Each pass that goes saves a write and a read of the [rows, 4C] activation or its
+//   gradient.
 // - On the GPU the fusing kernel takes rows and columns in multiples of 8 with 16-byte aligned rows (the
 //   FP8 GEMMs' shapes always are); elsewhere the front end composes the same steps.
 #pragma once
