@@ -54,6 +54,27 @@ fs::path corpus() {
   return p;
 }
 
+// A tiny Adafactor GPT on the CPU with small device and host budgets and an SSD tier in `nvme`, plus `extra`.
+config::Config tinyAdafactor(const std::string& gpuBudget, const std::string& hostBudget,
+                             const fs::path& nvme, std::vector<std::string> extra) {
+  std::vector<std::string> sets = {"data.path=" + corpus().string(),
+                                   "train.device=cpu",
+                                   "model.num_layers=2",
+                                   "model.hidden_size=32",
+                                   "model.num_attention_heads=2",
+                                   "model.seq_length=32",
+                                   "train.micro_batch_size=2",
+                                   "zero_optimization.chunk_size_mb=0.02",
+                                   "optimizer.type=adafactor",
+                                   "optimizer.lr=0.01",
+                                   "optimizer.adafactor_beta1=0.9",
+                                   "store.gpu_budget_gb=" + gpuBudget,
+                                   "store.host_budget_gb=" + hostBudget,
+                                   "zero_optimization.nvme_path=" + nvme.string()};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return config::parseConfig("", "test", sets);
+}
+
 }  // namespace
 
 TEST_CASE("the plan's placement inputs are the engine's, without building the model", "[train][plan]") {
@@ -447,13 +468,7 @@ TEST_CASE(
   // A tiny GPT on the CPU: the engine's real placement and the plan's agree chunk for chunk and byte for
   // byte, the SSD's bytes being Adafactor's fields there (NOTE [Adafactor SSD chunks] in optim/Adafactor.h).
   fs::path nvme = fs::temp_directory_path() / "strata-plan-adafactor-nvme";
-  config::Config c = config::parseConfig(
-      "", "test",
-      {"data.path=" + corpus().string(), "train.device=cpu", "model.num_layers=2", "model.hidden_size=32",
-       "model.num_attention_heads=2", "model.seq_length=32", "train.micro_batch_size=2",
-       "zero_optimization.chunk_size_mb=0.02", "optimizer.type=adafactor", "optimizer.lr=0.01",
-       "optimizer.adafactor_beta1=0.9", "store.gpu_budget_gb=0.0002", "store.host_budget_gb=0.0001",
-       "zero_optimization.nvme_path=" + nvme.string(), "store.nvme_state_dtype=bf16"});
+  config::Config c = tinyAdafactor("0.0002", "0.0001", nvme, {"store.nvme_state_dtype=bf16"});
   auto model = models::buildModel(config::modelSpecFrom(c, Device::cpu()));
   data::CausalLmObjective objective(model, nullptr);
   train::ZeroStepEngine engine(objective, c, Device::cpu(), DType::F32);
@@ -519,14 +534,9 @@ TEST_CASE(
   fs::path nvme = fs::temp_directory_path() / "strata-plan-adafactor-homes";
   for (int stage : {0, 3}) {
     INFO("stage " << stage);
-    config::Config c = config::parseConfig(
-        "", "test",
-        {"data.path=" + corpus().string(), "train.device=cpu", "model.num_layers=2", "model.hidden_size=32",
-         "model.num_attention_heads=2", "model.seq_length=32", "train.micro_batch_size=2",
-         "zero_optimization.chunk_size_mb=0.02", "optimizer.type=adafactor", "optimizer.lr=0.01",
-         "optimizer.adafactor_beta1=0.9", "store.gpu_budget_gb=0.00004", "store.host_budget_gb=0.00002",
-         "zero_optimization.nvme_path=" + nvme.string(), "store.nvme_state_dtype=fp32",
-         "zero_optimization.stage=" + std::to_string(stage)});
+    config::Config c =
+        tinyAdafactor("0.00004", "0.00002", nvme,
+                      {"store.nvme_state_dtype=fp32", "zero_optimization.stage=" + std::to_string(stage)});
     auto model = models::buildModel(config::modelSpecFrom(c, Device::cpu()));
     data::CausalLmObjective objective(model, nullptr);
     train::ZeroStepEngine engine(objective, c, Device::cpu(), DType::F32);
