@@ -76,9 +76,9 @@ AdamW::AdamW(const zero::ChunkManager& chunks, std::vector<Tensor> masters, cons
     paramFlats_.push_back(paramBase.narrow(0, r.begin - (sharded ? r.begin : 0), r.size()));
   }
   // The SSD chunks first: their state is written out (one chunk's worth of host memory at a time) and their
-  // masters, which a large model makes in host memory (the engine's mastersOnHost), freed before the host
-  // tier's state is allocated. In chunk order the host chunks come first, and the SSD chunks' masters would
-  // then sit in host memory beside the whole host tier.
+  // masters, which a large model makes in host memory (layOutModelChunks' hostMasterBytes), freed before the
+  // host tier's state is allocated. In chunk order the host chunks come first, and the SSD chunks' masters
+  // would then sit in host memory beside the whole host tier.
   for (size_t c = 0; c < chunks.numChunks(); ++c) {
     if (homes_[c] != zero::Tier::Nvme) continue;
     STRATA_CHECK(nvme_ != nullptr, "AdamW: chunk {} is placed on the SSD tier, which is missing", c);

@@ -89,7 +89,7 @@ void keepShards(ModelState& s) {
 
 std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective, Device device,
                                                       DType compute, int64_t chunkBytes, int shards,
-                                                      bool mastersOnHost,
+                                                      uint64_t hostMasterBytes,
                                                       const zero::ChunkFamilies& families) {
   // The first-use order from one loss of one sequence (token 0 throughout: the order of the module calls
   // does not depend on the data), in eval mode, without gradients, in the parameters' own dtype, with the
@@ -135,12 +135,56 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective
       if (n == name) ordered.emplace_back(n, p);
   auto chunks = std::make_unique<zero::ChunkManager>(
       ordered, chunkBytes, compute, shards,
-      mastersOnHost ? std::optional<Device>(Device::cpu()) : std::nullopt, families);
+      hostMasterBytes > 0 ? std::optional<Device>(Device::cpu()) : std::nullopt, families, hostMasterBytes);
   // The model's old per-parameter storages went back to the caching allocator; return them to the device so
   // the chunks' layout is what the step's activations see.
   emptyDeviceCache(device);
   return chunks;
 }
+
+namespace {
+
+// The host's memory: MemTotal, or STRATA_HOST_MEMORY_GB (a smaller machine, in tests).
+uint64_t hostTotalBytes() {
+  const char* hostOverride = std::getenv("STRATA_HOST_MEMORY_GB");
+  return hostOverride ? zero::parseBudgetGb(hostOverride, 0, "STRATA_HOST_MEMORY_GB")
+                      : deviceMemoryBytes(Device::cpu());
+}
+
+// The bytes of fp32 masters a model of `modelElems` parameters makes in host memory: all of them where the
+// host has room beyond its headroom, else what the device (`deviceMemory`, this rank's share) cannot hold
+// beside the 16-bit chunks within the step's usable memory; refused where neither fits them.
+uint64_t mastersOnHostBytes(const config::Config& c, uint64_t modelElems, uint64_t deviceMemory,
+                            RankShares shares) {
+  uint64_t masters = modelElems * 4, chunks = modelElems * 2;
+  uint64_t available = plan::hostAvailableBytes();
+  if (available == zero::kUnlimited) return masters;
+  available = dist::perRankShare(available, shares.ranksOnHost);
+  uint64_t hostTotal = hostTotalBytes();
+  int64_t chunkElems = std::max<int64_t>(1, int64_t(c.zero.chunkSizeMb * double(1 << 20) / 2));
+  uint64_t headroom =
+      dist::perRankShare(plan::hostHeadroomBytes(c, chunkElems, hostTotal), shares.ranksOnHost);
+  uint64_t hostRoom = available > headroom ? available - headroom : 0;
+  if (masters <= hostRoom) return masters;
+  uint64_t usable = plan::usableDeviceBytes(deviceMemory);
+  uint64_t deviceRoom = usable > chunks ? usable - chunks : 0;
+  uint64_t onHost = masters > deviceRoom ? masters - deviceRoom : 0;
+  auto gib = [](uint64_t b) { return double(b) / double(1ull << 30); };
+  STRATA_USER_CHECK(onHost <= hostRoom,
+                    "the model's fp32 masters ({:.1f} GiB) fit neither host memory ({:.1f} GiB free beyond "
+                    "the headroom) nor the device beside the 16-bit chunks ({:.1f} GiB of room), nor the two "
+                    "together, while the model is laid out in chunks; a smaller model.num_layers or "
+                    "model.hidden_size fits",
+                    gib(masters), gib(hostRoom), gib(deviceRoom));
+  spdlog::info(
+      "the fp32 masters ({:.1f} GiB) outgrow host memory ({:.1f} GiB free beyond the headroom): "
+      "{:.1f} GiB are made there and {:.1f} GiB on the device, until the optimizer takes each to "
+      "its tier",
+      gib(masters), gib(hostRoom), gib(onHost), gib(masters - onHost));
+  return onHost;
+}
+
+}  // namespace
 
 ModelState layOutModelState(data::Objective& objective, const config::Config& c, Device device, DType compute,
                             dist::ProcessGroup* group, dist::ProcessGroup* expertDataGroup,
@@ -158,10 +202,16 @@ ModelState layOutModelState(data::Objective& objective, const config::Config& c,
   // A model whose fp32 masters and 16-bit chunks would crowd the device together: the masters are made in
   // host memory, and those of chunks whose state the placement keeps on the device move there after it. On
   // several ranks too: every rank builds the whole model's masters before it keeps its shard of them.
+  // Masters that outgrow the host's memory (35.9B parameters have 134 GiB of them, the H200's host 125 GiB)
+  // are split: the host takes what the device cannot hold beside the 16-bit chunks, the rest stay on the
+  // device, and the optimizer moves each to its tier (NOTE [Adafactor SSD chunks] in optim/Adafactor.h:
+  // the SSD's first). Host memory is left for the parameters the placement may home there before that.
   uint64_t modelElems = 0;
   for (const Tensor& p : objective.model().parameters()) modelElems += uint64_t(p.numel());
-  bool mastersOnHost = !device.isCpu() && dtypeSize(compute) == 2 && s.deviceMemory > 0 &&
-                       double(modelElems) * 6 > 0.7 * double(s.deviceMemory);
+  uint64_t hostMasterBytes = 0;
+  if (!device.isCpu() && dtypeSize(compute) == 2 && s.deviceMemory > 0 &&
+      double(modelElems) * 6 > 0.7 * double(s.deviceMemory))
+    hostMasterBytes = mastersOnHostBytes(c, modelElems, s.deviceMemory, shares);
   std::set<std::string> expertNames;
   s.experts = findExperts(objective.model(), expertNames);
   zero::ChunkFamilies families;
@@ -172,7 +222,7 @@ ModelState layOutModelState(data::Objective& objective, const config::Config& c,
     families.shards = {ranks, expertDataGroup ? expertDataGroup->size() : 1};
   }
   s.chunks = layOutModelChunks(objective, device, compute, int64_t(c.zero.chunkSizeMb * double(1 << 20)),
-                               ranks, mastersOnHost, families);
+                               ranks, hostMasterBytes, families);
   s.groups = zero::ChunkGroups(*s.chunks, group, expertDataGroup);
   s.tensor = nn::tensorParallelOf(objective.model());
   if (s.tensor.active()) {
@@ -200,7 +250,7 @@ zero::StoreBudgets budgetsFor(const ModelState& s, const config::Config& c, uint
     std::filesystem::create_directories(c.zero.nvmePath, ec);
     zero::removeStaleTierFiles(c.zero.nvmePath);  // before the free space is read
   }
-  // Masters made in host memory (mastersOnHost) are the host state's own bytes, not memory in use.
+  // Masters made in host memory (hostMasterBytes) are the host state's own bytes, not memory in use.
   uint64_t hostMasters = 0;
   for (const Tensor& m : s.masters)
     if (m.device().isCpu() && !s.device.isCpu()) hostMasters += uint64_t(m.nbytes());
@@ -208,9 +258,7 @@ zero::StoreBudgets budgetsFor(const ModelState& s, const config::Config& c, uint
   if (hostAvailable != zero::kUnlimited)
     hostAvailable = dist::perRankShare(hostAvailable, shares.ranksOnHost) + hostMasters;
   // NOTE [Host headroom] in plan/PlacementInputs.h.
-  const char* hostOverride = std::getenv("STRATA_HOST_MEMORY_GB");
-  uint64_t hostTotal = hostOverride ? zero::parseBudgetGb(hostOverride, 0, "STRATA_HOST_MEMORY_GB")
-                                    : deviceMemoryBytes(Device::cpu());
+  uint64_t hostTotal = hostTotalBytes();
   int64_t largest = 0;
   for (size_t i = 0; i < s.chunks->numChunks(); ++i) largest = std::max(largest, s.chunks->paddedElems(i));
   uint64_t headroom = dist::perRankShare(plan::hostHeadroomBytes(c, largest, hostTotal), shares.ranksOnHost);
@@ -337,6 +385,7 @@ void makeOptimizer(ModelState& s, const config::Config& c, const optim::Adafacto
         s.ranges, s.parameterShards, s.placement.optimizerTier, s.nvme.get());
   }
   s.masters.clear();
+  emptyDeviceCache(s.device);  // masters left on the device by the layout went to their tiers
   STRATA_CHECK(s.optimizer->acceptsGradients(s.chunks->gradientDType()),
                "optimizer.type {} does not read {} gradients", c.optimizer.type, s.chunks->gradientDType());
 }

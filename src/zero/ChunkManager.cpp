@@ -13,7 +13,7 @@ namespace strata::zero {
 
 ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
                            std::optional<DType> compute, int shards, std::optional<Device> masterDevice,
-                           const ChunkFamilies& families)
+                           const ChunkFamilies& families, uint64_t masterDeviceBytes)
     : shards_(shards) {
   STRATA_CHECK(shards >= 1, "ChunkManager: {} shards", shards);
   STRATA_CHECK(!parameters.empty(), "ChunkManager: no parameters");
@@ -63,11 +63,15 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
   grads_->flat.resize(layout_.chunks.size());
   params_.resize(layout_.slots.size());
   chunkOf_.resize(layout_.slots.size());
+  uint64_t onMasterDevice = 0;  // bytes of masters made on masterDevice so far
   for (size_t c = 0; c < layout_.chunks.size(); ++c) {
     int64_t padded = paddedElems(c);
     Storage storage = makeStorage(size_t(padded) * dtypeSize(dtype), device);
     storage->setLabel("chunk " + std::to_string(c));
-    Tensor master = masters ? Tensor::empty({padded}, source, masterDevice.value_or(device)) : Tensor();
+    uint64_t masterBytes = uint64_t(padded) * dtypeSize(source);
+    bool there = masterDevice.has_value() && onMasterDevice + masterBytes <= masterDeviceBytes;
+    if (there) onMasterDevice += masterBytes;
+    Tensor master = masters ? Tensor::empty({padded}, source, there ? *masterDevice : device) : Tensor();
     // Zeros wherever no parameter lies: the padding that makes equal shards (gathered, never read as a
     // parameter) and the alignment gaps between parameters, which checkpoints write with the chunk (and
     // refuse when non-finite) and the host tier's update rewrites as zeros. Left uninitialised, they held

@@ -619,7 +619,7 @@ TEST_CASE("the placement inputs of expert parallelism are expert-parallel rank 0
   zero::ChunkFamilies families{
       [](const std::string& name) { return name.find(".experts.") != std::string::npos ? 1 : 0; }, {4, 2}};
   auto chunks = train::layOutModelChunks(objective, Device::cpu(), DType::F32, int64_t(0.02 * (1 << 20)), 4,
-                                         false, families);
+                                         0, families);
   plan::ModelStateInputs in = plan::modelStateInputs(c, 4, DType::F32);
   REQUIRE(in.layout.slots.size() == chunks->layout().slots.size());
   for (size_t k = 0; k < in.layout.slots.size(); ++k)
@@ -662,7 +662,7 @@ TEST_CASE("the placement inputs of tensor parallelism are a tensor-parallel rank
   auto model = models::buildModel(spec);
   data::CausalLmObjective objective(model, nullptr);
   auto chunks = train::layOutModelChunks(objective, Device::cpu(), DType::F32, int64_t(0.02 * (1 << 20)), 2,
-                                         false, zero::ChunkFamilies{});
+                                         0, zero::ChunkFamilies{});
   plan::ModelStateInputs in = plan::modelStateInputs(c, 4, DType::F32);
   REQUIRE(in.ranks == 2);
   REQUIRE(in.layout.slots.size() == chunks->layout().slots.size());

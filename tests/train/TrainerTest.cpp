@@ -1779,6 +1779,50 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "[cuda] parameters homed in host memory or on the SSD are gathered over PCIe and train like "
+    "parameters on the GPU",
+    "[cuda][train][trainer][store][homes]") {
+  STRATA_REQUIRE_CUDA();
+  // NOTE [Parameter homes] in zero/ParameterGatherer.h. bf16, two micro-batches a step: each homed chunk is
+  // copied from page-locked host memory (or read from its SSD extent into staging) into a slot of the
+  // chunk arena on the prefetch stream, and the CPU's update writes the new values into the home. The
+  // reference keeps the parameters on the GPU and the optimizer state on the host, so both runs update on
+  // the CPU; the GPU's gradient sums differ from run to run in their last bits (atomics): close, not equal.
+  fs::path base = test::freshDir("strata-parameter-homes-cuda");
+  std::vector<std::string> cuda = {"train.device=cuda", "precision.dtype=bf16", "model.dropout=0",
+                                   "optimizer.lr=0.01", "zero_optimization.chunk_size_mb=0.02"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), cuda.begin(), cuda.end());
+    return extra;
+  };
+  std::string nvme = "zero_optimization.nvme_path=" + (base / "nvme").string();
+  train::Trainer(tinyConfig(base / "device", with({"zero_optimization.offload_optimizer.device=cpu"}))).run();
+  train::Trainer(tinyConfig(base / "host0", with({"store.parameter_home=host"}))).run();
+  train::Trainer(tinyConfig(base / "host3", with({"store.parameter_home=host", "zero_optimization.stage=3",
+                                                  "optimizer.pipeline=true"})))
+      .run();
+  train::Trainer(
+      tinyConfig(base / "ssd3", with({"store.parameter_home=nvme", "zero_optimization.stage=3", nvme})))
+      .run();
+  auto device = records(base / "device");
+  for (const char* run : {"host0", "host3", "ssd3"}) {
+    auto homed = records(base / run);
+    requireCloseCurves(device, homed, run, 0.05, 1.0);
+    INFO(run);
+    for (const auto& r : homed)
+      if (r.contains("loss")) {
+        REQUIRE(r["mem_state_device_gb"].get<double>() == 0);
+        REQUIRE(r["gathered_peak"].get<int64_t>() > 0);
+        REQUIRE(r["arena_slots"].get<int64_t>() > 0);
+      }
+  }
+  nlohmann::json last;
+  for (const auto& r : records(base / "ssd3"))
+    if (r.contains("loss")) last = r;
+  REQUIRE(last["mem_state_nvme_gb"].get<double>() > 0);
+}
+
+TEST_CASE(
     "[cuda] AdamW with m and v in bf16 trains like fp32 moments on the GPU, from host state and the SSD",
     "[cuda][train][trainer][adamw][store]") {
   STRATA_REQUIRE_CUDA();

@@ -233,3 +233,34 @@ TEST_CASE("one rank trains the same numbers at ZeRO stages 0 to 3", "[zero][chun
     REQUIRE(losses[size_t(stage)] == losses[0]);
   }
 }
+
+TEST_CASE("[cuda] 16-bit chunks' masters go to the master device within its bytes, the rest stay on the GPU",
+          "[cuda][zero][chunks]") {
+  STRATA_REQUIRE_CUDA();
+  // A model whose masters outgrow the host's memory (layOutModelChunks' hostMasterBytes): the first chunks'
+  // masters are made in host memory, the later ones on the parameters' device, each with the fp32 values.
+  models::ModelSpec spec = tinyGptSpec();
+  spec.device = Device::cuda(0);
+  auto model = models::buildModel(spec);
+  auto named = model->namedParameters();
+  std::vector<std::vector<float>> before;
+  for (auto& [n, p] : named) before.push_back(p.toVector<float>());
+  zero::ChunkManager probe(models::buildModel(spec)->namedParameters(), 16 << 10, DType::BF16);
+  uint64_t firstTwo = 0;
+  for (size_t c = 0; c < 2; ++c) firstTwo += uint64_t(probe.paddedElems(c)) * 4;
+  zero::ChunkManager chunks(named, 16 << 10, DType::BF16, 1, Device::cpu(), {}, firstTwo);
+  REQUIRE(chunks.numChunks() > 3);
+  std::vector<Tensor> masters = chunks.takeMasters();
+  REQUIRE(masters.size() == chunks.numChunks());
+  for (size_t c = 0; c < masters.size(); ++c) {
+    INFO("chunk " << c);
+    REQUIRE(masters[c].dtype() == DType::F32);
+    REQUIRE(masters[c].device() == (c < 2 ? Device::cpu() : Device::cuda(0)));
+  }
+  for (size_t k = 0; k < named.size(); ++k) {
+    INFO(named[k].first);
+    const zero::ChunkSlot& slot = chunks.layout().slot(named[k].first);
+    Tensor master = masters[size_t(slot.chunk)].narrow(0, slot.offset, int64_t(before[k].size()));
+    REQUIRE(master.to(Device::cpu()).toVector<float>() == before[k]);
+  }
+}

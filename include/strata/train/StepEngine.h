@@ -108,12 +108,13 @@ class StepEngine {
 // Moves the objective's model's parameters into chunks of `chunkBytes` of `compute` dtype (padded for
 // `shards` ranks), in the first-use order that one traced loss of one sequence records (in eval mode, the
 // RNG untouched).
-// `mastersOnHost`: 16-bit chunks' fp32 masters are made in host memory (a model too large for its masters
-// and chunks to share the device).
+// `hostMasterBytes`: 16-bit chunks' fp32 masters are made in host memory while their running total, in chunk
+// order, stays within it, the rest on the device (a model too large for its masters and chunks to share the
+// device; 0: every master on the device).
 // `families`: the parameters kept in chunks of their own, sharded over other ranks (expert parallelism).
 std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective, Device device,
                                                       DType compute, int64_t chunkBytes, int shards = 1,
-                                                      bool mastersOnHost = false,
+                                                      uint64_t hostMasterBytes = 0,
                                                       const zero::ChunkFamilies& families = {});
 
 // The step over the chunks of the objective's model on the ranks of `group` (null: one rank), each

@@ -69,13 +69,16 @@ class ChunkManager {
   // placed once) into chunks of `chunkBytes` of `compute` dtype (the parameters' own dtype when undefined).
   // With `shards` > 1 (ZeRO over that many ranks) each chunk's storage, masters and gradient buffer are
   // padded with zeros to a multiple of `shards` elements, so the chunk splits into equal shards.
-  // The fp32 masters of 16-bit chunks are made on `masterDevice` (default: the parameters' device); the
-  // host, for a model whose masters and chunks would not fit on the device together.
+  // The fp32 masters of 16-bit chunks are made on `masterDevice` (default: the parameters' device) while
+  // their running total, in chunk order, stays within `masterDeviceBytes`, and the rest on the parameters'
+  // device: the host takes what the device cannot, for a model whose masters and chunks would not fit on
+  // the device together.
   // `families`: parameters of other families go into chunks of their own, padded and split for their
   // family's shard count.
   ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
                std::optional<DType> compute = std::nullopt, int shards = 1,
-               std::optional<Device> masterDevice = std::nullopt, const ChunkFamilies& families = {});
+               std::optional<Device> masterDevice = std::nullopt, const ChunkFamilies& families = {},
+               uint64_t masterDeviceBytes = UINT64_MAX);
   ~ChunkManager();
   ChunkManager(const ChunkManager&) = delete;
   ChunkManager& operator=(const ChunkManager&) = delete;
