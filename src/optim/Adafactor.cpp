@@ -401,9 +401,10 @@ void Adafactor::stepChunks(double lr, const std::vector<Tensor>& gradients, cons
 
 namespace {
 
-// The first n elements of `buffer`, (re)made on `device` to hold at least n.
+// The first n elements of `buffer`, (re)made as `dtype` on `device` to hold at least n.
 Tensor scratch(Tensor& buffer, int64_t n, DType dtype, Device device) {
-  if (!buffer.defined() || buffer.numel() < n) buffer = Tensor::empty({n}, dtype, device);
+  if (!buffer.defined() || buffer.numel() < n || buffer.dtype() != dtype || buffer.device() != device)
+    buffer = Tensor::empty({n}, dtype, device);
   return buffer.narrow(0, 0, n);
 }
 

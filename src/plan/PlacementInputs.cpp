@@ -10,6 +10,7 @@
 #include "strata/config/Resolve.h"
 #include "strata/core/Device.h"
 #include "strata/core/Error.h"
+#include "strata/distributed/Launch.h"
 #include "strata/optim/Adafactor.h"
 #include "strata/zero/ChunkArena.h"
 #include "strata/zero/PowerSgd.h"
@@ -190,6 +191,31 @@ uint64_t hostHeadroomBytes(const config::Config& c, int64_t largestChunkElems, u
                      ? 0
                      : 2 * (4 + 2 * uint64_t(dtypeSize(momentsDType(c)))) * uint64_t(largestChunkElems);
   return reserve + staging + ssd + kProcessHostBytes;
+}
+
+MasterLayout mastersAtLayout(const config::Config& c, uint64_t modelElems, uint64_t deviceMemory,
+                             uint64_t hostAvailable, uint64_t hostTotal, int ranksOnHost) {
+  MasterLayout l;
+  l.masters = modelElems * 4;
+  uint64_t chunks = modelElems * 2;
+  if (double(modelElems) * 6 <= 0.7 * double(deviceMemory)) return l;  // all on the device
+  if (hostAvailable == zero::kUnlimited) {
+    l.hostBytes = l.hostRoom = l.masters;
+    return l;
+  }
+  int64_t chunkElems = std::max<int64_t>(1, int64_t(c.zero.chunkSizeMb * double(1 << 20) / 2));
+  uint64_t available = dist::perRankShare(hostAvailable, ranksOnHost);
+  uint64_t headroom = dist::perRankShare(hostHeadroomBytes(c, chunkElems, hostTotal), ranksOnHost);
+  l.hostRoom = available > headroom ? available - headroom : 0;
+  uint64_t usable = usableDeviceBytes(deviceMemory);
+  l.deviceRoom = usable > chunks ? usable - chunks : 0;
+  if (l.masters <= l.hostRoom) {
+    l.hostBytes = l.masters;
+    return l;
+  }
+  l.hostBytes = l.masters > l.deviceRoom ? l.masters - l.deviceRoom : 0;
+  l.fits = l.hostBytes <= l.hostRoom;
+  return l;
 }
 
 uint64_t usableDeviceBytes(uint64_t capacity) {

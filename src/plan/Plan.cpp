@@ -564,6 +564,40 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
         gib(p.usableBytes), gib(p.deviceCapacityBytes));
   }
 
+  // NOTE [Masters at layout] in plan/PlacementInputs.h: each rank builds its model (the whole of it at any
+  // ZeRO stage; its tensor- and pipeline-parallel part) in fp32 on its device, then makes every master beside
+  // the 16-bit chunks before it keeps its shard.
+  if (p.onGpu) {
+    uint64_t modelElems = 0;
+    for (const zero::ChunkSlot& slot : in.layout.slots) modelElems += uint64_t(slot.numel);
+    uint64_t built = modelElems * 4;
+    if (p.fits && built > p.deviceCapacityBytes) {
+      p.fits = false;
+      p.refusal = fmt::format(
+          "each rank builds its model ({:.2f} B parameters) in fp32 on its device before laying it out in "
+          "chunks and keeping its shard: {} against the device's {} (the engine does not build a model "
+          "sharded across ranks)",
+          double(modelElems) / 1e9, gib(built), gib(p.deviceCapacityBytes));
+    }
+    if (dtypeSize(p.compute) == 2) {
+      MasterLayout ml = mastersAtLayout(c, modelElems, p.deviceCapacityBytes, hostAvailable,
+                                        *m.hostMemoryBytes, p.ranksPerNode);
+      if (p.fits && !ml.fits) {
+        p.fits = false;
+        p.refusal = fmt::format(
+            "the fp32 masters ({}) fit neither host memory ({} free beyond the headroom) nor the device "
+            "beside "
+            "the 16-bit chunks ({} of room), nor the two together, while the model is laid out in chunks",
+            gib(ml.masters), gib(ml.hostRoom), gib(ml.deviceRoom));
+      } else if (ml.hostBytes > 0 && ml.hostBytes < ml.masters) {
+        p.notes.push_back(fmt::format(
+            "the fp32 masters ({}) outgrow host memory ({} free beyond the headroom) while the model is laid "
+            "out: {} are made there and {} on the device, until the optimizer takes each to its tier",
+            gib(ml.masters), gib(ml.hostRoom), gib(ml.hostBytes), gib(ml.masters - ml.hostBytes)));
+      }
+    }
+  }
+
   // Step time.
   double tokens = double(p.globalBatch) * double(p.spec.seqLength);
   p.flopsPerStep = models::flopsPerToken(p.spec) * tokens / double(p.ranks);
@@ -825,7 +859,10 @@ ModelStatePlan planModelState(const config::Config& c, const PlanOptions& option
       best = i;
   std::vector<std::string> weighed;
   for (const ModelStatePlan& p : plans)
-    weighed.push_back(!p.fits ? fmt::format("{} does not fit (peak {})", p.recompute, gib(p.devicePeakBytes))
+    weighed.push_back(!p.fits && p.devicePeakBytes > p.usableBytes
+                          ? fmt::format("{} does not fit (peak {})", p.recompute, gib(p.devicePeakBytes))
+                      : !p.fits ? fmt::format("{} peaks at {}, within the device, but is refused",
+                                              p.recompute, gib(p.devicePeakBytes))
                       : p.terms.empty()
                           ? fmt::format("{} fits (peak {})", p.recompute, gib(p.devicePeakBytes))
                           : fmt::format("{} {} a step, peak {}", p.recompute, seconds(p.serialSeconds),

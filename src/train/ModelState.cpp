@@ -151,37 +151,25 @@ uint64_t hostTotalBytes() {
                       : deviceMemoryBytes(Device::cpu());
 }
 
-// The bytes of fp32 masters a model of `modelElems` parameters makes in host memory: all of them where the
-// host has room beyond its headroom, else what the device (`deviceMemory`, this rank's share) cannot hold
-// beside the 16-bit chunks within the step's usable memory; refused where neither fits them.
+// The bytes of fp32 masters a model of `modelElems` parameters makes in host memory (NOTE [Masters at
+// layout] in plan/PlacementInputs.h); refused where host and device together cannot hold them.
 uint64_t mastersOnHostBytes(const config::Config& c, uint64_t modelElems, uint64_t deviceMemory,
                             RankShares shares) {
-  uint64_t masters = modelElems * 4, chunks = modelElems * 2;
-  uint64_t available = plan::hostAvailableBytes();
-  if (available == zero::kUnlimited) return masters;
-  available = dist::perRankShare(available, shares.ranksOnHost);
-  uint64_t hostTotal = hostTotalBytes();
-  int64_t chunkElems = std::max<int64_t>(1, int64_t(c.zero.chunkSizeMb * double(1 << 20) / 2));
-  uint64_t headroom =
-      dist::perRankShare(plan::hostHeadroomBytes(c, chunkElems, hostTotal), shares.ranksOnHost);
-  uint64_t hostRoom = available > headroom ? available - headroom : 0;
-  if (masters <= hostRoom) return masters;
-  uint64_t usable = plan::usableDeviceBytes(deviceMemory);
-  uint64_t deviceRoom = usable > chunks ? usable - chunks : 0;
-  uint64_t onHost = masters > deviceRoom ? masters - deviceRoom : 0;
+  plan::MasterLayout l = plan::mastersAtLayout(c, modelElems, deviceMemory, plan::hostAvailableBytes(),
+                                               hostTotalBytes(), shares.ranksOnHost);
   auto gib = [](uint64_t b) { return double(b) / double(1ull << 30); };
-  STRATA_USER_CHECK(onHost <= hostRoom,
+  STRATA_USER_CHECK(l.fits,
                     "the model's fp32 masters ({:.1f} GiB) fit neither host memory ({:.1f} GiB free beyond "
                     "the headroom) nor the device beside the 16-bit chunks ({:.1f} GiB of room), nor the two "
                     "together, while the model is laid out in chunks; a smaller model.num_layers or "
                     "model.hidden_size fits",
-                    gib(masters), gib(hostRoom), gib(deviceRoom));
-  spdlog::info(
-      "the fp32 masters ({:.1f} GiB) outgrow host memory ({:.1f} GiB free beyond the headroom): "
-      "{:.1f} GiB are made there and {:.1f} GiB on the device, until the optimizer takes each to "
-      "its tier",
-      gib(masters), gib(hostRoom), gib(onHost), gib(masters - onHost));
-  return onHost;
+                    gib(l.masters), gib(l.hostRoom), gib(l.deviceRoom));
+  if (l.hostBytes < l.masters && l.hostBytes > 0)
+    spdlog::info(
+        "the fp32 masters ({:.1f} GiB) outgrow host memory ({:.1f} GiB free beyond the headroom): {:.1f} GiB "
+        "are made there and {:.1f} GiB on the device, until the optimizer takes each to its tier",
+        gib(l.masters), gib(l.hostRoom), gib(l.hostBytes), gib(l.masters - l.hostBytes));
+  return l.hostBytes;
 }
 
 }  // namespace
@@ -202,16 +190,13 @@ ModelState layOutModelState(data::Objective& objective, const config::Config& c,
   // A model whose fp32 masters and 16-bit chunks would crowd the device together: the masters are made in
   // host memory, and those of chunks whose state the placement keeps on the device move there after it. On
   // several ranks too: every rank builds the whole model's masters before it keeps its shard of them.
-  // Masters that outgrow the host's memory (35.9B parameters have 134 GiB of them, the H200's host 125 GiB)
-  // are split: the host takes what the device cannot hold beside the 16-bit chunks, the rest stay on the
-  // device, and the optimizer moves each to its tier (NOTE [Adafactor SSD chunks] in optim/Adafactor.h:
-  // the SSD's first). Host memory is left for the parameters the placement may home there before that.
+  // Masters that outgrow the host's memory are split between it and the device, and the optimizer moves each
+  // to its tier, the SSD's first (NOTE [Masters at layout] in plan/PlacementInputs.h).
   uint64_t modelElems = 0;
   for (const Tensor& p : objective.model().parameters()) modelElems += uint64_t(p.numel());
-  uint64_t hostMasterBytes = 0;
-  if (!device.isCpu() && dtypeSize(compute) == 2 && s.deviceMemory > 0 &&
-      double(modelElems) * 6 > 0.7 * double(s.deviceMemory))
-    hostMasterBytes = mastersOnHostBytes(c, modelElems, s.deviceMemory, shares);
+  uint64_t hostMasterBytes = !device.isCpu() && dtypeSize(compute) == 2 && s.deviceMemory > 0
+                                 ? mastersOnHostBytes(c, modelElems, s.deviceMemory, shares)
+                                 : 0;
   std::set<std::string> expertNames;
   s.experts = findExperts(objective.model(), expertNames);
   zero::ChunkFamilies families;

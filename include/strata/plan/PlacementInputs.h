@@ -103,6 +103,27 @@ uint64_t hostAvailableBytes();
 zero::StoreBudgets storeBudgets(const config::Config& config, uint64_t parameterBytes, uint64_t deviceAuto,
                                 uint64_t hostAvailable, uint64_t nvmeFree, uint64_t hostHeadroom = 0);
 
+// NOTE [Masters at layout]
+// The engine builds the model in fp32 on the device and lays it out in 16-bit chunks, making each chunk's
+// fp32 master as it goes (zero/ChunkManager.h); until the optimizer moves them to their tiers the masters all
+// exist beside the chunks. A model whose masters and chunks would crowd the device (6 bytes a parameter above
+// 70% of it) makes its masters in host memory. Where they outgrow the host's free memory beyond its headroom
+// (hostHeadroomBytes, with chunks of zero_optimization.chunk_size_mb), the host takes what the device cannot
+// hold beside the chunks within usableDeviceBytes, and the rest stay on the device; where the two together
+// cannot hold them, the model does not fit. Measured: 35.9B parameters have 133.8 GiB of masters against the
+// H200 host's 113.4 GiB free beyond the headroom: 73.2 GiB were made there and 60.7 GiB on the device.
+struct MasterLayout {
+  uint64_t masters = 0;                   // the fp32 masters' bytes
+  uint64_t hostBytes = 0;                 // made in host memory (the first chunks'), the rest on the device
+  uint64_t hostRoom = 0, deviceRoom = 0;  // what each could take
+  bool fits = true;
+};
+// For `modelElems` parameters of 16-bit chunks on a GPU of `deviceMemory` bytes (this rank's share), a host
+// with `hostAvailable` of `hostTotal` bytes (kUnlimited: unknown, every master there) shared by `ranksOnHost`
+// ranks.
+MasterLayout mastersAtLayout(const config::Config& config, uint64_t modelElems, uint64_t deviceMemory,
+                             uint64_t hostAvailable, uint64_t hostTotal, int ranksOnHost);
+
 // The gradient buffers of a rank as the engine makes them: per chunk its padded length and this rank's range,
 // their dtype (precision.grad_accum_dtype), the ZeRO stage, the data-parallel ranks, whether a pipeline
 // schedules the backward, and whether the device is a GPU.
