@@ -586,8 +586,8 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
         p.fits = false;
         p.refusal = fmt::format(
             "the fp32 masters ({}) fit neither host memory ({} free beyond the headroom) nor the device "
-            "beside "
-            "the 16-bit chunks ({} of room), nor the two together, while the model is laid out in chunks",
+            "beside the 16-bit chunks ({} of room), nor the two together, while the model is laid out in "
+            "chunks",
             gib(ml.masters), gib(ml.hostRoom), gib(ml.deviceRoom));
       } else if (ml.hostBytes > 0 && ml.hostBytes < ml.masters) {
         p.notes.push_back(fmt::format(

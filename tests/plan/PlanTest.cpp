@@ -1314,3 +1314,40 @@ TEST_CASE("plan: a model whose parameters alone do not fit the GPU plans with pa
   REQUIRE(!pinned.fits);
   REQUIRE(pinned.refusal.find("store.parameter_home") != std::string::npos);
 }
+
+TEST_CASE(
+    "plan: the fp32 masters go to host memory, split with the GPU where they outgrow it, refused where "
+    "neither holds them",
+    "[train][plan]") {
+  // NOTE [Masters at layout] in plan/PlacementInputs.h.
+  const uint64_t GiB = 1ull << 30;
+  config::Config c = configFile("gpt3-36b-adafactor.yaml");
+  uint64_t device = 139 * GiB, hostTotal = 125 * GiB, hostFree = 124 * GiB;
+  uint64_t headroom = plan::hostHeadroomBytes(c, int64_t(c.zero.chunkSizeMb * (1 << 20) / 2), hostTotal);
+  // A model whose masters and chunks share the device: every master there.
+  plan::MasterLayout small = plan::mastersAtLayout(c, 5'000'000'000, device, hostFree, hostTotal, 1);
+  CHECK(small.fits);
+  CHECK(small.hostBytes == 0);
+  // 25B: the masters fit the host's free memory beyond its headroom.
+  plan::MasterLayout host = plan::mastersAtLayout(c, 25'000'000'000, device, hostFree, hostTotal, 1);
+  CHECK(host.fits);
+  CHECK(host.hostBytes == host.masters);
+  CHECK(host.hostRoom == hostFree - headroom);
+  // 35.9B: 133.8 GiB of masters, more than the host's room: the device keeps what it can beside the chunks.
+  uint64_t n = 35'928'914'688;
+  plan::MasterLayout split = plan::mastersAtLayout(c, n, device, hostFree, hostTotal, 1);
+  CHECK(split.fits);
+  CHECK(split.masters == n * 4);
+  CHECK(split.deviceRoom == plan::usableDeviceBytes(device) - n * 2);
+  CHECK(split.hostBytes == split.masters - split.deviceRoom);
+  CHECK(split.hostBytes < split.hostRoom);
+  // Eight ranks on the host, each building the whole model: its share of the host is too small.
+  CHECK(!plan::mastersAtLayout(c, n, device, hostFree, hostTotal, 8).fits);
+  // The plan of the shipped config says how they are split.
+  plan::PlanOptions options;
+  options.calibration = plan::measuredH200();
+  plan::ModelStatePlan p = plan::planModelState(c, options);
+  INFO(plan::formatPlan(p));
+  CHECK(p.fits);
+  CHECK(plan::formatPlan(p).find("the fp32 masters (133.85 GiB) outgrow host memory") != std::string::npos);
+}
