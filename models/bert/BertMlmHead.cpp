@@ -1,6 +1,7 @@
 #include "models/bert/BertMlmHead.h"
 
 #include "strata/autograd/Functions.h"
+#include "strata/nn/DeferredInit.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::models {
@@ -17,7 +18,7 @@ BertMlmHead::BertMlmHead(const BertMlmHeadConfig& config, std::shared_ptr<nn::Em
   const nn::TensorParallel& tp = config.tensorParallel;
   STRATA_CHECK(config.vocabSize % tp.size == 0, "bert MLM head: {} tokens over {} tensor-parallel ranks",
                config.vocabSize, tp.size);
-  bias = registerParameter("bias", ops::zeros({config.vocabSize / tp.size}, DType::F32, config.device));
+  bias = registerParameter("bias", nn::filledParameter({config.vocabSize / tp.size}, config.device, 0.0));
 }
 
 std::map<std::string, nn::TensorSlice> BertMlmHead::ownSlices() const {

@@ -4,6 +4,7 @@
 
 #include "models/MoESpec.h"
 #include "strata/autograd/Functions.h"
+#include "strata/nn/DeferredInit.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::models {
@@ -166,9 +167,13 @@ T5::T5(const T5Config& config) : config_(config) {
   for (auto& [name, p] : namedParameters()) {
     bool packed = name.ends_with("attn.qkv.weight"), crossQ = name.ends_with("cross.q.weight");
     if (!packed && !crossQ) continue;
-    Tensor q = p.detach().narrow(1, 0, I / tp.size);
-    Tensor drawn = ops::randn({C, I}, gen, DType::F32, config.device, 0, qStd);
-    ops::copy(q, tp.active() ? nn::columnSlice(drawn, 1, tp.size, tp.rank) : drawn);
+    GeneratorState draws{gen.seed(), gen.reserve(uint64_t(C * I))};
+    nn::editInitialValue(p, [C, I, qStd, tp, draws, device = config.device](const Tensor& value) {
+      Generator replay(draws);
+      Tensor drawn = ops::randn({C, I}, replay, DType::F32, device, 0, qStd);
+      ops::copy(value.narrow(1, 0, I / tp.size),
+                tp.active() ? nn::columnSlice(drawn, 1, tp.size, tp.rank) : drawn);
+    });
   }
 }
 

@@ -1,5 +1,6 @@
 // Linear, Embedding, LayerNorm, RMSNorm and Dropout.
 #include "strata/autograd/Functions.h"
+#include "strata/nn/DeferredInit.h"
 #include "strata/nn/Dropout.h"
 #include "strata/nn/Embedding.h"
 #include "strata/nn/Linear.h"
@@ -24,26 +25,37 @@ Linear::Linear(const LinearConfig& config, Generator& gen)
     : split_(config.split), splitGroups_(config.splitGroups), tensorParallel_(config.tensorParallel) {
   STRATA_CHECK(config.inFeatures > 0 && config.outFeatures > 0,
                "Linear: sizes must be positive, got {} -> {}", config.inFeatures, config.outFeatures);
-  // The one-rank layer's draws, then this rank's slice of them (NOTE [Tensor parallelism]).
-  Tensor w =
-      ops::randn({config.inFeatures, config.outFeatures}, gen, DType::F32, config.device, 0, config.initStd);
-  int64_t biasSize = config.outFeatures;
+  // The one-rank layer's draws, then this rank's slice of them (NOTE [Tensor parallelism]), made now or where
+  // the parameter is laid out (NOTE [Deferred parameters] in nn/DeferredInit.h).
   const TensorParallel& tp = tensorParallel_;
+  int64_t biasSize = config.outFeatures;
+  Shape shape{config.inFeatures, config.outFeatures};
   if (split() == TensorSplit::Columns) {
     STRATA_CHECK(config.outFeatures % (config.splitGroups * tp.size) == 0,
                  "Linear: {} output features in {} groups do not split over {} tensor-parallel ranks",
                  config.outFeatures, config.splitGroups, tp.size);
-    w = columnSlice(w, config.splitGroups, tp.size, tp.rank);
     biasSize /= tp.size;
+    shape[1] /= tp.size;
   } else if (split() == TensorSplit::Rows) {
     STRATA_CHECK(config.inFeatures % tp.size == 0,
                  "Linear: {} input features do not split over {} tensor-parallel ranks", config.inFeatures,
                  tp.size);
-    int64_t rows = config.inFeatures / tp.size;
-    w = w.narrow(0, rows * tp.rank, rows).clone();
+    shape[0] /= tp.size;
   }
+  GeneratorState draws{gen.seed(), gen.reserve(uint64_t(config.inFeatures * config.outFeatures))};
+  Tensor w = initialParameter(shape, config.device, [config, draws, split = split(), tp] {
+    Generator replay(draws);
+    Tensor full = ops::randn({config.inFeatures, config.outFeatures}, replay, DType::F32, config.device, 0,
+                             config.initStd);
+    if (split == TensorSplit::Columns) return columnSlice(full, config.splitGroups, tp.size, tp.rank);
+    if (split == TensorSplit::Rows) {
+      int64_t rows = config.inFeatures / tp.size;
+      return full.narrow(0, rows * tp.rank, rows).clone();
+    }
+    return full;
+  });
   weight = registerParameter("weight", w);
-  if (config.bias) bias = registerParameter("bias", ops::zeros({biasSize}, DType::F32, config.device));
+  if (config.bias) bias = registerParameter("bias", filledParameter({biasSize}, config.device, 0.0));
 }
 
 Tensor Linear::apply(const Tensor& x) {
@@ -114,16 +126,22 @@ Embedding::Embedding(const EmbeddingConfig& config, Generator& gen)
   STRATA_CHECK(config.numEmbeddings > 0 && config.embeddingDim > 0, "Embedding: sizes must be positive");
   STRATA_CHECK(config.paddingIdx < config.numEmbeddings, "Embedding: padding id {} is past its {} rows",
                config.paddingIdx, config.numEmbeddings);
-  Tensor table = ops::randn({config.numEmbeddings, config.embeddingDim}, gen, DType::F32, config.device, 0,
-                            config.initStd);
+  const TensorParallel& tp = tensorParallel_;
+  int64_t rows = config.numEmbeddings;
   if (vocabParallel()) {
-    const TensorParallel& tp = tensorParallel_;
     STRATA_CHECK(config.numEmbeddings % tp.size == 0,
                  "Embedding: {} rows do not split over {} tensor-parallel ranks", config.numEmbeddings,
                  tp.size);
-    int64_t rows = config.numEmbeddings / tp.size;
-    table = table.narrow(0, rows * tp.rank, rows).clone();
+    rows /= tp.size;
   }
+  // The one-rank table's draws, then this rank's rows of them.
+  GeneratorState draws{gen.seed(), gen.reserve(uint64_t(config.numEmbeddings * config.embeddingDim))};
+  Tensor table = initialParameter({rows, config.embeddingDim}, config.device, [config, draws, rows, tp] {
+    Generator replay(draws);
+    Tensor full = ops::randn({config.numEmbeddings, config.embeddingDim}, replay, DType::F32, config.device,
+                             0, config.initStd);
+    return rows == config.numEmbeddings ? full : full.narrow(0, rows * tp.rank, rows).clone();
+  });
   weight = registerParameter("weight", table);
 }
 
@@ -187,8 +205,8 @@ Tensor Embedding::headInput(const Tensor& x) const {
 }
 
 LayerNorm::LayerNorm(const NormConfig& config) : eps_(config.eps), tensorParallel_(config.tensorParallel) {
-  weight = registerParameter("weight", ops::ones({config.dim}, DType::F32, config.device));
-  if (config.bias) bias = registerParameter("bias", ops::zeros({config.dim}, DType::F32, config.device));
+  weight = registerParameter("weight", filledParameter({config.dim}, config.device, 1.0));
+  if (config.bias) bias = registerParameter("bias", filledParameter({config.dim}, config.device, 0.0));
 }
 
 Tensor LayerNorm::apply(const Tensor& x) {
@@ -219,7 +237,7 @@ std::vector<Tensor> LayerNorm::forwardImpl(const std::vector<Tensor>& inputs) {
 }
 
 RMSNorm::RMSNorm(const NormConfig& config) : eps_(config.eps) {
-  weight = registerParameter("weight", ops::ones({config.dim}, DType::F32, config.device));
+  weight = registerParameter("weight", filledParameter({config.dim}, config.device, 1.0));
 }
 
 Tensor RMSNorm::apply(const Tensor& x) {

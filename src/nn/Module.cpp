@@ -6,6 +6,7 @@
 #include "strata/autograd/Engine.h"
 #include "strata/autograd/GradMode.h"
 #include "strata/autograd/Node.h"
+#include "strata/nn/DeferredInit.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::nn {
@@ -169,6 +170,7 @@ int64_t Module::numParameters() const {
 
 void Module::castParameters(DType dtype) {
   NoGradGuard noGrad;
+  materializeParameters(*this);
   std::set<const TensorImpl*> done;
   for (auto& [name, p] : namedParameters()) {
     if (p.dtype() == dtype || !done.insert(&p.impl()).second) continue;

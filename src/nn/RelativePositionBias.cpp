@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "strata/autograd/Functions.h"
+#include "strata/nn/DeferredInit.h"
 #include "strata/ops/Ops.h"
 
 namespace strata::nn {
@@ -52,9 +53,16 @@ RelativePositionBias::RelativePositionBias(const RelativePositionBiasConfig& con
                "relative position bias: {} heads do not split over {} tensor-parallel ranks", config.numHeads,
                tp.size);
   // The one-rank table's draws, then this rank's heads' columns.
+  GeneratorState draws{gen.seed(), gen.reserve(uint64_t(config.numBuckets * config.numHeads))};
   Tensor table =
-      ops::randn({config.numBuckets, config.numHeads}, gen, DType::F32, config.device, 0, config.initStd);
-  weight = registerParameter("weight", tp.active() ? columnSlice(table, 1, tp.size, tp.rank) : table);
+      initialParameter({config.numBuckets, config.numHeads / tp.size}, config.device, [config, draws] {
+        const TensorParallel& tp = config.tensorParallel;
+        Generator replay(draws);
+        Tensor full = ops::randn({config.numBuckets, config.numHeads}, replay, DType::F32, config.device, 0,
+                                 config.initStd);
+        return tp.active() ? columnSlice(full, 1, tp.size, tp.rank) : full;
+      });
+  weight = registerParameter("weight", table);
 }
 
 std::map<std::string, TensorSlice> RelativePositionBias::ownSlices() const {

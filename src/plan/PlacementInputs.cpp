@@ -193,12 +193,17 @@ uint64_t hostHeadroomBytes(const config::Config& c, int64_t largestChunkElems, u
   return reserve + staging + ssd + kProcessHostBytes;
 }
 
-MasterLayout mastersAtLayout(const config::Config& c, uint64_t modelElems, uint64_t deviceMemory,
+LayoutElems layoutElems(uint64_t modelElems, int stage, int ranks) {
+  uint64_t shard = modelElems / uint64_t(std::max(1, ranks));
+  return LayoutElems{stage >= 1 ? shard : modelElems, stage == 3 ? shard : modelElems};
+}
+
+MasterLayout mastersAtLayout(const config::Config& c, LayoutElems elems, uint64_t deviceMemory,
                              uint64_t hostAvailable, uint64_t hostTotal, int ranksOnHost) {
   MasterLayout l;
-  l.masters = modelElems * 4;
-  uint64_t chunks = modelElems * 2;
-  if (double(modelElems) * 6 <= 0.7 * double(deviceMemory)) return l;  // all on the device
+  l.masters = elems.masters * 4;
+  uint64_t chunks = elems.chunks * 2;
+  if (double(l.masters + chunks) <= 0.7 * double(deviceMemory)) return l;  // all on the device
   if (hostAvailable == zero::kUnlimited) {
     l.hostBytes = l.hostRoom = l.masters;
     return l;

@@ -564,24 +564,15 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
         gib(p.usableBytes), gib(p.deviceCapacityBytes));
   }
 
-  // NOTE [Masters at layout] in plan/PlacementInputs.h: each rank builds its model (the whole of it at any
-  // ZeRO stage; its tensor- and pipeline-parallel part) in fp32 on its device, then makes every master beside
-  // the 16-bit chunks before it keeps its shard.
+  // NOTE [Masters at layout] in plan/PlacementInputs.h: each rank makes its shard of the masters (stages 1
+  // to 3) beside its 16-bit chunks (at stage 3 its shard of them) while the model is laid out.
   if (p.onGpu) {
     uint64_t modelElems = 0;
     for (const zero::ChunkSlot& slot : in.layout.slots) modelElems += uint64_t(slot.numel);
-    uint64_t built = modelElems * 4;
-    if (p.fits && built > p.deviceCapacityBytes) {
-      p.fits = false;
-      p.refusal = fmt::format(
-          "each rank builds its model ({:.2f} B parameters) in fp32 on its device before laying it out in "
-          "chunks and keeping its shard: {} against the device's {} (the engine does not build a model "
-          "sharded across ranks)",
-          double(modelElems) / 1e9, gib(built), gib(p.deviceCapacityBytes));
-    }
     if (dtypeSize(p.compute) == 2) {
-      MasterLayout ml = mastersAtLayout(c, modelElems, p.deviceCapacityBytes, hostAvailable,
-                                        *m.hostMemoryBytes, p.ranksPerNode);
+      MasterLayout ml =
+          mastersAtLayout(c, layoutElems(modelElems, int(c.zero.stage), p.data), p.deviceCapacityBytes,
+                          hostAvailable, *m.hostMemoryBytes, p.ranksPerNode);
       if (p.fits && !ml.fits) {
         p.fits = false;
         p.refusal = fmt::format(

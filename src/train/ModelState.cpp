@@ -14,6 +14,7 @@
 #include "strata/distributed/Communicator.h"
 #include "strata/distributed/Launch.h"
 #include "strata/distributed/ProcessGroup.h"
+#include "strata/nn/DeferredInit.h"
 #include "strata/nn/MoE.h"
 #include "strata/ops/Ops.h"
 #include "strata/optim/Adafactor.h"
@@ -69,7 +70,8 @@ void keepShards(ModelState& s) {
     // Stages 1 and 2: this rank keeps the masters and moments of its shard of each chunk only.
     for (size_t i = 0; i < n; ++i) {
       s.ranges.push_back(s.groups.shard(i));
-      if (!s.masters.empty())
+      // Masters of a sharded layout are this shard's already (NOTE [Sharded layout] in zero/ChunkManager.h).
+      if (!s.masters.empty() && s.masters[i].numel() != s.ranges[i].size())
         s.masters[i] = s.masters[i].narrow(0, s.ranges[i].begin, s.ranges[i].size()).clone();
     }
     emptyDeviceCache(s.device);
@@ -79,10 +81,13 @@ void keepShards(ModelState& s) {
   // Stage 3: each rank keeps only its shard of the parameters too; a chunk is gathered whole into a slot
   // while a module that uses it runs, forward and backward (NOTE [Parameter gathering] in
   // zero/ParameterGatherer.h).
-  if (s.stage == 3)
-    for (size_t i = 0; i < n; ++i)
-      s.parameterShards.push_back(
-          s.chunks->paddedFlat(i).narrow(0, s.ranges[i].begin, s.ranges[i].size()).clone());
+  if (s.stage == 3) {
+    s.parameterShards = s.chunks->takeParameterShards();
+    if (s.parameterShards.empty())
+      for (size_t i = 0; i < n; ++i)
+        s.parameterShards.push_back(
+            s.chunks->paddedFlat(i).narrow(0, s.ranges[i].begin, s.ranges[i].size()).clone());
+  }
 }
 
 }  // namespace
@@ -90,7 +95,8 @@ void keepShards(ModelState& s) {
 std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective, Device device,
                                                       DType compute, int64_t chunkBytes, int shards,
                                                       uint64_t hostMasterBytes,
-                                                      const zero::ChunkFamilies& families) {
+                                                      const zero::ChunkFamilies& families,
+                                                      const std::optional<zero::ShardedLayout>& sharded) {
   // The first-use order from one loss of one sequence (token 0 throughout: the order of the module calls
   // does not depend on the data), in eval mode, without gradients, in the parameters' own dtype, with the
   // RNG state put back: the trace changes no number of the run.
@@ -135,7 +141,8 @@ std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective
       if (n == name) ordered.emplace_back(n, p);
   auto chunks = std::make_unique<zero::ChunkManager>(
       ordered, chunkBytes, compute, shards,
-      hostMasterBytes > 0 ? std::optional<Device>(Device::cpu()) : std::nullopt, families, hostMasterBytes);
+      hostMasterBytes > 0 ? std::optional<Device>(Device::cpu()) : std::nullopt, families, hostMasterBytes,
+      sharded);
   // The model's old per-parameter storages went back to the caching allocator; return them to the device so
   // the chunks' layout is what the step's activations see.
   emptyDeviceCache(device);
@@ -153,9 +160,9 @@ uint64_t hostTotalBytes() {
 
 // The bytes of fp32 masters a model of `modelElems` parameters makes in host memory (NOTE [Masters at
 // layout] in plan/PlacementInputs.h); refused where host and device together cannot hold them.
-uint64_t mastersOnHostBytes(const config::Config& c, uint64_t modelElems, uint64_t deviceMemory,
+uint64_t mastersOnHostBytes(const config::Config& c, plan::LayoutElems elems, uint64_t deviceMemory,
                             RankShares shares) {
-  plan::MasterLayout l = plan::mastersAtLayout(c, modelElems, deviceMemory, plan::hostAvailableBytes(),
+  plan::MasterLayout l = plan::mastersAtLayout(c, elems, deviceMemory, plan::hostAvailableBytes(),
                                                hostTotalBytes(), shares.ranksOnHost);
   auto gib = [](uint64_t b) { return double(b) / double(1ull << 30); };
   STRATA_USER_CHECK(l.fits,
@@ -192,22 +199,37 @@ ModelState layOutModelState(data::Objective& objective, const config::Config& c,
   // several ranks too: every rank builds the whole model's masters before it keeps its shard of them.
   // Masters that outgrow the host's memory are split between it and the device, and the optimizer moves each
   // to its tier, the SSD's first (NOTE [Masters at layout] in plan/PlacementInputs.h).
-  uint64_t modelElems = 0;
-  for (const Tensor& p : objective.model().parameters()) modelElems += uint64_t(p.numel());
-  uint64_t hostMasterBytes = !device.isCpu() && dtypeSize(compute) == 2 && s.deviceMemory > 0
-                                 ? mastersOnHostBytes(c, modelElems, s.deviceMemory, shares)
-                                 : 0;
+  // A model built with deferred parameters is laid out sharded from the start at stages 1 to 3: this rank
+  // makes the masters of its shards only, and at stage 3 only its shards of the parameters (NOTE [Sharded
+  // layout] in zero/ChunkManager.h). Every rank makes the same values from the seed, so none is broadcast.
+  bool deferred = nn::hasDeferredParameters(objective.model());
   std::set<std::string> expertNames;
   s.experts = findExperts(objective.model(), expertNames);
   zero::ChunkFamilies families;
+  int expertRanks = expertDataGroup ? expertDataGroup->size() : 1;
   if (!expertNames.empty()) {
     STRATA_CHECK(expertDataGroup != nullptr || ranks == 1,
                  "ZeroStepEngine: expert-parallel MoE layers without an expert-data-parallel group");
     families.of = [&](const std::string& name) { return expertNames.count(name) ? 1 : 0; };
-    families.shards = {ranks, expertDataGroup ? expertDataGroup->size() : 1};
+    families.shards = {ranks, expertRanks};
   }
+  std::optional<zero::ShardedLayout> sharded;
+  if (deferred && s.stage >= 1)
+    sharded = zero::ShardedLayout{{group ? group->rank() : 0, expertDataGroup ? expertDataGroup->rank() : 0},
+                                  s.stage == 3};
+  plan::LayoutElems elems;
+  std::set<const TensorImpl*> counted;
+  for (const auto& [name, p] : objective.model().namedParameters()) {
+    if (!counted.insert(&p.impl()).second) continue;
+    uint64_t n = uint64_t(p.numel()), shards = uint64_t(expertNames.count(name) ? expertRanks : ranks);
+    elems.masters += sharded ? n / shards : n;
+    elems.chunks += sharded && sharded->parameters ? n / shards : n;
+  }
+  uint64_t hostMasterBytes = !device.isCpu() && dtypeSize(compute) == 2 && s.deviceMemory > 0
+                                 ? mastersOnHostBytes(c, elems, s.deviceMemory, shares)
+                                 : 0;
   s.chunks = layOutModelChunks(objective, device, compute, int64_t(c.zero.chunkSizeMb * double(1 << 20)),
-                               ranks, hostMasterBytes, families);
+                               ranks, hostMasterBytes, families, sharded);
   s.groups = zero::ChunkGroups(*s.chunks, group, expertDataGroup);
   s.tensor = nn::tensorParallelOf(objective.model());
   if (s.tensor.active()) {
@@ -219,7 +241,7 @@ ModelState layOutModelState(data::Objective& objective, const config::Config& c,
   // computes in fp32 and keeps fp32 ones).
   if (c.precision.gradAccumDType != "fp32" && dtypeSize(compute) == 2) s.chunks->setGradientDType(compute);
   s.masters = s.chunks->takeMasters();
-  broadcastStartingWeights(s);
+  if (!deferred) broadcastStartingWeights(s);
   keepShards(s);
   return s;
 }

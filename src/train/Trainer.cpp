@@ -28,6 +28,7 @@
 #include "strata/core/Profiler.h"
 #include "strata/core/Stream.h"
 #include "strata/distributed/Launch.h"
+#include "strata/nn/DeferredInit.h"
 #include "strata/nn/MoE.h"
 #include "strata/nn/TransformerBlock.h"
 #include "strata/ops/Ops.h"
@@ -209,8 +210,15 @@ Trainer::Trainer(config::Config config, std::shared_ptr<dist::ParallelContext> p
           g.embeddingFlopsPerToken() / g.blockFlopsPerToken(),
           g.headFlopsPerToken() / g.blockFlopsPerToken());
     }
-    objective_ =
-        data::makeObjective(config_.model.arch, models::buildModule(spec), tokenizer_, config_.train.seed);
+    // Built without the parameters' values: the engine makes each where it lays it out (NOTE [Deferred
+    // parameters] in nn/DeferredInit.h).
+    std::shared_ptr<nn::Module> module;
+    {
+      nn::DeferParameters defer;
+      module = models::buildModule(spec);
+    }
+    mayBeDeferred_ = true;
+    objective_ = data::makeObjective(config_.model.arch, std::move(module), tokenizer_, config_.train.seed);
     setup();
   });
 }
@@ -578,7 +586,7 @@ dist::ProcessGroup* Trainer::embeddingGroup() const {
 }
 
 Tensor Trainer::pipelineLoss(const data::TokenBatch& batch) {
-  auto* stages = dynamic_cast<nn::PipelineStageModel*>(&model());
+  auto* stages = dynamic_cast<nn::PipelineStageModel*>(&objective_->model());
   STRATA_CHECK(stages != nullptr, "Trainer: parallel.pipeline for a model that is not split into stages");
   DType compute = modelDType();
   PipelineWork work;
@@ -620,7 +628,7 @@ void Trainer::setup() {
   else if (std::getenv("OMP_NUM_THREADS") == nullptr)
     omp_set_num_threads(
         int(dist::perRankShare(uint64_t(physicalCpuCores()), parallel_->topology().ranksOnHost)));
-  for (auto& [name, p] : model().namedParameters())
+  for (auto& [name, p] : objective_->model().namedParameters())
     STRATA_CHECK(p.device() == device_, "parameter '{}' is on {} but train.device is {}", name,
                  toString(p.device()), toString(device_));
   compute_ = config::computeDTypeFor(config_, device_);
@@ -687,9 +695,17 @@ std::string Trainer::saveDirectory() const {
   return saveDirectoryOf(config_);
 }
 
+void Trainer::materializeModel() {
+  // A model the trainer built and has not laid out yet (a run that found nothing to train, or a caller
+  // reading the model before run()).
+  if (!mayBeDeferred_) return;
+  mayBeDeferred_ = false;
+  if (nn::hasDeferredParameters(objective_->model())) nn::materializeParameters(objective_->model());
+}
+
 DType Trainer::modelDType() {
   // fp32 before training lays the parameters out in the compute dtype, compute_ after.
-  auto params = model().parameters();
+  auto params = objective_->model().parameters();
   return params.empty() ? compute_ : params.front().dtype();
 }
 
@@ -701,7 +717,8 @@ data::TokenBatch Trainer::batch(data::Split split, int64_t index) const {
 
 double Trainer::evaluate(int64_t iters) {
   NoGradGuard noGrad;
-  model().eval();
+  materializeModel();
+  objective_->model().eval();
   Tensor total = ops::zeros({1}, DType::F32, device_);
   // Each rank evaluates its share of the batches (batch i on rank i mod N); the sums meet in one all-reduce.
   // Every rank runs the same number of forwards (ZeRO-3's forwards are collectives): a rank whose last round
@@ -717,7 +734,7 @@ double Trainer::evaluate(int64_t iters) {
     Tensor loss = pipelineGroup() ? pipelineLoss(b) : objective_->loss(b, modelDType());
     if (i < iters && loss.defined()) total = ops::add(total, ops::to(loss, device_, DType::F32).view({1}));
   }
-  model().train();
+  objective_->model().train();
   if (batchGroup) {
     // NOTE [Collective ordering and completion] in distributed/Communicator.h.
     const Stream& comm = deviceStreams(device_).comm;
@@ -747,6 +764,7 @@ static CheckpointGroup checkpointGroup(dist::Communicator& comm) {
 
 std::string Trainer::sample(const std::string& prompt, int64_t length, double temperature, int64_t topK,
                             uint64_t seed) {
+  materializeModel();
   std::optional<data::Generation> g =
       objective_->generate(prompt, data::GenerateOptions{length, temperature, topK, seed}, modelDType());
   return g ? g->text : std::string();
@@ -807,6 +825,7 @@ TrainResult Trainer::run() {
                         RankShares{parallel_->topology().ranksOnHost, parallel_->topology().ranksOnDevice,
                                    plannedDeviceBudget_},
                         PipelineGroups{pipelineGroup(), embeddingGroup()});
+  mayBeDeferred_ = false;  // laid out: every parameter holds its value in its chunk
   if (main && engine.placement().bytes[int(zero::Tier::Device)] != engine.placement().total())
     spdlog::info("{}", engine.placement().table());
   const zero::GradientReducer& reducer = engine.gradientReducer();
@@ -864,7 +883,7 @@ TrainResult Trainer::run() {
     st.runId = runId_;
     st.layout = engine.checkpointLayout();
     if (c.parallel.tensor > 1) {
-      st.tensorSlices = nn::tensorParallelSlices(model());
+      st.tensorSlices = nn::tensorParallelSlices(objective_->model());
       // Under a pipeline each stage knows its own parameters' cuts; rank 0 records every stage's.
       if (dist::ProcessGroup* stages = pipelineGroup()) {
         std::string mine;
@@ -907,11 +926,11 @@ TrainResult Trainer::run() {
   std::unique_ptr<MetricsLogger> logger =
       main ? std::make_unique<MetricsLogger>(c.train.outDir, startStep, runId_) : nullptr;
   // The whole model's parameters: under tensor parallelism each slice counts once per rank of the group.
-  int64_t parameters = model().numParameters();
+  int64_t parameters = objective_->model().numParameters();
   std::string split;
   if (c.parallel.tensor > 1) {
-    std::map<std::string, nn::TensorSlice> slices = nn::tensorParallelSlices(model());
-    for (const auto& [name, p] : model().namedParameters())
+    std::map<std::string, nn::TensorSlice> slices = nn::tensorParallelSlices(objective_->model());
+    for (const auto& [name, p] : objective_->model().namedParameters())
       if (slices.count(name)) parameters += p.numel() * (c.parallel.tensor - 1);
     split = fmt::format(", split over {} tensor-parallel ranks", c.parallel.tensor);
   }
@@ -920,7 +939,7 @@ TrainResult Trainer::run() {
                dtypeName(compute_), c.train.trainIters, c.train.globalBatchSize, T,
                device_.isCpu() ? fmt::format(", {} CPU threads", omp_get_max_threads()) : std::string());
 
-  model().train();
+  objective_->model().train();
   double lastNorm = 0, lastScale = 1;
   double intervalLoss = 0;
   int64_t intervalSteps = 0, intervalCounted = 0, intervalSkipped = 0, nonfiniteRun = 0;

@@ -6,6 +6,7 @@
 #include "strata/autograd/GradMode.h"
 #include "strata/autograd/Node.h"
 #include "strata/core/Allocator.h"
+#include "strata/nn/DeferredInit.h"
 #include "strata/nn/Module.h"
 #include "strata/ops/Ops.h"
 
@@ -13,7 +14,8 @@ namespace strata::zero {
 
 ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
                            std::optional<DType> compute, int shards, std::optional<Device> masterDevice,
-                           const ChunkFamilies& families, uint64_t masterDeviceBytes)
+                           const ChunkFamilies& families, uint64_t masterDeviceBytes,
+                           const std::optional<ShardedLayout>& sharded)
     : shards_(shards) {
   STRATA_CHECK(shards >= 1, "ChunkManager: {} shards", shards);
   STRATA_CHECK(!parameters.empty(), "ChunkManager: no parameters");
@@ -33,8 +35,8 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
     STRATA_CHECK(p.dtype() == source && p.device() == device,
                  "ChunkManager: parameter '{}' is {} on {}, the first one {} on {}", name, p.dtype(),
                  toString(p.device()), source, toString(device));
-    STRATA_CHECK(p.isContiguous() && p.isLeaf(), "ChunkManager: parameter '{}' is not a contiguous leaf",
-                 name);
+    STRATA_CHECK((p.isContiguous() || nn::isDeferred(p)) && p.isLeaf(),
+                 "ChunkManager: parameter '{}' is not a contiguous leaf", name);
     shapes.emplace_back(name, p.shape());
     if (seen.insert(name).second) tensors.push_back(p);
   }
@@ -64,33 +66,52 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
   params_.resize(layout_.slots.size());
   chunkOf_.resize(layout_.slots.size());
   uint64_t onMasterDevice = 0;  // bytes of masters made on masterDevice so far
+  if (sharded)
+    STRATA_CHECK(sharded->familyRanks.size() >= std::max<size_t>(1, families.shards.size()),
+                 "ChunkManager: a sharded layout with ranks for {} families, of {}",
+                 sharded->familyRanks.size(), std::max<size_t>(1, families.shards.size()));
+  bool resident = !(sharded && sharded->parameters);
   for (size_t c = 0; c < layout_.chunks.size(); ++c) {
     int64_t padded = paddedElems(c);
-    Storage storage = makeStorage(size_t(padded) * dtypeSize(dtype), device);
+    size_t bytes = size_t(padded) * dtypeSize(dtype);
+    // The elements this rank makes masters (and, not resident, parameters) of: its shard, or all of them.
+    ShardRange own =
+        sharded ? shard(c, sharded->familyRanks[size_t(layout_.chunks[c].family)]) : ShardRange{0, padded};
+    Storage storage =
+        resident ? makeStorage(bytes, device) : std::make_shared<StorageImpl>(nullptr, bytes, device);
     storage->setLabel("chunk " + std::to_string(c));
-    uint64_t masterBytes = uint64_t(padded) * dtypeSize(source);
+    uint64_t masterBytes = uint64_t(own.size()) * dtypeSize(source);
     bool there = masterDevice.has_value() && onMasterDevice + masterBytes <= masterDeviceBytes;
     if (there) onMasterDevice += masterBytes;
-    Tensor master = masters ? Tensor::empty({padded}, source, there ? *masterDevice : device) : Tensor();
+    Tensor master = masters ? Tensor::empty({own.size()}, source, there ? *masterDevice : device) : Tensor();
+    Tensor shardValues = resident ? Tensor() : Tensor::empty({own.size()}, dtype, device);
     // Zeros wherever no parameter lies: the padding that makes equal shards (gathered, never read as a
     // parameter) and the alignment gaps between parameters, which checkpoints write with the chunk (and
     // refuse when non-finite) and the host tier's update rewrites as zeros. Left uninitialised, they held
     // whatever the allocator's last user wrote there.
-    ops::fill(Tensor::fromStorage(storage, {padded}, {1}, 0, dtype), 0.0);
+    if (resident) ops::fill(Tensor::fromStorage(storage, {padded}, {1}, 0, dtype), 0.0);
     if (masters) ops::fill(master, 0.0);
+    if (!resident) ops::fill(shardValues, 0.0);
     for (int64_t k : layout_.chunks[c].slots) {
       const ChunkSlot& slot = layout_.slots[size_t(k)];
       const Tensor& p = tensors[size_t(k)];
-      Tensor home = Tensor::fromStorage(storage, p.shape(), p.strides(), slot.offset, dtype);
-      if (masters) {
-        Tensor m = Tensor::fromStorage(master.storage(), p.shape(), p.strides(), slot.offset, source);
-        ops::copy(m, p);
-        ops::copy(home, p);  // the master rounded (it is p), on the parameters' device
-      } else {
-        ops::copy(home, p);
+      // A deferred parameter's value is made here, one parameter at a time (NOTE [Deferred parameters] in
+      // nn/DeferredInit.h).
+      Shape strides = contiguousStrides(p.shape());
+      ShardRange part{std::max(slot.offset, own.begin), std::min(slot.offset + p.numel(), own.end)};
+      if (resident || part.size() > 0) {
+        Tensor value = nn::deferredValue(p);
+        if (resident) ops::copy(Tensor::fromStorage(storage, p.shape(), strides, slot.offset, dtype), value);
+        if (part.size() > 0 && (masters || !resident)) {
+          Tensor values = value.view({p.numel()}).narrow(0, part.begin - slot.offset, part.size());
+          // The master; the 16-bit values are the master rounded (they are the value).
+          if (masters) ops::copy(master.narrow(0, part.begin - own.begin, part.size()), values);
+          if (!resident) ops::copy(shardValues.narrow(0, part.begin - own.begin, part.size()), values);
+        }
       }
       TensorImpl& impl = p.impl();
       impl.storage = storage;
+      impl.strides = strides;
       impl.offset = slot.offset;
       impl.dtype = dtype;
       params_[size_t(k)] = p;
@@ -99,6 +120,7 @@ ChunkManager::ChunkManager(const std::vector<std::pair<std::string, Tensor>>& pa
     }
     chunks_.push_back(std::move(storage));
     if (masters) masters_.push_back(master);
+    if (!resident) parameterShards_.push_back(shardValues);
     // The moved parameters' old blocks go back to the device now: the caching allocator would otherwise hand
     // them to the next chunks whenever they are at most twice the request, and long-lived model state would
     // sit in blocks up to twice its size (9 GiB at 6.7B).
@@ -194,6 +216,10 @@ std::vector<Tensor> ChunkManager::parameters(size_t i) const {
 
 std::vector<Tensor> ChunkManager::takeMasters() {
   return std::move(masters_);
+}
+
+std::vector<Tensor> ChunkManager::takeParameterShards() {
+  return std::move(parameterShards_);
 }
 
 void ChunkManager::evict(size_t i) {

@@ -897,8 +897,8 @@ TEST_CASE("the automatic host budget leaves the system its reserve and the store
 }
 
 TEST_CASE(
-    "strata plan --machine h200x8 --ranks 8 places the state of a 100B GPT with AdamW at ZeRO stage 3, "
-    "and refuses to build it whole on each GPU",
+    "strata plan --machine h200x8 --ranks 8 places the state of a 100B GPT with AdamW at ZeRO stage 3, each "
+    "rank laying out only its shards",
     "[train][plan]") {
   plan::MachineChoice box = plan::chooseMachine("h200x8", "", "");
   CHECK(box.calibration.hostMemoryBytes == 560ull << 30);
@@ -914,14 +914,19 @@ TEST_CASE(
                                      "model.num_layers=93", "model.hidden_size=9472",
                                      "model.num_attention_heads=74"};
   config::Config c = configFile("gpt3-20b-store.yaml", overrides);
-  REQUIRE(models::numParameters(config::modelSpecFrom(c, Device::cpu())) > 100'000'000'000);
+  uint64_t params = uint64_t(models::numParameters(config::modelSpecFrom(c, Device::cpu())));
+  REQUIRE(params > 100'000'000'000);
   plan::ModelStatePlan p = plan::planModelState(c, options);
   INFO(plan::formatPlan(p));
-  // NOTE [Masters at layout] in plan/PlacementInputs.h: each rank builds the whole model in fp32 on its GPU
-  // (375 GiB here) before it keeps its shard.
-  REQUIRE(!p.fits);
-  CHECK(p.refusal.find("builds its model") != std::string::npos);
-  // The state itself fits each rank's budgets, and the step's peak its GPU.
+  // NOTE [Sharded layout] in zero/ChunkManager.h: each rank makes its eighth of the masters and of the
+  // 16-bit chunks (no fp32 model is built: NOTE [Deferred parameters] in nn/DeferredInit.h).
+  REQUIRE(p.fits);
+  plan::LayoutElems elems = plan::layoutElems(params, 3, 8);
+  CHECK(elems.masters == params / 8);
+  CHECK(elems.chunks == params / 8);
+  CHECK(plan::layoutElems(params, 2, 8).chunks == params);  // stages 1 and 2 keep every chunk whole
+  CHECK(plan::layoutElems(params, 0, 8).masters == params);
+  // The state fits each rank's budgets, and the step's peak its GPU.
   CHECK(p.devicePeakBytes <= p.usableBytes);
   CHECK(p.placement.bytes[int(zero::Tier::Device)] <= p.budgets.device);
   CHECK(p.placement.bytes[int(zero::Tier::Host)] <= p.budgets.host);
@@ -932,16 +937,18 @@ TEST_CASE(
   CHECK(plan::formatPlan(p).find("f32, this rank's shards and two chunks in flight") != std::string::npos);
   for (int t : {int(zero::Tier::Device), int(zero::Tier::Host), int(zero::Tier::Nvme)})
     CHECK(p.placement.bytes[t] > 0);
+  // At stage 2 every rank lays out the whole model's 16-bit chunks: 187 GiB, over one GPU.
+  config::Config stage2 = c;
+  stage2.zero.stage = 2;
+  CHECK(!plan::planModelState(stage2, options).fits);
   // On the one-GPU machine's memory split eight ways the state does not fit.
   options.calibration = plan::measuredH200();
-  CHECK(plan::planModelState(c, options).refusal.find("builds its model") == std::string::npos);
-  // What the 8-GPU box trains today: the largest model of the family that each GPU can build whole.
+  CHECK(!plan::planModelState(c, options).fits);
+  // The largest model of the family the 8-GPU box starts is past 100B.
   options.calibration = box.calibration;
   std::optional<config::Config> largest = plan::largestFittingModel(c, options);
   REQUIRE(largest.has_value());
-  uint64_t n = models::numParameters(config::modelSpecFrom(*largest, Device::cpu()));
-  CHECK(n > 30'000'000'000);
-  CHECK(n * 4 <= box.calibration.deviceMemoryBytes.value());
+  CHECK(models::numParameters(config::modelSpecFrom(*largest, Device::cpu())) >= int64_t(params));
 }
 
 TEST_CASE("strata plan --layouts weighs every tensor x data split of the ranks, the fastest that fits first",
@@ -1324,25 +1331,28 @@ TEST_CASE(
   config::Config c = configFile("gpt3-36b-adafactor.yaml");
   uint64_t device = 139 * GiB, hostTotal = 125 * GiB, hostFree = 124 * GiB;
   uint64_t headroom = plan::hostHeadroomBytes(c, int64_t(c.zero.chunkSizeMb * (1 << 20) / 2), hostTotal);
+  auto whole = [](uint64_t n) { return plan::layoutElems(n, 0, 1); };
   // A model whose masters and chunks share the device: every master there.
-  plan::MasterLayout small = plan::mastersAtLayout(c, 5'000'000'000, device, hostFree, hostTotal, 1);
+  plan::MasterLayout small = plan::mastersAtLayout(c, whole(5'000'000'000), device, hostFree, hostTotal, 1);
   CHECK(small.fits);
   CHECK(small.hostBytes == 0);
   // 25B: the masters fit the host's free memory beyond its headroom.
-  plan::MasterLayout host = plan::mastersAtLayout(c, 25'000'000'000, device, hostFree, hostTotal, 1);
+  plan::MasterLayout host = plan::mastersAtLayout(c, whole(25'000'000'000), device, hostFree, hostTotal, 1);
   CHECK(host.fits);
   CHECK(host.hostBytes == host.masters);
   CHECK(host.hostRoom == hostFree - headroom);
   // 35.9B: 133.8 GiB of masters, more than the host's room: the device keeps what it can beside the chunks.
   uint64_t n = 35'928'914'688;
-  plan::MasterLayout split = plan::mastersAtLayout(c, n, device, hostFree, hostTotal, 1);
+  plan::MasterLayout split = plan::mastersAtLayout(c, whole(n), device, hostFree, hostTotal, 1);
   CHECK(split.fits);
   CHECK(split.masters == n * 4);
   CHECK(split.deviceRoom == plan::usableDeviceBytes(device) - n * 2);
   CHECK(split.hostBytes == split.masters - split.deviceRoom);
   CHECK(split.hostBytes < split.hostRoom);
-  // Eight ranks on the host, each building the whole model: its share of the host is too small.
-  CHECK(!plan::mastersAtLayout(c, n, device, hostFree, hostTotal, 8).fits);
+  // Eight ranks on the host, each making every master (stage 0): its share of the host is too small; at
+  // stage 1 each makes an eighth of them, and they fit.
+  CHECK(!plan::mastersAtLayout(c, whole(n), device, hostFree, hostTotal, 8).fits);
+  CHECK(plan::mastersAtLayout(c, plan::layoutElems(n, 1, 8), device, hostFree, hostTotal, 8).fits);
   // The plan of the shipped config says how they are split.
   plan::PlanOptions options;
   options.calibration = plan::measuredH200();

@@ -7,6 +7,7 @@
 #include "TestUtil.h"
 #include "models/Zoo.h"
 #include "models/custom_example/BigramMlp.h"
+#include "strata/nn/DeferredInit.h"
 #include "strata/train/StepEngine.h"
 #include "strata/train/Trainer.h"
 #include "strata/zero/ChunkManager.h"
@@ -262,5 +263,47 @@ TEST_CASE("[cuda] 16-bit chunks' masters go to the master device within its byte
     const zero::ChunkSlot& slot = chunks.layout().slot(named[k].first);
     Tensor master = masters[size_t(slot.chunk)].narrow(0, slot.offset, int64_t(before[k].size()));
     REQUIRE(master.to(Device::cpu()).toVector<float>() == before[k]);
+  }
+}
+
+TEST_CASE(
+    "a sharded layout of a deferred model makes each rank's masters and stage-3 shards of the whole layout",
+    "[zero][chunks][deferred]") {
+  // NOTE [Sharded layout] in zero/ChunkManager.h.
+  models::ModelSpec spec = tinyGptSpec();
+  const int ranks = 3;
+  zero::ChunkManager whole(models::buildModel(spec)->namedParameters(), 16 << 10, DType::BF16, ranks);
+  std::vector<Tensor> wholeMasters = whole.takeMasters();
+  REQUIRE(whole.numChunks() > 3);
+  for (bool parameters : {false, true}) {
+    for (int rank = 0; rank < ranks; ++rank) {
+      INFO((parameters ? "parameters and masters" : "masters") << ", rank " << rank);
+      std::shared_ptr<nn::CausalLM> model;
+      {
+        nn::DeferParameters defer;
+        model = models::buildModel(spec);
+      }
+      zero::ChunkManager chunks(model->namedParameters(), 16 << 10, DType::BF16, ranks, std::nullopt, {},
+                                UINT64_MAX, zero::ShardedLayout{{rank}, parameters});
+      REQUIRE(chunks.numChunks() == whole.numChunks());
+      CHECK(!nn::hasDeferredParameters(*model));
+      std::vector<Tensor> masters = chunks.takeMasters();
+      std::vector<Tensor> shards = chunks.takeParameterShards();
+      REQUIRE(masters.size() == chunks.numChunks());
+      REQUIRE(shards.size() == (parameters ? chunks.numChunks() : 0));
+      for (size_t c = 0; c < chunks.numChunks(); ++c) {
+        INFO("chunk " << c);
+        zero::ShardRange own = chunks.shard(c, rank);
+        CHECK(masters[c].toVector<float>() ==
+              wholeMasters[c].narrow(0, own.begin, own.size()).toVector<float>());
+        CHECK(chunks.storage(c)->resident() == !parameters);
+        Tensor values = parameters ? shards[c] : chunks.paddedFlat(c).narrow(0, own.begin, own.size());
+        CHECK(values.dtype() == DType::BF16);
+        CHECK(values.toVector<float>() ==
+              whole.paddedFlat(c).narrow(0, own.begin, own.size()).toVector<float>());
+        if (!parameters)
+          CHECK(chunks.paddedFlat(c).toVector<float>() == whole.paddedFlat(c).toVector<float>());
+      }
+    }
   }
 }

@@ -15,6 +15,8 @@ struct GeneratorState {
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : state_{seed, 0} {}
+  // Replays a stream from a state taken earlier (a deferred parameter's draws: nn/DeferredInit.h).
+  explicit Generator(GeneratorState state) : state_(state) {}
   void manualSeed(uint64_t seed) { state_ = {seed, 0}; }
   // Reserves `count` counters and returns the first, a multiple of `align` (dropout draws start on a group of
   // 8: NOTE [Dropout bits] in core/Philox.h).

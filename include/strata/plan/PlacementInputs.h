@@ -104,24 +104,34 @@ zero::StoreBudgets storeBudgets(const config::Config& config, uint64_t parameter
                                 uint64_t hostAvailable, uint64_t nvmeFree, uint64_t hostHeadroom = 0);
 
 // NOTE [Masters at layout]
-// The engine builds the model in fp32 on the device and lays it out in 16-bit chunks, making each chunk's
-// fp32 master as it goes (zero/ChunkManager.h); until the optimizer moves them to their tiers the masters all
-// exist beside the chunks. A model whose masters and chunks would crowd the device (6 bytes a parameter above
-// 70% of it) makes its masters in host memory. Where they outgrow the host's free memory beyond its headroom
-// (hostHeadroomBytes, with chunks of zero_optimization.chunk_size_mb), the host takes what the device cannot
-// hold beside the chunks within usableDeviceBytes, and the rest stay on the device; where the two together
-// cannot hold them, the model does not fit. Measured: 35.9B parameters have 133.8 GiB of masters against the
-// H200 host's 113.4 GiB free beyond the headroom: 73.2 GiB were made there and 60.7 GiB on the device.
+// The engine lays the model out in 16-bit chunks, making each chunk's fp32 master as it goes
+// (zero/ChunkManager.h); until the optimizer moves them to their tiers the masters all exist beside the
+// chunks. The model is built with deferred parameters (nn/DeferredInit.h): no fp32 copy of it exists, each
+// parameter's value is made as it is laid out, and at ZeRO stages 1 to 3 a rank makes only its shard of the
+// masters, at stage 3 only its shard of the chunks too (NOTE [Sharded layout] in zero/ChunkManager.h). A
+// rank whose masters and chunks would crowd the device (above 70% of it) makes its masters in host memory.
+// Where they outgrow the host's free memory beyond its headroom (hostHeadroomBytes, with chunks of
+// zero_optimization.chunk_size_mb), the host takes what the device cannot hold beside the chunks within
+// usableDeviceBytes, and the rest stay on the device; where the two together cannot hold them, the model does
+// not fit. Measured: 35.9B parameters have 133.8 GiB of masters against the H200 host's 113.4 GiB free beyond
+// the headroom: 73.2 GiB were made there and 60.7 GiB on the device.
 struct MasterLayout {
   uint64_t masters = 0;                   // the fp32 masters' bytes
   uint64_t hostBytes = 0;                 // made in host memory (the first chunks'), the rest on the device
   uint64_t hostRoom = 0, deviceRoom = 0;  // what each could take
   bool fits = true;
 };
-// For `modelElems` parameters of 16-bit chunks on a GPU of `deviceMemory` bytes (this rank's share), a host
-// with `hostAvailable` of `hostTotal` bytes (kUnlimited: unknown, every master there) shared by `ranksOnHost`
+// The elements a rank makes at layout: of masters (fp32), and of 16-bit chunks on its device.
+struct LayoutElems {
+  uint64_t masters = 0, chunks = 0;
+};
+// A rank's layout: the elements of a model of `modelElems` parameters that a rank of `ranks` (its ZeRO
+// group) makes at `stage`.
+LayoutElems layoutElems(uint64_t modelElems, int stage, int ranks);
+// For `elems` of 16-bit chunks on a GPU of `deviceMemory` bytes (this rank's share), a host with
+// `hostAvailable` of `hostTotal` bytes (kUnlimited: unknown, every master there) shared by `ranksOnHost`
 // ranks.
-MasterLayout mastersAtLayout(const config::Config& config, uint64_t modelElems, uint64_t deviceMemory,
+MasterLayout mastersAtLayout(const config::Config& config, LayoutElems elems, uint64_t deviceMemory,
                              uint64_t hostAvailable, uint64_t hostTotal, int ranksOnHost);
 
 // The gradient buffers of a rank as the engine makes them: per chunk its padded length and this rank's range,

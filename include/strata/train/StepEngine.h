@@ -112,10 +112,13 @@ class StepEngine {
 // order, stays within it, the rest on the device (a model too large for its masters and chunks to share the
 // device; 0: every master on the device).
 // `families`: the parameters kept in chunks of their own, sharded over other ranks (expert parallelism).
+// `sharded`: of a model built with deferred parameters, this rank's shards only (NOTE [Sharded layout] in
+// zero/ChunkManager.h).
 std::unique_ptr<zero::ChunkManager> layOutModelChunks(data::Objective& objective, Device device,
                                                       DType compute, int64_t chunkBytes, int shards = 1,
                                                       uint64_t hostMasterBytes = 0,
-                                                      const zero::ChunkFamilies& families = {});
+                                                      const zero::ChunkFamilies& families = {},
+                                                      const std::optional<zero::ShardedLayout>& sharded = {});
 
 // The step over the chunks of the objective's model on the ranks of `group` (null: one rank), each
 // micro-batch's loss from the objective (NOTE [Training objectives] in data/Objective.h): ZeRO stage

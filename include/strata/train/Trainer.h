@@ -122,8 +122,16 @@ class Trainer {
   std::string sample(const std::string& prompt, int64_t length, double temperature = 0.8, int64_t topK = 40,
                      uint64_t seed = 1);
 
-  nn::Module& model() { return objective_->model(); }
-  data::Objective& objective() { return *objective_; }
+  // A model the trainer built from the config is laid out by run() without ever existing whole in fp32 (NOTE
+  // [Deferred parameters] in nn/DeferredInit.h); asked for here before that, its values are made first.
+  nn::Module& model() {
+    materializeModel();
+    return objective_->model();
+  }
+  data::Objective& objective() {
+    materializeModel();
+    return *objective_;
+  }
   const dist::ParallelContext& parallel() const { return *parallel_; }
   const config::Config& config() const { return config_; }
   Device device() const { return device_; }
@@ -137,6 +145,9 @@ class Trainer {
 
  private:
   DType modelDType();
+  // Gives a model built with deferred parameters its values where it is used before the engine lays it out.
+  void materializeModel();
+  bool mayBeDeferred_ = false;  // the model was built with deferred parameters and may not be laid out yet
   // Resolves the device and makes the parallel context (errors before it exists are rank 0's to print).
   void begin(const config::Config& config);
   // How the run starts (planRunStart): the config it trains with. For a model built from the config, the

@@ -63,6 +63,20 @@ struct ChunkFamilies {
   std::vector<int> shards;                         // by family; family 0's is the `shards` argument
 };
 
+// NOTE [Sharded layout]
+// A model built with deferred parameters (NOTE [Deferred parameters] in nn/DeferredInit.h) has the same
+// starting values on every rank, made from the seed wherever they are asked for, so no rank needs the whole
+// of what it keeps a shard of. Given its place among each family's shards, the manager makes the fp32
+// masters over this rank's shard of each chunk only (ZeRO stages 1 to 3: the masters the optimizer keeps),
+// and with `parameters` the 16-bit values over that shard only too (stage 3: takeParameterShards), each
+// chunk's storage left not resident until it is gathered. A rank of N then holds 1/N of the masters, and at
+// stage 3 1/N of the parameters, from the start: what a rank can start is bounded by its shard of the state,
+// not by the whole model.
+struct ShardedLayout {
+  std::vector<int> familyRanks;  // this rank's place among each family's shards
+  bool parameters = false;       // the parameters' shards only (stage 3)
+};
+
 class ChunkManager {
  public:
   // Moves `parameters` (name and tensor, in first-use order, all of one dtype and device; a repeated name is
@@ -74,11 +88,11 @@ class ChunkManager {
   // device: the host takes what the device cannot, for a model whose masters and chunks would not fit on
   // the device together.
   // `families`: parameters of other families go into chunks of their own, padded and split for their
-  // family's shard count.
+  // family's shard count. `sharded`: this rank's shards only (NOTE [Sharded layout]).
   ChunkManager(const std::vector<std::pair<std::string, Tensor>>& parameters, int64_t chunkBytes,
                std::optional<DType> compute = std::nullopt, int shards = 1,
                std::optional<Device> masterDevice = std::nullopt, const ChunkFamilies& families = {},
-               uint64_t masterDeviceBytes = UINT64_MAX);
+               uint64_t masterDeviceBytes = UINT64_MAX, const std::optional<ShardedLayout>& sharded = {});
   ~ChunkManager();
   ChunkManager(const ChunkManager&) = delete;
   ChunkManager& operator=(const ChunkManager&) = delete;
@@ -120,6 +134,9 @@ class ChunkManager {
   // The fp32 masters of 16-bit chunks, one flat tensor per chunk (empty when the chunks hold fp32); the
   // first call moves them out, to their owner, the optimizer.
   std::vector<Tensor> takeMasters();
+  // Under a sharded layout with `parameters`, this rank's shard of each chunk's 16-bit values (the chunks
+  // themselves are not resident); the first call moves them out. Empty otherwise.
+  std::vector<Tensor> takeParameterShards();
 
   void evict(size_t i);
   void repoint(size_t i, void* data, Device device);
@@ -157,6 +174,7 @@ class ChunkManager {
   std::vector<Storage> chunks_;
   std::shared_ptr<Grads> grads_;
   std::vector<Tensor> masters_;
+  std::vector<Tensor> parameterShards_;  // NOTE [Sharded layout]
   std::vector<Tensor> params_;
   std::vector<int64_t> chunkOf_;  // by parameter, in layout order
   std::shared_ptr<Notices> notices_;
