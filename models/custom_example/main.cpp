@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <strata/config/Config.h>
+#include <strata/nn/DeferredInit.h>
 #include <strata/train/Trainer.h>
 #include "BigramMlp.h"
 
@@ -16,8 +17,14 @@ int main(int argc, char** argv) {
   try {
     strata::config::Config c = strata::config::loadConfig(config, overrides);
     strata::Device device = strata::config::resolveDevice(c.train.device);
-    auto model = std::make_shared<example::BigramMlp>(c.model.vocabSize, c.model.hiddenSize,
-                                                      c.model.seqLength, device);
+    // Built with deferred parameters: the trainer makes each value where it lays the parameter out, and a
+    // ZeRO rank only its shards (strata/nn/DeferredInit.h). Every rank draws from the same seed.
+    std::shared_ptr<example::BigramMlp> model;
+    {
+      strata::nn::DeferParameters defer;
+      model = std::make_shared<example::BigramMlp>(c.model.vocabSize, c.model.hiddenSize, c.model.seqLength,
+                                                   device);
+    }
     strata::train::Trainer trainer(c, model);
     strata::train::TrainResult r = trainer.run();
     std::printf("bigram MLP: %ld iterations, train loss %.3f, val loss %.3f\n", long(r.steps), r.trainLoss,

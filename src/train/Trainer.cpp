@@ -232,6 +232,7 @@ Trainer::Trainer(config::Config config, std::shared_ptr<nn::CausalLM> model,
     connect();
     refuseTensorParallel("a model given to the trainer");
     STRATA_CHECK(model != nullptr, "Trainer: no model given");
+    mayBeDeferred_ = true;  // built with deferred parameters, perhaps
     tokenizer_ = data::makeTokenizer(config_);
     objective_ = std::make_shared<data::CausalLmObjective>(std::move(model), tokenizer_);
     setup();
@@ -247,6 +248,7 @@ Trainer::Trainer(config::Config config, std::shared_ptr<data::Objective> objecti
     connect();
     refuseTensorParallel("an objective given to the trainer");
     STRATA_CHECK(objective_ != nullptr, "Trainer: no objective given");
+    mayBeDeferred_ = true;
     tokenizer_ = data::makeTokenizer(config_);
     setup();
   });

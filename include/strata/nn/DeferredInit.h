@@ -23,6 +23,12 @@ class Module;
 // constructor would have made, so the chunk manager fills each parameter's place in its chunk and its master
 // one parameter at a time, and no fp32 copy of the model ever exists.
 //
+// The trainer builds the zoo's models this way. A model of one's own built within the scope and handed to the
+// trainer is laid out the same way; its layers must draw their values from one seed on every rank of a ZeRO
+// group, since each rank makes its own shards and none is broadcast (a model built eagerly is laid out whole
+// and broadcast from rank 0). Layers of one's own defer their parameters through initialParameter (or
+// normalParameter, filledParameter); a value made eagerly inside the scope is laid out as it is.
+//
 // A placeholder runs through a forward (the layout's first-use trace does, in eval mode without gradients;
 // the values it computes are not used). Anything that reads a parameter's values outside the layout calls
 // materializeParameters first; Module::castParameters does.
