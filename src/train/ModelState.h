@@ -3,9 +3,10 @@
 //
 // The start-up, in this order (ZeroStepEngine's constructor):
 //   1. layOutModelState: the model in chunks of the compute dtype (layOutModelChunks), the fp32 masters of
-//      16-bit chunks taken out, every rank's chunks broadcast from its group's rank 0, and the shards this
-//      rank keeps: the optimizer state's range of each chunk (its shard at stage >= 1), and at stage 3 the
-//      parameters' shard too.
+//      16-bit chunks taken out, and the shards this rank keeps: the optimizer state's range of each chunk (its
+//      shard at stage >= 1), and at stage 3 the parameters' shard too. A model built with deferred parameters
+//      is laid out sharded: only those shards are ever made (NOTE [Sharded layout] in zero/ChunkManager.h);
+//      one built with its values is laid out whole and every rank's chunks broadcast from its group's rank 0.
 //   2. placeModelState: the store's placement of each chunk's parameters (device or host) and optimizer
 //      state (device, host or SSD; NOTE [Store placement] in zero/Store.h); the parameters homed off the
 //      device move there (NOTE [Parameter homes] in zero/ParameterGatherer.h).
