@@ -570,9 +570,17 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     uint64_t modelElems = 0;
     for (const zero::ChunkSlot& slot : in.layout.slots) modelElems += uint64_t(slot.numel);
     if (dtypeSize(p.compute) == 2) {
+      LayoutElems elems = layoutElems(modelElems, int(c.zero.stage), p.data);
       MasterLayout ml =
-          mastersAtLayout(c, layoutElems(modelElems, int(c.zero.stage), p.data), p.deviceCapacityBytes,
-                          hostAvailable, *m.hostMemoryBytes, p.ranksPerNode);
+          mastersAtLayout(c, elems, p.deviceCapacityBytes, hostAvailable, *m.hostMemoryBytes, p.ranksPerNode);
+      if (p.data > 1 && c.zero.stage >= 1)
+        p.notes.push_back(fmt::format(
+            "at start each rank makes only what it keeps (NOTE [Sharded layout] in zero/ChunkManager.h): {} "
+            "of "
+            "fp32 masters, its 1/{} of the model's {}, beside {} of 16-bit chunks ({})",
+            gib(elems.masters * 4), p.data, gib(modelElems * 4), gib(elems.chunks * 2),
+            c.zero.stage == 3 ? fmt::format("its 1/{} of them", p.data)
+                              : std::string("every chunk: zero_optimization.stage 3 shards them too")));
       if (p.fits && !ml.fits) {
         p.fits = false;
         p.refusal = fmt::format(

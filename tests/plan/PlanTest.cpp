@@ -926,6 +926,8 @@ TEST_CASE(
   CHECK(elems.chunks == params / 8);
   CHECK(plan::layoutElems(params, 2, 8).chunks == params);  // stages 1 and 2 keep every chunk whole
   CHECK(plan::layoutElems(params, 0, 8).masters == params);
+  CHECK(plan::formatPlan(p).find("at start each rank makes only what it keeps") != std::string::npos);
+  CHECK(plan::formatPlan(p).find("its 1/8 of them") != std::string::npos);
   // The state fits each rank's budgets, and the step's peak its GPU.
   CHECK(p.devicePeakBytes <= p.usableBytes);
   CHECK(p.placement.bytes[int(zero::Tier::Device)] <= p.budgets.device);
