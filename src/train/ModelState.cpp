@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -218,9 +220,11 @@ ModelState layOutModelState(data::Objective& objective, const config::Config& c,
     sharded = zero::ShardedLayout{{group ? group->rank() : 0, expertDataGroup ? expertDataGroup->rank() : 0},
                                   s.stage == 3};
   plan::LayoutElems elems;
+  uint64_t modelElems = 0;
   std::set<const TensorImpl*> counted;
   for (const auto& [name, p] : objective.model().namedParameters()) {
     if (!counted.insert(&p.impl()).second) continue;
+    modelElems += uint64_t(p.numel());
     uint64_t n = uint64_t(p.numel()), shards = uint64_t(expertNames.count(name) ? expertRanks : ranks);
     elems.masters += sharded ? n / shards : n;
     elems.chunks += sharded && sharded->parameters ? n / shards : n;
@@ -228,8 +232,20 @@ ModelState layOutModelState(data::Objective& objective, const config::Config& c,
   uint64_t hostMasterBytes = !device.isCpu() && dtypeSize(compute) == 2 && s.deviceMemory > 0
                                  ? mastersOnHostBytes(c, elems, s.deviceMemory, shares)
                                  : 0;
+  // A large model's layout makes every value it keeps: say so before, and how long it took after.
+  bool report = modelElems >= 1'000'000'000 && (group == nullptr || group->rank() == 0);
+  auto start = std::chrono::steady_clock::now();
+  if (report)
+    spdlog::info(
+        "laying out {:.2f} B parameters in {} chunks{}", double(modelElems) / 1e9, dtypeName(compute),
+        sharded ? (sharded->parameters ? ": this rank makes its shards of the values and the masters"
+                                       : ": this rank makes every value and its shards of the masters")
+                : "");
   s.chunks = layOutModelChunks(objective, device, compute, int64_t(c.zero.chunkSizeMb * double(1 << 20)),
                                ranks, hostMasterBytes, families, sharded);
+  if (report)
+    spdlog::info("laid out in {:.1f} s",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   s.groups = zero::ChunkGroups(*s.chunks, group, expertDataGroup);
   s.tensor = nn::tensorParallelOf(objective.model());
   if (s.tensor.active()) {
@@ -482,7 +498,25 @@ void placeModelState(ModelState& s, const config::Config& c, DType compute, Rank
 void makeChunkOptimizer(ModelState& s, const config::Config& c) {
   optim::AdafactorConfig adafactorConfig = config::adafactorConfigFrom(c);
   adafactorConfig.pinHostState = c.zero.pinMemory;
+  // Making a large model's state off the device takes a while (the SSD's is written at its speed, the host's
+  // is page-locked): say so before, and how long it took after.
+  std::array<uint64_t, 3> byTier{};
+  for (size_t i = 0; i < s.chunks->numChunks(); ++i)
+    byTier[size_t(s.placement.optimizerTier[i])] += s.placement.optimizerBytes[i];
+  uint64_t offDevice = byTier[size_t(zero::Tier::Host)] + byTier[size_t(zero::Tier::Nvme)];
+  bool report = offDevice >= (4ull << 30) && s.groups.rank() == 0;
+  auto gib = [](uint64_t b) { return double(b) / double(1ull << 30); };
+  auto start = std::chrono::steady_clock::now();
+  if (report)
+    spdlog::info(
+        "making the optimizer state: {:.1f} GiB in host memory{}, {:.1f} GiB written to the SSD, {:.1f} "
+        "GiB on the device",
+        gib(byTier[size_t(zero::Tier::Host)]), c.zero.pinMemory ? " (page-locked)" : "",
+        gib(byTier[size_t(zero::Tier::Nvme)]), gib(byTier[size_t(zero::Tier::Device)]));
   makeOptimizer(s, c, adafactorConfig);
+  if (report)
+    spdlog::info("optimizer state made in {:.1f} s",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   // The bytes as they are: an fp32 chunk's state on the device has no separate master, and the SSD may keep
   // m and v in half precision.
   for (uint64_t& b : s.placement.bytes) b = 0;
