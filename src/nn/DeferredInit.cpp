@@ -20,6 +20,7 @@ thread_local bool deferring = false;
 struct Recipe {
   std::weak_ptr<StorageImpl> storage;
   std::function<Tensor()> make;
+  uint64_t version = 0;  // the placeholder's content version when made: a write since is refused
 };
 
 struct Recipes {
@@ -60,7 +61,7 @@ Tensor initialParameter(const Shape& shape, Device device, std::function<Tensor(
     r.insertsSincePurge = 0;
     std::erase_if(r.byImpl, [](const auto& kv) { return kv.second.storage.expired(); });
   }
-  r.byImpl[&placeholder.impl()] = Recipe{storage, std::move(make)};
+  r.byImpl[&placeholder.impl()] = Recipe{storage, std::move(make), storage->version()};
   return placeholder;
 }
 
@@ -89,6 +90,12 @@ std::function<Tensor()> recipeOf(const Tensor& p) {
     r.byImpl.erase(it);
     return nullptr;
   }
+  // A write into a placeholder (a load, a copy) would be lost to its recipe: refused.
+  STRATA_CHECK(p.impl().storage->version() == it->second.version,
+               "deferred parameter '{}' was written before its value was made (built within "
+               "nn::DeferParameters): call nn::materializeParameters on the model before writing into its "
+               "parameters, or build it outside the scope",
+               p.name());
   return it->second.make;
 }
 

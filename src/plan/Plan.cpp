@@ -570,7 +570,9 @@ ModelStatePlan planAtRecompute(const config::Config& c, const PlanOptions& optio
     uint64_t modelElems = 0;
     for (const zero::ChunkSlot& slot : in.layout.slots) modelElems += uint64_t(slot.numel);
     if (dtypeSize(p.compute) == 2) {
-      LayoutElems elems = layoutElems(modelElems, int(c.zero.stage), p.data);
+      // This rank's own figures, padding and expert families included: its ranges' masters at stages 1 to
+      // 3 (every padded chunk's at stage 0), and its 16-bit chunks (their shards at stage 3).
+      LayoutElems elems{uint64_t(in.rangeElemsTotal()), in.parameterBytes / dtypeSize(p.compute)};
       MasterLayout ml =
           mastersAtLayout(c, elems, p.deviceCapacityBytes, hostAvailable, *m.hostMemoryBytes, p.ranksPerNode);
       if (p.data > 1 && c.zero.stage >= 1)

@@ -65,6 +65,24 @@ void broadcastStartingWeights(ModelState& s) {
     if (s.groups.communicates(i)) ops::copy(s.chunks->paddedFlat(i), s.masters[i]);
 }
 
+// Whether the model is laid out from deferred parameters (NOTE [Sharded layout] in zero/ChunkManager.h): the
+// ranks of the group agree, since a model laid out whole is broadcast, and all of them take part. Where a
+// rank's model holds its values (a caller read them before the layout), every rank makes its own.
+bool deferredOnEveryRank(nn::Module& model, dist::ProcessGroup* group, Device device) {
+  bool mine = nn::hasDeferredParameters(model);
+  if (group != nullptr && group->size() > 1) {
+    Tensor count = ops::full({1}, mine ? 1.0 : 0.0, DType::F32, device);
+    const Stream& commStream = deviceStreams(device).comm;
+    streamWaits(commStream, currentStream(device), device);
+    group->communicator().allReduce(count);
+    streamWaits(currentStream(device), commStream, device);
+    bool all = count.item() == double(group->size());
+    if (mine && !all) nn::materializeParameters(model);
+    return all;
+  }
+  return mine;
+}
+
 // The ranges of optimizer state this rank keeps, and the shards of the masters and (stage 3) parameters.
 void keepShards(ModelState& s) {
   size_t n = s.chunks->numChunks();
@@ -204,7 +222,7 @@ ModelState layOutModelState(data::Objective& objective, const config::Config& c,
   // A model built with deferred parameters is laid out sharded from the start at stages 1 to 3: this rank
   // makes the masters of its shards only, and at stage 3 only its shards of the parameters (NOTE [Sharded
   // layout] in zero/ChunkManager.h). Every rank makes the same values from the seed, so none is broadcast.
-  bool deferred = nn::hasDeferredParameters(objective.model());
+  bool deferred = deferredOnEveryRank(objective.model(), group, device);
   std::set<std::string> expertNames;
   s.experts = findExperts(objective.model(), expertNames);
   zero::ChunkFamilies families;

@@ -6,6 +6,7 @@
 #include "TestUtil.h"
 #include "strata/autograd/GradMode.h"
 #include "strata/nn/DeferredInit.h"
+#include "strata/nn/Linear.h"
 
 using namespace strata;
 
@@ -53,6 +54,46 @@ TEST_CASE("deferred parameters make the eager build's values: GPT, GPT-MoE, BERT
   for (const models::ModelSpec& spec : {test::tinyZooSpec("gpt", 64, 0), moe,
                                         test::tinyZooSpec("bert", 64, 0), test::tinyZooSpec("t5", 64, 8)}) {
     INFO(spec.arch << " with " << spec.moeNumExperts << " experts");
+    auto eager = models::buildModule(spec);
+    auto deferred = deferredBuild(spec);
+    checkDeferred(*eager, *deferred);
+  }
+}
+
+TEST_CASE("a deferred Linear's weight is the generator's own draws", "[nn][deferred]") {
+  // Pinned to ops::randn of a generator in the same state, not to another build through initialParameter.
+  Generator direct(11), gen(11);
+  ops::randn({3, 5}, direct);  // earlier draws move both generators alike
+  gen.reserve(15);
+  Tensor want = ops::randn({4, 6}, direct, DType::F32, Device::cpu(), 0, 0.02);
+  std::shared_ptr<nn::Linear> layer;
+  {
+    nn::DeferParameters defer;
+    layer = std::make_shared<nn::Linear>(nn::LinearConfig{4, 6, true, 0.02, Device::cpu()}, gen);
+  }
+  REQUIRE(nn::isDeferred(layer->weight));
+  CHECK(gen.state().offset == direct.state().offset);
+  CHECK(nn::deferredValue(layer->weight).toVector<float>() == want.toVector<float>());
+  CHECK(nn::deferredValue(layer->bias).toVector<float>() == std::vector<float>(6, 0.0f));
+}
+
+TEST_CASE("a write into a placeholder is refused, not lost to its recipe", "[nn][deferred]") {
+  auto model = deferredBuild(test::tinyZooSpec("gpt", 64, 0));
+  Tensor p = model->namedParameters().front().second;
+  ops::fill(p.detach(), 1.0);
+  CHECK(test::errorOf([&] { nn::deferredValue(p); }).find("was written before its value was made") !=
+        std::string::npos);
+}
+
+TEST_CASE("deferred parameters make each expert-parallel rank's experts", "[nn][deferred]") {
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank);
+    models::ModelSpec spec = test::tinyZooSpec("gpt", 64, 0);
+    spec.numLayers = 2;
+    spec.moeNumExperts = 4;
+    spec.expertParallel.size = 2;
+    spec.expertParallel.rank = rank;
+    spec.expertParallel.allToAll = [](const Tensor&, const Tensor&) {};  // not called: no forward runs
     auto eager = models::buildModule(spec);
     auto deferred = deferredBuild(spec);
     checkDeferred(*eager, *deferred);

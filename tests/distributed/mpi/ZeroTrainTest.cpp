@@ -111,9 +111,10 @@ config::Config runConfig(const std::string& name, int stage, const std::vector<s
 // 20 steps (or `iters`) of a 2-layer GPT at a global batch of 8 sequences, one record per step, on the ranks
 // of `parallel`. Only rank 0's metrics exist; the other ranks return no losses.
 // With `eager`, the model is built whole with its values here and handed to the trainer, which lays it out
-// from them and broadcasts rank 0's; otherwise the trainer builds it with deferred parameters.
+// from them and broadcasts rank 0's; otherwise the trainer builds it with deferred parameters. With
+// `mainReadsFirst`, rank 0 alone reads the model before the run (which makes its values there).
 Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::string& name, int stage,
-             std::vector<std::string> extra = {}, bool eager = false) {
+             std::vector<std::string> extra = {}, bool eager = false, bool mainReadsFirst = false) {
   fs::path out = runDir(name);
   if (parallel->isMain()) fs::remove_all(out);
   if (parallel->worldSize() > 1) parallel->world().communicator().barrier();
@@ -127,6 +128,7 @@ Run trainRun(const std::shared_ptr<dist::ParallelContext>& parallel, const std::
     built = std::make_unique<train::Trainer>(config, parallel);
   }
   train::Trainer& trainer = *built;
+  if (mainReadsFirst && parallel->isMain()) REQUIRE(trainer.model().numParameters() > 0);
   train::TrainResult result = trainer.run();
   Run run;
   run.checkpoint = result.checkpoint;
@@ -246,10 +248,13 @@ TEST_CASE(
   // stages 1 to 3 each rank makes only its shards of the masters (and at stage 3 of the parameters), with no
   // start-up broadcast; the eager model is laid out whole and broadcast.
   auto ctx = world();
-  for (int stage : {0, 1, 3}) {
+  for (int stage : {0, 1, 2, 3}) {
     std::vector<std::string> sets = {"train.recompute=none"};
     Run deferred = trainRun(ctx, "deferred" + std::to_string(stage), stage, sets);
     Run eager = trainRun(ctx, "eager" + std::to_string(stage), stage, sets, /*eager=*/true);
+    // Rank 0 alone reads its model first, so only its values exist: the ranks agree to lay out whole.
+    Run mixed = trainRun(ctx, "mixed" + std::to_string(stage), stage, sets, false, /*mainReadsFirst=*/true);
+    CHECK(mixed.parameters == eager.parameters);
     INFO("stage " << stage << " on rank " << ctx->rank());
     CHECK(deferred.parameters == eager.parameters);  // every rank's, where resident (stages 0 and 1)
     CHECK(deferred.parameters.empty() == (stage == 3));
@@ -258,6 +263,7 @@ TEST_CASE(
     CHECK(deferred.losses == eager.losses);
     CHECK(deferred.valLosses == eager.valLosses);
     CHECK(deferred.gradNorms == eager.gradNorms);
+    CHECK(mixed.losses == eager.losses);
   }
 }
 
