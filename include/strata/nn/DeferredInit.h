@@ -47,7 +47,8 @@ class DeferParameters {
 
 // A layer's starting value for a parameter of `shape`: make() (fp32, contiguous, on `device`) now, or,
 // within a DeferParameters scope, a placeholder that makes it when asked. make must not draw from a
-// generator: it replays counters reserved before the call.
+// generator: it replays counters reserved before the call. Nor may it hold tensors: a recipe is kept until
+// its placeholder is gone, which may be after the device is.
 Tensor initialParameter(const Shape& shape, Device device, std::function<Tensor()> make);
 
 // The common starting values through initialParameter: N(mean, std) drawn by `gen` (its counters reserved
